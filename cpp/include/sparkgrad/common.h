@@ -1,0 +1,77 @@
+// Shared plumbing for every native kernel: error conventions, OpenMP helpers, BLAS GEMM.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace sparkgrad {
+
+// Builds "[op] message" from any streamable parts: the prefix convention of every native error.
+template <typename... Parts>
+std::string op_message(const char* op, const Parts&... parts) {
+  std::ostringstream out;
+  out << '[' << op << "] ";
+  (out << ... << parts);
+  return out.str();
+}
+
+// Caller mistakes (become ValueError in Python).
+template <typename... Parts>
+[[noreturn]] void throw_invalid(const char* op, const Parts&... parts) {
+  throw std::invalid_argument(op_message(op, parts...));
+}
+
+// Environment/runtime failures (become RuntimeError in Python).
+template <typename... Parts>
+[[noreturn]] void throw_runtime(const char* op, const Parts&... parts) {
+  throw std::runtime_error(op_message(op, parts...));
+}
+
+// Exceptions must never escape an OpenMP region: each iteration runs under capture(), the first
+// exception is kept, and rethrow() raises it after the parallel loop has finished.
+class OmpExceptionGuard {
+ public:
+  template <typename Fn>
+  void capture(Fn&& fn) noexcept {
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
+
+// Number of OpenMP threads a parallel region would use now.
+int max_threads();
+// Sets the OpenMP thread count for this process (n >= 1).
+void set_num_threads(int n);
+// "OpenBLAS 0.3.x ..." as reported by the library, for `sparkgrad info`.
+std::string blas_info();
+
+enum class Transpose : std::uint8_t { No, Yes };
+
+// Row-major GEMM through OpenBLAS: c = alpha * op(a) @ op(b) + beta * c.
+// op(a): (m, k), op(b): (k, n), c: (m, n); lda/ldb/ldc are the row strides (in elements) of the
+// stored a, b, c.
+template <typename T>
+void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+
+}  // namespace sparkgrad
+
+namespace sparkgrad {
+// True when this build has CUDA kernels and at least one GPU is visible (cuda/no_cuda.cpp: false).
+bool cuda_available();
+}  // namespace sparkgrad

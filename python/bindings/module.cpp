@@ -1,0 +1,11 @@
+// sparkgrad._core: the private native module. Each area registers its functions from its own file.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+void init_common(py::module_& m);
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "sparkgrad native core (private; use the sparkgrad package)";
+  init_common(m);
+}
