@@ -153,7 +153,7 @@ def check_number(field: str, value: Any) -> float:
 
 def check_int(field: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if not (hasattr(value, "dtype") and getattr(value, "dtype").kind in "iu"):
+        if not (hasattr(value, "dtype") and value.dtype.kind in "iu"):
             raise ValueError(f"{field}: expected an integer, got {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
@@ -178,7 +178,13 @@ def check_non_negative(field: str, value: Any) -> float:
 
 
 def check_range(
-    field: str, value: Any, low: float, high: float, *, low_inclusive: bool = True, high_inclusive: bool = True
+    field: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
 ) -> float:
     v = check_number(field, value)
     ok_low = v >= low if low_inclusive else v > low

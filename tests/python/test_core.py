@@ -47,7 +47,12 @@ def test_gemm_accumulates_into_out_with_beta():
         (np.ones((2, 3), np.float32), np.ones((3, 2), np.float64), {}, r"\[gemm\] b must have dtype float32"),
         (np.ones(3, np.float32), np.ones((3, 2), np.float32), {}, r"\[gemm\] a and b must be 2-D"),
         (np.ones((2, 3)), np.ones((3, 2)), {"beta": 1.0}, r"\[gemm\] beta != 0 needs an `out`"),
-        (np.ones((2, 3)), np.ones((3, 2)), {"out": np.ones((3, 3))}, r"\[gemm\] out must have shape \(2, 2\)"),
+        (
+            np.ones((2, 3)),
+            np.ones((3, 2)),
+            {"out": np.ones((3, 3))},
+            r"\[gemm\] out must have shape \(2, 2\)",
+        ),
         (np.ones((3, 2)).T, np.ones((3, 2)), {}, r"\[gemm\] a must be C-contiguous"),
     ],
 )
