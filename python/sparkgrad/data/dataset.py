@@ -450,7 +450,9 @@ class MultiDataSet(_Examples):
 
     def __repr__(self) -> str:
         parts = ", ".join(
-            f"{name}=[{', '.join(map(_describe, group))}]" if group else f"{name}=None"
-            for name, group in zip(self._NAMES, self._groups)
+            f"{name}=None"
+            if g in _MASK_GROUPS and not group
+            else f"{name}=[{', '.join(map(_describe, group))}]"
+            for g, (name, group) in enumerate(zip(self._NAMES, self._groups))
         )
         return f"MultiDataSet(num_examples={self.num_examples()}, {parts})"

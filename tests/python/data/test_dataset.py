@@ -131,7 +131,8 @@ def test_repr_describes_arrays() -> None:
     )
     mds = MultiDataSet([np.zeros((2, 1), np.int32)], [], labels_masks=None)
     assert repr(mds) == (
-        "MultiDataSet(num_examples=2, features=[int32(2, 1)], labels=None, features_masks=None, labels_masks=None)"
+        "MultiDataSet(num_examples=2, features=[int32(2, 1)], labels=[], features_masks=None, "
+        "labels_masks=None)"
     )
 
 
