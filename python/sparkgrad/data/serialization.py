@@ -91,6 +91,23 @@ def supported_dtype_names() -> str:
 # -- writing --------------------------------------------------------------------------------------
 
 
+def _pieces(kind: int, groups: Groups) -> list:
+    """The record as a list of bytes / memoryview pieces; array data is not copied (unless it must
+    be made C-contiguous little-endian)."""
+    pieces: list = [_HEADER.pack(MAGIC, VERSION, kind, 0, *(len(g) for g in groups))]
+    for group in groups:
+        for array in group:
+            if array is None:
+                pieces.append(b"\x00")
+                continue
+            code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
+            data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
+            pieces.append(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
+            if data.size:
+                pieces.append(memoryview(data).cast("B"))
+    return pieces
+
+
 def write_record(stream: BinaryIO, kind: int, groups: Groups) -> None:
     """Write one record to a binary stream.
 
@@ -101,21 +118,8 @@ def write_record(stream: BinaryIO, kind: int, groups: Groups) -> None:
     """
     if isinstance(stream, io.TextIOBase):
         raise TypeError("the file object must be opened in binary mode ('wb'), got a text stream")
-    stream.write(_HEADER.pack(MAGIC, VERSION, kind, 0, *(len(g) for g in groups)))
-    for group in groups:
-        for array in group:
-            _write_array(stream, array)
-
-
-def _write_array(stream: BinaryIO, array: np.ndarray | None) -> None:
-    if array is None:
-        stream.write(b"\x00")
-        return
-    code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
-    data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
-    stream.write(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
-    if data.size:
-        stream.write(memoryview(data).cast("B"))
+    for piece in _pieces(kind, groups):
+        stream.write(piece)
 
 
 def save_record(target: PathOrFile, kind: int, groups: Groups) -> None:
@@ -133,9 +137,7 @@ def save_record(target: PathOrFile, kind: int, groups: Groups) -> None:
 
 def record_bytes(kind: int, groups: Groups) -> bytes:
     """The record as one ``bytes`` object."""
-    buffer = io.BytesIO()
-    write_record(buffer, kind, groups)
-    return buffer.getvalue()
+    return b"".join(_pieces(kind, groups))  # one copy of each array
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -150,7 +152,7 @@ def load_record(source: PathOrFile, kind: int) -> Groups:
     if _is_path(source):
         path = _local_path(source)
         with open(path, "rb") as f:
-            return _Reader(f, source_name(source), os.fstat(f.fileno()).st_size).read(kind, whole=True)
+            return _Reader(f, source_name(source), _remaining(f)).read(kind, whole=True)
     if hasattr(source, "read"):
         if isinstance(source, io.TextIOBase):
             raise TypeError("the file object must be opened in binary mode ('rb'), got a text stream")
@@ -166,7 +168,26 @@ def parse_bytes(data: bytes | bytearray | memoryview, kind: int, source: str = "
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected bytes, bytearray or memoryview, got {type(data).__name__}")
     view = memoryview(data).cast("B")
-    return _Reader(io.BytesIO(view), source, view.nbytes).read(kind, whole=True)
+    return _Reader(_ViewStream(view), source, view.nbytes).read(kind, whole=True)  # type: ignore[arg-type]
+
+
+class _ViewStream:
+    """The read side of a binary stream over a buffer; unlike io.BytesIO it never copies the buffer."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def readinto(self, target: memoryview) -> int:
+        n = min(target.nbytes, self._view.nbytes - self._pos)
+        target[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, n: int) -> bytes:
+        data = self._view[self._pos : self._pos + n].tobytes()
+        self._pos += len(data)
+        return data
 
 
 class _Reader:
