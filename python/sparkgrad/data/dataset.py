@@ -299,7 +299,8 @@ class DataSet(_Examples):
 
     Raises:
         TypeError: an argument is not an array of a storable dtype (float16/32/64, ints, bool).
-        ValueError: an array is a scalar or its first dimension disagrees with the features'.
+        ValueError: an array is a scalar or its first dimension disagrees with the features', or a
+            labels mask is given without labels.
     """
 
     __slots__ = ()
@@ -315,6 +316,8 @@ class DataSet(_Examples):
     ) -> None:
         if features is None:
             raise TypeError("features: expected a numpy array, got None")
+        if labels is None and labels_mask is not None:
+            raise ValueError("labels_mask: given without labels")
         self._set_groups([[features], [labels], [features_mask], [labels_mask]])
 
     @classmethod
@@ -416,6 +419,26 @@ class MultiDataSet(_Examples):
                 f"{name}: expected {expected} entries (one per array, None allowed), got {len(masks)}"
             )
         return masks if any(m is not None for m in masks) else []
+
+    @classmethod
+    def from_dataset(cls, dataset: DataSet) -> MultiDataSet:
+        """The one-input MultiDataSet (one output when ``dataset`` has labels) sharing its arrays.
+
+        Args:
+            dataset: the DataSet to wrap.
+
+        Returns:
+            A MultiDataSet whose arrays are the DataSet's (no copy).
+        """
+        if not isinstance(dataset, DataSet):
+            raise TypeError(f"dataset: expected a DataSet, got {type(dataset).__name__}")
+        has_labels = dataset.labels is not None
+        return cls(
+            [dataset.features],
+            [dataset.labels] if has_labels else [],
+            [dataset.features_mask],
+            [dataset.labels_mask] if has_labels else None,
+        )
 
     @classmethod
     def _from_groups(cls, groups: Sequence[Sequence[np.ndarray | None]]) -> MultiDataSet:

@@ -32,7 +32,9 @@ def arrays_with_rows(draw: st.DrawFn, n: int, max_rank: int = 4) -> np.ndarray:
 def datasets(draw: st.DrawFn, n: int | None = None) -> DataSet:
     n = draw(st.integers(0, 6)) if n is None else n
     optional = st.none() | arrays_with_rows(n)
-    return DataSet(draw(arrays_with_rows(n)), draw(optional), draw(optional), draw(optional))
+    labels = draw(optional)
+    labels_mask = None if labels is None else draw(optional)
+    return DataSet(draw(arrays_with_rows(n)), labels, draw(optional), labels_mask)
 
 
 @st.composite
@@ -80,7 +82,7 @@ def test_dataset_accepts_array_likes() -> None:
     [
         ({"labels": np.zeros((3, 2))}, "labels"),
         ({"features_mask": np.zeros((5, 2))}, "features_mask"),
-        ({"labels_mask": np.zeros((1,))}, "labels_mask"),
+        ({"labels": np.zeros((4, 1)), "labels_mask": np.zeros((1,))}, "labels_mask"),
     ],
 )
 def test_dataset_rejects_mismatched_first_dimension(kwargs: dict, name: str) -> None:
@@ -88,7 +90,21 @@ def test_dataset_rejects_mismatched_first_dimension(kwargs: dict, name: str) -> 
         DataSet(np.zeros((4, 2)), **kwargs)
 
 
+def test_multidataset_from_dataset_shares_arrays() -> None:
+    ds = small_dataset(4)
+    mds = MultiDataSet.from_dataset(ds)
+    assert mds.features[0] is ds.features and mds.labels[0] is ds.labels
+    assert mds.features_masks is None and mds.labels_masks[0] is ds.labels_mask
+    unlabeled = MultiDataSet.from_dataset(DataSet(ds.features, features_mask=ds.labels_mask))
+    assert unlabeled.labels == [] and unlabeled.labels_masks is None
+    assert unlabeled.features_masks[0] is ds.labels_mask
+    with pytest.raises(TypeError, match="dataset: expected a DataSet"):
+        MultiDataSet.from_dataset(mds)
+
+
 def test_dataset_rejects_bad_arrays() -> None:
+    with pytest.raises(ValueError, match="labels_mask: given without labels"):
+        DataSet(np.zeros((2, 1)), labels_mask=np.ones((2, 1)))
     with pytest.raises(TypeError, match="features"):
         DataSet(None)
     with pytest.raises(ValueError, match="features: expected at least one dimension"):
@@ -256,13 +272,20 @@ def test_bytes_round_trip(data: DataSet | MultiDataSet) -> None:
         assert array.flags.writeable and array.flags.c_contiguous and array.flags.owndata
 
 
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("round_trip") / "data.bin"
+
+
 @given(data=any_dataset)
-def test_file_object_round_trip(data: DataSet | MultiDataSet) -> None:
+def test_file_object_and_path_round_trip(data: DataSet | MultiDataSet, scratch: Path) -> None:
     buffer = io.BytesIO()
     data.save(buffer)
     assert buffer.getvalue() == data.to_bytes()
     buffer.seek(0)
     assert type(data).load(buffer) == data
+    data.save(scratch)
+    assert type(data).load(scratch) == data
 
 
 def test_path_round_trip(tmp_path: Path) -> None:
@@ -323,15 +346,16 @@ def test_non_native_and_non_contiguous_arrays_round_trip() -> None:
 
 
 def test_layout_matches_documentation() -> None:
-    ds = DataSet(np.array([[1.5, -2.0]], dtype=np.float32), labels_mask=np.array([True]))
+    ds = DataSet(np.array([[1.5, -2.0]], dtype=np.float32), features_mask=np.array([True]))
     expected = (
         b"\x89SGD\r\n\x1a\n"
         + struct.pack("<HBB4I", 1, 1, 0, 1, 1, 1, 1)
         + struct.pack("<BBBBQQ", 1, 1, 2, 0, 1, 2)
         + np.array([1.5, -2.0], dtype="<f4").tobytes()
-        + b"\x00\x00"  # labels, features_mask absent
+        + b"\x00"  # labels absent
         + struct.pack("<BBBBQ", 1, 12, 1, 0, 1)
         + b"\x01"
+        + b"\x00"  # labels_mask absent
     )
     assert ds.to_bytes() == expected
     mds = MultiDataSet([np.zeros((0, 1), np.int8)], [], features_masks=[np.zeros((0,), np.uint8)])
