@@ -31,9 +31,10 @@ dtype codes: 1 float32, 2 float64, 3 float16, 4 int8, 5 int16, 6 int32, 7 int64,
 10 uint32, 11 uint64, 12 bool (one byte, 0 or 1).
 
 Every array's first dimension is the number of examples and agrees across all present arrays; a
-DataSet's features slot is always present. A file or ``bytes`` object holds exactly one record (any
-trailing byte is an error); a binary file object is read from its current position up to the end of
-one record, so several records can follow each other in one stream.
+DataSet's features slot is always present, and its labels mask only with labels. A file or
+``bytes`` object holds exactly one record (any trailing byte is an error); a binary file object is
+read from its current position up to the end of one record, so several records can follow each
+other in one stream.
 
 Differences from DL4J's ``DataSet.save`` (Java ``DataOutputStream``, big-endian, see
 dl4j-reference.md 6.2/6.3): little-endian raw buffers with no per-array type strings, explicit
@@ -208,9 +209,11 @@ class _Reader:
         )
 
     def read(self, kind: int, whole: bool) -> Groups:
-        magic, version, stored_kind, reserved, *counts = _HEADER.unpack(self._exact(_HEADER.size, "header"))
+        magic = self._exact(len(MAGIC), "magic bytes")  # checked first: a short foreign file is foreign
         if magic != MAGIC:
             raise self.error(f"not a sparkgrad data file (magic bytes {magic!r}, expected {MAGIC!r})")
+        rest = self._exact(_HEADER.size - len(MAGIC), "header")
+        _, version, stored_kind, reserved, *counts = _HEADER.unpack(magic + rest)
         if version != VERSION:
             raise self.error(f"unsupported format version {version} (this sparkgrad reads version {VERSION})")
         if stored_kind not in KIND_NAMES or reserved:

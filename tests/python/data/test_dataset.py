@@ -397,6 +397,8 @@ def test_foreign_version_kind_and_trailing_data_are_rejected(tmp_path: Path) -> 
     cases = {
         "foreign.bin": (b"\x89PNG\r\n\x1a\n" + blob[8:], "not a sparkgrad data file"),
         "text.bin": (b"features,labels\n1,2\n3,4\n" * 3, "not a sparkgrad data file"),
+        "short_text.bin": (b"1,2\n3,4\n\n", "not a sparkgrad data file"),
+        "empty.bin": (b"", r"truncated: magic bytes needs 8 bytes at offset 0, only 0 left"),
         "version.bin": (blob[:8] + struct.pack("<H", 2) + blob[10:], "unsupported format version 2"),
         "kindcode.bin": (blob[:10] + b"\x07" + blob[11:], "corrupt header"),
         "counts.bin": (blob[:12] + struct.pack("<I", 2) + blob[16:], r"corrupt header \(array counts"),
