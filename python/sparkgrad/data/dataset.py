@@ -101,6 +101,10 @@ class _Examples:
     def __len__(self) -> int:
         return self.num_examples()
 
+    # not iterable (indexing alone would make it iterate one-example objects): a (Multi)DataSet is
+    # one minibatch wherever "a DataSet or an iterable of DataSets" is accepted; use split() instead
+    __iter__ = None
+
     def _map(self: E, fn: Callable[[np.ndarray], np.ndarray]) -> E:
         return self._from_groups([[None if a is None else fn(a) for a in group] for group in self._groups])
 

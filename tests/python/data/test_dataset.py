@@ -171,6 +171,8 @@ def test_getitem_selects_examples_in_every_array() -> None:
         ds[np.array([True, False])]
     with pytest.raises(IndexError):
         ds[np.zeros((2, 2), dtype=int)]
+    with pytest.raises(TypeError, match="not iterable"):
+        iter(ds)
 
 
 @given(data=any_dataset, batch_size=st.integers(1, 7))
