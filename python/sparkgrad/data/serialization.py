@@ -49,7 +49,7 @@ import os
 import struct
 import sys
 from typing import BinaryIO, Sequence, Union
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -323,7 +323,7 @@ def _local_path(target: str | os.PathLike) -> str:
         path = os.fsdecode(path)
     url = urlparse(path)
     if url.scheme == "file":
-        return url.path
+        return unquote(url.path)  # Spark's URIs percent-encode spaces and the like
     if len(url.scheme) > 1:  # one letter is a Windows drive
         raise ValueError(
             f"{path}: only local paths and file: URIs can be opened directly; for {url.scheme}: data "

@@ -17,9 +17,11 @@ from sparkgrad.errors import CorruptDataError
 def saved(tmp_path: Path) -> tuple[DataSet, MultiDataSet, Path, Path]:
     ds = DataSet(np.arange(6, dtype=np.float32).reshape(3, 2), np.eye(3, dtype=np.float32))
     mds = MultiDataSet([ds.features, ds.labels], [ds.labels], features_masks=[None, np.ones((3, 1))])
-    ds.save(tmp_path / "dataset_0.bin")
-    mds.save(tmp_path / "mds_0.bin")
-    return ds, mds, tmp_path / "dataset_0.bin", tmp_path / "mds_0.bin"
+    directory = tmp_path / "exported batches"  # a space: Spark's file: URIs percent-encode it
+    directory.mkdir()
+    ds.save(directory / "dataset_0.bin")
+    mds.save(directory / "mds_0.bin")
+    return ds, mds, directory / "dataset_0.bin", directory / "mds_0.bin"
 
 
 def test_loaders_accept_paths_files_bytes_and_spark_pairs(saved: tuple) -> None:
@@ -31,11 +33,12 @@ def test_loaders_accept_paths_files_bytes_and_spark_pairs(saved: tuple) -> None:
         blob = path.read_bytes()
         assert loader(path) == expected
         assert loader(str(path)) == expected
-        assert loader("file:" + str(path)) == expected
+        assert loader(path.as_uri()) == expected  # file:///.../exported%20batches/...
+        assert loader("file:" + str(path)) == expected  # Spark's form: file:/...
         assert loader(io.BytesIO(blob)) == expected
         assert loader(blob) == expected
         assert loader(memoryview(blob)) == expected
-        assert loader(("file:" + str(path), blob)) == expected
+        assert loader((path.as_uri(), blob)) == expected
         assert loader.load_bytes(bytearray(blob), source=str(path)) == expected
 
 
