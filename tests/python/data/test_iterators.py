@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgrad.data import AsyncDataSetIterator, DataSet, ListDataSetIterator, MultiDataSet
+from sparkgrad.data import AsyncDataSetIterator, DataSet, ListDataSetIterator, MultiDataSet, rebatch
 
 
 def ids_dataset(n: int, start: int = 0) -> DataSet:
@@ -218,3 +218,36 @@ def test_async_rejects_bad_arguments() -> None:
         AsyncDataSetIterator(5)
     with pytest.raises(ValueError, match="prefetch"):
         AsyncDataSetIterator([], prefetch=0)
+
+
+# -- rebatch ---------------------------------------------------------------------------------------
+
+
+@given(sizes=st.lists(st.integers(0, 9), max_size=6), batch_size=st.integers(1, 8))
+def test_rebatch_emits_exact_batches_in_order(sizes: list[int], batch_size: int) -> None:
+    parts = [ids_dataset(n, start=sum(sizes[:i])) for i, n in enumerate(sizes)]
+    batches = list(rebatch(iter(parts), batch_size))
+    total = sum(sizes)
+    assert [b.num_examples() for b in batches] == [batch_size] * (total // batch_size) + (
+        [total % batch_size] if total % batch_size else []
+    )
+    assert batch_ids(batches) == list(range(total))
+
+
+def test_rebatch_is_lazy_and_checks_types() -> None:
+    pulled = []
+
+    def source() -> Iterator[DataSet]:
+        for i in range(100):
+            pulled.append(i)
+            yield ids_dataset(3, start=3 * i)
+
+    first = next(rebatch(source(), 4))
+    assert first.num_examples() == 4 and len(pulled) == 2
+    exact = ids_dataset(4)
+    assert next(rebatch([exact], 4)) == exact
+    x = np.zeros((2, 1))
+    with pytest.raises(TypeError, match=r"datasets\[1\]: expected a DataSet, got MultiDataSet"):
+        list(rebatch([DataSet(x), MultiDataSet([x], [])], 3))
+    with pytest.raises(ValueError, match="batch_size"):
+        rebatch([], 0)
