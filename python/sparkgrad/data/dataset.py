@@ -44,7 +44,7 @@ def _arrays_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
-        and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
     )
 
 
