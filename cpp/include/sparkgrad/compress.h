@@ -11,6 +11,13 @@
 #include <cstdint>
 #include <vector>
 
+// Per-element codes shared by the CPU loops and the CUDA kernels.
+#ifdef __CUDACC__
+#define SPARKGRAD_HD __host__ __device__
+#else
+#define SPARKGRAD_HD
+#endif
+
 namespace sparkgrad::compress {
 
 inline constexpr std::int64_t kHeaderWords = 4;
@@ -35,6 +42,35 @@ inline bool sparse_is_smaller(std::int64_t count, std::int64_t n) {
 // Throws std::invalid_argument naming `op` unless threshold is finite and > 0 (and representable as a
 // positive float32) and n fits the int32 header.
 void check_encode_args(const char* op, std::int64_t n, double threshold);
+
+// Sparse entry for an element v with |v| >= t at index i: +-(i+1); moves v toward zero by t.
+template <typename T>
+SPARKGRAD_HD inline std::int32_t sparse_entry(T& v, T t, std::int64_t i) {
+  const auto id = static_cast<std::int32_t>(i + 1);
+  const bool positive = v > 0;
+  v = positive ? v - t : v + t;
+  return positive ? id : -id;
+}
+
+// Bitmap code of element v (bit 0 "value", bit 1 "negative"; 0 = not encoded); moves v by what the code
+// sends: +-t, or +t/2 for the half code of v <= -t/2 (h = t/2).
+template <typename T>
+SPARKGRAD_HD inline std::uint32_t bitmap_code(T& v, T t, T h) {
+  const bool full = (v < 0 ? -v : v) >= t;
+  const bool half = !full && v <= -h;  // DL4J only has the -t/2 code
+  const bool negative = (full && v < 0) || half;
+  v = full ? (v < 0 ? v + t : v - t) : (half ? v + h : v);
+  return static_cast<std::uint32_t>(full) | (static_cast<std::uint32_t>(negative) << 1);
+}
+
+// Value a bitmap code adds to the target (code as returned by bitmap_code).
+template <typename T>
+SPARKGRAD_HD inline T bitmap_value(std::uint32_t code, T t, T h) {
+  return code == 1 ? t : code == 3 ? -t : code == 2 ? -h : T{0};
+}
+
+// A sparse entry is valid iff it addresses an element of a vector of n: v in +-[1, n].
+SPARKGRAD_HD inline bool entry_out_of_range(std::int64_t v, std::int64_t n) { return v == 0 || v > n || v < -n; }
 
 // ---- sparse ("flexible") threshold format --------------------------------------------------------
 
@@ -68,6 +104,15 @@ template <typename T>
 std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t* out);
 
 // ---- decoding (accumulates into target) ----------------------------------------------------------
+
+// Checks the header words of a message of `len` words for a target of n elements: length, flag
+// (== expected_flag unless kFlagAny), word 0 and 1, threshold. header: its first kHeaderWords words.
+void validate_header(const char* op, const std::int32_t* header, std::int64_t len, std::int64_t n,
+                     std::int32_t expected_flag);
+// Bits of the last bitmap word beyond element n-1 must be clear.
+void validate_bitmap_tail(const char* op, std::int32_t last_word, std::int64_t n);
+// Error for sparse entry number k (value v) outside +-[1, n].
+[[noreturn]] void throw_bad_entry(const char* op, std::int64_t k, std::int32_t v, std::int64_t n);
 
 // Validates msg: (len,) against a target of n elements: header, length, flag (== expected_flag unless
 // kFlagAny), threshold, and every index / every unused bitmap bit. Throws std::invalid_argument naming

@@ -1,7 +1,6 @@
 // Bitmap ("dense") encoding: 2 bits per element, 16 elements per int32 word; words are independent, so
 // the parallel loop over words is deterministic.
 #include <algorithm>
-#include <cmath>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
@@ -26,13 +25,9 @@ std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t*
     const std::int64_t len = std::min<std::int64_t>(16, n - begin);
     std::uint32_t word = 0;
     for (std::int64_t j = 0; j < len; ++j) {
-      const T v = x[begin + j];
-      const bool full = std::abs(v) >= t;
-      const bool half = !full && v <= -h;  // DL4J only has the -t/2 code
-      const bool negative = (full && v < 0) || half;
-      word |= (static_cast<std::uint32_t>(full) << j) | (static_cast<std::uint32_t>(negative) << (j + 16));
-      x[begin + j] = full ? (v < 0 ? v + t : v - t) : (half ? v + h : v);
-      encoded += full || half;
+      const std::uint32_t code = bitmap_code(x[begin + j], t, h);
+      word |= ((code & 1u) << j) | ((code >> 1) << (j + 16));
+      encoded += code != 0;
     }
     out[kHeaderWords + w] = static_cast<std::int32_t>(word);
   }

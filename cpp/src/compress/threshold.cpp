@@ -37,19 +37,11 @@ std::int64_t write_range(T* x, std::int64_t begin, std::int64_t end, T t, std::i
     while (mask != 0 && pos < stop) {
       const std::int64_t e = i + __builtin_ctz(mask);
       mask &= mask - 1;
-      const T v = x[e];
-      const auto id = static_cast<std::int32_t>(e + 1);
-      out[pos++] = v > 0 ? id : -id;
-      x[e] = v > 0 ? v - t : v + t;
+      out[pos++] = sparse_entry(x[e], t, e);
     }
   }
   for (; i < end && pos < stop; ++i) {
-    const T v = x[i];
-    if (std::abs(v) >= t) {
-      const auto id = static_cast<std::int32_t>(i + 1);
-      out[pos++] = v > 0 ? id : -id;
-      x[i] = v > 0 ? v - t : v + t;
-    }
+    if (std::abs(x[i]) >= t) out[pos++] = sparse_entry(x[i], t, i);
   }
   return pos;
 }
