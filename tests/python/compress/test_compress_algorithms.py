@@ -143,7 +143,10 @@ def test_equality_ignores_state() -> None:
         (lambda: AdaptiveThresholdAlgorithm(initial_threshold=-1), "initial_threshold"),
         (lambda: AdaptiveThresholdAlgorithm(min_target_sparsity=0), "min_target_sparsity"),
         (lambda: AdaptiveThresholdAlgorithm(max_target_sparsity=0), "max_target_sparsity"),
-        (lambda: AdaptiveThresholdAlgorithm(min_target_sparsity=0.1, max_target_sparsity=0.01), "min_target_sparsity"),
+        (
+            lambda: AdaptiveThresholdAlgorithm(min_target_sparsity=0.1, max_target_sparsity=0.01),
+            "min_target_sparsity",
+        ),
         (lambda: AdaptiveThresholdAlgorithm(decay_rate=0.4), "decay_rate"),
         (lambda: AdaptiveThresholdAlgorithm(decay_rate=1.0), "decay_rate"),
         (lambda: AdaptiveThresholdAlgorithm(last_threshold=-1.0), "last_threshold"),
@@ -152,7 +155,12 @@ def test_equality_ignores_state() -> None:
         (lambda: TargetSparsityThresholdAlgorithm(decay_rate="x"), "decay_rate"),
         (lambda: ResidualClippingPostProcessor(0.5, 5), "threshold_multiple_clip_value"),
         (lambda: ResidualClippingPostProcessor(5.0, 0), "frequency"),
-        (lambda: AdaptiveThresholdAlgorithm.from_json('{"@type": "AdaptiveThresholdAlgorithm", "bogus": 1}'), "bogus"),
+        (
+            lambda: AdaptiveThresholdAlgorithm.from_json(
+                '{"@type": "AdaptiveThresholdAlgorithm", "bogus": 1}'
+            ),
+            "bogus",
+        ),
     ],
 )
 def test_invalid_arguments_name_the_field(factory, field) -> None:

@@ -50,7 +50,9 @@ def _per_thread_count(fn, residual: np.ndarray):
 def test_threshold_encode_matches_reference(data, boundary) -> None:
     residual, threshold = data
     expected, expected_residual = ref.threshold_encode(residual, threshold, boundary)
-    for message, after in _per_thread_count(lambda r: compress.threshold_encode(r, threshold, boundary), residual):
+    for message, after in _per_thread_count(
+        lambda r: compress.threshold_encode(r, threshold, boundary), residual
+    ):
         assert message.dtype == np.int32
         assert message.tobytes() == expected.tobytes()
         assert after.tobytes() == expected_residual.tobytes()
@@ -60,7 +62,9 @@ def test_threshold_encode_matches_reference(data, boundary) -> None:
 def test_bitmap_encode_matches_reference(data) -> None:
     residual, threshold = data
     expected, expected_count, expected_residual = ref.bitmap_encode(residual, threshold)
-    for (message, count), after in _per_thread_count(lambda r: compress.bitmap_encode(r, threshold), residual):
+    for (message, count), after in _per_thread_count(
+        lambda r: compress.bitmap_encode(r, threshold), residual
+    ):
         assert message.tobytes() == expected.tobytes()
         assert count == expected_count
         assert after.tobytes() == expected_residual.tobytes()
@@ -69,7 +73,9 @@ def test_bitmap_encode_matches_reference(data) -> None:
 @given(data=residuals(), bitmap=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_decode_matches_reference(data, bitmap, seed) -> None:
     residual, threshold = data
-    message = ref.bitmap_encode(residual, threshold)[0] if bitmap else ref.threshold_encode(residual, threshold)[0]
+    message = (
+        ref.bitmap_encode(residual, threshold)[0] if bitmap else ref.threshold_encode(residual, threshold)[0]
+    )
     target = np.random.default_rng(seed).normal(size=len(residual)).astype(residual.dtype)
     expected = ref.decode(message, target)
     specific = compress.bitmap_decode if bitmap else compress.threshold_decode
@@ -82,7 +88,9 @@ def test_decode_matches_reference(data, bitmap, seed) -> None:
 def test_residual_plus_decoded_message_equals_residual_before(data, bitmap) -> None:
     before, threshold = data
     after = before.copy()
-    message = compress.bitmap_encode(after, threshold)[0] if bitmap else compress.threshold_encode(after, threshold)
+    message = (
+        compress.bitmap_encode(after, threshold)[0] if bitmap else compress.threshold_encode(after, threshold)
+    )
     restored = after.copy()
     compress.decode(message, restored)
     eps = np.finfo(before.dtype).eps

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import sparkgrad
 from sparkgrad import compress
 
 N = 40
@@ -156,3 +157,22 @@ def test_header_accessors_reject_bad_messages() -> None:
         for fn in (compress.message_threshold, compress.message_length):
             with pytest.raises(ValueError, match="message"):
                 fn(bad)
+
+
+class _FakeDeviceArray:
+    """Quacks like a CuPy array (never dereferenced: the stand-ins throw first)."""
+
+    def __init__(self, n: int, typestr: str = "<f4") -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (0, False), "version": 3}
+
+
+@pytest.mark.skipif(sparkgrad.cuda_available(), reason="a GPU is available: the CUDA path runs for real")
+def test_device_arrays_need_a_cuda_build() -> None:
+    with pytest.raises(RuntimeError, match=r"\[threshold_encode\] .*CUDA"):
+        compress.threshold_encode(_FakeDeviceArray(8), 0.5)
+    with pytest.raises(RuntimeError, match=r"\[decode\] .*CUDA"):
+        compress.decode(_FakeDeviceArray(5, "<i4"), _FakeDeviceArray(8))
+    with pytest.raises(ValueError, match="message must have dtype int32"):
+        compress.decode(_FakeDeviceArray(5), _FakeDeviceArray(8))
+    with pytest.raises(TypeError, match="both"):
+        compress.decode(_sparse(1), _FakeDeviceArray(N))

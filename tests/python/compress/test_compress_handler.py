@@ -79,7 +79,9 @@ def test_handler_conserves_mass_across_format_switches(dtype) -> None:
             compress.decode(message, sent)
     assert formats == {None, 0, 1}
     eps = np.finfo(dtype).eps
-    np.testing.assert_allclose(sent.astype(np.float64) + handler.residual, total, atol=400 * eps * np.abs(total).max())
+    np.testing.assert_allclose(
+        sent.astype(np.float64) + handler.residual, total, atol=400 * eps * np.abs(total).max()
+    )
 
 
 def test_first_message_is_not_forced_to_bitmap() -> None:

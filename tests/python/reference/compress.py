@@ -7,8 +7,6 @@ used as float32 cast to the residual dtype, as the native code does.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 HEADER = 4
@@ -24,7 +22,7 @@ def threshold_bits(threshold: float) -> int:
 
 
 def threshold_encode(
-    residual: np.ndarray, threshold: float, boundary: Optional[int] = None
+    residual: np.ndarray, threshold: float, boundary: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(message, residual after encoding): every |r| >= t up to `boundary` lowest indices, ascending."""
     r = residual.copy()
@@ -83,7 +81,7 @@ def decode(message: np.ndarray, target: np.ndarray) -> np.ndarray:
     return out
 
 
-def encode_smaller(residual: np.ndarray, threshold: float) -> tuple[Optional[np.ndarray], bool, np.ndarray]:
+def encode_smaller(residual: np.ndarray, threshold: float) -> tuple[np.ndarray | None, bool, np.ndarray]:
     """The handler's step after the update is added: (message or None, is_bitmap, residual after)."""
     count = int(np.count_nonzero(np.abs(residual) >= wire_threshold(threshold, residual.dtype)))
     n = len(residual)
