@@ -41,7 +41,7 @@ __global__ void bitmap_decode(const std::int32_t* words, std::int64_t n, T t, T 
   const std::int64_t len = n - begin < 16 ? n - begin : 16;
   for (std::int64_t j = 0; j < len; ++j) {
     const std::uint32_t code = ((word >> j) & 1u) | (((word >> (j + 16)) & 1u) << 1);
-    if (code != 0) target[begin + j] += bitmap_value(code, t, h);
+    target[begin + j] += from_bits<T>(bitmap_sent(code, t, h, FloatBits<T>::kSign));
   }
 }
 
