@@ -26,7 +26,11 @@ def _trapezoid(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _drop_redundant(*columns: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Drop middle points whose x or y equals both neighbours' (the area is unchanged)."""
+    """Drop repeated points, then middle points whose x or y equals both neighbours' (the area is
+    unchanged; without repeats, every dropped point lies inside a straight segment)."""
+    distinct = np.ones(len(x), dtype=bool)
+    distinct[1:] = (x[1:] != x[:-1]) | (y[1:] != y[:-1])
+    columns, x, y = tuple(c[distinct] for c in columns), x[distinct], y[distinct]
     keep = np.ones(len(x), dtype=bool)
     if len(x) > 2:
         same_x = (x[1:-1] == x[:-2]) & (x[1:-1] == x[2:])
@@ -183,8 +187,13 @@ class ROC(BaseEvaluation):
                 self._cache = (grid[::-1].copy(), self._tp[::-1].copy(), self._fp[::-1].copy())
         return self._cache
 
+    @property
+    def has_data(self) -> bool:
+        """Whether any example has been evaluated."""
+        return self._pos + self._neg > 0
+
     def _require_data(self) -> None:
-        if self._pos + self._neg == 0:
+        if not self.has_data:
             raise ValueError("ROC: no data has been evaluated")
 
     def roc_curve(self) -> RocCurve:
@@ -248,7 +257,7 @@ class ROC(BaseEvaluation):
         return self._neg
 
     def stats(self) -> str:
-        if self._pos + self._neg == 0:
+        if not self.has_data:
             return "ROC: no data available (no evaluation has been performed)"
         text = (
             f"AUC (Area under ROC Curve):                {self.calculate_auc()}\n"
@@ -378,13 +387,20 @@ class _PerColumnROC(BaseEvaluation):
         """AUPRC of column ``cls``."""
         return self.roc(cls).calculate_auprc()
 
+    def _seen(self) -> list[ROC]:
+        """Columns with at least one unmasked example."""
+        rocs = [r for r in self._rocs or [] if r.has_data]
+        if not rocs:
+            raise ValueError(f"{type(self).__name__}: no data has been evaluated")
+        return rocs
+
     def calculate_average_auc(self) -> float:
-        """Unweighted mean of the per-column AUCs."""
-        return float(np.mean([self.calculate_auc(c) for c in range(self._columns())]))
+        """Unweighted mean of the AUCs of the columns that have data (fully masked ones are skipped)."""
+        return float(np.mean([r.calculate_auc() for r in self._seen()]))
 
     def calculate_average_auprc(self) -> float:
-        """Unweighted mean of the per-column AUPRCs."""
-        return float(np.mean([self.calculate_auprc(c) for c in range(self._columns())]))
+        """Unweighted mean of the AUPRCs of the columns that have data."""
+        return float(np.mean([r.calculate_auprc() for r in self._seen()]))
 
     def stats(self) -> str:
         if self._rocs is None:
@@ -396,13 +412,15 @@ class _PerColumnROC(BaseEvaluation):
             f"{head[0]:<{width}}" + "".join(f"{h:<12}" for h in head[1:-2]) + f"{'# Pos':<10}{'# Neg':<10}"
         ]
         for name, roc in zip(names, self._rocs):
-            values = [roc.calculate_auc(), *([roc.calculate_auprc()] if self._show_auprc else [])]
+            metrics = (roc.calculate_auc, *((roc.calculate_auprc,) if self._show_auprc else ()))
+            values = [m() if roc.has_data else float("nan") for m in metrics]
             lines.append(
                 f"{name:<{width}}"
                 + "".join(f"{v:<12.4f}" for v in values)
                 + f"{roc.count_actual_positive():<10d}{roc.count_actual_negative():<10d}"
             )
-        lines.append(f"Average AUC: {self.calculate_average_auc():.4f}")
+        if any(r.has_data for r in self._rocs):
+            lines.append(f"Average AUC: {self.calculate_average_auc():.4f}")
         if self._steps:
             lines.append(f"[Note: Thresholded AUC/AUPRC calculation used with {self._steps} steps]")
         return "\n".join(lines)

@@ -156,7 +156,9 @@ def test_evaluation_binary_matches_sklearn(seed: int, n: int, size: int) -> None
     for j in range(size):
         keep = mask[:, j]
         yt, yp = y[keep, j], (p[keep, j] > thresholds[j]).astype(int)
-        (tn, fp), (fn, tp) = metrics.confusion_matrix(yt, yp, labels=[0, 1]) if keep.any() else np.zeros((2, 2))
+        (tn, fp), (fn, tp) = (
+            metrics.confusion_matrix(yt, yp, labels=[0, 1]) if keep.any() else np.zeros((2, 2))
+        )
         assert (counts.tp[j], counts.fp[j], counts.tn[j], counts.fn[j]) == (tp, fp, tn, fn)
         if keep.any():
             assert ev.accuracy(j) == pytest.approx(metrics.accuracy_score(yt, yp), abs=1e-12)
