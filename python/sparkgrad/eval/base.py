@@ -245,10 +245,23 @@ def flatten_inputs(
     return lab2[keep], pred2[keep], None
 
 
-def check_columns(current: int | None, got: int, owner: str, what: str = "columns") -> int:
-    """The fixed column count: ``got`` on first use, else it must equal ``current``."""
+def check_columns(
+    current: int | None, got: int, owner: str, what: str = "columns", subject: str = "labels"
+) -> int:
+    """The fixed column count: ``got`` on first use, else it must equal ``current``.
+
+    Args:
+        current: the count fixed so far, or None.
+        got: the count of the new input.
+        owner: class name for the message.
+        what: the unit ("columns", "classes", "outputs").
+        subject: the argument that brought ``got`` ("labels" in eval, "other" in merge).
+
+    Returns:
+        The column count.
+    """
     if current is not None and current != got:
-        raise ValueError(f"{owner}.eval: labels have {got} {what}, but this evaluation has {current}")
+        raise ValueError(f"{owner}: {subject} has {got} {what}, but this evaluation has {current}")
     return got
 
 

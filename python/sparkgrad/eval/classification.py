@@ -133,11 +133,8 @@ class Evaluation(BaseEvaluation):
         if other._cm is not None:
             if self._cm is None:
                 self._cm = other._cm.copy()
-            elif self._cm.shape != other._cm.shape:
-                raise ValueError(
-                    f"other: has {other._cm.shape[0]} classes, this evaluation has {self._cm.shape[0]}"
-                )
             else:
+                check_columns(self.num_classes, other._cm.shape[0], "Evaluation", "classes", "other")
                 self._cm += other._cm
         if self._label_names is None:
             self._label_names = other._label_names
@@ -443,7 +440,7 @@ class EvaluationBinary(BaseEvaluation):
             if self._counts is None:
                 self._counts = other._counts.copy()
             else:
-                check_columns(self.size, other.size, "EvaluationBinary", "outputs")
+                check_columns(self.size, other.size, "EvaluationBinary", "outputs", "other")
                 self._counts += other._counts
         if self._label_names is None:
             self._label_names = other._label_names

@@ -113,7 +113,7 @@ class RegressionEvaluation(BaseEvaluation):
         if other._counts is not None:
             if self._counts is None:
                 self._init_columns(len(other._counts))
-            check_columns(self.num_columns, len(other._counts), "RegressionEvaluation")
+            check_columns(self.num_columns, len(other._counts), "RegressionEvaluation", subject="other")
             assert self._sums is not None and other._sums is not None and self._counts is not None
             for key in _SUMS:
                 self._sums[key] = [a + b for a, b in zip(self._sums[key], other._sums[key])]

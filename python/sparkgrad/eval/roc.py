@@ -345,7 +345,7 @@ class _PerColumnROC(BaseEvaluation):
         if other._rocs is not None:
             if self._rocs is None:
                 self._rocs = [ROC(self._steps) for _ in other._rocs]
-            check_columns(len(self._rocs), len(other._rocs), type(self).__name__)
+            check_columns(len(self._rocs), len(other._rocs), type(self).__name__, subject="other")
             for mine, theirs in zip(self._rocs, other._rocs):
                 mine.merge(theirs)
         if self._label_names is None:

@@ -126,7 +126,7 @@ def test_evaluation_errors_name_the_argument() -> None:
     with pytest.raises(ValueError, match="predictions contains NaN"):
         ev.eval(np.eye(3), np.full((3, 3), np.nan))
     ev.eval(np.eye(3), np.eye(3))
-    with pytest.raises(ValueError, match="labels have 4 classes"):
+    with pytest.raises(ValueError, match="labels has 4 classes"):
         ev.eval(np.eye(4), np.eye(4))
     with pytest.raises(ValueError, match="cls"):
         ev.precision(3)
@@ -179,7 +179,7 @@ def test_evaluation_binary_stats_and_errors() -> None:
     text = ev.stats()
     assert text.splitlines()[0].startswith("Label")
     assert "1.0000" in text
-    with pytest.raises(ValueError, match="labels have 3 outputs"):
+    with pytest.raises(ValueError, match="labels has 3 outputs"):
         ev.eval(np.ones((2, 3)), np.ones((2, 3)))
     with pytest.raises(ValueError, match="decision_threshold"):
         EvaluationBinary(size=2, decision_threshold=[0.5])

@@ -140,7 +140,7 @@ def test_roc_errors() -> None:
     with pytest.raises(ValueError, match="at least 2 columns"):
         multi.eval(np.ones((3, 1)), np.ones((3, 1)))
     multi.eval(np.eye(3), np.eye(3))
-    with pytest.raises(ValueError, match="labels have 4 columns"):
+    with pytest.raises(ValueError, match="labels has 4 columns"):
         multi.eval(np.eye(4), np.eye(4))
     with pytest.raises(ValueError, match="cls"):
         multi.calculate_auc(3)
