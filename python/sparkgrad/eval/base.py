@@ -129,9 +129,6 @@ class BaseEvaluation(abc.ABC):
         if type(other) is not type(self):
             raise TypeError(f"other: cannot merge a {type(other).__name__} into a {type(self).__name__}")
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.stats()!r})"
-
 
 def _encode(value: Any) -> Any:
     if isinstance(value, np.ndarray):

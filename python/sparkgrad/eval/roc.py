@@ -133,7 +133,7 @@ class ROC(BaseEvaluation):
             self._fp += fp
         self._pos += n_pos
         self._neg += len(scores) - n_pos
-        self._cache = None
+        self._areas.clear()
 
     def _append(self, scores: np.ndarray, positive: np.ndarray) -> None:
         """Exact mode storage: scores keep float32 until a wider dtype arrives; capacity doubles."""
@@ -161,7 +161,7 @@ class ROC(BaseEvaluation):
             self._fp += other._fp
         self._pos += other._pos
         self._neg += other._neg
-        self._cache = None
+        self._areas.clear()
         return self
 
     def reset(self) -> None:
@@ -169,23 +169,28 @@ class ROC(BaseEvaluation):
 
     # -- curves --------------------------------------------------------------------------------
     def _points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(thresholds, tp, fp) in decreasing threshold order, starting at the empty prediction."""
-        if self._cache is None:
-            if self._steps == 0:
-                scores = self._scores[: self._n]
-                order = np.argsort(scores)[::-1]
-                s = scores[order]
-                ends = np.append(np.flatnonzero(s[1:] != s[:-1]), len(s) - 1) if len(s) else np.empty(0, int)
-                tp = np.cumsum(self._labels[: self._n][order], dtype=np.int64)[ends]
-                self._cache = (
-                    np.concatenate([[np.inf], s[ends].astype(np.float64)]),
-                    np.concatenate([[0], tp]),
-                    np.concatenate([[0], ends + 1 - tp]),
-                )
-            else:
-                grid = np.arange(self._steps + 1) / self._steps
-                self._cache = (grid[::-1].copy(), self._tp[::-1].copy(), self._fp[::-1].copy())
-        return self._cache
+        """(thresholds, tp, fp) in decreasing threshold order, starting at the empty prediction.
+
+        Not cached: on millions of rows the points cost 24 bytes per distinct score, so only the
+        areas are kept (``_areas``)."""
+        if self._steps:
+            grid = np.arange(self._steps + 1) / self._steps
+            return grid[::-1], self._tp[::-1].copy(), self._fp[::-1].copy()  # curves must not alias state
+        # Two value sorts (much faster than an argsort): all scores give the distinct thresholds and
+        # how many scores reach each; the positives' sorted scores give the true positives.
+        scores = self._scores[: self._n]
+        s = np.sort(scores)
+        positives = np.sort(scores[self._labels[: self._n]])
+        starts = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+        thr = s[starts]
+        # Ascending queries keep searchsorted cache-friendly; reverse afterwards.
+        tp = (self._pos - np.searchsorted(positives, thr, side="left"))[::-1]
+        thr, starts = thr[::-1], starts[::-1]
+        return (
+            np.concatenate([[np.inf], thr.astype(np.float64)]),
+            np.concatenate([[0], tp]),
+            np.concatenate([[0], self._n - starts - tp]),
+        )
 
     @property
     def has_data(self) -> bool:
@@ -196,35 +201,57 @@ class ROC(BaseEvaluation):
         if not self.has_data:
             raise ValueError("ROC: no data has been evaluated")
 
-    def roc_curve(self) -> RocCurve:
-        """The ROC curve (redundant collinear points removed); NaN rates when a class is absent."""
+    def roc_curve(self, remove_redundant: bool = True) -> RocCurve:
+        """The ROC curve; NaN rates when a class is absent.
+
+        Args:
+            remove_redundant: drop repeated points and points inside straight segments (the area is
+                unchanged; DL4J's ``rocRemoveRedundantPts``).
+
+        Returns:
+            The curve in increasing false-positive-rate order.
+        """
         self._require_data()
         thr, tp, fp = self._points()
         with np.errstate(invalid="ignore", divide="ignore"):
             fpr, tpr = fp / self._neg, tp / self._pos
-        return RocCurve(*_drop_redundant(thr, fpr, tpr, x=fpr, y=tpr))
+        if remove_redundant:
+            return RocCurve(*_drop_redundant(thr, fpr, tpr, x=fpr, y=tpr))
+        return RocCurve(thr, fpr, tpr)
 
-    def precision_recall_curve(self) -> PrecisionRecallCurve:
+    def precision_recall_curve(self, remove_redundant: bool = True) -> PrecisionRecallCurve:
         """Precision (1 where nothing is predicted positive) against recall (1 when there are no
-        positives), in increasing threshold order."""
+        positives).
+
+        Args:
+            remove_redundant: drop repeated points and points inside straight segments.
+
+        Returns:
+            The curve in increasing threshold order.
+        """
         self._require_data()
         thr, tp, fp = (a[::-1] for a in self._points())
         precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), 1.0)
         recall = tp / self._pos if self._pos else np.ones(len(tp))
-        return PrecisionRecallCurve(
-            *_drop_redundant(thr, precision, recall, tp, fp, self._pos - tp, x=recall, y=precision)
-        )
+        columns = (thr, precision, recall, tp, fp, self._pos - tp)
+        if remove_redundant:
+            return PrecisionRecallCurve(*_drop_redundant(*columns, x=recall, y=precision))
+        return PrecisionRecallCurve(*columns)
 
     def calculate_auc(self) -> float:
         """Area under the ROC curve (trapezoid rule); NaN when only one class has been seen."""
         if self._pos == 0 or self._neg == 0:
             self._require_data()
             return float("nan")
-        return self.roc_curve().area()
+        if "auc" not in self._areas:
+            self._areas["auc"] = self.roc_curve(remove_redundant=False).area()
+        return self._areas["auc"]
 
     def calculate_auprc(self) -> float:
         """Area under the precision-recall curve (trapezoid rule, x = recall)."""
-        return self.precision_recall_curve().area()
+        if "auprc" not in self._areas:
+            self._areas["auprc"] = self.precision_recall_curve(remove_redundant=False).area()
+        return self._areas["auprc"]
 
     def confusion_at_threshold(self, threshold: float) -> ConfusionCounts:
         """Counts when predicting positive iff p >= ``threshold``.
@@ -285,7 +312,7 @@ class ROC(BaseEvaluation):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._steps = _check_steps(int(state["steps"]))
-        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._areas: dict[str, float] = {}  # cached AUC/AUPRC, cleared by eval and merge
         self._pos, self._neg = int(state["pos"]), int(state["neg"])
         if self._steps == 0:
             self._scores = np.array(state["scores"])
