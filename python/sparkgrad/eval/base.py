@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import base64
 import json
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Sequence, TypeVar
 
 import numpy as np
 
@@ -122,7 +122,10 @@ class BaseEvaluation(abc.ABC):
                 f"{cls.__name__}.from_json: text holds a {doc[_TYPE_KEY]!r}, not a {cls.__name__}"
             )
         obj = target.__new__(target)
-        obj._set_state(_decode(doc["state"]))
+        try:
+            obj._set_state(_decode(doc["state"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{cls.__name__}.from_json: incomplete or damaged state ({exc!r})") from exc
         return obj  # type: ignore[return-value]
 
     def _check_mergeable(self, other: Any) -> None:
@@ -260,6 +263,20 @@ def check_columns(
     if current is not None and current != got:
         raise ValueError(f"{owner}: {subject} has {got} {what}, but this evaluation has {current}")
     return got
+
+
+def check_names(names: Sequence[str] | None, field: str) -> list[str] | None:
+    """Optional class/column names: a sequence of strings (not one string)."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{field}: expected a sequence of strings, got {names!r}")
+    return list(names)
+
+
+def name_width(names: Sequence[str], minimum: int = 15) -> int:
+    """Width of the name column in DL4J's tables: the longest name (at least ``minimum``) plus 5."""
+    return max(minimum, *(len(n) for n in names)) + 5
 
 
 def format_value(v: float) -> str:

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from sparkgrad.eval.base import BaseEvaluation, check_columns, flatten_inputs
-from sparkgrad.eval.classification import ConfusionCounts, _check_names
+from sparkgrad.eval.base import BaseEvaluation, check_columns, check_names, flatten_inputs, name_width
+from sparkgrad.eval.classification import ConfusionCounts
 
 _MIN_CAPACITY = 2048
 
@@ -336,7 +336,7 @@ class _PerColumnROC(BaseEvaluation):
 
     def __init__(self, threshold_steps: int = 0, labels: Sequence[str] | None = None) -> None:
         self._steps = _check_steps(threshold_steps)
-        self._label_names = _check_names(labels, "labels")
+        self._label_names = check_names(labels, "labels")
         self._rocs: list[ROC] | None = None
 
     def eval(self, labels: Any, predictions: Any, mask: Any = None) -> None:
@@ -433,7 +433,7 @@ class _PerColumnROC(BaseEvaluation):
         if self._rocs is None:
             return f"{type(self).__name__}: no data available (no evaluation has been performed)"
         names = self._label_names or [str(i) for i in range(len(self._rocs))]
-        width = max(15, *(len(n) for n in names)) + 5
+        width = name_width(names)
         head = ["Label", "AUC", *(["AUPRC"] if self._show_auprc else []), "# Pos", "# Neg"]
         lines = [
             f"{head[0]:<{width}}" + "".join(f"{h:<12}" for h in head[1:-2]) + f"{'# Pos':<10}{'# Neg':<10}"

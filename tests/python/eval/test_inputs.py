@@ -96,3 +96,18 @@ def test_from_json_rejects_foreign_or_damaged_text() -> None:
     roc.eval([1, 0], [0.5, 0.25])
     with pytest.raises(ValueError, match="damaged array"):
         ROC.from_json(roc.to_json().replace('"data": "', '"data": "!'))
+
+
+@given(seeds, st.integers(1, 6), st.integers(1, 3), st.integers(1, 5))
+def test_time_series_per_output_mask(seed: int, batch: int, size: int, steps: int) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, (batch, size, steps)).astype(float)
+    p = np.round(rng.random((batch, size, steps)), 1)
+    mask = (rng.random((batch, size, steps)) < 0.6).astype(float)
+    for make in (EvaluationBinary, ROCBinary, RegressionEvaluation):
+        series = make()
+        series.eval(y, p, mask=mask)
+        rows_y, rows_p, rows_m = (a.transpose(0, 2, 1).reshape(-1, size) for a in (y, p, mask))
+        flat = make()
+        flat.eval(rows_y, rows_p, mask=rows_m)
+        assert series.to_json() == flat.to_json()
