@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics
 
@@ -21,6 +21,7 @@ def _multiclass(seed: int, n: int, c: int) -> tuple[np.ndarray, np.ndarray, np.n
     return y, np.eye(c)[y], probs, np.argmax(probs, axis=1)
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(1, 120), st.integers(2, 6))
 def test_evaluation_matches_sklearn(seed: int, n: int, c: int) -> None:
     y, onehot, probs, pred = _multiclass(seed, n, c)
@@ -70,6 +71,7 @@ def test_top_n_accuracy_matches_sklearn(seed: int, n: int, c: int, pick: int) ->
     assert "Top" in ev.stats()
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(2, 100), st.floats(0.05, 0.95))
 def test_single_column_binary_with_threshold(seed: int, n: int, threshold: float) -> None:
     rng = np.random.default_rng(seed)
@@ -143,6 +145,7 @@ def test_evaluation_errors_name_the_argument() -> None:
     assert ev.confusion_matrix().sum() == 3  # failed calls left the state alone
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(1, 100), st.integers(1, 5))
 def test_evaluation_binary_matches_sklearn(seed: int, n: int, size: int) -> None:
     rng = np.random.default_rng(seed)
