@@ -1,0 +1,229 @@
+// Threshold-encoding codecs (sparkgrad.compress). NumPy entry points check arguments, then release the
+// GIL around each native pass; cuda_* entry points take raw device pointers from CuPy arrays
+// (__cuda_array_interface__) and reach cuda/compress (or the throwing stand-ins without CUDA).
+#include <string>
+
+#include "array_args.h"
+#include "sparkgrad/compress.h"
+
+namespace py = pybind11;
+using namespace sparkgrad;
+using namespace sparkgrad::compress;
+using sparkgrad::bindings::checked_vector;
+
+namespace {
+
+using Message = py::array_t<std::int32_t, py::array::c_style>;
+
+// Calls fn(T{}) with T = float or double according to the dtype of `arr` (a numpy array or a dtype name).
+template <typename Fn>
+auto with_float_dtype(const char* op, const char* name, const py::dtype& dtype, Fn&& fn) {
+  if (dtype.is(py::dtype::of<float>())) return fn(float{});
+  if (dtype.is(py::dtype::of<double>())) return fn(double{});
+  throw_invalid(op, name, " must have dtype float32 or float64, got ", std::string(py::str(dtype)));
+}
+
+py::dtype array_dtype(const char* op, const char* name, const py::handle& arr) {
+  if (!py::isinstance<py::array>(arr)) {
+    throw_invalid(op, name, " must be a numpy array, got ", std::string(py::str(py::type::of(arr))));
+  }
+  return py::reinterpret_borrow<py::array>(arr).dtype();
+}
+
+// Counting pass (GIL released) for the first `boundary` qualifying entries (boundary < 0: all).
+template <typename T>
+SparsePlan plan_sparse(const T* x, std::int64_t n, double threshold, std::int64_t boundary) {
+  py::gil_scoped_release release;
+  return threshold_plan(x, n, threshold, boundary);
+}
+
+// Writing pass for a plan: allocates the message with the GIL held, then writes without it.
+template <typename T>
+Message sparse_message(T* x, const SparsePlan& plan) {
+  Message out(kHeaderWords + plan.entries);
+  std::int32_t* po = out.mutable_data();
+  py::gil_scoped_release release;
+  threshold_encode(x, plan, po);
+  return out;
+}
+
+template <typename T>
+std::pair<Message, std::int64_t> bitmap_message(T* x, std::int64_t n, double threshold) {
+  check_encode_args("bitmap_encode", n, threshold);
+  Message out(bitmap_length(n));
+  std::int32_t* po = out.mutable_data();
+  py::gil_scoped_release release;
+  const std::int64_t count = bitmap_encode(x, n, threshold, po);
+  return {std::move(out), count};
+}
+
+const char* decode_op(std::int32_t flag) {
+  return flag == kFlagSparse ? "threshold_decode" : flag == kFlagBitmap ? "bitmap_decode" : "decode";
+}
+
+template <typename T>
+T* device_ptr(std::uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+}  // namespace
+
+void init_compress(py::module_& m) {
+  m.def(
+      "threshold_encode",
+      [](const py::handle& residual, double threshold, std::int64_t boundary) -> Message {
+        const char* op = "threshold_encode";
+        return with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
+          T* x = r.mutable_data();
+          return sparse_message(x, plan_sparse(x, r.shape(0), threshold, boundary));
+        });
+      },
+      py::arg("residual"), py::arg("threshold"), py::arg("boundary") = -1,
+      "Sparse threshold encoding of `residual` (modified in place); boundary < 0 means unlimited.");
+  m.def(
+      "bitmap_encode",
+      [](const py::handle& residual, double threshold) -> std::pair<Message, std::int64_t> {
+        const char* op = "bitmap_encode";
+        return with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
+          return bitmap_message(r.mutable_data(), r.shape(0), threshold);
+        });
+      },
+      py::arg("residual"), py::arg("threshold"), "Bitmap encoding of `residual` (modified in place).");
+  m.def(
+      "encode_smaller",
+      [](const py::handle& residual, double threshold) -> std::pair<Message, bool> {
+        const char* op = "encode_smaller";
+        return with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
+          T* x = r.mutable_data();
+          const std::int64_t n = r.shape(0);
+          const SparsePlan plan = plan_sparse(x, n, threshold, -1);
+          if (sparse_is_smaller(plan.count, n)) return std::make_pair(sparse_message(x, plan), false);
+          return std::make_pair(bitmap_message(x, n, threshold).first, true);
+        });
+      },
+      py::arg("residual"), py::arg("threshold"),
+      "Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap).");
+  m.def(
+      "decode",
+      [](const py::handle& message, const py::handle& target, std::int32_t flag) {
+        const char* op = decode_op(flag);
+        auto msg = checked_vector<std::int32_t>(op, "message", message);
+        with_float_dtype(op, "target", array_dtype(op, "target", target), [&](auto tag) {
+          using T = decltype(tag);
+          auto z = checked_vector<T>(op, "target", target, /*writable=*/true);
+          const std::int32_t* pm = msg.data();
+          T* pz = z.mutable_data();
+          py::gil_scoped_release release;
+          decode(op, pm, msg.shape(0), pz, z.shape(0), flag);
+        });
+      },
+      py::arg("message"), py::arg("target"), py::arg("flag"),
+      "target += decoded message after validation; flag 0 sparse, 1 bitmap, -1 either.");
+  m.def(
+      "accumulate",
+      [](const py::handle& residual, const py::handle& update) {
+        const char* op = "accumulate";
+        with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
+          auto u = checked_vector<T>(op, "update", update);
+          if (u.shape(0) != r.shape(0)) {
+            throw_invalid(op, "update has ", u.shape(0), " elements but residual has ", r.shape(0));
+          }
+          T* pr = r.mutable_data();
+          const T* pu = u.data();
+          py::gil_scoped_release release;
+          accumulate(pr, pu, r.shape(0));
+        });
+      },
+      py::arg("residual"), py::arg("update"), "residual += update.");
+  m.def(
+      "clip",
+      [](const py::handle& residual, double limit) {
+        const char* op = "clip";
+        if (!(limit >= 0)) throw_invalid(op, "limit must be >= 0, got ", limit);
+        with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
+          T* pr = r.mutable_data();
+          py::gil_scoped_release release;
+          clip(pr, r.shape(0), static_cast<T>(limit));
+        });
+      },
+      py::arg("residual"), py::arg("limit"), "residual = clip(residual, -limit, limit).");
+
+  // CUDA: raw device pointers; dtype is a numpy dtype. Shapes are checked by sparkgrad.compress.
+  m.def(
+      "cuda_threshold_count",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold) {
+        check_encode_args("threshold_encode", n, threshold);
+        return with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          return cuda::threshold_count(device_ptr<const T>(x), n, threshold);
+        });
+      },
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"));
+  m.def(
+      "cuda_threshold_encode",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::int64_t entries,
+         std::uintptr_t out) {
+        check_encode_args("threshold_encode", n, threshold);
+        with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          cuda::threshold_encode(device_ptr<T>(x), n, threshold, entries, device_ptr<std::int32_t>(out));
+        });
+      },
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("out"));
+  m.def(
+      "cuda_bitmap_encode",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t out) {
+        check_encode_args("bitmap_encode", n, threshold);
+        return with_float_dtype("bitmap_encode", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          return cuda::bitmap_encode(device_ptr<T>(x), n, threshold, device_ptr<std::int32_t>(out));
+        });
+      },
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("out"));
+  m.def(
+      "cuda_decode",
+      [](std::uintptr_t msg, std::int64_t len, std::uintptr_t target, std::int64_t n, const py::dtype& dtype,
+         std::int32_t flag) {
+        const char* op = decode_op(flag);
+        with_float_dtype(op, "target", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          cuda::decode(op, device_ptr<const std::int32_t>(msg), len, device_ptr<T>(target), n, flag);
+        });
+      },
+      py::arg("message"), py::arg("length"), py::arg("target"), py::arg("n"), py::arg("dtype"), py::arg("flag"));
+  m.def(
+      "cuda_accumulate",
+      [](std::uintptr_t residual, std::uintptr_t update, std::int64_t n, const py::dtype& dtype) {
+        with_float_dtype("accumulate", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          cuda::accumulate(device_ptr<T>(residual), device_ptr<const T>(update), n);
+        });
+      },
+      py::arg("residual"), py::arg("update"), py::arg("n"), py::arg("dtype"));
+  m.def(
+      "cuda_clip",
+      [](std::uintptr_t residual, std::int64_t n, const py::dtype& dtype, double limit) {
+        if (!(limit >= 0)) throw_invalid("clip", "limit must be >= 0, got ", limit);
+        with_float_dtype("clip", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          cuda::clip(device_ptr<T>(residual), n, static_cast<T>(limit));
+        });
+      },
+      py::arg("residual"), py::arg("n"), py::arg("dtype"), py::arg("limit"));
+}

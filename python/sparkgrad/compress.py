@@ -1,0 +1,705 @@
+"""Strom (2015) threshold encoding of gradient updates, in Deeplearning4j's int32 message format.
+
+A message is ``[n, N, bits, flag, payload...]``: ``N`` the dense length, ``bits`` the threshold's
+float32 bit pattern, ``flag`` 0 for the sparse format (``n`` entries ``+(i+1)`` / ``-(i+1)`` in ascending
+index order) and 1 for the bitmap format (word 0 holds ``N``; ``N // 16 + 1`` words of 2 bits per element,
+with DL4J's asymmetric ``-t/2`` half code and no ``+t/2`` code).
+
+The codecs work on numpy arrays on the CPU and on CuPy arrays with the CUDA kernels (when sparkgrad is
+built with CUDA). The threshold algorithms and residual post-processors are configuration dataclasses
+(JSON/YAML round trip, equality on hyper-parameters only); their scalar rules live here, once, while
+every vector pass (accumulate, count, encode, clip) is native.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from sparkgrad._config import Config, check_int, check_number, check_positive, check_range
+from sparkgrad._native import _core
+
+HEADER_WORDS = 4
+FLAG_SPARSE = 0
+FLAG_BITMAP = 1
+_FLAG_ANY = -1
+DEFAULT_DECAY_RATE = 0.5 ** (1 / 20)
+
+Array = Any  # numpy.ndarray or cupy.ndarray
+
+# ---------------------------------------------------------------------------------------------
+# Device dispatch
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_device_array(arr: Any) -> bool:
+    return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
+
+
+def _device_vector(op: str, name: str, arr: Any, writable: bool) -> tuple[int, int, np.dtype]:
+    """(pointer, length, dtype) of a 1-D C-contiguous CuPy array."""
+    cai = arr.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    if len(shape) != 1:
+        raise ValueError(f"[{op}] {name} must be 1-D, got {len(shape)} dimensions")
+    strides = cai.get("strides")
+    if strides is not None and shape[0] > 1 and strides[0] != dtype.itemsize:
+        raise ValueError(f"[{op}] {name} must be C-contiguous")
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise ValueError(f"[{op}] {name} must be writable")
+    return int(ptr), int(shape[0]), dtype
+
+
+def _device_message(op: str, message: Any) -> tuple[int, int]:
+    ptr, length, dtype = _device_vector(op, "message", message, writable=False)
+    if dtype != np.int32:
+        raise ValueError(f"[{op}] message must have dtype int32, got {dtype}")
+    return ptr, length
+
+
+def _check_threshold(op: str, threshold: Any) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+        raise TypeError(f"[{op}] threshold must be a number, got {type(threshold).__name__}")
+    return float(threshold)
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs
+# ---------------------------------------------------------------------------------------------
+
+
+def threshold_encode(residual: Array, threshold: float, boundary: Optional[int] = None) -> Array:
+    """Sparse threshold encoding; the residual is modified in place.
+
+    Every element with ``|residual[i]| >= threshold`` emits one entry and moves toward zero by exactly
+    ``threshold`` (the float32 value stored in the header).
+
+    Args:
+        residual: 1-D C-contiguous float32/float64 numpy (or CuPy) array, modified in place.
+        threshold: positive threshold (rounded to float32, as stored in the message).
+        boundary: encode at most this many entries, lowest indices first; others keep their residual.
+
+    Returns:
+        The int32 message; header-only (``n == 0``) when nothing qualifies.
+    """
+    op = "threshold_encode"
+    t = _check_threshold(op, threshold)
+    limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
+    if not _is_device_array(residual):
+        return _core.threshold_encode(residual, t, limit)
+    ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
+    count = _core.cuda_threshold_count(ptr, n, dtype, t)
+    entries = count if limit < 0 else min(count, limit)
+    out = _cupy().empty(HEADER_WORDS + entries, dtype=np.int32)
+    _core.cuda_threshold_encode(ptr, n, dtype, t, entries, out.data.ptr)
+    return out
+
+
+def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
+    """Bitmap encoding (2 bits per element); the residual is modified in place.
+
+    ``|r| >= t`` sends ``+-t``; otherwise ``r <= -t/2`` sends ``-t/2`` (DL4J's half code; there is no
+    ``+t/2`` code, so positive values below ``t`` stay in the residual).
+
+    Args:
+        residual: 1-D C-contiguous float32/float64 numpy (or CuPy) array, modified in place.
+        threshold: positive threshold.
+
+    Returns:
+        ``(message, number of elements encoded)``; the message has ``N // 16 + 5`` words.
+    """
+    op = "bitmap_encode"
+    t = _check_threshold(op, threshold)
+    if not _is_device_array(residual):
+        message, count = _core.bitmap_encode(residual, t)
+        return message, int(count)
+    ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
+    out = _cupy().empty(n // 16 + 5, dtype=np.int32)
+    count = _core.cuda_bitmap_encode(ptr, n, dtype, t, out.data.ptr)
+    return out, int(count)
+
+
+def _decode(message: Array, target: Array, flag: int, op: str) -> None:
+    if _is_device_array(target) != _is_device_array(message):
+        raise TypeError(f"[{op}] message and target must both be numpy arrays or both CuPy arrays")
+    if not _is_device_array(target):
+        _core.decode(message, target, flag)
+        return
+    mptr, length = _device_message(op, message)
+    tptr, n, dtype = _device_vector(op, "target", target, writable=True)
+    _core.cuda_decode(mptr, length, tptr, n, dtype, flag)
+
+
+def threshold_decode(message: Array, target: Array) -> None:
+    """``target[i] += +-threshold`` for each entry of a sparse message (accumulates).
+
+    Args:
+        message: int32 sparse message (flag 0).
+        target: 1-D float32/float64 array of the encoded length; untouched if the message is malformed.
+    """
+    _decode(message, target, FLAG_SPARSE, "threshold_decode")
+
+
+def bitmap_decode(message: Array, target: Array) -> None:
+    """Adds a bitmap message (flag 1) into ``target`` (accumulates).
+
+    Args:
+        message: int32 bitmap message.
+        target: 1-D float32/float64 array of the encoded length; untouched if the message is malformed.
+    """
+    _decode(message, target, FLAG_BITMAP, "bitmap_decode")
+
+
+def decode(message: Array, target: Array) -> None:
+    """Adds a message of either format into ``target``, dispatching on its flag (word 3).
+
+    The header, length, flag, threshold and every index are validated first: a malformed message raises
+    ``ValueError`` and leaves ``target`` untouched.
+
+    Args:
+        message: int32 message.
+        target: 1-D float32/float64 array of the encoded length.
+    """
+    _decode(message, target, _FLAG_ANY, "decode")
+
+
+def _header(op: str, message: Array) -> np.ndarray:
+    if _is_device_array(message):
+        _device_message(op, message)
+        message = _cupy().asnumpy(message[:HEADER_WORDS])
+    if not isinstance(message, np.ndarray) or message.dtype != np.int32 or message.ndim != 1:
+        raise ValueError(f"[{op}] message must be a 1-D int32 array")
+    if message.shape[0] < HEADER_WORDS:
+        raise ValueError(f"[{op}] message must hold at least {HEADER_WORDS} header words, got {message.shape[0]}")
+    return message[:HEADER_WORDS]
+
+
+def message_threshold(message: Array) -> float:
+    """The threshold stored in word 2 of a message.
+
+    Args:
+        message: int32 message.
+
+    Returns:
+        The float32 threshold as a Python float.
+    """
+    return float(_header("message_threshold", message)[2:3].view(np.float32)[0])
+
+
+def message_length(message: Array) -> int:
+    """The dense length ``N`` stored in word 1 of a message.
+
+    Args:
+        message: int32 message.
+
+    Returns:
+        Length of the vector the message decodes into.
+    """
+    return int(_header("message_length", message)[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Threshold algorithms
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_state(name: str, value: Any) -> float:
+    """State fields: NaN (unset) or a non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a number or nan, got {value!r}")
+    value = float(value)
+    if not math.isnan(value) and value < 0:
+        raise ValueError(f"{name}: must be >= 0 or nan, got {value!r}")
+    return value
+
+
+class ThresholdAlgorithm(Config, abc.ABC):
+    """Chooses each step's encoding threshold (DL4J ``ThresholdAlgorithm``)."""
+
+    @abc.abstractmethod
+    def calculate_threshold(
+        self,
+        iteration: int,
+        epoch: int,
+        last_threshold: Optional[float],
+        last_was_dense: Optional[bool],
+        last_sparsity_ratio: Optional[float],
+        updates: Array,
+    ) -> float:
+        """Threshold for this step.
+
+        Args:
+            iteration: global iteration count.
+            epoch: epoch count.
+            last_threshold: previous step's threshold (None on a handler's first step).
+            last_was_dense: whether the previous message was a bitmap (None on the first step).
+            last_sparsity_ratio: previous sparse message length (header included) / N; None when the
+                previous step was dense or is unknown.
+            updates: the residual with this step's update already added (read only).
+
+        Returns:
+            The threshold (> 0).
+        """
+
+    @abc.abstractmethod
+    def new_reducer(self) -> ThresholdAlgorithmReducer:
+        """A reducer that combines the states of several instances (one per worker thread)."""
+
+    def clone(self) -> ThresholdAlgorithm:
+        """An independent copy with the same hyper-parameters and state."""
+        return dataclasses.replace(self)  # type: ignore[type-var]
+
+
+class ThresholdAlgorithmReducer(abc.ABC):
+    """Combines threshold-algorithm states: ``add`` instances, ``merge`` reducers, ``final_result``."""
+
+    @abc.abstractmethod
+    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+        """Adds one instance's state (None is ignored)."""
+
+    @abc.abstractmethod
+    def merge(self, other: ThresholdAlgorithmReducer) -> None:
+        """Adds everything another reducer of the same kind has seen."""
+
+    @abc.abstractmethod
+    def final_result(self) -> ThresholdAlgorithm:
+        """A fresh instance carrying the combined state."""
+
+
+@dataclasses.dataclass
+class FixedThresholdAlgorithm(ThresholdAlgorithm):
+    """Always the same threshold.
+
+    Args:
+        threshold: the threshold (> 0).
+    """
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        self.threshold = check_positive("threshold", self.threshold)
+
+    def calculate_threshold(
+        self,
+        iteration: int,
+        epoch: int,
+        last_threshold: Optional[float],
+        last_was_dense: Optional[bool],
+        last_sparsity_ratio: Optional[float],
+        updates: Array,
+    ) -> float:
+        return self.threshold
+
+    def new_reducer(self) -> ThresholdAlgorithmReducer:
+        return _FixedReducer()
+
+
+class _FixedReducer(ThresholdAlgorithmReducer):
+    """Keeps the last added instance (a merge keeps the first non-None one), as DL4J does."""
+
+    def __init__(self) -> None:
+        self.instance: Optional[ThresholdAlgorithm] = None
+
+    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+        if algorithm is not None:
+            self.instance = algorithm
+
+    def merge(self, other: ThresholdAlgorithmReducer) -> None:
+        if not isinstance(other, _FixedReducer):
+            raise TypeError(f"cannot merge {type(other).__name__} into a FixedThresholdAlgorithm reducer")
+        if self.instance is None:
+            self.instance = other.instance
+
+    def final_result(self) -> ThresholdAlgorithm:
+        if self.instance is None:
+            raise ValueError("FixedThresholdAlgorithm reducer: no instance was added")
+        return self.instance.clone()
+
+
+@dataclasses.dataclass
+class _AdaptiveBase(ThresholdAlgorithm):
+    """Shared state and first-step logic of the adaptive algorithms; state is excluded from equality."""
+
+    def _previous(
+        self,
+        last_threshold: Optional[float],
+        last_was_dense: Optional[bool],
+        last_sparsity_ratio: Optional[float],
+    ) -> Optional[tuple[float, float]]:
+        """(threshold to adapt from, previous sparsity), or None on the very first step (state seeded)."""
+        stored: float = self.last_threshold  # type: ignore[attr-defined]
+        if last_threshold is None and math.isnan(stored):
+            self.last_threshold = self.initial_threshold  # type: ignore[attr-defined]
+            return None
+        start = stored if last_threshold is None else float(last_threshold)
+        if last_sparsity_ratio is not None:
+            prev = float(last_sparsity_ratio)
+        elif last_was_dense:
+            prev = 1.0 / 16.0
+        elif not math.isnan(self.last_sparsity):  # type: ignore[attr-defined]
+            prev = self.last_sparsity  # type: ignore[attr-defined]
+        else:
+            raise ValueError(
+                f"{type(self).__name__}: no previous sparsity (last_sparsity_ratio is None, "
+                "last_was_dense is not True and no stored last_sparsity)"
+            )
+        self.last_sparsity = prev
+        return start, prev
+
+
+@dataclasses.dataclass
+class AdaptiveThresholdAlgorithm(_AdaptiveBase):
+    """Keeps the sparsity of the messages between two targets by decaying/growing the threshold.
+
+    Args:
+        initial_threshold: first threshold (> 0).
+        min_target_sparsity: below it the threshold shrinks by ``decay_rate`` (> 0).
+        max_target_sparsity: above it the threshold grows by ``1 / decay_rate`` (>= min).
+        decay_rate: in [0.5, 1); the default halves/doubles the threshold in 20 steps.
+        last_threshold, last_sparsity: state (nan until set); not part of equality.
+    """
+
+    initial_threshold: float = 1e-4
+    min_target_sparsity: float = 1e-4
+    max_target_sparsity: float = 1e-2
+    decay_rate: float = DEFAULT_DECAY_RATE
+    last_threshold: float = dataclasses.field(default=math.nan, compare=False)
+    last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
+
+    def __post_init__(self) -> None:
+        self.initial_threshold = check_positive("initial_threshold", self.initial_threshold)
+        self.min_target_sparsity = check_positive("min_target_sparsity", self.min_target_sparsity)
+        self.max_target_sparsity = check_positive("max_target_sparsity", self.max_target_sparsity)
+        if self.min_target_sparsity > self.max_target_sparsity:
+            raise ValueError(
+                f"min_target_sparsity: must be <= max_target_sparsity ({self.max_target_sparsity}), "
+                f"got {self.min_target_sparsity}"
+            )
+        self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
+        self.last_threshold = _check_state("last_threshold", self.last_threshold)
+        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity)
+
+    def calculate_threshold(
+        self,
+        iteration: int,
+        epoch: int,
+        last_threshold: Optional[float],
+        last_was_dense: Optional[bool],
+        last_sparsity_ratio: Optional[float],
+        updates: Array,
+    ) -> float:
+        previous = self._previous(last_threshold, last_was_dense, last_sparsity_ratio)
+        if previous is None:
+            return self.initial_threshold
+        start, prev = previous
+        if self.min_target_sparsity <= prev <= self.max_target_sparsity:
+            return start  # DL4J leaves the stored threshold as it was
+        self.last_threshold = start * self.decay_rate if prev < self.min_target_sparsity else start / self.decay_rate
+        return self.last_threshold
+
+    def new_reducer(self) -> ThresholdAlgorithmReducer:
+        return _AveragingReducer(self, skip_nan_sparsity=True)
+
+
+@dataclasses.dataclass
+class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
+    """Moves the threshold every step toward one sparsity target.
+
+    Args:
+        initial_threshold: first threshold (> 0).
+        sparsity_target: in (0, 1/16).
+        decay_rate: in [0.5, 1).
+        last_threshold, last_sparsity: state (nan until set); not part of equality.
+    """
+
+    initial_threshold: float = 1e-4
+    sparsity_target: float = 1e-3
+    decay_rate: float = DEFAULT_DECAY_RATE
+    last_threshold: float = dataclasses.field(default=math.nan, compare=False)
+    last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
+
+    def __post_init__(self) -> None:
+        self.initial_threshold = check_positive("initial_threshold", self.initial_threshold)
+        self.sparsity_target = check_range(
+            "sparsity_target", self.sparsity_target, 0.0, 1.0 / 16.0, low_inclusive=False, high_inclusive=False
+        )
+        self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
+        self.last_threshold = _check_state("last_threshold", self.last_threshold)
+        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity)
+
+    def calculate_threshold(
+        self,
+        iteration: int,
+        epoch: int,
+        last_threshold: Optional[float],
+        last_was_dense: Optional[bool],
+        last_sparsity_ratio: Optional[float],
+        updates: Array,
+    ) -> float:
+        previous = self._previous(last_threshold, last_was_dense, last_sparsity_ratio)
+        if previous is None:
+            return self.initial_threshold
+        start, prev = previous
+        if prev < self.sparsity_target:
+            start *= self.decay_rate
+        elif prev > self.sparsity_target:
+            start /= self.decay_rate
+        self.last_threshold = start
+        return start
+
+    def new_reducer(self) -> ThresholdAlgorithmReducer:
+        return _AveragingReducer(self, skip_nan_sparsity=False)
+
+
+class _AveragingReducer(ThresholdAlgorithmReducer):
+    """Averages last_threshold / last_sparsity over the added instances (DL4J's reducers).
+
+    The adaptive reducer skips NaN sparsities in the sum but still counts the instance; the
+    target-sparsity reducer always adds the sparsity. Both are DL4J's behaviour.
+    """
+
+    def __init__(self, template: _AdaptiveBase, skip_nan_sparsity: bool) -> None:
+        self.template = template
+        self.skip_nan_sparsity = skip_nan_sparsity
+        self.sum_threshold = 0.0
+        self.sum_sparsity = 0.0
+        self.count = 0
+
+    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+        if algorithm is None:
+            return
+        if type(algorithm) is not type(self.template):
+            raise TypeError(f"cannot add a {type(algorithm).__name__} to a {type(self.template).__name__} reducer")
+        if math.isnan(algorithm.last_threshold):  # type: ignore[attr-defined]
+            return
+        self.sum_threshold += algorithm.last_threshold  # type: ignore[attr-defined]
+        sparsity: float = algorithm.last_sparsity  # type: ignore[attr-defined]
+        if not (self.skip_nan_sparsity and math.isnan(sparsity)):
+            self.sum_sparsity += sparsity
+        self.count += 1
+
+    def merge(self, other: ThresholdAlgorithmReducer) -> None:
+        if not isinstance(other, _AveragingReducer) or type(other.template) is not type(self.template):
+            raise TypeError(f"cannot merge {type(other).__name__} into a {type(self.template).__name__} reducer")
+        self.sum_threshold += other.sum_threshold
+        self.sum_sparsity += other.sum_sparsity
+        self.count += other.count
+
+    def final_result(self) -> ThresholdAlgorithm:
+        result = dataclasses.replace(self.template, last_threshold=math.nan, last_sparsity=math.nan)
+        if self.count > 0:
+            result.last_threshold = self.sum_threshold / self.count
+            result.last_sparsity = self.sum_sparsity / self.count
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Residual post-processors
+# ---------------------------------------------------------------------------------------------
+
+
+class ResidualPostProcessor(Config, abc.ABC):
+    """Modifies the residual in place after each encoding step (DL4J ``ResidualPostProcessor``)."""
+
+    @abc.abstractmethod
+    def process_residual(self, iteration: int, epoch: int, last_threshold: float, residual: Array) -> None:
+        """Post-processes ``residual`` in place.
+
+        Args:
+            iteration: global iteration count.
+            epoch: epoch count.
+            last_threshold: threshold used in this step.
+            residual: 1-D float32/float64 numpy or CuPy array.
+        """
+
+    def clone(self) -> ResidualPostProcessor:
+        """An independent copy."""
+        return dataclasses.replace(self)  # type: ignore[type-var]
+
+
+@dataclasses.dataclass
+class ResidualClippingPostProcessor(ResidualPostProcessor):
+    """Every ``frequency`` iterations (never at 0), clips the residual to ``+-threshold * multiple``.
+
+    Args:
+        threshold_multiple_clip_value: clip multiple of the current threshold (>= 1).
+        frequency: clip on iterations that are positive multiples of it (>= 1).
+    """
+
+    threshold_multiple_clip_value: float = 5.0
+    frequency: int = 5
+
+    def __post_init__(self) -> None:
+        value = check_number("threshold_multiple_clip_value", self.threshold_multiple_clip_value)
+        if not value >= 1.0:
+            raise ValueError(f"threshold_multiple_clip_value: must be >= 1.0, got {value!r}")
+        self.threshold_multiple_clip_value = value
+        self.frequency = check_int("frequency", self.frequency, minimum=1)
+
+    def process_residual(self, iteration: int, epoch: int, last_threshold: float, residual: Array) -> None:
+        if iteration <= 0 or iteration % self.frequency != 0:
+            return
+        limit = float(last_threshold) * self.threshold_multiple_clip_value
+        if not _is_device_array(residual):
+            _core.clip(residual, limit)
+            return
+        ptr, n, dtype = _device_vector("clip", "residual", residual, writable=True)
+        _core.cuda_clip(ptr, n, dtype, limit)
+
+
+@dataclasses.dataclass
+class NoOpResidualPostProcessor(ResidualPostProcessor):
+    """Leaves the residual alone."""
+
+    def process_residual(self, iteration: int, epoch: int, last_threshold: float, residual: Array) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding handler
+# ---------------------------------------------------------------------------------------------
+
+
+class EncodingHandler:
+    """Per-thread residual + threshold state that turns updates into messages (DL4J ``EncodingHandler``).
+
+    Each step adds the update to the residual, asks the threshold algorithm for a threshold, counts the
+    qualifying elements and emits whichever of the sparse and bitmap messages is smaller, encoding the
+    residual exactly once, so no residual mass is lost. Use one handler per thread; the native passes
+    release the GIL.
+
+    Args:
+        num_params: length of the flat update vector (>= 1).
+        threshold_algorithm: cloned; default ``AdaptiveThresholdAlgorithm()``.
+        residual_post_processor: cloned; default ``ResidualClippingPostProcessor(5.0, 5)``.
+        dtype: ``"float32"`` or ``"float64"`` (residual and update dtype).
+    """
+
+    def __init__(
+        self,
+        num_params: int,
+        threshold_algorithm: Optional[ThresholdAlgorithm] = None,
+        residual_post_processor: Optional[ResidualPostProcessor] = None,
+        dtype: Union[str, np.dtype, type] = "float32",
+    ) -> None:
+        self._n = check_int("num_params", num_params, minimum=1, maximum=2**31 - 1)
+        try:
+            self._dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise ValueError(f"dtype: expected float32 or float64, got {dtype!r}") from exc
+        if self._dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype: expected float32 or float64, got {self._dtype}")
+        algorithm = AdaptiveThresholdAlgorithm() if threshold_algorithm is None else threshold_algorithm
+        if not isinstance(algorithm, ThresholdAlgorithm):
+            raise TypeError(f"threshold_algorithm: expected a ThresholdAlgorithm, got {type(algorithm).__name__}")
+        post = ResidualClippingPostProcessor() if residual_post_processor is None else residual_post_processor
+        if not isinstance(post, ResidualPostProcessor):
+            raise TypeError(f"residual_post_processor: expected a ResidualPostProcessor, got {type(post).__name__}")
+        self._algorithm = algorithm.clone()
+        self._post = post.clone()
+        self._residual = np.zeros(self._n, dtype=self._dtype)
+        self._last_threshold: Optional[float] = None
+        self._last_sparsity: Optional[float] = None
+        self._last_was_dense: Optional[bool] = None
+
+    def encode(self, update: np.ndarray, iteration: int, epoch: int) -> Optional[np.ndarray]:
+        """Adds ``update`` to the residual and encodes it.
+
+        Args:
+            update: 1-D array of ``num_params`` elements of the handler's dtype.
+            iteration: global iteration count (drives the post-processor).
+            epoch: epoch count.
+
+        Returns:
+            The int32 message (sparse or bitmap, whichever is smaller), or None when no element reaches
+            the threshold.
+        """
+        if not isinstance(update, np.ndarray) or update.dtype != self._dtype or update.shape != (self._n,):
+            raise ValueError(
+                f"update: expected a numpy {self._dtype} array of shape ({self._n},), got "
+                f"{getattr(update, 'dtype', type(update).__name__)} {getattr(update, 'shape', '')}"
+            )
+        iteration = check_int("iteration", iteration, minimum=0)
+        epoch = check_int("epoch", epoch, minimum=0)
+        _core.accumulate(self._residual, np.ascontiguousarray(update))
+        threshold = self._algorithm.calculate_threshold(
+            iteration,
+            epoch,
+            self._last_threshold,
+            self._last_was_dense,
+            None if self._last_was_dense else self._last_sparsity,
+            self._residual,
+        )
+        message, dense = _core.encode_smaller(self._residual, float(threshold))
+        self._last_threshold = float(threshold)
+        self._last_was_dense = bool(dense)
+        if not dense and message[0] == 0:
+            self._last_sparsity = 0.0
+            return None
+        self._last_sparsity = None if dense else message.shape[0] / self._n
+        self._post.process_residual(iteration, epoch, self._last_threshold, self._residual)
+        return message
+
+    @property
+    def residual(self) -> np.ndarray:
+        """The residual (read-only view)."""
+        view = self._residual.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def last_threshold(self) -> Optional[float]:
+        """Threshold of the last step (None before the first)."""
+        return self._last_threshold
+
+    @property
+    def last_sparsity(self) -> Optional[float]:
+        """Last sparse message length (header included) / N; 0.0 after an empty step; None if dense."""
+        return self._last_sparsity
+
+    @property
+    def last_was_dense(self) -> Optional[bool]:
+        """Whether the last message was a bitmap (None before the first step)."""
+        return self._last_was_dense
+
+    @property
+    def threshold_algorithm(self) -> ThresholdAlgorithm:
+        """This handler's own algorithm instance (with its state), e.g. to feed a reducer."""
+        return self._algorithm
+
+    @property
+    def residual_post_processor(self) -> ResidualPostProcessor:
+        """This handler's own post-processor instance."""
+        return self._post
+
+
+__all__ = [
+    "AdaptiveThresholdAlgorithm",
+    "EncodingHandler",
+    "FixedThresholdAlgorithm",
+    "NoOpResidualPostProcessor",
+    "ResidualClippingPostProcessor",
+    "ResidualPostProcessor",
+    "TargetSparsityThresholdAlgorithm",
+    "ThresholdAlgorithm",
+    "ThresholdAlgorithmReducer",
+    "bitmap_decode",
+    "bitmap_encode",
+    "decode",
+    "message_length",
+    "message_threshold",
+    "threshold_decode",
+    "threshold_encode",
+]
