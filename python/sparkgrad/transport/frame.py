@@ -162,7 +162,8 @@ def decode_frame(frame: bytes | memoryview, peer: str = "peer") -> tuple[Header,
         raise CorruptDataError(f"frame from {peer}: unknown message type {mtype}") from None
     if length != view.nbytes - HEADER_SIZE:
         raise CorruptDataError(
-            f"frame from {peer}: header says {length} payload bytes, frame carries {view.nbytes - HEADER_SIZE}"
+            f"frame from {peer}: header says {length} payload bytes, "
+            f"frame carries {view.nbytes - HEADER_SIZE}"
         )
     if mtype == MessageType.UPDATE and length % 4:
         raise CorruptDataError(
