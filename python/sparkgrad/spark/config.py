@@ -45,10 +45,25 @@ class RepartitionStrategy(enum.Enum):
 
 
 # PySpark always stores Python objects serialised, so DL4J's *_SER levels map onto the plain ones.
-_STORAGE_ALIASES = {"MEMORY_ONLY_SER": "MEMORY_ONLY", "MEMORY_AND_DISK_SER": "MEMORY_AND_DISK",
-                    "MEMORY_ONLY_SER_2": "MEMORY_ONLY_2", "MEMORY_AND_DISK_SER_2": "MEMORY_AND_DISK_2"}
-_STORAGE_LEVELS = ("NONE", "DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
-                   "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "OFF_HEAP", *_STORAGE_ALIASES)
+_STORAGE_ALIASES = {
+    "MEMORY_ONLY_SER": "MEMORY_ONLY",
+    "MEMORY_AND_DISK_SER": "MEMORY_AND_DISK",
+    "MEMORY_ONLY_SER_2": "MEMORY_ONLY_2",
+    "MEMORY_AND_DISK_SER_2": "MEMORY_AND_DISK_2",
+}
+_STORAGE_LEVELS = (
+    "NONE",
+    "DISK_ONLY",
+    "DISK_ONLY_2",
+    "DISK_ONLY_3",
+    "MEMORY_AND_DISK",
+    "MEMORY_AND_DISK_2",
+    "MEMORY_AND_DISK_DESER",
+    "MEMORY_ONLY",
+    "MEMORY_ONLY_2",
+    "OFF_HEAP",
+    *_STORAGE_ALIASES,
+)
 
 
 def check_storage_level(field: str, value: Any) -> str:
@@ -85,7 +100,9 @@ class VoidConfiguration(Config):
         if self.controller_address is not None and (
             not isinstance(self.controller_address, str) or not self.controller_address.strip()
         ):
-            raise ValueError(f"controller_address: expected a host name or IP, got {self.controller_address!r}")
+            raise ValueError(
+                f"controller_address: expected a host name or IP, got {self.controller_address!r}"
+            )
         if self.network_mask is not None:
             try:
                 ipaddress.ip_network(self.network_mask, strict=False)

@@ -121,7 +121,9 @@ def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
     count = 0
     for ds in datasets:
         if not isinstance(ds, DataSet):
-            raise TypeError(f"expected an RDD of sparkgrad.data.DataSet, found an element of type {type(ds).__name__}")
+            raise TypeError(
+                f"expected an RDD of sparkgrad.data.DataSet, found an element of type {type(ds).__name__}"
+            )
         n = ds.num_examples()
         if n == 0:
             continue
@@ -131,7 +133,9 @@ def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
         pending.append(ds)
         count += n
         if count >= batch_size:
-            pieces = DataSet.merge(pending).split(batch_size) if len(pending) > 1 else pending[0].split(batch_size)
+            pieces = (
+                DataSet.merge(pending).split(batch_size) if len(pending) > 1 else pending[0].split(batch_size)
+            )
             full = [p for p in pieces if p.num_examples() == batch_size]
             rest = [p for p in pieces if p.num_examples() != batch_size]
             yield from full

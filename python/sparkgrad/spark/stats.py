@@ -37,8 +37,14 @@ def now_ms() -> float:
 
 def event(start_ms: float, **extra: float) -> EventStats:
     """An event that started at ``start_ms`` and ends now, recorded for this machine/process/thread."""
-    return EventStats(socket.gethostname(), os.getpid(), threading.get_ident() & 0xFFFFFFFF, start_ms,
-                      now_ms() - start_ms, dict(extra))
+    return EventStats(
+        socket.gethostname(),
+        os.getpid(),
+        threading.get_ident() & 0xFFFFFFFF,
+        start_ms,
+        now_ms() - start_ms,
+        dict(extra),
+    )
 
 
 class Timer:
@@ -120,11 +126,14 @@ class SparkTrainingStats:
 
     def summary(self) -> str:
         """A text table: count, mean, min, max and total duration per key, then the counters."""
-        lines = [f"{'key':55s} {'count':>7s} {'mean ms':>10s} {'min ms':>10s} {'max ms':>10s} {'total ms':>12s}"]
+        lines = [
+            f"{'key':55s} {'count':>7s} {'mean ms':>10s} {'min ms':>10s} {'max ms':>10s} {'total ms':>12s}"
+        ]
         for key in self.keys():
             d = [e.duration_ms for e in self._events[key]]
-            lines.append(f"{key:55s} {len(d):7d} {sum(d) / len(d):10.2f} {min(d):10.2f} {max(d):10.2f} "
-                         f"{sum(d):12.1f}")
+            lines.append(
+                f"{key:55s} {len(d):7d} {sum(d) / len(d):10.2f} {min(d):10.2f} {max(d):10.2f} {sum(d):12.1f}"
+            )
         for name, value in sorted(self.counters.items()):
             lines.append(f"{name:55s} {value:g}")
         return "\n".join(lines)
@@ -163,17 +172,25 @@ def _timeline(stats: SparkTrainingStats) -> str:
         y = 20 + i * lane_h
         label = f"PC {machines.index(lane[0])}, process {lane[1]}, thread {lane[2]}"
         parts.append(f'<text x="4" y="{y + 20}">{_esc(label)}</text>')
-        parts.append(f'<line x1="{left}" y1="{y + lane_h}" x2="{width - 20}" y2="{y + lane_h}" stroke="#ddd"/>')
+        parts.append(
+            f'<line x1="{left}" y1="{y + lane_h}" x2="{width - 20}" y2="{y + lane_h}" stroke="#ddd"/>'
+        )
     for key, e in evs:
         y = 20 + lane_of[(e.machine, e.process, e.thread)] * lane_h + 4
         x = left + (e.start_ms - t0) * scale
         w = max(e.duration_ms * scale, 1.0)
-        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 8}" fill="{colour[key]}">'
-                     f"<title>{_esc(key)}: {e.duration_ms:.1f} ms</title></rect>")
-    parts.append(f'<text x="{left}" y="{height - 10}">0 ms</text>'
-                 f'<text x="{width - 90}" y="{height - 10}">{span:.0f} ms</text></svg>')
-    legend = "".join(f'<span style="background:{c};padding:2px 8px;margin:2px;color:#fff">{_esc(k)}</span>'
-                     for k, c in colour.items())
+        parts.append(
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 8}" fill="{colour[key]}">'
+            f"<title>{_esc(key)}: {e.duration_ms:.1f} ms</title></rect>"
+        )
+    parts.append(
+        f'<text x="{left}" y="{height - 10}">0 ms</text>'
+        f'<text x="{width - 90}" y="{height - 10}">{span:.0f} ms</text></svg>'
+    )
+    legend = "".join(
+        f'<span style="background:{c};padding:2px 8px;margin:2px;color:#fff">{_esc(k)}</span>'
+        for k, c in colour.items()
+    )
     return "".join(parts) + f"<p>{legend}</p>"
 
 
@@ -186,42 +203,67 @@ def _line_chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel:
     x0, x1, y0, y1 = min(xs), max(xs), min(min(ys), 0.0), max(ys)
     sx = (width - 2 * pad) / max(x1 - x0, 1e-12)
     sy = (height - 2 * pad) / max(y1 - y0, 1e-12)
-    out = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" font-size="11">',
-           f'<text x="{pad}" y="20" font-size="14">{_esc(title)}</text>',
-           f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" fill="none" '
-           f'stroke="#999"/>',
-           f'<text x="{pad}" y="{height - 25}">{x0:g}</text><text x="{width - pad - 40}" y="{height - 25}">'
-           f'{x1:g}</text><text x="{width / 2 - 30:.0f}" y="{height - 8}">{_esc(xlabel)}</text>',
-           f'<text x="2" y="{pad + 4}">{y1:.3g}</text><text x="2" y="{height - pad}">{y0:.3g}</text>']
+    out = [
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" font-size="11">',
+        f'<text x="{pad}" y="20" font-size="14">{_esc(title)}</text>',
+        f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" fill="none" '
+        f'stroke="#999"/>',
+        f'<text x="{pad}" y="{height - 25}">{x0:g}</text><text x="{width - pad - 40}" y="{height - 25}">'
+        f'{x1:g}</text><text x="{width / 2 - 30:.0f}" y="{height - 8}">{_esc(xlabel)}</text>',
+        f'<text x="2" y="{pad + 4}">{y1:.3g}</text><text x="2" y="{height - pad}">{y0:.3g}</text>',
+    ]
     for i, (name, ps) in enumerate(sorted(lines.items())):
         coords = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in ps)
         c = _PALETTE[i % len(_PALETTE)]
-        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{coords}">'
-                   f"<title>{_esc(name)}</title></polyline>")
+        out.append(
+            f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{coords}">'
+            f"<title>{_esc(name)}</title></polyline>"
+        )
         out.append(f'<text x="{width - pad - 150}" y="{pad + 14 + 14 * i}" fill="{c}">{_esc(name)}</text>')
     out.append("</svg>")
     return "".join(out)
 
 
 def _render_html(stats: SparkTrainingStats) -> str:
-    body = ["<h1>sparkgrad - Spark Training Analysis</h1>",
-            f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} (system clock; worker clocks are not "
-            "synchronised).</p>", "<h2>Timeline: Training Activities</h2>", _timeline(stats),
-            "<h2>Summary</h2>", f"<pre>{_esc(stats.summary())}</pre>", "<h2>Phase durations</h2>"]
+    body = [
+        "<h1>sparkgrad - Spark Training Analysis</h1>",
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} (system clock; worker clocks are not "
+        "synchronised).</p>",
+        "<h2>Timeline: Training Activities</h2>",
+        _timeline(stats),
+        "<h2>Summary</h2>",
+        f"<pre>{_esc(stats.summary())}</pre>",
+        "<h2>Phase durations</h2>",
+    ]
     for key in stats.keys():
         evs = stats.events(key)
-        body.append(_line_chart(f"{key} (ms per event)", {key: [(i, e.duration_ms) for i, e in enumerate(evs)]},
-                                "event index (by start time)"))
+        body.append(
+            _line_chart(
+                f"{key} (ms per event)",
+                {key: [(i, e.duration_ms) for i, e in enumerate(evs)]},
+                "event index (by start time)",
+            )
+        )
     series = stats.series()
     if series:
         body.append("<h2>Gradient sharing per iteration</h2>")
-        for metric, title in (("threshold", "Threshold"), ("density", "Update density (fraction encoded)"),
-                              ("bytes_sent", "Bytes sent per iteration")):
-            body.append(_line_chart(title, {w: [(r["iteration"], r[metric]) for r in recs]
-                                            for w, recs in series.items()}, "iteration"))
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>sparkgrad training stats</title>"
-            "<style>body{font-family:sans-serif;margin:20px}svg{display:block;margin:8px 0}</style></head>"
-            "<body>" + "\n".join(body) + "</body></html>")
+        for metric, title in (
+            ("threshold", "Threshold"),
+            ("density", "Update density (fraction encoded)"),
+            ("bytes_sent", "Bytes sent per iteration"),
+        ):
+            body.append(
+                _line_chart(
+                    title,
+                    {w: [(r["iteration"], r[metric]) for r in recs] for w, recs in series.items()},
+                    "iteration",
+                )
+            )
+    return (
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>sparkgrad training stats</title>'
+        "<style>body{font-family:sans-serif;margin:20px}svg{display:block;margin:8px 0}</style></head>"
+        "<body>" + "\n".join(body) + "</body></html>"
+    )
 
 
 def merge_all(parts: Iterable[SparkTrainingStats | None]) -> SparkTrainingStats:
