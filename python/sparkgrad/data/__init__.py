@@ -1,0 +1,25 @@
+"""Training data: DataSet / MultiDataSet containers, their binary file format, iterators, loaders.
+
+- :class:`DataSet`, :class:`MultiDataSet`: arrays whose first dimension indexes examples, with
+  ``split``, ``merge``, ``shuffle``, indexing, ``save`` / ``load`` / ``to_bytes`` / ``from_bytes``.
+  The file format is versioned and documented byte by byte in :mod:`sparkgrad.data.serialization`.
+- :class:`ListDataSetIterator`: fixed-size minibatches with seeded per-epoch shuffling.
+- :class:`AsyncDataSetIterator`: background prefetching of any iterable.
+- :class:`SerializedDataSetLoader`, :class:`SerializedMultiDataSetLoader`: path or bytes -> object,
+  for data exported to files and read back through Spark.
+"""
+
+from __future__ import annotations
+
+from sparkgrad.data.dataset import DataSet, MultiDataSet
+from sparkgrad.data.iterators import AsyncDataSetIterator, ListDataSetIterator
+from sparkgrad.data.loaders import SerializedDataSetLoader, SerializedMultiDataSetLoader
+
+__all__ = [
+    "AsyncDataSetIterator",
+    "DataSet",
+    "ListDataSetIterator",
+    "MultiDataSet",
+    "SerializedDataSetLoader",
+    "SerializedMultiDataSetLoader",
+]

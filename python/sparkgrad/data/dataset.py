@@ -1,0 +1,456 @@
+"""DataSet and MultiDataSet: features, labels and masks whose first dimension indexes examples."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, ClassVar, Sequence, TypeVar, Union
+
+import numpy as np
+
+from sparkgrad._config import check_int
+from sparkgrad.data import serialization as fmt
+from sparkgrad.errors import CorruptDataError
+
+E = TypeVar("E", bound="_Examples")
+ArrayLike = Any
+Index = Union[int, slice, Sequence[int], np.ndarray]
+
+_MASK_GROUPS = (2, 3)  # group indices of the features and labels masks
+
+
+def _as_array(value: ArrayLike, name: str) -> np.ndarray | None:
+    """``value`` as a numpy array (no copy for numpy input), or None; rejects unstorable dtypes."""
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: expected a numpy array, got {type(value).__name__} ({exc})") from None
+    if not fmt.supported_dtype(array.dtype):
+        raise TypeError(f"{name}: unsupported dtype {array.dtype} (supported: {fmt.supported_dtype_names()})")
+    if array.ndim == 0:
+        raise ValueError(f"{name}: expected at least one dimension (examples first), got a scalar")
+    return array
+
+
+def check_seed(seed: int | None, name: str = "seed") -> int | None:
+    """Validate an optional non-negative integer seed (numpy's SeedSequence rejects negatives)."""
+    return None if seed is None else check_int(name, seed, minimum=0)
+
+
+def _arrays_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    )
+
+
+def _describe(array: np.ndarray | None) -> str:
+    return "None" if array is None else f"{array.dtype}{array.shape}"
+
+
+class _Examples:
+    """Shared behaviour: arrays kept as four groups (features, labels, features masks, labels masks).
+
+    Subclasses define how the groups map to constructor arguments and names; every operation below
+    (indexing, split, merge, shuffle, equality, serialisation) works on the groups generically.
+    """
+
+    __slots__ = ("_groups",)
+    _KIND: ClassVar[int]
+
+    _groups: tuple[tuple[np.ndarray | None, ...], ...]
+
+    # -- subclass hooks --------------------------------------------------------------------------
+    @classmethod
+    def _from_groups(cls: type[E], groups: Sequence[Sequence[np.ndarray | None]]) -> E:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    @staticmethod
+    def _slot_name(group: int, index: int) -> str:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def _ctor_args(self) -> tuple:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    # -- construction ----------------------------------------------------------------------------
+    def _set_groups(self, groups: Sequence[Sequence[ArrayLike]]) -> None:
+        """Convert and validate every array; the first features array fixes the number of examples."""
+        converted = tuple(
+            tuple(_as_array(value, self._slot_name(g, i)) for i, value in enumerate(group))
+            for g, group in enumerate(groups)
+        )
+        n = converted[0][0].shape[0]
+        for g, group in enumerate(converted):
+            for i, array in enumerate(group):
+                if array is not None and array.shape[0] != n:
+                    raise ValueError(
+                        f"{self._slot_name(g, i)}: has {array.shape[0]} examples (first dimension) but "
+                        f"{self._slot_name(0, 0)} has {n}"
+                    )
+        self._groups = converted
+
+    # -- size and indexing -----------------------------------------------------------------------
+    def num_examples(self) -> int:
+        """Number of examples (the first dimension of every array)."""
+        return int(self._groups[0][0].shape[0])
+
+    def __len__(self) -> int:
+        return self.num_examples()
+
+    def _map(self: E, fn: Callable[[np.ndarray], np.ndarray]) -> E:
+        return self._from_groups([[None if a is None else fn(a) for a in group] for group in self._groups])
+
+    def __getitem__(self: E, key: Index) -> E:
+        """Examples selected along the first axis.
+
+        An int gives a one-example object (the example dimension is kept), a slice gives views, an
+        integer or boolean index array gives copies (numpy semantics).
+        """
+        n = self.num_examples()
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            i = operator.index(key)
+            if not -n <= i < n:
+                raise IndexError(f"example index {i} out of range for {n} examples")
+            i %= n
+            key = slice(i, i + 1)
+        elif not isinstance(key, slice):
+            key = np.asarray(key)
+            if key.size == 0:  # np.asarray([]) is float64
+                key = key.astype(np.intp)
+            if key.ndim != 1 or key.dtype.kind not in "iub" or (key.dtype.kind == "b" and key.size != n):
+                raise IndexError(
+                    f"expected an int, a slice, a 1-D integer array or a boolean array of length {n}, "
+                    f"got {key.dtype} array of shape {key.shape}"
+                )
+        return self._map(lambda a: a[key])
+
+    def split(self: E, batch_size: int) -> list[E]:
+        """Consecutive batches of ``batch_size`` examples (the last may be smaller), as views.
+
+        Args:
+            batch_size: examples per batch, at least 1.
+
+        Returns:
+            The batches in order; ``merge`` of them equals this object.
+        """
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        return [self[i : i + batch_size] for i in range(0, self.num_examples(), batch_size)]
+
+    def shuffle(self: E, seed: int | None = None) -> E:
+        """A new object with the examples in random order (every array permuted the same way).
+
+        Args:
+            seed: non-negative integer for a reproducible order; None draws fresh entropy.
+
+        Returns:
+            The shuffled copy; this object is unchanged.
+        """
+        return self[np.random.default_rng(check_seed(seed)).permutation(self.num_examples())]
+
+    @classmethod
+    def merge(cls: type[E], datasets: Sequence[E]) -> E:
+        """Concatenate examples of several objects of the same structure.
+
+        A mask present in some inputs and absent in others is filled with ones (nothing masked) for
+        the latter. Every other array must be present in all inputs or in none.
+
+        Args:
+            datasets: non-empty sequence of objects of this class.
+
+        Returns:
+            One object holding all examples in order.
+
+        Raises:
+            TypeError: an element is not of this class.
+            ValueError: empty input, or arrays whose count, presence or trailing shape disagree
+                (the message names the offending index).
+        """
+        datasets = list(datasets)
+        if not datasets:
+            raise ValueError("datasets: expected at least one element, got an empty sequence")
+        for i, ds in enumerate(datasets):
+            if not isinstance(ds, cls):
+                raise TypeError(f"datasets[{i}]: expected a {cls.__name__}, got {type(ds).__name__}")
+        groups = [ds._padded_groups() for ds in datasets]
+        counts = [len(g) for g in groups[0]]
+        for i, ds_groups in enumerate(groups):
+            if [len(g) for g in ds_groups] != counts:
+                raise ValueError(
+                    f"datasets[{i}]: has {[len(g) for g in ds_groups]} (features, labels, features masks, "
+                    f"labels masks) arrays, datasets[0] has {counts}"
+                )
+        sizes = [ds.num_examples() for ds in datasets]
+        return cls._from_groups(
+            [
+                [cls._merge_slot([dg[g][s] for dg in groups], sizes, g, s) for s in range(c)]
+                for g, c in enumerate(counts)
+            ]
+        )
+
+    def _padded_groups(self) -> list[tuple[np.ndarray | None, ...]]:
+        """The groups with an absent masks list expanded to one None per array, for merging."""
+        groups = list(self._groups)
+        for g in _MASK_GROUPS:
+            groups[g] = groups[g] or (None,) * len(groups[g - 2])
+        return groups
+
+    @classmethod
+    def _merge_slot(
+        cls, arrays: list[np.ndarray | None], sizes: list[int], g: int, s: int
+    ) -> np.ndarray | None:
+        ref_index = next((i for i, a in enumerate(arrays) if a is not None), None)
+        if ref_index is None:
+            return None
+        ref = arrays[ref_index]
+        name = cls._slot_name(g, s)
+        for i, a in enumerate(arrays):
+            if a is None:
+                if g not in _MASK_GROUPS:
+                    raise ValueError(f"datasets[{i}]: has no {name} but datasets[{ref_index}] has")
+                arrays[i] = np.ones((sizes[i],) + ref.shape[1:], dtype=ref.dtype)
+            elif a.shape[1:] != ref.shape[1:]:
+                raise ValueError(
+                    f"datasets[{i}]: {name} has shape {a.shape}, expected (n, "
+                    f"{', '.join(map(str, ref.shape[1:]))}) as in datasets[{ref_index}]"
+                )
+        return np.concatenate(arrays, axis=0)
+
+    # -- comparison, display, pickling -----------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        """Exact equality: same class, same arrays present, equal dtypes, shapes and values."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            len(a) == len(b) and all(_arrays_equal(x, y) for x, y in zip(a, b))
+            for a, b in zip(self._groups, other._groups)  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays
+
+    def __reduce__(self) -> tuple:
+        # rebuilt through the constructor: arrays pickle natively (out-of-band with protocol 5)
+        return (type(self), self._ctor_args())
+
+    # -- serialisation ---------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """This object in the binary format of :mod:`sparkgrad.data.serialization`."""
+        return fmt.record_bytes(self._KIND, self._groups)
+
+    @classmethod
+    def from_bytes(cls: type[E], data: bytes | bytearray | memoryview, source: str = "<bytes>") -> E:
+        """Rebuild an object from :meth:`to_bytes` output.
+
+        Args:
+            data: bytes holding exactly one record.
+            source: name used in error messages (e.g. the path Spark read the bytes from).
+
+        Raises:
+            CorruptDataError: truncated, foreign, wrong-version or wrong-kind data, naming ``source``.
+        """
+        return cls._checked(fmt.parse_bytes(data, cls._KIND, source), source)
+
+    def save(self, path_or_binary_file: fmt.PathOrFile) -> None:
+        """Write this object to a path (str / os.PathLike / file: URI) or a binary file object.
+
+        Args:
+            path_or_binary_file: destination; a path is created or truncated, a file object is
+                written at its current position and left open.
+        """
+        fmt.save_record(path_or_binary_file, self._KIND, self._groups)
+
+    @classmethod
+    def load(cls: type[E], path_or_binary_file: fmt.PathOrFile) -> E:
+        """Read an object written by :meth:`save`.
+
+        Args:
+            path_or_binary_file: a path (the whole file must be one record) or a binary file object
+                (one record is read from its current position).
+
+        Raises:
+            CorruptDataError: truncated, foreign, wrong-version or wrong-kind data, naming the file.
+        """
+        groups = fmt.load_record(path_or_binary_file, cls._KIND)
+        return cls._checked(groups, fmt.source_name(path_or_binary_file))
+
+    @classmethod
+    def _checked(cls: type[E], groups: fmt.Groups, source: str) -> E:
+        try:
+            return cls._from_groups(groups)
+        except (TypeError, ValueError) as exc:
+            raise CorruptDataError(f"{source}: inconsistent arrays: {exc}") from None
+
+
+class DataSet(_Examples):
+    """Features and optional labels and masks of a batch of examples (DL4J's ``DataSet``).
+
+    Arrays are kept as given (no copy for numpy input); their first dimension indexes examples and
+    must agree. Feed-forward features are ``(batch, n_in)``, convolutional ``(batch, c, h, w)``,
+    recurrent ``(batch, size, time)`` with masks ``(batch, time)``.
+
+    Args:
+        features: array of at least one dimension.
+        labels: optional array with the same number of examples.
+        features_mask: optional mask for the features (1 = present, 0 = padding).
+        labels_mask: optional mask for the labels.
+
+    Raises:
+        TypeError: an argument is not an array of a storable dtype (float16/32/64, ints, bool).
+        ValueError: an array is a scalar or its first dimension disagrees with the features'.
+    """
+
+    __slots__ = ()
+    _KIND = fmt.KIND_DATASET
+    _NAMES = ("features", "labels", "features_mask", "labels_mask")
+
+    def __init__(
+        self,
+        features: ArrayLike,
+        labels: ArrayLike = None,
+        features_mask: ArrayLike = None,
+        labels_mask: ArrayLike = None,
+    ) -> None:
+        if features is None:
+            raise TypeError("features: expected a numpy array, got None")
+        self._set_groups([[features], [labels], [features_mask], [labels_mask]])
+
+    @classmethod
+    def _from_groups(cls, groups: Sequence[Sequence[np.ndarray | None]]) -> DataSet:
+        return cls(*(group[0] for group in groups))
+
+    @staticmethod
+    def _slot_name(group: int, index: int) -> str:
+        return DataSet._NAMES[group]
+
+    def _ctor_args(self) -> tuple:
+        return tuple(group[0] for group in self._groups)
+
+    @property
+    def features(self) -> np.ndarray:
+        """Input features, examples first."""
+        return self._groups[0][0]  # type: ignore[return-value]
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Labels, or None."""
+        return self._groups[1][0]
+
+    @property
+    def features_mask(self) -> np.ndarray | None:
+        """Features mask, or None."""
+        return self._groups[2][0]
+
+    @property
+    def labels_mask(self) -> np.ndarray | None:
+        """Labels mask, or None."""
+        return self._groups[3][0]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name}={_describe(group[0])}" for name, group in zip(self._NAMES, self._groups))
+        return f"DataSet(num_examples={self.num_examples()}, {parts})"
+
+
+class MultiDataSet(_Examples):
+    """Several features and labels arrays per example, for multi-input/output graphs (DL4J's
+    ``MultiDataSet``).
+
+    Args:
+        features: non-empty list of arrays (a single array is taken as a one-element list).
+        labels: list of arrays (None or a single array as for features).
+        features_masks: None, or a list with one entry (array or None) per features array.
+        labels_masks: None, or a list with one entry (array or None) per labels array.
+
+    A masks list whose entries are all None is stored as None.
+
+    Raises:
+        TypeError: an argument is not a list of arrays of a storable dtype.
+        ValueError: empty features, a masks list of the wrong length, or a first dimension that
+            disagrees with ``features[0]``.
+    """
+
+    __slots__ = ()
+    _KIND = fmt.KIND_MULTIDATASET
+    _NAMES = ("features", "labels", "features_masks", "labels_masks")
+
+    def __init__(
+        self,
+        features: ArrayLike | Sequence[ArrayLike],
+        labels: ArrayLike | Sequence[ArrayLike] | None = None,
+        features_masks: Sequence[ArrayLike] | None = None,
+        labels_masks: Sequence[ArrayLike] | None = None,
+    ) -> None:
+        features_list = self._as_list(features, "features")
+        labels_list = self._as_list(labels, "labels")
+        if not features_list:
+            raise ValueError("features: expected at least one array, got an empty list")
+        masks = [
+            self._masks(masks_value, name, len(arrays))
+            for masks_value, name, arrays in (
+                (features_masks, "features_masks", features_list),
+                (labels_masks, "labels_masks", labels_list),
+            )
+        ]
+        self._set_groups([features_list, labels_list, *masks])
+
+    @staticmethod
+    def _as_list(value: Any, name: str) -> list:
+        if value is None:
+            return []
+        if isinstance(value, np.ndarray):
+            return [value]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name}: expected a list of numpy arrays, got {type(value).__name__}")
+        for i, item in enumerate(value):
+            if item is None and name in ("features", "labels"):
+                raise TypeError(f"{name}[{i}]: expected a numpy array, got None")
+        return list(value)
+
+    @classmethod
+    def _masks(cls, value: Any, name: str, expected: int) -> list:
+        masks = cls._as_list(value, name)
+        if masks and len(masks) != expected:
+            raise ValueError(
+                f"{name}: expected {expected} entries (one per array, None allowed), got {len(masks)}"
+            )
+        return masks if any(m is not None for m in masks) else []
+
+    @classmethod
+    def _from_groups(cls, groups: Sequence[Sequence[np.ndarray | None]]) -> MultiDataSet:
+        return cls(*(list(group) for group in groups))
+
+    @staticmethod
+    def _slot_name(group: int, index: int) -> str:
+        return f"{MultiDataSet._NAMES[group]}[{index}]"
+
+    def _ctor_args(self) -> tuple:
+        return tuple(list(group) or None for group in self._groups)
+
+    @property
+    def features(self) -> list[np.ndarray]:
+        """Features arrays (a new list each time; the arrays are shared)."""
+        return list(self._groups[0])  # type: ignore[arg-type]
+
+    @property
+    def labels(self) -> list[np.ndarray]:
+        """Labels arrays (possibly empty)."""
+        return list(self._groups[1])  # type: ignore[arg-type]
+
+    @property
+    def features_masks(self) -> list[np.ndarray | None] | None:
+        """One mask (or None) per features array, or None when no features array is masked."""
+        return list(self._groups[2]) or None
+
+    @property
+    def labels_masks(self) -> list[np.ndarray | None] | None:
+        """One mask (or None) per labels array, or None when no labels array is masked."""
+        return list(self._groups[3]) or None
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}=[{', '.join(map(_describe, group))}]" if group else f"{name}=None"
+            for name, group in zip(self._NAMES, self._groups)
+        )
+        return f"MultiDataSet(num_examples={self.num_examples()}, {parts})"
