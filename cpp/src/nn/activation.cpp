@@ -21,13 +21,9 @@ Activation parse_activation(const char* op, const std::string& name) {
                 "', expected one of identity relu leakyrelu elu tanh sigmoid softmax softplus hardtanh");
 }
 
-namespace {
+using detail::for_each_index;
 
-template <typename Fn>
-void for_each_index(std::int64_t n, Fn fn) {
-#pragma omp parallel for simd schedule(static) if (n >= detail::kParallelMin)
-  for (std::int64_t i = 0; i < n; ++i) fn(i);
-}
+namespace {
 
 // Overflow-free logistic and log(1 + e^x).
 template <typename T>
