@@ -73,6 +73,11 @@ class Layer(Config):
     def is_output(self) -> bool:
         return False
 
+    @property
+    def flattens_input(self) -> bool:
+        """True for layers taking (batch, features): convolutional input is flattened in front of them."""
+        return False
+
     def _common_post_init(self) -> None:
         """Validation of the optional per-layer settings shared by several layer types."""
         for name in ("activation", "weight_init"):
@@ -135,6 +140,10 @@ class DenseLayer(Layer):
     def __post_init__(self) -> None:
         self._common_post_init()
 
+    @property
+    def flattens_input(self) -> bool:
+        return True
+
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
         return _dense_infer(self, index, input_type)
 
@@ -166,6 +175,10 @@ class OutputLayer(Layer):
     def is_output(self) -> bool:
         return True
 
+    @property
+    def flattens_input(self) -> bool:
+        return True
+
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
         return _dense_infer(self, index, input_type)
 
@@ -186,6 +199,10 @@ class LossLayer(Layer):
 
     @property
     def is_output(self) -> bool:
+        return True
+
+    @property
+    def flattens_input(self) -> bool:
         return True
 
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:

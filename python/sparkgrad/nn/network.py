@@ -250,7 +250,7 @@ class MultiLayerNetwork:
         last = len(self._runtimes) - 1
         for i, rt in enumerate(self._runtimes):
             self._shapes.append(x.shape)
-            if x.ndim > 2 and not self.conf.layer_input_types[i].is_convolutional:
+            if x.ndim > 2 and self.conf.layers[i].flattens_input:
                 x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
             if i == last and not activate_output:
                 return rt.preout(x, train, self._seed(i))
