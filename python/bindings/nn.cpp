@@ -125,6 +125,36 @@ void loss_call(const char* op, const std::string& loss, const std::string& activ
   });
 }
 
+void dropout_forward(const py::array& x_in, const py::array& y_in, const py::array& mask_in, double retain,
+                     std::uint64_t seed) {
+  const char* op = "dropout_forward";
+  if (!(retain > 0.0 && retain <= 1.0)) throw_invalid(op, "retain must be in (0, 1], got ", retain);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    auto mask = checked_array<T>(op, "mask", mask_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    require_shape(op, "mask", mask, shape_of(x));
+    py::gil_scoped_release release;
+    nn::dropout_forward<T>(x.data(), y.mutable_data(), mask.mutable_data(), x.size(), retain, seed);
+  });
+}
+
+void dropout_backward(const py::array& dy_in, const py::array& mask_in, const py::array& dx_in) {
+  const char* op = "dropout_backward";
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto mask = checked_array<T>(op, "mask", mask_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    require_shape(op, "mask", mask, shape_of(dy));
+    require_shape(op, "dx", dx, shape_of(dy));
+    py::gil_scoped_release release;
+    nn::dropout_backward<T>(dy.data(), mask.data(), dx.mutable_data(), dy.size());
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -152,4 +182,7 @@ void init_nn(py::module_& m) {
       py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("grad"),
       py::arg("mask") = py::none(), py::arg("alpha") = 0.0,
       "grad (N, C) = d(example loss)/d(preout), times mask; not divided by N.");
+  m.def("dropout_forward", &dropout_forward, py::arg("x"), py::arg("y"), py::arg("mask"), py::arg("retain"),
+        py::arg("seed"), "Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.");
+  m.def("dropout_backward", &dropout_backward, py::arg("dy"), py::arg("mask"), py::arg("dx"), "dx = dy * mask.");
 }

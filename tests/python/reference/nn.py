@@ -423,3 +423,19 @@ def updater_step(
     else:
         raise ValueError(kind)
     return u, (np.concatenate(parts) if parts else np.zeros(0))
+
+
+# ---- dropout -------------------------------------------------------------------------------------
+
+
+def dropout_mask(size: int, retain: float, seed: int) -> np.ndarray:
+    """1/retain where the i-th splitmix64 draw of the stream at `seed` is below retain, else 0."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + (np.arange(size, dtype=np.uint64) + np.uint64(1)) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    uniform = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return np.where(uniform < retain, 1.0 / retain, 0.0)
