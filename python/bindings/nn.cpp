@@ -1,0 +1,188 @@
+// Bindings of the neural-network kernels (cpp/include/sparkgrad/nn.h): argument checks with the GIL
+// held, then the kernel with the GIL released.
+#include "kernel_args.h"
+#include "sparkgrad/nn.h"
+
+namespace py = pybind11;
+using namespace sparkgrad;
+using namespace sparkgrad::bindings;
+
+namespace {
+
+// (N, C) or (N, C, H, W) viewed as (n, c, inner).
+struct ChannelView {
+  std::int64_t n, c, inner;
+};
+template <typename A>
+ChannelView channel_view(const char* op, const char* name, const A& a) {
+  require_ndim(op, name, a, {2, 4}, "(N, C) or (N, C, H, W)");
+  const std::int64_t inner = a.ndim() == 4 ? a.shape(2) * a.shape(3) : 1;
+  return {a.shape(0), a.shape(1), inner};
+}
+
+// Elementwise arrays viewed as (rows, cols); softmax needs a true 2-D (N, C) array.
+std::pair<std::int64_t, std::int64_t> activation_view(const char* op, nn::Activation kind, const py::array& x) {
+  if (kind == nn::Activation::Softmax) {
+    require_ndim(op, "x", x, {2}, "2-D (N, C) for softmax");
+    return {x.shape(0), x.shape(1)};
+  }
+  const std::int64_t rows = x.ndim() == 0 ? 1 : x.shape(0);
+  return {rows, rows == 0 ? 0 : static_cast<std::int64_t>(x.size()) / rows};
+}
+
+void bias_add(const py::array& x_in, const py::array& b_in) {
+  dispatch_float("bias_add", "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>("bias_add", "x", x_in, true);
+    auto b = checked_array<T>("bias_add", "b", b_in);
+    const ChannelView v = channel_view("bias_add", "x", x);
+    require_shape("bias_add", "b", b, {v.c});
+    py::gil_scoped_release release;
+    nn::bias_add<T>(x.mutable_data(), b.data(), v.n, v.c, v.inner);
+  });
+}
+
+void bias_grad(const py::array& dy_in, const py::array& db_in) {
+  dispatch_float("bias_grad", "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>("bias_grad", "dy", dy_in);
+    auto db = checked_array<T>("bias_grad", "db", db_in, true);
+    const ChannelView v = channel_view("bias_grad", "dy", dy);
+    require_shape("bias_grad", "db", db, {v.c});
+    py::gil_scoped_release release;
+    nn::bias_grad<T>(dy.data(), db.mutable_data(), v.n, v.c, v.inner);
+  });
+}
+
+void activation_forward(const std::string& name, const py::array& x_in, const py::array& y_in, double alpha) {
+  const char* op = "activation_forward";
+  const nn::Activation kind = nn::parse_activation(op, name);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    const auto [rows, cols] = activation_view(op, kind, x);
+    py::gil_scoped_release release;
+    nn::activation_forward<T>(kind, alpha, x.data(), y.mutable_data(), rows, cols);
+  });
+}
+
+void activation_backward(const std::string& name, const py::array& x_in, const py::array& y_in,
+                         const py::array& dy_in, const py::array& dx_in, double alpha) {
+  const char* op = "activation_backward";
+  const nn::Activation kind = nn::parse_activation(op, name);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const Shape shape = shape_of(x);
+    require_shape(op, "y", y, shape);
+    require_shape(op, "dy", dy, shape);
+    require_shape(op, "dx", dx, shape);
+    const auto [rows, cols] = activation_view(op, kind, x);
+    py::gil_scoped_release release;
+    nn::activation_backward<T>(kind, alpha, x.data(), y.data(), dy.data(), dx.mutable_data(), rows, cols);
+  });
+}
+
+// Shared by loss_score and loss_gradient: out is scores (N,) or grad (N, C).
+template <bool Gradient>
+void loss_call(const char* op, const std::string& loss, const std::string& activation, const py::array& labels_in,
+               const py::array& preout_in, const py::array& out_in, const py::object& mask_in, double alpha) {
+  const nn::LossSpec spec{nn::parse_loss(op, loss), nn::parse_activation(op, activation), alpha};
+  dispatch_float(op, "preout", preout_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto preout = checked_array<T>(op, "preout", preout_in);
+    auto labels = checked_array<T>(op, "labels", labels_in);
+    auto out = checked_array<T>(op, Gradient ? "grad" : "scores", out_in, true);
+    require_ndim(op, "preout", preout, {2}, "2-D (N, C)");
+    const std::int64_t n = preout.shape(0), c = preout.shape(1);
+    require_shape(op, "labels", labels, {n, c});
+    require_shape(op, Gradient ? "grad" : "scores", out, Gradient ? Shape{n, c} : Shape{n});
+    py::array_t<T, py::array::c_style> mask_keep;
+    const T* mask = optional_data<T>(op, "mask", mask_in, &mask_keep);
+    nn::MaskLayout layout = nn::MaskLayout::None;
+    if (mask) {
+      const Shape ms = shape_of(mask_keep);
+      if (ms == Shape{n} || ms == Shape{n, 1}) {
+        layout = nn::MaskLayout::PerExample;
+      } else if (ms == Shape{n, c}) {
+        layout = nn::MaskLayout::PerOutput;
+      } else {
+        throw_invalid(op, "mask must have shape (", n, ",), (", n, ", 1) or (", n, ", ", c, "), got ",
+                      shape_text(ms));
+      }
+    }
+    py::gil_scoped_release release;
+    if constexpr (Gradient) {
+      nn::loss_gradient<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+    } else {
+      nn::loss_score<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+    }
+  });
+}
+
+void dropout_forward(const py::array& x_in, const py::array& y_in, const py::array& mask_in, double retain,
+                     std::uint64_t seed) {
+  const char* op = "dropout_forward";
+  if (!(retain > 0.0 && retain <= 1.0)) throw_invalid(op, "retain must be in (0, 1], got ", retain);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    auto mask = checked_array<T>(op, "mask", mask_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    require_shape(op, "mask", mask, shape_of(x));
+    py::gil_scoped_release release;
+    nn::dropout_forward<T>(x.data(), y.mutable_data(), mask.mutable_data(), x.size(), retain, seed);
+  });
+}
+
+void dropout_backward(const py::array& dy_in, const py::array& mask_in, const py::array& dx_in) {
+  const char* op = "dropout_backward";
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto mask = checked_array<T>(op, "mask", mask_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    require_shape(op, "mask", mask, shape_of(dy));
+    require_shape(op, "dx", dx, shape_of(dy));
+    py::gil_scoped_release release;
+    nn::dropout_backward<T>(dy.data(), mask.data(), dx.mutable_data(), dy.size());
+  });
+}
+
+}  // namespace
+
+void init_nn(py::module_& m) {
+  m.def("bias_add", &bias_add, py::arg("x"), py::arg("b"), "x[n, c, ...] += b[c] in place; x: (N, C) or (N, C, H, W).");
+  m.def("bias_grad", &bias_grad, py::arg("dy"), py::arg("db"), "db[c] = sum of dy over every axis but 1.");
+  m.def("activation_forward", &activation_forward, py::arg("name"), py::arg("x"), py::arg("y"),
+        py::arg("alpha") = 0.0, "y = f(x); softmax over axis 1 of a 2-D array. y may be x.");
+  m.def("activation_backward", &activation_backward, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("dy"),
+        py::arg("dx"), py::arg("alpha") = 0.0, "dx = dL/dx from x, y = f(x) and dy = dL/dy. dx may be dy.");
+  m.def(
+      "loss_score",
+      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
+         const py::array& scores, const py::object& mask, double alpha) {
+        loss_call<false>("loss_score", loss, activation, labels, preout, scores, mask, alpha);
+      },
+      py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("scores"),
+      py::arg("mask") = py::none(), py::arg("alpha") = 0.0,
+      "scores (N,) = per-example loss (sum over columns) of activation(preout) against labels, times mask.");
+  m.def(
+      "loss_gradient",
+      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
+         const py::array& grad, const py::object& mask, double alpha) {
+        loss_call<true>("loss_gradient", loss, activation, labels, preout, grad, mask, alpha);
+      },
+      py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("grad"),
+      py::arg("mask") = py::none(), py::arg("alpha") = 0.0,
+      "grad (N, C) = d(example loss)/d(preout), times mask; not divided by N.");
+  m.def("dropout_forward", &dropout_forward, py::arg("x"), py::arg("y"), py::arg("mask"), py::arg("retain"),
+        py::arg("seed"), "Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.");
+  m.def("dropout_backward", &dropout_backward, py::arg("dy"), py::arg("mask"), py::arg("dx"), "dx = dy * mask.");
+}
