@@ -10,7 +10,7 @@ from __future__ import annotations
 from sparkgrad.eval.base import BaseEvaluation
 from sparkgrad.eval.classification import Averaging, ConfusionCounts, Evaluation, EvaluationBinary
 from sparkgrad.eval.regression import RegressionEvaluation
-from sparkgrad.eval.roc import ROC, PrecisionRecallCurve, ROCBinary, ROCMultiClass, RocCurve
+from sparkgrad.eval.roc import ROC, PrecisionRecallCurve, ROCBinary, RocCurve, ROCMultiClass
 
 __all__ = [
     "ROC",

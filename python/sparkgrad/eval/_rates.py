@@ -33,9 +33,9 @@ def g_measure(precision: np.ndarray, recall: np.ndarray) -> np.ndarray:
     return np.sqrt(precision * recall)
 
 
-def matthews(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, tn: np.ndarray) -> np.ndarray:
+def matthews(tp: np.ndarray, fp: np.ndarray, tn: np.ndarray, fn: np.ndarray) -> np.ndarray:
     """(tp tn - fp fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn)); NaN where a factor is 0."""
-    tp, fp, fn, tn = (np.asarray(a, dtype=np.float64) for a in (tp, fp, fn, tn))
+    tp, fp, tn, fn = (np.asarray(a, dtype=np.float64) for a in (tp, fp, tn, fn))
     den = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     return ratio(tp * tn - fp * fn, den, np.nan)
 

@@ -316,7 +316,8 @@ class Evaluation(BaseEvaluation):
         if single:
             name = self.label_names[self._positive]
             lines.append(
-                f'Precision, recall & F1: reported for positive class (class {self._positive} - "{name}") only'
+                "Precision, recall & F1: reported for positive class "
+                f'(class {self._positive} - "{name}") only'
             )
         else:
             lines.append(f"Precision, recall & F1: macro-averaged (equally weighted avg. of {n} classes)")
