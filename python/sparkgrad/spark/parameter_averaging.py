@@ -34,10 +34,10 @@ from sparkgrad.spark.config import (
     check_storage_level,
 )
 from sparkgrad.spark.partitioning import (
-    _split_assignment,
     balanced_random_split,
     partition_counts,
     repartition,
+    split_partition_counts,
 )
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 
@@ -284,21 +284,16 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             counts = run_spark("counting the data", lambda: partition_counts(data.rdd))
         with Timer(stats, SPLIT):
             splits = balanced_random_split(data.rdd, num_splits, seed)
-            sizes = [
-                sum(
-                    int(np.count_nonzero(_split_assignment(p, seed, num_splits, c) == i))
-                    if num_splits > 1
-                    else c
-                    for p, c in enumerate(counts)
-                )
-                for i in range(num_splits)
-            ]
+            split_counts = split_partition_counts(counts, seed, num_splits)
         scores = []
-        for split, size in zip(splits, sizes):
+        for split, part_counts in zip(splits, split_counts):
+            size = sum(part_counts)
             if size == 0:
                 continue
             with Timer(stats, REPARTITION):
-                part = repartition(split, self.repartition, self.repartition_strategy, workers, size)
+                part = repartition(
+                    split, self.repartition, self.repartition_strategy, workers, size, part_counts
+                )
             scores.append(self._average_round(sc, network, part, data, stats))
         return float(np.mean([s for s in scores if s is not None])) if scores else float("nan")
 

@@ -25,27 +25,32 @@ def balanced_repartition(rdd: RDD, num_partitions: int, total: int, counts: list
         rdd: the data.
         num_partitions: target partition count.
         total: element count of ``rdd``.
-        counts: per-partition counts if already known.
+        counts: per-partition counts if already known (saves a Spark job).
 
     Returns:
         The repartitioned RDD.
     """
-    if rdd.getNumPartitions() == num_partitions:
-        counts = partition_counts(rdd) if counts is None else counts
+    counts = partition_counts(rdd) if counts is None else counts
+    if len(counts) == num_partitions:
         low, high = total // num_partitions, -(-total // num_partitions)
         if all(low <= c <= high for c in counts):
             return rdd
     n, t = num_partitions, max(total, 1)
-    return (
-        rdd.zipWithIndex()
-        .map(lambda vi: (vi[1], vi[0]))
-        .partitionBy(n, lambda index: index * n // t)
-        .values()
-    )
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+
+    def index(p: int, it: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        return ((offsets[p] + j, x) for j, x in enumerate(it))
+
+    return rdd.mapPartitionsWithIndex(index).partitionBy(n, lambda i: i * n // t).values()
 
 
 def repartition(
-    rdd: RDD, mode: Repartition, strategy: RepartitionStrategy, num_partitions: int, total: int
+    rdd: RDD,
+    mode: Repartition,
+    strategy: RepartitionStrategy,
+    num_partitions: int,
+    total: int,
+    counts: list[int] | None = None,
 ) -> RDD:
     """Apply a master's ``repartition`` / ``repartition_strategy`` options.
 
@@ -55,6 +60,7 @@ def repartition(
         strategy: how to repartition.
         num_partitions: the number of workers.
         total: element count of ``rdd``.
+        counts: per-partition counts if already known.
 
     Returns:
         The (possibly) repartitioned RDD.
@@ -65,7 +71,7 @@ def repartition(
         return rdd
     if strategy == RepartitionStrategy.SPARK_DEFAULT:
         return rdd.repartition(num_partitions)
-    return balanced_repartition(rdd, num_partitions, total)
+    return balanced_repartition(rdd, num_partitions, total, counts)
 
 
 def _split_assignment(partition: int, seed: int, num_splits: int, count: int) -> np.ndarray:
@@ -101,6 +107,17 @@ def balanced_random_split(rdd: RDD, num_splits: int, seed: int) -> list[RDD]:
         return select
 
     return [rdd.mapPartitionsWithIndex(part(i), preservesPartitioning=True) for i in range(num_splits)]
+
+
+def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> list[list[int]]:
+    """Per-partition element counts of every split made by :func:`balanced_random_split` (no Spark job)."""
+    if num_splits <= 1:
+        return [list(counts)]
+    per = [
+        np.bincount(_split_assignment(p, seed, num_splits, c), minlength=num_splits)
+        for p, c in enumerate(counts)
+    ]
+    return [[int(x[i]) for x in per] for i in range(num_splits)]
 
 
 def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
@@ -145,4 +162,11 @@ def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
         yield DataSet.merge(pending) if len(pending) > 1 else pending[0]
 
 
-__all__ = ["balanced_random_split", "balanced_repartition", "partition_counts", "rebatch", "repartition"]
+__all__ = [
+    "balanced_random_split",
+    "balanced_repartition",
+    "partition_counts",
+    "rebatch",
+    "repartition",
+    "split_partition_counts",
+]

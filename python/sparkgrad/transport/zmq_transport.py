@@ -246,6 +246,8 @@ class Controller:
             self._error_reply(identity, str(exc))
             return
         if header.job_id != self.job_id:
+            if header.message_type == MessageType.BYE:  # a worker of an earlier job on this port leaving
+                return
             self._error_reply(
                 identity,
                 f"frame from worker {header.sender} is for job {header.job_id:x}, "
