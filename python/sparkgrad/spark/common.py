@@ -83,13 +83,14 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
         The action's result.
     """
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PythonException
 
     try:
         return action()
-    except Py4JJavaError as exc:
-        text = str(exc.java_exception)
+    except (Py4JJavaError, PythonException) as exc:
+        text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
         found = _PY_ERROR.findall(text)
-        detail = f"{found[-1][0]}: {found[-1][1]}" if found else text.splitlines()[0]
+        detail = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
         raise TrainingError(f"{what} failed on an executor: {detail}") from exc
 
 
