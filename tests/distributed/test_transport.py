@@ -84,10 +84,11 @@ def test_update_payload_must_be_int32_words() -> None:
         decode_frame(frame)
 
 
-def _worker_thread(port, job, wid, messages, received, params_out):
+def _worker_thread(port, job, wid, messages, received, params_out, barrier):
     conn = WorkerConnection("127.0.0.1", port, job, wid, FAST)
     try:
         params, _, _ = conn.hello({"worker": wid})
+        barrier.wait(10)  # both registered before anything is sent: every update is relayed
         got = []
 
         def on_update(header, msg):
@@ -101,7 +102,9 @@ def _worker_thread(port, job, wid, messages, received, params_out):
             sparse_decode(msg, scratch)
             params -= scratch
             conn.drain(on_update)
-        conn.sync(on_update)
+        conn.sync(on_update)  # own updates applied and relayed by the controller
+        barrier.wait(10)
+        conn.sync(on_update)  # relays of the peer's updates precede this acknowledgement
         received[wid] = got
         params_out[wid] = params
     finally:
@@ -115,28 +118,44 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
         1: [sparse_message([0, 3], [1, -1], n, 0.5), sparse_message([9], [1], n, 0.25)],
         2: [sparse_message([3, 4], [1, 1], n, 0.5)],
     }
+    barrier = threading.Barrier(2)
     with Controller(np.zeros(n, np.float32), job, "127.0.0.1", free_port, FAST, decode=sparse_decode) as ctl:
         received: dict = {}
         params_out: dict = {}
         threads = [
-            threading.Thread(target=_worker_thread, args=(free_port, job, w, m, received, params_out))
+            threading.Thread(
+                target=_worker_thread, args=(free_port, job, w, m, received, params_out, barrier)
+            )
             for w, m in msgs.items()
         ]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(10)
+            t.join(20)
         final = ctl.params()
         assert ctl.updates_applied == 3 and ctl.workers_seen == {1, 2}
+        assert ctl.counters.update_bytes > 0
     expected = np.zeros(n, np.float32)
     for m in [m for ms in msgs.values() for m in ms]:
         sparse_decode(m, s := np.zeros(n, np.float32))
         expected -= s
     np.testing.assert_allclose(final, expected)
-    assert set(received[1]) <= {2} and set(received[2]) <= {1}
-    # a worker that finished before its peer sent has missed nothing the controller had: the late one
-    # always sees all of the early one's updates, since both were applied before the later sync.
-    assert len(received[1]) + len(received[2]) >= 1
+    assert received == {1: [2], 2: [1, 1]}
+    # every replica applied the same stream of updates as the controller
+    np.testing.assert_allclose(params_out[1], expected)
+    np.testing.assert_allclose(params_out[2], expected)
+
+
+def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
+    with Controller(np.ones(3, np.float32), 8, "127.0.0.1", free_port, FAST, decode=sparse_decode):
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, FAST)
+        try:
+            params, _, _ = conn.hello({"has_initial_params": True})
+            assert params is None
+            full, _, _ = conn.hello({})
+            np.testing.assert_array_equal(full, [1, 1, 1])
+        finally:
+            conn.close()
 
 
 def test_late_joiner_pulls_current_params(free_port: int) -> None:

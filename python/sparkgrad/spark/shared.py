@@ -263,6 +263,7 @@ class SharedWorker:
         self.tasks += 1
         c = self.conn.counters
         counters = {
+            "update_bytes_sent": c.update_bytes,
             "bytes_sent": c.bytes_sent,
             "bytes_received": c.bytes_received,
             "messages_sent": c.messages_sent,
@@ -529,6 +530,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             "controller_bytes_sent": c.bytes_sent,
             "controller_messages_received": c.messages_received,
             "controller_messages_sent": c.messages_sent,
+            "controller_update_bytes_relayed": c.update_bytes,
             "updates_applied": controller.updates_applied,
             "workers": len(controller.workers_seen),
         }

@@ -86,6 +86,7 @@ class TrafficCounters:
     bytes_received: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+    update_bytes: int = 0  # UPDATE frames only: sent by a worker, relayed by the controller
 
 
 class Controller:
@@ -225,7 +226,17 @@ class Controller:
             ),
         )
 
-    def _params_frame(self) -> bytes:
+    def _params_frame(self, current: bool = True) -> bytes:
+        if not current:  # nothing applied yet: the worker's own copy of the initial parameters is current
+            return encode_frame(
+                MessageType.PARAMS,
+                self.job_id,
+                CONTROLLER_ID,
+                self._next_seq(),
+                iteration=self.iteration,
+                epoch=self.epoch,
+                flags=_float_flag(self._params),
+            )
         return encode_frame(
             MessageType.PARAMS,
             self.job_id,
@@ -258,10 +269,11 @@ class Controller:
         if kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind in (MessageType.HELLO, MessageType.PARAMS_REQUEST):
+            fresh = kind == MessageType.HELLO and bool(parse_json_payload(payload).get("has_initial_params"))
             if kind == MessageType.HELLO:
                 self._peers[header.sender] = identity
                 self.workers_seen.add(header.sender)
-            self._send(identity, self._params_frame())
+            self._send(identity, self._params_frame(current=not (fresh and self.updates_applied == 0)))
         elif kind == MessageType.SYNC:
             self._send(
                 identity, encode_frame(MessageType.SYNC_ACK, self.job_id, CONTROLLER_ID, self._next_seq())
@@ -286,8 +298,8 @@ class Controller:
             return
         relayed = frame[:6] + int(header.flags | Flag.RELAYED).to_bytes(2, "little") + frame[8:]
         for sender, ident in list(self._peers.items()):
-            if sender != header.sender:
-                self._send(ident, relayed)
+            if sender != header.sender and self._send(ident, relayed):
+                self.counters.update_bytes += len(relayed)
 
 
 class WorkerConnection:
@@ -372,16 +384,23 @@ class WorkerConnection:
             if header.message_type == MessageType.UPDATE and on_update is not None:
                 on_update(header, update_payload(payload))
 
-    def hello(self, info: dict[str, object]) -> tuple[np.ndarray, int, int]:
-        """Join the job; returns (current parameters copy, iteration, epoch) from the controller."""
+    def hello(self, info: dict[str, object]) -> tuple[np.ndarray | None, int, int]:
+        """Join the job; returns (current parameters copy, iteration, epoch) from the controller.
+
+        With ``info["has_initial_params"]`` true the parameters are None while the controller has not
+        applied any update yet (the worker's copy of the initial parameters is then current).
+        """
         self._send(MessageType.HELLO, json_payload(info))
         header, payload = self._wait_for(MessageType.PARAMS, self._config.connect_timeout_ms, None, "HELLO")
-        return params_payload(header, payload).copy(), header.iteration, header.epoch
+        params = params_payload(header, payload).copy() if header.payload_length else None
+        return params, header.iteration, header.epoch
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
         """Send one encoded int32 update; returns the frame size in bytes."""
         message = np.ascontiguousarray(message, dtype="<i4")
-        return self._send(MessageType.UPDATE, memoryview(message), iteration=iteration, epoch=epoch)
+        size = self._send(MessageType.UPDATE, memoryview(message), iteration=iteration, epoch=epoch)
+        self.counters.update_bytes += size
+        return size
 
     def drain(self, on_update: Callable[[Header, np.ndarray], None]) -> int:
         """Apply every peer update that has already arrived (non-blocking); returns how many."""
