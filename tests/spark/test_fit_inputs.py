@@ -27,7 +27,9 @@ FAST = ZmqTransportConfiguration(connect_timeout_ms=3000, sync_timeout_ms=30000,
 
 
 def _pa(**kw) -> ParameterAveragingTrainingMaster:
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=10, rng_seed=2, **kw)
+    return ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, averaging_frequency=10, rng_seed=2, **kw
+    )
 
 
 def _shared(p: int | None = None, **kw) -> SharedTrainingMaster:
