@@ -51,7 +51,8 @@ def run_sparkgrad(spark, master, train, test, target, max_epochs):
     steps = update_bytes = 0
     acc = 0.0
     epochs = 0
-    for epochs in range(1, max_epochs + 1):
+    while epochs < max_epochs:
+        epochs += 1
         model.fit(rdd)
         if isinstance(master, SharedTrainingMaster):
             t = master.last_traffic
@@ -199,7 +200,8 @@ def main() -> int:
         spark.stop()
     ddp = results["TorchDistributor DDP (gloo)"]
     print(
-        f"SparkSession start-up: {startup:.1f} s; target accuracy {args.target}; {WORKERS} workers on local[2]"
+        f"SparkSession start-up: {startup:.1f} s; target accuracy {args.target}; "
+        f"{WORKERS} workers on local[{WORKERS}]"
     )
     print(
         f"{'contender':34s} {'epochs':>6s} {'acc':>7s} {'wall s':>8s} {'+startup s':>10s} {'vs DDP':>7s} "
@@ -208,7 +210,8 @@ def main() -> int:
     for name, r in results.items():
         reached = "" if r["accuracy"] >= args.target else " (target not reached)"
         print(
-            f"{name:34s} {r['epochs']:6d} {r['accuracy']:7.4f} {r['wall_s']:8.1f} {r['wall_s'] + startup:10.1f} "
+            f"{name:34s} {r['epochs']:6d} {r['accuracy']:7.4f} {r['wall_s']:8.1f} "
+            f"{r['wall_s'] + startup:10.1f} "
             f"{r['wall_s'] / ddp['wall_s']:7.2f} {r['bytes_per_step']:11.0f} "
             f"{ddp['bytes_per_step'] / r['bytes_per_step']:9.1f}{reached}"
         )
