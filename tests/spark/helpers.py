@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,12 +51,12 @@ def port() -> int:
 
 @dataclass
 class RecordingHook(TrainingHook):
-    """Writes one file per update (hooks run on the executors): pre-<pid>-<object id>-<examples>."""
+    """Writes one file per update (hooks run on the executors): pre-<unique id>-<examples>."""
 
     directory: str = ""
 
     def pre_update(self, dataset, network) -> None:
-        name = f"pre-{os.getpid()}-{id(dataset)}-{dataset.num_examples()}"
+        name = f"pre-{uuid.uuid4().hex}-{dataset.num_examples()}"
         open(os.path.join(self.directory, name), "w").close()
 
     def post_update(self, dataset, network) -> None:

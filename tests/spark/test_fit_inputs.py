@@ -144,8 +144,10 @@ def test_five_fits_leak_no_threads_sockets_or_ports(spark, digits) -> None:
     threads, fds = threading.active_count(), _fds()
     for _ in range(5):
         sm.fit(rdd)
-        with socket.socket() as s:  # the controller port is free again after every fit
+        with socket.socket() as s:  # nobody listens on the controller port after a fit
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", p))
+            s.listen()
         assert not [t for t in threading.enumerate() if t.name.startswith("sparkgrad-")]
     assert threading.active_count() <= threads
     assert _fds() <= fds + 2  # py4j may open a spare gateway connection
