@@ -1,0 +1,221 @@
+"""Native conv2d and pooling kernels against loop references and numerical gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from reference import nn as ref
+
+from sparkgrad import _core
+
+DTYPES = st.sampled_from([np.float32, np.float64])
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def tol(dtype):
+    return {"rtol": 2e-4, "atol": 2e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+
+
+def numerical_gradient(fn, x, h=1e-6):
+    """Central differences of the scalar fn at x (float64)."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        keep = flat[i]
+        flat[i] = keep + h
+        up = fn(x)
+        flat[i] = keep - h
+        down = fn(x)
+        flat[i] = keep
+        gflat[i] = (up - down) / (2 * h)
+    return grad
+
+
+@st.composite
+def geometries(draw, max_size=7):
+    """(h, w, kernel, stride, pad_top_left, out_hw) covering truncate and asymmetric "same" padding."""
+    mode = draw(st.sampled_from(["truncate", "same"]))
+    h, w = draw(st.integers(1, max_size)), draw(st.integers(1, max_size))
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pads = (draw(st.integers(0, kernel[0] - 1)), draw(st.integers(0, kernel[1] - 1)))
+    p, pad_top = ref.output_geometry(h, kernel[0], stride[0], pads[0], mode)
+    q, pad_left = ref.output_geometry(w, kernel[1], stride[1], pads[1], mode)
+    assume(p >= 1 and q >= 1)
+    return h, w, kernel, stride, (pad_top, pad_left), (p, q)
+
+
+def pool_kwargs(kernel, stride, pad):
+    return {
+        "kernel_h": kernel[0],
+        "kernel_w": kernel[1],
+        "stride_h": stride[0],
+        "stride_w": stride[1],
+        "pad_top": pad[0],
+        "pad_left": pad[1],
+    }
+
+
+def conv_kwargs(stride, pad):
+    return {"stride_h": stride[0], "stride_w": stride[1], "pad_top": pad[0], "pad_left": pad[1]}
+
+
+# ---- pooling -------------------------------------------------------------------------------------
+
+
+@given(
+    geo=geometries(),
+    kind=st.sampled_from(["max", "avg"]),
+    n=st.integers(0, 3),
+    c=st.integers(1, 3),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_pool2d_matches_reference(geo, kind, n, c, dtype, seed):
+    h, w, kernel, stride, pad, (p, q) = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    y = np.full((n, c, p, q), np.nan, dtype)
+    argmax = np.full((n, c, p, q), -1, np.int64)
+    _core.pool2d_forward(kind, x, y, argmax=argmax, **pool_kwargs(kernel, stride, pad))
+    expected, expected_argmax = ref.pool2d_forward(kind, x, (p, q), kernel, stride, pad)
+    np.testing.assert_allclose(y, expected, **tol(dtype))
+    if kind == "max":
+        np.testing.assert_array_equal(argmax, expected_argmax)
+    dy = rng.standard_normal((n, c, p, q)).astype(dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    _core.pool2d_backward(kind, dy, dx, argmax=argmax, **pool_kwargs(kernel, stride, pad))
+    np.testing.assert_allclose(
+        dx, ref.pool2d_backward(kind, dy, x.shape, kernel, stride, pad, argmax), **tol(dtype)
+    )
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize(
+    ("kernel", "stride", "pad", "out"), [((2, 2), (2, 2), (0, 0), (3, 2)), ((3, 2), (2, 1), (1, 0), (3, 4))]
+)
+def test_pool2d_backward_matches_numerical_gradient(kind, kernel, stride, pad, out):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 2, 6, 5))
+    dy = rng.standard_normal((2, 2, *out))
+    kw = pool_kwargs(kernel, stride, pad)
+
+    def forward(v):
+        y, argmax = np.empty((2, 2, *out)), np.empty((2, 2, *out), np.int64)
+        _core.pool2d_forward(kind, v, y, argmax=argmax, **kw)
+        return y, argmax
+
+    def objective(v):
+        return float((forward(v)[0] * dy).sum())
+
+    dx = np.empty_like(x)
+    _core.pool2d_backward(kind, dy, dx, argmax=forward(x)[1], **kw)
+    np.testing.assert_allclose(dx, numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-8)
+
+
+@given(
+    kind=st.sampled_from(["max", "avg", "sum"]),
+    shape=st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5)),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_global_pool_matches_reference(kind, shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    y = np.full(shape[:2], np.nan, dtype)
+    argmax = np.full(shape[:2], -1, np.int64) if kind == "max" else None
+    _core.global_pool_forward(kind, x, y, argmax=argmax)
+    expected, expected_argmax = ref.global_pool_forward(kind, x)
+    np.testing.assert_allclose(y, expected, **tol(dtype))
+    if kind == "max":
+        np.testing.assert_array_equal(argmax, expected_argmax)
+    dy = rng.standard_normal(shape[:2]).astype(dtype)
+    dx = np.full(shape, np.nan, dtype)
+    _core.global_pool_backward(kind, dy, dx, argmax=argmax)
+    np.testing.assert_allclose(dx, ref.global_pool_backward(kind, dy, shape, argmax), **tol(dtype))
+
+
+@pytest.mark.parametrize("kind", ["max", "avg", "sum"])
+def test_global_pool_backward_matches_numerical_gradient(kind):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 3, 4))
+    dy = rng.standard_normal((2, 3))
+
+    def forward(v):
+        y, argmax = np.empty((2, 3)), np.empty((2, 3), np.int64)
+        _core.global_pool_forward(kind, v, y, argmax=argmax)
+        return y, argmax
+
+    dx = np.empty_like(x)
+    _core.global_pool_backward(kind, dy, dx, argmax=forward(x)[1])
+    expected = numerical_gradient(lambda v: float((forward(v)[0] * dy).sum()), x.copy())
+    np.testing.assert_allclose(dx, expected, rtol=1e-6, atol=1e-8)
+
+
+POOL = pool_kwargs((2, 2), (2, 2), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: _core.pool2d_forward("max", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **POOL),
+            r"\[pool2d_forward\] argmax is required",
+        ),
+        (
+            lambda: _core.pool2d_forward("min", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **POOL),
+            r"\[pool2d_forward\] unknown pooling kind 'min'",
+        ),
+        (
+            lambda: _core.pool2d_forward("avg", np.ones((1, 1, 4, 4)), np.ones((1, 2, 2, 2)), **POOL),
+            r"\[pool2d_forward\] y must have shape \(1, 1, P, Q\)",
+        ),
+        (
+            lambda: _core.pool2d_forward("avg", np.ones((1, 1, 4, 4)), np.ones((1, 1, 3, 2)), **POOL),
+            r"\[pool2d_forward\] output size \(3, 2\) has pooling windows outside",
+        ),
+        (
+            lambda: _core.pool2d_forward(
+                "avg", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **{**POOL, "stride_h": 0}
+            ),
+            r"\[pool2d_forward\] stride_h must be >= 1",
+        ),
+        (
+            lambda: _core.pool2d_forward(
+                "max",
+                np.ones((1, 1, 4, 4)),
+                np.ones((1, 1, 2, 2)),
+                argmax=np.ones((1, 1, 2, 2), np.int32),
+                **POOL,
+            ),
+            r"\[pool2d_forward\] argmax must have dtype int64",
+        ),
+        (
+            lambda: _core.pool2d_backward(
+                "max", np.ones((1, 1, 2, 2)), np.ones((1, 1, 4, 4)), argmax=np.full((1, 1, 2, 2), 16), **POOL
+            ),
+            r"\[pool2d_backward\] argmax value 16 is outside \[0, 16\)",
+        ),
+        (
+            lambda: _core.pool2d_backward("avg", np.ones((1, 1, 2)), np.ones((1, 1, 4, 4)), **POOL),
+            r"\[pool2d_backward\] dy must be 4-D",
+        ),
+        (
+            lambda: _core.global_pool_forward("max", np.ones((2, 3, 2, 2)), np.ones((2, 3))),
+            r"\[global_pool_forward\] argmax is required",
+        ),
+        (
+            lambda: _core.global_pool_forward("avg", np.ones((2, 3, 2, 2)), np.ones((3, 2))),
+            r"\[global_pool_forward\] y must have shape \(2, 3\)",
+        ),
+        (
+            lambda: _core.global_pool_backward("sum", np.ones((2, 3)), np.ones((2, 3, 0, 2))),
+            r"\[global_pool_backward\] dx must have a non-empty",
+        ),
+    ],
+)
+def test_pooling_rejects_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
