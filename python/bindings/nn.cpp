@@ -270,6 +270,90 @@ void global_pool_backward(const std::string& kind_name, const py::array& dy_in, 
   });
 }
 
+// A per-channel (C,) batch-norm vector.
+template <typename T>
+py::array_t<T, py::array::c_style> channel_vector(const char* op, const char* name, const py::handle& arr,
+                                                  std::int64_t c, bool writable = false) {
+  auto v = checked_array<T>(op, name, arr, writable);
+  require_shape(op, name, v, {c});
+  return v;
+}
+
+void check_batchnorm_hyper(const char* op, double eps, double decay = 0.0) {
+  if (!(eps >= 0.0)) throw_invalid(op, "eps must be >= 0, got ", eps);
+  if (!(decay >= 0.0 && decay <= 1.0)) throw_invalid(op, "decay must be in [0, 1], got ", decay);
+}
+
+void batchnorm_forward_train(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
+                             const py::array& y_in, const py::array& mean_in, const py::array& var_in,
+                             const py::array& running_mean_in, const py::array& running_var_in, double decay,
+                             double eps) {
+  const char* op = "batchnorm_forward_train";
+  check_batchnorm_hyper(op, eps, decay);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "y", y, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
+    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c, true);
+    auto var = channel_vector<T>(op, "batch_var", var_in, v.c, true);
+    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c, true);
+    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c, true);
+    py::gil_scoped_release release;
+    nn::batchnorm_forward_train<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), y.mutable_data(),
+                                   mean.mutable_data(), var.mutable_data(), running_mean.mutable_data(),
+                                   running_var.mutable_data(), decay, eps);
+  });
+}
+
+void batchnorm_forward_inference(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
+                                 const py::array& running_mean_in, const py::array& running_var_in,
+                                 const py::array& y_in, double eps) {
+  const char* op = "batchnorm_forward_inference";
+  check_batchnorm_hyper(op, eps);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "y", y, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
+    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c);
+    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c);
+    py::gil_scoped_release release;
+    nn::batchnorm_forward_inference<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), running_mean.data(),
+                                       running_var.data(), y.mutable_data(), eps);
+  });
+}
+
+void batchnorm_backward(const py::array& x_in, const py::array& dy_in, const py::array& gamma_in,
+                        const py::array& mean_in, const py::array& var_in, const py::array& dx_in,
+                        const py::array& dgamma_in, const py::array& dbeta_in, double eps) {
+  const char* op = "batchnorm_backward";
+  check_batchnorm_hyper(op, eps);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "dy", dy, shape_of(x));
+    require_shape(op, "dx", dx, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c);
+    auto var = channel_vector<T>(op, "batch_var", var_in, v.c);
+    auto dgamma = channel_vector<T>(op, "dgamma", dgamma_in, v.c, true);
+    auto dbeta = channel_vector<T>(op, "dbeta", dbeta_in, v.c, true);
+    py::gil_scoped_release release;
+    nn::batchnorm_backward<T>({v.n, v.c, v.inner}, x.data(), dy.data(), gamma.data(), mean.data(), var.data(),
+                              dx.mutable_data(), dgamma.mutable_data(), dbeta.mutable_data(), eps);
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -315,4 +399,14 @@ void init_nn(py::module_& m) {
         py::arg("argmax") = py::none(), "Global max / avg / sum pooling of x (N, C, H, W) into y (N, C).");
   m.def("global_pool_backward", &global_pool_backward, py::arg("kind"), py::arg("dy"), py::arg("dx"),
         py::arg("argmax") = py::none(), "dx (N, C, H, W) from dy (N, C); max needs argmax.");
+  m.def("batchnorm_forward_train", &batchnorm_forward_train, py::arg("x"), py::arg("gamma"), py::arg("beta"),
+        py::arg("y"), py::arg("batch_mean"), py::arg("batch_var"), py::arg("running_mean"), py::arg("running_var"),
+        py::arg("decay"), py::arg("eps"),
+        "Normalizes x with its per-channel batch statistics; updates the running averages in place.");
+  m.def("batchnorm_forward_inference", &batchnorm_forward_inference, py::arg("x"), py::arg("gamma"),
+        py::arg("beta"), py::arg("running_mean"), py::arg("running_var"), py::arg("y"), py::arg("eps"),
+        "Normalizes x with the running statistics.");
+  m.def("batchnorm_backward", &batchnorm_backward, py::arg("x"), py::arg("dy"), py::arg("gamma"),
+        py::arg("batch_mean"), py::arg("batch_var"), py::arg("dx"), py::arg("dgamma"), py::arg("dbeta"),
+        py::arg("eps"), "dx, dgamma, dbeta of the training-mode forward.");
 }
