@@ -354,6 +354,73 @@ void batchnorm_backward(const py::array& x_in, const py::array& dy_in, const py:
   });
 }
 
+// Convolution geometry from x: (N, C, H, W), w: (K, C, R, S) and y: (N, K, P, Q) shapes (named for errors).
+nn::Conv2dShape conv_shape(const char* op, const char* x_name, const Shape& x, const Shape& w, const char* y_name,
+                           const Shape& y, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                           std::int64_t pad_left) {
+  if (x.size() != 4) throw_invalid(op, x_name, " must be 4-D (N, C, H, W), got shape ", shape_text(x));
+  if (w.size() != 4 || w[1] != x[1]) {
+    throw_invalid(op, "w must have shape (K, ", x[1], ", R, S), got ", shape_text(w));
+  }
+  if (w[0] < 1 || w[2] < 1 || w[3] < 1) throw_invalid(op, "w must have K, R, S >= 1, got shape ", shape_text(w));
+  if (y.size() != 4 || y[0] != x[0] || y[1] != w[0]) {
+    throw_invalid(op, y_name, " must have shape (", x[0], ", ", w[0], ", P, Q), got ", shape_text(y));
+  }
+  require_positive(op, "stride_h", stride_h);
+  require_positive(op, "stride_w", stride_w);
+  require_non_negative(op, "pad_top", pad_top);
+  require_non_negative(op, "pad_left", pad_left);
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride_h, stride_w, pad_top, pad_left};
+}
+
+void conv2d_forward(const py::array& x_in, const py::array& w_in, const py::object& b_in, const py::array& y_in,
+                    std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_forward";
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "x", shape_of(x), shape_of(w), "y", shape_of(y), stride_h, stride_w, pad_top, pad_left);
+    py::array_t<T, py::array::c_style> b_keep;
+    const T* b = optional_data<T>(op, "b", b_in, &b_keep);
+    if (b) require_shape(op, "b", b_keep, {g.k});
+    py::gil_scoped_release release;
+    nn::conv2d_forward<T>(g, x.data(), w.data(), b, y.mutable_data());
+  });
+}
+
+void conv2d_backward_input(const py::array& dy_in, const py::array& w_in, const py::array& dx_in,
+                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_backward_input";
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "dx", shape_of(dx), shape_of(w), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    py::gil_scoped_release release;
+    nn::conv2d_backward_input<T>(g, dy.data(), w.data(), dx.mutable_data());
+  });
+}
+
+void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const py::array& dw_in,
+                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_backward_weight";
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dw = checked_array<T>(op, "dw", dw_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "x", shape_of(x), shape_of(dw), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    py::gil_scoped_release release;
+    nn::conv2d_backward_weight<T>(g, x.data(), dy.data(), dw.mutable_data());
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -409,4 +476,13 @@ void init_nn(py::module_& m) {
   m.def("batchnorm_backward", &batchnorm_backward, py::arg("x"), py::arg("dy"), py::arg("gamma"),
         py::arg("batch_mean"), py::arg("batch_var"), py::arg("dx"), py::arg("dgamma"), py::arg("dbeta"),
         py::arg("eps"), "dx, dgamma, dbeta of the training-mode forward.");
+  m.def("conv2d_forward", &conv2d_forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"), py::arg("stride_h"),
+        py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b; padding reads zeros.");
+  m.def("conv2d_backward_input", &conv2d_backward_input, py::arg("dy"), py::arg("w"), py::arg("dx"),
+        py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");
+  m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
+        py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
 }

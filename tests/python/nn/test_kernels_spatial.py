@@ -219,3 +219,137 @@ POOL = pool_kwargs((2, 2), (2, 2), (0, 0))
 def test_pooling_rejects_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ---- convolution ---------------------------------------------------------------------------------
+
+
+@given(
+    geo=geometries(),
+    n=st.integers(0, 3),
+    c=st.integers(1, 3),
+    k=st.integers(1, 3),
+    with_bias=st.booleans(),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_conv2d_matches_reference(geo, n, c, k, with_bias, dtype, seed):
+    h, w, kernel, stride, pad, (p, q) = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((k, c, *kernel)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype) if with_bias else None
+    kw = conv_kwargs(stride, pad)
+    y = np.full((n, k, p, q), np.nan, dtype)
+    _core.conv2d_forward(x, wt, b, y, **kw)
+    np.testing.assert_allclose(y, ref.conv2d_forward(x, wt, b, (p, q), stride, pad), **tol(dtype))
+    dy = rng.standard_normal((n, k, p, q)).astype(dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    _core.conv2d_backward_input(dy, wt, dx, **kw)
+    np.testing.assert_allclose(dx, ref.conv2d_backward_input(dy, wt, x.shape, stride, pad), **tol(dtype))
+    dw = np.full(wt.shape, np.nan, dtype)
+    _core.conv2d_backward_weight(x, dy, dw, **kw)
+    np.testing.assert_allclose(dw, ref.conv2d_backward_weight(x, dy, wt.shape, stride, pad), **tol(dtype))
+
+
+def test_conv2d_chunks_large_batches_like_small_ones():
+    # 1x1 kernels over a 64x64 image: the column matrix of 300 images exceeds one chunk (2^22 elements).
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 1, 64, 64)).astype(np.float32)
+    wt = rng.standard_normal((2, 1, 1, 1)).astype(np.float32)
+    y = np.empty((300, 2, 64, 64), np.float32)
+    _core.conv2d_forward(x, wt, None, y, stride_h=1, stride_w=1, pad_top=0, pad_left=0)
+    np.testing.assert_allclose(y, x * wt[:, 0, 0, 0][None, :, None, None], rtol=1e-6)
+    dw = np.empty_like(wt)
+    _core.conv2d_backward_weight(x, y, dw, stride_h=1, stride_w=1, pad_top=0, pad_left=0)
+    np.testing.assert_allclose(dw[:, 0, 0, 0], (x * y).sum(axis=(0, 2, 3)), rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("stride", "pad", "out"),
+    [((1, 1), (0, 0), (3, 4)), ((2, 1), (1, 1), (3, 5)), ((2, 2), (0, 1), (2, 3))],  # last: "same" on 4x5
+)
+def test_conv2d_backward_matches_numerical_gradient(stride, pad, out):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 2, 4, 5))
+    wt = rng.standard_normal((3, 2, 2, 2))
+    b = rng.standard_normal(3)
+    dy = rng.standard_normal((2, 3, *out))
+    kw = conv_kwargs(stride, pad)
+
+    def objective(x_, w_):
+        y = np.empty((2, 3, *out))
+        _core.conv2d_forward(x_, w_, b, y, **kw)
+        return float((y * dy).sum())
+
+    dx, dw = np.empty_like(x), np.empty_like(wt)
+    _core.conv2d_backward_input(dy, wt, dx, **kw)
+    _core.conv2d_backward_weight(x, dy, dw, **kw)
+    np.testing.assert_allclose(
+        dx, numerical_gradient(lambda v: objective(v, wt), x.copy()), rtol=1e-6, atol=1e-8
+    )
+    np.testing.assert_allclose(
+        dw, numerical_gradient(lambda v: objective(x, v), wt.copy()), rtol=1e-6, atol=1e-8
+    )
+    db = np.empty(3)
+    _core.bias_grad(dy, db)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)))
+
+
+CONV = conv_kwargs((1, 1), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 1, 2, 2)), None, np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] w must have shape \(K, 2, R, S\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 2, 2, 2)), None, np.ones((1, 2, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] y must have shape \(1, 3, P, Q\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 2, 2, 2)), np.ones(2), np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] b must have shape \(3,\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((2, 4, 4)), np.ones((3, 2, 2, 2)), None, np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] x must be 4-D",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)),
+                np.ones((3, 2, 2, 2)),
+                None,
+                np.ones((1, 3, 3, 3)),
+                **{**CONV, "pad_top": -1},
+            ),
+            r"\[conv2d_forward\] pad_top must be >= 0",
+        ),
+        (
+            lambda: _core.conv2d_backward_input(
+                np.ones((1, 3, 3, 3), np.float32), np.ones((3, 2, 2, 2)), np.ones((1, 2, 4, 4)), **CONV
+            ),
+            r"\[conv2d_backward_input\] w must have dtype float32",
+        ),
+        (
+            lambda: _core.conv2d_backward_weight(
+                np.ones((1, 2, 4, 4)), np.ones((2, 3, 3, 3)), np.ones((3, 2, 2, 2)), **CONV
+            ),
+            r"\[conv2d_backward_weight\] dy must have shape \(1, 3, P, Q\)",
+        ),
+    ],
+)
+def test_conv2d_rejects_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
