@@ -24,7 +24,7 @@ from sparkgrad.nn import (
 
 EPS = 1e-6
 MAX_REL_ERROR = 1e-5
-MIN_ABS_ERROR = 1e-9  # differences below this are round-off whatever the relative error
+MIN_MAGNITUDE = 1e-8  # entries whose analytic and numeric values are both below this are round-off
 
 
 def _max_relative_error(net: MultiLayerNetwork, ds: DataSet, regularized: bool = False) -> float:
@@ -46,9 +46,9 @@ def _max_relative_error(net: MultiLayerNetwork, ds: DataSet, regularized: bool =
         minus = net.compute_gradient_and_score(ds)[1]
         params[i] = orig
         numeric = (plus - minus) / (2 * EPS)
-        diff = abs(numeric - grad[i])
-        if diff > MIN_ABS_ERROR:
-            worst = max(worst, diff / (abs(numeric) + abs(grad[i])))
+        magnitude = abs(numeric) + abs(grad[i])
+        if magnitude > MIN_MAGNITUDE:
+            worst = max(worst, abs(numeric - grad[i]) / magnitude)
     return worst
 
 
