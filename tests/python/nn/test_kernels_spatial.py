@@ -8,6 +8,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from reference import nn as ref
 
+import sparkgrad
 from sparkgrad import _core
 
 DTYPES = st.sampled_from([np.float32, np.float64])
@@ -353,3 +354,31 @@ CONV = conv_kwargs((1, 1), (0, 0))
 def test_conv2d_rejects_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_conv2d_same_result_for_one_and_two_threads_and_restores_blas_threads():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 3, 9, 9))
+    wt = rng.standard_normal((4, 3, 3, 3))
+    dy = rng.standard_normal((6, 4, 7, 7))
+    kw = conv_kwargs((1, 1), (0, 0))
+
+    def run():
+        y, dx, dw = np.empty((6, 4, 7, 7)), np.empty_like(x), np.empty_like(wt)
+        _core.conv2d_forward(x, wt, None, y, **kw)
+        _core.conv2d_backward_input(dy, wt, dx, **kw)
+        _core.conv2d_backward_weight(x, dy, dw, **kw)
+        return y, dx, dw
+
+    before = sparkgrad.get_num_threads()
+    try:
+        sparkgrad.set_num_threads(1)
+        one = run()
+        sparkgrad.set_num_threads(2)
+        two = run()
+        assert "(2 threads)" in _core.blas_info()  # the single-threaded BLAS hold was released
+    finally:
+        sparkgrad.set_num_threads(before)
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[1], two[1])
+    np.testing.assert_allclose(one[2], two[2], rtol=1e-12)
