@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def _cupy() -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def threshold_encode(residual: Array, threshold: float, boundary: Optional[int] = None) -> Array:
+def threshold_encode(residual: Array, threshold: float, boundary: int | None = None) -> Array:
     """Sparse threshold encoding; the residual is modified in place.
 
     Every element with ``|residual[i]| >= threshold`` emits one entry and moves toward zero by exactly
@@ -182,7 +182,9 @@ def _header(op: str, message: Array) -> np.ndarray:
     if not isinstance(message, np.ndarray) or message.dtype != np.int32 or message.ndim != 1:
         raise ValueError(f"[{op}] message must be a 1-D int32 array")
     if message.shape[0] < HEADER_WORDS:
-        raise ValueError(f"[{op}] message must hold at least {HEADER_WORDS} header words, got {message.shape[0]}")
+        raise ValueError(
+            f"[{op}] message must hold at least {HEADER_WORDS} header words, got {message.shape[0]}"
+        )
     return message[:HEADER_WORDS]
 
 
@@ -233,9 +235,9 @@ class ThresholdAlgorithm(Config, abc.ABC):
         self,
         iteration: int,
         epoch: int,
-        last_threshold: Optional[float],
-        last_was_dense: Optional[bool],
-        last_sparsity_ratio: Optional[float],
+        last_threshold: float | None,
+        last_was_dense: bool | None,
+        last_sparsity_ratio: float | None,
         updates: Array,
     ) -> float:
         """Threshold for this step.
@@ -266,7 +268,7 @@ class ThresholdAlgorithmReducer(abc.ABC):
     """Combines threshold-algorithm states: ``add`` instances, ``merge`` reducers, ``final_result``."""
 
     @abc.abstractmethod
-    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+    def add(self, algorithm: ThresholdAlgorithm | None) -> None:
         """Adds one instance's state (None is ignored)."""
 
     @abc.abstractmethod
@@ -295,9 +297,9 @@ class FixedThresholdAlgorithm(ThresholdAlgorithm):
         self,
         iteration: int,
         epoch: int,
-        last_threshold: Optional[float],
-        last_was_dense: Optional[bool],
-        last_sparsity_ratio: Optional[float],
+        last_threshold: float | None,
+        last_was_dense: bool | None,
+        last_sparsity_ratio: float | None,
         updates: Array,
     ) -> float:
         return self.threshold
@@ -310,9 +312,9 @@ class _FixedReducer(ThresholdAlgorithmReducer):
     """Keeps the last added instance (a merge keeps the first non-None one), as DL4J does."""
 
     def __init__(self) -> None:
-        self.instance: Optional[ThresholdAlgorithm] = None
+        self.instance: ThresholdAlgorithm | None = None
 
-    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+    def add(self, algorithm: ThresholdAlgorithm | None) -> None:
         if algorithm is not None:
             self.instance = algorithm
 
@@ -334,10 +336,10 @@ class _AdaptiveBase(ThresholdAlgorithm):
 
     def _previous(
         self,
-        last_threshold: Optional[float],
-        last_was_dense: Optional[bool],
-        last_sparsity_ratio: Optional[float],
-    ) -> Optional[tuple[float, float]]:
+        last_threshold: float | None,
+        last_was_dense: bool | None,
+        last_sparsity_ratio: float | None,
+    ) -> tuple[float, float] | None:
         """(threshold to adapt from, previous sparsity), or None on the very first step (state seeded)."""
         stored: float = self.last_threshold  # type: ignore[attr-defined]
         if last_threshold is None and math.isnan(stored):
@@ -395,9 +397,9 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
         self,
         iteration: int,
         epoch: int,
-        last_threshold: Optional[float],
-        last_was_dense: Optional[bool],
-        last_sparsity_ratio: Optional[float],
+        last_threshold: float | None,
+        last_was_dense: bool | None,
+        last_sparsity_ratio: float | None,
         updates: Array,
     ) -> float:
         previous = self._previous(last_threshold, last_was_dense, last_sparsity_ratio)
@@ -406,7 +408,9 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
         start, prev = previous
         if self.min_target_sparsity <= prev <= self.max_target_sparsity:
             return start  # DL4J leaves the stored threshold as it was
-        self.last_threshold = start * self.decay_rate if prev < self.min_target_sparsity else start / self.decay_rate
+        self.last_threshold = (
+            start * self.decay_rate if prev < self.min_target_sparsity else start / self.decay_rate
+        )
         return self.last_threshold
 
     def new_reducer(self) -> ThresholdAlgorithmReducer:
@@ -433,7 +437,12 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     def __post_init__(self) -> None:
         self.initial_threshold = check_positive("initial_threshold", self.initial_threshold)
         self.sparsity_target = check_range(
-            "sparsity_target", self.sparsity_target, 0.0, 1.0 / 16.0, low_inclusive=False, high_inclusive=False
+            "sparsity_target",
+            self.sparsity_target,
+            0.0,
+            1.0 / 16.0,
+            low_inclusive=False,
+            high_inclusive=False,
         )
         self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
         self.last_threshold = _check_state("last_threshold", self.last_threshold)
@@ -443,9 +452,9 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
         self,
         iteration: int,
         epoch: int,
-        last_threshold: Optional[float],
-        last_was_dense: Optional[bool],
-        last_sparsity_ratio: Optional[float],
+        last_threshold: float | None,
+        last_was_dense: bool | None,
+        last_sparsity_ratio: float | None,
         updates: Array,
     ) -> float:
         previous = self._previous(last_threshold, last_was_dense, last_sparsity_ratio)
@@ -477,11 +486,13 @@ class _AveragingReducer(ThresholdAlgorithmReducer):
         self.sum_sparsity = 0.0
         self.count = 0
 
-    def add(self, algorithm: Optional[ThresholdAlgorithm]) -> None:
+    def add(self, algorithm: ThresholdAlgorithm | None) -> None:
         if algorithm is None:
             return
         if type(algorithm) is not type(self.template):
-            raise TypeError(f"cannot add a {type(algorithm).__name__} to a {type(self.template).__name__} reducer")
+            raise TypeError(
+                f"cannot add a {type(algorithm).__name__} to a {type(self.template).__name__} reducer"
+            )
         if math.isnan(algorithm.last_threshold):  # type: ignore[attr-defined]
             return
         self.sum_threshold += algorithm.last_threshold  # type: ignore[attr-defined]
@@ -492,7 +503,9 @@ class _AveragingReducer(ThresholdAlgorithmReducer):
 
     def merge(self, other: ThresholdAlgorithmReducer) -> None:
         if not isinstance(other, _AveragingReducer) or type(other.template) is not type(self.template):
-            raise TypeError(f"cannot merge {type(other).__name__} into a {type(self.template).__name__} reducer")
+            raise TypeError(
+                f"cannot merge {type(other).__name__} into a {type(self.template).__name__} reducer"
+            )
         self.sum_threshold += other.sum_threshold
         self.sum_sparsity += other.sum_sparsity
         self.count += other.count
@@ -590,8 +603,8 @@ class EncodingHandler:
     def __init__(
         self,
         num_params: int,
-        threshold_algorithm: Optional[ThresholdAlgorithm] = None,
-        residual_post_processor: Optional[ResidualPostProcessor] = None,
+        threshold_algorithm: ThresholdAlgorithm | None = None,
+        residual_post_processor: ResidualPostProcessor | None = None,
         dtype: Union[str, np.dtype, type] = "float32",
     ) -> None:
         self._n = check_int("num_params", num_params, minimum=1, maximum=2**31 - 1)
@@ -603,18 +616,22 @@ class EncodingHandler:
             raise ValueError(f"dtype: expected float32 or float64, got {self._dtype}")
         algorithm = AdaptiveThresholdAlgorithm() if threshold_algorithm is None else threshold_algorithm
         if not isinstance(algorithm, ThresholdAlgorithm):
-            raise TypeError(f"threshold_algorithm: expected a ThresholdAlgorithm, got {type(algorithm).__name__}")
+            raise TypeError(
+                f"threshold_algorithm: expected a ThresholdAlgorithm, got {type(algorithm).__name__}"
+            )
         post = ResidualClippingPostProcessor() if residual_post_processor is None else residual_post_processor
         if not isinstance(post, ResidualPostProcessor):
-            raise TypeError(f"residual_post_processor: expected a ResidualPostProcessor, got {type(post).__name__}")
+            raise TypeError(
+                f"residual_post_processor: expected a ResidualPostProcessor, got {type(post).__name__}"
+            )
         self._algorithm = algorithm.clone()
         self._post = post.clone()
         self._residual = np.zeros(self._n, dtype=self._dtype)
-        self._last_threshold: Optional[float] = None
-        self._last_sparsity: Optional[float] = None
-        self._last_was_dense: Optional[bool] = None
+        self._last_threshold: float | None = None
+        self._last_sparsity: float | None = None
+        self._last_was_dense: bool | None = None
 
-    def encode(self, update: np.ndarray, iteration: int, epoch: int) -> Optional[np.ndarray]:
+    def encode(self, update: np.ndarray, iteration: int, epoch: int) -> np.ndarray | None:
         """Adds ``update`` to the residual and encodes it.
 
         Args:
@@ -660,17 +677,17 @@ class EncodingHandler:
         return view
 
     @property
-    def last_threshold(self) -> Optional[float]:
+    def last_threshold(self) -> float | None:
         """Threshold of the last step (None before the first)."""
         return self._last_threshold
 
     @property
-    def last_sparsity(self) -> Optional[float]:
+    def last_sparsity(self) -> float | None:
         """Last sparse message length (header included) / N; 0.0 after an empty step; None if dense."""
         return self._last_sparsity
 
     @property
-    def last_was_dense(self) -> Optional[bool]:
+    def last_was_dense(self) -> bool | None:
         """Whether the last message was a bitmap (None before the first step)."""
         return self._last_was_dense
 

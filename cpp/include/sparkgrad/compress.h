@@ -9,7 +9,15 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+// Per-element codes shared by the CPU loops and the CUDA kernels.
+#ifdef __CUDACC__
+#define SPARKGRAD_HD __host__ __device__
+#else
+#define SPARKGRAD_HD
+#endif
 
 namespace sparkgrad::compress {
 
@@ -35,6 +43,83 @@ inline bool sparse_is_smaller(std::int64_t count, std::int64_t n) {
 // Throws std::invalid_argument naming `op` unless threshold is finite and > 0 (and representable as a
 // positive float32) and n fits the int32 header.
 void check_encode_args(const char* op, std::int64_t n, double threshold);
+
+// IEEE-754 bit patterns (host and device): the per-element codes below work on them so the CPU loops
+// are branch-free and vectorise, and comparisons exclude NaN by construction.
+template <typename T>
+struct FloatBits;
+template <>
+struct FloatBits<float> {
+  using U = std::uint32_t;
+  static constexpr U kSign = 0x80000000u;
+  static constexpr U kInf = 0x7f800000u;
+};
+template <>
+struct FloatBits<double> {
+  using U = std::uint64_t;
+  static constexpr U kSign = 0x8000000000000000ull;
+  static constexpr U kInf = 0x7ff0000000000000ull;
+};
+
+template <typename T>
+SPARKGRAD_HD inline typename FloatBits<T>::U to_bits(T v) {
+  typename FloatBits<T>::U b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+template <typename T>
+SPARKGRAD_HD inline T from_bits(typename FloatBits<T>::U b) {
+  T v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+// 1 if a (a magnitude's bit pattern) is in [m, inf] for m = bits of a finite positive magnitude; NaN -> 0.
+template <typename U>
+SPARKGRAD_HD inline U at_least(U a, U m, U inf) {
+  return static_cast<U>((a - m) <= (inf - m));
+}
+
+// Sparse entry for an element v with |v| >= t at index i: +-(i+1); moves v toward zero by t.
+template <typename T>
+SPARKGRAD_HD inline std::int32_t sparse_entry(T& v, T t, std::int64_t i) {
+  const auto id = static_cast<std::int32_t>(i + 1);
+  const auto sign = to_bits(v) & FloatBits<T>::kSign;
+  v -= from_bits<T>(to_bits(t) | sign);
+  return sign ? -id : id;
+}
+
+// Bit pattern of the value a bitmap code sends: 1 -> +t, 3 -> -t, 2 -> -t/2 (h = t/2), 0 -> `none`
+// (+0 when subtracting from a residual, -0 when adding to a target: both leave every value exact).
+template <typename T>
+SPARKGRAD_HD inline typename FloatBits<T>::U bitmap_sent(std::uint32_t code, T t, T h,
+                                                         typename FloatBits<T>::U none) {
+  using U = typename FloatBits<T>::U;
+  const U value = code & 1u;
+  const U negative = code >> 1;
+  const U half = negative & (value ^ 1u);
+  const U sign = negative * FloatBits<T>::kSign;
+  return ((to_bits(t) | sign) & (U{0} - value)) | ((to_bits(h) | sign) & (U{0} - half)) |
+         (none & (U{0} - static_cast<U>(code == 0)));
+}
+
+// Bitmap code of element v (bit 0 "value", bit 1 "negative"; 0 = not encoded); v moves by what the code
+// sends: |v| >= t -> +-t; else v <= -t/2 -> -t/2 (DL4J has no +t/2 code). Branch-free.
+template <typename T>
+SPARKGRAD_HD inline std::uint32_t bitmap_code(T& v, T t, T h) {
+  using U = typename FloatBits<T>::U;
+  const U b = to_bits(v);
+  const U a = b & ~FloatBits<T>::kSign;
+  const U full = at_least(a, to_bits(t), FloatBits<T>::kInf);
+  const U negative = (b >> (8 * sizeof(T) - 1)) & at_least(a, to_bits(h), FloatBits<T>::kInf);
+  const auto code = static_cast<std::uint32_t>(full | (negative << 1));
+  v -= from_bits<T>(bitmap_sent(code, t, h, U{0}));
+  return code;
+}
+
+// A sparse entry is valid iff it addresses an element of a vector of n: v in +-[1, n].
+SPARKGRAD_HD inline bool entry_out_of_range(std::int64_t v, std::int64_t n) { return v == 0 || v > n || v < -n; }
 
 // ---- sparse ("flexible") threshold format --------------------------------------------------------
 
@@ -68,6 +153,15 @@ template <typename T>
 std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t* out);
 
 // ---- decoding (accumulates into target) ----------------------------------------------------------
+
+// Checks the header words of a message of `len` words for a target of n elements: length, flag
+// (== expected_flag unless kFlagAny), word 0 and 1, threshold. header: its first kHeaderWords words.
+void validate_header(const char* op, const std::int32_t* header, std::int64_t len, std::int64_t n,
+                     std::int32_t expected_flag);
+// Bits of the last bitmap word beyond element n-1 must be clear.
+void validate_bitmap_tail(const char* op, std::int32_t last_word, std::int64_t n);
+// Error for sparse entry number k (value v) outside +-[1, n].
+[[noreturn]] void throw_bad_entry(const char* op, std::int64_t k, std::int32_t v, std::int64_t n);
 
 // Validates msg: (len,) against a target of n elements: header, length, flag (== expected_flag unless
 // kFlagAny), threshold, and every index / every unused bitmap bit. Throws std::invalid_argument naming

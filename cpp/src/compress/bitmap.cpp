@@ -1,12 +1,29 @@
 // Bitmap ("dense") encoding: 2 bits per element, 16 elements per int32 word; words are independent, so
 // the parallel loop over words is deterministic.
 #include <algorithm>
-#include <cmath>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
 
 namespace sparkgrad::compress {
+
+namespace {
+
+// Codes of x[0..len) packed into one word; adds the number of encoded elements to count.
+template <typename T>
+inline std::uint32_t encode_word(T* x, int len, T t, T h, std::uint32_t& count) {
+  // Codes first (elementwise, vectorises), then packing.
+  std::uint32_t codes[16] = {};
+  for (int j = 0; j < len; ++j) codes[j] = bitmap_code(x[j], t, h);
+  std::uint32_t word = 0;
+  for (int j = 0; j < 16; ++j) {
+    word |= ((codes[j] & 1u) << j) | ((codes[j] >> 1) << (j + 16));
+    count += codes[j] != 0;
+  }
+  return word;
+}
+
+}  // namespace
 
 template <typename T>
 std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t* out) {
@@ -23,18 +40,12 @@ std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t*
 #pragma omp parallel for schedule(static) reduction(+ : encoded) if (n > (1 << 16))
   for (std::int64_t w = 0; w < words; ++w) {
     const std::int64_t begin = w * 16;
-    const std::int64_t len = std::min<std::int64_t>(16, n - begin);
-    std::uint32_t word = 0;
-    for (std::int64_t j = 0; j < len; ++j) {
-      const T v = x[begin + j];
-      const bool full = std::abs(v) >= t;
-      const bool half = !full && v <= -h;  // DL4J only has the -t/2 code
-      const bool negative = (full && v < 0) || half;
-      word |= (static_cast<std::uint32_t>(full) << j) | (static_cast<std::uint32_t>(negative) << (j + 16));
-      x[begin + j] = full ? (v < 0 ? v + t : v - t) : (half ? v + h : v);
-      encoded += full || half;
-    }
+    const int len = static_cast<int>(std::min<std::int64_t>(16, n - begin));
+    std::uint32_t count = 0;
+    // A literal 16 gives the inlined loop a constant trip count, so it vectorises.
+    const std::uint32_t word = len == 16 ? encode_word(x + begin, 16, t, h, count) : encode_word(x + begin, len, t, h, count);
     out[kHeaderWords + w] = static_cast<std::int32_t>(word);
+    encoded += count;
   }
   return encoded;
 }

@@ -4,6 +4,7 @@
   ``split``, ``merge``, ``shuffle``, indexing, ``save`` / ``load`` / ``to_bytes`` / ``from_bytes``.
   The file format is versioned and documented byte by byte in :mod:`sparkgrad.data.serialization`.
 - :class:`ListDataSetIterator`: fixed-size minibatches with seeded per-epoch shuffling.
+- :func:`rebatch`: a stream of objects of any sizes as exact-size batches (for exporting).
 - :class:`AsyncDataSetIterator`: background prefetching of any iterable.
 - :class:`SerializedDataSetLoader`, :class:`SerializedMultiDataSetLoader`: path or bytes -> object,
   for data exported to files and read back through Spark.
@@ -12,7 +13,7 @@
 from __future__ import annotations
 
 from sparkgrad.data.dataset import DataSet, MultiDataSet
-from sparkgrad.data.iterators import AsyncDataSetIterator, ListDataSetIterator
+from sparkgrad.data.iterators import AsyncDataSetIterator, ListDataSetIterator, rebatch
 from sparkgrad.data.loaders import SerializedDataSetLoader, SerializedMultiDataSetLoader
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "MultiDataSet",
     "SerializedDataSetLoader",
     "SerializedMultiDataSetLoader",
+    "rebatch",
 ]

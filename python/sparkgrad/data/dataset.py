@@ -44,7 +44,7 @@ def _arrays_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
-        and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
     )
 
 
@@ -100,6 +100,10 @@ class _Examples:
 
     def __len__(self) -> int:
         return self.num_examples()
+
+    # not iterable (indexing alone would make it iterate one-example objects): a (Multi)DataSet is
+    # one minibatch wherever "a DataSet or an iterable of DataSets" is accepted; use split() instead
+    __iter__ = None
 
     def _map(self: E, fn: Callable[[np.ndarray], np.ndarray]) -> E:
         return self._from_groups([[None if a is None else fn(a) for a in group] for group in self._groups])
@@ -299,7 +303,8 @@ class DataSet(_Examples):
 
     Raises:
         TypeError: an argument is not an array of a storable dtype (float16/32/64, ints, bool).
-        ValueError: an array is a scalar or its first dimension disagrees with the features'.
+        ValueError: an array is a scalar or its first dimension disagrees with the features', or a
+            labels mask is given without labels.
     """
 
     __slots__ = ()
@@ -315,6 +320,8 @@ class DataSet(_Examples):
     ) -> None:
         if features is None:
             raise TypeError("features: expected a numpy array, got None")
+        if labels is None and labels_mask is not None:
+            raise ValueError("labels_mask: given without labels")
         self._set_groups([[features], [labels], [features_mask], [labels_mask]])
 
     @classmethod
@@ -418,6 +425,26 @@ class MultiDataSet(_Examples):
         return masks if any(m is not None for m in masks) else []
 
     @classmethod
+    def from_dataset(cls, dataset: DataSet) -> MultiDataSet:
+        """The one-input MultiDataSet (one output when ``dataset`` has labels) sharing its arrays.
+
+        Args:
+            dataset: the DataSet to wrap.
+
+        Returns:
+            A MultiDataSet whose arrays are the DataSet's (no copy).
+        """
+        if not isinstance(dataset, DataSet):
+            raise TypeError(f"dataset: expected a DataSet, got {type(dataset).__name__}")
+        has_labels = dataset.labels is not None
+        return cls(
+            [dataset.features],
+            [dataset.labels] if has_labels else [],
+            [dataset.features_mask],
+            [dataset.labels_mask] if has_labels else None,
+        )
+
+    @classmethod
     def _from_groups(cls, groups: Sequence[Sequence[np.ndarray | None]]) -> MultiDataSet:
         return cls(*(list(group) for group in groups))
 
@@ -450,7 +477,9 @@ class MultiDataSet(_Examples):
 
     def __repr__(self) -> str:
         parts = ", ".join(
-            f"{name}=[{', '.join(map(_describe, group))}]" if group else f"{name}=None"
-            for name, group in zip(self._NAMES, self._groups)
+            f"{name}=None"
+            if g in _MASK_GROUPS and not group
+            else f"{name}=[{', '.join(map(_describe, group))}]"
+            for g, (name, group) in enumerate(zip(self._NAMES, self._groups))
         )
         return f"MultiDataSet(num_examples={self.num_examples()}, {parts})"

@@ -44,7 +44,7 @@ class ListDataSetIterator(Generic[E]):
                 raise ValueError("data: expected at least one DataSet, got an empty list")
             if not isinstance(data[0], _Examples):
                 raise TypeError(f"data[0]: expected a DataSet or MultiDataSet, got {type(data[0]).__name__}")
-            self._data = data[0] if len(data) == 1 else type(data[0]).merge(data)
+            self._data = _concat(data)
         else:
             raise TypeError(
                 f"data: expected a DataSet, MultiDataSet or a list of them, got {type(data).__name__}"
@@ -97,6 +97,54 @@ class ListDataSetIterator(Generic[E]):
             f"ListDataSetIterator(num_examples={self.num_examples()}, batch_size={self._batch_size}, "
             f"shuffle={self._shuffle}, seed={self._seed}, epoch={self._epoch})"
         )
+
+
+def rebatch(datasets: Iterable[E], batch_size: int) -> Iterator[E]:
+    """Stream objects of any sizes as batches of exactly ``batch_size`` examples, in order.
+
+    Only the last batch may be smaller. The input is consumed lazily and at most one batch of
+    examples is held back, so this suits a Spark partition being exported to fixed-size batch files
+    (DL4J's ``BatchAndExportDataSetsFunction``, without its reordering of oversized inputs).
+
+    Args:
+        datasets: iterable of DataSets or of MultiDataSets (one class throughout).
+        batch_size: examples per output batch, at least 1.
+
+    Returns:
+        An iterator of batches; an input of exactly ``batch_size`` examples with nothing pending is
+        passed through as a view.
+
+    Raises:
+        TypeError: an element is not of the first element's class (names its index).
+    """
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    return _rebatch(datasets, batch_size)
+
+
+def _rebatch(datasets: Iterable[E], batch_size: int) -> Iterator[E]:
+    pending: list[E] = []
+    pending_count = 0
+    cls: type | None = None
+    for i, ds in enumerate(datasets):
+        cls = cls or type(ds)
+        if not isinstance(ds, _Examples) or type(ds) is not cls:
+            raise TypeError(f"datasets[{i}]: expected a {cls.__name__}, got {type(ds).__name__}")
+        n, start = ds.num_examples(), 0
+        while start < n:
+            take = min(batch_size - pending_count, n - start)
+            pending.append(ds[start : start + take])
+            pending_count += take
+            start += take
+            if pending_count == batch_size:
+                yield _concat(pending)
+                pending, pending_count = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(parts: Sequence[E]) -> E:
+    """``merge`` without the copy when there is nothing to merge."""
+    return parts[0] if len(parts) == 1 else type(parts[0]).merge(parts)
 
 
 _ITEM, _END, _ERROR = range(3)

@@ -31,9 +31,10 @@ dtype codes: 1 float32, 2 float64, 3 float16, 4 int8, 5 int16, 6 int32, 7 int64,
 10 uint32, 11 uint64, 12 bool (one byte, 0 or 1).
 
 Every array's first dimension is the number of examples and agrees across all present arrays; a
-DataSet's features slot is always present. A file or ``bytes`` object holds exactly one record (any
-trailing byte is an error); a binary file object is read from its current position up to the end of
-one record, so several records can follow each other in one stream.
+DataSet's features slot is always present, and its labels mask only with labels. A file or
+``bytes`` object holds exactly one record (any trailing byte is an error); a binary file object is
+read from its current position up to the end of one record, so several records can follow each
+other in one stream.
 
 Differences from DL4J's ``DataSet.save`` (Java ``DataOutputStream``, big-endian, see
 dl4j-reference.md 6.2/6.3): little-endian raw buffers with no per-array type strings, explicit
@@ -48,7 +49,7 @@ import os
 import struct
 import sys
 from typing import BinaryIO, Sequence, Union
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -91,6 +92,23 @@ def supported_dtype_names() -> str:
 # -- writing --------------------------------------------------------------------------------------
 
 
+def _pieces(kind: int, groups: Groups) -> list:
+    """The record as a list of bytes / memoryview pieces; array data is not copied (unless it must
+    be made C-contiguous little-endian)."""
+    pieces: list = [_HEADER.pack(MAGIC, VERSION, kind, 0, *(len(g) for g in groups))]
+    for group in groups:
+        for array in group:
+            if array is None:
+                pieces.append(b"\x00")
+                continue
+            code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
+            data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
+            pieces.append(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
+            if data.size:
+                pieces.append(memoryview(data).cast("B"))
+    return pieces
+
+
 def write_record(stream: BinaryIO, kind: int, groups: Groups) -> None:
     """Write one record to a binary stream.
 
@@ -101,21 +119,8 @@ def write_record(stream: BinaryIO, kind: int, groups: Groups) -> None:
     """
     if isinstance(stream, io.TextIOBase):
         raise TypeError("the file object must be opened in binary mode ('wb'), got a text stream")
-    stream.write(_HEADER.pack(MAGIC, VERSION, kind, 0, *(len(g) for g in groups)))
-    for group in groups:
-        for array in group:
-            _write_array(stream, array)
-
-
-def _write_array(stream: BinaryIO, array: np.ndarray | None) -> None:
-    if array is None:
-        stream.write(b"\x00")
-        return
-    code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
-    data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
-    stream.write(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
-    if data.size:
-        stream.write(memoryview(data).cast("B"))
+    for piece in _pieces(kind, groups):
+        stream.write(piece)
 
 
 def save_record(target: PathOrFile, kind: int, groups: Groups) -> None:
@@ -133,9 +138,7 @@ def save_record(target: PathOrFile, kind: int, groups: Groups) -> None:
 
 def record_bytes(kind: int, groups: Groups) -> bytes:
     """The record as one ``bytes`` object."""
-    buffer = io.BytesIO()
-    write_record(buffer, kind, groups)
-    return buffer.getvalue()
+    return b"".join(_pieces(kind, groups))  # one copy of each array
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -150,7 +153,7 @@ def load_record(source: PathOrFile, kind: int) -> Groups:
     if _is_path(source):
         path = _local_path(source)
         with open(path, "rb") as f:
-            return _Reader(f, source_name(source), os.fstat(f.fileno()).st_size).read(kind, whole=True)
+            return _Reader(f, source_name(source), _remaining(f)).read(kind, whole=True)
     if hasattr(source, "read"):
         if isinstance(source, io.TextIOBase):
             raise TypeError("the file object must be opened in binary mode ('rb'), got a text stream")
@@ -166,7 +169,26 @@ def parse_bytes(data: bytes | bytearray | memoryview, kind: int, source: str = "
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected bytes, bytearray or memoryview, got {type(data).__name__}")
     view = memoryview(data).cast("B")
-    return _Reader(io.BytesIO(view), source, view.nbytes).read(kind, whole=True)
+    return _Reader(_ViewStream(view), source, view.nbytes).read(kind, whole=True)  # type: ignore[arg-type]
+
+
+class _ViewStream:
+    """The read side of a binary stream over a buffer; unlike io.BytesIO it never copies the buffer."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def readinto(self, target: memoryview) -> int:
+        n = min(target.nbytes, self._view.nbytes - self._pos)
+        target[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, n: int) -> bytes:
+        data = self._view[self._pos : self._pos + n].tobytes()
+        self._pos += len(data)
+        return data
 
 
 class _Reader:
@@ -187,9 +209,11 @@ class _Reader:
         )
 
     def read(self, kind: int, whole: bool) -> Groups:
-        magic, version, stored_kind, reserved, *counts = _HEADER.unpack(self._exact(_HEADER.size, "header"))
+        magic = self._exact(len(MAGIC), "magic bytes")  # checked first: a short foreign file is foreign
         if magic != MAGIC:
             raise self.error(f"not a sparkgrad data file (magic bytes {magic!r}, expected {MAGIC!r})")
+        rest = self._exact(_HEADER.size - len(MAGIC), "header")
+        _, version, stored_kind, reserved, *counts = _HEADER.unpack(magic + rest)
         if version != VERSION:
             raise self.error(f"unsupported format version {version} (this sparkgrad reads version {VERSION})")
         if stored_kind not in KIND_NAMES or reserved:
@@ -299,7 +323,7 @@ def _local_path(target: str | os.PathLike) -> str:
         path = os.fsdecode(path)
     url = urlparse(path)
     if url.scheme == "file":
-        return url.path
+        return unquote(url.path)  # Spark's URIs percent-encode spaces and the like
     if len(url.scheme) > 1:  # one letter is a Windows drive
         raise ValueError(
             f"{path}: only local paths and file: URIs can be opened directly; for {url.scheme}: data "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import base64
 import json
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Sequence, TypeVar
 
 import numpy as np
 
@@ -122,15 +122,15 @@ class BaseEvaluation(abc.ABC):
                 f"{cls.__name__}.from_json: text holds a {doc[_TYPE_KEY]!r}, not a {cls.__name__}"
             )
         obj = target.__new__(target)
-        obj._set_state(_decode(doc["state"]))
+        try:
+            obj._set_state(_decode(doc["state"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{cls.__name__}.from_json: incomplete or damaged state ({exc!r})") from exc
         return obj  # type: ignore[return-value]
 
     def _check_mergeable(self, other: Any) -> None:
         if type(other) is not type(self):
             raise TypeError(f"other: cannot merge a {type(other).__name__} into a {type(self).__name__}")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.stats()!r})"
 
 
 def _encode(value: Any) -> Any:
@@ -245,11 +245,38 @@ def flatten_inputs(
     return lab2[keep], pred2[keep], None
 
 
-def check_columns(current: int | None, got: int, owner: str, what: str = "columns") -> int:
-    """The fixed column count: ``got`` on first use, else it must equal ``current``."""
+def check_columns(
+    current: int | None, got: int, owner: str, what: str = "columns", subject: str = "labels"
+) -> int:
+    """The fixed column count: ``got`` on first use, else it must equal ``current``.
+
+    Args:
+        current: the count fixed so far, or None.
+        got: the count of the new input.
+        owner: class name for the message.
+        what: the unit ("columns", "classes", "outputs").
+        subject: the argument that brought ``got`` ("labels" in eval, "other" in merge).
+
+    Returns:
+        The column count.
+    """
     if current is not None and current != got:
-        raise ValueError(f"{owner}.eval: labels have {got} {what}, but this evaluation has {current}")
+        raise ValueError(f"{owner}: {subject} has {got} {what}, but this evaluation has {current}")
     return got
+
+
+def check_names(names: Sequence[str] | None, field: str) -> list[str] | None:
+    """Optional class/column names: a sequence of strings (not one string)."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{field}: expected a sequence of strings, got {names!r}")
+    return list(names)
+
+
+def name_width(names: Sequence[str], minimum: int = 15) -> int:
+    """Width of the name column in DL4J's tables: the longest name (at least ``minimum``) plus 5."""
+    return max(minimum, *(len(n) for n in names)) + 5
 
 
 def format_value(v: float) -> str:

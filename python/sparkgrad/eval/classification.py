@@ -14,7 +14,14 @@ import numpy as np
 
 from sparkgrad._config import coerce_enum
 from sparkgrad.eval import _rates
-from sparkgrad.eval.base import BaseEvaluation, check_columns, flatten_inputs, format_value
+from sparkgrad.eval.base import (
+    BaseEvaluation,
+    check_columns,
+    check_names,
+    flatten_inputs,
+    format_value,
+    name_width,
+)
 
 _CONFUSION_PRINT_MAX_CLASSES = 20
 _RULE = "=" * 66
@@ -34,14 +41,6 @@ class ConfusionCounts(NamedTuple):
     fp: Any
     tn: Any
     fn: Any
-
-
-def _check_names(names: Sequence[str] | None, field: str) -> list[str] | None:
-    if names is None:
-        return None
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{field}: expected a sequence of strings, got {names!r}")
-    return list(names)
 
 
 def _check_threshold(value: float | None, field: str) -> float | None:
@@ -73,7 +72,7 @@ class Evaluation(BaseEvaluation):
         binary_decision_threshold: float | None = None,
         binary_positive_class: int | None = None,
     ) -> None:
-        names = _check_names(labels, "labels")
+        names = check_names(labels, "labels")
         if num_classes is not None and (
             isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
         ):
@@ -133,11 +132,8 @@ class Evaluation(BaseEvaluation):
         if other._cm is not None:
             if self._cm is None:
                 self._cm = other._cm.copy()
-            elif self._cm.shape != other._cm.shape:
-                raise ValueError(
-                    f"other: has {other._cm.shape[0]} classes, this evaluation has {self._cm.shape[0]}"
-                )
             else:
+                check_columns(self.num_classes, other._cm.shape[0], "Evaluation", "classes", "other")
                 self._cm += other._cm
         if self._label_names is None:
             self._label_names = other._label_names
@@ -396,7 +392,7 @@ class EvaluationBinary(BaseEvaluation):
             if size is not None and size != thr.size:
                 raise ValueError(f"decision_threshold: {thr.size} thresholds given for size={size}")
             size = thr.size
-        names = _check_names(labels, "labels")
+        names = check_names(labels, "labels")
         if names is not None:
             if size is not None and size != len(names):
                 raise ValueError(f"labels: {len(names)} names given for {size} outputs")
@@ -443,7 +439,7 @@ class EvaluationBinary(BaseEvaluation):
             if self._counts is None:
                 self._counts = other._counts.copy()
             else:
-                check_columns(self.size, other.size, "EvaluationBinary", "outputs")
+                check_columns(self.size, other.size, "EvaluationBinary", "outputs", "other")
                 self._counts += other._counts
         if self._label_names is None:
             self._label_names = other._label_names
@@ -534,7 +530,7 @@ class EvaluationBinary(BaseEvaluation):
         if self._counts is None:
             return "EvaluationBinary: no data available (no evaluation has been performed)"
         names = self._label_names or [str(i) for i in range(self.size or 0)]
-        width = max(15, *(len(n) for n in names)) + 5
+        width = name_width(names)
         head = ["Label", "Accuracy", "F1", "Precision", "Recall", "Total", "TP", "TN", "FP", "FN"]
         lines = [
             f"{head[0]:<{width}}"

@@ -14,8 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparkgrad.eval import _exact
-from sparkgrad.eval.base import BaseEvaluation, check_columns, flatten_inputs
-from sparkgrad.eval.classification import _check_names
+from sparkgrad.eval.base import BaseEvaluation, check_columns, check_names, flatten_inputs, name_width
 
 _SUMS = ("y", "p", "yy", "pp", "yp", "sse", "sae")
 _PRECISION = 5
@@ -34,7 +33,7 @@ class RegressionEvaluation(BaseEvaluation):
             isinstance(num_columns, bool) or not isinstance(num_columns, int) or num_columns < 1
         ):
             raise ValueError(f"num_columns: expected a positive integer, got {num_columns!r}")
-        names = _check_names(column_names, "column_names")
+        names = check_names(column_names, "column_names")
         if names is not None:
             if num_columns is not None and num_columns != len(names):
                 raise ValueError(f"column_names: {len(names)} names given for num_columns={num_columns}")
@@ -113,7 +112,7 @@ class RegressionEvaluation(BaseEvaluation):
         if other._counts is not None:
             if self._counts is None:
                 self._init_columns(len(other._counts))
-            check_columns(self.num_columns, len(other._counts), "RegressionEvaluation")
+            check_columns(self.num_columns, len(other._counts), "RegressionEvaluation", subject="other")
             assert self._sums is not None and other._sums is not None and self._counts is not None
             for key in _SUMS:
                 self._sums[key] = [a + b for a, b in zip(self._sums[key], other._sums[key])]
@@ -214,7 +213,7 @@ class RegressionEvaluation(BaseEvaluation):
         if self._counts is None:
             return "RegressionEvaluation: no data available (no evaluation has been performed)"
         names = self.column_names
-        width = max(10, *(len(n) for n in names)) + 5
+        width = name_width(names, minimum=10)
         cell = _PRECISION + 10
         metrics = (
             self.mean_squared_error,

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from sparkgrad.eval.base import BaseEvaluation, check_columns, flatten_inputs
-from sparkgrad.eval.classification import ConfusionCounts, _check_names
+from sparkgrad.eval.base import BaseEvaluation, check_columns, check_names, flatten_inputs, name_width
+from sparkgrad.eval.classification import ConfusionCounts
 
 _MIN_CAPACITY = 2048
 
@@ -26,7 +26,11 @@ def _trapezoid(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _drop_redundant(*columns: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Drop middle points whose x or y equals both neighbours' (the area is unchanged)."""
+    """Drop repeated points, then middle points whose x or y equals both neighbours' (the area is
+    unchanged; without repeats, every dropped point lies inside a straight segment)."""
+    distinct = np.ones(len(x), dtype=bool)
+    distinct[1:] = (x[1:] != x[:-1]) | (y[1:] != y[:-1])
+    columns, x, y = tuple(c[distinct] for c in columns), x[distinct], y[distinct]
     keep = np.ones(len(x), dtype=bool)
     if len(x) > 2:
         same_x = (x[1:-1] == x[:-2]) & (x[1:-1] == x[2:])
@@ -129,7 +133,7 @@ class ROC(BaseEvaluation):
             self._fp += fp
         self._pos += n_pos
         self._neg += len(scores) - n_pos
-        self._cache = None
+        self._areas.clear()
 
     def _append(self, scores: np.ndarray, positive: np.ndarray) -> None:
         """Exact mode storage: scores keep float32 until a wider dtype arrives; capacity doubles."""
@@ -157,7 +161,7 @@ class ROC(BaseEvaluation):
             self._fp += other._fp
         self._pos += other._pos
         self._neg += other._neg
-        self._cache = None
+        self._areas.clear()
         return self
 
     def reset(self) -> None:
@@ -165,57 +169,89 @@ class ROC(BaseEvaluation):
 
     # -- curves --------------------------------------------------------------------------------
     def _points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(thresholds, tp, fp) in decreasing threshold order, starting at the empty prediction."""
-        if self._cache is None:
-            if self._steps == 0:
-                scores = self._scores[: self._n]
-                order = np.argsort(scores)[::-1]
-                s = scores[order]
-                ends = np.append(np.flatnonzero(s[1:] != s[:-1]), len(s) - 1) if len(s) else np.empty(0, int)
-                tp = np.cumsum(self._labels[: self._n][order], dtype=np.int64)[ends]
-                self._cache = (
-                    np.concatenate([[np.inf], s[ends].astype(np.float64)]),
-                    np.concatenate([[0], tp]),
-                    np.concatenate([[0], ends + 1 - tp]),
-                )
-            else:
-                grid = np.arange(self._steps + 1) / self._steps
-                self._cache = (grid[::-1].copy(), self._tp[::-1].copy(), self._fp[::-1].copy())
-        return self._cache
+        """(thresholds, tp, fp) in decreasing threshold order, starting at the empty prediction.
+
+        Not cached: on millions of rows the points cost 24 bytes per distinct score, so only the
+        areas are kept (``_areas``)."""
+        if self._steps:
+            grid = np.arange(self._steps + 1) / self._steps
+            return grid[::-1], self._tp[::-1].copy(), self._fp[::-1].copy()  # curves must not alias state
+        # Two value sorts (much faster than an argsort): all scores give the distinct thresholds and
+        # how many scores reach each; the positives' sorted scores give the true positives.
+        scores = self._scores[: self._n]
+        s = np.sort(scores)
+        positives = np.sort(scores[self._labels[: self._n]])
+        starts = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+        thr = s[starts]
+        # Ascending queries keep searchsorted cache-friendly; reverse afterwards.
+        tp = (self._pos - np.searchsorted(positives, thr, side="left"))[::-1]
+        thr, starts = thr[::-1], starts[::-1]
+        return (
+            np.concatenate([[np.inf], thr.astype(np.float64)]),
+            np.concatenate([[0], tp]),
+            np.concatenate([[0], self._n - starts - tp]),
+        )
+
+    @property
+    def has_data(self) -> bool:
+        """Whether any example has been evaluated."""
+        return self._pos + self._neg > 0
 
     def _require_data(self) -> None:
-        if self._pos + self._neg == 0:
+        if not self.has_data:
             raise ValueError("ROC: no data has been evaluated")
 
-    def roc_curve(self) -> RocCurve:
-        """The ROC curve (redundant collinear points removed); NaN rates when a class is absent."""
+    def roc_curve(self, remove_redundant: bool = True) -> RocCurve:
+        """The ROC curve; NaN rates when a class is absent.
+
+        Args:
+            remove_redundant: drop repeated points and points inside straight segments (the area is
+                unchanged; DL4J's ``rocRemoveRedundantPts``).
+
+        Returns:
+            The curve in increasing false-positive-rate order.
+        """
         self._require_data()
         thr, tp, fp = self._points()
         with np.errstate(invalid="ignore", divide="ignore"):
             fpr, tpr = fp / self._neg, tp / self._pos
-        return RocCurve(*_drop_redundant(thr, fpr, tpr, x=fpr, y=tpr))
+        if remove_redundant:
+            return RocCurve(*_drop_redundant(thr, fpr, tpr, x=fpr, y=tpr))
+        return RocCurve(thr, fpr, tpr)
 
-    def precision_recall_curve(self) -> PrecisionRecallCurve:
+    def precision_recall_curve(self, remove_redundant: bool = True) -> PrecisionRecallCurve:
         """Precision (1 where nothing is predicted positive) against recall (1 when there are no
-        positives), in increasing threshold order."""
+        positives).
+
+        Args:
+            remove_redundant: drop repeated points and points inside straight segments.
+
+        Returns:
+            The curve in increasing threshold order.
+        """
         self._require_data()
         thr, tp, fp = (a[::-1] for a in self._points())
         precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), 1.0)
         recall = tp / self._pos if self._pos else np.ones(len(tp))
-        return PrecisionRecallCurve(
-            *_drop_redundant(thr, precision, recall, tp, fp, self._pos - tp, x=recall, y=precision)
-        )
+        columns = (thr, precision, recall, tp, fp, self._pos - tp)
+        if remove_redundant:
+            return PrecisionRecallCurve(*_drop_redundant(*columns, x=recall, y=precision))
+        return PrecisionRecallCurve(*columns)
 
     def calculate_auc(self) -> float:
         """Area under the ROC curve (trapezoid rule); NaN when only one class has been seen."""
         if self._pos == 0 or self._neg == 0:
             self._require_data()
             return float("nan")
-        return self.roc_curve().area()
+        if "auc" not in self._areas:
+            self._areas["auc"] = self.roc_curve(remove_redundant=False).area()
+        return self._areas["auc"]
 
     def calculate_auprc(self) -> float:
         """Area under the precision-recall curve (trapezoid rule, x = recall)."""
-        return self.precision_recall_curve().area()
+        if "auprc" not in self._areas:
+            self._areas["auprc"] = self.precision_recall_curve(remove_redundant=False).area()
+        return self._areas["auprc"]
 
     def confusion_at_threshold(self, threshold: float) -> ConfusionCounts:
         """Counts when predicting positive iff p >= ``threshold``.
@@ -248,7 +284,7 @@ class ROC(BaseEvaluation):
         return self._neg
 
     def stats(self) -> str:
-        if self._pos + self._neg == 0:
+        if not self.has_data:
             return "ROC: no data available (no evaluation has been performed)"
         text = (
             f"AUC (Area under ROC Curve):                {self.calculate_auc()}\n"
@@ -276,7 +312,7 @@ class ROC(BaseEvaluation):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._steps = _check_steps(int(state["steps"]))
-        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._areas: dict[str, float] = {}  # cached AUC/AUPRC, cleared by eval and merge
         self._pos, self._neg = int(state["pos"]), int(state["neg"])
         if self._steps == 0:
             self._scores = np.array(state["scores"])
@@ -300,7 +336,7 @@ class _PerColumnROC(BaseEvaluation):
 
     def __init__(self, threshold_steps: int = 0, labels: Sequence[str] | None = None) -> None:
         self._steps = _check_steps(threshold_steps)
-        self._label_names = _check_names(labels, "labels")
+        self._label_names = check_names(labels, "labels")
         self._rocs: list[ROC] | None = None
 
     def eval(self, labels: Any, predictions: Any, mask: Any = None) -> None:
@@ -336,7 +372,7 @@ class _PerColumnROC(BaseEvaluation):
         if other._rocs is not None:
             if self._rocs is None:
                 self._rocs = [ROC(self._steps) for _ in other._rocs]
-            check_columns(len(self._rocs), len(other._rocs), type(self).__name__)
+            check_columns(len(self._rocs), len(other._rocs), type(self).__name__, subject="other")
             for mine, theirs in zip(self._rocs, other._rocs):
                 mine.merge(theirs)
         if self._label_names is None:
@@ -378,31 +414,40 @@ class _PerColumnROC(BaseEvaluation):
         """AUPRC of column ``cls``."""
         return self.roc(cls).calculate_auprc()
 
+    def _seen(self) -> list[ROC]:
+        """Columns with at least one unmasked example."""
+        rocs = [r for r in self._rocs or [] if r.has_data]
+        if not rocs:
+            raise ValueError(f"{type(self).__name__}: no data has been evaluated")
+        return rocs
+
     def calculate_average_auc(self) -> float:
-        """Unweighted mean of the per-column AUCs."""
-        return float(np.mean([self.calculate_auc(c) for c in range(self._columns())]))
+        """Unweighted mean of the AUCs of the columns that have data (fully masked ones are skipped)."""
+        return float(np.mean([r.calculate_auc() for r in self._seen()]))
 
     def calculate_average_auprc(self) -> float:
-        """Unweighted mean of the per-column AUPRCs."""
-        return float(np.mean([self.calculate_auprc(c) for c in range(self._columns())]))
+        """Unweighted mean of the AUPRCs of the columns that have data."""
+        return float(np.mean([r.calculate_auprc() for r in self._seen()]))
 
     def stats(self) -> str:
         if self._rocs is None:
             return f"{type(self).__name__}: no data available (no evaluation has been performed)"
         names = self._label_names or [str(i) for i in range(len(self._rocs))]
-        width = max(15, *(len(n) for n in names)) + 5
+        width = name_width(names)
         head = ["Label", "AUC", *(["AUPRC"] if self._show_auprc else []), "# Pos", "# Neg"]
         lines = [
             f"{head[0]:<{width}}" + "".join(f"{h:<12}" for h in head[1:-2]) + f"{'# Pos':<10}{'# Neg':<10}"
         ]
         for name, roc in zip(names, self._rocs):
-            values = [roc.calculate_auc(), *([roc.calculate_auprc()] if self._show_auprc else [])]
+            metrics = (roc.calculate_auc, *((roc.calculate_auprc,) if self._show_auprc else ()))
+            values = [m() if roc.has_data else float("nan") for m in metrics]
             lines.append(
                 f"{name:<{width}}"
                 + "".join(f"{v:<12.4f}" for v in values)
                 + f"{roc.count_actual_positive():<10d}{roc.count_actual_negative():<10d}"
             )
-        lines.append(f"Average AUC: {self.calculate_average_auc():.4f}")
+        if any(r.has_data for r in self._rocs):
+            lines.append(f"Average AUC: {self.calculate_average_auc():.4f}")
         if self._steps:
             lines.append(f"[Note: Thresholded AUC/AUPRC calculation used with {self._steps} steps]")
         return "\n".join(lines)

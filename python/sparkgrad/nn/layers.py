@@ -305,7 +305,7 @@ class SubsamplingLayer(Layer):
 
 @dataclasses.dataclass
 class GlobalPoolingLayer(Layer):
-    """Pools every channel over its whole spatial extent (or over time for recurrent input)."""
+    """Pools every channel of convolutional input over its whole spatial extent: (N, C, H, W) -> (N, C)."""
 
     pooling_type: PoolingType = PoolingType.MAX
 

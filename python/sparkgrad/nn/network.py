@@ -100,28 +100,18 @@ class MultiLayerNetwork:
                 self._init_param(i, spec, pviews[spec.name], rng)
                 if spec.role == L.WEIGHT:
                     self._weights.append((pviews[spec.name], gviews[spec.name], i))
-            if isinstance(layer, L.BatchNormalization):
-                (_, start, _), (_, _, stop) = entries[2], entries[3]
-                self._stats.append((slice(start, stop), None))
             start = entries[0][1] if entries else 0
             stop = entries[-1][2] if entries else 0
             self._layer_ranges.append((start, stop))
             activation = conf.setting(i, "activation") if hasattr(layer, "activation") else None
-            self._runtimes.append(
-                build_runtime(layer, conf.layer_input_types[i], activation, self.dtype, pviews, gviews)
-            )
-        self._stats = [(sl, rt) for (sl, _), rt in zip(self._stats, self._batchnorm_runtimes())]
+            runtime = build_runtime(layer, conf.layer_input_types[i], activation, self.dtype, pviews, gviews)
+            self._runtimes.append(runtime)
+            if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
+                self._stats.append((slice(entries[2][1], stop), runtime))
         self._build_updater_blocks()
         if params is not None:
             self.set_params(params)
         return self
-
-    def _batchnorm_runtimes(self) -> list[Any]:
-        return [
-            rt
-            for rt, layer in zip(self._runtimes, self.conf.layers)
-            if isinstance(layer, L.BatchNormalization)
-        ]
 
     def _init_param(self, index: int, spec: L.ParamSpec, view: np.ndarray, rng: np.random.Generator) -> None:
         if spec.role == L.WEIGHT:

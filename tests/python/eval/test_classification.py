@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics
 
@@ -21,6 +21,7 @@ def _multiclass(seed: int, n: int, c: int) -> tuple[np.ndarray, np.ndarray, np.n
     return y, np.eye(c)[y], probs, np.argmax(probs, axis=1)
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(1, 120), st.integers(2, 6))
 def test_evaluation_matches_sklearn(seed: int, n: int, c: int) -> None:
     y, onehot, probs, pred = _multiclass(seed, n, c)
@@ -70,6 +71,7 @@ def test_top_n_accuracy_matches_sklearn(seed: int, n: int, c: int, pick: int) ->
     assert "Top" in ev.stats()
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(2, 100), st.floats(0.05, 0.95))
 def test_single_column_binary_with_threshold(seed: int, n: int, threshold: float) -> None:
     rng = np.random.default_rng(seed)
@@ -126,7 +128,7 @@ def test_evaluation_errors_name_the_argument() -> None:
     with pytest.raises(ValueError, match="predictions contains NaN"):
         ev.eval(np.eye(3), np.full((3, 3), np.nan))
     ev.eval(np.eye(3), np.eye(3))
-    with pytest.raises(ValueError, match="labels have 4 classes"):
+    with pytest.raises(ValueError, match="labels has 4 classes"):
         ev.eval(np.eye(4), np.eye(4))
     with pytest.raises(ValueError, match="cls"):
         ev.precision(3)
@@ -143,6 +145,7 @@ def test_evaluation_errors_name_the_argument() -> None:
     assert ev.confusion_matrix().sum() == 3  # failed calls left the state alone
 
 
+@settings(max_examples=30)  # each example makes dozens of sklearn calls
 @given(seeds, st.integers(1, 100), st.integers(1, 5))
 def test_evaluation_binary_matches_sklearn(seed: int, n: int, size: int) -> None:
     rng = np.random.default_rng(seed)
@@ -156,7 +159,9 @@ def test_evaluation_binary_matches_sklearn(seed: int, n: int, size: int) -> None
     for j in range(size):
         keep = mask[:, j]
         yt, yp = y[keep, j], (p[keep, j] > thresholds[j]).astype(int)
-        (tn, fp), (fn, tp) = metrics.confusion_matrix(yt, yp, labels=[0, 1]) if keep.any() else np.zeros((2, 2))
+        (tn, fp), (fn, tp) = (
+            metrics.confusion_matrix(yt, yp, labels=[0, 1]) if keep.any() else np.zeros((2, 2))
+        )
         assert (counts.tp[j], counts.fp[j], counts.tn[j], counts.fn[j]) == (tp, fp, tn, fn)
         if keep.any():
             assert ev.accuracy(j) == pytest.approx(metrics.accuracy_score(yt, yp), abs=1e-12)
@@ -177,7 +182,7 @@ def test_evaluation_binary_stats_and_errors() -> None:
     text = ev.stats()
     assert text.splitlines()[0].startswith("Label")
     assert "1.0000" in text
-    with pytest.raises(ValueError, match="labels have 3 outputs"):
+    with pytest.raises(ValueError, match="labels has 3 outputs"):
         ev.eval(np.ones((2, 3)), np.ones((2, 3)))
     with pytest.raises(ValueError, match="decision_threshold"):
         EvaluationBinary(size=2, decision_threshold=[0.5])

@@ -42,7 +42,9 @@ def _cnn_conf() -> MultiLayerConfiguration:
             ConvolutionLayer(4, kernel_size=(3, 3), convolution_mode="same", activation="relu", dropout=0.9),
             BatchNormalization(decay=0.8),
             SubsamplingLayer("avg", kernel_size=2, stride=2),
-            ConvolutionLayer(3, kernel_size=(2, 2), stride=(1, 1), padding=(1, 1), updater=updaters.Adam(0.01)),
+            ConvolutionLayer(
+                3, kernel_size=(2, 2), stride=(1, 1), padding=(1, 1), updater=updaters.Adam(0.01)
+            ),
             GlobalPoolingLayer("sum"),
             DropoutLayer(0.5),
             ActivationLayer("tanh"),
@@ -63,7 +65,9 @@ def _cnn_conf() -> MultiLayerConfiguration:
 def test_configuration_round_trip_preserves_equality(fmt: str) -> None:
     conf = _cnn_conf()
     text = conf.to_json() if fmt == "json" else conf.to_yaml()
-    back = MultiLayerConfiguration.from_json(text) if fmt == "json" else MultiLayerConfiguration.from_yaml(text)
+    back = (
+        MultiLayerConfiguration.from_json(text) if fmt == "json" else MultiLayerConfiguration.from_yaml(text)
+    )
     assert back == conf
     assert back.layer_input_types == conf.layer_input_types
     assert back.to_json() == conf.to_json()
@@ -122,7 +126,11 @@ def test_recurrent_input_type_sizes_dense_layers() -> None:
 
 def test_global_defaults_flow_into_layers_that_leave_them_none() -> None:
     conf = MultiLayerConfiguration(
-        [DenseLayer(3, n_in=2), DenseLayer(3, activation="tanh", l2=0.5, updater=updaters.Sgd(0.3)), OutputLayer(1)],
+        [
+            DenseLayer(3, n_in=2),
+            DenseLayer(3, activation="tanh", l2=0.5, updater=updaters.Sgd(0.3)),
+            OutputLayer(1),
+        ],
         activation="relu",
         weight_init="ones",
         l1=0.1,
@@ -149,14 +157,23 @@ def test_mismatched_n_in_names_layer_index_and_field() -> None:
 def test_kernel_too_large_names_layer_index() -> None:
     with pytest.raises(ValueError, match=r"layers\[2\] \(ConvolutionLayer\)\.kernel_size"):
         MultiLayerConfiguration(
-            [ConvolutionLayer(2, kernel_size=3), SubsamplingLayer(), ConvolutionLayer(2, kernel_size=5), OutputLayer(2)],
+            [
+                ConvolutionLayer(2, kernel_size=3),
+                SubsamplingLayer(),
+                ConvolutionLayer(2, kernel_size=5),
+                OutputLayer(2),
+            ],
             input_type=InputType.convolutional(8, 8, 1),
         )
 
 
 def test_convolution_on_dense_input_names_layer_index() -> None:
-    with pytest.raises(ValueError, match=r"layers\[1\] \(ConvolutionLayer\)\.input: needs convolutional input"):
-        MultiLayerConfiguration([DenseLayer(4), ConvolutionLayer(2), OutputLayer(2)], input_type=InputType.feed_forward(3))
+    with pytest.raises(
+        ValueError, match=r"layers\[1\] \(ConvolutionLayer\)\.input: needs convolutional input"
+    ):
+        MultiLayerConfiguration(
+            [DenseLayer(4), ConvolutionLayer(2), OutputLayer(2)], input_type=InputType.feed_forward(3)
+        )
 
 
 def test_structural_errors_name_the_layer() -> None:

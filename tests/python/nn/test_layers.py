@@ -35,7 +35,8 @@ EXPECTED = {
 
 def _dense_net(weight_init: str, seed: int = 0) -> MultiLayerNetwork:
     conf = MultiLayerConfiguration(
-        [DenseLayer(FAN_OUT, n_in=FAN_IN, weight_init=weight_init), OutputLayer(2, weight_init="zero")], seed=seed
+        [DenseLayer(FAN_OUT, n_in=FAN_IN, weight_init=weight_init), OutputLayer(2, weight_init="zero")],
+        seed=seed,
     )
     return MultiLayerNetwork(conf).init()
 
@@ -101,7 +102,9 @@ def test_flat_layout_follows_layer_and_parameter_order() -> None:
     for rt in net._runtimes:
         views = rt.dense.params if hasattr(rt, "dense") else rt.params
         for name, view in views.items():
-            offset = (view.__array_interface__["data"][0] - flat.__array_interface__["data"][0]) // flat.itemsize
+            offset = (
+                view.__array_interface__["data"][0] - flat.__array_interface__["data"][0]
+            ) // flat.itemsize
             offsets.append((name, offset, view.size))
     names = [n for n, _, _ in offsets]
     assert names == ["W", "b", "gamma", "beta", "mean", "var", "W", "W", "b"]

@@ -391,3 +391,64 @@ def test_networks_train_in_parallel_threads_like_sequentially() -> None:
         t.join()
     for net, params in zip(nets, expected):
         np.testing.assert_array_equal(net.params(), params)
+
+
+@pytest.mark.parametrize(
+    "updater",
+    [
+        updaters.Sgd(0.1),
+        updaters.Nesterovs(0.05),
+        updaters.Adam(0.01),
+        updaters.AdaMax(0.01),
+        updaters.Nadam(0.01),
+        updaters.AmsGrad(0.01),
+        updaters.RmsProp(0.01),
+        updaters.AdaGrad(0.1),
+        updaters.AdaDelta(),
+    ],
+    ids=lambda u: type(u).__name__,
+)
+def test_every_updater_trains(updater: updaters.Updater) -> None:
+    conf = MultiLayerConfiguration(
+        [DenseLayer(8, n_in=6, activation="tanh"), OutputLayer(3)], updater=updater, seed=4, l1=1e-4
+    )
+    net = MultiLayerNetwork(conf).init()
+    ds = _data(n=48)
+    first = net.score(ds)
+    net.fit(ds, epochs=40)
+    assert net.score(ds) < first
+    assert net.updater_state().size == updater.state_size(net.num_params())
+
+
+def test_noop_updater_leaves_parameters_unchanged() -> None:
+    conf = MultiLayerConfiguration(
+        [OutputLayer(3, n_in=6)], updater=updaters.NoOp(), weight_decay=0.1, seed=1
+    )
+    net = MultiLayerNetwork(conf).init()
+    before = net.params().copy()
+    net.fit(_data(), epochs=3)
+    np.testing.assert_array_equal(net.params(), before)
+    assert net.iteration_count == 3
+
+
+def test_recurrent_input_applies_layers_per_time_step() -> None:
+    conf = MultiLayerConfiguration(
+        [DenseLayer(5, activation="tanh"), OutputLayer(3)], input_type=InputType.recurrent(4), seed=2
+    )
+    net = MultiLayerNetwork(conf).init()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 4, 6)).astype(np.float32)
+    out = net.output(x)
+    assert out.shape == (2, 3, 6)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-5)
+    # time step t of example n equals the feed-forward output of that column alone
+    ff = MultiLayerNetwork(
+        MultiLayerConfiguration(
+            [DenseLayer(5, activation="tanh"), OutputLayer(3)], input_type=InputType.feed_forward(4)
+        )
+    ).init(net.params())
+    np.testing.assert_allclose(out[1, :, 4], ff.output(x[1:2, :, 4])[0], rtol=1e-6)
+    labels = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (2, 6))].transpose(0, 2, 1)
+    scores = net.score_examples(DataSet(x, labels))
+    assert scores.shape == (2,)
+    assert net.evaluate(DataSet(x, labels)).accuracy() >= 0.0

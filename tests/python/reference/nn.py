@@ -237,7 +237,7 @@ def pool2d_forward(kind, x, out_hw, kernel, stride, pad):
     y = np.zeros((n, c, p, q))
     argmax = np.zeros((n, c, p, q), np.int64)
     for i, j, rows, cols in _windows(h, w, p, q, kernel, stride, pad):
-        window = x[:, :, rows.start : rows.stop, cols.start : cols.stop].reshape(n, c, -1)
+        window = x[:, :, rows.start : rows.stop, cols.start : cols.stop].reshape(n, c, len(rows) * len(cols))
         if kind == "max":
             best = window.argmax(axis=2)
             y[:, :, i, j] = window.max(axis=2)
@@ -266,7 +266,7 @@ def pool2d_backward(kind, dy, x_shape, kernel, stride, pad, argmax=None):
 
 def global_pool_forward(kind, x):
     x = np.asarray(x, np.float64)
-    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    flat = x.reshape(x.shape[0], x.shape[1], x.shape[2] * x.shape[3])
     if kind == "max":
         return flat.max(axis=2), flat.argmax(axis=2)
     return (flat.mean(axis=2) if kind == "avg" else flat.sum(axis=2)), None
@@ -439,3 +439,18 @@ def dropout_mask(size: int, retain: float, seed: int) -> np.ndarray:
         z ^= z >> np.uint64(31)
     uniform = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
     return np.where(uniform < retain, 1.0 / retain, 0.0)
+
+
+# ---- geometry ------------------------------------------------------------------------------------
+
+
+def output_geometry(size: int, kernel: int, stride: int, pad: int, mode: str) -> tuple[int, int]:
+    """(output size, leading padding) along one axis, DL4J style.
+
+    "truncate": (size + 2 pad - kernel) // stride + 1 with `pad` on both sides; "same": ceil(size / stride)
+    with the total padding split evenly and any odd element at the end (bottom / right).
+    """
+    if mode == "same":
+        out = -(-size // stride)
+        return out, max(0, (out - 1) * stride + kernel - size) // 2
+    return (size + 2 * pad - kernel) // stride + 1, pad

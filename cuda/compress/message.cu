@@ -1,0 +1,87 @@
+// CUDA twin of cpp/src/compress/message.cpp: the header is checked on the host (same code as the CPU
+// path), entries on the device; decoding starts only after the whole message is valid.
+#include <climits>
+
+#include "cuda_util.cuh"
+#include "sparkgrad/compress.h"
+
+namespace sparkgrad::compress::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+// first_bad = min k with entries[k] outside +-[1, n]; entries: (count,).
+__global__ void find_bad_entry(const std::int32_t* entries, std::int64_t count, std::int64_t n,
+                               unsigned long long* first_bad) {
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < count && entry_out_of_range(entries[k], n)) atomicMin(first_bad, static_cast<unsigned long long>(k));
+}
+
+// target[|v| - 1] += +-t per entry; atomics because a valid message may repeat an index.
+template <typename T>
+__global__ void sparse_decode(const std::int32_t* entries, std::int64_t count, T t, T* target) {
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= count) return;
+  const std::int32_t v = entries[k];
+  if (v > 0) {
+    atomicAdd(target + (v - 1), t);
+  } else {
+    atomicAdd(target + (-static_cast<std::int64_t>(v) - 1), -t);
+  }
+}
+
+// One thread per 16-element word; words: (n / 16 + 1,).
+template <typename T>
+__global__ void bitmap_decode(const std::int32_t* words, std::int64_t n, T t, T h, T* target) {
+  const std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w > n / 16) return;
+  const auto word = static_cast<std::uint32_t>(words[w]);
+  const std::int64_t begin = w * 16;
+  const std::int64_t len = n - begin < 16 ? n - begin : 16;
+  for (std::int64_t j = 0; j < len; ++j) {
+    const std::uint32_t code = ((word >> j) & 1u) | (((word >> (j + 16)) & 1u) << 1);
+    target[begin + j] += from_bits<T>(bitmap_sent(code, t, h, FloatBits<T>::kSign));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n,
+            std::int32_t expected_flag) {
+  std::int32_t header[kHeaderWords] = {0, 0, 0, 0};
+  if (len >= kHeaderWords) check_cuda(op, cudaMemcpy(header, msg, sizeof header, cudaMemcpyDeviceToHost));
+  validate_header(op, header, len, n, expected_flag);
+  const T t = static_cast<T>(bits_threshold(header[2]));
+  const std::int32_t* payload = msg + kHeaderWords;
+  const std::int64_t words = len - kHeaderWords;
+  if (header[3] == kFlagBitmap) {
+    std::int32_t last = 0;
+    check_cuda(op, cudaMemcpy(&last, msg + len - 1, sizeof last, cudaMemcpyDeviceToHost));
+    validate_bitmap_tail(op, last, n);
+    bitmap_decode<<<grid_for(words, kBlock), kBlock>>>(payload, n, t, t / 2, target);
+    check_kernels(op);
+    return;
+  }
+  if (words == 0) return;
+  DeviceBuffer<unsigned long long> first_bad(op, 1);
+  const unsigned long long none = ULLONG_MAX;
+  check_cuda(op, cudaMemcpy(first_bad.get(), &none, sizeof none, cudaMemcpyHostToDevice));
+  find_bad_entry<<<grid_for(words, kBlock), kBlock>>>(payload, words, n, first_bad.get());
+  check_kernels(op);
+  unsigned long long bad = 0;
+  check_cuda(op, cudaMemcpy(&bad, first_bad.get(), sizeof bad, cudaMemcpyDeviceToHost));
+  if (bad != none) {
+    std::int32_t v = 0;
+    check_cuda(op, cudaMemcpy(&v, payload + bad, sizeof v, cudaMemcpyDeviceToHost));
+    throw_bad_entry(op, static_cast<std::int64_t>(bad), v, n);
+  }
+  sparse_decode<<<grid_for(words, kBlock), kBlock>>>(payload, words, t, target);
+  check_kernels(op);
+}
+
+template void decode<float>(const char*, const std::int32_t*, std::int64_t, float*, std::int64_t, std::int32_t);
+template void decode<double>(const char*, const std::int32_t*, std::int64_t, double*, std::int64_t, std::int32_t);
+
+}  // namespace sparkgrad::compress::cuda

@@ -1,0 +1,183 @@
+"""Threshold algorithms, their reducers and residual post-processors (dl4j-reference.md sections 2, 3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sparkgrad.compress import (
+    DEFAULT_DECAY_RATE,
+    AdaptiveThresholdAlgorithm,
+    FixedThresholdAlgorithm,
+    NoOpResidualPostProcessor,
+    ResidualClippingPostProcessor,
+    TargetSparsityThresholdAlgorithm,
+)
+
+DECAY = 0.5 ** (1 / 20)
+UPD = np.zeros(4, dtype=np.float32)
+
+
+def test_default_decay_rate_halves_in_20_steps() -> None:
+    assert DEFAULT_DECAY_RATE == pytest.approx(0.9659363289248456, abs=1e-15)
+    assert AdaptiveThresholdAlgorithm().decay_rate == DEFAULT_DECAY_RATE
+
+
+def test_adaptive_rule_step_by_step() -> None:
+    a = AdaptiveThresholdAlgorithm(initial_threshold=1e-3, min_target_sparsity=1e-3, max_target_sparsity=1e-2)
+    assert a.calculate_threshold(0, 0, None, None, None, UPD) == 1e-3  # first call: initial, stored
+    assert a.last_threshold == 1e-3 and math.isnan(a.last_sparsity)
+    # in range: returns the argument, stored threshold untouched
+    assert a.calculate_threshold(1, 0, 2e-3, False, 5e-3, UPD) == 2e-3
+    assert a.last_threshold == 1e-3 and a.last_sparsity == 5e-3
+    # too sparse: decay
+    assert a.calculate_threshold(2, 0, 2e-3, False, 1e-4, UPD) == pytest.approx(2e-3 * DECAY)
+    assert a.last_threshold == pytest.approx(2e-3 * DECAY)
+    # dense (ratio None): 1/16 > max -> grow
+    assert a.calculate_threshold(3, 0, 1e-3, True, None, UPD) == pytest.approx(1e-3 / DECAY)
+    assert a.last_sparsity == 1 / 16
+    # no argument: continue from the stored threshold and sparsity
+    stored = a.last_threshold
+    assert a.calculate_threshold(4, 0, None, None, None, UPD) == pytest.approx(stored / DECAY)
+
+
+def test_adaptive_without_sparsity_information_raises() -> None:
+    a = AdaptiveThresholdAlgorithm(last_threshold=1e-3)
+    with pytest.raises(ValueError, match="no previous sparsity"):
+        a.calculate_threshold(0, 0, None, None, None, UPD)
+
+
+def test_target_sparsity_rule_stores_every_branch() -> None:
+    a = TargetSparsityThresholdAlgorithm(initial_threshold=1e-3, sparsity_target=1e-2)
+    assert a.calculate_threshold(0, 0, None, None, None, UPD) == 1e-3
+    assert a.calculate_threshold(1, 0, 1e-3, False, 1e-3, UPD) == pytest.approx(1e-3 * DECAY)
+    assert a.calculate_threshold(2, 0, 1e-3, False, 2e-2, UPD) == pytest.approx(1e-3 / DECAY)
+    assert a.calculate_threshold(3, 0, 5e-4, False, 1e-2, UPD) == 5e-4
+    assert a.last_threshold == 5e-4 and a.last_sparsity == 1e-2
+    assert a.calculate_threshold(4, 0, 5e-4, True, None, UPD) == pytest.approx(5e-4 / DECAY)
+
+
+def test_fixed_threshold_and_reducer() -> None:
+    f = FixedThresholdAlgorithm(0.25)
+    assert f.calculate_threshold(5, 1, 1.0, True, None, UPD) == 0.25
+    r = f.new_reducer()
+    r.add(FixedThresholdAlgorithm(1.0))
+    r.add(FixedThresholdAlgorithm(2.0))
+    other = f.new_reducer()
+    other.add(FixedThresholdAlgorithm(3.0))
+    r.merge(other)
+    assert r.final_result() == FixedThresholdAlgorithm(2.0)  # last added; merge keeps the existing one
+    empty = f.new_reducer()
+    empty.merge(other)
+    assert empty.final_result() == FixedThresholdAlgorithm(3.0)
+
+
+def test_adaptive_reducer_averages_state_like_dl4j() -> None:
+    template = AdaptiveThresholdAlgorithm(initial_threshold=1e-3)
+    r = template.new_reducer()
+    r.add(AdaptiveThresholdAlgorithm(initial_threshold=1e-3, last_threshold=1e-3, last_sparsity=1e-2))
+    r.add(AdaptiveThresholdAlgorithm(initial_threshold=1e-3, last_threshold=3e-3))  # nan sparsity: counted
+    r.add(AdaptiveThresholdAlgorithm(initial_threshold=1e-3))  # nan threshold: skipped
+    r.add(None)
+    other = template.new_reducer()
+    other.add(AdaptiveThresholdAlgorithm(initial_threshold=1e-3, last_threshold=2e-3, last_sparsity=2e-2))
+    r.merge(other)
+    result = r.final_result()
+    assert result == template
+    assert result.last_threshold == pytest.approx(2e-3)
+    assert result.last_sparsity == pytest.approx(1e-2)  # (1e-2 + 2e-2) / 3
+    # the averaged state seeds the next fit: the first call continues from it
+    assert result.calculate_threshold(0, 0, None, None, None, UPD) == pytest.approx(2e-3)
+
+
+def test_target_sparsity_reducer_always_adds_sparsity() -> None:
+    template = TargetSparsityThresholdAlgorithm()
+    r = template.new_reducer()
+    r.add(TargetSparsityThresholdAlgorithm(last_threshold=1e-3, last_sparsity=1e-3))
+    r.add(TargetSparsityThresholdAlgorithm(last_threshold=3e-3, last_sparsity=3e-3))
+    result = r.final_result()
+    assert (result.last_threshold, result.last_sparsity) == pytest.approx((2e-3, 2e-3))
+    assert math.isnan(template.new_reducer().final_result().last_threshold)
+    with pytest.raises(TypeError):
+        r.add(AdaptiveThresholdAlgorithm())
+
+
+def test_clone_keeps_state_and_is_independent() -> None:
+    a = AdaptiveThresholdAlgorithm()
+    a.calculate_threshold(0, 0, None, None, None, UPD)
+    a.calculate_threshold(1, 0, None, True, None, UPD)
+    b = a.clone()
+    assert (b.last_threshold, b.last_sparsity) == (a.last_threshold, a.last_sparsity)
+    b.calculate_threshold(2, 0, None, True, None, UPD)
+    assert b.last_threshold != a.last_threshold
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        FixedThresholdAlgorithm(0.5),
+        AdaptiveThresholdAlgorithm(2e-4, 1e-4, 1e-3, 0.9),
+        AdaptiveThresholdAlgorithm(last_threshold=1e-3, last_sparsity=0.01),
+        TargetSparsityThresholdAlgorithm(1e-3, 1e-2, 0.75),
+        ResidualClippingPostProcessor(3.0, 7),
+        NoOpResidualPostProcessor(),
+    ],
+)
+def test_round_trip_json_yaml(config) -> None:
+    for back in (type(config).from_json(config.to_json()), type(config).from_yaml(config.to_yaml())):
+        assert back == config
+        assert back.to_dict() == config.to_dict()  # state (nan included) survives too
+
+
+def test_equality_ignores_state() -> None:
+    assert AdaptiveThresholdAlgorithm(last_threshold=1.0) == AdaptiveThresholdAlgorithm()
+    assert AdaptiveThresholdAlgorithm(initial_threshold=1.0) != AdaptiveThresholdAlgorithm()
+
+
+@pytest.mark.parametrize(
+    ("factory", "field"),
+    [
+        (lambda: FixedThresholdAlgorithm(0.0), "threshold"),
+        (lambda: AdaptiveThresholdAlgorithm(initial_threshold=-1), "initial_threshold"),
+        (lambda: AdaptiveThresholdAlgorithm(min_target_sparsity=0), "min_target_sparsity"),
+        (lambda: AdaptiveThresholdAlgorithm(max_target_sparsity=0), "max_target_sparsity"),
+        (
+            lambda: AdaptiveThresholdAlgorithm(min_target_sparsity=0.1, max_target_sparsity=0.01),
+            "min_target_sparsity",
+        ),
+        (lambda: AdaptiveThresholdAlgorithm(decay_rate=0.4), "decay_rate"),
+        (lambda: AdaptiveThresholdAlgorithm(decay_rate=1.0), "decay_rate"),
+        (lambda: AdaptiveThresholdAlgorithm(last_threshold=-1.0), "last_threshold"),
+        (lambda: TargetSparsityThresholdAlgorithm(sparsity_target=1 / 16), "sparsity_target"),
+        (lambda: TargetSparsityThresholdAlgorithm(sparsity_target=0), "sparsity_target"),
+        (lambda: TargetSparsityThresholdAlgorithm(decay_rate="x"), "decay_rate"),
+        (lambda: ResidualClippingPostProcessor(0.5, 5), "threshold_multiple_clip_value"),
+        (lambda: ResidualClippingPostProcessor(5.0, 0), "frequency"),
+        (
+            lambda: AdaptiveThresholdAlgorithm.from_json(
+                '{"@type": "AdaptiveThresholdAlgorithm", "bogus": 1}'
+            ),
+            "bogus",
+        ),
+    ],
+)
+def test_invalid_arguments_name_the_field(factory, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        factory()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_residual_clipping_rule(dtype) -> None:
+    p = ResidualClippingPostProcessor(2.0, 3)
+    base = np.array([-5.0, -0.3, 0.0, 0.1, 0.25, 9.0, np.nan], dtype=dtype)
+    for iteration, clipped in [(0, False), (1, False), (3, True), (4, False), (6, True)]:
+        r = base.copy()
+        p.process_residual(iteration, 0, 0.1, r)
+        limit = dtype(0.1 * 2.0)
+        expected = np.clip(base, -limit, limit) if clipped else base
+        np.testing.assert_array_equal(r, expected)
+    r = base.copy()
+    NoOpResidualPostProcessor().process_residual(5, 0, 0.1, r)
+    np.testing.assert_array_equal(r, base)

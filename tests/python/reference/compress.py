@@ -1,0 +1,92 @@
+"""Pure-NumPy reference of the threshold-encoding codecs (dl4j-reference.md section 1 with the sparkgrad
+decisions): sparse encode/decode, bitmap encode/decode and the handler's format choice.
+
+Every function returns new arrays and leaves its inputs alone. Thresholds travel as float32 and are
+used as float32 cast to the residual dtype, as the native code does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HEADER = 4
+
+
+def wire_threshold(threshold: float, dtype: np.dtype) -> np.floating:
+    """The threshold as stored in a message (float32), cast to the residual dtype."""
+    return np.dtype(dtype).type(np.float32(threshold))
+
+
+def threshold_bits(threshold: float) -> int:
+    return int(np.array([threshold], dtype=np.float32).view(np.int32)[0])
+
+
+def threshold_encode(
+    residual: np.ndarray, threshold: float, boundary: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(message, residual after encoding): every |r| >= t up to `boundary` lowest indices, ascending."""
+    r = residual.copy()
+    t = wire_threshold(threshold, r.dtype)
+    idx = np.flatnonzero(np.abs(r) >= t)
+    if boundary is not None:
+        idx = idx[:boundary]
+    positive = r[idx] > 0
+    entries = np.where(positive, idx + 1, -(idx + 1)).astype(np.int32)
+    r[idx] = np.where(positive, r[idx] - t, r[idx] + t)
+    header = np.array([len(idx), len(r), threshold_bits(threshold), 0], dtype=np.int32)
+    return np.concatenate([header, entries]), r
+
+
+def bitmap_encode(residual: np.ndarray, threshold: float) -> tuple[np.ndarray, int, np.ndarray]:
+    """(message, encoded count, residual after encoding) with DL4J's word layout and -t/2 half code."""
+    r = residual.copy()
+    n = len(r)
+    t = wire_threshold(threshold, r.dtype)
+    h = r.dtype.type(t / r.dtype.type(2))
+    full = np.abs(r) >= t
+    half = ~full & (r <= -h)
+    negative = (full & (r < 0)) | half
+    r = np.where(full, np.where(r < 0, r + t, r - t), np.where(half, r + h, r)).astype(r.dtype)
+    words = n // 16 + 1
+    value_bits = np.zeros(words * 16, dtype=np.uint64)
+    sign_bits = np.zeros(words * 16, dtype=np.uint64)
+    value_bits[:n] = full
+    sign_bits[:n] = negative
+    shifts = np.arange(16, dtype=np.uint64)
+    payload = (value_bits.reshape(words, 16) << shifts).sum(axis=1) + (
+        sign_bits.reshape(words, 16) << (shifts + np.uint64(16))
+    ).sum(axis=1)
+    header = np.array([n, n, threshold_bits(threshold), 1], dtype=np.int32)
+    message = np.concatenate([header, payload.astype(np.uint32).view(np.int32)])
+    return message, int(np.count_nonzero(full | half)), r
+
+
+def decode(message: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """target + decoded message (either format), for a well-formed message."""
+    out = target.copy()
+    t = out.dtype.type(np.array([message[2]], dtype=np.int32).view(np.float32)[0])
+    n = int(message[1])
+    if message[3] == 0:
+        entries = message[HEADER:].astype(np.int64)
+        np.add.at(out, np.abs(entries) - 1, np.where(entries > 0, t, -t).astype(out.dtype))
+        return out
+    words = message[HEADER:].view(np.uint32).astype(np.uint64)
+    e = np.arange(n)
+    value = (words[e // 16] >> (e % 16).astype(np.uint64)) & np.uint64(1)
+    negative = (words[e // 16] >> (e % 16 + 16).astype(np.uint64)) & np.uint64(1)
+    h = out.dtype.type(t / out.dtype.type(2))
+    delta = np.where(value == 1, np.where(negative == 1, -t, t), np.where(negative == 1, -h, 0))
+    mask = (value | negative) == 1
+    out[mask] += delta[mask].astype(out.dtype)
+    return out
+
+
+def encode_smaller(residual: np.ndarray, threshold: float) -> tuple[np.ndarray | None, bool, np.ndarray]:
+    """The handler's step after the update is added: (message or None, is_bitmap, residual after)."""
+    count = int(np.count_nonzero(np.abs(residual) >= wire_threshold(threshold, residual.dtype)))
+    n = len(residual)
+    if HEADER + count <= n // 16 + 5:
+        message, r = threshold_encode(residual, threshold)
+        return (message if count else None), False, r
+    message, _, r = bitmap_encode(residual, threshold)
+    return message, True, r
