@@ -136,7 +136,9 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 40123, log: Any = pri
         master = SharedTrainingMaster(
             VoidConfiguration(unicast_port=port, controller_address="127.0.0.1"),
             batch_size_per_worker=16,
-            threshold_algorithm=AdaptiveThresholdAlgorithm(1e-3),
+            threshold_algorithm=AdaptiveThresholdAlgorithm(
+                1e-3, min_target_sparsity=1e-3, max_target_sparsity=5e-2
+            ),
             repartitioner=DefaultRepartitioner(max_partitions=2),
             collect_training_stats=True,
             rng_seed=7,
