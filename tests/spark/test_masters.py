@@ -251,3 +251,35 @@ def test_bad_master_options_name_the_field(cls, kwargs, field) -> None:
         text = cls().to_json().replace('"rng_seed"', '"no_such_field"')
         with pytest.raises(ValueError, match="no_such_field"):
             cls.from_json(text)
+
+
+def test_controller_address_resolution_order(monkeypatch) -> None:
+    monkeypatch.delenv("SPARKGRAD_VOID_IP", raising=False)
+    assert (
+        VoidConfiguration(controller_address="127.0.0.1").resolve_controller_address("10.1.2.3")
+        == "127.0.0.1"
+    )
+    assert VoidConfiguration().resolve_controller_address("127.0.0.1") == "127.0.0.1"
+    assert VoidConfiguration(network_mask="127.0.0.0/8").resolve_controller_address("10.1.2.3") == "127.0.0.1"
+    with pytest.raises(ValueError, match="network_mask"):
+        VoidConfiguration(network_mask="192.0.2.0/30").resolve_controller_address(None)
+    monkeypatch.setenv("SPARKGRAD_VOID_IP", "127.0.0.1")
+    assert (
+        VoidConfiguration(network_mask="192.0.2.0/30").resolve_controller_address("10.1.2.3") == "127.0.0.1"
+    )
+
+
+def test_parameter_averaging_stats_html_and_properties(pa_fit, tmp_path) -> None:
+    sm, _ = pa_fit
+    path = tmp_path / "pa.html"
+    sm.training_stats.export_html(path)
+    text = path.read_text()
+    assert "ParameterAveragingMasterAggregateTimesMs" in text and "<svg" in text and "<script" not in text
+    assert set(sm.training_stats.to_dict()) == {"events", "series", "counters"}
+    sm.collect_training_stats = False
+    assert sm.training_master.collect_training_stats is False
+    with pytest.raises(ValueError, match="collect_training_stats"):
+        sm.collect_training_stats = "yes"
+    with pytest.raises(TypeError, match="network"):
+        sm.network = "not a network"
+    assert sm.spark_context is not None and sm.training_master is not None
