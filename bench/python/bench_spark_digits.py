@@ -10,6 +10,9 @@ Bytes per step = bytes on the wire per worker minibatch:
   2 * (4N + updater bytes) per worker per round, divided by the minibatches per round.
 - DDP: ring all-reduce of the float32 gradient: 2 (W-1)/W * 4N per worker per step.
 
+TorchDistributor runs in local mode (torchrun on the driver machine): its executor mode needs pandas
+and pyarrow, which the benchmark environment does not install.
+
 Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.97] [--max-epochs 15]
 """
 
@@ -130,7 +133,7 @@ def run_torch(train, test, target, max_epochs):
         HIDDEN,
     )
     start = time.monotonic()
-    out = TorchDistributor(num_processes=WORKERS, local_mode=False, use_gpu=False).run(_torch_train, *args)
+    out = TorchDistributor(num_processes=WORKERS, local_mode=True, use_gpu=False).run(_torch_train, *args)
     wall = time.monotonic() - start
     n = out["params"]
     out.update(wall_s=wall, bytes_per_step=2 * (WORKERS - 1) / WORKERS * 4 * n)
@@ -171,7 +174,7 @@ def main() -> int:
     startup = time.monotonic() - t0
     results = {}
     try:
-        results["SharedTrainingMaster"] = run_sparkgrad(
+        results["SharedTrainingMaster"] = shared = run_sparkgrad(
             spark,
             SharedTrainingMaster(
                 VoidConfiguration(unicast_port=args.port, controller_address="127.0.0.1"),
@@ -185,6 +188,7 @@ def main() -> int:
             args.target,
             args.max_epochs,
         )
+        print("SharedTrainingMaster:", shared, flush=True)
         results["ParameterAveragingTrainingMaster"] = run_sparkgrad(
             spark,
             ParameterAveragingTrainingMaster(
@@ -195,6 +199,7 @@ def main() -> int:
             args.target,
             args.max_epochs,
         )
+        print("ParameterAveragingTrainingMaster:", results["ParameterAveragingTrainingMaster"], flush=True)
         results["TorchDistributor DDP (gloo)"] = run_torch(train, test, args.target, args.max_epochs)
     finally:
         spark.stop()
