@@ -145,7 +145,10 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--max-epochs", type=int, default=15)
     parser.add_argument("--port", type=int, default=40151)
+    parser.add_argument("--lr", type=float, default=LR, help="Adam learning rate for every contender")
     args = parser.parse_args()
+    global LR
+    LR = args.lr
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession
