@@ -27,29 +27,28 @@ import numpy as np
 
 WORKERS = 2
 BATCH = 32
-LR = 1e-3
 HIDDEN = (256, 256)
 
 
-def sparkgrad_network():
+def sparkgrad_network(lr: float):
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
     from sparkgrad.nn.updaters import Adam
 
     conf = MultiLayerConfiguration(
         [DenseLayer(h, activation="relu") for h in HIDDEN] + [OutputLayer(10)],
         input_type=InputType.feed_forward(64),
-        updater=Adam(LR),
+        updater=Adam(lr),
         seed=1,
     )
     return MultiLayerNetwork(conf).init()
 
 
-def run_sparkgrad(spark, master, train, test, target, max_epochs):
+def run_sparkgrad(spark, master, train, test, target, max_epochs, lr):
     from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
 
     rdd = spark.sparkContext.parallelize(train.split(1), WORKERS).cache()
     rdd.count()
-    model = SparkMultiLayer(spark, sparkgrad_network(), master)
+    model = SparkMultiLayer(spark, sparkgrad_network(lr), master)
     start = time.monotonic()
     steps = update_bytes = 0
     acc = 0.0
@@ -118,7 +117,7 @@ def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr
     return {"epochs": epoch, "accuracy": acc, "train_s": time.monotonic() - start, "params": n}
 
 
-def run_torch(train, test, target, max_epochs):
+def run_torch(train, test, target, max_epochs, lr):
     from pyspark.ml.torch.distributor import TorchDistributor
 
     args = (
@@ -129,7 +128,7 @@ def run_torch(train, test, target, max_epochs):
         target,
         max_epochs,
         BATCH,
-        LR,
+        lr,
         HIDDEN,
     )
     start = time.monotonic()
@@ -145,10 +144,9 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--max-epochs", type=int, default=15)
     parser.add_argument("--port", type=int, default=40151)
-    parser.add_argument("--lr", type=float, default=LR, help="Adam learning rate for every contender")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate for every contender")
     args = parser.parse_args()
-    global LR
-    LR = args.lr
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession
@@ -190,6 +188,7 @@ def main() -> int:
             test,
             args.target,
             args.max_epochs,
+            args.lr,
         )
         print("SharedTrainingMaster:", shared, flush=True)
         results["ParameterAveragingTrainingMaster"] = run_sparkgrad(
@@ -201,9 +200,10 @@ def main() -> int:
             test,
             args.target,
             args.max_epochs,
+            args.lr,
         )
         print("ParameterAveragingTrainingMaster:", results["ParameterAveragingTrainingMaster"], flush=True)
-        results["TorchDistributor DDP (gloo)"] = run_torch(train, test, args.target, args.max_epochs)
+        results["TorchDistributor DDP (gloo)"] = run_torch(train, test, args.target, args.max_epochs, args.lr)
     finally:
         spark.stop()
     ddp = results["TorchDistributor DDP (gloo)"]
