@@ -70,3 +70,11 @@ class NpzLoader:
     def __call__(self, path: str) -> DataSet:
         with np.load(path) as z:
             return DataSet(z["x"], z["y"])
+
+
+def foreign_address() -> str:
+    """A documentation (TEST-NET) address that is not one of this machine's: never bindable here."""
+    from sparkgrad.spark.config import _local_addresses
+
+    local = set(_local_addresses())
+    return next(a for a in ("192.0.2.1", "198.51.100.1", "203.0.113.1") if a not in local)

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import NpzLoader, accuracy, mlp_conf, port, subset
+from helpers import NpzLoader, accuracy, foreign_address, mlp_conf, port, subset
 
 from sparkgrad.data import DataSet
 from sparkgrad.errors import TrainingError, TransportError
@@ -119,16 +119,17 @@ def test_port_in_use_and_unreachable_controller_fail_fast(spark, digits) -> None
         with pytest.raises(TransportError, match=f"127.0.0.1:{busy}"):
             sm.fit(rdd)
         assert time.monotonic() - start < 60
-    # 192.0.2.1 (TEST-NET-1) is never a local address: the controller cannot listen there, and the
+    # a TEST-NET address that is not this machine's: the controller cannot listen there, and the
     # driver says so before any task starts (nothing is sent anywhere).
+    foreign = foreign_address()
     sm = SparkMultiLayer(
         spark,
         mlp_conf(hidden=8),
         SharedTrainingMaster(
-            VoidConfiguration(unicast_port=port(), controller_address="192.0.2.1"), transport=FAST
+            VoidConfiguration(unicast_port=port(), controller_address=foreign), transport=FAST
         ),
     )
-    with pytest.raises(TransportError, match="192.0.2.1"):
+    with pytest.raises(TransportError, match=foreign):
         sm.fit(rdd)
 
 

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import RecordingHook, accuracy, mlp_conf, port, subset
+from helpers import RecordingHook, accuracy, foreign_address, mlp_conf, port, subset
 
 from sparkgrad.compress import AdaptiveThresholdAlgorithm
 from sparkgrad.data import DataSet
