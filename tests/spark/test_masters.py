@@ -261,12 +261,11 @@ def test_controller_address_resolution_order(monkeypatch) -> None:
     )
     assert VoidConfiguration().resolve_controller_address("127.0.0.1") == "127.0.0.1"
     assert VoidConfiguration(network_mask="127.0.0.0/8").resolve_controller_address("10.1.2.3") == "127.0.0.1"
+    foreign = f"{foreign_address()}/32"
     with pytest.raises(ValueError, match="network_mask"):
-        VoidConfiguration(network_mask="192.0.2.0/30").resolve_controller_address(None)
+        VoidConfiguration(network_mask=foreign).resolve_controller_address(None)
     monkeypatch.setenv("SPARKGRAD_VOID_IP", "127.0.0.1")
-    assert (
-        VoidConfiguration(network_mask="192.0.2.0/30").resolve_controller_address("10.1.2.3") == "127.0.0.1"
-    )
+    assert VoidConfiguration(network_mask=foreign).resolve_controller_address("10.1.2.3") == "127.0.0.1"
 
 
 def test_parameter_averaging_stats_html_and_properties(pa_fit, tmp_path) -> None:
