@@ -209,7 +209,7 @@ def main() -> int:
     ddp = results["TorchDistributor DDP (gloo)"]
     print(
         f"SparkSession start-up: {startup:.1f} s; target accuracy {args.target}; "
-        f"{WORKERS} workers on local[{WORKERS}]"
+        f"Adam({args.lr}), {WORKERS} workers on local[{WORKERS}]"
     )
     print(
         f"{'contender':34s} {'epochs':>6s} {'acc':>7s} {'wall s':>8s} {'+startup s':>10s} {'vs DDP':>7s} "
