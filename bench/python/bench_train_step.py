@@ -1,0 +1,129 @@
+"""Training-step time of sparkgrad vs PyTorch (CPU) on the same thread count, in the same run.
+
+Configurations (Adam, softmax + cross-entropy, random data):
+  mlp:   784-1024-512-10 (relu), batch 128
+  lenet: 28x28x1 -> conv 20 5x5 -> maxpool 2 -> conv 50 5x5 -> maxpool 2 -> dense 500 relu -> softmax 10,
+         batch 64
+
+Prints one line per configuration: ms/step for both and the ratio sparkgrad / PyTorch (targets: <= 1.0 for
+the MLP, <= 1.5 for the CNN). Rounds alternate between the two frameworks so that machine load hits both.
+
+    PYTHONPATH=python python bench/python/bench_train_step.py [--threads N] [--steps 20] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+import sparkgrad
+from sparkgrad.data import DataSet
+from sparkgrad.nn import (
+    ConvolutionLayer,
+    DenseLayer,
+    InputType,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+    SubsamplingLayer,
+    updaters,
+)
+
+
+def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+    if name == "mlp":
+        layers = [DenseLayer(1024, activation="relu"), DenseLayer(512, activation="relu"), OutputLayer(10)]
+        input_type = InputType.feed_forward(784)
+    else:
+        layers = [
+            ConvolutionLayer(20, kernel_size=(5, 5), activation="identity"),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            ConvolutionLayer(50, kernel_size=(5, 5), activation="identity"),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            DenseLayer(500, activation="relu"),
+            OutputLayer(10),
+        ]
+        input_type = InputType.convolutional(28, 28, 1)
+    conf = MultiLayerConfiguration(layers, input_type=input_type, updater=updaters.Adam(1e-3), seed=0)
+    net = MultiLayerNetwork(conf).init()
+    ds = DataSet(x, y)
+    return lambda: net.fit(ds)
+
+
+def _torch_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = nn.Sequential(
+            nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+    else:
+        model = nn.Sequential(
+            nn.Conv2d(1, 20, 5),
+            nn.MaxPool2d(2, 2),
+            nn.Conv2d(20, 50, 5),
+            nn.MaxPool2d(2, 2),
+            nn.Flatten(),
+            nn.Linear(50 * 4 * 4, 500),
+            nn.ReLU(),
+            nn.Linear(500, 10),
+        )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xt), yt).backward()
+        opt.step()
+
+    return step
+
+
+def _time(step: Callable[[], None], steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=sparkgrad.get_num_threads())
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternating timed rounds; the median is reported"
+    )
+    parser.add_argument("--models", default="mlp,lenet")
+    args = parser.parse_args()
+
+    import torch
+
+    sparkgrad.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    print(f"threads={args.threads} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
+    rng = np.random.default_rng(0)
+    for name in args.models.split(","):
+        batch, shape = (128, (784,)) if name == "mlp" else (64, (1, 28, 28))
+        x = rng.random((batch, *shape), dtype=np.float32)
+        y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
+        steps = {"sparkgrad": _sparkgrad_step(name, x, y), "torch": _torch_step(name, x, y)}
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for step in steps.values():  # warm-up: buffer allocation, BLAS/oneDNN initialisation
+            _time(step, 3)
+        for _ in range(args.rounds):
+            for key, step in steps.items():
+                times[key].append(_time(step, args.steps))
+        sg, pt = statistics.median(times["sparkgrad"]), statistics.median(times["torch"])
+        line = f"{name:6s} batch={batch:4d} sparkgrad {sg:8.2f} ms/step  torch {pt:8.2f} ms/step"
+        print(f"{line}  ratio {sg / pt:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+// Neural-network kernels (CPU, OpenMP). Every kernel takes raw row-major buffers plus their sizes and
+// writes caller-allocated outputs (overwritten unless "accumulates" is stated). Kernels never divide by
+// the batch size. The CUDA twins (cuda/nn/<same stem>.cu) implement these declarations in
+// sparkgrad::nn::cuda; the binding (python/bindings/nn.cpp) is the single dispatch point.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace sparkgrad::nn {
+
+// ---- dense helpers (cpp/src/nn/bias.cpp) ---------------------------------------------------------
+// x: (n, c, inner) with inner = H*W (1 for dense); b: (c). x[i, j, :] += b[j].
+template <typename T>
+void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inner);
+// dy: (n, c, inner); db: (c) = sum of dy over axes 0 and 2.
+template <typename T>
+void bias_grad(const T* dy, T* db, std::int64_t n, std::int64_t c, std::int64_t inner);
+
+// ---- activations (cpp/src/nn/activation.cpp) ------------------------------------------------------
+enum class Activation : std::uint8_t { Identity, Relu, LeakyRelu, Elu, Tanh, Sigmoid, Softmax, Softplus, HardTanh };
+// Parses the lower-case name; throws std::invalid_argument "[op] unknown activation ..." otherwise.
+Activation parse_activation(const char* op, const std::string& name);
+
+// x, y: (rows, cols); elementwise kinds treat them as rows*cols values, softmax works per row.
+// alpha: leakyrelu slope / elu alpha. y may alias x.
+template <typename T>
+void activation_forward(Activation kind, double alpha, const T* x, T* y, std::int64_t rows, std::int64_t cols);
+// x: pre-activation, y = f(x), dy = dL/dy, dx = dL/dx; all (rows, cols). dx may alias dy.
+template <typename T>
+void activation_backward(Activation kind, double alpha, const T* x, const T* y, const T* dy, T* dx,
+                         std::int64_t rows, std::int64_t cols);
+
+// ---- losses (cpp/src/nn/loss.cpp) -----------------------------------------------------------------
+enum class Loss : std::uint8_t { Mcxent, NegativeLogLikelihood, Mse, L1, L2, Xent, Hinge, SquaredHinge, KlDivergence };
+Loss parse_loss(const char* op, const std::string& name);
+
+// How a loss mask is laid out: none, one weight per example (n), or one per output (n, c).
+enum class MaskLayout : std::uint8_t { None, PerExample, PerOutput };
+
+struct LossSpec {
+  Loss loss;
+  Activation activation;  // the output activation: p = activation(preout)
+  double alpha;           // its alpha (leakyrelu / elu)
+};
+
+// labels, preout: (n, c); mask: null, (n) or (n, c) per `layout`; scores: (n) = per-example loss summed
+// over columns, times the mask.
+template <typename T>
+void loss_score(const LossSpec& spec, const T* labels, const T* preout, const T* mask, MaskLayout layout,
+                T* scores, std::int64_t n, std::int64_t c);
+// grad: (n, c) = d(example loss)/d(preout), times the mask.
+template <typename T>
+void loss_gradient(const LossSpec& spec, const T* labels, const T* preout, const T* mask, MaskLayout layout,
+                   T* grad, std::int64_t n, std::int64_t c);
+
+// ---- convolution (cpp/src/nn/conv2d.cpp) ----------------------------------------------------------
+// x: (n, c, h, w), weights: (k, c, r, s), y: (n, k, p, q). Input positions outside [0, h) x [0, w)
+// read as zero, so top/left padding plus the output size express both "truncate" and "same" modes.
+struct Conv2dShape {
+  std::int64_t n, c, h, w;  // input
+  std::int64_t k, r, s;     // output channels, kernel height, kernel width
+  std::int64_t p, q;        // output height, width
+  std::int64_t stride_h, stride_w, pad_top, pad_left;
+};
+// b: (k) or null.
+template <typename T>
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y);
+// dy: (n, k, p, q) -> dx: (n, c, h, w).
+template <typename T>
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
+// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c, r, s).
+template <typename T>
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
+
+// ---- pooling (cpp/src/nn/pool2d.cpp) --------------------------------------------------------------
+enum class PoolKind : std::uint8_t { Max, Avg, Sum };
+PoolKind parse_pool_kind(const char* op, const std::string& name, bool allow_sum);
+
+// x: (n, c, h, w), y: (n, c, p, q); argmax: (n, c, p, q) flat index into each (h, w) plane, written for
+// Max (may be null otherwise). Avg divides by the number of in-bounds window elements. Every window
+// must hold at least one in-bounds element (checked by the caller).
+struct Pool2dShape {
+  std::int64_t n, c, h, w, p, q;
+  std::int64_t kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left;
+};
+template <typename T>
+void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax);
+// dy: (n, c, p, q) -> dx: (n, c, h, w); argmax as written by pool2d_forward for Max.
+template <typename T>
+void pool2d_backward(PoolKind kind, const Pool2dShape& g, const T* dy, T* dx, const std::int64_t* argmax);
+
+// x: (planes, size) -> y: (planes); argmax: (planes) for Max.
+template <typename T>
+void global_pool_forward(PoolKind kind, const T* x, T* y, std::int64_t* argmax, std::int64_t planes,
+                         std::int64_t size);
+// dy: (planes) -> dx: (planes, size).
+template <typename T>
+void global_pool_backward(PoolKind kind, const T* dy, T* dx, const std::int64_t* argmax, std::int64_t planes,
+                          std::int64_t size);
+
+// ---- batch normalization (cpp/src/nn/batchnorm.cpp) -----------------------------------------------
+// x, y, dy, dx: (n, c, inner) with inner = H*W (1 for dense); gamma, beta, means, variances, dgamma,
+// dbeta: (c). Statistics are per channel over n*inner values; variances are biased.
+struct BatchNormShape {
+  std::int64_t n, c, inner;
+};
+// Writes batch_mean/batch_var and updates running = decay * running + (1 - decay) * batch.
+template <typename T>
+void batchnorm_forward_train(const BatchNormShape& g, const T* x, const T* gamma, const T* beta, T* y,
+                             T* batch_mean, T* batch_var, T* running_mean, T* running_var, double decay,
+                             double eps);
+template <typename T>
+void batchnorm_forward_inference(const BatchNormShape& g, const T* x, const T* gamma, const T* beta,
+                                 const T* running_mean, const T* running_var, T* y, double eps);
+template <typename T>
+void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
+                        const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
+
+// ---- inverted dropout (cpp/src/nn/dropout.cpp) ----------------------------------------------------
+// x, y, mask: (size). mask[i] = 1/retain with probability retain, else 0, drawn from a counter-based
+// generator of (seed, i): the result does not depend on the thread count. y = x * mask (y may alias x).
+template <typename T>
+void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain, std::uint64_t seed);
+// dy, mask, dx: (size); dx = dy * mask (dx may alias dy).
+template <typename T>
+void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
+
+}  // namespace sparkgrad::nn

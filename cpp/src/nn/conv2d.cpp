@@ -1,0 +1,185 @@
+// 2-D convolution in NCHW: im2col + OpenBLAS GEMM per image, OpenMP over the batch. Each thread keeps
+// its image's column matrix (C*R*S, P*Q) in its own cache-sized buffer and writes y / dx in place, so no
+// batch-sized scratch or layout transposes are needed.
+#include <omp.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "cblas.h"
+#include "sparkgrad/common.h"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn {
+
+namespace {
+
+// Reused per OpenMP thread: training calls conv2d every step with the same shapes.
+template <typename T>
+T* workspace(std::int64_t size) {
+  thread_local std::vector<T> buffer;
+  if (static_cast<std::int64_t>(buffer.size()) < size) buffer.resize(static_cast<std::size_t>(size));
+  return buffer.data();
+}
+
+// OpenBLAS (the pthreads build in scipy-openblas32) has one process-wide thread count. While a conv2d
+// call runs its own OpenMP team, BLAS is held at one thread so that each member's GEMM runs in the
+// calling thread instead of queueing on (and fighting for cores with) OpenBLAS's pool. Concurrent calls
+// share the hold; the last one out restores the count.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (holders_++ == 0) {
+      saved_ = scipy_openblas_get_num_threads();
+      if (saved_ != 1) scipy_openblas_set_num_threads(1);
+    }
+  }
+  ~SingleThreadedBlas() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--holders_ == 0 && saved_ != 1) scipy_openblas_set_num_threads(saved_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  static inline std::mutex mutex_;
+  static inline int holders_ = 0;
+  static inline int saved_ = 1;
+};
+
+// fn(block, first, last, col) for `blocks` contiguous image ranges [first, last) covering the batch,
+// in parallel; col is this thread's (c*r*s, p*q) buffer. Blocks are handed out dynamically so a thread
+// that is descheduled on a busy machine does not hold up the rest.
+template <typename T, typename Fn>
+void for_each_image_block(const Conv2dShape& g, std::int64_t blocks, Fn fn) {
+  const std::int64_t col_size = g.c * g.r * g.s * g.p * g.q;
+  const bool parallel = blocks > 1 && max_threads() > 1;
+  std::optional<SingleThreadedBlas> hold;
+  if (parallel) hold.emplace();
+  OmpExceptionGuard guard;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    guard.capture([&] { fn(block, g.n * block / blocks, g.n * (block + 1) / blocks, workspace<T>(col_size)); });
+  }
+  guard.rethrow();
+}
+
+// Output columns ow in [lo, hi) read input column ow * stride - pad + s inside [0, size).
+void valid_range(std::int64_t s, std::int64_t stride, std::int64_t pad, std::int64_t size, std::int64_t out,
+                 std::int64_t* lo, std::int64_t* hi) {
+  const std::int64_t shift = pad - s;  // ow * stride >= shift  and  ow * stride < size + shift
+  *lo = shift <= 0 ? 0 : (shift + stride - 1) / stride;
+  *hi = size + shift <= 0 ? 0 : std::min(out, (size + shift + stride - 1) / stride);
+  *lo = std::min(*lo, *hi);
+}
+
+// Moves data between channel c of one image (h, w) and its im2col rows (c*r*s + r*s + s, columns
+// [0, p*q) with row stride ld). ToColumns: image -> col, writing zeros for padding; otherwise col is
+// accumulated into the image (col2im). The in-bounds column range is hoisted out of the row loop and
+// stride-1 rows get a contiguous loop the compiler vectorizes.
+template <bool ToColumns, typename ImagePtr, typename ColPtr>
+void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr col, std::int64_t ld) {
+  using T = std::remove_const_t<std::remove_pointer_t<ColPtr>>;
+  for (std::int64_t r = 0; r < g.r; ++r) {
+    for (std::int64_t s = 0; s < g.s; ++s) {
+      std::int64_t lo, hi;
+      valid_range(s, g.stride_w, g.pad_left, g.w, g.q, &lo, &hi);
+      const std::int64_t offset = s - g.pad_left;
+      ColPtr col_row = col + ((c * g.r + r) * g.s + s) * ld;
+      for (std::int64_t oh = 0; oh < g.p; ++oh, col_row += g.q) {
+        const std::int64_t ih = oh * g.stride_h - g.pad_top + r;
+        if (ih < 0 || ih >= g.h) {
+          if constexpr (ToColumns) std::fill(col_row, col_row + g.q, T(0));
+          continue;
+        }
+        ImagePtr in_row = image + (c * g.h + ih) * g.w;
+        if constexpr (ToColumns) {
+          std::fill(col_row, col_row + lo, T(0));
+          std::fill(col_row + hi, col_row + g.q, T(0));
+        }
+        if (g.stride_w == 1) {
+          for (std::int64_t ow = lo; ow < hi; ++ow) {
+            if constexpr (ToColumns) col_row[ow] = in_row[ow + offset];
+            else in_row[ow + offset] += col_row[ow];
+          }
+        } else {
+          for (std::int64_t ow = lo; ow < hi; ++ow) {
+            if constexpr (ToColumns) col_row[ow] = in_row[ow * g.stride_w + offset];
+            else in_row[ow * g.stride_w + offset] += col_row[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+// x_image: (c, h, w) -> col: (c*r*s, p*q), or col accumulated into dx_image (zeroed here).
+template <typename T>
+void im2col(const Conv2dShape& g, const T* x_image, T* col) {
+  for (std::int64_t c = 0; c < g.c; ++c) move_patches<true>(g, c, x_image, col, g.p * g.q);
+}
+template <typename T>
+void col2im(const Conv2dShape& g, const T* col, T* dx_image) {
+  std::fill(dx_image, dx_image + g.c * g.h * g.w, T(0));
+  for (std::int64_t c = 0; c < g.c; ++c) move_patches<false>(g, c, dx_image, col, g.p * g.q);
+}
+
+}  // namespace
+
+// x: (n, c, h, w), weights: (k, c*r*s), b: (k) or null -> y: (n, k, p, q). Per image:
+// y_i (k, p*q) = weights @ col_i (c*r*s, p*q) + b.
+template <typename T>
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y) {
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q;
+  for_each_image_block<T>(g, g.n, [&](std::int64_t, std::int64_t i, std::int64_t, T* col) {
+    T* out = y + i * g.k * pq;
+    im2col(g, x + i * g.c * g.h * g.w, col);
+    gemm<T>(Transpose::No, Transpose::No, g.k, pq, crs, T(1), weights, crs, col, pq, T(0), out, pq);
+    if (b) bias_add(out, b, 1, g.k, pq);
+  });
+}
+
+// dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w). Per image: col = weights^T @ dy_i, col2im.
+template <typename T>
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q;
+  for_each_image_block<T>(g, g.n, [&](std::int64_t, std::int64_t i, std::int64_t, T* col) {
+    gemm<T>(Transpose::Yes, Transpose::No, crs, pq, g.k, T(1), weights, crs, dy + i * g.k * pq, pq, T(0), col, pq);
+    col2im(g, col, dx + i * g.c * g.h * g.w);
+  });
+}
+
+// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = sum_i dy_i @ col_i^T. Each block of images sums
+// into its own partial; the partials are added in block order, so the result does not depend on which
+// thread ran which block.
+template <typename T>
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, size = g.k * crs;
+  const std::int64_t blocks = std::min<std::int64_t>(g.n, 2 * max_threads());
+  std::vector<T> partial(static_cast<std::size_t>(blocks * size), T(0));
+  for_each_image_block<T>(g, blocks, [&](std::int64_t block, std::int64_t first, std::int64_t last, T* col) {
+    for (std::int64_t i = first; i < last; ++i) {
+      im2col(g, x + i * g.c * g.h * g.w, col);
+      gemm<T>(Transpose::No, Transpose::Yes, g.k, crs, pq, T(1), dy + i * g.k * pq, pq, col, pq, T(1),
+              partial.data() + block * size, crs);
+    }
+  });
+  std::fill(dw, dw + size, T(0));
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const T* part = partial.data() + block * size;
+    for (std::int64_t e = 0; e < size; ++e) dw[e] += part[e];
+  }
+}
+
+#define SPARKGRAD_CONV2D(T)                                                                            \
+  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*);             \
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*);                \
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);
+SPARKGRAD_CONV2D(float)
+SPARKGRAD_CONV2D(double)
+
+}  // namespace sparkgrad::nn

@@ -1,0 +1,149 @@
+// Max / average 2-D pooling and global pooling over NCHW planes; OpenMP over the (n, c) planes.
+#include <algorithm>
+#include <limits>
+
+#include "kernel_util.h"
+#include "sparkgrad/common.h"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn {
+
+PoolKind parse_pool_kind(const char* op, const std::string& name, bool allow_sum) {
+  if (name == "max") return PoolKind::Max;
+  if (name == "avg") return PoolKind::Avg;
+  if (allow_sum && name == "sum") return PoolKind::Sum;
+  throw_invalid(op, "unknown pooling kind '", name, allow_sum ? "', expected max, avg or sum" : "', expected max or avg");
+}
+
+namespace {
+
+// In-bounds input rows [begin, end) of output row i (same formula for columns).
+struct Range {
+  std::int64_t begin, end;
+};
+Range window(std::int64_t i, std::int64_t stride, std::int64_t pad, std::int64_t kernel, std::int64_t size) {
+  const std::int64_t start = i * stride - pad;
+  return {std::max<std::int64_t>(start, 0), std::min(start + kernel, size)};
+}
+
+}  // namespace
+
+// x: (n, c, h, w) -> y, argmax: (n, c, p, q).
+template <typename T>
+void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax) {
+  const std::int64_t planes = g.n * g.c, in_size = g.h * g.w, out_size = g.p * g.q;
+#pragma omp parallel for schedule(static) if (planes * in_size >= detail::kParallelMin)
+  for (std::int64_t plane = 0; plane < planes; ++plane) {
+    const T* xp = x + plane * in_size;
+    for (std::int64_t i = 0; i < g.p; ++i) {
+      const Range rows = window(i, g.stride_h, g.pad_top, g.kernel_h, g.h);
+      for (std::int64_t j = 0; j < g.q; ++j) {
+        const Range cols = window(j, g.stride_w, g.pad_left, g.kernel_w, g.w);
+        const std::int64_t out = plane * out_size + i * g.q + j;
+        if (kind == PoolKind::Max) {
+          T best = -std::numeric_limits<T>::infinity();
+          std::int64_t best_at = rows.begin * g.w + cols.begin;
+          for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+            for (std::int64_t s = cols.begin; s < cols.end; ++s) {
+              if (xp[r * g.w + s] > best) {
+                best = xp[r * g.w + s];
+                best_at = r * g.w + s;
+              }
+            }
+          }
+          y[out] = xp[best_at];
+          argmax[out] = best_at;
+        } else {
+          T sum = 0;
+          for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+            for (std::int64_t s = cols.begin; s < cols.end; ++s) sum += xp[r * g.w + s];
+          }
+          y[out] = sum / static_cast<T>((rows.end - rows.begin) * (cols.end - cols.begin));
+        }
+      }
+    }
+  }
+}
+
+// dy: (n, c, p, q) -> dx: (n, c, h, w). Each plane is owned by one thread, so scatters do not race.
+template <typename T>
+void pool2d_backward(PoolKind kind, const Pool2dShape& g, const T* dy, T* dx, const std::int64_t* argmax) {
+  const std::int64_t planes = g.n * g.c, in_size = g.h * g.w, out_size = g.p * g.q;
+  OmpExceptionGuard guard;
+#pragma omp parallel for schedule(static) if (planes * in_size >= detail::kParallelMin)
+  for (std::int64_t plane = 0; plane < planes; ++plane) {
+    guard.capture([&] {
+      T* dxp = dx + plane * in_size;
+      std::fill(dxp, dxp + in_size, T(0));
+      for (std::int64_t i = 0; i < g.p; ++i) {
+        const Range rows = window(i, g.stride_h, g.pad_top, g.kernel_h, g.h);
+        for (std::int64_t j = 0; j < g.q; ++j) {
+          const Range cols = window(j, g.stride_w, g.pad_left, g.kernel_w, g.w);
+          const std::int64_t out = plane * out_size + i * g.q + j;
+          if (kind == PoolKind::Max) {
+            const std::int64_t at = argmax[out];
+            if (at < 0 || at >= in_size) throw_invalid("pool2d_backward", "argmax value ", at, " is outside [0, ", in_size, ")");
+            dxp[at] += dy[out];
+          } else {
+            const T share = dy[out] / static_cast<T>((rows.end - rows.begin) * (cols.end - cols.begin));
+            for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+              for (std::int64_t s = cols.begin; s < cols.end; ++s) dxp[r * g.w + s] += share;
+            }
+          }
+        }
+      }
+    });
+  }
+  guard.rethrow();
+}
+
+// x: (planes, size) -> y: (planes).
+template <typename T>
+void global_pool_forward(PoolKind kind, const T* x, T* y, std::int64_t* argmax, std::int64_t planes,
+                         std::int64_t size) {
+#pragma omp parallel for schedule(static) if (planes * size >= detail::kParallelMin)
+  for (std::int64_t plane = 0; plane < planes; ++plane) {
+    const T* xp = x + plane * size;
+    if (kind == PoolKind::Max) {
+      const std::int64_t at = std::max_element(xp, xp + size) - xp;
+      y[plane] = xp[at];
+      argmax[plane] = at;
+    } else {
+      double sum = 0;
+      for (std::int64_t e = 0; e < size; ++e) sum += xp[e];
+      y[plane] = static_cast<T>(kind == PoolKind::Avg ? sum / static_cast<double>(size) : sum);
+    }
+  }
+}
+
+// dy: (planes) -> dx: (planes, size).
+template <typename T>
+void global_pool_backward(PoolKind kind, const T* dy, T* dx, const std::int64_t* argmax, std::int64_t planes,
+                          std::int64_t size) {
+  OmpExceptionGuard guard;
+#pragma omp parallel for schedule(static) if (planes * size >= detail::kParallelMin)
+  for (std::int64_t plane = 0; plane < planes; ++plane) {
+    guard.capture([&] {
+      T* dxp = dx + plane * size;
+      if (kind == PoolKind::Max) {
+        const std::int64_t at = argmax[plane];
+        if (at < 0 || at >= size) throw_invalid("global_pool_backward", "argmax value ", at, " is outside [0, ", size, ")");
+        std::fill(dxp, dxp + size, T(0));
+        dxp[at] = dy[plane];
+      } else {
+        std::fill(dxp, dxp + size, kind == PoolKind::Avg ? dy[plane] / static_cast<T>(size) : dy[plane]);
+      }
+    });
+  }
+  guard.rethrow();
+}
+
+#define SPARKGRAD_POOL(T)                                                                                      \
+  template void pool2d_forward<T>(PoolKind, const Pool2dShape&, const T*, T*, std::int64_t*);                \
+  template void pool2d_backward<T>(PoolKind, const Pool2dShape&, const T*, T*, const std::int64_t*);         \
+  template void global_pool_forward<T>(PoolKind, const T*, T*, std::int64_t*, std::int64_t, std::int64_t);   \
+  template void global_pool_backward<T>(PoolKind, const T*, T*, const std::int64_t*, std::int64_t, std::int64_t);
+SPARKGRAD_POOL(float)
+SPARKGRAD_POOL(double)
+
+}  // namespace sparkgrad::nn

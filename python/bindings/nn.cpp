@@ -1,0 +1,488 @@
+// Bindings of the neural-network kernels (cpp/include/sparkgrad/nn.h): argument checks with the GIL
+// held, then the kernel with the GIL released.
+#include <tuple>
+
+#include "kernel_args.h"
+#include "sparkgrad/nn.h"
+
+namespace py = pybind11;
+using namespace sparkgrad;
+using namespace sparkgrad::bindings;
+
+namespace {
+
+// (N, C) or (N, C, H, W) viewed as (n, c, inner).
+struct ChannelView {
+  std::int64_t n, c, inner;
+};
+template <typename A>
+ChannelView channel_view(const char* op, const char* name, const A& a) {
+  require_ndim(op, name, a, {2, 4}, "(N, C) or (N, C, H, W)");
+  const std::int64_t inner = a.ndim() == 4 ? a.shape(2) * a.shape(3) : 1;
+  return {a.shape(0), a.shape(1), inner};
+}
+
+// Elementwise arrays viewed as (rows, cols); softmax needs a true 2-D (N, C) array.
+std::pair<std::int64_t, std::int64_t> activation_view(const char* op, nn::Activation kind, const py::array& x) {
+  if (kind == nn::Activation::Softmax) {
+    require_ndim(op, "x", x, {2}, "2-D (N, C) for softmax");
+    return {x.shape(0), x.shape(1)};
+  }
+  const std::int64_t rows = x.ndim() == 0 ? 1 : x.shape(0);
+  return {rows, rows == 0 ? 0 : static_cast<std::int64_t>(x.size()) / rows};
+}
+
+void bias_add(const py::array& x_in, const py::array& b_in) {
+  dispatch_float("bias_add", "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>("bias_add", "x", x_in, true);
+    auto b = checked_array<T>("bias_add", "b", b_in);
+    const ChannelView v = channel_view("bias_add", "x", x);
+    require_shape("bias_add", "b", b, {v.c});
+    py::gil_scoped_release release;
+    nn::bias_add<T>(x.mutable_data(), b.data(), v.n, v.c, v.inner);
+  });
+}
+
+void bias_grad(const py::array& dy_in, const py::array& db_in) {
+  dispatch_float("bias_grad", "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>("bias_grad", "dy", dy_in);
+    auto db = checked_array<T>("bias_grad", "db", db_in, true);
+    const ChannelView v = channel_view("bias_grad", "dy", dy);
+    require_shape("bias_grad", "db", db, {v.c});
+    py::gil_scoped_release release;
+    nn::bias_grad<T>(dy.data(), db.mutable_data(), v.n, v.c, v.inner);
+  });
+}
+
+void activation_forward(const std::string& name, const py::array& x_in, const py::array& y_in, double alpha) {
+  const char* op = "activation_forward";
+  const nn::Activation kind = nn::parse_activation(op, name);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    const auto [rows, cols] = activation_view(op, kind, x);
+    py::gil_scoped_release release;
+    nn::activation_forward<T>(kind, alpha, x.data(), y.mutable_data(), rows, cols);
+  });
+}
+
+void activation_backward(const std::string& name, const py::array& x_in, const py::array& y_in,
+                         const py::array& dy_in, const py::array& dx_in, double alpha) {
+  const char* op = "activation_backward";
+  const nn::Activation kind = nn::parse_activation(op, name);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const Shape shape = shape_of(x);
+    require_shape(op, "y", y, shape);
+    require_shape(op, "dy", dy, shape);
+    require_shape(op, "dx", dx, shape);
+    const auto [rows, cols] = activation_view(op, kind, x);
+    py::gil_scoped_release release;
+    nn::activation_backward<T>(kind, alpha, x.data(), y.data(), dy.data(), dx.mutable_data(), rows, cols);
+  });
+}
+
+// Shared by loss_score and loss_gradient: out is scores (N,) or grad (N, C).
+template <bool Gradient>
+void loss_call(const char* op, const std::string& loss, const std::string& activation, const py::array& labels_in,
+               const py::array& preout_in, const py::array& out_in, const py::object& mask_in, double alpha) {
+  const nn::LossSpec spec{nn::parse_loss(op, loss), nn::parse_activation(op, activation), alpha};
+  dispatch_float(op, "preout", preout_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto preout = checked_array<T>(op, "preout", preout_in);
+    auto labels = checked_array<T>(op, "labels", labels_in);
+    auto out = checked_array<T>(op, Gradient ? "grad" : "scores", out_in, true);
+    require_ndim(op, "preout", preout, {2}, "2-D (N, C)");
+    const std::int64_t n = preout.shape(0), c = preout.shape(1);
+    require_shape(op, "labels", labels, {n, c});
+    require_shape(op, Gradient ? "grad" : "scores", out, Gradient ? Shape{n, c} : Shape{n});
+    py::array_t<T, py::array::c_style> mask_keep;
+    const T* mask = optional_data<T>(op, "mask", mask_in, &mask_keep);
+    nn::MaskLayout layout = nn::MaskLayout::None;
+    if (mask) {
+      const Shape ms = shape_of(mask_keep);
+      if (ms == Shape{n} || ms == Shape{n, 1}) {
+        layout = nn::MaskLayout::PerExample;
+      } else if (ms == Shape{n, c}) {
+        layout = nn::MaskLayout::PerOutput;
+      } else {
+        throw_invalid(op, "mask must have shape (", n, ",), (", n, ", 1) or (", n, ", ", c, "), got ",
+                      shape_text(ms));
+      }
+    }
+    py::gil_scoped_release release;
+    if constexpr (Gradient) {
+      nn::loss_gradient<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+    } else {
+      nn::loss_score<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+    }
+  });
+}
+
+void dropout_forward(const py::array& x_in, const py::array& y_in, const py::array& mask_in, double retain,
+                     std::uint64_t seed) {
+  const char* op = "dropout_forward";
+  if (!(retain > 0.0 && retain <= 1.0)) throw_invalid(op, "retain must be in (0, 1], got ", retain);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    auto mask = checked_array<T>(op, "mask", mask_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    require_shape(op, "mask", mask, shape_of(x));
+    py::gil_scoped_release release;
+    nn::dropout_forward<T>(x.data(), y.mutable_data(), mask.mutable_data(), x.size(), retain, seed);
+  });
+}
+
+void dropout_backward(const py::array& dy_in, const py::array& mask_in, const py::array& dx_in) {
+  const char* op = "dropout_backward";
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto mask = checked_array<T>(op, "mask", mask_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    require_shape(op, "mask", mask, shape_of(dy));
+    require_shape(op, "dx", dx, shape_of(dy));
+    py::gil_scoped_release release;
+    nn::dropout_backward<T>(dy.data(), mask.data(), dx.mutable_data(), dy.size());
+  });
+}
+
+// Pooling geometry from the input (N, C, H, W) and output (N, C, P, Q) arrays; every window must overlap
+// the input so that max and average are defined.
+template <typename A, typename B>
+nn::Pool2dShape pool_shape(const char* op, const char* x_name, const A& x, const char* y_name, const B& y,
+                           std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w,
+                           std::int64_t pad_top, std::int64_t pad_left) {
+  require_ndim(op, x_name, x, {4}, "4-D (N, C, H, W)");
+  require_ndim(op, y_name, y, {4}, "4-D (N, C, P, Q)");
+  if (y.shape(0) != x.shape(0) || y.shape(1) != x.shape(1)) {
+    throw_invalid(op, y_name, " must have shape (", x.shape(0), ", ", x.shape(1), ", P, Q), got ", shape_text(shape_of(y)));
+  }
+  require_positive(op, "kernel_h", kernel_h);
+  require_positive(op, "kernel_w", kernel_w);
+  require_positive(op, "stride_h", stride_h);
+  require_positive(op, "stride_w", stride_w);
+  require_non_negative(op, "pad_top", pad_top);
+  require_non_negative(op, "pad_left", pad_left);
+  const nn::Pool2dShape g{x.shape(0), x.shape(1), x.shape(2), x.shape(3), y.shape(2), y.shape(3),
+                          kernel_h,   kernel_w,   stride_h,   stride_w,   pad_top,    pad_left};
+  const bool rows_ok = g.p == 0 || (pad_top < kernel_h && (g.p - 1) * stride_h - pad_top < g.h);
+  const bool cols_ok = g.q == 0 || (pad_left < kernel_w && (g.q - 1) * stride_w - pad_left < g.w);
+  if (!rows_ok || !cols_ok) {
+    throw_invalid(op, "output size (", g.p, ", ", g.q, ") has pooling windows outside the (", g.h, ", ", g.w,
+                  ") input for kernel (", kernel_h, ", ", kernel_w, "), stride (", stride_h, ", ", stride_w,
+                  "), padding (", pad_top, ", ", pad_left, ")");
+  }
+  return g;
+}
+
+// The int64 argmax array: required (with `shape`) for max pooling, ignored otherwise.
+std::int64_t* argmax_data(const char* op, nn::PoolKind kind, const py::object& argmax_in, const Shape& shape,
+                          py::array_t<std::int64_t, py::array::c_style>* keep, bool writable) {
+  if (kind != nn::PoolKind::Max) return nullptr;
+  if (argmax_in.is_none()) throw_invalid(op, "argmax is required for max pooling");
+  *keep = checked_array<std::int64_t>(op, "argmax", argmax_in, writable);
+  require_shape(op, "argmax", *keep, shape);
+  // Read-only for backward (const there); writability was checked above for forward.
+  return const_cast<std::int64_t*>(keep->data());
+}
+
+void pool2d_forward(const std::string& kind_name, const py::array& x_in, const py::array& y_in, std::int64_t kernel_h,
+                    std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                    std::int64_t pad_left, const py::object& argmax_in) {
+  const char* op = "pool2d_forward";
+  const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const nn::Pool2dShape g = pool_shape(op, "x", x, "y", y, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
+    py::array_t<std::int64_t, py::array::c_style> keep;
+    std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(y), &keep, true);
+    py::gil_scoped_release release;
+    nn::pool2d_forward<T>(kind, g, x.data(), y.mutable_data(), argmax);
+  });
+}
+
+void pool2d_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in, std::int64_t kernel_h,
+                     std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                     std::int64_t pad_left, const py::object& argmax_in) {
+  const char* op = "pool2d_backward";
+  const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const nn::Pool2dShape g =
+        pool_shape(op, "dx", dx, "dy", dy, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
+    py::array_t<std::int64_t, py::array::c_style> keep;
+    const std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(dy), &keep, false);
+    py::gil_scoped_release release;
+    nn::pool2d_backward<T>(kind, g, dy.data(), dx.mutable_data(), argmax);
+  });
+}
+
+void global_pool_forward(const std::string& kind_name, const py::array& x_in, const py::array& y_in,
+                         const py::object& argmax_in) {
+  const char* op = "global_pool_forward";
+  const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, true);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    require_ndim(op, "x", x, {4}, "4-D (N, C, H, W)");
+    if (x.shape(2) * x.shape(3) == 0) throw_invalid(op, "x must have a non-empty (H, W) plane");
+    require_shape(op, "y", y, {x.shape(0), x.shape(1)});
+    py::array_t<std::int64_t, py::array::c_style> keep;
+    std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(y), &keep, true);
+    py::gil_scoped_release release;
+    nn::global_pool_forward<T>(kind, x.data(), y.mutable_data(), argmax, x.shape(0) * x.shape(1),
+                               x.shape(2) * x.shape(3));
+  });
+}
+
+void global_pool_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in,
+                          const py::object& argmax_in) {
+  const char* op = "global_pool_backward";
+  const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, true);
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    require_ndim(op, "dx", dx, {4}, "4-D (N, C, H, W)");
+    if (dx.shape(2) * dx.shape(3) == 0) throw_invalid(op, "dx must have a non-empty (H, W) plane");
+    require_shape(op, "dy", dy, {dx.shape(0), dx.shape(1)});
+    py::array_t<std::int64_t, py::array::c_style> keep;
+    const std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(dy), &keep, false);
+    py::gil_scoped_release release;
+    nn::global_pool_backward<T>(kind, dy.data(), dx.mutable_data(), argmax, dx.shape(0) * dx.shape(1),
+                                dx.shape(2) * dx.shape(3));
+  });
+}
+
+// A per-channel (C,) batch-norm vector.
+template <typename T>
+py::array_t<T, py::array::c_style> channel_vector(const char* op, const char* name, const py::handle& arr,
+                                                  std::int64_t c, bool writable = false) {
+  auto v = checked_array<T>(op, name, arr, writable);
+  require_shape(op, name, v, {c});
+  return v;
+}
+
+void check_batchnorm_hyper(const char* op, double eps, double decay = 0.0) {
+  if (!(eps >= 0.0)) throw_invalid(op, "eps must be >= 0, got ", eps);
+  if (!(decay >= 0.0 && decay <= 1.0)) throw_invalid(op, "decay must be in [0, 1], got ", decay);
+}
+
+void batchnorm_forward_train(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
+                             const py::array& y_in, const py::array& mean_in, const py::array& var_in,
+                             const py::array& running_mean_in, const py::array& running_var_in, double decay,
+                             double eps) {
+  const char* op = "batchnorm_forward_train";
+  check_batchnorm_hyper(op, eps, decay);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "y", y, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
+    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c, true);
+    auto var = channel_vector<T>(op, "batch_var", var_in, v.c, true);
+    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c, true);
+    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c, true);
+    py::gil_scoped_release release;
+    nn::batchnorm_forward_train<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), y.mutable_data(),
+                                   mean.mutable_data(), var.mutable_data(), running_mean.mutable_data(),
+                                   running_var.mutable_data(), decay, eps);
+  });
+}
+
+void batchnorm_forward_inference(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
+                                 const py::array& running_mean_in, const py::array& running_var_in,
+                                 const py::array& y_in, double eps) {
+  const char* op = "batchnorm_forward_inference";
+  check_batchnorm_hyper(op, eps);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "y", y, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
+    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c);
+    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c);
+    py::gil_scoped_release release;
+    nn::batchnorm_forward_inference<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), running_mean.data(),
+                                       running_var.data(), y.mutable_data(), eps);
+  });
+}
+
+void batchnorm_backward(const py::array& x_in, const py::array& dy_in, const py::array& gamma_in,
+                        const py::array& mean_in, const py::array& var_in, const py::array& dx_in,
+                        const py::array& dgamma_in, const py::array& dbeta_in, double eps) {
+  const char* op = "batchnorm_backward";
+  check_batchnorm_hyper(op, eps);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const ChannelView v = channel_view(op, "x", x);
+    require_shape(op, "dy", dy, shape_of(x));
+    require_shape(op, "dx", dx, shape_of(x));
+    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
+    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c);
+    auto var = channel_vector<T>(op, "batch_var", var_in, v.c);
+    auto dgamma = channel_vector<T>(op, "dgamma", dgamma_in, v.c, true);
+    auto dbeta = channel_vector<T>(op, "dbeta", dbeta_in, v.c, true);
+    py::gil_scoped_release release;
+    nn::batchnorm_backward<T>({v.n, v.c, v.inner}, x.data(), dy.data(), gamma.data(), mean.data(), var.data(),
+                              dx.mutable_data(), dgamma.mutable_data(), dbeta.mutable_data(), eps);
+  });
+}
+
+// Convolution geometry from x: (N, C, H, W), w: (K, C, R, S) and y: (N, K, P, Q) shapes (named for errors).
+nn::Conv2dShape conv_shape(const char* op, const char* x_name, const Shape& x, const Shape& w, const char* y_name,
+                           const Shape& y, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                           std::int64_t pad_left) {
+  if (x.size() != 4) throw_invalid(op, x_name, " must be 4-D (N, C, H, W), got shape ", shape_text(x));
+  if (w.size() != 4 || w[1] != x[1]) {
+    throw_invalid(op, "w must have shape (K, ", x[1], ", R, S), got ", shape_text(w));
+  }
+  if (w[0] < 1 || w[2] < 1 || w[3] < 1) throw_invalid(op, "w must have K, R, S >= 1, got shape ", shape_text(w));
+  if (y.size() != 4 || y[0] != x[0] || y[1] != w[0]) {
+    throw_invalid(op, y_name, " must have shape (", x[0], ", ", w[0], ", P, Q), got ", shape_text(y));
+  }
+  require_positive(op, "stride_h", stride_h);
+  require_positive(op, "stride_w", stride_w);
+  require_non_negative(op, "pad_top", pad_top);
+  require_non_negative(op, "pad_left", pad_left);
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride_h, stride_w, pad_top, pad_left};
+}
+
+void conv2d_forward(const py::array& x_in, const py::array& w_in, const py::object& b_in, const py::array& y_in,
+                    std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_forward";
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "x", shape_of(x), shape_of(w), "y", shape_of(y), stride_h, stride_w, pad_top, pad_left);
+    py::array_t<T, py::array::c_style> b_keep;
+    const T* b = optional_data<T>(op, "b", b_in, &b_keep);
+    if (b) require_shape(op, "b", b_keep, {g.k});
+    py::gil_scoped_release release;
+    nn::conv2d_forward<T>(g, x.data(), w.data(), b, y.mutable_data());
+  });
+}
+
+void conv2d_backward_input(const py::array& dy_in, const py::array& w_in, const py::array& dx_in,
+                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_backward_input";
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "dx", shape_of(dx), shape_of(w), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    py::gil_scoped_release release;
+    nn::conv2d_backward_input<T>(g, dy.data(), w.data(), dx.mutable_data());
+  });
+}
+
+void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const py::array& dw_in,
+                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  const char* op = "conv2d_backward_weight";
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dw = checked_array<T>(op, "dw", dw_in, true);
+    const nn::Conv2dShape g =
+        conv_shape(op, "x", shape_of(x), shape_of(dw), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    py::gil_scoped_release release;
+    nn::conv2d_backward_weight<T>(g, x.data(), dy.data(), dw.mutable_data());
+  });
+}
+
+}  // namespace
+
+void init_nn(py::module_& m) {
+  m.def("bias_add", &bias_add, py::arg("x"), py::arg("b"), "x[n, c, ...] += b[c] in place; x: (N, C) or (N, C, H, W).");
+  m.def("bias_grad", &bias_grad, py::arg("dy"), py::arg("db"), "db[c] = sum of dy over every axis but 1.");
+  m.def("activation_forward", &activation_forward, py::arg("name"), py::arg("x"), py::arg("y"),
+        py::arg("alpha") = 0.0, "y = f(x); softmax over axis 1 of a 2-D array. y may be x.");
+  m.def("activation_backward", &activation_backward, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("dy"),
+        py::arg("dx"), py::arg("alpha") = 0.0, "dx = dL/dx from x, y = f(x) and dy = dL/dy. dx may be dy.");
+  m.def(
+      "loss_score",
+      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
+         const py::array& scores, const py::object& mask, double alpha) {
+        loss_call<false>("loss_score", loss, activation, labels, preout, scores, mask, alpha);
+      },
+      py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("scores"),
+      py::arg("mask") = py::none(), py::arg("alpha") = 0.0,
+      "scores (N,) = per-example loss (sum over columns) of activation(preout) against labels, times mask.");
+  m.def(
+      "loss_gradient",
+      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
+         const py::array& grad, const py::object& mask, double alpha) {
+        loss_call<true>("loss_gradient", loss, activation, labels, preout, grad, mask, alpha);
+      },
+      py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("grad"),
+      py::arg("mask") = py::none(), py::arg("alpha") = 0.0,
+      "grad (N, C) = d(example loss)/d(preout), times mask; not divided by N.");
+  m.def("dropout_forward", &dropout_forward, py::arg("x"), py::arg("y"), py::arg("mask"), py::arg("retain"),
+        py::arg("seed"), "Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.");
+  m.def("dropout_backward", &dropout_backward, py::arg("dy"), py::arg("mask"), py::arg("dx"), "dx = dy * mask.");
+  const auto pool_args = [](const char* first, const char* second) {
+    return std::make_tuple(py::arg("kind"), py::arg(first), py::arg(second), py::arg("kernel_h"), py::arg("kernel_w"),
+                           py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+                           py::arg("argmax") = py::none());
+  };
+  std::apply([&](auto... a) {
+    m.def("pool2d_forward", &pool2d_forward, a..., "Max / avg pooling of x (N, C, H, W) into y (N, C, P, Q).");
+  }, pool_args("x", "y"));
+  std::apply([&](auto... a) {
+    m.def("pool2d_backward", &pool2d_backward, a..., "dx (N, C, H, W) from dy (N, C, P, Q); max needs argmax.");
+  }, pool_args("dy", "dx"));
+  m.def("global_pool_forward", &global_pool_forward, py::arg("kind"), py::arg("x"), py::arg("y"),
+        py::arg("argmax") = py::none(), "Global max / avg / sum pooling of x (N, C, H, W) into y (N, C).");
+  m.def("global_pool_backward", &global_pool_backward, py::arg("kind"), py::arg("dy"), py::arg("dx"),
+        py::arg("argmax") = py::none(), "dx (N, C, H, W) from dy (N, C); max needs argmax.");
+  m.def("batchnorm_forward_train", &batchnorm_forward_train, py::arg("x"), py::arg("gamma"), py::arg("beta"),
+        py::arg("y"), py::arg("batch_mean"), py::arg("batch_var"), py::arg("running_mean"), py::arg("running_var"),
+        py::arg("decay"), py::arg("eps"),
+        "Normalizes x with its per-channel batch statistics; updates the running averages in place.");
+  m.def("batchnorm_forward_inference", &batchnorm_forward_inference, py::arg("x"), py::arg("gamma"),
+        py::arg("beta"), py::arg("running_mean"), py::arg("running_var"), py::arg("y"), py::arg("eps"),
+        "Normalizes x with the running statistics.");
+  m.def("batchnorm_backward", &batchnorm_backward, py::arg("x"), py::arg("dy"), py::arg("gamma"),
+        py::arg("batch_mean"), py::arg("batch_var"), py::arg("dx"), py::arg("dgamma"), py::arg("dbeta"),
+        py::arg("eps"), "dx, dgamma, dbeta of the training-mode forward.");
+  m.def("conv2d_forward", &conv2d_forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"), py::arg("stride_h"),
+        py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b; padding reads zeros.");
+  m.def("conv2d_backward_input", &conv2d_backward_input, py::arg("dy"), py::arg("w"), py::arg("dx"),
+        py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");
+  m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
+        py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
+}

@@ -1,0 +1,340 @@
+"""Runtime of each layer type: forward/backward over preallocated buffers through sparkgrad._core.
+
+A runtime object owns the views of its parameters and gradients into the network's flat buffers and
+a cache of work buffers keyed by name (reallocated only when the batch shape changes), so a training
+step allocates nothing large. Returned arrays are work buffers: valid until the next forward pass.
+Gradients are written (not accumulated) into the flat gradient views.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sparkgrad._native import _core
+from sparkgrad.nn import layers as L
+from sparkgrad.nn.enums import Activation
+from sparkgrad.nn.input_type import InputType
+
+_ALPHA = {Activation.LEAKYRELU: 0.01, Activation.ELU: 1.0}  # DL4J defaults
+
+
+def activation_alpha(activation: Activation) -> float:
+    """The ``alpha`` kernel argument of an activation (leaky-relu slope, elu alpha; 0 otherwise)."""
+    return _ALPHA.get(activation, 0.0)
+
+
+class LayerRuntime:
+    """Base: buffer cache plus the parameter and gradient views of one layer."""
+
+    def __init__(
+        self,
+        conf: Any,
+        input_type: InputType,
+        activation: Activation | None,
+        dtype: np.dtype,
+        params: dict[str, np.ndarray],
+        grads: dict[str, np.ndarray],
+    ) -> None:
+        self.conf = conf
+        self.input_type = input_type
+        self.activation = activation
+        self.alpha = activation_alpha(activation) if activation is not None else 0.0
+        self.dtype = dtype
+        self.params = params
+        self.grads = grads
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def buf(self, name: str, shape: tuple[int, ...], dtype: Any = None) -> np.ndarray:
+        """A cached work array of ``shape`` (contents undefined)."""
+        arr = self._buffers.get(name)
+        if arr is None or arr.shape != shape:
+            arr = np.empty(shape, dtype=dtype or self.dtype)
+            self._buffers[name] = arr
+        return arr
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        raise NotImplementedError  # every concrete runtime overrides this
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        """Writes parameter gradients; returns dL/dx (may reuse ``dy``'s memory) when ``need_dx``."""
+        raise NotImplementedError  # every concrete runtime overrides this
+
+    # -- helpers shared by the parametrised layers ---------------------------------------------
+    def _input_dropout(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        """DL4J applies a layer's ``dropout`` to its input during training."""
+        retain = getattr(self.conf, "dropout", None)
+        self._dropped = train and retain is not None and retain < 1.0
+        if not self._dropped:
+            return x
+        out, mask = self.buf("drop_x", x.shape), self.buf("drop_mask", x.shape)
+        _core.dropout_forward(x, out, mask, retain, seed)
+        return out
+
+    def _input_dropout_backward(self, dx: np.ndarray) -> np.ndarray:
+        if self._dropped:
+            _core.dropout_backward(dx, self._buffers["drop_mask"], dx)
+        return dx
+
+    def _activate(self, z: np.ndarray) -> np.ndarray:
+        if self.activation is Activation.IDENTITY:
+            return z
+        y = self.buf("y", z.shape)
+        _core.activation_forward(self.activation.value, z, y, alpha=self.alpha)
+        return y
+
+    def _activation_backward(self, z: np.ndarray, y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        if self.activation is not Activation.IDENTITY:
+            _core.activation_backward(self.activation.value, z, y, dy, dy, alpha=self.alpha)
+        return dy
+
+
+class DenseRuntime(LayerRuntime):
+    """DenseLayer and the dense part of OutputLayer: ``z = x W + b``."""
+
+    def preout(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x = self._input_dropout(x, train, seed)
+        self.z = self.buf("z", (x.shape[0], self.conf.n_out))
+        _core.gemm(self.x, self.params[L.WEIGHT], out=self.z)
+        if self.conf.has_bias:
+            _core.bias_add(self.z, self.params[L.BIAS])
+        return self.z
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.y = self._activate(self.preout(x, train, seed))
+        return self.y
+
+    def backward_preout(self, dz: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        """Gradients given dL/dz."""
+        _core.gemm(self.x, dz, trans_a=True, out=self.grads[L.WEIGHT])
+        if self.conf.has_bias:
+            _core.bias_grad(dz, self.grads[L.BIAS])
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x.shape)
+        _core.gemm(dz, self.params[L.WEIGHT], trans_b=True, out=dx)
+        return self._input_dropout_backward(dx)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        return self.backward_preout(self._activation_backward(self.z, self.y, dy), need_dx)
+
+
+class OutputRuntime:
+    """Loss on top of a pre-activation: OutputLayer (dense preout) and LossLayer (input as preout).
+
+    ``forward`` returns the activated output; ``loss`` computes per-example scores and dL/dpreout
+    divided by ``n_examples`` (DL4J: the score is the mean over the minibatch).
+    """
+
+    def __init__(self, conf: Any, dense: DenseRuntime | None) -> None:
+        self.conf = conf
+        self.dense = dense
+        self.activation = conf.activation
+        self.alpha = activation_alpha(conf.activation)
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def buf(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        arr = self._buffers.get(name)
+        if arr is None or arr.shape != shape:
+            arr = np.empty(shape, dtype=dtype)
+            self._buffers[name] = arr
+        return arr
+
+    def preout(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.z = self.dense.preout(x, train, seed) if self.dense is not None else x
+        return self.z
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        z = self.preout(x, train, seed)
+        y = self.buf("y", z.shape, z.dtype)
+        _core.activation_forward(self.activation.value, z, y, alpha=self.alpha)
+        return y
+
+    def scores(self, labels: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """Per-example loss of the last ``preout`` (sum over columns, masked)."""
+        out = self.buf("scores", (self.z.shape[0],), self.z.dtype)
+        _core.loss_score(
+            self.conf.loss.value, self.activation.value, labels, self.z, out, mask=mask, alpha=self.alpha
+        )
+        return out
+
+    def backward(self, labels: np.ndarray, mask: np.ndarray | None, n_examples: int, need_dx: bool):
+        """dL/dpreout of the mean loss, pushed through the dense part; returns dL/dx or None."""
+        dz = self.buf("dz", self.z.shape, self.z.dtype)
+        _core.loss_gradient(
+            self.conf.loss.value, self.activation.value, labels, self.z, dz, mask=mask, alpha=self.alpha
+        )
+        dz *= 1.0 / n_examples
+        if self.dense is None:
+            return dz
+        return self.dense.backward_preout(dz, need_dx)
+
+
+class ConvolutionRuntime(LayerRuntime):
+    """ConvolutionLayer over NCHW input."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c, it = self.conf, self.input_type
+        self.p, self.q, self.pad_top, self.pad_left = L.spatial_output(0, c, it)
+        self.stride = tuple(c.stride)
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x = self._input_dropout(x, train, seed)
+        self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
+        bias = self.params[L.BIAS] if self.conf.has_bias else None
+        _core.conv2d_forward(
+            self.x, self.params[L.WEIGHT], bias, self.z, *self.stride, self.pad_top, self.pad_left
+        )
+        self.y = self._activate(self.z)
+        return self.y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        dz = self._activation_backward(self.z, self.y, dy)
+        geometry = (*self.stride, self.pad_top, self.pad_left)
+        _core.conv2d_backward_weight(self.x, dz, self.grads[L.WEIGHT], *geometry)
+        if self.conf.has_bias:
+            _core.bias_grad(dz, self.grads[L.BIAS])
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x.shape)
+        _core.conv2d_backward_input(dz, self.params[L.WEIGHT], dx, *geometry)
+        return self._input_dropout_backward(dx)
+
+
+class SubsamplingRuntime(LayerRuntime):
+    """SubsamplingLayer: windowed max / average pooling."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c = self.conf
+        self.p, self.q, pad_top, pad_left = L.spatial_output(0, c, self.input_type)
+        self.kind = c.pooling_type.value
+        self.geometry = (*c.kernel_size, *c.stride, pad_top, pad_left)
+
+    def _argmax(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        return self.buf("argmax", shape, np.int64) if self.kind == "max" else None
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x_shape = x.shape
+        y = self.buf("y", (x.shape[0], x.shape[1], self.p, self.q))
+        _core.pool2d_forward(self.kind, x, y, *self.geometry, argmax=self._argmax(y.shape))
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x_shape)
+        _core.pool2d_backward(self.kind, dy, dx, *self.geometry, argmax=self._argmax(dy.shape))
+        return dx
+
+
+class GlobalPoolingRuntime(LayerRuntime):
+    """GlobalPoolingLayer: (N, C, H, W) -> (N, C)."""
+
+    def _argmax(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        return self.buf("argmax", shape, np.int64) if self.conf.pooling_type.value == "max" else None
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x_shape = x.shape
+        y = self.buf("y", x.shape[:2])
+        _core.global_pool_forward(self.conf.pooling_type.value, x, y, argmax=self._argmax(y.shape))
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x_shape)
+        _core.global_pool_backward(self.conf.pooling_type.value, dy, dx, argmax=self._argmax(dy.shape))
+        return dx
+
+
+class BatchNormRuntime(LayerRuntime):
+    """BatchNormalization. Training writes the new running statistics to ``new_mean``/``new_var``
+    (not into the parameters): the network turns them into the update ``old - new``."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c = (self.conf.n_in,)
+        self.new_mean = np.empty(c, dtype=self.dtype)
+        self.new_var = np.empty(c, dtype=self.dtype)
+        self.batch_mean = np.empty(c, dtype=self.dtype)
+        self.batch_var = np.empty(c, dtype=self.dtype)
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        p, eps = self.params, self.conf.eps
+        self.x = x
+        y = self.buf("y", x.shape)
+        if train:
+            np.copyto(self.new_mean, p[L.RUNNING_MEAN])
+            np.copyto(self.new_var, p[L.RUNNING_VAR])
+            _core.batchnorm_forward_train(
+                x, p[L.GAMMA], p[L.BETA], y, self.batch_mean, self.batch_var,
+                self.new_mean, self.new_var, self.conf.decay, eps,
+            )  # fmt: skip
+        else:
+            _core.batchnorm_forward_inference(
+                x, p[L.GAMMA], p[L.BETA], p[L.RUNNING_MEAN], p[L.RUNNING_VAR], y, eps
+            )
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        dx = self.buf("dx", self.x.shape)
+        _core.batchnorm_backward(
+            self.x, dy, self.params[L.GAMMA], self.batch_mean, self.batch_var,
+            dx, self.grads[L.GAMMA], self.grads[L.BETA], self.conf.eps,
+        )  # fmt: skip
+        return dx if need_dx else None
+
+
+class DropoutRuntime(LayerRuntime):
+    """DropoutLayer: inverted dropout in training, identity in inference."""
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        return self._input_dropout(x, train, seed)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        return self._input_dropout_backward(dy) if need_dx else None
+
+
+class ActivationRuntime(LayerRuntime):
+    """ActivationLayer."""
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x = x
+        self.y = self._activate(x)
+        return self.y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        return self._activation_backward(self.x, self.y, dy) if need_dx else None
+
+
+_RUNTIMES = {
+    L.DenseLayer: DenseRuntime,
+    L.OutputLayer: DenseRuntime,
+    L.ConvolutionLayer: ConvolutionRuntime,
+    L.SubsamplingLayer: SubsamplingRuntime,
+    L.GlobalPoolingLayer: GlobalPoolingRuntime,
+    L.BatchNormalization: BatchNormRuntime,
+    L.DropoutLayer: DropoutRuntime,
+    L.ActivationLayer: ActivationRuntime,
+}
+
+
+def build_runtime(
+    conf: Any,
+    input_type: InputType,
+    activation: Activation | None,
+    dtype: np.dtype,
+    params: dict[str, np.ndarray],
+    grads: dict[str, np.ndarray],
+) -> Any:
+    """The runtime object for one layer config (output layers are wrapped in an OutputRuntime)."""
+    if isinstance(conf, L.LossLayer):
+        return OutputRuntime(conf, None)
+    runtime = _RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
+    return OutputRuntime(conf, runtime) if isinstance(conf, L.OutputLayer) else runtime
+
+
+__all__ = ["OutputRuntime", "activation_alpha", "build_runtime"]

@@ -1,0 +1,106 @@
+"""MultiLayerConfiguration: the layer stack plus network-wide defaults, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sparkgrad._config import Config, check_int, check_non_negative, coerce_enum
+from sparkgrad.nn.enums import Activation, WeightInit
+from sparkgrad.nn.input_type import InputType
+from sparkgrad.nn.layers import Layer, layer_error
+from sparkgrad.nn.updaters import Sgd, Updater, check_updater
+
+_DTYPES = ("float32", "float64")
+# Per-layer settings that fall back to the network-wide value when a layer leaves them None.
+INHERITED = ("activation", "weight_init", "l1", "l2", "weight_decay", "updater")
+
+
+@dataclasses.dataclass
+class MultiLayerConfiguration(Config):
+    """A sequential network: layers in order, the input type and defaults for every layer.
+
+    Args:
+        layers: layer configurations; the last one must be an OutputLayer or LossLayer.
+        input_type: shape of the input; lets ``n_in`` be inferred and convolutional layers be sized.
+            Without it the first layer needs ``n_in`` and convolutional layers are not allowed.
+        updater: default updater (layers may set their own).
+        seed: seed of weight initialisation and dropout; None draws fresh entropy per network.
+        weight_init, activation, l1, l2, weight_decay: defaults for layers that leave them None.
+        dtype: "float32" or "float64" for parameters, gradients and activations.
+    """
+
+    layers: list
+    input_type: InputType | None = None
+    updater: Updater = dataclasses.field(default_factory=lambda: Sgd(0.1))
+    seed: int | None = None
+    weight_init: WeightInit = WeightInit.XAVIER
+    activation: Activation = Activation.SIGMOID
+    l1: float = 0.0
+    l2: float = 0.0
+    weight_decay: float = 0.0
+    dtype: str = "float32"
+    # Derived: the input type each layer sees (after flattening / reshaping), and the output type.
+    layer_input_types: list = dataclasses.field(init=False, repr=False, compare=False)
+    output_type: InputType = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.weight_init = coerce_enum(WeightInit, self.weight_init, "weight_init")
+        self.activation = coerce_enum(Activation, self.activation, "activation")
+        for name in ("l1", "l2", "weight_decay"):
+            setattr(self, name, check_non_negative(name, getattr(self, name)))
+        check_updater("updater", self.updater)
+        if self.seed is not None:
+            self.seed = check_int("seed", self.seed, minimum=0)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if self.input_type is not None and not isinstance(self.input_type, InputType):
+            raise ValueError(f"input_type: expected an InputType, got {self.input_type!r}")
+        if not isinstance(self.layers, (list, tuple)) or not self.layers:
+            raise ValueError("layers: expected a non-empty list of layer configurations")
+        self.layers = list(self.layers)
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, Layer):
+                raise ValueError(f"layers[{i}]: expected a layer configuration, got {layer!r}")
+            if layer.is_output and i != len(self.layers) - 1:
+                raise layer_error(i, layer, "position", "an output layer must be the last layer")
+        if not self.layers[-1].is_output:
+            raise layer_error(
+                len(self.layers) - 1,
+                self.layers[-1],
+                "type",
+                "the last layer must be an OutputLayer or LossLayer",
+            )
+        self._infer_types()
+
+    def _infer_types(self) -> None:
+        current = self.input_type
+        if current is None:
+            first = self.layers[0]
+            n_in = getattr(first, "n_in", None)
+            if n_in is None:
+                raise layer_error(0, first, "n_in", "required when the configuration has no input_type")
+            current = InputType.feed_forward(n_in)
+        elif current.kind == "convolutional_flat":  # the network reshapes flat rows to NCHW
+            current = InputType.convolutional(current.height, current.width, current.channels)
+        elif current.kind == "recurrent":  # time steps are folded into the batch
+            current = InputType.feed_forward(current.size)
+        types = []
+        for i, layer in enumerate(self.layers):
+            types.append(current)
+            self.layers[i], current = layer.infer(i, current)
+        self.layer_input_types = types
+        self.output_type = current
+
+    def setting(self, index: int, name: str) -> Any:
+        """Effective value of an inheritable setting (``INHERITED``) for layer ``index``."""
+        value = getattr(self.layers[index], name, None)
+        return getattr(self, name) if value is None else value
+
+    @property
+    def is_recurrent(self) -> bool:
+        """True when the input is a sequence and feed-forward layers run at every time step."""
+        return self.input_type is not None and self.input_type.kind == "recurrent"
+
+
+__all__ = ["MultiLayerConfiguration"]

@@ -1,0 +1,78 @@
+"""InputType: the shape of the data entering a network, used to infer ``n_in`` and layer shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sparkgrad._config import Config, check_int
+
+_KINDS = ("feed_forward", "convolutional", "convolutional_flat", "recurrent")
+
+
+@dataclasses.dataclass
+class InputType(Config):
+    """Shape of one example. Build with the factory methods, not the constructor.
+
+    Feed-forward examples are vectors of ``size``; convolutional ones are ``(channels, height, width)``
+    (NCHW batches); convolutional_flat ones are vectors of ``height * width * channels`` reshaped to NCHW
+    by the network; recurrent ones are ``(size, time_steps)`` (batches ``(N, size, T)``).
+    """
+
+    kind: str
+    size: int = 0
+    height: int = 0
+    width: int = 0
+    channels: int = 0
+    time_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind: expected one of {', '.join(_KINDS)}, got {self.kind!r}")
+        if self.kind in ("feed_forward", "recurrent"):
+            self.size = check_int("size", self.size, minimum=1)
+        else:
+            self.height = check_int("height", self.height, minimum=1)
+            self.width = check_int("width", self.width, minimum=1)
+            self.channels = check_int("channels", self.channels, minimum=1)
+            self.size = self.height * self.width * self.channels
+        if self.time_steps is not None:
+            self.time_steps = check_int("time_steps", self.time_steps, minimum=1)
+
+    @staticmethod
+    def feed_forward(n: int) -> InputType:
+        """Vectors of length ``n``: features ``(batch, n)``."""
+        return InputType("feed_forward", size=n)
+
+    @staticmethod
+    def convolutional(height: int, width: int, channels: int) -> InputType:
+        """Images: features ``(batch, channels, height, width)``."""
+        return InputType("convolutional", height=height, width=width, channels=channels)
+
+    @staticmethod
+    def convolutional_flat(height: int, width: int, channels: int) -> InputType:
+        """Flattened images ``(batch, channels * height * width)`` (C order of channels, height, width)."""
+        return InputType("convolutional_flat", height=height, width=width, channels=channels)
+
+    @staticmethod
+    def recurrent(size: int, time_steps: int | None = None) -> InputType:
+        """Sequences: features ``(batch, size, time)``; feed-forward layers apply at every time step."""
+        return InputType("recurrent", size=size, time_steps=time_steps)
+
+    @property
+    def is_convolutional(self) -> bool:
+        return self.kind in ("convolutional", "convolutional_flat")
+
+    def shape(self) -> tuple[int, ...]:
+        """Per-example array shape as the layers see it (recurrent steps are flattened into the batch)."""
+        if self.is_convolutional:
+            return (self.channels, self.height, self.width)
+        return (self.size,)
+
+    def describe(self) -> str:
+        """Short human-readable form used in summaries and error messages."""
+        if self.is_convolutional:
+            return f"{self.kind}({self.channels}x{self.height}x{self.width})"
+        return f"{self.kind}({self.size})"
+
+
+__all__ = ["InputType"]

@@ -1,0 +1,210 @@
+"""Updater configurations (DL4J's IUpdater family).
+
+Each updater is a :class:`~sparkgrad._config.Config`; the fused native kernel ``updater_apply`` turns a
+flat gradient slice into the update that is subtracted from the parameters, advancing a flat state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sparkgrad._config import Config, check_positive, check_range
+from sparkgrad._native import _core
+
+
+class Updater(Config):
+    """Base of every updater config: ``kind`` names the kernel, ``learning_rate`` scales weight decay."""
+
+    kind: ClassVar[str] = ""
+    learning_rate: float
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        """Hyper-parameters passed to ``_core.updater_apply`` (keyword names of the kernel)."""
+        return {}
+
+    def state_size(self, n: int) -> int:
+        """Length of the flat state this updater keeps for ``n`` parameters."""
+        return int(_core.updater_state_size(self.kind, n))
+
+    def apply(self, gradient: np.ndarray, state: np.ndarray, iteration: int) -> None:
+        """Turn ``gradient`` into the update in place, advancing ``state`` (0-based ``iteration``)."""
+        _core.updater_apply(self.kind, gradient, state, iteration, **self.kernel_kwargs())
+
+
+def _check_lr(updater: Any) -> None:
+    updater.learning_rate = check_positive("learning_rate", updater.learning_rate)
+
+
+def _check_betas(updater: Any) -> None:
+    updater.beta1 = check_range("beta1", updater.beta1, 0.0, 1.0, high_inclusive=False)
+    updater.beta2 = check_range("beta2", updater.beta2, 0.0, 1.0, high_inclusive=False)
+    updater.epsilon = check_positive("epsilon", updater.epsilon)
+
+
+@dataclasses.dataclass
+class Sgd(Updater):
+    """Plain stochastic gradient descent: ``update = learning_rate * gradient``."""
+
+    kind: ClassVar[str] = "sgd"
+    learning_rate: float = 1e-3
+
+    def __post_init__(self) -> None:
+        _check_lr(self)
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {"learning_rate": self.learning_rate}
+
+
+@dataclasses.dataclass
+class Nesterovs(Updater):
+    """Nesterov momentum (DL4J formulation)."""
+
+    kind: ClassVar[str] = "nesterovs"
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        _check_lr(self)
+        self.momentum = check_range("momentum", self.momentum, 0.0, 1.0, high_inclusive=False)
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {"learning_rate": self.learning_rate, "momentum": self.momentum}
+
+
+@dataclasses.dataclass
+class _AdamFamily(Updater):
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_lr(self)
+        _check_betas(self)
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {
+            "learning_rate": self.learning_rate,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "epsilon": self.epsilon,
+        }
+
+
+@dataclasses.dataclass
+class Adam(_AdamFamily):
+    """Adam with DL4J's bias-corrected step size."""
+
+    kind: ClassVar[str] = "adam"
+
+
+@dataclasses.dataclass
+class AdaMax(_AdamFamily):
+    """AdaMax (infinity-norm Adam)."""
+
+    kind: ClassVar[str] = "adamax"
+
+
+@dataclasses.dataclass
+class Nadam(_AdamFamily):
+    """Nesterov-accelerated Adam."""
+
+    kind: ClassVar[str] = "nadam"
+
+
+@dataclasses.dataclass
+class AmsGrad(_AdamFamily):
+    """AMSGrad: Adam with a running maximum of the second moment."""
+
+    kind: ClassVar[str] = "amsgrad"
+
+
+@dataclasses.dataclass
+class RmsProp(Updater):
+    """RMSProp: ``s = d s + (1 - d) g^2; u = lr g / sqrt(s + eps)``."""
+
+    kind: ClassVar[str] = "rmsprop"
+    learning_rate: float = 0.1
+    rms_decay: float = 0.95
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_lr(self)
+        self.rms_decay = check_range("rms_decay", self.rms_decay, 0.0, 1.0, high_inclusive=False)
+        self.epsilon = check_positive("epsilon", self.epsilon)
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {"learning_rate": self.learning_rate, "rms_decay": self.rms_decay, "epsilon": self.epsilon}
+
+
+@dataclasses.dataclass
+class AdaGrad(Updater):
+    """AdaGrad: ``h += g^2; u = lr g / (sqrt(h) + eps)``."""
+
+    kind: ClassVar[str] = "adagrad"
+    learning_rate: float = 0.1
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _check_lr(self)
+        self.epsilon = check_positive("epsilon", self.epsilon)
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {"learning_rate": self.learning_rate, "epsilon": self.epsilon}
+
+
+@dataclasses.dataclass
+class AdaDelta(Updater):
+    """AdaDelta (no learning rate; weight decay then uses a rate of 1)."""
+
+    kind: ClassVar[str] = "adadelta"
+    rho: float = 0.95
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        self.rho = check_range("rho", self.rho, 0.0, 1.0, high_inclusive=False)
+        self.epsilon = check_positive("epsilon", self.epsilon)
+
+    @property
+    def learning_rate(self) -> float:  # type: ignore[override]
+        return 1.0
+
+    def kernel_kwargs(self) -> dict[str, float]:
+        return {"rho": self.rho, "epsilon": self.epsilon}
+
+
+@dataclasses.dataclass
+class NoOp(Updater):
+    """Leaves parameters unchanged (update is zero); weight decay is off too."""
+
+    kind: ClassVar[str] = "noop"
+
+    @property
+    def learning_rate(self) -> float:  # type: ignore[override]
+        return 0.0
+
+
+def check_updater(field: str, value: Any) -> Updater:
+    """Validate that ``value`` is an updater config (raises ValueError naming ``field``)."""
+    if not isinstance(value, Updater):
+        raise ValueError(f"{field}: expected an updater from sparkgrad.nn.updaters, got {value!r}")
+    return value
+
+
+__all__ = [
+    "AdaDelta",
+    "AdaGrad",
+    "AdaMax",
+    "Adam",
+    "AmsGrad",
+    "Nadam",
+    "Nesterovs",
+    "NoOp",
+    "RmsProp",
+    "Sgd",
+    "Updater",
+    "check_updater",
+]

@@ -1,0 +1,41 @@
+"""Distributed training on Apache Spark: SparkMultiLayer with parameter averaging or gradient sharing.
+
+- :class:`SparkMultiLayer`: fit, distributed evaluation, scoring and keyed inference.
+- :class:`ParameterAveragingTrainingMaster`: synchronous parameter averaging.
+- :class:`SharedTrainingMaster`: asynchronous sharing of threshold-encoded updates through a ZeroMQ
+  controller on the driver (wire format in :mod:`sparkgrad.transport.frame`).
+- :class:`SparkTrainingStats`: phase timings, traffic and per-iteration series with an HTML report.
+"""
+
+from __future__ import annotations
+
+from sparkgrad.spark.config import (
+    DefaultRepartitioner,
+    MeshBuildMode,
+    RDDTrainingApproach,
+    Repartition,
+    RepartitionStrategy,
+    TrainingHook,
+    VoidConfiguration,
+)
+from sparkgrad.spark.multilayer import SparkMultiLayer
+from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
+from sparkgrad.spark.shared import SharedTrainingMaster
+from sparkgrad.spark.stats import EventStats, SparkTrainingStats
+from sparkgrad.transport import ZmqTransportConfiguration
+
+__all__ = [
+    "DefaultRepartitioner",
+    "EventStats",
+    "MeshBuildMode",
+    "ParameterAveragingTrainingMaster",
+    "RDDTrainingApproach",
+    "Repartition",
+    "RepartitionStrategy",
+    "SharedTrainingMaster",
+    "SparkMultiLayer",
+    "SparkTrainingStats",
+    "TrainingHook",
+    "VoidConfiguration",
+    "ZmqTransportConfiguration",
+]

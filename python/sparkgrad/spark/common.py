@@ -1,0 +1,317 @@
+"""Pieces shared by both training masters and SparkMultiLayer: network snapshots shipped to executors,
+data preparation (Export/Direct), error translation and Hadoop file-system helpers."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad.errors import TrainingError
+from sparkgrad.spark.config import RDDTrainingApproach, storage_level
+from sparkgrad.spark.partitioning import rebatch
+from sparkgrad.spark.stats import SparkTrainingStats, Timer
+
+if TYPE_CHECKING:
+    from pyspark import RDD, SparkContext
+
+    from sparkgrad.nn import MultiLayerNetwork
+
+
+@dataclass
+class NetworkSnapshot:
+    """What an executor needs to rebuild a network: conf JSON, parameters, updater state, counters."""
+
+    conf_json: str
+    params: np.ndarray
+    updater_state: np.ndarray | None
+    iteration: int
+    epoch: int
+
+    @classmethod
+    def of(cls, network: MultiLayerNetwork, with_updater: bool = True) -> NetworkSnapshot:
+        """Snapshot ``network`` (arrays copied)."""
+        state = network.updater_state().copy() if with_updater else None
+        return cls(
+            network.conf.to_json(),
+            network.params().copy(),
+            state,
+            int(network.iteration_count),
+            int(network.epoch_count),
+        )
+
+    def build(self, params: np.ndarray | None = None) -> MultiLayerNetwork:
+        """A fresh network from this snapshot (``params`` overrides the snapshot's parameters)."""
+        from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
+
+        net = MultiLayerNetwork(MultiLayerConfiguration.from_json(self.conf_json))
+        net.init(np.array(self.params if params is None else params, copy=True))
+        if self.updater_state is not None and self.updater_state.size:
+            net.set_updater_state(self.updater_state.copy())
+        net.iteration_count, net.epoch_count = self.iteration, self.epoch
+        return net
+
+
+def spark_context(spark: Any) -> SparkContext:
+    """The SparkContext of a SparkSession or SparkContext."""
+    from pyspark import SparkContext
+
+    if isinstance(spark, SparkContext):
+        return spark
+    sc = getattr(spark, "sparkContext", None)
+    if isinstance(sc, SparkContext):
+        return sc
+    raise TypeError(f"spark: expected a SparkSession or SparkContext, got {type(spark).__name__}")
+
+
+_PY_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.*)$", re.MULTILINE)
+
+
+def run_spark(what: str, action: Callable[[], Any]) -> Any:
+    """Run a Spark action; an executor-side Python error becomes a TrainingError quoting it.
+
+    Args:
+        what: short description for the message ("training", "evaluation", ...).
+        action: the zero-argument callable running the Spark action.
+
+    Returns:
+        The action's result.
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PythonException
+
+    try:
+        return action()
+    except (Py4JJavaError, PythonException) as exc:
+        text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
+        found = _PY_ERROR.findall(text)
+        detail = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
+        raise TrainingError(f"{what} failed on an executor: {detail}") from exc
+
+
+def hadoop_delete(sc: SparkContext, path: str) -> None:
+    """Recursively delete ``path`` through the Hadoop FileSystem API (any file system Spark can use)."""
+    jvm = sc._jvm  # type: ignore[attr-defined]
+    jpath = jvm.org.apache.hadoop.fs.Path(path)
+    jpath.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jpath, True)  # type: ignore[attr-defined]
+
+
+def default_export_root(sc: SparkContext) -> str:
+    """``hadoop.tmp.dir/sparkgrad`` (DL4J's default export location)."""
+    tmp = sc._jsc.hadoopConfiguration().get("hadoop.tmp.dir")  # type: ignore[attr-defined]
+    return f"{tmp or '/tmp'}/sparkgrad"
+
+
+def first_element(rdd: RDD, what: str) -> Any:
+    """The first element of ``rdd``; ValueError naming ``what`` when the RDD is empty."""
+    got = run_spark(f"reading {what}", lambda: rdd.take(1))
+    if not got:
+        raise ValueError(f"{what}: the RDD is empty, there is nothing to train on")
+    return got[0]
+
+
+def check_dataset_matches(network: MultiLayerNetwork, sample: Any, what: str) -> None:
+    """Fail on the driver, before any training, when ``sample`` does not fit ``network``.
+
+    Args:
+        network: the network to train.
+        sample: the first element of the data.
+        what: the argument name for messages.
+    """
+    from sparkgrad.data import DataSet
+
+    if not isinstance(sample, DataSet):
+        raise TypeError(
+            f"{what}: expected an RDD of sparkgrad.data.DataSet, found elements of type "
+            f"{type(sample).__name__}"
+        )
+    if sample.labels is None:
+        raise ValueError(f"{what}: the DataSets have no labels, training needs labels")
+    try:
+        out = network.output(sample.features[:1])
+    except ValueError as exc:
+        raise ValueError(
+            f"{what}: features of shape {sample.features.shape} do not fit the network: {exc}"
+        ) from exc
+    if sample.labels.ndim == out.ndim and sample.labels.shape[1] != out.shape[1]:
+        raise ValueError(
+            f"{what}: labels have {sample.labels.shape[1]} columns, the network outputs {out.shape[1]}"
+        )
+
+
+# -- data preparation ------------------------------------------------------------------------------------
+def load_unit(kind: str, loader: Any, unit: Any) -> Any:
+    """Turn one element of a training RDD into a DataSet: kind "dataset", "bytes" (exported) or "path"."""
+    if kind == "dataset":
+        return unit
+    if kind == "bytes":
+        from sparkgrad.data import SerializedDataSetLoader
+
+        return SerializedDataSetLoader().load_bytes(unit[1], source=unit[0])
+    return loader(unit)
+
+
+def worker_batches(
+    units: Iterable[Any], kind: str, loader: Any, batch_size: int, prefetch: int
+) -> Iterator[Any]:
+    """The minibatches a worker trains on: load, re-batch to ``batch_size``, optionally prefetch."""
+    batches = rebatch((load_unit(kind, loader, u) for u in units), batch_size)
+    if prefetch > 0:
+        from sparkgrad.data import AsyncDataSetIterator
+
+        return iter(AsyncDataSetIterator(batches, prefetch=prefetch))
+    return batches
+
+
+@dataclass
+class TrainingData:
+    """A training RDD ready for the workers.
+
+    ``kind`` says what the elements are ("dataset", "bytes" = (name, exported DataSet bytes), "path"),
+    ``examples_per_unit`` how many examples each element holds (for split and partition sizing).
+    """
+
+    rdd: RDD
+    kind: str
+    loader: Any
+    examples_per_unit: int
+    num_units: int
+
+
+class TrainingMasterBase:
+    """Export/Direct data handling and temp-file bookkeeping common to both training masters.
+
+    Subclasses are dataclasses with the fields ``batch_size_per_worker``, ``rdd_data_set_num_examples``,
+    ``rdd_training_approach``, ``export_directory`` and ``storage_level``.
+    """
+
+    batch_size_per_worker: int
+    rdd_data_set_num_examples: int
+    rdd_training_approach: RDDTrainingApproach
+    export_directory: str | None
+    storage_level: str
+
+    def _runtime_init(self) -> None:
+        self._uid = uuid.uuid4().hex[:12]
+        self._export_state: tuple[int, str, int] | None = None  # (rdd id, directory, batch count)
+        self._persisted: list[RDD] = []
+        self.last_stats: SparkTrainingStats | None = None
+
+    def delete_temp_files(self, spark: Any) -> bool:
+        """Delete the files of the last export (through the Hadoop FileSystem API).
+
+        Args:
+            spark: SparkSession or SparkContext.
+
+        Returns:
+            True when something was deleted.
+        """
+        if self._export_state is None:
+            return False
+        hadoop_delete(spark_context(spark), self._export_state[1])
+        self._export_state = None
+        return True
+
+    def _export_dir(self, sc: SparkContext) -> str:
+        root = self.export_directory or default_export_root(sc)
+        return f"{root.rstrip('/')}/{self._uid}"
+
+    def _storage_level_for(self, kind: str) -> str:
+        """Storage level of a training RDD whose elements are of ``kind`` (overridable per master)."""
+        return self.storage_level
+
+    def _export(
+        self, sc: SparkContext, rdd: RDD, stats: SparkTrainingStats | None, timer_key: str
+    ) -> tuple[str, int]:
+        """Batch ``rdd`` into records of ``batch_size_per_worker`` examples once per RDD; reuse afterwards."""
+        if self._export_state is None or self._export_state[0] != rdd.id():
+            if self._export_state is not None:
+                self.delete_temp_files(sc)
+            path = f"{self._export_dir(sc)}/{rdd.id()}"
+            batch = self.batch_size_per_worker
+            counter = sc.accumulator(0)
+
+            def export_partition(index: int, it: Iterable[Any]) -> Iterator[tuple[str, bytearray]]:
+                for i, ds in enumerate(rebatch(it, batch)):
+                    counter.add(1)
+                    yield f"dataset_{index}_{i}", bytearray(ds.to_bytes())
+
+            with Timer(stats, timer_key):
+                run_spark(
+                    "export", lambda: rdd.mapPartitionsWithIndex(export_partition).saveAsSequenceFile(path)
+                )
+            self._export_state = (rdd.id(), path, int(counter.value))
+        return self._export_state[1], self._export_state[2]
+
+    def prepare(
+        self,
+        sc: SparkContext,
+        rdd: RDD,
+        kind: str,
+        loader: Any,
+        stats: SparkTrainingStats | None,
+        timer_key: str,
+    ) -> TrainingData:
+        """The training data of one fit.
+
+        DataSet RDDs in EXPORT mode are written once (through Spark's Hadoop I/O, so any file system
+        works) as sequence files of DataSet bytes and read back; otherwise the RDD is used as is. The
+        result is persisted at the master's storage level for its element kind.
+        """
+        per_unit = self.rdd_data_set_num_examples
+        if kind == "dataset" and self.rdd_training_approach == RDDTrainingApproach.EXPORT:
+            path, _ = self._export(sc, rdd, stats, timer_key)
+            rdd, kind, per_unit = sc.sequenceFile(path), "bytes", self.batch_size_per_worker
+        if not rdd.is_cached:
+            level = storage_level(self._storage_level_for(kind))
+            if level != storage_level("NONE"):
+                rdd = rdd.persist(level)
+                self._persisted.append(rdd)
+        count = run_spark("counting the data", rdd.count)
+        if count == 0:
+            raise ValueError("data: the RDD is empty, there is nothing to train on")
+        return TrainingData(rdd, kind, loader, per_unit, count)
+
+    def _unpersist(self) -> None:
+        for rdd in self._persisted:
+            rdd.unpersist()
+        self._persisted = []
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Ceiling of a / b for non-negative integers."""
+    return -(-a // b)
+
+
+def mean_or_none(total: np.ndarray | None, count: int) -> np.ndarray | None:
+    """``total / count`` or None."""
+    return None if total is None or count == 0 else total / count
+
+
+def process_tag() -> str:
+    """host:pid of this process (names workers in logs and stats)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+__all__ = [
+    "NetworkSnapshot",
+    "TrainingData",
+    "TrainingMasterBase",
+    "ceil_div",
+    "check_dataset_matches",
+    "first_element",
+    "hadoop_delete",
+    "load_unit",
+    "mean_or_none",
+    "process_tag",
+    "run_spark",
+    "spark_context",
+    "worker_batches",
+]

@@ -1,0 +1,218 @@
+"""Configuration data of distributed training: enums, VoidConfiguration, repartitioner, hooks."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkgrad._config import Config, check_int
+
+if TYPE_CHECKING:
+    from pyspark import RDD, StorageLevel
+
+
+class MeshBuildMode(enum.Enum):
+    """Topology of the gradient-sharing network (PLAIN: every worker talks to the controller)."""
+
+    PLAIN = "plain"
+    MESH = "mesh"
+
+
+class RDDTrainingApproach(enum.Enum):
+    """EXPORT: batch and save the RDD once, train from the files; DIRECT: train from the RDD itself."""
+
+    EXPORT = "export"
+    DIRECT = "direct"
+
+
+class Repartition(enum.Enum):
+    """When the data is repartitioned before training."""
+
+    ALWAYS = "always"
+    NEVER = "never"
+    NUM_PARTITIONS_WORKERS_DIFFERS = "num_partitions_workers_differs"
+
+
+class RepartitionStrategy(enum.Enum):
+    """How: Spark's hash repartition, or contiguous equal-sized partitions."""
+
+    SPARK_DEFAULT = "spark_default"
+    BALANCED = "balanced"
+
+
+# PySpark always stores Python objects serialised, so DL4J's *_SER levels map onto the plain ones.
+_STORAGE_ALIASES = {
+    "MEMORY_ONLY_SER": "MEMORY_ONLY",
+    "MEMORY_AND_DISK_SER": "MEMORY_AND_DISK",
+    "MEMORY_ONLY_SER_2": "MEMORY_ONLY_2",
+    "MEMORY_AND_DISK_SER_2": "MEMORY_AND_DISK_2",
+}
+_STORAGE_LEVELS = (
+    "NONE",
+    "DISK_ONLY",
+    "DISK_ONLY_2",
+    "DISK_ONLY_3",
+    "MEMORY_AND_DISK",
+    "MEMORY_AND_DISK_2",
+    "MEMORY_AND_DISK_DESER",
+    "MEMORY_ONLY",
+    "MEMORY_ONLY_2",
+    "OFF_HEAP",
+    *_STORAGE_ALIASES,
+)
+
+
+def check_storage_level(field: str, value: Any) -> str:
+    """Validate a storage-level name (case-insensitive); returns it upper-cased."""
+    if not isinstance(value, str) or value.upper() not in _STORAGE_LEVELS:
+        raise ValueError(f"{field}: expected one of {', '.join(_STORAGE_LEVELS)}, got {value!r}")
+    return value.upper()
+
+
+def storage_level(name: str) -> StorageLevel:
+    """The pyspark StorageLevel of a validated name."""
+    from pyspark import StorageLevel
+
+    return getattr(StorageLevel, _STORAGE_ALIASES.get(name, name))
+
+
+@dataclass
+class VoidConfiguration(Config):
+    """Where the gradient-sharing controller listens.
+
+    Args:
+        unicast_port: controller TCP port on the driver.
+        controller_address: explicit controller address; else ``SPARKGRAD_VOID_IP``, else the local
+            address inside ``network_mask``, else the driver host Spark reports.
+        network_mask: CIDR such as ``"10.0.0.0/8"`` selecting the driver interface to use.
+    """
+
+    unicast_port: int = 40123
+    controller_address: str | None = None
+    network_mask: str | None = None
+
+    def __post_init__(self) -> None:
+        self.unicast_port = check_int("unicast_port", self.unicast_port, minimum=1, maximum=65535)
+        if self.controller_address is not None and (
+            not isinstance(self.controller_address, str) or not self.controller_address.strip()
+        ):
+            raise ValueError(
+                f"controller_address: expected a host name or IP, got {self.controller_address!r}"
+            )
+        if self.network_mask is not None:
+            try:
+                ipaddress.ip_network(self.network_mask, strict=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"network_mask: not a CIDR network ({exc})") from None
+
+    def resolve_controller_address(self, spark_driver_host: str | None) -> str:
+        """The address workers connect to (resolution order documented on the class).
+
+        Args:
+            spark_driver_host: ``spark.driver.host`` of the running SparkContext.
+
+        Returns:
+            An address string.
+        """
+        if self.controller_address:
+            return self.controller_address
+        env = os.environ.get("SPARKGRAD_VOID_IP")
+        if env:
+            return env
+        if self.network_mask:
+            found = address_in_network(self.network_mask)
+            if found is None:
+                raise ValueError(f"network_mask: no local interface address lies in {self.network_mask}")
+            return found
+        if spark_driver_host:
+            return spark_driver_host
+        return "127.0.0.1"
+
+
+def _local_addresses() -> list[str]:
+    found = {"127.0.0.1"}
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            found.add(str(info[4][0]))
+    except OSError:
+        pass
+    try:  # the address of the default route, without sending anything
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            found.add(s.getsockname()[0])
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def address_in_network(mask: str) -> str | None:
+    """This machine's first IPv4 address inside the CIDR ``mask`` (None if there is none)."""
+    net = ipaddress.ip_network(mask, strict=False)
+    for addr in _local_addresses():
+        if ipaddress.ip_address(addr) in net:
+            return addr
+    return None
+
+
+@dataclass
+class DefaultRepartitioner(Config):
+    """Spread the data evenly over ``min(max_partitions, ceil(total / min_per_partition))`` partitions.
+
+    Args:
+        max_partitions: upper bound on the number of partitions.
+    """
+
+    max_partitions: int = 5000
+
+    def __post_init__(self) -> None:
+        self.max_partitions = check_int("max_partitions", self.max_partitions, minimum=1)
+
+    def repartition(self, rdd: RDD, min_per_partition: int, total: int) -> RDD:
+        """Repartition ``rdd`` (``total`` elements) into equal contiguous partitions.
+
+        Args:
+            rdd: the data.
+            min_per_partition: elements each partition should hold at least.
+            total: element count of ``rdd``.
+
+        Returns:
+            The repartitioned RDD (``rdd`` itself when already balanced).
+        """
+        from sparkgrad.spark.partitioning import balanced_repartition
+
+        per = max(1, min_per_partition)
+        n = min(self.max_partitions, max(1, -(-total // per)))
+        return balanced_repartition(rdd, n, total)
+
+
+@dataclass
+class TrainingHook(Config):
+    """Called on the worker around every minibatch update of parameter-averaging training.
+
+    Subclass it as a dataclass so a master holding hooks still round-trips through JSON/YAML; hooks are
+    pickled to the executors.
+    """
+
+    def pre_update(self, dataset: Any, network: Any) -> None:
+        """Before the update of ``dataset`` is applied to ``network``."""
+
+    def post_update(self, dataset: Any, network: Any) -> None:
+        """After the update of ``dataset`` was applied to ``network``."""
+
+
+__all__ = [
+    "DefaultRepartitioner",
+    "MeshBuildMode",
+    "RDDTrainingApproach",
+    "Repartition",
+    "RepartitionStrategy",
+    "TrainingHook",
+    "VoidConfiguration",
+    "address_in_network",
+    "check_storage_level",
+    "storage_level",
+]

@@ -1,0 +1,544 @@
+"""SparkMultiLayer: training, distributed evaluation, scoring and keyed inference of a MultiLayerNetwork."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad._config import check_int
+from sparkgrad.spark.common import (
+    NetworkSnapshot,
+    check_dataset_matches,
+    first_element,
+    load_unit,
+    run_spark,
+    spark_context,
+)
+from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
+from sparkgrad.spark.partitioning import rebatch
+from sparkgrad.spark.shared import SharedTrainingMaster
+from sparkgrad.spark.stats import SparkTrainingStats
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+
+    from sparkgrad.nn import MultiLayerNetwork
+
+DEFAULT_EVAL_BATCH_SIZE = 64
+
+# Per executor process: network copies of the latest evaluation/inference broadcast.
+_NETS: dict[str, list[MultiLayerNetwork]] = {}
+
+
+@dataclass
+class _InferenceJob:
+    """Broadcast of evaluation / scoring / inference: one id per broadcast so executors cache networks."""
+
+    key: str
+    snapshot: NetworkSnapshot
+
+    def networks(self, count: int) -> list[MultiLayerNetwork]:
+        nets = _NETS.get(self.key)
+        if nets is None:
+            _NETS.clear()
+            nets = _NETS[self.key] = []
+        while len(nets) < count:
+            nets.append(self.snapshot.build())
+        return nets[:count]
+
+
+def _merge_lists(a: list | None, b: list | None) -> list | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    for x, y in zip(a, b):
+        x.merge(y)
+    return a
+
+
+def _example_ndim(network: MultiLayerNetwork) -> int:
+    input_type = getattr(network.conf, "input_type", None)
+    if input_type is None or input_type.kind in ("feed_forward", "convolutional_flat"):
+        return 1
+    return 3 if input_type.kind == "convolutional" else 2
+
+
+class SparkMultiLayer:
+    """A MultiLayerNetwork trained and used on Spark (DL4J ``SparkDl4jMultiLayer``).
+
+    Args:
+        spark: SparkSession or SparkContext.
+        network_or_conf: a MultiLayerNetwork, or a MultiLayerConfiguration (a network is built and
+            initialised from it).
+        training_master: ``SharedTrainingMaster`` or ``ParameterAveragingTrainingMaster``; default
+            ``ParameterAveragingTrainingMaster()``.
+    """
+
+    def __init__(self, spark: Any, network_or_conf: Any, training_master: Any = None) -> None:
+        from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
+
+        self._sc = spark_context(spark)
+        if isinstance(network_or_conf, MultiLayerConfiguration):
+            network_or_conf = MultiLayerNetwork(network_or_conf).init()
+        self.network = network_or_conf
+        if training_master is None:
+            training_master = ParameterAveragingTrainingMaster()
+        if not isinstance(training_master, (SharedTrainingMaster, ParameterAveragingTrainingMaster)):
+            raise TypeError(
+                f"training_master: expected SharedTrainingMaster or ParameterAveragingTrainingMaster, "
+                f"got {type(training_master).__name__}"
+            )
+        self._master = training_master
+        self._score = float("nan")
+        self._default_eval_workers = 1
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def network(self) -> MultiLayerNetwork:
+        """The driver's network (trained in place by ``fit``)."""
+        return self._network
+
+    @network.setter
+    def network(self, value: MultiLayerNetwork) -> None:
+        from sparkgrad.nn import MultiLayerNetwork
+
+        if not isinstance(value, MultiLayerNetwork):
+            raise TypeError(f"network: expected a MultiLayerNetwork, got {type(value).__name__}")
+        self._network = value
+
+    @property
+    def spark_context(self) -> Any:
+        """The SparkContext."""
+        return self._sc
+
+    @property
+    def training_master(self) -> Any:
+        """The training master."""
+        return self._master
+
+    @property
+    def score(self) -> float:
+        """Average last-minibatch score of the workers in the last fit (nan before any fit)."""
+        return self._score
+
+    @property
+    def collect_training_stats(self) -> bool:
+        """Whether fits record :class:`SparkTrainingStats`."""
+        return self._master.collect_training_stats
+
+    @collect_training_stats.setter
+    def collect_training_stats(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"collect_training_stats: expected a bool, got {value!r}")
+        self._master.collect_training_stats = value
+
+    @property
+    def training_stats(self) -> SparkTrainingStats | None:
+        """Stats of the last fit (None unless collect_training_stats was on)."""
+        return self._master.last_stats
+
+    @property
+    def default_evaluation_workers(self) -> int:
+        """Network copies per executor task used by evaluation when ``eval_num_workers`` is None."""
+        return self._default_eval_workers
+
+    @default_evaluation_workers.setter
+    def default_evaluation_workers(self, value: int) -> None:
+        self._default_eval_workers = check_int("default_evaluation_workers", value, minimum=1)
+
+    # -- training -----------------------------------------------------------------------------
+    def fit(self, data: RDD | str) -> MultiLayerNetwork:
+        """Train one epoch.
+
+        Args:
+            data: an RDD of DataSets, or a directory (any Hadoop URI) of DataSets saved with
+                ``DataSet.save``, read through Spark's ``binaryFiles``.
+
+        Returns:
+            The trained network.
+        """
+        if isinstance(data, str):
+            rdd = self._sc.binaryFiles(data)
+            self._check_first(rdd.map(lambda pb: load_unit("bytes", None, pb)), "data")
+            return self._train(rdd, "bytes", None)
+        self._check_rdd(data, "data")
+        self._check_first(data, "data")
+        return self._train(data, "dataset", None)
+
+    def fit_paths(self, paths: RDD, loader: Any = None) -> MultiLayerNetwork:
+        """Train one epoch on saved DataSets named by an RDD of paths.
+
+        Args:
+            paths: RDD of path strings.
+            loader: callable path -> DataSet (default ``SerializedDataSetLoader()``).
+
+        Returns:
+            The trained network.
+        """
+        from sparkgrad.data import SerializedDataSetLoader
+
+        self._check_rdd(paths, "paths")
+        loader = SerializedDataSetLoader() if loader is None else loader
+        if not callable(loader):
+            raise TypeError(f"loader: expected a callable path -> DataSet, got {type(loader).__name__}")
+        first = first_element(paths, "paths")
+        if not isinstance(first, str):
+            raise TypeError(f"paths: expected an RDD of path strings, found {type(first).__name__}")
+        check_dataset_matches(self._network, loader(first), "paths")
+        return self._train(paths, "path", loader)
+
+    def fit_labeled_point(self, rdd: RDD) -> MultiLayerNetwork:
+        """Train one epoch on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices)."""
+        classes = int(self._network.conf.output_type.size)
+        return self._fit_points(rdd, classes)
+
+    def fit_continuous_labeled_point(self, rdd: RDD) -> MultiLayerNetwork:
+        """Train one epoch on LabeledPoint data with real-valued labels (one regression output)."""
+        return self._fit_points(rdd, None)
+
+    def _fit_points(self, rdd: RDD, classes: int | None) -> MultiLayerNetwork:
+        self._check_rdd(rdd, "rdd")
+        batch = self._master.rdd_data_set_num_examples
+        dtype = self._network.params().dtype
+        datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
+        self._check_first(datasets, "rdd")
+        return self._train(datasets, "dataset", None)
+
+    def _train(self, rdd: Any, kind: str, loader: Any) -> MultiLayerNetwork:
+        self._score = self._master.execute_training(self._sc, self._network, rdd, kind, loader)
+        return self._network
+
+    @staticmethod
+    def _check_rdd(rdd: Any, name: str) -> None:
+        from pyspark import RDD
+
+        if not isinstance(rdd, RDD):
+            raise TypeError(f"{name}: expected a pyspark RDD, got {type(rdd).__name__}")
+
+    def _check_first(self, rdd: RDD, name: str) -> None:
+        check_dataset_matches(self._network, first_element(rdd, name), name)
+
+    # -- scoring ------------------------------------------------------------------------------
+    def _broadcast(self) -> Any:
+        return self._sc.broadcast(_InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False)))
+
+    def calculate_score(self, rdd: RDD, average: bool = True, minibatch_size: int = 64) -> float:
+        """Score (loss plus l1/l2 penalty) over all of ``rdd``.
+
+        Args:
+            rdd: RDD of DataSets.
+            average: divide the example-weighted sum by the number of examples.
+            minibatch_size: examples per scoring batch.
+
+        Returns:
+            The score.
+        """
+        self._check_rdd(rdd, "rdd")
+        size = check_int("minibatch_size", minibatch_size, minimum=1)
+        bc = self._broadcast()
+
+        def part(it: Iterable[Any]) -> Iterator[tuple[float, int]]:
+            net = bc.value.networks(1)[0]
+            for ds in rebatch(it, size):
+                n = ds.num_examples()
+                yield net.score(ds) * n, n
+
+        try:
+            total, count = run_spark(
+                "scoring",
+                lambda: rdd.mapPartitions(part).fold((0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])),
+            )
+        finally:
+            bc.unpersist()
+        if count == 0:
+            raise ValueError("rdd: the RDD is empty, there is nothing to score")
+        return total / count if average else total
+
+    def score_examples(
+        self, rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
+    ) -> RDD:
+        """Per-example scores, in the RDD's order.
+
+        Args:
+            rdd: RDD of DataSets.
+            include_regularization_terms: add the l1/l2 penalty to every score.
+            batch_size: examples per scoring batch.
+
+        Returns:
+            RDD of floats (lazy; the broadcast lives as long as the RDD is used).
+        """
+        self._check_rdd(rdd, "rdd")
+        size = check_int("batch_size", batch_size, minimum=1)
+        bc = self._broadcast()
+
+        def part(it: Iterable[Any]) -> Iterator[float]:
+            net = bc.value.networks(1)[0]
+            for ds in rebatch(it, size):
+                yield from (float(s) for s in net.score_examples(ds, include_regularization_terms))
+
+        return rdd.mapPartitions(part)
+
+    def score_examples_with_key(
+        self, pair_rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
+    ) -> RDD:
+        """Per-example scores keyed like the input.
+
+        Args:
+            pair_rdd: RDD of ``(key, DataSet)`` with one example per DataSet.
+            include_regularization_terms: add the l1/l2 penalty to every score.
+            batch_size: examples per scoring batch.
+
+        Returns:
+            RDD of ``(key, float)``.
+        """
+        self._check_rdd(pair_rdd, "pair_rdd")
+        size = check_int("batch_size", batch_size, minimum=1)
+        bc = self._broadcast()
+
+        def part(it: Iterable[Any]) -> Iterator[tuple[Any, float]]:
+            from sparkgrad.data import DataSet
+
+            net = bc.value.networks(1)[0]
+            it = iter(it)
+            while chunk := list(itertools.islice(it, size)):
+                for key, ds in chunk:
+                    if not isinstance(ds, DataSet) or ds.num_examples() != 1:
+                        raise ValueError(
+                            f"pair_rdd: the value of key {key!r} must be a DataSet of one example"
+                        )
+                scores = net.score_examples(
+                    DataSet.merge([ds for _, ds in chunk]), include_regularization_terms
+                )
+                yield from ((key, float(s)) for (key, _), s in zip(chunk, scores))
+
+        return pair_rdd.mapPartitions(part)
+
+    # -- inference ----------------------------------------------------------------------------
+    def feed_forward_with_key(self, pair_rdd: RDD, batch_size: int = 64) -> RDD:
+        """Network output for every value, keyed like the input.
+
+        Args:
+            pair_rdd: RDD of ``(key, value)``; a value is one example's features, a batch of examples,
+                or a ``(features, features_mask)`` tuple of either.
+            batch_size: examples per forward pass (values are grouped up to this size).
+
+        Returns:
+            RDD of ``(key, output)``: one example's output for a single example, else the batch's.
+        """
+        self._check_rdd(pair_rdd, "pair_rdd")
+        size = check_int("batch_size", batch_size, minimum=1)
+        bc = self._broadcast()
+
+        def part(it: Iterable[Any]) -> Iterator[tuple[Any, np.ndarray]]:
+            net = bc.value.networks(1)[0]
+            ndim = _example_ndim(net)
+            pending: list[tuple[Any, np.ndarray, np.ndarray | None, bool]] = []
+
+            def flush() -> Iterator[tuple[Any, np.ndarray]]:
+                x = np.concatenate([p[1] for p in pending])
+                masks = [p[2] for p in pending]
+                mask = None if masks[0] is None else np.concatenate(masks)
+                out = _output(net, x, mask)
+                offset = 0
+                for key, feats, _, single in pending:
+                    n = feats.shape[0]
+                    yield key, (out[offset] if single else out[offset : offset + n])
+                    offset += n
+                pending.clear()
+
+            for key, value in it:
+                feats, mask = value if isinstance(value, tuple) else (value, None)
+                feats = np.asarray(feats)
+                single = feats.ndim == ndim
+                if single:
+                    feats = feats[None]
+                    mask = None if mask is None else np.asarray(mask)[None]
+                if feats.ndim != ndim + 1:
+                    raise ValueError(
+                        f"pair_rdd: value of key {key!r} has shape {np.shape(value)}, expected one "
+                        f"example of {ndim} dimensions or a batch of {ndim + 1}"
+                    )
+                if pending and (
+                    feats.shape[1:] != pending[0][1].shape[1:]
+                    or (mask is None) != (pending[0][2] is None)
+                    or sum(p[1].shape[0] for p in pending) + len(feats) > size
+                ):
+                    yield from flush()
+                pending.append((key, feats, None if mask is None else np.asarray(mask), single))
+            if pending:
+                yield from flush()
+
+        return pair_rdd.mapPartitions(part)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _eval_rdd(self, data: Any, loader: Any) -> RDD:
+        if isinstance(data, str):
+            from sparkgrad.data import SerializedDataSetLoader
+
+            use = SerializedDataSetLoader() if loader is None else loader
+            return self._sc.binaryFiles(data).map(use)
+        self._check_rdd(data, "data")
+        return data if loader is None else data.map(loader)
+
+    def evaluate(
+        self,
+        data: RDD | str,
+        labels_list: list[str] | None = None,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        loader: Any = None,
+    ) -> Any:
+        """Classification evaluation over ``data``.
+
+        Args:
+            data: RDD of DataSets; or an RDD of paths with ``loader``; or a directory (any Hadoop URI)
+                whose files are read with ``binaryFiles`` and given to ``loader`` as ``(path, bytes)``
+                (default ``SerializedDataSetLoader()``).
+            labels_list: class names for the report.
+            eval_num_workers: network copies per executor task (default ``default_evaluation_workers``).
+            eval_batch_size: examples per forward pass (default 64).
+            loader: see ``data``.
+
+        Returns:
+            An :class:`sparkgrad.eval.Evaluation`.
+        """
+        from sparkgrad.eval import Evaluation
+
+        ev = Evaluation(labels=labels_list) if labels_list is not None else Evaluation()
+        return self.do_evaluation(self._eval_rdd(data, loader), eval_num_workers, eval_batch_size, ev)[0]
+
+    def evaluate_roc(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+    ) -> Any:
+        """Binary ROC (exact when ``threshold_steps`` is 0) over ``rdd``."""
+        from sparkgrad.eval import ROC
+
+        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, ROC(threshold_steps))[0]
+
+    def evaluate_roc_multi_class(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+    ) -> Any:
+        """One-vs-all ROC per class over ``rdd``."""
+        from sparkgrad.eval import ROCMultiClass
+
+        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, ROCMultiClass(threshold_steps))[0]
+
+    def evaluate_regression(
+        self, rdd: RDD, eval_num_workers: int | None = None, eval_batch_size: int | None = None
+    ) -> Any:
+        """Regression metrics per output column over ``rdd``."""
+        from sparkgrad.eval import RegressionEvaluation
+
+        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, RegressionEvaluation())[0]
+
+    def do_evaluation(
+        self, rdd: RDD, eval_num_workers: int | None, eval_batch_size: int | None, *evaluations: Any
+    ) -> list:
+        """Run several evaluations in one pass over ``rdd``.
+
+        Each executor task evaluates its partition with ``eval_num_workers`` network copies in parallel
+        threads (the native kernels release the GIL); partial results are merged with ``merge``.
+
+        Args:
+            rdd: RDD of DataSets.
+            eval_num_workers: network copies per task (default ``default_evaluation_workers``).
+            eval_batch_size: examples per forward pass (default 64).
+            *evaluations: fresh evaluation objects (used as templates; not modified).
+
+        Returns:
+            The merged evaluations, in order.
+        """
+        self._check_rdd(rdd, "rdd")
+        if not evaluations:
+            raise ValueError("evaluations: pass at least one evaluation object")
+        workers = check_int(
+            "eval_num_workers",
+            self._default_eval_workers if eval_num_workers is None else eval_num_workers,
+            minimum=1,
+        )
+        size = check_int(
+            "eval_batch_size",
+            DEFAULT_EVAL_BATCH_SIZE if eval_batch_size is None else eval_batch_size,
+            minimum=1,
+        )
+        templates = list(evaluations)
+        bc = self._broadcast()
+
+        def part(it: Iterable[Any]) -> Iterator[list]:
+            nets = bc.value.networks(workers)
+            batches = list(rebatch(it, size))
+            if not batches:
+                return
+            shards = [batches[i::workers] for i in range(workers)]
+
+            def run(i: int) -> list:
+                return nets[i].do_evaluation(shards[i], *copy.deepcopy(templates)) if shards[i] else None
+
+            with ThreadPoolExecutor(workers) as pool:
+                parts = list(pool.map(run, range(workers)))
+            merged = None
+            for p in parts:
+                merged = _merge_lists(merged, p)
+            yield merged
+
+        try:
+            result = run_spark(
+                "evaluation",
+                lambda: rdd.mapPartitions(part).treeAggregate(None, _merge_lists, _merge_lists, depth=2),
+            )
+        finally:
+            bc.unpersist()
+        if result is None:
+            raise ValueError("rdd: the RDD is empty, there is nothing to evaluate")
+        return result
+
+
+def _output(net: MultiLayerNetwork, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    if mask is None:
+        return net.output(x)
+    from sparkgrad.data import DataSet
+
+    return net.output(DataSet(x, features_mask=mask))
+
+
+def _points_to_datasets(
+    points: Iterable[Any], classes: int | None, batch: int, dtype: np.dtype
+) -> Iterator[Any]:
+    """LabeledPoints -> DataSets of ``batch`` examples: one-hot labels (``classes``) or a regression label."""
+    from pyspark.mllib.regression import LabeledPoint
+
+    from sparkgrad.data import DataSet
+
+    it = iter(points)
+    while chunk := list(itertools.islice(it, batch)):
+        if not isinstance(chunk[0], LabeledPoint):
+            raise TypeError(f"rdd: expected LabeledPoint elements, found {type(chunk[0]).__name__}")
+        x = np.stack([p.features.toArray() for p in chunk]).astype(dtype)
+        y_raw = np.array([p.label for p in chunk])
+        if classes is None:
+            y = y_raw.reshape(-1, 1).astype(dtype)
+        else:
+            idx = y_raw.astype(np.int64)
+            if np.any(idx != y_raw) or np.any(idx < 0) or np.any(idx >= classes):
+                raise ValueError(f"rdd: labels must be class indices in [0, {classes}), got {y_raw[:5]}")
+            y = np.eye(classes, dtype=dtype)[idx]
+        yield DataSet(x, y)
+
+
+__all__ = ["SparkMultiLayer"]

@@ -1,0 +1,343 @@
+"""ParameterAveragingTrainingMaster: synchronous data-parallel training by averaging parameters.
+
+Per fit (one epoch): the data is split into random balanced parts sized so that every worker trains
+about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per part, and EVERY example is
+used once (DL4J dropped the surplus). For each part: repartition to ``num_workers`` partitions,
+broadcast parameters and updater state, train each partition, ``treeAggregate`` the sums at
+``aggregation_depth`` and divide on the driver.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad._config import Config, check_int, coerce_enum
+from sparkgrad.spark.common import (
+    NetworkSnapshot,
+    TrainingData,
+    TrainingMasterBase,
+    ceil_div,
+    mean_or_none,
+    run_spark,
+    worker_batches,
+)
+from sparkgrad.spark.config import (
+    RDDTrainingApproach,
+    Repartition,
+    RepartitionStrategy,
+    TrainingHook,
+    check_storage_level,
+)
+from sparkgrad.spark.partitioning import (
+    balanced_random_split,
+    partition_counts,
+    repartition,
+    split_partition_counts,
+)
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparkgrad.nn import MultiLayerNetwork
+
+# Stats keys (DL4J names).
+EXPORT = "ParameterAveragingMasterExportTimesMs"
+COUNT = "ParameterAveragingMasterCountRddSizeTimesMs"
+BROADCAST = "ParameterAveragingMasterBroadcastCreateTimesMs"
+FIT = "ParameterAveragingMasterFitTimesMs"
+SPLIT = "ParameterAveragingMasterSplitTimesMs"
+MAP_PARTITIONS = "ParameterAveragingMasterMapPartitionsTimesMs"
+AGGREGATE = "ParameterAveragingMasterAggregateTimesMs"
+PROCESS_PARAMS = "ParameterAveragingMasterProcessParamsUpdaterTimesMs"
+REPARTITION = "ParameterAveragingMasterRepartitionTimesMs"
+WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
+WORKER_INIT = "ParameterAveragingWorkerInitTimeMs"
+WORKER_GET_DATA = "WorkerFlatMapDataSetGetTimesMs"
+WORKER_FIT = "ParameterAveragingWorkerFitTimesMs"
+
+
+@dataclass
+class _Sum:
+    """Running sums of worker results (params, updater state, scores) for treeAggregate."""
+
+    params: np.ndarray | None = None
+    updater: np.ndarray | None = None
+    score: float = 0.0
+    count: int = 0
+    max_batches: int = 0
+    stats: SparkTrainingStats | None = None
+
+
+def _add(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _combine(x: _Sum, y: _Sum) -> _Sum:
+    stats = x.stats
+    if y.stats is not None:
+        stats = y.stats if stats is None else stats.merge(y.stats)
+    return _Sum(
+        _add(x.params, y.params),
+        _add(x.updater, y.updater),
+        x.score + y.score,
+        x.count + y.count,
+        max(x.max_batches, y.max_batches),
+        stats,
+    )
+
+
+@dataclass
+class _SplitJob:
+    """Broadcast value of one averaging round."""
+
+    snapshot: NetworkSnapshot
+    kind: str
+    loader: Any
+    batch_size: int
+    prefetch: int
+    save_updater: bool
+    hooks: tuple
+    collect_stats: bool
+
+
+def _train_partition(job_bc: Any) -> Any:
+    def run(units: Iterable[Any]) -> Iterator[_Sum]:
+        start = now_ms()
+        stats = SparkTrainingStats() if job_bc.value.collect_stats else None
+        with Timer(stats, "ParameterAveragingWorkerBroadcastGetValueTimeMs"):
+            job: _SplitJob = job_bc.value
+        batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
+        net = None
+        score, n_batches = 0.0, 0
+        while True:
+            t = now_ms()
+            ds = next(batches, None)
+            if ds is None:
+                break
+            if stats is not None:
+                stats.add(WORKER_GET_DATA, event(t))
+            if net is None:
+                with Timer(stats, WORKER_INIT):
+                    net = job.snapshot.build()
+            with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
+                for hook in job.hooks:
+                    hook.pre_update(ds, net)
+                update, score = net.compute_update(ds)
+                net.apply_update(update)
+                for hook in job.hooks:
+                    hook.post_update(ds, net)
+            n_batches += 1
+        if net is None:  # empty partition: excluded from the average
+            return
+        if stats is not None:
+            stats.add(WORKER_TOTAL, event(start))
+        updater = net.updater_state().copy() if job.save_updater else None
+        yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats)
+
+    return run
+
+
+@dataclass
+class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
+    """Synchronous parameter averaging (DL4J ``ParameterAveragingTrainingMaster``).
+
+    Args:
+        rdd_data_set_num_examples: examples in each DataSet of the RDD (Direct mode / fit_paths sizing).
+        num_workers: workers per averaging round (default: Spark's default parallelism).
+        batch_size_per_worker: minibatch size on the workers.
+        averaging_frequency: minibatches each worker trains between two averagings.
+        aggregation_depth: depth of Spark's treeAggregate.
+        save_updater: average and keep the updater state (else every round starts from the driver's).
+        worker_prefetch_num_batches: minibatches a worker loads ahead in a background thread (0: none).
+        repartition: when to repartition each split (``Repartition``).
+        repartition_strategy: how (``RepartitionStrategy``).
+        storage_level: Spark storage level of the training data (Direct mode).
+        storage_level_streams: storage level of path RDDs (fit_paths / exported files).
+        rdd_training_approach: ``"export"`` (batch and save the RDD once) or ``"direct"``.
+        export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
+        rng_seed: seed of the random splits (None: random).
+        collect_training_stats: record phase timings (see ``SparkMultiLayer.training_stats``).
+        training_hooks: :class:`TrainingHook` objects run around every worker update.
+    """
+
+    rdd_data_set_num_examples: int = 1
+    num_workers: int | None = None
+    batch_size_per_worker: int = 16
+    averaging_frequency: int = 5
+    aggregation_depth: int = 2
+    save_updater: bool = True
+    worker_prefetch_num_batches: int = 0
+    repartition: Repartition = Repartition.ALWAYS
+    repartition_strategy: RepartitionStrategy = RepartitionStrategy.BALANCED
+    storage_level: str = "MEMORY_ONLY_SER"
+    storage_level_streams: str = "MEMORY_ONLY"
+    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.EXPORT
+    export_directory: str | None = None
+    rng_seed: int | None = None
+    collect_training_stats: bool = False
+    training_hooks: tuple = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        self.rdd_data_set_num_examples = check_int(
+            "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
+        )
+        if self.num_workers is not None:
+            self.num_workers = check_int("num_workers", self.num_workers, minimum=1)
+        self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
+        self.averaging_frequency = check_int("averaging_frequency", self.averaging_frequency, minimum=1)
+        self.aggregation_depth = check_int("aggregation_depth", self.aggregation_depth, minimum=1)
+        self.worker_prefetch_num_batches = check_int(
+            "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
+        )
+        self.repartition = coerce_enum(Repartition, self.repartition, "repartition")
+        self.repartition_strategy = coerce_enum(
+            RepartitionStrategy, self.repartition_strategy, "repartition_strategy"
+        )
+        self.storage_level = check_storage_level("storage_level", self.storage_level)
+        self.storage_level_streams = check_storage_level("storage_level_streams", self.storage_level_streams)
+        self.rdd_training_approach = coerce_enum(
+            RDDTrainingApproach, self.rdd_training_approach, "rdd_training_approach"
+        )
+        if self.rng_seed is not None:
+            self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
+        for name in ("save_updater", "collect_training_stats"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        self.training_hooks = tuple(self.training_hooks)
+        for hook in self.training_hooks:
+            self._check_hook(hook)
+        self._runtime_init()
+        self._rng = random.Random(self.rng_seed)
+
+    @staticmethod
+    def _check_hook(hook: Any) -> None:
+        if not (callable(getattr(hook, "pre_update", None)) and callable(getattr(hook, "post_update", None))):
+            raise ValueError(
+                f"training_hooks: {hook!r} has no pre_update/post_update methods (see TrainingHook)"
+            )
+
+    def add_hook(self, hook: TrainingHook) -> None:
+        """Add a training hook (run on the workers around every update)."""
+        self._check_hook(hook)
+        self.training_hooks = (*self.training_hooks, hook)
+
+    def remove_hook(self, hook: TrainingHook) -> None:
+        """Remove a previously added hook (ValueError if absent)."""
+        if hook not in self.training_hooks:
+            raise ValueError(f"hook: {hook!r} is not registered")
+        hooks = list(self.training_hooks)
+        hooks.remove(hook)
+        self.training_hooks = tuple(hooks)
+
+    def _storage_level_for(self, kind: str) -> str:
+        return self.storage_level if kind == "dataset" else self.storage_level_streams
+
+    # -- training -----------------------------------------------------------------------------
+    def execute_training(
+        self, sc: SparkContext, network: MultiLayerNetwork, rdd: Any, kind: str, loader: Any = None
+    ) -> float:
+        """Train ``network`` in place for one pass over ``rdd``; returns the average final score.
+
+        Args:
+            sc: the SparkContext.
+            network: the driver's network (parameters and updater state are replaced).
+            rdd: RDD of DataSets (kind "dataset") or of paths (kind "path").
+            kind: "dataset" or "path".
+            loader: path -> DataSet (kind "path").
+        """
+        stats = SparkTrainingStats() if self.collect_training_stats else None
+        fit_start = now_ms()
+        data = self.prepare(sc, rdd, kind, loader, stats, EXPORT)
+        try:
+            score = self._train_epoch(sc, network, data, stats)
+        finally:
+            self._unpersist()
+        if stats is not None:
+            stats.add(FIT, event(fit_start, examples=data.num_units * data.examples_per_unit))
+        network.epoch_count += 1
+        self.last_stats = stats
+        return score
+
+    def _train_epoch(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        data: TrainingData,
+        stats: SparkTrainingStats | None,
+    ) -> float:
+        workers = self.num_workers or sc.defaultParallelism
+        k = data.examples_per_unit
+        per_split = max(1, ceil_div(workers * self.batch_size_per_worker * self.averaging_frequency, k))
+        num_splits = ceil_div(data.num_units, per_split)
+        seed = self._rng.getrandbits(31)
+        with Timer(stats, COUNT):
+            counts = run_spark("counting the data", lambda: partition_counts(data.rdd))
+        with Timer(stats, SPLIT):
+            splits = balanced_random_split(data.rdd, num_splits, seed)
+            split_counts = split_partition_counts(counts, seed, num_splits)
+        scores = []
+        for split, part_counts in zip(splits, split_counts):
+            size = sum(part_counts)
+            if size == 0:
+                continue
+            with Timer(stats, REPARTITION):
+                part = repartition(
+                    split, self.repartition, self.repartition_strategy, workers, size, part_counts
+                )
+            scores.append(self._average_round(sc, network, part, data, stats))
+        return float(np.mean([s for s in scores if s is not None])) if scores else float("nan")
+
+    def _average_round(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        part: Any,
+        data: TrainingData,
+        stats: SparkTrainingStats | None,
+    ) -> float | None:
+        with Timer(stats, BROADCAST):
+            job = _SplitJob(
+                NetworkSnapshot.of(network),
+                data.kind,
+                data.loader,
+                self.batch_size_per_worker,
+                self.worker_prefetch_num_batches,
+                self.save_updater,
+                self.training_hooks,
+                self.collect_training_stats,
+            )
+            bc = sc.broadcast(job)
+        try:
+            with Timer(stats, MAP_PARTITIONS, partitions=part.getNumPartitions()):
+                results = part.mapPartitions(_train_partition(bc))
+            with Timer(stats, AGGREGATE):
+                total = run_spark(
+                    "training",
+                    lambda: results.treeAggregate(_Sum(), _combine, _combine, depth=self.aggregation_depth),
+                )
+        finally:
+            bc.unpersist()
+        if total.count == 0:
+            return None
+        with Timer(stats, PROCESS_PARAMS):
+            network.set_params((total.params / total.count).astype(network.params().dtype, copy=False))
+            updater = mean_or_none(total.updater, total.count)
+            if updater is not None:
+                network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
+            network.iteration_count += total.max_batches
+        if stats is not None and total.stats is not None:
+            stats.merge(total.stats)
+        return total.score / total.count
+
+
+__all__ = ["ParameterAveragingTrainingMaster"]

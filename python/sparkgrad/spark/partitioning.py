@@ -1,0 +1,172 @@
+"""Repartitioning, balanced random splits and minibatch re-batching of RDDs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad.spark.config import Repartition, RepartitionStrategy
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+
+
+def partition_counts(rdd: RDD) -> list[int]:
+    """Number of elements in every partition (one Spark job)."""
+    return rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
+
+
+def balanced_repartition(rdd: RDD, num_partitions: int, total: int, counts: list[int] | None = None) -> RDD:
+    """Contiguous equal partitions: sizes differ by at most one; a no-op when already like that.
+
+    Args:
+        rdd: the data.
+        num_partitions: target partition count.
+        total: element count of ``rdd``.
+        counts: per-partition counts if already known (saves a Spark job).
+
+    Returns:
+        The repartitioned RDD.
+    """
+    counts = partition_counts(rdd) if counts is None else counts
+    if len(counts) == num_partitions:
+        low, high = total // num_partitions, -(-total // num_partitions)
+        if all(low <= c <= high for c in counts):
+            return rdd
+    n, t = num_partitions, max(total, 1)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+
+    def index(p: int, it: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        return ((offsets[p] + j, x) for j, x in enumerate(it))
+
+    return rdd.mapPartitionsWithIndex(index).partitionBy(n, lambda i: i * n // t).values()
+
+
+def repartition(
+    rdd: RDD,
+    mode: Repartition,
+    strategy: RepartitionStrategy,
+    num_partitions: int,
+    total: int,
+    counts: list[int] | None = None,
+) -> RDD:
+    """Apply a master's ``repartition`` / ``repartition_strategy`` options.
+
+    Args:
+        rdd: the data.
+        mode: when to repartition.
+        strategy: how to repartition.
+        num_partitions: the number of workers.
+        total: element count of ``rdd``.
+        counts: per-partition counts if already known.
+
+    Returns:
+        The (possibly) repartitioned RDD.
+    """
+    if mode == Repartition.NEVER:
+        return rdd
+    if mode == Repartition.NUM_PARTITIONS_WORKERS_DIFFERS and rdd.getNumPartitions() == num_partitions:
+        return rdd
+    if strategy == RepartitionStrategy.SPARK_DEFAULT:
+        return rdd.repartition(num_partitions)
+    return balanced_repartition(rdd, num_partitions, total, counts)
+
+
+def _split_assignment(partition: int, seed: int, num_splits: int, count: int) -> np.ndarray:
+    # A fresh permutation of the split ids for every block of num_splits elements: balanced splits.
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, partition])
+    blocks = -(-count // num_splits)
+    return np.concatenate([rng.permutation(num_splits) for _ in range(max(blocks, 1))])[:count]
+
+
+def balanced_random_split(rdd: RDD, num_splits: int, seed: int) -> list[RDD]:
+    """Split ``rdd`` into ``num_splits`` random parts whose sizes differ by at most one per partition.
+
+    Every element lands in exactly one split; the same seed gives the same splits. Persist ``rdd``
+    first: each split re-reads it.
+
+    Args:
+        rdd: the data.
+        num_splits: how many parts.
+        seed: the split seed.
+
+    Returns:
+        The list of split RDDs.
+    """
+    if num_splits <= 1:
+        return [rdd]
+
+    def part(split: int):
+        def select(index: int, it: Iterable[Any]) -> Iterator[Any]:
+            items = list(it)
+            assign = _split_assignment(index, seed, num_splits, len(items))
+            return (x for x, a in zip(items, assign) if a == split)
+
+        return select
+
+    return [rdd.mapPartitionsWithIndex(part(i), preservesPartitioning=True) for i in range(num_splits)]
+
+
+def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> list[list[int]]:
+    """Per-partition element counts of every split made by :func:`balanced_random_split` (no Spark job)."""
+    if num_splits <= 1:
+        return [list(counts)]
+    per = [
+        np.bincount(_split_assignment(p, seed, num_splits, c), minlength=num_splits)
+        for p, c in enumerate(counts)
+    ]
+    return [[int(x[i]) for x in per] for i in range(num_splits)]
+
+
+def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
+    """Concatenate and split DataSets into batches of exactly ``batch_size`` examples (last may be short).
+
+    Order is preserved and no example is dropped.
+
+    Args:
+        datasets: DataSets of any sizes.
+        batch_size: examples per output batch.
+
+    Returns:
+        An iterator of DataSets.
+    """
+    from sparkgrad.data import DataSet
+
+    pending: list[Any] = []
+    count = 0
+    for ds in datasets:
+        if not isinstance(ds, DataSet):
+            raise TypeError(
+                f"expected an RDD of sparkgrad.data.DataSet, found an element of type {type(ds).__name__}"
+            )
+        n = ds.num_examples()
+        if n == 0:
+            continue
+        if not pending and n == batch_size:
+            yield ds
+            continue
+        pending.append(ds)
+        count += n
+        if count >= batch_size:
+            pieces = (
+                DataSet.merge(pending).split(batch_size) if len(pending) > 1 else pending[0].split(batch_size)
+            )
+            full = [p for p in pieces if p.num_examples() == batch_size]
+            rest = [p for p in pieces if p.num_examples() != batch_size]
+            yield from full
+            pending = rest
+            count = sum(p.num_examples() for p in rest)
+    if pending:
+        yield DataSet.merge(pending) if len(pending) > 1 else pending[0]
+
+
+__all__ = [
+    "balanced_random_split",
+    "balanced_repartition",
+    "partition_counts",
+    "rebatch",
+    "repartition",
+    "split_partition_counts",
+]

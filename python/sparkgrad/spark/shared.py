@@ -1,0 +1,574 @@
+"""SharedTrainingMaster: asynchronous gradient sharing with Strom threshold-encoded updates.
+
+Driver: a :class:`~sparkgrad.transport.Controller` thread keeps the authoritative parameters by
+applying every update it relays (PLAIN star topology). Executors: each Python worker process keeps one
+:class:`SharedWorker` per fit (module-level registry keyed by job id) holding the network replica, the
+EncodingHandler's residual and the ZeroMQ connection across the tasks of that fit. A task trains its
+minibatches one by one: apply whatever peer updates have arrived, ``compute_update``, encode, send,
+apply its own decoded message. Workers never wait for each other, so the fit needs no more concurrent
+tasks than the cluster has slots (no gang scheduling). At the end of each task the worker SYNCs with the
+controller, so by the time the Spark stage completes the controller has applied every update.
+
+The final model is the controller's copy; updater state, score and threshold-algorithm state are
+averaged over the workers (one result per worker process: its latest) and the threshold state seeds the
+next fit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import logging
+import os
+import random
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad._config import Config, check_int, coerce_enum
+from sparkgrad.compress import ResidualPostProcessor, ThresholdAlgorithm
+from sparkgrad.errors import TrainingError, TransportError
+from sparkgrad.spark.common import (
+    NetworkSnapshot,
+    TrainingMasterBase,
+    mean_or_none,
+    process_tag,
+    run_spark,
+    worker_batches,
+)
+from sparkgrad.spark.config import (
+    DefaultRepartitioner,
+    MeshBuildMode,
+    RDDTrainingApproach,
+    VoidConfiguration,
+    check_storage_level,
+)
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.transport import Controller, Header, WorkerConnection, ZmqTransportConfiguration
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparkgrad.nn import MultiLayerNetwork
+
+log = logging.getLogger(__name__)
+
+# Stats keys.
+MASTER_EXPORT = "SharedMasterExportTimesMs"
+MASTER_REPARTITION = "SharedMasterRepartitionTimesMs"
+MASTER_FIT = "SharedMasterFitTimesMs"
+MASTER_PROCESS = "SharedMasterProcessResultsTimesMs"
+WORKER_INIT = "SharedWorkerGetInitialModelTimeMs"
+WORKER_GET_DATA = "WorkerFlatMapDataSetGetTimesMs"
+WORKER_PEERS = "SharedWorkerApplyPeerUpdatesTimesMs"
+WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
+WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
+WORKER_SYNC = "SharedWorkerSyncTimesMs"
+WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
+
+
+@dataclass
+class SharedJob:
+    """Everything a worker needs for one fit (shipped in a broadcast)."""
+
+    job_id: int
+    host: str
+    port: int
+    transport: ZmqTransportConfiguration
+    snapshot: NetworkSnapshot
+    threshold_algorithm: ThresholdAlgorithm | None
+    residual_post_processor: ResidualPostProcessor | None
+    kind: str
+    loader: Any
+    batch_size: int
+    prefetch: int
+    workers_per_node: int
+    encoding_debug_mode: bool
+    debug_longer_iterations: int
+    collect_stats: bool
+
+
+@dataclass
+class WorkerResult:
+    """A task's report: the worker's latest state (the driver keeps one per worker)."""
+
+    worker_id: int
+    task_seq: int
+    score: float
+    updater_state: np.ndarray | None
+    threshold_algorithm: ThresholdAlgorithm
+    minibatches: int
+    counters: dict[str, float]
+    stats: SparkTrainingStats | None = None
+
+
+class _SlotLock:
+    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks)."""
+
+    def __init__(self, job_id: int, slots: int, timeout_s: float) -> None:
+        self._file = None
+        deadline = time.monotonic() + timeout_s
+        while self._file is None:
+            for i in range(slots):
+                f = open(os.path.join(tempfile.gettempdir(), f"sparkgrad-{job_id:016x}-slot{i}.lock"), "a+")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    f.close()
+                    continue
+                self._file = f
+                break
+            else:
+                if time.monotonic() > deadline:
+                    raise TrainingError(
+                        f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
+                    )
+                time.sleep(0.02)
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+class SharedWorker:
+    """One executor process's training replica for one job; reused across that job's tasks."""
+
+    def __init__(self, job: SharedJob) -> None:
+        from sparkgrad.compress import EncodingHandler, decode
+
+        self.job = job
+        self.worker_id = random.SystemRandom().randrange(1, 2**32)
+        self.tag = f"{process_tag()}#{self.worker_id:08x}"
+        self.tasks = 0
+        self.minibatches = 0
+        self.last_score = float("nan")
+        self._decode = decode
+        start = now_ms()
+        self.conn = WorkerConnection(job.host, job.port, job.job_id, self.worker_id, job.transport)
+        try:
+            params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
+            snap = job.snapshot
+            self.net = NetworkSnapshot(
+                snap.conf_json,
+                params,
+                snap.updater_state,
+                max(iteration, snap.iteration),
+                max(epoch, snap.epoch),
+            ).build()
+        except BaseException:
+            self.conn.close()
+            raise
+        self.handler = EncodingHandler(
+            self.net.num_params(),
+            job.threshold_algorithm,
+            job.residual_post_processor,
+            dtype=self.net.params().dtype,
+        )
+        self._scratch = np.zeros_like(self.net.params())
+        self.stats: SparkTrainingStats | None = None
+        self._init_event = event(start) if job.collect_stats else None
+
+    def _apply_message(self, message: np.ndarray) -> None:
+        self._scratch.fill(0)
+        self._decode(message, self._scratch)
+        self.net.apply_update(self._scratch)
+
+    def _on_peer(self, header: Header, message: np.ndarray) -> None:
+        self._apply_message(message)
+
+    def step(self, ds: Any) -> None:
+        """Train one minibatch: peers' updates, own update, encode, send, apply own message."""
+        stats = self.stats
+        with Timer(stats, WORKER_PEERS):
+            self.conn.drain(self._on_peer)
+        with Timer(stats, WORKER_COMPUTE, examples=ds.num_examples()):
+            update, self.last_score = self.net.compute_update(ds)
+        t = now_ms()
+        iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
+        message = self.handler.encode(update, iteration, epoch)
+        sent = 0
+        if message is not None:
+            sent = self.conn.send_update(message, iteration, epoch)
+            self._apply_message(message)
+        self.minibatches += 1
+        encoded = 0 if message is None else int(message[0])
+        density = encoded / self.net.num_params()
+        threshold = float(self.handler.last_threshold or 0.0)
+        if stats is not None:
+            stats.add(WORKER_ENCODE, event(t))
+            stats.add_series(
+                self.tag,
+                {
+                    "iteration": iteration,
+                    "threshold": threshold,
+                    "density": density,
+                    "bytes_sent": float(sent),
+                    "time_ms": now_ms(),
+                },
+            )
+        if self.job.encoding_debug_mode:
+            r = np.abs(self.handler.residual)
+            log.warning(
+                "sparkgrad worker %s iteration %d: threshold %.3g, density %.3g (%d of %d), "
+                "residual mean|r| %.3g max|r| %.3g, %d bytes",
+                self.tag,
+                iteration,
+                threshold,
+                density,
+                encoded,
+                r.size,
+                float(r.mean()),
+                float(r.max()),
+                sent,
+            )
+        if self.job.debug_longer_iterations:
+            time.sleep(self.job.debug_longer_iterations / 1000.0)
+
+    def run_task(self, units: Iterable[Any]) -> WorkerResult:
+        """Train on one partition and report this worker's state."""
+        start = now_ms()
+        self.stats = SparkTrainingStats() if self.job.collect_stats else None
+        if self.stats is not None and self._init_event is not None:
+            self.stats.add(WORKER_INIT, self._init_event)
+            self._init_event = None
+        lock = (
+            _SlotLock(self.job.job_id, self.job.workers_per_node, self.job.transport.sync_timeout_ms / 1000)
+            if self.job.workers_per_node > 0
+            else None
+        )
+        try:
+            batches = worker_batches(
+                units, self.job.kind, self.job.loader, self.job.batch_size, self.job.prefetch
+            )
+            while True:
+                t = now_ms()
+                ds = next(batches, None)
+                if ds is None:
+                    break
+                if self.stats is not None:
+                    self.stats.add(WORKER_GET_DATA, event(t))
+                self.step(ds)
+            with Timer(self.stats, WORKER_SYNC):
+                self.conn.sync(self._on_peer)
+        finally:
+            if lock is not None:
+                lock.release()
+        self.tasks += 1
+        c = self.conn.counters
+        counters = {
+            "update_bytes_sent": c.update_bytes,
+            "bytes_sent": c.bytes_sent,
+            "bytes_received": c.bytes_received,
+            "messages_sent": c.messages_sent,
+            "messages_received": c.messages_received,
+        }
+        if self.stats is not None:
+            self.stats.add(WORKER_TOTAL, event(start))
+        return WorkerResult(
+            self.worker_id,
+            self.tasks,
+            self.last_score,
+            self.net.updater_state().copy(),
+            self.handler.threshold_algorithm.clone(),
+            self.minibatches,
+            counters,
+            self.stats,
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+_WORKERS: dict[int, SharedWorker] = {}
+
+
+def _worker_for(job: SharedJob) -> SharedWorker:
+    """This process's worker for ``job``; workers of finished jobs are closed first."""
+    worker = _WORKERS.get(job.job_id)
+    if worker is None:
+        for old in list(_WORKERS):
+            _WORKERS.pop(old).close()
+        worker = SharedWorker(job)
+        _WORKERS[job.job_id] = worker
+    return worker
+
+
+@atexit.register
+def _close_workers() -> None:
+    for job_id in list(_WORKERS):
+        _WORKERS.pop(job_id).close()
+
+
+def _shared_partition(job_bc: Any) -> Any:
+    def run(units: Iterable[Any]) -> Iterator[dict[int, WorkerResult]]:
+        result = _worker_for(job_bc.value).run_task(units)
+        if result.minibatches:
+            yield {result.worker_id: result}
+
+    return run
+
+
+def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
+    """Merge per-worker results keeping each worker's latest report (stats of all tasks merged)."""
+    out = dict(a)
+    for wid, r in b.items():
+        old = out.get(wid)
+        if old is None:
+            out[wid] = r
+            continue
+        new, prev = (r, old) if r.task_seq >= old.task_seq else (old, r)
+        if prev.stats is not None:
+            new.stats = prev.stats if new.stats is None else new.stats.merge(prev.stats)
+        out[wid] = new
+    return out
+
+
+@dataclass
+class SharedTrainingMaster(TrainingMasterBase, Config):
+    """Gradient sharing with threshold-encoded updates (DL4J ``SharedTrainingMaster``), PLAIN topology.
+
+    Args:
+        void_configuration: controller port and address resolution.
+        batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
+        rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
+        workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
+        threshold_algorithm: default ``AdaptiveThresholdAlgorithm()``.
+        residual_post_processor: default ``ResidualClippingPostProcessor(5.0, 5)``.
+        mesh_build_mode: ``"plain"`` (star through the controller).
+        rdd_training_approach: ``"export"`` or ``"direct"``.
+        export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
+        storage_level: storage level of the training RDD.
+        repartitioner: default ``DefaultRepartitioner()`` (one minibatch per partition, <= 5000 partitions).
+        worker_prefetch_num_batches: minibatches loaded ahead by a background thread on each worker.
+        encoding_debug_mode: log threshold, density and residual statistics for every worker step.
+        collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
+        debug_longer_iterations: milliseconds of extra sleep after every worker step (testing aid).
+        rng_seed: seed of the data shuffle before repartitioning (None: no shuffle).
+        transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
+    """
+
+    void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
+    batch_size_per_worker: int = 32
+    rdd_data_set_num_examples: int = 1
+    workers_per_node: int = -1
+    threshold_algorithm: ThresholdAlgorithm | None = None
+    residual_post_processor: ResidualPostProcessor | None = None
+    mesh_build_mode: MeshBuildMode = MeshBuildMode.PLAIN
+    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.EXPORT
+    export_directory: str | None = None
+    storage_level: str = "MEMORY_ONLY_SER"
+    repartitioner: DefaultRepartitioner | None = None
+    worker_prefetch_num_batches: int = 2
+    encoding_debug_mode: bool = False
+    collect_training_stats: bool = False
+    debug_longer_iterations: int = 0
+    rng_seed: int | None = None
+    transport: ZmqTransportConfiguration | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.void_configuration, VoidConfiguration):
+            raise ValueError(
+                f"void_configuration: expected a VoidConfiguration, got {self.void_configuration!r}"
+            )
+        self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
+        self.rdd_data_set_num_examples = check_int(
+            "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
+        )
+        self.workers_per_node = check_int("workers_per_node", self.workers_per_node, minimum=-1)
+        if self.workers_per_node == 0:
+            raise ValueError("workers_per_node: must be -1 (one per task slot) or >= 1, got 0")
+        if self.threshold_algorithm is not None and not isinstance(
+            self.threshold_algorithm, ThresholdAlgorithm
+        ):
+            raise ValueError(
+                f"threshold_algorithm: expected a ThresholdAlgorithm, got {self.threshold_algorithm!r}"
+            )
+        if self.residual_post_processor is not None and not isinstance(
+            self.residual_post_processor, ResidualPostProcessor
+        ):
+            raise ValueError(
+                f"residual_post_processor: expected a ResidualPostProcessor, got "
+                f"{self.residual_post_processor!r}"
+            )
+        self.mesh_build_mode = coerce_enum(MeshBuildMode, self.mesh_build_mode, "mesh_build_mode")
+        self.rdd_training_approach = coerce_enum(
+            RDDTrainingApproach, self.rdd_training_approach, "rdd_training_approach"
+        )
+        self.storage_level = check_storage_level("storage_level", self.storage_level)
+        if self.repartitioner is not None and not isinstance(self.repartitioner, DefaultRepartitioner):
+            raise ValueError(f"repartitioner: expected a DefaultRepartitioner, got {self.repartitioner!r}")
+        self.worker_prefetch_num_batches = check_int(
+            "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
+        )
+        self.debug_longer_iterations = check_int(
+            "debug_longer_iterations", self.debug_longer_iterations, minimum=0
+        )
+        for name in ("encoding_debug_mode", "collect_training_stats"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.rng_seed is not None:
+            self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
+        if self.transport is not None and not isinstance(self.transport, ZmqTransportConfiguration):
+            raise ValueError(f"transport: expected a ZmqTransportConfiguration, got {self.transport!r}")
+        self._runtime_init()
+        self._threshold_state: ThresholdAlgorithm | None = None
+        self.last_traffic: dict[str, float] = {}
+
+    @property
+    def current_threshold_algorithm(self) -> ThresholdAlgorithm | None:
+        """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
+        return self._threshold_state or self.threshold_algorithm
+
+    def execute_training(
+        self, sc: SparkContext, network: MultiLayerNetwork, rdd: Any, kind: str, loader: Any = None
+    ) -> float:
+        """Train ``network`` in place for one pass over ``rdd``; returns the average worker score.
+
+        Args:
+            sc: the SparkContext.
+            network: the driver's network (parameters, updater state and counters are replaced).
+            rdd: RDD of DataSets (kind "dataset") or paths (kind "path").
+            kind: "dataset" or "path".
+            loader: path -> DataSet (kind "path").
+        """
+        if self.mesh_build_mode != MeshBuildMode.PLAIN:
+            raise ValueError("mesh_build_mode: only 'plain' is available in this version of sparkgrad")
+        stats = SparkTrainingStats() if self.collect_training_stats else None
+        fit_start = now_ms()
+        data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
+        try:
+            with Timer(stats, MASTER_REPARTITION):
+                units = data.rdd
+                if self.rng_seed is not None:  # reproducible shuffle, a new order every epoch
+                    seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
+                    units = units.zipWithIndex().map(
+                        lambda ui: (random.Random(seed * 7919 + ui[1]).random(), ui[0])
+                    )
+                    units = units.sortByKey().values()
+                min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
+                units = (self.repartitioner or DefaultRepartitioner()).repartition(
+                    units, min_per, data.num_units
+                )
+            results = self._run_job(sc, network, units, data, stats)
+        finally:
+            self._unpersist()
+        with Timer(stats, MASTER_PROCESS):
+            score = self._process_results(network, results, stats)
+        if stats is not None:
+            stats.add(MASTER_FIT, event(fit_start, examples=data.num_units * data.examples_per_unit))
+        self.last_stats = stats
+        return score
+
+    def _run_job(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        units: Any,
+        data: Any,
+        stats: SparkTrainingStats | None,
+    ) -> dict[int, WorkerResult]:
+        transport = self.transport or ZmqTransportConfiguration()
+        void = self.void_configuration
+        host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
+        try:
+            bind = socket.gethostbyname(host)
+        except OSError as exc:
+            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
+        job_id = random.SystemRandom().getrandbits(63) + 1
+        controller = Controller(
+            network.params(),
+            job_id,
+            bind,
+            void.unicast_port,
+            transport,
+            iteration=int(network.iteration_count),
+            epoch=int(network.epoch_count),
+        )
+        try:
+            job = SharedJob(
+                job_id,
+                host,
+                void.unicast_port,
+                transport,
+                NetworkSnapshot.of(network),
+                self.current_threshold_algorithm,
+                self.residual_post_processor,
+                data.kind,
+                data.loader,
+                self.batch_size_per_worker,
+                self.worker_prefetch_num_batches,
+                self.workers_per_node,
+                self.encoding_debug_mode,
+                self.debug_longer_iterations,
+                self.collect_training_stats,
+            )
+            bc = sc.broadcast(job)
+            try:
+                results = run_spark(
+                    "training",
+                    lambda: units.mapPartitions(_shared_partition(bc)).treeAggregate(
+                        {}, _latest, _latest, depth=4
+                    ),
+                )
+            finally:
+                bc.unpersist()
+            controller.check()
+        finally:
+            controller.close()
+        network.set_params(controller.params())
+        network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
+        c = controller.counters
+        self.last_traffic = {
+            "controller_bytes_received": c.bytes_received,
+            "controller_bytes_sent": c.bytes_sent,
+            "controller_messages_received": c.messages_received,
+            "controller_messages_sent": c.messages_sent,
+            "controller_update_bytes_relayed": c.update_bytes,
+            "updates_applied": controller.updates_applied,
+            "workers": len(controller.workers_seen),
+        }
+        if stats is not None:
+            for name, value in self.last_traffic.items():
+                stats.count(name, value)
+        return results
+
+    def _process_results(
+        self, network: MultiLayerNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None
+    ) -> float:
+        if not results:
+            raise TrainingError("training: no worker trained a minibatch (empty data?)")
+        workers = list(results.values())
+        total = None
+        for r in workers:
+            total = r.updater_state if total is None else total + r.updater_state
+        updater = mean_or_none(total, len(workers))
+        if updater is not None and updater.size:
+            network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
+        reducer = workers[0].threshold_algorithm.new_reducer()
+        for r in workers:
+            reducer.add(r.threshold_algorithm)
+        self._threshold_state = reducer.final_result()
+        network.epoch_count += 1
+        totals: dict[str, float] = {}
+        for r in workers:
+            for name, value in r.counters.items():
+                totals[f"worker_{name}"] = totals.get(f"worker_{name}", 0.0) + value
+            totals["worker_minibatches"] = totals.get("worker_minibatches", 0.0) + r.minibatches
+        self.last_traffic.update(totals)
+        if stats is not None:
+            for name, value in totals.items():
+                stats.count(name, value)
+            for r in workers:
+                if r.stats is not None:
+                    stats.merge(r.stats)
+        return float(np.mean([r.score for r in workers]))
+
+
+__all__ = ["SharedJob", "SharedTrainingMaster", "SharedWorker", "WorkerResult"]

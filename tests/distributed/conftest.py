@@ -1,0 +1,15 @@
+"""Transport tests: controller and workers as threads or processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

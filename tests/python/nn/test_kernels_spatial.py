@@ -1,0 +1,384 @@
+"""Native conv2d and pooling kernels against loop references and numerical gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from reference import nn as ref
+
+import sparkgrad
+from sparkgrad import _core
+
+DTYPES = st.sampled_from([np.float32, np.float64])
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def tol(dtype):
+    return {"rtol": 2e-4, "atol": 2e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+
+
+def numerical_gradient(fn, x, h=1e-6):
+    """Central differences of the scalar fn at x (float64)."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        keep = flat[i]
+        flat[i] = keep + h
+        up = fn(x)
+        flat[i] = keep - h
+        down = fn(x)
+        flat[i] = keep
+        gflat[i] = (up - down) / (2 * h)
+    return grad
+
+
+@st.composite
+def geometries(draw, max_size=7):
+    """(h, w, kernel, stride, pad_top_left, out_hw) covering truncate and asymmetric "same" padding."""
+    mode = draw(st.sampled_from(["truncate", "same"]))
+    h, w = draw(st.integers(1, max_size)), draw(st.integers(1, max_size))
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pads = (draw(st.integers(0, kernel[0] - 1)), draw(st.integers(0, kernel[1] - 1)))
+    p, pad_top = ref.output_geometry(h, kernel[0], stride[0], pads[0], mode)
+    q, pad_left = ref.output_geometry(w, kernel[1], stride[1], pads[1], mode)
+    assume(p >= 1 and q >= 1)
+    return h, w, kernel, stride, (pad_top, pad_left), (p, q)
+
+
+def pool_kwargs(kernel, stride, pad):
+    return {
+        "kernel_h": kernel[0],
+        "kernel_w": kernel[1],
+        "stride_h": stride[0],
+        "stride_w": stride[1],
+        "pad_top": pad[0],
+        "pad_left": pad[1],
+    }
+
+
+def conv_kwargs(stride, pad):
+    return {"stride_h": stride[0], "stride_w": stride[1], "pad_top": pad[0], "pad_left": pad[1]}
+
+
+# ---- pooling -------------------------------------------------------------------------------------
+
+
+@given(
+    geo=geometries(),
+    kind=st.sampled_from(["max", "avg"]),
+    n=st.integers(0, 3),
+    c=st.integers(1, 3),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_pool2d_matches_reference(geo, kind, n, c, dtype, seed):
+    h, w, kernel, stride, pad, (p, q) = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    y = np.full((n, c, p, q), np.nan, dtype)
+    argmax = np.full((n, c, p, q), -1, np.int64)
+    _core.pool2d_forward(kind, x, y, argmax=argmax, **pool_kwargs(kernel, stride, pad))
+    expected, expected_argmax = ref.pool2d_forward(kind, x, (p, q), kernel, stride, pad)
+    np.testing.assert_allclose(y, expected, **tol(dtype))
+    if kind == "max":
+        np.testing.assert_array_equal(argmax, expected_argmax)
+    dy = rng.standard_normal((n, c, p, q)).astype(dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    _core.pool2d_backward(kind, dy, dx, argmax=argmax, **pool_kwargs(kernel, stride, pad))
+    np.testing.assert_allclose(
+        dx, ref.pool2d_backward(kind, dy, x.shape, kernel, stride, pad, argmax), **tol(dtype)
+    )
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize(
+    ("kernel", "stride", "pad", "out"), [((2, 2), (2, 2), (0, 0), (3, 2)), ((3, 2), (2, 1), (1, 0), (3, 4))]
+)
+def test_pool2d_backward_matches_numerical_gradient(kind, kernel, stride, pad, out):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 2, 6, 5))
+    dy = rng.standard_normal((2, 2, *out))
+    kw = pool_kwargs(kernel, stride, pad)
+
+    def forward(v):
+        y, argmax = np.empty((2, 2, *out)), np.empty((2, 2, *out), np.int64)
+        _core.pool2d_forward(kind, v, y, argmax=argmax, **kw)
+        return y, argmax
+
+    def objective(v):
+        return float((forward(v)[0] * dy).sum())
+
+    dx = np.empty_like(x)
+    _core.pool2d_backward(kind, dy, dx, argmax=forward(x)[1], **kw)
+    np.testing.assert_allclose(dx, numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-8)
+
+
+@given(
+    kind=st.sampled_from(["max", "avg", "sum"]),
+    shape=st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5)),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_global_pool_matches_reference(kind, shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    y = np.full(shape[:2], np.nan, dtype)
+    argmax = np.full(shape[:2], -1, np.int64) if kind == "max" else None
+    _core.global_pool_forward(kind, x, y, argmax=argmax)
+    expected, expected_argmax = ref.global_pool_forward(kind, x)
+    np.testing.assert_allclose(y, expected, **tol(dtype))
+    if kind == "max":
+        np.testing.assert_array_equal(argmax, expected_argmax)
+    dy = rng.standard_normal(shape[:2]).astype(dtype)
+    dx = np.full(shape, np.nan, dtype)
+    _core.global_pool_backward(kind, dy, dx, argmax=argmax)
+    np.testing.assert_allclose(dx, ref.global_pool_backward(kind, dy, shape, argmax), **tol(dtype))
+
+
+@pytest.mark.parametrize("kind", ["max", "avg", "sum"])
+def test_global_pool_backward_matches_numerical_gradient(kind):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 3, 4))
+    dy = rng.standard_normal((2, 3))
+
+    def forward(v):
+        y, argmax = np.empty((2, 3)), np.empty((2, 3), np.int64)
+        _core.global_pool_forward(kind, v, y, argmax=argmax)
+        return y, argmax
+
+    dx = np.empty_like(x)
+    _core.global_pool_backward(kind, dy, dx, argmax=forward(x)[1])
+    expected = numerical_gradient(lambda v: float((forward(v)[0] * dy).sum()), x.copy())
+    np.testing.assert_allclose(dx, expected, rtol=1e-6, atol=1e-8)
+
+
+POOL = pool_kwargs((2, 2), (2, 2), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: _core.pool2d_forward("max", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **POOL),
+            r"\[pool2d_forward\] argmax is required",
+        ),
+        (
+            lambda: _core.pool2d_forward("min", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **POOL),
+            r"\[pool2d_forward\] unknown pooling kind 'min'",
+        ),
+        (
+            lambda: _core.pool2d_forward("avg", np.ones((1, 1, 4, 4)), np.ones((1, 2, 2, 2)), **POOL),
+            r"\[pool2d_forward\] y must have shape \(1, 1, P, Q\)",
+        ),
+        (
+            lambda: _core.pool2d_forward("avg", np.ones((1, 1, 4, 4)), np.ones((1, 1, 3, 2)), **POOL),
+            r"\[pool2d_forward\] output size \(3, 2\) has pooling windows outside",
+        ),
+        (
+            lambda: _core.pool2d_forward(
+                "avg", np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2)), **{**POOL, "stride_h": 0}
+            ),
+            r"\[pool2d_forward\] stride_h must be >= 1",
+        ),
+        (
+            lambda: _core.pool2d_forward(
+                "max",
+                np.ones((1, 1, 4, 4)),
+                np.ones((1, 1, 2, 2)),
+                argmax=np.ones((1, 1, 2, 2), np.int32),
+                **POOL,
+            ),
+            r"\[pool2d_forward\] argmax must have dtype int64",
+        ),
+        (
+            lambda: _core.pool2d_backward(
+                "max", np.ones((1, 1, 2, 2)), np.ones((1, 1, 4, 4)), argmax=np.full((1, 1, 2, 2), 16), **POOL
+            ),
+            r"\[pool2d_backward\] argmax value 16 is outside \[0, 16\)",
+        ),
+        (
+            lambda: _core.pool2d_backward("avg", np.ones((1, 1, 2)), np.ones((1, 1, 4, 4)), **POOL),
+            r"\[pool2d_backward\] dy must be 4-D",
+        ),
+        (
+            lambda: _core.global_pool_forward("max", np.ones((2, 3, 2, 2)), np.ones((2, 3))),
+            r"\[global_pool_forward\] argmax is required",
+        ),
+        (
+            lambda: _core.global_pool_forward("avg", np.ones((2, 3, 2, 2)), np.ones((3, 2))),
+            r"\[global_pool_forward\] y must have shape \(2, 3\)",
+        ),
+        (
+            lambda: _core.global_pool_backward("sum", np.ones((2, 3)), np.ones((2, 3, 0, 2))),
+            r"\[global_pool_backward\] dx must have a non-empty",
+        ),
+    ],
+)
+def test_pooling_rejects_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# ---- convolution ---------------------------------------------------------------------------------
+
+
+@given(
+    geo=geometries(),
+    n=st.integers(0, 3),
+    c=st.integers(1, 3),
+    k=st.integers(1, 3),
+    with_bias=st.booleans(),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_conv2d_matches_reference(geo, n, c, k, with_bias, dtype, seed):
+    h, w, kernel, stride, pad, (p, q) = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((k, c, *kernel)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype) if with_bias else None
+    kw = conv_kwargs(stride, pad)
+    y = np.full((n, k, p, q), np.nan, dtype)
+    _core.conv2d_forward(x, wt, b, y, **kw)
+    np.testing.assert_allclose(y, ref.conv2d_forward(x, wt, b, (p, q), stride, pad), **tol(dtype))
+    dy = rng.standard_normal((n, k, p, q)).astype(dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    _core.conv2d_backward_input(dy, wt, dx, **kw)
+    np.testing.assert_allclose(dx, ref.conv2d_backward_input(dy, wt, x.shape, stride, pad), **tol(dtype))
+    dw = np.full(wt.shape, np.nan, dtype)
+    _core.conv2d_backward_weight(x, dy, dw, **kw)
+    np.testing.assert_allclose(dw, ref.conv2d_backward_weight(x, dy, wt.shape, stride, pad), **tol(dtype))
+
+
+def test_conv2d_chunks_large_batches_like_small_ones():
+    # 1x1 kernels over a 64x64 image: the column matrix of 300 images exceeds one chunk (2^22 elements).
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 1, 64, 64)).astype(np.float32)
+    wt = rng.standard_normal((2, 1, 1, 1)).astype(np.float32)
+    y = np.empty((300, 2, 64, 64), np.float32)
+    _core.conv2d_forward(x, wt, None, y, stride_h=1, stride_w=1, pad_top=0, pad_left=0)
+    np.testing.assert_allclose(y, x * wt[:, 0, 0, 0][None, :, None, None], rtol=1e-6)
+    dw = np.empty_like(wt)
+    _core.conv2d_backward_weight(x, y, dw, stride_h=1, stride_w=1, pad_top=0, pad_left=0)
+    np.testing.assert_allclose(dw[:, 0, 0, 0], (x * y).sum(axis=(0, 2, 3)), rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("stride", "pad", "out"),
+    [((1, 1), (0, 0), (3, 4)), ((2, 1), (1, 1), (3, 5)), ((2, 2), (0, 1), (2, 3))],  # last: "same" on 4x5
+)
+def test_conv2d_backward_matches_numerical_gradient(stride, pad, out):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 2, 4, 5))
+    wt = rng.standard_normal((3, 2, 2, 2))
+    b = rng.standard_normal(3)
+    dy = rng.standard_normal((2, 3, *out))
+    kw = conv_kwargs(stride, pad)
+
+    def objective(x_, w_):
+        y = np.empty((2, 3, *out))
+        _core.conv2d_forward(x_, w_, b, y, **kw)
+        return float((y * dy).sum())
+
+    dx, dw = np.empty_like(x), np.empty_like(wt)
+    _core.conv2d_backward_input(dy, wt, dx, **kw)
+    _core.conv2d_backward_weight(x, dy, dw, **kw)
+    np.testing.assert_allclose(
+        dx, numerical_gradient(lambda v: objective(v, wt), x.copy()), rtol=1e-6, atol=1e-8
+    )
+    np.testing.assert_allclose(
+        dw, numerical_gradient(lambda v: objective(x, v), wt.copy()), rtol=1e-6, atol=1e-8
+    )
+    db = np.empty(3)
+    _core.bias_grad(dy, db)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)))
+
+
+CONV = conv_kwargs((1, 1), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 1, 2, 2)), None, np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] w must have shape \(K, 2, R, S\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 2, 2, 2)), None, np.ones((1, 2, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] y must have shape \(1, 3, P, Q\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)), np.ones((3, 2, 2, 2)), np.ones(2), np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] b must have shape \(3,\)",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((2, 4, 4)), np.ones((3, 2, 2, 2)), None, np.ones((1, 3, 3, 3)), **CONV
+            ),
+            r"\[conv2d_forward\] x must be 4-D",
+        ),
+        (
+            lambda: _core.conv2d_forward(
+                np.ones((1, 2, 4, 4)),
+                np.ones((3, 2, 2, 2)),
+                None,
+                np.ones((1, 3, 3, 3)),
+                **{**CONV, "pad_top": -1},
+            ),
+            r"\[conv2d_forward\] pad_top must be >= 0",
+        ),
+        (
+            lambda: _core.conv2d_backward_input(
+                np.ones((1, 3, 3, 3), np.float32), np.ones((3, 2, 2, 2)), np.ones((1, 2, 4, 4)), **CONV
+            ),
+            r"\[conv2d_backward_input\] w must have dtype float32",
+        ),
+        (
+            lambda: _core.conv2d_backward_weight(
+                np.ones((1, 2, 4, 4)), np.ones((2, 3, 3, 3)), np.ones((3, 2, 2, 2)), **CONV
+            ),
+            r"\[conv2d_backward_weight\] dy must have shape \(1, 3, P, Q\)",
+        ),
+    ],
+)
+def test_conv2d_rejects_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_conv2d_same_result_for_one_and_two_threads_and_restores_blas_threads():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 3, 9, 9))
+    wt = rng.standard_normal((4, 3, 3, 3))
+    dy = rng.standard_normal((6, 4, 7, 7))
+    kw = conv_kwargs((1, 1), (0, 0))
+
+    def run():
+        y, dx, dw = np.empty((6, 4, 7, 7)), np.empty_like(x), np.empty_like(wt)
+        _core.conv2d_forward(x, wt, None, y, **kw)
+        _core.conv2d_backward_input(dy, wt, dx, **kw)
+        _core.conv2d_backward_weight(x, dy, dw, **kw)
+        return y, dx, dw
+
+    before = sparkgrad.get_num_threads()
+    try:
+        sparkgrad.set_num_threads(1)
+        one = run()
+        sparkgrad.set_num_threads(2)
+        two = run()
+        assert "(2 threads)" in _core.blas_info()  # the single-threaded BLAS hold was released
+    finally:
+        sparkgrad.set_num_threads(before)
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[1], two[1])
+    np.testing.assert_allclose(one[2], two[2], rtol=1e-12)

@@ -1,0 +1,456 @@
+"""Pure-NumPy references for the native nn and optim kernels (see /work/nn-contract.md).
+
+Written for clarity: explicit loops over output positions for convolution and pooling, the textbook
+formula for everything else. Computations run in float64 and the caller casts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EPS = 1e-10
+
+# ---- dense helpers -------------------------------------------------------------------------------
+
+
+def bias_add(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return x + b.reshape(shape)
+
+
+def bias_grad(dy: np.ndarray) -> np.ndarray:
+    axes = (0,) + tuple(range(2, dy.ndim))
+    return dy.astype(np.float64).sum(axis=axes)
+
+
+# ---- activations ---------------------------------------------------------------------------------
+
+ACTIVATIONS = ["identity", "relu", "leakyrelu", "elu", "tanh", "sigmoid", "softmax", "softplus", "hardtanh"]
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def activation(name: str, x: np.ndarray, alpha: float = 0.0) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    if name == "identity":
+        return x.copy()
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "leakyrelu":
+        return np.where(x > 0, x, alpha * x)
+    if name == "elu":
+        return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0)))
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "sigmoid":
+        return _sigmoid(x)
+    if name == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    if name == "softplus":
+        return np.logaddexp(0.0, x)
+    if name == "hardtanh":
+        return np.clip(x, -1.0, 1.0)
+    raise ValueError(name)
+
+
+def activation_backward(name: str, x: np.ndarray, dy: np.ndarray, alpha: float = 0.0) -> np.ndarray:
+    """dL/dx from dL/dy via the analytic derivative f'(x) (softmax: its Jacobian per row)."""
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    y = activation(name, x, alpha)
+    if name == "softmax":
+        jac = np.einsum("ni,ij->nij", y, np.eye(x.shape[1])) - np.einsum("ni,nj->nij", y, y)
+        return np.einsum("nij,ni->nj", jac, dy)
+    derivative = {
+        "identity": lambda: np.ones_like(x),
+        "relu": lambda: (x > 0).astype(np.float64),
+        "leakyrelu": lambda: np.where(x > 0, 1.0, alpha),
+        "elu": lambda: np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0.0))),
+        "tanh": lambda: 1.0 - np.tanh(x) ** 2,
+        "sigmoid": lambda: _sigmoid(x) * (1.0 - _sigmoid(x)),
+        "softplus": lambda: _sigmoid(x),
+        "hardtanh": lambda: ((x > -1) & (x < 1)).astype(np.float64),
+    }[name]()
+    return derivative * dy
+
+
+# ---- losses --------------------------------------------------------------------------------------
+
+LOSSES = [
+    "mcxent",
+    "negativeloglikelihood",
+    "mse",
+    "l1",
+    "l2",
+    "xent",
+    "hinge",
+    "squared_hinge",
+    "kl_divergence",
+]
+
+
+def _mask_matrix(mask, shape):
+    if mask is None:
+        return np.ones(shape)
+    mask = np.asarray(mask, np.float64)
+    return np.broadcast_to(mask if mask.ndim == 2 else mask[:, None], shape)
+
+
+def _loss_terms(loss: str, y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    c = y.shape[1]
+    clip = np.maximum(p, EPS)
+    return {
+        "mcxent": lambda: -y * np.log(clip),
+        "negativeloglikelihood": lambda: -y * np.log(clip),
+        "xent": lambda: -(y * np.log(clip) + (1 - y) * np.log(np.maximum(1 - p, EPS))),
+        "l2": lambda: (y - p) ** 2,
+        "mse": lambda: (y - p) ** 2 / c,
+        "l1": lambda: np.abs(y - p),
+        "hinge": lambda: np.maximum(0.0, 1 - y * p),
+        "squared_hinge": lambda: np.maximum(0.0, 1 - y * p) ** 2,
+        "kl_divergence": lambda: np.where(y > 0, y * (np.log(np.where(y > 0, y, 1.0)) - np.log(clip)), 0.0),
+    }[loss]()
+
+
+def loss_score(loss, act, labels, preout, mask=None, alpha=0.0) -> np.ndarray:
+    y = np.asarray(labels, np.float64)
+    z = np.asarray(preout, np.float64)
+    if loss in ("mcxent", "negativeloglikelihood") and act == "softmax":
+        log_p = z - z.max(axis=1, keepdims=True)
+        log_p = log_p - np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+        terms = -y * np.maximum(log_p, np.log(EPS))
+    elif loss == "xent" and act == "sigmoid":
+        log_p = np.maximum(-np.logaddexp(0.0, -z), np.log(EPS))
+        log_1mp = np.maximum(-np.logaddexp(0.0, z), np.log(EPS))
+        terms = -(y * log_p + (1 - y) * log_1mp)
+    else:
+        terms = _loss_terms(loss, y, activation(act, z, alpha))
+    return (terms * _mask_matrix(mask, y.shape)).sum(axis=1)
+
+
+def loss_gradient(loss, act, labels, preout, mask=None, alpha=0.0) -> np.ndarray:
+    y = np.asarray(labels, np.float64)
+    z = np.asarray(preout, np.float64)
+    p = activation(act, z, alpha)
+    c = y.shape[1]
+    if loss in ("mcxent", "negativeloglikelihood") and act == "softmax":
+        grad = p * y.sum(axis=1, keepdims=True) - y
+    elif loss == "xent" and act == "sigmoid":
+        grad = p - y
+    else:
+        clip = np.maximum(p, EPS)
+        dp = {
+            "mcxent": lambda: -y / clip,
+            "negativeloglikelihood": lambda: -y / clip,
+            "kl_divergence": lambda: -y / clip,
+            "xent": lambda: -y / clip + (1 - y) / np.maximum(1 - p, EPS),
+            "l2": lambda: 2 * (p - y),
+            "mse": lambda: 2 * (p - y) / c,
+            "l1": lambda: np.sign(p - y),
+            "hinge": lambda: np.where(1 - y * p > 0, -y, 0.0),
+            "squared_hinge": lambda: -2 * y * np.maximum(0.0, 1 - y * p),
+        }[loss]()
+        grad = activation_backward(act, z, dp, alpha)
+    return grad * _mask_matrix(mask, y.shape)
+
+
+# ---- convolution ---------------------------------------------------------------------------------
+
+
+def _padded(x: np.ndarray, p: int, q: int, r: int, s: int, stride, pad):
+    """x zero-padded so that every window of a (p, q) output lies inside it."""
+    n, c, h, w = x.shape
+    need_h = (p - 1) * stride[0] + r
+    need_w = (q - 1) * stride[1] + s
+    out = np.zeros((n, c, max(need_h, pad[0] + h), max(need_w, pad[1] + w)))
+    out[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w] = x
+    return out
+
+
+def conv2d_forward(x, w, b, out_hw, stride, pad) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    n = x.shape[0]
+    k, _, r, s = w.shape
+    p, q = out_hw
+    xp = _padded(x, p, q, r, s, stride, pad)
+    y = np.zeros((n, k, p, q))
+    for i in range(p):
+        for j in range(q):
+            patch = xp[:, :, i * stride[0] : i * stride[0] + r, j * stride[1] : j * stride[1] + s]
+            y[:, :, i, j] = np.einsum("ncrs,kcrs->nk", patch, w)
+    if b is not None:
+        y += np.asarray(b, np.float64)[None, :, None, None]
+    return y
+
+
+def conv2d_backward_input(dy, w, x_shape, stride, pad) -> np.ndarray:
+    dy = np.asarray(dy, np.float64)
+    w = np.asarray(w, np.float64)
+    n, c, h, wd = x_shape
+    _, _, r, s = w.shape
+    p, q = dy.shape[2:]
+    dxp = _padded(np.zeros(x_shape), p, q, r, s, stride, pad)
+    for i in range(p):
+        for j in range(q):
+            dxp[:, :, i * stride[0] : i * stride[0] + r, j * stride[1] : j * stride[1] + s] += np.einsum(
+                "nk,kcrs->ncrs", dy[:, :, i, j], w
+            )
+    return dxp[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + wd]
+
+
+def conv2d_backward_weight(x, dy, w_shape, stride, pad) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    _, _, r, s = w_shape
+    p, q = dy.shape[2:]
+    xp = _padded(x, p, q, r, s, stride, pad)
+    dw = np.zeros(w_shape)
+    for i in range(p):
+        for j in range(q):
+            patch = xp[:, :, i * stride[0] : i * stride[0] + r, j * stride[1] : j * stride[1] + s]
+            dw += np.einsum("ncrs,nk->kcrs", patch, dy[:, :, i, j])
+    return dw
+
+
+# ---- pooling -------------------------------------------------------------------------------------
+
+
+def _windows(h, w, p, q, kernel, stride, pad):
+    """Yields (i, j, rows, cols): the in-bounds input index ranges of output position (i, j)."""
+    for i in range(p):
+        top = i * stride[0] - pad[0]
+        rows = range(max(top, 0), min(top + kernel[0], h))
+        for j in range(q):
+            left = j * stride[1] - pad[1]
+            yield i, j, rows, range(max(left, 0), min(left + kernel[1], w))
+
+
+def pool2d_forward(kind, x, out_hw, kernel, stride, pad):
+    """Returns (y, argmax); argmax is the flat (h, w) index of the first maximum (max pooling only)."""
+    x = np.asarray(x, np.float64)
+    n, c, h, w = x.shape
+    p, q = out_hw
+    y = np.zeros((n, c, p, q))
+    argmax = np.zeros((n, c, p, q), np.int64)
+    for i, j, rows, cols in _windows(h, w, p, q, kernel, stride, pad):
+        window = x[:, :, rows.start : rows.stop, cols.start : cols.stop].reshape(n, c, len(rows) * len(cols))
+        if kind == "max":
+            best = window.argmax(axis=2)
+            y[:, :, i, j] = window.max(axis=2)
+            argmax[:, :, i, j] = (rows.start + best // len(cols)) * w + cols.start + best % len(cols)
+        else:
+            y[:, :, i, j] = window.mean(axis=2)
+    return y, argmax
+
+
+def pool2d_backward(kind, dy, x_shape, kernel, stride, pad, argmax=None):
+    dy = np.asarray(dy, np.float64)
+    n, c, h, w = x_shape
+    p, q = dy.shape[2:]
+    dx = np.zeros(x_shape)
+    for i, j, rows, cols in _windows(h, w, p, q, kernel, stride, pad):
+        if kind == "max":
+            flat = dx.reshape(n * c, h * w)
+            np.add.at(flat, (np.arange(n * c), argmax[:, :, i, j].reshape(-1)), dy[:, :, i, j].reshape(-1))
+        else:
+            count = len(rows) * len(cols)
+            dx[:, :, rows.start : rows.stop, cols.start : cols.stop] += (
+                dy[:, :, i, j][:, :, None, None] / count
+            )
+    return dx
+
+
+def global_pool_forward(kind, x):
+    x = np.asarray(x, np.float64)
+    flat = x.reshape(x.shape[0], x.shape[1], x.shape[2] * x.shape[3])
+    if kind == "max":
+        return flat.max(axis=2), flat.argmax(axis=2)
+    return (flat.mean(axis=2) if kind == "avg" else flat.sum(axis=2)), None
+
+
+def global_pool_backward(kind, dy, x_shape, argmax=None):
+    dy = np.asarray(dy, np.float64)
+    n, c = dy.shape
+    size = int(np.prod(x_shape[2:]))
+    if kind == "max":
+        dx = np.zeros((n, c, size))
+        np.put_along_axis(dx, argmax[:, :, None], dy[:, :, None], axis=2)
+    else:
+        dx = np.repeat(dy[:, :, None] / (size if kind == "avg" else 1), size, axis=2)
+    return dx.reshape(x_shape)
+
+
+# ---- batch normalization -------------------------------------------------------------------------
+
+
+def _channel_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _per_channel(v, x):
+    return np.asarray(v, np.float64).reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def batchnorm_forward_train(x, gamma, beta, eps):
+    """Returns (y, batch_mean, batch_var) with the biased batch variance."""
+    x = np.asarray(x, np.float64)
+    axes = _channel_axes(x)
+    mean = x.mean(axis=axes)
+    var = x.var(axis=axes)
+    return batchnorm_forward_inference(x, gamma, beta, mean, var, eps), mean, var
+
+
+def batchnorm_forward_inference(x, gamma, beta, mean, var, eps):
+    x = np.asarray(x, np.float64)
+    xhat = (x - _per_channel(mean, x)) / np.sqrt(_per_channel(var, x) + eps)
+    return _per_channel(gamma, x) * xhat + _per_channel(beta, x)
+
+
+def batchnorm_backward(x, dy, gamma, mean, var, eps):
+    """Returns (dx, dgamma, dbeta) of the training-mode forward (statistics depend on x)."""
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    axes = _channel_axes(x)
+    m = x.size // x.shape[1]
+    inv_std = 1.0 / np.sqrt(_per_channel(var, x) + eps)
+    xhat = (x - _per_channel(mean, x)) * inv_std
+    dbeta = dy.sum(axis=axes)
+    dgamma = (dy * xhat).sum(axis=axes)
+    dxhat = dy * _per_channel(gamma, x)
+    dx = (
+        inv_std
+        / m
+        * (
+            m * dxhat
+            - dxhat.sum(axis=axes, keepdims=True)
+            - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True)
+        )
+    )
+    return dx, dgamma, dbeta
+
+
+# ---- regularization and updaters -----------------------------------------------------------------
+
+UPDATER_STATE = {
+    "sgd": 0,
+    "noop": 0,
+    "nesterovs": 1,
+    "rmsprop": 1,
+    "adagrad": 1,
+    "adam": 2,
+    "adamax": 2,
+    "nadam": 2,
+    "adadelta": 2,
+    "amsgrad": 3,
+}
+
+
+def regularize_gradient(params, grad, l1, l2):
+    return grad + l2 * params + l1 * np.sign(params)
+
+
+def updater_step(
+    kind,
+    g,
+    state,
+    iteration,
+    lr=0.0,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-8,
+    momentum=0.9,
+    rms_decay=0.95,
+    rho=0.95,
+):
+    """One DL4J update: returns (update, new_state); state is split into UPDATER_STATE[kind] vectors."""
+    g = np.asarray(g, np.float64)
+    parts = (
+        [s.copy() for s in np.split(np.asarray(state, np.float64), UPDATER_STATE[kind])]
+        if UPDATER_STATE[kind]
+        else []
+    )
+    t = iteration + 1
+    if kind == "sgd":
+        u = lr * g
+    elif kind == "noop":
+        u = np.zeros_like(g)
+    elif kind == "nesterovs":
+        (v,) = parts
+        v_new = momentum * v - lr * g
+        u = momentum * v - (1 + momentum) * v_new
+        parts = [v_new]
+    elif kind in ("adam", "nadam", "amsgrad"):
+        m, v = parts[0], parts[1]
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        if kind == "adam":
+            u = lr * np.sqrt(1 - beta2**t) / (1 - beta1**t) * m / (np.sqrt(v) + eps)
+            parts = [m, v]
+        elif kind == "nadam":
+            m_hat = beta1 * m / (1 - beta1 ** (t + 1)) + (1 - beta1) * g / (1 - beta1**t)
+            u = lr * m_hat / (np.sqrt(v / (1 - beta2**t)) + eps)
+            parts = [m, v]
+        else:
+            vhat = np.maximum(parts[2], v)
+            u = lr * np.sqrt(1 - beta2**t) / (1 - beta1**t) * m / (np.sqrt(vhat) + eps)
+            parts = [m, v, vhat]
+    elif kind == "adamax":
+        m, u_inf = parts
+        m = beta1 * m + (1 - beta1) * g
+        u_inf = np.maximum(beta2 * u_inf, np.abs(g))
+        u = lr / (1 - beta1**t) * m / (u_inf + eps)
+        parts = [m, u_inf]
+    elif kind == "rmsprop":
+        (s,) = parts
+        s = rms_decay * s + (1 - rms_decay) * g * g
+        u = lr * g / np.sqrt(s + eps)
+        parts = [s]
+    elif kind == "adagrad":
+        (h,) = parts
+        h = h + g * g
+        u = lr * g / (np.sqrt(h) + eps)
+        parts = [h]
+    elif kind == "adadelta":
+        eg, edx = parts
+        eg = rho * eg + (1 - rho) * g * g
+        u = np.sqrt(edx + eps) / np.sqrt(eg + eps) * g
+        edx = rho * edx + (1 - rho) * u * u
+        parts = [eg, edx]
+    else:
+        raise ValueError(kind)
+    return u, (np.concatenate(parts) if parts else np.zeros(0))
+
+
+# ---- dropout -------------------------------------------------------------------------------------
+
+
+def dropout_mask(size: int, retain: float, seed: int) -> np.ndarray:
+    """1/retain where the i-th splitmix64 draw of the stream at `seed` is below retain, else 0."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + (np.arange(size, dtype=np.uint64) + np.uint64(1)) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    uniform = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return np.where(uniform < retain, 1.0 / retain, 0.0)
+
+
+# ---- geometry ------------------------------------------------------------------------------------
+
+
+def output_geometry(size: int, kernel: int, stride: int, pad: int, mode: str) -> tuple[int, int]:
+    """(output size, leading padding) along one axis, DL4J style.
+
+    "truncate": (size + 2 pad - kernel) // stride + 1 with `pad` on both sides; "same": ceil(size / stride)
+    with the total padding split evenly and any odd element at the end (bottom / right).
+    """
+    if mode == "same":
+        out = -(-size // stride)
+        return out, max(0, (out - 1) * stride + kernel - size) // 2
+    return (size + 2 * pad - kernel) // stride + 1, pad

@@ -1,0 +1,123 @@
+"""Distributed evaluation, scoring and keyed inference equal their local counterparts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import local_network, mlp_conf
+
+from sparkgrad.data import DataSet
+from sparkgrad.eval import ROC, Evaluation, RegressionEvaluation, ROCMultiClass
+from sparkgrad.nn import MultiLayerNetwork
+from sparkgrad.spark import SparkMultiLayer
+
+
+@pytest.fixture(scope="module")
+def model(spark, digits):
+    net = local_network(digits[0])
+    return SparkMultiLayer(spark, net)
+
+
+@pytest.fixture(scope="module")
+def test_rdd(spark, digits):
+    return spark.sparkContext.parallelize(digits[1].split(7), 3)
+
+
+def test_distributed_evaluation_equals_local(model, digits, test_rdd) -> None:
+    local = model.network.evaluate(digits[1])
+    dist = model.evaluate(test_rdd, eval_num_workers=2, eval_batch_size=13)
+    assert dist.accuracy() == pytest.approx(local.accuracy())
+    np.testing.assert_array_equal(dist.confusion_matrix(), local.confusion_matrix())
+    named = model.evaluate(test_rdd, labels_list=[str(i) for i in range(10)])
+    assert named.accuracy() == pytest.approx(local.accuracy())
+
+
+def test_do_evaluation_several_in_one_pass(model, digits, test_rdd) -> None:
+    model.default_evaluation_workers = 3
+    ev, roc, reg = model.do_evaluation(
+        test_rdd, None, 5, Evaluation(), ROCMultiClass(), RegressionEvaluation()
+    )
+    local_ev, local_roc, local_reg = model.network.do_evaluation(
+        digits[1], Evaluation(), ROCMultiClass(), RegressionEvaluation()
+    )
+    assert ev.accuracy() == pytest.approx(local_ev.accuracy())
+    assert roc.calculate_average_auc() == pytest.approx(local_roc.calculate_average_auc())
+    assert reg.average_mean_squared_error() == pytest.approx(local_reg.average_mean_squared_error())
+    roc2 = model.evaluate_roc_multi_class(test_rdd)
+    assert roc2.calculate_average_auc() == pytest.approx(local_roc.calculate_average_auc())
+    reg2 = model.evaluate_regression(test_rdd)
+    assert reg2.average_mean_squared_error() == pytest.approx(local_reg.average_mean_squared_error())
+
+
+def test_binary_roc_equals_local(spark, digits) -> None:
+    net = MultiLayerNetwork(mlp_conf(hidden=8, n_out=2)).init()
+    test = digits[1]
+    labels = np.eye(2, dtype=np.float32)[(test.labels.argmax(1) % 2)]
+    data = DataSet(test.features, labels)
+    sm = SparkMultiLayer(spark, net)
+    dist = sm.evaluate_roc(spark.sparkContext.parallelize(data.split(9), 2), eval_batch_size=4)
+    local = net.evaluate_roc(data)
+    assert dist.calculate_auc() == pytest.approx(local.calculate_auc())
+    assert isinstance(dist, ROC)
+
+
+def test_evaluate_path_with_loader(model, digits, tmp_path) -> None:
+    for i, part in enumerate(digits[1].split(100)):
+        part.save(str(tmp_path / f"part{i}.bin"))
+    dist = model.evaluate(str(tmp_path))
+    assert dist.accuracy() == pytest.approx(model.network.evaluate(digits[1]).accuracy())
+
+
+def test_calculate_score_and_score_examples_match_local(model, digits, spark) -> None:
+    test = digits[1]
+    rdd = spark.sparkContext.parallelize(test.split(11), 3)
+    net = model.network
+    assert model.calculate_score(rdd, minibatch_size=17) == pytest.approx(net.score(test), rel=1e-5)
+    total = model.calculate_score(rdd, average=False)
+    assert total == pytest.approx(net.score(test) * test.num_examples(), rel=1e-5)
+    scores = np.array(model.score_examples(rdd, batch_size=10).collect())
+    np.testing.assert_allclose(scores, net.score_examples(test), rtol=1e-5, atol=1e-7)
+    reg = np.array(model.score_examples(rdd, include_regularization_terms=True).collect())
+    np.testing.assert_allclose(reg, net.score_examples(test, True), rtol=1e-5, atol=1e-7)
+    pairs = spark.sparkContext.parallelize(
+        [(f"k{i}", test[i : i + 1]) for i in range(test.num_examples())], 4
+    )
+    keyed = dict(model.score_examples_with_key(pairs, batch_size=9).collect())
+    assert len(keyed) == test.num_examples()
+    np.testing.assert_allclose(
+        [keyed[f"k{i}"] for i in range(test.num_examples())], net.score_examples(test), rtol=1e-5, atol=1e-7
+    )
+
+
+def test_feed_forward_with_key_keeps_every_key(model, digits, spark) -> None:
+    x = digits[1].features
+    net = model.network
+    expected = net.output(x)
+    values = []
+    for i in range(60):
+        if i % 3 == 0:
+            values.append((("single", i), x[i]))
+        elif i % 3 == 1:
+            values.append((("batch", i), x[i : i + 4]))
+        else:
+            values.append((("masked", i), (x[i], np.ones(64, np.float32))))
+    out = dict(model.feed_forward_with_key(spark.sparkContext.parallelize(values, 3), batch_size=8).collect())
+    assert set(out) == {k for k, _ in values}
+    for (kind, i), y in out.items():
+        if kind == "batch":
+            np.testing.assert_allclose(y, expected[i : i + 4], rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_allclose(y, expected[i], rtol=1e-5, atol=1e-6)
+
+
+def test_inference_input_errors_are_clear(model, spark) -> None:
+    bad = spark.sparkContext.parallelize([("a", np.zeros((2, 3, 4), np.float32))], 1)
+
+    with pytest.raises(Exception, match="pair_rdd"):
+        model.feed_forward_with_key(bad).collect()
+    with pytest.raises(TypeError, match="RDD"):
+        model.evaluate([1, 2, 3])
+    with pytest.raises(ValueError, match="eval_num_workers"):
+        model.do_evaluation(spark.sparkContext.parallelize([], 1), 0, None, Evaluation())
+    with pytest.raises(ValueError, match="empty"):
+        model.do_evaluation(spark.sparkContext.parallelize([], 1), 1, None, Evaluation())

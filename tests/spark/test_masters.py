@@ -1,0 +1,284 @@
+"""Both training masters reach 95% on digits; options, stats, export and the HTML report."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+from helpers import RecordingHook, accuracy, foreign_address, mlp_conf, port, subset
+
+from sparkgrad.compress import AdaptiveThresholdAlgorithm
+from sparkgrad.data import DataSet
+from sparkgrad.spark import (
+    DefaultRepartitioner,
+    ParameterAveragingTrainingMaster,
+    SharedTrainingMaster,
+    SparkMultiLayer,
+    TrainingHook,
+    VoidConfiguration,
+    ZmqTransportConfiguration,
+)
+
+EPOCHS = 12
+
+
+def _fit_until(sm: SparkMultiLayer, rdd, test: DataSet, target: float = 0.95) -> list[float]:
+    accs = []
+    for _ in range(EPOCHS):
+        sm.fit(rdd)
+        accs.append(accuracy(sm.network, test))
+        if accs[-1] >= target and len(accs) >= 2:
+            break
+    return accs
+
+
+@pytest.fixture(scope="module")
+def train_rdd(spark, digits):
+    rdd = spark.sparkContext.parallelize(digits[0].split(1), 2)
+    yield rdd
+    rdd.unpersist()
+
+
+@pytest.fixture(scope="module")
+def shared_fit(spark, digits, train_rdd, tmp_path_factory):
+    master = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=16,
+        threshold_algorithm=AdaptiveThresholdAlgorithm(
+            1e-3, min_target_sparsity=1e-3, max_target_sparsity=5e-2
+        ),
+        repartitioner=DefaultRepartitioner(max_partitions=2),
+        export_directory=str(tmp_path_factory.mktemp("export")),
+        collect_training_stats=True,
+        rng_seed=3,
+    )
+    sm = SparkMultiLayer(spark, mlp_conf(), master)
+    accs = _fit_until(sm, train_rdd, digits[1])
+    return sm, accs
+
+
+@pytest.fixture(scope="module")
+def pa_fit(spark, digits, train_rdd):
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, averaging_frequency=10, rng_seed=1, collect_training_stats=True
+    )
+    sm = SparkMultiLayer(spark, mlp_conf(), master)
+    accs = _fit_until(sm, train_rdd, digits[1])
+    return sm, accs
+
+
+def test_shared_training_master_reaches_95_percent(shared_fit, digits) -> None:
+    sm, accs = shared_fit
+    assert accs[-1] >= 0.95, accs
+    master = sm.training_master
+    traffic = master.last_traffic
+    n = sm.network.num_params()
+    assert traffic["workers"] >= 1 and traffic["updates_applied"] >= 1
+    steps = traffic["worker_minibatches"]
+    assert steps == -(-digits[0].num_examples() // 16) or steps >= 45  # every minibatch trained
+    # gradient payloads are threshold-encoded: far fewer bytes than dense float32 updates
+    assert traffic["worker_bytes_sent"] < 0.5 * steps * n * 4
+    state = master.current_threshold_algorithm
+    assert isinstance(state, AdaptiveThresholdAlgorithm) and np.isfinite(state.last_threshold)
+    assert sm.network.epoch_count == len(accs)
+
+
+def test_shared_stats_cover_every_example_and_render_html(shared_fit, digits, tmp_path) -> None:
+    sm, _ = shared_fit
+    stats = sm.training_stats
+    compute = stats.events("SharedWorkerComputeUpdateTimesMs")
+    assert sum(e.extra["examples"] for e in compute) == digits[0].num_examples()
+    series = stats.series()
+    assert series and all(
+        {"threshold", "density", "bytes_sent"} <= set(r) for recs in series.values() for r in recs
+    )
+    assert stats.counters["worker_bytes_sent"] > 0 and stats.counters["worker_messages_sent"] > 0
+    path = tmp_path / "stats.html"
+    stats.export_html(path)
+    text = path.read_text()
+    assert "<svg" in text and "Timeline" in text and "Threshold" in text and "Bytes sent" in text
+    assert "<script" not in text and "src=" not in text and "href=" not in text
+    assert "SharedWorkerComputeUpdateTimesMs" in stats.summary()
+
+
+def test_shared_export_is_reused_and_deleted(shared_fit, spark) -> None:
+    sm, accs = shared_fit
+    master = sm.training_master
+    _, path, batches = master._export_state
+    assert batches == 90 and glob.glob(os.path.join(path, "part-*"))
+    assert "SharedMasterExportTimesMs" not in sm.training_stats.keys()  # last fit reused the export
+    assert master.delete_temp_files(spark) and not os.path.exists(path)
+
+
+def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:
+    sm, accs = pa_fit
+    assert accs[-1] >= 0.95, accs
+    stats = sm.training_stats
+    for key in (
+        "ParameterAveragingMasterBroadcastCreateTimesMs",
+        "ParameterAveragingMasterAggregateTimesMs",
+        "ParameterAveragingWorkerFitTimesMs",
+        "ParameterAveragingMasterFitTimesMs",
+    ):
+        assert stats.events(key)
+    fits = stats.events("ParameterAveragingWorkerFitTimesMs")
+    assert sum(e.extra["examples"] for e in fits) == digits[0].num_examples()  # no example dropped
+    assert np.isfinite(sm.score) and sm.network.epoch_count == len(accs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(
+            rdd_training_approach="direct",
+            rdd_data_set_num_examples=3,
+            repartition="never",
+            storage_level="NONE",
+        ),
+        dict(
+            rdd_training_approach="direct",
+            rdd_data_set_num_examples=3,
+            repartition_strategy="spark_default",
+            save_updater=False,
+            worker_prefetch_num_batches=2,
+            aggregation_depth=3,
+        ),
+        dict(rdd_training_approach="export", repartition="num_partitions_workers_differs", num_workers=3),
+    ],
+)
+def test_parameter_averaging_options_use_every_example(spark, digits, tmp_path, options) -> None:
+    data = subset(digits[0], 200)
+    rdd = spark.sparkContext.parallelize(data.split(3), 3)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, averaging_frequency=3, rng_seed=5, **options
+    )
+    master.add_hook(RecordingHook(str(tmp_path)))
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    before_updater = sm.network.updater_state().copy()
+    before = sm.network.params().copy()
+    sm.fit(rdd)
+    seen = sum(int(name.rsplit("-", 1)[1]) for name in os.listdir(tmp_path))
+    assert seen == 200
+    assert not np.array_equal(before, sm.network.params())
+    if not master.save_updater:
+        np.testing.assert_array_equal(before_updater, sm.network.updater_state())
+    else:
+        assert not np.array_equal(before_updater, sm.network.updater_state())
+    master.remove_hook(master.training_hooks[0])
+    assert master.training_hooks == ()
+
+
+def test_shared_direct_with_workers_per_node_and_debug(spark, digits, free_port, caplog) -> None:
+    data = subset(digits[0], 160)
+    rdd = spark.sparkContext.parallelize(data.split(10), 2)
+    master = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=free_port, controller_address="127.0.0.1"),
+        batch_size_per_worker=10,
+        rdd_data_set_num_examples=10,
+        rdd_training_approach="direct",
+        storage_level="MEMORY_AND_DISK",
+        workers_per_node=1,
+        worker_prefetch_num_batches=0,
+        encoding_debug_mode=True,
+        debug_longer_iterations=1,
+        residual_post_processor=None,
+        collect_training_stats=True,
+    )
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    sm.fit(rdd)
+    assert master.last_traffic["worker_minibatches"] == 16
+    assert (
+        sum(e.extra["examples"] for e in sm.training_stats.events("SharedWorkerComputeUpdateTimesMs")) == 160
+    )
+
+
+def test_masters_round_trip_json_and_yaml() -> None:
+    from sparkgrad.compress import FixedThresholdAlgorithm, NoOpResidualPostProcessor
+
+    shared = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=40200, controller_address="127.0.0.1", network_mask="10.0.0.0/8"),
+        batch_size_per_worker=7,
+        workers_per_node=2,
+        threshold_algorithm=FixedThresholdAlgorithm(0.01),
+        residual_post_processor=NoOpResidualPostProcessor(),
+        rdd_training_approach="direct",
+        repartitioner=DefaultRepartitioner(100),
+        transport=ZmqTransportConfiguration(connect_timeout_ms=500),
+        storage_level="memory_and_disk",
+        rng_seed=4,
+        encoding_debug_mode=True,
+    )
+    pa = ParameterAveragingTrainingMaster(
+        num_workers=3,
+        averaging_frequency=2,
+        repartition="never",
+        repartition_strategy="spark_default",
+        training_hooks=(TrainingHook(),),
+    )
+    for master in (shared, pa):
+        cls = type(master)
+        assert cls.from_json(master.to_json()) == master
+        assert cls.from_yaml(master.to_yaml()) == master
+        assert (
+            cls.from_json(
+                cls().to_json()
+                if cls is ParameterAveragingTrainingMaster
+                else SharedTrainingMaster().to_json()
+            )
+            == cls()
+        )
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, field",
+    [
+        (ParameterAveragingTrainingMaster, {"averaging_frequency": 0}, "averaging_frequency"),
+        (ParameterAveragingTrainingMaster, {"repartition": "sometimes"}, "repartition"),
+        (ParameterAveragingTrainingMaster, {"storage_level": "IN_THE_CLOUD"}, "storage_level"),
+        (SharedTrainingMaster, {"workers_per_node": 0}, "workers_per_node"),
+        (SharedTrainingMaster, {"batch_size_per_worker": -1}, "batch_size_per_worker"),
+        (SharedTrainingMaster, {"mesh_build_mode": "ring"}, "mesh_build_mode"),
+        (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
+        (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
+    ],
+)
+def test_bad_master_options_name_the_field(cls, kwargs, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        cls(**kwargs)
+    if cls is not VoidConfiguration:
+        text = cls().to_json().replace('"rng_seed"', '"no_such_field"')
+        with pytest.raises(ValueError, match="no_such_field"):
+            cls.from_json(text)
+
+
+def test_controller_address_resolution_order(monkeypatch) -> None:
+    monkeypatch.delenv("SPARKGRAD_VOID_IP", raising=False)
+    assert (
+        VoidConfiguration(controller_address="127.0.0.1").resolve_controller_address("10.1.2.3")
+        == "127.0.0.1"
+    )
+    assert VoidConfiguration().resolve_controller_address("127.0.0.1") == "127.0.0.1"
+    assert VoidConfiguration(network_mask="127.0.0.0/8").resolve_controller_address("10.1.2.3") == "127.0.0.1"
+    foreign = f"{foreign_address()}/32"
+    with pytest.raises(ValueError, match="network_mask"):
+        VoidConfiguration(network_mask=foreign).resolve_controller_address(None)
+    monkeypatch.setenv("SPARKGRAD_VOID_IP", "127.0.0.1")
+    assert VoidConfiguration(network_mask=foreign).resolve_controller_address("10.1.2.3") == "127.0.0.1"
+
+
+def test_parameter_averaging_stats_html_and_properties(pa_fit, tmp_path) -> None:
+    sm, _ = pa_fit
+    path = tmp_path / "pa.html"
+    sm.training_stats.export_html(path)
+    text = path.read_text()
+    assert "ParameterAveragingMasterAggregateTimesMs" in text and "<svg" in text and "<script" not in text
+    assert set(sm.training_stats.to_dict()) == {"events", "series", "counters"}
+    sm.collect_training_stats = False
+    assert sm.training_master.collect_training_stats is False
+    with pytest.raises(ValueError, match="collect_training_stats"):
+        sm.collect_training_stats = "yes"
+    with pytest.raises(TypeError, match="network"):
+        sm.network = "not a network"
+    assert sm.spark_context is not None and sm.training_master is not None
