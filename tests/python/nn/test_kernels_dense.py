@@ -18,21 +18,6 @@ def tol(dtype):
     return {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
 
 
-def numerical_gradient(fn, x, h=1e-6):
-    """Central differences of the scalar fn at x (float64)."""
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        keep = flat[i]
-        flat[i] = keep + h
-        up = fn(x)
-        flat[i] = keep - h
-        down = fn(x)
-        flat[i] = keep
-        gflat[i] = (up - down) / (2 * h)
-    return grad
-
-
 @st.composite
 def channel_shapes(draw):
     n, c = draw(st.integers(0, 5)), draw(st.integers(1, 6))
@@ -105,7 +90,7 @@ def test_activation_backward_matches_numerical_gradient(name):
     _core.activation_forward(name, x, y, alpha=alpha)
     dx = np.empty_like(x)
     _core.activation_backward(name, x, y, dy, dx, alpha=alpha)
-    np.testing.assert_allclose(dx, numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, ref.numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-7)
 
 
 # Output activations each loss is checked with (log losses need probabilities in (0, 1)).
@@ -180,7 +165,7 @@ def test_loss_gradient_matches_numerical_gradient(loss, act, masked):
 
     grad = np.empty((n, c))
     _core.loss_gradient(loss, act, labels, preout, grad, mask=mask, alpha=0.2)
-    np.testing.assert_allclose(grad, numerical_gradient(objective, preout.copy()), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, ref.numerical_gradient(objective, preout.copy()), rtol=1e-5, atol=1e-7)
 
 
 def test_mcxent_softmax_score_is_stable_and_clipped():
