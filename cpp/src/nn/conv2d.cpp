@@ -1,8 +1,6 @@
 // 2-D convolution in NCHW: im2col + OpenBLAS GEMM per image, OpenMP over the batch. Each thread keeps
 // its image's column matrix (C*R*S, P*Q) in its own cache-sized buffer and writes y / dx in place, so no
 // batch-sized scratch or layout transposes are needed.
-#include <omp.h>
-
 #include <algorithm>
 #include <mutex>
 #include <optional>
