@@ -216,8 +216,8 @@ void pool2d_forward(const std::string& kind_name, const py::array& x_in, const p
 }
 
 void pool2d_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in,
-                     std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
-                     std::int64_t pad_left, const py::object& argmax_in) {
+                     std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w,
+                     std::int64_t pad_top, std::int64_t pad_left, const py::object& argmax_in) {
   const char* op = "pool2d_backward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
   dispatch_float(op, "dy", dy_in, [&](auto tag) {
