@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import nn as ref
 
+import sparkgrad
 from sparkgrad import _core
 
 DTYPES = st.sampled_from([np.float32, np.float64])
@@ -238,3 +241,26 @@ def test_read_only_output_is_rejected_without_writing():
     with pytest.raises(ValueError, match=r"\[activation_forward\] y must be writable"):
         _core.activation_forward("relu", np.ones(3), y)
     np.testing.assert_array_equal(y, 0.0)
+
+
+def test_threaded_gemm_on_the_openmp_pool_from_concurrent_python_threads():
+    # OpenBLAS hands its jobs to the OpenMP pool (common/blas.cpp); big products from several Python
+    # threads at once must neither deadlock nor mix up results.
+    rng = np.random.default_rng(13)
+    mats = [(rng.standard_normal((300, 200)), rng.standard_normal((200, 250))) for _ in range(4)]
+    results: dict[int, np.ndarray] = {}
+    before = sparkgrad.get_num_threads()
+    try:
+        sparkgrad.set_num_threads(2)
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, _core.gemm(*mats[i])))
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sparkgrad.set_num_threads(before)
+    for i, (a, b) in enumerate(mats):
+        np.testing.assert_allclose(results[i], a @ b, rtol=1e-10, atol=1e-10)
