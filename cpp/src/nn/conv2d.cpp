@@ -23,10 +23,10 @@ T* workspace(std::int64_t size) {
   return buffer.data();
 }
 
-// OpenBLAS (the pthreads build in scipy-openblas32) has one process-wide thread count. While a conv2d
-// call runs its own OpenMP team, BLAS is held at one thread so that each member's GEMM runs in the
-// calling thread instead of queueing on (and fighting for cores with) OpenBLAS's pool. Concurrent calls
-// share the hold; the last one out restores the count.
+// OpenBLAS has one process-wide thread count. While a conv2d call runs its own OpenMP team, BLAS is held
+// at one thread so that each member's GEMM runs inline in that member, instead of asking for a nested
+// team of workers (see common/blas.cpp) on cores that are already busy. Concurrent calls share the
+// hold; the last one out restores the count.
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas() {
