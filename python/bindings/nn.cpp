@@ -166,7 +166,8 @@ nn::Pool2dShape pool_shape(const char* op, const char* x_name, const A& x, const
   require_ndim(op, x_name, x, {4}, "4-D (N, C, H, W)");
   require_ndim(op, y_name, y, {4}, "4-D (N, C, P, Q)");
   if (y.shape(0) != x.shape(0) || y.shape(1) != x.shape(1)) {
-    throw_invalid(op, y_name, " must have shape (", x.shape(0), ", ", x.shape(1), ", P, Q), got ", shape_text(shape_of(y)));
+    throw_invalid(op, y_name, " must have shape (", x.shape(0), ", ", x.shape(1), ", P, Q), got ",
+                  shape_text(shape_of(y)));
   }
   require_positive(op, "kernel_h", kernel_h);
   require_positive(op, "kernel_w", kernel_w);
@@ -214,9 +215,9 @@ void pool2d_forward(const std::string& kind_name, const py::array& x_in, const p
   });
 }
 
-void pool2d_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in, std::int64_t kernel_h,
-                     std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
-                     std::int64_t pad_left, const py::object& argmax_in) {
+void pool2d_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in,
+                     std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w,
+                     std::int64_t pad_top, std::int64_t pad_left, const py::object& argmax_in) {
   const char* op = "pool2d_backward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
   dispatch_float(op, "dy", dy_in, [&](auto tag) {

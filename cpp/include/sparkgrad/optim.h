@@ -8,7 +8,9 @@
 namespace sparkgrad::optim {
 
 // ---- updaters (cpp/src/optim/updater.cpp) ---------------------------------------------------------
-enum class UpdaterKind : std::uint8_t { Sgd, Nesterovs, Adam, AdaMax, Nadam, AmsGrad, RmsProp, AdaGrad, AdaDelta, NoOp };
+enum class UpdaterKind : std::uint8_t {
+  Sgd, Nesterovs, Adam, AdaMax, Nadam, AmsGrad, RmsProp, AdaGrad, AdaDelta, NoOp
+};
 UpdaterKind parse_updater(const char* op, const std::string& name);
 
 // Length of the flat state for n parameters: 0, n, 2n or 3n, laid out as consecutive n-blocks

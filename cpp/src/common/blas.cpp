@@ -2,6 +2,8 @@
 #include <omp.h>
 
 #include <climits>
+#include <thread>
+#include <vector>
 
 #include "cblas.h"
 #include "sparkgrad/common.h"
@@ -22,6 +24,34 @@ std::string blas_info() {
 }
 
 namespace {
+
+// OpenBLAS runs its worker jobs on our OpenMP pool instead of its own pthreads pool: two pools that
+// spin-wait on the same cores starve each other (2-thread training steps ran ~2x slower than 1-thread).
+// The jobs of one level-3 call wait on each other, so they must run concurrently: when a full OpenMP
+// team cannot be had (nested inside an active region, or thread limits), they get threads of their own.
+void run_blas_jobs(int /*sync*/, openblas_dojob_callback dojob, int numjobs, size_t elsize, void* jobdata,
+                   int dojob_data) {
+  auto job = [&](int i) { dojob(i, static_cast<char*>(jobdata) + static_cast<size_t>(i) * elsize, dojob_data); };
+  bool full_team = false;
+  if (omp_get_active_level() < omp_get_max_active_levels()) {
+#pragma omp parallel num_threads(numjobs)
+    {
+#pragma omp single
+      full_team = omp_get_num_threads() == numjobs;
+      if (full_team) job(omp_get_thread_num());
+    }
+  }
+  if (full_team) return;
+  std::vector<std::thread> extra;
+  for (int i = 1; i < numjobs; ++i) extra.emplace_back(job, i);
+  job(0);
+  for (auto& t : extra) t.join();
+}
+
+const bool blas_uses_openmp = [] {
+  scipy_openblas_set_threads_callback_function(run_blas_jobs);
+  return true;
+}();
 
 CBLAS_TRANSPOSE to_cblas(Transpose t) { return t == Transpose::Yes ? CblasTrans : CblasNoTrans; }
 

@@ -1,8 +1,6 @@
 // 2-D convolution in NCHW: im2col + OpenBLAS GEMM per image, OpenMP over the batch. Each thread keeps
 // its image's column matrix (C*R*S, P*Q) in its own cache-sized buffer and writes y / dx in place, so no
 // batch-sized scratch or layout transposes are needed.
-#include <omp.h>
-
 #include <algorithm>
 #include <mutex>
 #include <optional>
@@ -25,10 +23,10 @@ T* workspace(std::int64_t size) {
   return buffer.data();
 }
 
-// OpenBLAS (the pthreads build in scipy-openblas32) has one process-wide thread count. While a conv2d
-// call runs its own OpenMP team, BLAS is held at one thread so that each member's GEMM runs in the
-// calling thread instead of queueing on (and fighting for cores with) OpenBLAS's pool. Concurrent calls
-// share the hold; the last one out restores the count.
+// OpenBLAS has one process-wide thread count. While a conv2d call runs its own OpenMP team, BLAS is held
+// at one thread so that each member's GEMM runs inline in that member, instead of asking for a nested
+// team of workers (see common/blas.cpp) on cores that are already busy. Concurrent calls share the
+// hold; the last one out restores the count.
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas() {
@@ -77,40 +75,58 @@ void valid_range(std::int64_t s, std::int64_t stride, std::int64_t pad, std::int
   *lo = std::min(*lo, *hi);
 }
 
+// Copies (ToColumns) or accumulates (col2im) `rows` x `cols` values between a strided image block and a
+// contiguous column block. __restrict: the two never overlap, which lets short rows vectorize without
+// runtime overlap checks.
+template <bool ToColumns, typename ImagePtr, typename ColPtr>
+void move_block(ImagePtr __restrict image, std::int64_t image_stride, ColPtr __restrict col, std::int64_t rows,
+                std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i, image += image_stride, col += cols) {
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) {
+      if constexpr (ToColumns) col[j] = image[j];
+      else image[j] += col[j];
+    }
+  }
+}
+
 // Moves data between channel c of one image (h, w) and its im2col rows (c*r*s + r*s + s, columns
 // [0, p*q) with row stride ld). ToColumns: image -> col, writing zeros for padding; otherwise col is
-// accumulated into the image (col2im). The in-bounds column range is hoisted out of the row loop and
-// stride-1 rows get a contiguous loop the compiler vectorizes.
+// accumulated into the image (col2im). In-bounds row and column ranges are computed once per (r, s);
+// with stride 1 and no horizontal clipping the in-bounds rows form one strided block (move_block),
+// which matters for LeNet's 8-wide output rows where per-row overhead would dominate.
 template <bool ToColumns, typename ImagePtr, typename ColPtr>
 void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr col, std::int64_t ld) {
   using T = std::remove_const_t<std::remove_pointer_t<ColPtr>>;
+  const std::int64_t q = g.q, w = g.w, stride_w = g.stride_w;
   for (std::int64_t r = 0; r < g.r; ++r) {
+    std::int64_t row_lo, row_hi;  // output rows whose input row oh * stride_h - pad_top + r is inside
+    valid_range(r, g.stride_h, g.pad_top, g.h, g.p, &row_lo, &row_hi);
     for (std::int64_t s = 0; s < g.s; ++s) {
       std::int64_t lo, hi;
-      valid_range(s, g.stride_w, g.pad_left, g.w, g.q, &lo, &hi);
+      valid_range(s, stride_w, g.pad_left, w, q, &lo, &hi);
       const std::int64_t offset = s - g.pad_left;
-      ColPtr col_row = col + ((c * g.r + r) * g.s + s) * ld;
-      for (std::int64_t oh = 0; oh < g.p; ++oh, col_row += g.q) {
-        const std::int64_t ih = oh * g.stride_h - g.pad_top + r;
-        if (ih < 0 || ih >= g.h) {
-          if constexpr (ToColumns) std::fill(col_row, col_row + g.q, T(0));
-          continue;
-        }
-        ImagePtr in_row = image + (c * g.h + ih) * g.w;
+      ColPtr col_rows = col + ((c * g.r + r) * g.s + s) * ld;
+      if constexpr (ToColumns) {
+        std::fill(col_rows, col_rows + row_lo * q, T(0));
+        std::fill(col_rows + row_hi * q, col_rows + g.p * q, T(0));
+      }
+      auto in_row = [&](std::int64_t oh) { return image + (c * g.h + oh * g.stride_h - g.pad_top + r) * w; };
+      if (stride_w == 1 && lo == 0 && hi == q && row_hi > row_lo) {
+        move_block<ToColumns>(in_row(row_lo) + offset, g.stride_h * w, col_rows + row_lo * q,
+                              row_hi - row_lo, q);
+        continue;
+      }
+      for (std::int64_t oh = row_lo; oh < row_hi; ++oh) {
+        ColPtr col_row = col_rows + oh * q;
+        ImagePtr in = in_row(oh);
         if constexpr (ToColumns) {
           std::fill(col_row, col_row + lo, T(0));
-          std::fill(col_row + hi, col_row + g.q, T(0));
+          std::fill(col_row + hi, col_row + q, T(0));
         }
-        if (g.stride_w == 1) {
-          for (std::int64_t ow = lo; ow < hi; ++ow) {
-            if constexpr (ToColumns) col_row[ow] = in_row[ow + offset];
-            else in_row[ow + offset] += col_row[ow];
-          }
-        } else {
-          for (std::int64_t ow = lo; ow < hi; ++ow) {
-            if constexpr (ToColumns) col_row[ow] = in_row[ow * g.stride_w + offset];
-            else in_row[ow * g.stride_w + offset] += col_row[ow];
-          }
+        for (std::int64_t ow = lo; ow < hi; ++ow) {
+          if constexpr (ToColumns) col_row[ow] = in[ow * stride_w + offset];
+          else in[ow * stride_w + offset] += col_row[ow];
         }
       }
     }

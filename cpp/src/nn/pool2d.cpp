@@ -12,7 +12,8 @@ PoolKind parse_pool_kind(const char* op, const std::string& name, bool allow_sum
   if (name == "max") return PoolKind::Max;
   if (name == "avg") return PoolKind::Avg;
   if (allow_sum && name == "sum") return PoolKind::Sum;
-  throw_invalid(op, "unknown pooling kind '", name, allow_sum ? "', expected max, avg or sum" : "', expected max or avg");
+  throw_invalid(op, "unknown pooling kind '", name,
+                allow_sum ? "', expected max, avg or sum" : "', expected max or avg");
 }
 
 namespace {
@@ -82,7 +83,9 @@ void pool2d_backward(PoolKind kind, const Pool2dShape& g, const T* dy, T* dx, co
           const std::int64_t out = plane * out_size + i * g.q + j;
           if (kind == PoolKind::Max) {
             const std::int64_t at = argmax[out];
-            if (at < 0 || at >= in_size) throw_invalid("pool2d_backward", "argmax value ", at, " is outside [0, ", in_size, ")");
+            if (at < 0 || at >= in_size) {
+              throw_invalid("pool2d_backward", "argmax value ", at, " is outside [0, ", in_size, ")");
+            }
             dxp[at] += dy[out];
           } else {
             const T share = dy[out] / static_cast<T>((rows.end - rows.begin) * (cols.end - cols.begin));
@@ -127,7 +130,9 @@ void global_pool_backward(PoolKind kind, const T* dy, T* dx, const std::int64_t*
       T* dxp = dx + plane * size;
       if (kind == PoolKind::Max) {
         const std::int64_t at = argmax[plane];
-        if (at < 0 || at >= size) throw_invalid("global_pool_backward", "argmax value ", at, " is outside [0, ", size, ")");
+        if (at < 0 || at >= size) {
+          throw_invalid("global_pool_backward", "argmax value ", at, " is outside [0, ", size, ")");
+        }
         std::fill(dxp, dxp + size, T(0));
         dxp[at] = dy[plane];
       } else {

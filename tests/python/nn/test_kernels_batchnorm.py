@@ -15,21 +15,6 @@ def tol(dtype):
     return {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else {"rtol": 1e-9, "atol": 1e-10}
 
 
-def numerical_gradient(fn, x, h=1e-6):
-    """Central differences of the scalar fn at x (float64)."""
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        keep = flat[i]
-        flat[i] = keep + h
-        up = fn(x)
-        flat[i] = keep - h
-        down = fn(x)
-        flat[i] = keep
-        gflat[i] = (up - down) / (2 * h)
-    return grad
-
-
 def train_forward(x, gamma, beta, running_mean, running_var, decay=0.9, eps=1e-5):
     c = x.shape[1]
     y, mean, var = np.empty_like(x), np.empty(c, x.dtype), np.empty(c, x.dtype)
@@ -93,13 +78,13 @@ def test_batchnorm_backward_matches_numerical_gradient(shape):
     dx, dgamma, dbeta = np.empty_like(x), np.empty(c), np.empty(c)
     _core.batchnorm_backward(x, dy, gamma, mean, var, dx, dgamma, dbeta, 1e-5)
     np.testing.assert_allclose(
-        dx, numerical_gradient(lambda v: objective(v, gamma, beta), x.copy()), rtol=1e-5, atol=1e-7
+        dx, ref.numerical_gradient(lambda v: objective(v, gamma, beta), x.copy()), rtol=1e-5, atol=1e-7
     )
     np.testing.assert_allclose(
-        dgamma, numerical_gradient(lambda v: objective(x, v, beta), gamma.copy()), rtol=1e-6
+        dgamma, ref.numerical_gradient(lambda v: objective(x, v, beta), gamma.copy()), rtol=1e-6
     )
     np.testing.assert_allclose(
-        dbeta, numerical_gradient(lambda v: objective(x, gamma, v), beta.copy()), rtol=1e-6
+        dbeta, ref.numerical_gradient(lambda v: objective(x, gamma, v), beta.copy()), rtol=1e-6
     )
 
 

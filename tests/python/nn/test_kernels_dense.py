@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import nn as ref
 
+import sparkgrad
 from sparkgrad import _core
 
 DTYPES = st.sampled_from([np.float32, np.float64])
@@ -16,21 +19,6 @@ SEEDS = st.integers(0, 2**31 - 1)
 
 def tol(dtype):
     return {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
-
-
-def numerical_gradient(fn, x, h=1e-6):
-    """Central differences of the scalar fn at x (float64)."""
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        keep = flat[i]
-        flat[i] = keep + h
-        up = fn(x)
-        flat[i] = keep - h
-        down = fn(x)
-        flat[i] = keep
-        gflat[i] = (up - down) / (2 * h)
-    return grad
 
 
 @st.composite
@@ -105,7 +93,7 @@ def test_activation_backward_matches_numerical_gradient(name):
     _core.activation_forward(name, x, y, alpha=alpha)
     dx = np.empty_like(x)
     _core.activation_backward(name, x, y, dy, dx, alpha=alpha)
-    np.testing.assert_allclose(dx, numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, ref.numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-7)
 
 
 # Output activations each loss is checked with (log losses need probabilities in (0, 1)).
@@ -180,7 +168,7 @@ def test_loss_gradient_matches_numerical_gradient(loss, act, masked):
 
     grad = np.empty((n, c))
     _core.loss_gradient(loss, act, labels, preout, grad, mask=mask, alpha=0.2)
-    np.testing.assert_allclose(grad, numerical_gradient(objective, preout.copy()), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, ref.numerical_gradient(objective, preout.copy()), rtol=1e-5, atol=1e-7)
 
 
 def test_mcxent_softmax_score_is_stable_and_clipped():
@@ -253,3 +241,26 @@ def test_read_only_output_is_rejected_without_writing():
     with pytest.raises(ValueError, match=r"\[activation_forward\] y must be writable"):
         _core.activation_forward("relu", np.ones(3), y)
     np.testing.assert_array_equal(y, 0.0)
+
+
+def test_threaded_gemm_on_the_openmp_pool_from_concurrent_python_threads():
+    # OpenBLAS hands its jobs to the OpenMP pool (common/blas.cpp); big products from several Python
+    # threads at once must neither deadlock nor mix up results.
+    rng = np.random.default_rng(13)
+    mats = [(rng.standard_normal((300, 200)), rng.standard_normal((200, 250))) for _ in range(4)]
+    results: dict[int, np.ndarray] = {}
+    before = sparkgrad.get_num_threads()
+    try:
+        sparkgrad.set_num_threads(2)
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, _core.gemm(*mats[i])))
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sparkgrad.set_num_threads(before)
+    for i, (a, b) in enumerate(mats):
+        np.testing.assert_allclose(results[i], a @ b, rtol=1e-10, atol=1e-10)

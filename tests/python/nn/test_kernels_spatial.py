@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -17,21 +19,6 @@ SEEDS = st.integers(0, 2**31 - 1)
 
 def tol(dtype):
     return {"rtol": 2e-4, "atol": 2e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
-
-
-def numerical_gradient(fn, x, h=1e-6):
-    """Central differences of the scalar fn at x (float64)."""
-    grad = np.zeros_like(x)
-    flat, gflat = x.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        keep = flat[i]
-        flat[i] = keep + h
-        up = fn(x)
-        flat[i] = keep - h
-        down = fn(x)
-        flat[i] = keep
-        gflat[i] = (up - down) / (2 * h)
-    return grad
 
 
 @st.composite
@@ -113,7 +100,7 @@ def test_pool2d_backward_matches_numerical_gradient(kind, kernel, stride, pad, o
 
     dx = np.empty_like(x)
     _core.pool2d_backward(kind, dy, dx, argmax=forward(x)[1], **kw)
-    np.testing.assert_allclose(dx, numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dx, ref.numerical_gradient(objective, x.copy()), rtol=1e-6, atol=1e-8)
 
 
 @given(
@@ -151,7 +138,7 @@ def test_global_pool_backward_matches_numerical_gradient(kind):
 
     dx = np.empty_like(x)
     _core.global_pool_backward(kind, dy, dx, argmax=forward(x)[1])
-    expected = numerical_gradient(lambda v: float((forward(v)[0] * dy).sum()), x.copy())
+    expected = ref.numerical_gradient(lambda v: float((forward(v)[0] * dy).sum()), x.copy())
     np.testing.assert_allclose(dx, expected, rtol=1e-6, atol=1e-8)
 
 
@@ -287,10 +274,10 @@ def test_conv2d_backward_matches_numerical_gradient(stride, pad, out):
     _core.conv2d_backward_input(dy, wt, dx, **kw)
     _core.conv2d_backward_weight(x, dy, dw, **kw)
     np.testing.assert_allclose(
-        dx, numerical_gradient(lambda v: objective(v, wt), x.copy()), rtol=1e-6, atol=1e-8
+        dx, ref.numerical_gradient(lambda v: objective(v, wt), x.copy()), rtol=1e-6, atol=1e-8
     )
     np.testing.assert_allclose(
-        dw, numerical_gradient(lambda v: objective(x, v), wt.copy()), rtol=1e-6, atol=1e-8
+        dw, ref.numerical_gradient(lambda v: objective(x, v), wt.copy()), rtol=1e-6, atol=1e-8
     )
     db = np.empty(3)
     _core.bias_grad(dy, db)
@@ -382,3 +369,36 @@ def test_conv2d_same_result_for_one_and_two_threads_and_restores_blas_threads():
     np.testing.assert_array_equal(one[0], two[0])
     np.testing.assert_array_equal(one[1], two[1])
     np.testing.assert_allclose(one[2], two[2], rtol=1e-12)
+
+
+def test_conv2d_from_concurrent_python_threads():
+    # The GIL is released: several Python threads convolve at once and the shared BLAS hold is restored.
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((8, 2, 10, 10)).astype(np.float32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    expected = ref.conv2d_forward(x, wt, None, (8, 8), (1, 1), (0, 0))
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                y = np.empty((8, 3, 8, 8), np.float32)
+                _core.conv2d_forward(x, wt, None, y, **conv_kwargs((1, 1), (0, 0)))
+                results.append(y)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    before = sparkgrad.get_num_threads()
+    try:
+        sparkgrad.set_num_threads(2)
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "(2 threads)" in _core.blas_info()
+    finally:
+        sparkgrad.set_num_threads(before)
+    assert not errors and len(results) == 60
+    for y in results:
+        np.testing.assert_allclose(y, expected, **tol(np.float32))

@@ -454,3 +454,21 @@ def output_geometry(size: int, kernel: int, stride: int, pad: int, mode: str) ->
         out = -(-size // stride)
         return out, max(0, (out - 1) * stride + kernel - size) // 2
     return (size + 2 * pad - kernel) // stride + 1, pad
+
+
+# ---- numerical gradients -------------------------------------------------------------------------
+
+
+def numerical_gradient(fn, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar fn at the float64 array x (x is perturbed and restored)."""
+    grad = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    for i in range(flat.size):
+        keep = flat[i]
+        flat[i] = keep + h
+        up = fn(x)
+        flat[i] = keep - h
+        down = fn(x)
+        flat[i] = keep
+        gflat[i] = (up - down) / (2 * h)
+    return grad
