@@ -36,9 +36,12 @@ def spark() -> Iterator[object]:
 
     tmp = tempfile.mkdtemp(prefix="sparkgrad-spark-tests-")
     here = Path(__file__).resolve().parent
-    # executors unpickle test helpers (hooks, loaders) by module name
+    import sparkgrad
+
+    # Executors unpickle test helpers (hooks, loaders) by module name, and must import the very
+    # sparkgrad the driver imported (the installed package in CI, the source tree in development).
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(here), str(here.parents[1] / "python"), os.environ.get("PYTHONPATH", "")]
+        [str(here), str(Path(sparkgrad.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
     )
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
