@@ -1,10 +1,13 @@
-// Sparse threshold encoding in two passes: per-chunk counts + prefix sum, then ordered writes, so the
-// output is ascending and identical for every thread count (chunks do not depend on the thread count).
+// Sparse threshold encoding in two passes: the counting pass reads x once and records the qualifying
+// indices per chunk (+ prefix sum of the counts); the writing pass then touches only those elements, so x
+// is streamed once. Output is ascending and identical for every thread count (chunks do not depend on
+// the thread count).
 #include <algorithm>
 #include <type_traits>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
+#include "block16.h"
 
 namespace sparkgrad::compress {
 
@@ -13,56 +16,23 @@ namespace {
 // Elements per chunk: large enough to amortise scheduling, small enough to balance two threads.
 constexpr std::int64_t kChunk = std::int64_t{1} << 15;
 
-// |x| >= t on the bit pattern (see at_least): integer SIMD, false for NaN.
+// Records (ascending) the indices of the elements of [begin, end) with |x| >= t (bit pattern tb) to rec;
+// returns how many. 16-element masks are mostly empty at gradient-sharing densities, and a set mask is
+// walked bit by bit instead of element by element.
 template <typename T>
-class MagnitudeTest {
- public:
-  using Bits = typename FloatBits<T>::U;
-  explicit MagnitudeTest(T t) : low_(to_bits(t)) {}
-  Bits operator()(const T* x) const {
-    return at_least<Bits>(to_bits(*x) & ~FloatBits<T>::kSign, low_, FloatBits<T>::kInf);
-  }
-
- private:
-  Bits low_;
-};
-
-// Branch-free count of |x| >= t over [begin, end).
-template <typename T>
-std::int64_t count_range(const T* x, std::int64_t begin, std::int64_t end, const MagnitudeTest<T>& test) {
-  typename MagnitudeTest<T>::Bits c = 0;
-  for (std::int64_t i = begin; i < end; ++i) c += test(x + i);
-  return static_cast<std::int64_t>(c);
-}
-
-// Emits the qualifying elements of [begin, end) to out[pos..stop) in ascending order; returns the
-// position after the last entry written. Blocks of 16 are screened branch-free first because almost all
-// of them are empty at the densities gradient sharing runs at.
-template <typename T>
-std::int64_t write_range(T* x, std::int64_t begin, std::int64_t end, T t, const MagnitudeTest<T>& test,
-                         std::int32_t* out, std::int64_t pos, std::int64_t stop) {
-  for (std::int64_t i = begin; i < end && pos < stop; i += 16) {
-    const std::int64_t block_end = std::min(end, i + 16);
-    if (block_end - i == 16) {
-      typename MagnitudeTest<T>::Bits any = 0;
-      for (int j = 0; j < 16; ++j) any |= test(x + i + j);
-      if (any == 0) continue;
-    }
-    // Branch-free within a non-empty block (its cache line is written anyway): entries that do not
-    // qualify, or lie past `stop`, go to a scratch word and leave x unchanged.
-    std::int32_t scratch;
-    for (std::int64_t e = i; e < block_end; ++e) {
-      const T v = x[e];
-      const bool open = pos < stop;
-      const bool take = test(x + e) && open;
-      T moved = v;
-      const std::int32_t entry = sparse_entry(moved, t, e);
-      *(open ? out + pos : &scratch) = entry;
-      x[e] = take ? moved : v;
-      pos += take;
+std::int64_t record_range(const T* x, std::int64_t begin, std::int64_t end, typename FloatBits<T>::U tb,
+                          std::int32_t* rec) {
+  std::int32_t* w = rec;
+  std::int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    for (std::uint32_t m = detail::qualify_mask16(x + i, tb); m != 0; m &= m - 1) {
+      *w++ = static_cast<std::int32_t>(i + __builtin_ctz(m));
     }
   }
-  return pos;
+  for (; i < end; ++i) {
+    if (at_least(to_bits(x[i]) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf)) *w++ = static_cast<std::int32_t>(i);
+  }
+  return w - rec;
 }
 
 }  // namespace
@@ -76,10 +46,13 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
   plan.chunk = kChunk;
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
   plan.offsets.assign(static_cast<std::size_t>(chunks) + 1, 0);
-  const MagnitudeTest<T> test(static_cast<T>(plan.threshold));
+  // Chunk c records into indices[c * kChunk ...]: never more than kChunk entries, and left uninitialised
+  // so that only the pages written to are ever touched.
+  plan.indices.reset(new std::int32_t[static_cast<std::size_t>(std::max<std::int64_t>(n, 1))]);
+  const auto tb = to_bits(static_cast<T>(plan.threshold));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
-    plan.offsets[c + 1] = count_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), test);
+    plan.offsets[c + 1] = record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, &plan.indices[c * kChunk]);
   }
   for (std::int64_t c = 0; c < chunks; ++c) plan.offsets[c + 1] += plan.offsets[c];
   plan.count = plan.offsets[chunks];
@@ -95,17 +68,21 @@ void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out) {
   out[3] = kFlagSparse;
   std::int32_t* payload = out + kHeaderWords;
   const T t = static_cast<T>(plan.threshold);
-  const MagnitudeTest<T> test(t);
+  const auto tb = to_bits(t);
   const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
   OmpExceptionGuard guard;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
     const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
-    if (pos >= stop) continue;
-    const std::int64_t end = write_range(x, c * plan.chunk, std::min(plan.n, (c + 1) * plan.chunk), t, test,
-                                         payload, pos, stop);
-    if (end != stop) {
+    const std::int32_t* rec = &plan.indices[c * plan.chunk];
+    bool changed = false;
+    for (std::int64_t k = pos; k < stop; ++k) {
+      const std::int32_t i = rec[k - pos];
+      changed |= !at_least(to_bits(x[i]) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf);
+      payload[k] = sparse_entry(x[i], t, i);
+    }
+    if (changed) {
       guard.capture([] { throw_runtime("threshold_encode", "residual changed between counting and encoding"); });
     }
   }
