@@ -133,7 +133,8 @@ struct SparsePlan {
   std::int64_t entries = 0;       // min(count, boundary): payload length of the message
   std::int64_t chunk = 0;         // elements per chunk
   std::vector<std::int64_t> offsets;  // chunks + 1 exclusive prefix sums of per-chunk counts
-  // Qualifying indices of chunk c, ascending, at indices[c * chunk ..) (offsets[c+1] - offsets[c] of them).
+  // Qualifying indices of chunk c, ascending: offsets[c+1] - offsets[c] of them at a fixed per-chunk
+  // stride (private to threshold.cpp), recorded by the counting pass for the writing pass.
   std::unique_ptr<std::int32_t[]> indices;
 };
 
