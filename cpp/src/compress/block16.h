@@ -14,13 +14,17 @@
 
 namespace sparkgrad::compress::detail {
 
+// |v| >= t for the bit pattern tb of t (false for NaN).
+template <typename T>
+inline bool qualifies(T v, typename FloatBits<T>::U tb) {
+  return at_least(to_bits(v) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf) != 0;
+}
+
 // Bit j set iff |x[j]| >= t (bit pattern tb of t), for j < 16.
 template <typename T>
 inline std::uint32_t qualify_mask16(const T* x, typename FloatBits<T>::U tb) {
   std::uint32_t mask = 0;
-  for (int j = 0; j < 16; ++j) {
-    mask |= static_cast<std::uint32_t>(at_least(to_bits(x[j]) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf)) << j;
-  }
+  for (int j = 0; j < 16; ++j) mask |= static_cast<std::uint32_t>(qualifies(x[j], tb)) << j;
   return mask;
 }
 

@@ -58,7 +58,7 @@ std::int64_t record_range(const T* x, std::int64_t begin, std::int64_t end, type
     }
   }
   for (; i < end; ++i) {
-    if (at_least(to_bits(x[i]) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf)) *w++ = static_cast<std::int32_t>(i);
+    if (detail::qualifies(x[i], tb)) *w++ = static_cast<std::int32_t>(i);
   }
   return w - rec;
 }
@@ -80,7 +80,8 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
   const auto tb = to_bits(static_cast<T>(plan.threshold));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
-    plan.offsets[c + 1] = record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, &plan.indices[c * kRecordStride]);
+    plan.offsets[c + 1] =
+        record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, &plan.indices[c * kRecordStride]);
   }
   for (std::int64_t c = 0; c < chunks; ++c) plan.offsets[c + 1] += plan.offsets[c];
   plan.count = plan.offsets[chunks];
@@ -109,11 +110,12 @@ void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out) {
       const std::int32_t i = rec[k - pos];
       // The recorded elements are scattered: fetch a few ahead so that their cache misses overlap.
       if (k + kAhead < stop) __builtin_prefetch(x + rec[k + kAhead - pos], 1);
-      changed |= !at_least(to_bits(x[i]) & ~FloatBits<T>::kSign, tb, FloatBits<T>::kInf);
+      changed |= !detail::qualifies(x[i], tb);
       payload[k] = sparse_entry(x[i], t, i);
     }
     if (changed) {
-      guard.capture([] { throw_runtime("threshold_encode", "residual changed between counting and encoding"); });
+      guard.capture(
+          [] { throw_runtime("threshold_encode", "residual changed between counting and encoding"); });
     }
   }
   guard.rethrow();
