@@ -41,6 +41,13 @@ inline std::uint32_t bitmap_word16(T* x, T t, T h, std::uint32_t& count) {
 }
 
 #if defined(__SSE2__)
+// Set bits of v: baseline x86-64 has no popcnt instruction, and __builtin_popcount would be a libgcc call.
+inline std::uint32_t bit_count(std::uint32_t v) {
+  v -= (v >> 1) & 0x55555555u;
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return (((v + (v >> 4)) & 0x0f0f0f0fu) * 0x01010101u) >> 24;
+}
+
 // Magnitude bit patterns are non-negative int32, so at_least(a, m, inf) is m <= a <= inf in signed compares.
 inline __m128i in_range(__m128i a, __m128i m, __m128i inf) {
   return _mm_andnot_si128(_mm_or_si128(_mm_cmplt_epi32(a, m), _mm_cmpgt_epi32(a, inf)), _mm_set1_epi32(-1));
@@ -74,7 +81,7 @@ inline std::uint32_t bitmap_word16<float>(float* x, float t, float h, std::uint3
     const __m128i s = _mm_and_si128(b, sign);
     const __m128i a = _mm_andnot_si128(sign, b);
     const __m128i full = in_range(a, tb, inf);
-    const __m128i neg = _mm_and_si128(_mm_cmpeq_epi32(s, sign), in_range(a, hb, inf));
+    const __m128i neg = _mm_and_si128(_mm_srai_epi32(b, 31), in_range(a, hb, inf));
     // Sent value as in bitmap_sent: +-t for full codes, -t/2 for half codes, +0 otherwise (exact).
     const __m128i sent = _mm_or_si128(_mm_and_si128(full, _mm_or_si128(tb, s)),
                                       _mm_and_si128(_mm_andnot_si128(full, neg), _mm_or_si128(hb, sign)));
@@ -82,7 +89,7 @@ inline std::uint32_t bitmap_word16<float>(float* x, float t, float h, std::uint3
     value |= static_cast<std::uint32_t>(lane_mask(full)) << (4 * q);
     negative |= static_cast<std::uint32_t>(lane_mask(neg)) << (4 * q);
   }
-  count += static_cast<std::uint32_t>(__builtin_popcount(value | negative));
+  count += bit_count(value | negative);
   return value | (negative << 16);
 }
 #endif
