@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 // Per-element codes shared by the CPU loops and the CUDA kernels.
@@ -132,6 +133,9 @@ struct SparsePlan {
   std::int64_t entries = 0;       // min(count, boundary): payload length of the message
   std::int64_t chunk = 0;         // elements per chunk
   std::vector<std::int64_t> offsets;  // chunks + 1 exclusive prefix sums of per-chunk counts
+  // Qualifying indices of chunk c, ascending: offsets[c+1] - offsets[c] of them at a fixed per-chunk
+  // stride (private to threshold.cpp), recorded by the counting pass for the writing pass.
+  std::unique_ptr<std::int32_t[]> indices;
 };
 
 // Pass 1: counts |x[i]| >= threshold per chunk. x: (n,). boundary < 0 means unlimited.
@@ -139,7 +143,8 @@ template <typename T>
 SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int64_t boundary);
 
 // Pass 2: writes the message for `plan` into out (length kHeaderWords + plan.entries) and moves each
-// encoded x[i] toward zero by the threshold. x must be unchanged since threshold_plan (checked).
+// encoded x[i] toward zero by the threshold. x must be unchanged since threshold_plan (checked for the
+// recorded elements, which are the only ones read).
 template <typename T>
 void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out);
 

@@ -4,26 +4,9 @@
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
+#include "block16.h"
 
 namespace sparkgrad::compress {
-
-namespace {
-
-// Codes of x[0..len) packed into one word; adds the number of encoded elements to count.
-template <typename T>
-inline std::uint32_t encode_word(T* x, int len, T t, T h, std::uint32_t& count) {
-  // Codes first (elementwise, vectorises), then packing.
-  std::uint32_t codes[16] = {};
-  for (int j = 0; j < len; ++j) codes[j] = bitmap_code(x[j], t, h);
-  std::uint32_t word = 0;
-  for (int j = 0; j < 16; ++j) {
-    word |= ((codes[j] & 1u) << j) | ((codes[j] >> 1) << (j + 16));
-    count += codes[j] != 0;
-  }
-  return word;
-}
-
-}  // namespace
 
 template <typename T>
 std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t* out) {
@@ -42,8 +25,16 @@ std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t*
     const std::int64_t begin = w * 16;
     const int len = static_cast<int>(std::min<std::int64_t>(16, n - begin));
     std::uint32_t count = 0;
-    // A literal 16 gives the inlined loop a constant trip count, so it vectorises.
-    const std::uint32_t word = len == 16 ? encode_word(x + begin, 16, t, h, count) : encode_word(x + begin, len, t, h, count);
+    std::uint32_t word;
+    if (len == 16) {
+      word = detail::bitmap_word16(x + begin, t, h, count);
+    } else {
+      // The last partial word goes through a zero-padded block: zeros encode nothing and stay zero.
+      T block[16] = {};
+      std::copy(x + begin, x + begin + len, block);
+      word = detail::bitmap_word16(block, t, h, count);
+      std::copy(block, block + len, x + begin);
+    }
     out[kHeaderWords + w] = static_cast<std::int32_t>(word);
     encoded += count;
   }

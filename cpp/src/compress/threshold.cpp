@@ -1,10 +1,13 @@
-// Sparse threshold encoding in two passes: per-chunk counts + prefix sum, then ordered writes, so the
-// output is ascending and identical for every thread count (chunks do not depend on the thread count).
+// Sparse threshold encoding in two passes: the counting pass reads x once and records the qualifying
+// indices per chunk (+ prefix sum of the counts); the writing pass then touches only those elements, so x
+// is streamed once. Output is ascending and identical for every thread count (chunks do not depend on
+// the thread count).
 #include <algorithm>
 #include <type_traits>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
+#include "block16.h"
 
 namespace sparkgrad::compress {
 
@@ -12,57 +15,52 @@ namespace {
 
 // Elements per chunk: large enough to amortise scheduling, small enough to balance two threads.
 constexpr std::int64_t kChunk = std::int64_t{1} << 15;
+// Prefetch distance of the writing pass, in recorded entries.
+constexpr std::int64_t kAhead = 16;
 
-// |x| >= t on the bit pattern (see at_least): integer SIMD, false for NaN.
-template <typename T>
-class MagnitudeTest {
- public:
-  using Bits = typename FloatBits<T>::U;
-  explicit MagnitudeTest(T t) : low_(to_bits(t)) {}
-  Bits operator()(const T* x) const {
-    return at_least<Bits>(to_bits(*x) & ~FloatBits<T>::kSign, low_, FloatBits<T>::kInf);
-  }
-
- private:
-  Bits low_;
+// Set-bit positions of every byte value, packed from lane 0 (compress-store emission): a byte of a mask
+// is emitted by writing all 8 lanes and advancing by its popcount, so no branch depends on the data.
+struct ByteLanes {
+  std::uint8_t lane[256][8];
+  std::uint8_t count[256];
 };
-
-// Branch-free count of |x| >= t over [begin, end).
-template <typename T>
-std::int64_t count_range(const T* x, std::int64_t begin, std::int64_t end, const MagnitudeTest<T>& test) {
-  typename MagnitudeTest<T>::Bits c = 0;
-  for (std::int64_t i = begin; i < end; ++i) c += test(x + i);
-  return static_cast<std::int64_t>(c);
-}
-
-// Emits the qualifying elements of [begin, end) to out[pos..stop) in ascending order; returns the
-// position after the last entry written. Blocks of 16 are screened branch-free first because almost all
-// of them are empty at the densities gradient sharing runs at.
-template <typename T>
-std::int64_t write_range(T* x, std::int64_t begin, std::int64_t end, T t, const MagnitudeTest<T>& test,
-                         std::int32_t* out, std::int64_t pos, std::int64_t stop) {
-  for (std::int64_t i = begin; i < end && pos < stop; i += 16) {
-    const std::int64_t block_end = std::min(end, i + 16);
-    if (block_end - i == 16) {
-      typename MagnitudeTest<T>::Bits any = 0;
-      for (int j = 0; j < 16; ++j) any |= test(x + i + j);
-      if (any == 0) continue;
+constexpr ByteLanes make_byte_lanes() {
+  ByteLanes t{};
+  for (int b = 0; b < 256; ++b) {
+    int k = 0;
+    for (int j = 0; j < 8; ++j) {
+      if ((b >> j) & 1) t.lane[b][k++] = static_cast<std::uint8_t>(j);
     }
-    // Branch-free within a non-empty block (its cache line is written anyway): entries that do not
-    // qualify, or lie past `stop`, go to a scratch word and leave x unchanged.
-    std::int32_t scratch;
-    for (std::int64_t e = i; e < block_end; ++e) {
-      const T v = x[e];
-      const bool open = pos < stop;
-      const bool take = test(x + e) && open;
-      T moved = v;
-      const std::int32_t entry = sparse_entry(moved, t, e);
-      *(open ? out + pos : &scratch) = entry;
-      x[e] = take ? moved : v;
-      pos += take;
+    t.count[b] = static_cast<std::uint8_t>(k);
+  }
+  return t;
+}
+constexpr ByteLanes kByteLanes = make_byte_lanes();
+
+// Ints reserved per chunk in SparsePlan::indices: emission may write up to 7 lanes past the last entry.
+constexpr std::int64_t kRecordStride = kChunk + 8;
+
+// Records (ascending) the indices of the elements of [begin, end) with |x| >= t (bit pattern tb) to rec;
+// returns how many. Most 16-element masks are empty at gradient-sharing densities.
+template <typename T>
+std::int64_t record_range(const T* x, std::int64_t begin, std::int64_t end, typename FloatBits<T>::U tb,
+                          std::int32_t* rec) {
+  std::int32_t* w = rec;
+  std::int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const std::uint32_t mask = detail::qualify_mask16(x + i, tb);
+    if (mask == 0) continue;
+    for (int q = 0; q < 2; ++q) {
+      const std::uint32_t byte = (mask >> (8 * q)) & 0xffu;
+      const auto base = static_cast<std::int32_t>(i + 8 * q);
+      for (int j = 0; j < 8; ++j) w[j] = base + kByteLanes.lane[byte][j];
+      w += kByteLanes.count[byte];
     }
   }
-  return pos;
+  for (; i < end; ++i) {
+    if (detail::qualifies(x[i], tb)) *w++ = static_cast<std::int32_t>(i);
+  }
+  return w - rec;
 }
 
 }  // namespace
@@ -76,10 +74,14 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
   plan.chunk = kChunk;
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
   plan.offsets.assign(static_cast<std::size_t>(chunks) + 1, 0);
-  const MagnitudeTest<T> test(static_cast<T>(plan.threshold));
+  // Chunk c records into indices[c * kRecordStride ...], left uninitialised so that only the pages
+  // written to are ever touched.
+  plan.indices.reset(new std::int32_t[static_cast<std::size_t>(chunks * kRecordStride)]);
+  const auto tb = to_bits(static_cast<T>(plan.threshold));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
-    plan.offsets[c + 1] = count_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), test);
+    plan.offsets[c + 1] =
+        record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, &plan.indices[c * kRecordStride]);
   }
   for (std::int64_t c = 0; c < chunks; ++c) plan.offsets[c + 1] += plan.offsets[c];
   plan.count = plan.offsets[chunks];
@@ -95,18 +97,25 @@ void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out) {
   out[3] = kFlagSparse;
   std::int32_t* payload = out + kHeaderWords;
   const T t = static_cast<T>(plan.threshold);
-  const MagnitudeTest<T> test(t);
+  const auto tb = to_bits(t);
   const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
   OmpExceptionGuard guard;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
     const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
-    if (pos >= stop) continue;
-    const std::int64_t end = write_range(x, c * plan.chunk, std::min(plan.n, (c + 1) * plan.chunk), t, test,
-                                         payload, pos, stop);
-    if (end != stop) {
-      guard.capture([] { throw_runtime("threshold_encode", "residual changed between counting and encoding"); });
+    const std::int32_t* rec = &plan.indices[c * kRecordStride];
+    bool changed = false;
+    for (std::int64_t k = pos; k < stop; ++k) {
+      const std::int32_t i = rec[k - pos];
+      // The recorded elements are scattered: fetch a few ahead so that their cache misses overlap.
+      if (k + kAhead < stop) __builtin_prefetch(x + rec[k + kAhead - pos], 1);
+      changed |= !detail::qualifies(x[i], tb);
+      payload[k] = sparse_entry(x[i], t, i);
+    }
+    if (changed) {
+      guard.capture(
+          [] { throw_runtime("threshold_encode", "residual changed between counting and encoding"); });
     }
   }
   guard.rethrow();

@@ -4,6 +4,7 @@ conservation of residual mass, and DL4J's worked examples."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import compress as ref
@@ -159,3 +160,24 @@ def test_large_vector_is_ascending_across_chunks() -> None:
     first = messages[0][0]
     assert np.all(np.diff(np.abs(first[4:])) > 0)
     assert all(m.tobytes() == first.tobytes() for m, _ in messages)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threshold", [0.5, 1e-40])
+@pytest.mark.parametrize("n", [15, 16, 37, 70_000])
+def test_encoders_match_reference_on_nonfinite_and_subnormal_values(dtype, threshold, n) -> None:
+    # The SIMD lanes compare bit patterns: NaN never qualifies, +-inf always does, subnormals compare exactly.
+    t = float(ref.wire_threshold(threshold, dtype))
+    values = np.array([np.nan, np.inf, -np.inf, 1e-41, -1e-41, 1e-39, -1e-39, t, -t, -t / 2, 0.0, -0.0, 3.0])
+    residual = np.random.default_rng(n).choice(values, n).astype(dtype)
+    expected, expected_residual = ref.threshold_encode(residual, threshold)
+    for message, after in _per_thread_count(lambda r: compress.threshold_encode(r, threshold), residual):
+        assert message.tobytes() == expected.tobytes()
+        assert after.tobytes() == expected_residual.tobytes()
+    expected, expected_count, expected_residual = ref.bitmap_encode(residual, threshold)
+    for (message, count), after in _per_thread_count(
+        lambda r: compress.bitmap_encode(r, threshold), residual
+    ):
+        assert message.tobytes() == expected.tobytes()
+        assert count == expected_count
+        assert after.tobytes() == expected_residual.tobytes()
