@@ -350,7 +350,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         encoding_debug_mode: log threshold, density and residual statistics for every worker step.
         collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
         debug_longer_iterations: milliseconds of extra sleep after every worker step (testing aid).
-        rng_seed: seed of the data shuffle before repartitioning (None: no shuffle).
+        rng_seed: seed of the data shuffle, a new order every epoch, done in the repartitioning shuffle
+            (None: no shuffle).
         transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
     """
 
