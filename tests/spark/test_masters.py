@@ -109,7 +109,10 @@ def test_shared_export_is_reused_and_deleted(shared_fit, spark) -> None:
     _, path, batches = master._export_state
     assert batches == 90 and glob.glob(os.path.join(path, "part-*"))
     assert "SharedMasterExportTimesMs" not in sm.training_stats.keys()  # last fit reused the export
+    kept = master._prepared[1].rdd  # the read-back export stays persisted between fits of the same RDD
+    assert kept.is_cached
     assert master.delete_temp_files(spark) and not os.path.exists(path)
+    assert master._prepared is None and not kept.is_cached
 
 
 def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:

@@ -7,14 +7,14 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.config import RDDTrainingApproach, storage_level
-from sparkgrad.spark.partitioning import rebatch
+from sparkgrad.spark.partitioning import partition_counts, rebatch
 from sparkgrad.spark.stats import SparkTrainingStats, Timer
 
 if TYPE_CHECKING:
@@ -173,7 +173,8 @@ class TrainingData:
     """A training RDD ready for the workers.
 
     ``kind`` says what the elements are ("dataset", "bytes" = (name, exported DataSet bytes), "path"),
-    ``examples_per_unit`` how many examples each element holds (for split and partition sizing).
+    ``examples_per_unit`` how many examples each element holds (for split and partition sizing),
+    ``counts`` the number of elements in every partition of ``rdd``.
     """
 
     rdd: RDD
@@ -181,6 +182,7 @@ class TrainingData:
     loader: Any
     examples_per_unit: int
     num_units: int
+    counts: list[int]
 
 
 class TrainingMasterBase:
@@ -200,10 +202,12 @@ class TrainingMasterBase:
         self._uid = uuid.uuid4().hex[:12]
         self._export_state: tuple[int, str, int] | None = None  # (rdd id, directory, batch count)
         self._persisted: list[RDD] = []
+        self._prepared: tuple[tuple[Any, ...], TrainingData] | None = None  # (source key, data)
         self.last_stats: SparkTrainingStats | None = None
 
     def delete_temp_files(self, spark: Any) -> bool:
-        """Delete the files of the last export (through the Hadoop FileSystem API).
+        """Delete the files of the last export (through the Hadoop FileSystem API) and release the
+        training data kept persisted between fits of the same RDD.
 
         Args:
             spark: SparkSession or SparkContext.
@@ -211,6 +215,7 @@ class TrainingMasterBase:
         Returns:
             True when something was deleted.
         """
+        self._unpersist()
         if self._export_state is None:
             return False
         hadoop_delete(spark_context(spark), self._export_state[1])
@@ -256,13 +261,29 @@ class TrainingMasterBase:
         loader: Any,
         stats: SparkTrainingStats | None,
         timer_key: str,
+        count_key: str | None = None,
     ) -> TrainingData:
         """The training data of one fit.
 
         DataSet RDDs in EXPORT mode are written once (through Spark's Hadoop I/O, so any file system
         works) as sequence files of DataSet bytes and read back; otherwise the RDD is used as is. The
-        result is persisted at the master's storage level for its element kind.
+        result is persisted at the master's storage level for its element kind and counted, and kept
+        (persisted, counts known) for the next fits of the same RDD, so those start no Spark job here;
+        it is released when a fit uses other data or by :meth:`delete_temp_files`. ``timer_key`` and
+        ``count_key`` name the stats of the export and of the count.
         """
+        key = (
+            sc.applicationId,
+            rdd.id(),
+            kind,
+            self.rdd_training_approach,
+            self.batch_size_per_worker,
+            self.rdd_data_set_num_examples,
+            self._storage_level_for(kind),
+        )
+        if self._prepared is not None and self._prepared[0] == key:
+            return replace(self._prepared[1], loader=loader)
+        self._unpersist()
         per_unit = self.rdd_data_set_num_examples
         if kind == "dataset" and self.rdd_training_approach == RDDTrainingApproach.EXPORT:
             path, _ = self._export(sc, rdd, stats, timer_key)
@@ -272,15 +293,20 @@ class TrainingMasterBase:
             if level != storage_level("NONE"):
                 rdd = rdd.persist(level)
                 self._persisted.append(rdd)
-        count = run_spark("counting the data", rdd.count)
-        if count == 0:
+        with Timer(stats if count_key else None, count_key or ""):
+            counts = run_spark("counting the data", lambda: partition_counts(rdd))
+        if sum(counts) == 0:
             raise ValueError("data: the RDD is empty, there is nothing to train on")
-        return TrainingData(rdd, kind, loader, per_unit, count)
+        data = TrainingData(rdd, kind, loader, per_unit, sum(counts), counts)
+        self._prepared = (key, data)
+        return data
 
     def _unpersist(self) -> None:
+        """Release the training data persisted by :meth:`prepare`."""
         for rdd in self._persisted:
             rdd.unpersist()
         self._persisted = []
+        self._prepared = None
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -171,22 +171,31 @@ class DefaultRepartitioner(Config):
     def __post_init__(self) -> None:
         self.max_partitions = check_int("max_partitions", self.max_partitions, minimum=1)
 
-    def repartition(self, rdd: RDD, min_per_partition: int, total: int) -> RDD:
-        """Repartition ``rdd`` (``total`` elements) into equal contiguous partitions.
+    def repartition(
+        self,
+        rdd: RDD,
+        min_per_partition: int,
+        total: int,
+        counts: list[int] | None = None,
+        seed: int | None = None,
+    ) -> RDD:
+        """Repartition ``rdd`` (``total`` elements) into equal partitions.
 
         Args:
             rdd: the data.
             min_per_partition: elements each partition should hold at least.
             total: element count of ``rdd``.
+            counts: per-partition element counts of ``rdd`` if known (saves a Spark job).
+            seed: shuffle the elements with this seed in the same pass (None: contiguous partitions).
 
         Returns:
-            The repartitioned RDD (``rdd`` itself when already balanced).
+            The repartitioned RDD (``rdd`` itself when already balanced and not shuffled).
         """
         from sparkgrad.spark.partitioning import balanced_repartition
 
         per = max(1, min_per_partition)
         n = min(self.max_partitions, max(1, -(-total // per)))
-        return balanced_repartition(rdd, n, total)
+        return balanced_repartition(rdd, n, total, counts, seed)
 
 
 @dataclass

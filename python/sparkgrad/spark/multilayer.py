@@ -113,6 +113,7 @@ class SparkMultiLayer:
         if not isinstance(value, MultiLayerNetwork):
             raise TypeError(f"network: expected a MultiLayerNetwork, got {type(value).__name__}")
         self._network = value
+        self._checked: tuple[str, int] | None = None  # the RDD whose first element fits this network
 
     @property
     def spark_context(self) -> Any:
@@ -224,7 +225,11 @@ class SparkMultiLayer:
             raise TypeError(f"{name}: expected a pyspark RDD, got {type(rdd).__name__}")
 
     def _check_first(self, rdd: RDD, name: str) -> None:
-        check_dataset_matches(self._network, first_element(rdd, name), name)
+        # one check per RDD and network: later epochs on the same RDD skip the extra Spark job
+        key = (self._sc.applicationId, rdd.id())
+        if key != self._checked:
+            check_dataset_matches(self._network, first_element(rdd, name), name)
+            self._checked = key
 
     # -- scoring ------------------------------------------------------------------------------
     def _broadcast(self) -> Any:

@@ -35,7 +35,6 @@ from sparkgrad.spark.config import (
 )
 from sparkgrad.spark.partitioning import (
     balanced_random_split,
-    partition_counts,
     repartition,
     split_partition_counts,
 )
@@ -257,11 +256,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
-        data = self.prepare(sc, rdd, kind, loader, stats, EXPORT)
-        try:
-            score = self._train_epoch(sc, network, data, stats)
-        finally:
-            self._unpersist()
+        data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
+        score = self._train_epoch(sc, network, data, stats)
         if stats is not None:
             stats.add(FIT, event(fit_start, examples=data.num_units * data.examples_per_unit))
         network.epoch_count += 1
@@ -280,11 +276,9 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         per_split = max(1, ceil_div(workers * self.batch_size_per_worker * self.averaging_frequency, k))
         num_splits = ceil_div(data.num_units, per_split)
         seed = self._rng.getrandbits(31)
-        with Timer(stats, COUNT):
-            counts = run_spark("counting the data", lambda: partition_counts(data.rdd))
         with Timer(stats, SPLIT):
             splits = balanced_random_split(data.rdd, num_splits, seed)
-            split_counts = split_partition_counts(counts, seed, num_splits)
+            split_counts = split_partition_counts(data.counts, seed, num_splits)
         scores = []
         for split, part_counts in zip(splits, split_counts):
             size = sum(part_counts)

@@ -18,30 +18,44 @@ def partition_counts(rdd: RDD) -> list[int]:
     return rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
 
 
-def balanced_repartition(rdd: RDD, num_partitions: int, total: int, counts: list[int] | None = None) -> RDD:
-    """Contiguous equal partitions: sizes differ by at most one; a no-op when already like that.
+def balanced_repartition(
+    rdd: RDD, num_partitions: int, total: int, counts: list[int] | None = None, seed: int | None = None
+) -> RDD:
+    """Equal partitions: sizes differ by at most one.
+
+    Without ``seed`` the partitions are contiguous and this is a no-op when they already are balanced;
+    with ``seed`` the elements are also put in a random order (a permutation drawn from ``seed``), in
+    the same single shuffle.
 
     Args:
         rdd: the data.
         num_partitions: target partition count.
         total: element count of ``rdd``.
         counts: per-partition counts if already known (saves a Spark job).
+        seed: seed of the random order (None: keep the order).
 
     Returns:
         The repartitioned RDD.
     """
     counts = partition_counts(rdd) if counts is None else counts
-    if len(counts) == num_partitions:
+    if seed is None and len(counts) == num_partitions:
         low, high = total // num_partitions, -(-total // num_partitions)
         if all(low <= c <= high for c in counts):
             return rdd
     n, t = num_partitions, max(total, 1)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    # position of the element with global index i: i itself, or its place in a random permutation
+    order = None if seed is None else np.random.default_rng(seed).permutation(t).astype(np.int64)
 
     def index(p: int, it: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-        return ((offsets[p] + j, x) for j, x in enumerate(it))
+        if order is None:
+            return ((offsets[p] + j, x) for j, x in enumerate(it))
+        return ((int(order[offsets[p] + j]), x) for j, x in enumerate(it))
 
-    return rdd.mapPartitionsWithIndex(index).partitionBy(n, lambda i: i * n // t).values()
+    keyed = rdd.mapPartitionsWithIndex(index)
+    if seed is None:
+        return keyed.partitionBy(n, lambda i: i * n // t).values()
+    return keyed.repartitionAndSortWithinPartitions(n, lambda i: i * n // t).values()
 
 
 def repartition(

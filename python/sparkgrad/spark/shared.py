@@ -350,7 +350,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         encoding_debug_mode: log threshold, density and residual statistics for every worker step.
         collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
         debug_longer_iterations: milliseconds of extra sleep after every worker step (testing aid).
-        rng_seed: seed of the data shuffle before repartitioning (None: no shuffle).
+        rng_seed: seed of the data shuffle, a new order every epoch, done in the repartitioning shuffle
+            (None: no shuffle).
         transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
     """
 
@@ -443,22 +444,16 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
-        try:
-            with Timer(stats, MASTER_REPARTITION):
-                units = data.rdd
-                if self.rng_seed is not None:  # reproducible shuffle, a new order every epoch
-                    seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
-                    units = units.zipWithIndex().map(
-                        lambda ui: (random.Random(seed * 7919 + ui[1]).random(), ui[0])
-                    )
-                    units = units.sortByKey().values()
-                min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
-                units = (self.repartitioner or DefaultRepartitioner()).repartition(
-                    units, min_per, data.num_units
-                )
-            results = self._run_job(sc, network, units, data, stats)
-        finally:
-            self._unpersist()
+        with Timer(stats, MASTER_REPARTITION):
+            # reproducible shuffle, a new order every epoch, done in the repartitioning shuffle
+            seed = None
+            if self.rng_seed is not None:
+                seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
+            min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
+            units = (self.repartitioner or DefaultRepartitioner()).repartition(
+                data.rdd, min_per, data.num_units, data.counts, seed
+            )
+        results = self._run_job(sc, network, units, data, stats)
         with Timer(stats, MASTER_PROCESS):
             score = self._process_results(network, results, stats)
         if stats is not None:
