@@ -22,6 +22,29 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("SPARKGRAD_HYPOTHESIS_PROFILE", "ci"))
 
+# Fuzz suites: a few thousand cases in CI, many more with `--fuzz-long`.
+FUZZ_EXAMPLES = 2000
+FUZZ_LONG_EXAMPLES = 50000
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long",
+        action="store_true",
+        default=False,
+        help=f"run the fuzz suites with {FUZZ_LONG_EXAMPLES} cases each instead of {FUZZ_EXAMPLES}",
+    )
+
+
+@pytest.fixture(scope="session")
+def fuzz_examples(request: pytest.FixtureRequest) -> int:
+    """How many cases a fuzz test runs: FUZZ_EXAMPLES, or FUZZ_LONG_EXAMPLES with --fuzz-long.
+
+    Use it as ``settings(max_examples=fuzz_examples)(test)()`` inside the test (hypothesis reads
+    settings when the test is defined, so the option has to be applied at run time).
+    """
+    return FUZZ_LONG_EXAMPLES if request.config.getoption("--fuzz-long") else FUZZ_EXAMPLES
+
 
 def _cuda_ready() -> bool:
     if not sparkgrad.cuda_available():
