@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Iterable, Union
 import numpy as np
 
 from sparkgrad._native import _core
-from sparkgrad.errors import CorruptDataError
+from sparkgrad.errors import CorruptDataError, TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._runtime import OutputRuntime, build_runtime
 from sparkgrad.nn.conf import MultiLayerConfiguration
@@ -295,6 +295,9 @@ class MultiLayerNetwork:
     def _compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
         score = self._gradient(dataset)
         grad = self._grad
+        # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
+        if not (np.isfinite(score) and np.isfinite(grad).all()):
+            self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
         for w, g, i in self._weights:
             l1, l2 = self.conf.setting(i, "l1"), self.conf.setting(i, "l2")
             if l1 > 0 or l2 > 0:
@@ -313,8 +316,37 @@ class MultiLayerNetwork:
             c = rt.new_mean.shape[0]
             grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
             grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
+        if not np.isfinite(grad).all():
+            self._raise_non_finite("update", score, dataset)
         self.iteration_count += 1
         return grad, score
+
+    def _raise_non_finite(self, what: str, score: float, dataset: Any) -> None:
+        """TrainingError naming the iteration and the first non-finite input, if any input is."""
+        inputs = [
+            ("features", getattr(dataset, "features", None)),
+            ("labels", getattr(dataset, "labels", None)),
+            ("features_mask", getattr(dataset, "features_mask", None)),
+            ("labels_mask", getattr(dataset, "labels_mask", None)),
+            ("parameters", self._params),
+        ]
+        cause = "every input is finite: the computation overflowed (learning rate or inputs too large?)"
+        for name, value in inputs:
+            if value is None:
+                continue
+            arr = np.asarray(value)
+            if not np.issubdtype(arr.dtype, np.floating):
+                continue
+            bad = np.argwhere(~np.isfinite(arr))
+            if bad.size:
+                index = ", ".join(str(int(i)) for i in bad[0])
+                cause = f"first non-finite input: {name}[{index}] = {arr[tuple(bad[0])]}"
+                break
+        kept = "parameters were" if what == "update" else "parameters and updater state were"
+        raise TrainingError(
+            f"iteration {int(self.iteration_count)}: non-finite {what} (score {score}); {cause}; "
+            f"{kept} left unchanged"
+        )
 
     def compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
         """gradient -> l1/l2 -> updater -> weight decay: the flat vector that ``fit`` subtracts.
