@@ -133,7 +133,7 @@ def _pieces(kind: int, groups: Groups) -> list:
                 pieces.append(b"\x00")
                 continue
             code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
-            if array.dtype == np.bool_:  # a bool array viewing other bytes would write a byte the reader rejects
+            if array.dtype == np.bool_:  # bools viewing bytes other than 0/1 are written as 0/1
                 array = np.not_equal(array.view(np.uint8), 0)
             data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
             pieces.append(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
@@ -445,9 +445,7 @@ class _Slots:
             return
         for g in (2, 3):
             if groups[g] and all(mask is None for mask in groups[g]):
-                raise error(
-                    f"{names[g]}: {len(groups[g])} slots stored, all absent (written as 0 slots)"
-                )
+                raise error(f"{names[g]}: {len(groups[g])} slots stored, all absent (written as 0 slots)")
 
 
 def source_name(source: PathOrFile) -> str:

@@ -439,7 +439,9 @@ def test_inconsistent_arrays_in_a_file_are_corrupt() -> None:
     labels_rows = 28 + 4 + 16 + 8 + 4  # header, features slot header + shape + data, labels slot header
     blob[labels_rows : labels_rows + 8] = struct.pack("<Q", 1)
     del blob[labels_rows + 16 : labels_rows + 20]  # one float32 of labels data less
-    with pytest.raises(CorruptDataError, match=r"<bytes>: labels: shape \(1, 1\) has 1 examples but features has 2"):
+    with pytest.raises(
+        CorruptDataError, match=r"<bytes>: labels: shape \(1, 1\) has 1 examples but features has 2"
+    ):
         DataSet.from_bytes(bytes(blob))
 
 
