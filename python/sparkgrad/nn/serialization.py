@@ -38,6 +38,7 @@ import io
 import json
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -75,7 +76,8 @@ _FAILURES = (
     IndexError,
     TypeError,
     AttributeError,
-    SyntaxError,
+    SyntaxError,  # numpy parses the .npy header with tokenize and ast.literal_eval
+    tokenize.TokenError,
     OverflowError,
     MemoryError,
     struct.error,
@@ -226,22 +228,21 @@ class ModelReader:
                     f"{self.name}: {member} declares {info.file_size} bytes, but {length} {dtype} "
                     f"elements take {data_bytes} plus a .npy header"
                 )
-            with self._zip.open(info) as f:
-                stored_dtype, header_len = self._npy_header(f, member, length)
-                if dtype.kind != stored_dtype.kind or dtype.itemsize != stored_dtype.itemsize:
-                    raise CorruptDataError(
-                        f"{self.name}: {member} holds {stored_dtype} elements, the configuration "
-                        f"needs {dtype}"
-                    )
-                if header_len + data_bytes != info.file_size:
-                    raise CorruptDataError(
-                        f"{self.name}: {member} holds {info.file_size - header_len} data bytes, "
-                        f"{length} elements need {data_bytes}"
-                    )
-                array = np.empty(length, dtype=stored_dtype)
-                _read_into(f, memoryview(array).cast("B"))
-                if f.read(1):  # also reads to the end, where zipfile checks the CRC
-                    raise CorruptDataError(f"{self.name}: {member} is longer than it declares")
+            # the whole member first: zipfile checks its CRC before the header is parsed
+            raw = self._read(member, data_bytes + _MAX_NPY_HEADER + 16)
+            stored_dtype, header_len = self._npy_header(
+                io.BytesIO(raw[: _MAX_NPY_HEADER + 16]), member, length
+            )
+            if dtype.kind != stored_dtype.kind or dtype.itemsize != stored_dtype.itemsize:
+                raise CorruptDataError(
+                    f"{self.name}: {member} holds {stored_dtype} elements, the configuration needs {dtype}"
+                )
+            if header_len + data_bytes != len(raw):
+                raise CorruptDataError(
+                    f"{self.name}: {member} holds {len(raw) - header_len} data bytes, "
+                    f"{length} elements need {data_bytes}"
+                )
+            array = np.frombuffer(raw, dtype=stored_dtype, count=length, offset=header_len)
             if not np.isfinite(array).all():
                 raise CorruptDataError(
                     f"{self.name}: {member}: element {_first_non_finite(array)} is not finite"
@@ -312,18 +313,18 @@ class ModelReader:
                 "more than the compression method can produce"
             )
 
-    def _read(self, member: str, limit: int) -> bytes:
+    def _read(self, member: str, limit: int) -> bytearray:
+        """The whole member (at most ``limit`` declared bytes); reading to its end checks the CRC."""
         info = self._infos[member]
         if info.file_size > limit:
             raise CorruptDataError(
                 f"{self.name}: {member} declares {info.file_size} bytes, the limit is {limit}"
             )
+        data = bytearray(info.file_size)
         with self._zip.open(info) as f:
-            data = f.read(info.file_size + 1)  # reading to the end makes zipfile check the CRC
-        if len(data) != info.file_size:
-            raise CorruptDataError(
-                f"{self.name}: {member} holds {len(data)} bytes, declares {info.file_size}"
-            )
+            _read_into(f, memoryview(data))
+            if f.read(1):
+                raise CorruptDataError(f"{self.name}: {member} is longer than it declares")
         return data
 
     def _read_meta(self, model: str) -> dict:
@@ -363,7 +364,7 @@ class ModelReader:
         return meta
 
     def _npy_header(self, f: BinaryIO, member: str, length: int) -> tuple[np.dtype, int]:
-        """Parse and check the .npy header; returns (stored dtype, header length in bytes)."""
+        """Parse and check the .npy header at the start of ``f``; returns (dtype, header length)."""
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, _, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_NPY_HEADER)
