@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, ClassVar, Sequence, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -253,7 +253,8 @@ class _Examples:
             source: name used in error messages (e.g. the path Spark read the bytes from).
 
         Raises:
-            CorruptDataError: truncated, foreign, wrong-version or wrong-kind data, naming ``source``.
+            CorruptDataError: truncated, damaged (checksum), foreign, wrong-version or wrong-kind data,
+                or data after the record; names ``source`` and the field.
         """
         return cls._checked(fmt.parse_bytes(data, cls._KIND, source), source)
 
@@ -272,13 +273,32 @@ class _Examples:
 
         Args:
             path_or_binary_file: a path (the whole file must be one record) or a binary file object
-                (one record is read from its current position).
+                (one record is read from its current position, and the stream must end there: use
+                :meth:`load_records` for a stream of several records).
 
         Raises:
-            CorruptDataError: truncated, foreign, wrong-version or wrong-kind data, naming the file.
+            CorruptDataError: truncated, damaged (checksum), foreign, wrong-version or wrong-kind data,
+                or data after the record; names the file and the field.
         """
         groups = fmt.load_record(path_or_binary_file, cls._KIND)
         return cls._checked(groups, fmt.source_name(path_or_binary_file))
+
+    @classmethod
+    def load_records(cls: type[E], path_or_binary_file: fmt.PathOrFile) -> Iterator[E]:
+        """Read consecutive objects written by several :meth:`save` calls on one file.
+
+        Args:
+            path_or_binary_file: a path, or a binary file object read from its current position.
+
+        Yields:
+            Each object in order, until the stream ends cleanly between two records.
+
+        Raises:
+            CorruptDataError: a damaged record or a stream ending inside one; names the file.
+        """
+        source = fmt.source_name(path_or_binary_file)
+        for groups in fmt.iter_records(path_or_binary_file, cls._KIND):
+            yield cls._checked(groups, source)
 
     @classmethod
     def _checked(cls: type[E], groups: fmt.Groups, source: str) -> E:

@@ -28,7 +28,8 @@ class _SerializedLoader(Generic[E]):
             The loaded object.
 
         Raises:
-            CorruptDataError: the data is truncated, foreign or of the wrong kind (names the file).
+            CorruptDataError: the data is truncated, damaged (checksum or structure), foreign, of the
+                wrong kind or followed by other data (names the file and the field).
         """
         if isinstance(source, tuple) and len(source) == 2:
             path, data = source

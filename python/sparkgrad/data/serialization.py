@@ -1,14 +1,15 @@
 """Binary file format of :class:`~sparkgrad.data.DataSet` and :class:`~sparkgrad.data.MultiDataSet`.
 
 The format is versioned and documented here, where it is written and read. Every integer is unsigned
-and little-endian. A record is a 28-byte header followed by array records.
+and little-endian. A record is a 28-byte header, the array slots and (version 2) a 4-byte checksum
+trailer.
 
 Header (28 bytes)::
 
     offset  size  field
     0       8     magic: 89 53 47 44 0D 0A 1A 0A  (b"\\x89SGD\\r\\n\\x1a\\n"; the high byte and the
                   CR LF / ^Z / LF tail detect text-mode transfers, as PNG's magic does)
-    8       2     format version, uint16; this release writes and reads version 1 only
+    8       2     format version, uint16: this release writes version 2 and reads versions 1 and 2
     10      1     kind, uint8: 1 = DataSet, 2 = MultiDataSet
     11      1     reserved, must be 0
     12      4     F:  number of features slots, uint32       (DataSet: 1; MultiDataSet: >= 1)
@@ -27,19 +28,42 @@ A DataSet's slots are features, labels, features_mask, labels_mask. Each slot is
     4       8 * R            shape, R x uint64
     4 + 8R  prod(shape) * k  the elements in C (row-major) order, little-endian, k bytes each
 
-dtype codes: 1 float32, 2 float64, 3 float16, 4 int8, 5 int16, 6 int32, 7 int64, 8 uint8, 9 uint16,
-10 uint32, 11 uint64, 12 bool (one byte, 0 or 1).
+Version 2 ends the record with a trailer::
 
-Every array's first dimension is the number of examples and agrees across all present arrays; a
-DataSet's features slot is always present, and its labels mask only with labels. A file or
-``bytes`` object holds exactly one record (any trailing byte is an error); a binary file object is
-read from its current position up to the end of one record, so several records can follow each
-other in one stream.
+    offset  size  field
+    0       4     CRC-32 (zlib.crc32, the ISO-HDLC / zip / PNG polynomial), uint32, of every byte of
+                  the record before the trailer: header and all slots
+
+dtype codes: 1 float32, 2 float64, 3 float16, 4 int8, 5 int16, 6 int32, 7 int64, 8 uint8, 9 uint16,
+10 uint32, 11 uint64, 12 bool (one byte, 0 or 1; any other byte is corrupt).
+
+Structure rules, checked by the reader for both versions (a version-1 file has no checksum, so these
+are all that protects it): every array's first dimension is the number of examples, fixed by the
+first features array and checked for each later array before its elements are read; an array's size
+is checked against the bytes left before anything is allocated; a DataSet's features slot is always
+present and its labels mask only with labels; a MultiDataSet's features and labels slots are all
+present and a masks group, when stored (count > 0), has at least one present mask (the writer stores
+an all-absent group as count 0); reserved bytes are 0 and presence bytes 0 or 1.
+
+A path or ``bytes`` object holds exactly one record; ``load`` from a binary file object reads one
+record from the current position and then requires the end of the stream, so that garbage after a
+record is an error, never silently ignored. A stream of consecutive records (several ``save`` calls
+on one file object) is read with :func:`iter_records` (``DataSet.load_records``), which stops at a
+clean end of stream between records.
+
+Why CRC-32 (zlib): it is in the standard library (no new dependency), runs at about 2 GB/s here
+(64 MiB in 32 ms, measured on the development machine: a fraction of the cost of reading the file),
+detects every burst error of up to 32 bits and every 1-3 bit error in records this size, and misses a
+random corruption with probability 2**-32. CRC-32C or xxHash would be faster still but need a new
+package (``crc32c``/``google-crc32c`` or ``xxhash``), and none of them is a defence against a
+deliberate forger: that needs a keyed MAC, which a data file shared between jobs cannot carry. The
+checksum is computed while streaming (the reader never buffers a record to verify it) and checked
+before the record is returned.
 
 Differences from DL4J's ``DataSet.save`` (Java ``DataOutputStream``, big-endian, see
 dl4j-reference.md 6.2/6.3): little-endian raw buffers with no per-array type strings, explicit
-presence bytes instead of DL4J's ``[-1]`` placeholder for a missing MultiDataSet mask, and no
-Java-serialised example metadata.
+presence bytes instead of DL4J's ``[-1]`` placeholder for a missing MultiDataSet mask, a checksum,
+and no Java-serialised example metadata.
 """
 
 from __future__ import annotations
@@ -48,7 +72,8 @@ import io
 import os
 import struct
 import sys
-from typing import BinaryIO, Sequence, Union
+import zlib
+from typing import BinaryIO, Callable, Iterator, Sequence, Union
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -56,7 +81,8 @@ import numpy as np
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"\x89SGD\r\n\x1a\n"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KIND_DATASET = 1
 KIND_MULTIDATASET = 2
 KIND_NAMES = {KIND_DATASET: "DataSet", KIND_MULTIDATASET: "MultiDataSet"}
@@ -64,6 +90,7 @@ MAX_RANK = 32
 
 _HEADER = struct.Struct("<8sHBB4I")
 _SLOT = struct.Struct("<BBBB")
+_TRAILER = struct.Struct("<I")
 _DTYPE_CODES = {
     np.dtype(name): code
     for code, name in enumerate(
@@ -74,6 +101,10 @@ _DTYPE_CODES = {
 }
 _CODE_DTYPES = {code: dtype.newbyteorder("<") for dtype, code in _DTYPE_CODES.items()}
 _CHUNK = 1 << 24  # read size when the stream's remaining length is unknown
+_GROUP_NAMES = {
+    KIND_DATASET: ("features", "labels", "features_mask", "labels_mask"),
+    KIND_MULTIDATASET: ("features", "labels", "features_masks", "labels_masks"),
+}
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 Groups = tuple  # four tuples (features, labels, features masks, labels masks) of Optional[np.ndarray]
@@ -93,8 +124,8 @@ def supported_dtype_names() -> str:
 
 
 def _pieces(kind: int, groups: Groups) -> list:
-    """The record as a list of bytes / memoryview pieces; array data is not copied (unless it must
-    be made C-contiguous little-endian)."""
+    """The record as a list of bytes / memoryview pieces, trailer included; array data is not copied
+    (unless it must be made C-contiguous little-endian, or is a bool array to normalise to 0/1)."""
     pieces: list = [_HEADER.pack(MAGIC, VERSION, kind, 0, *(len(g) for g in groups))]
     for group in groups:
         for array in group:
@@ -102,10 +133,16 @@ def _pieces(kind: int, groups: Groups) -> list:
                 pieces.append(b"\x00")
                 continue
             code = _DTYPE_CODES[array.dtype.newbyteorder("=")]
+            if array.dtype == np.bool_:  # bools viewing bytes other than 0/1 are written as 0/1
+                array = np.not_equal(array.view(np.uint8), 0)
             data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
             pieces.append(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
             if data.size:
                 pieces.append(memoryview(data).cast("B"))
+    crc = 0
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    pieces.append(_TRAILER.pack(crc))
     return pieces
 
 
@@ -145,23 +182,38 @@ def record_bytes(kind: int, groups: Groups) -> bytes:
 
 
 def load_record(source: PathOrFile, kind: int) -> Groups:
-    """Read one record of the given kind from a path or a binary file object.
+    """Read the one record of the given kind that a path or the rest of a binary file object holds.
 
     Raises:
-        CorruptDataError: truncated, foreign, wrong-version or wrong-kind data; names the file.
+        CorruptDataError: truncated, damaged, foreign, wrong-version or wrong-kind data, or data after
+            the record; names the file and the field.
     """
     if _is_path(source):
-        path = _local_path(source)
-        with open(path, "rb") as f:
+        with open(_local_path(source), "rb") as f:
             return _Reader(f, source_name(source), _remaining(f)).read(kind, whole=True)
-    if hasattr(source, "read"):
-        if isinstance(source, io.TextIOBase):
-            raise TypeError("the file object must be opened in binary mode ('rb'), got a text stream")
-        reader = _Reader(source, source_name(source), _remaining(source))  # type: ignore[arg-type]
-        return reader.read(kind, whole=False)
-    raise TypeError(
-        f"expected a path (str or os.PathLike) or a binary file object, got {type(source).__name__}"
-    )
+    stream = _binary_stream(source)
+    return _Reader(stream, source_name(source), _remaining(stream)).read(kind, whole=True)
+
+
+def iter_records(source: PathOrFile, kind: int) -> Iterator[Groups]:
+    """Read consecutive records of the given kind until the stream ends cleanly between two records.
+
+    Args:
+        source: a path, or a binary file object read from its current position.
+        kind: KIND_DATASET or KIND_MULTIDATASET.
+
+    Yields:
+        The groups of each record, in order.
+
+    Raises:
+        CorruptDataError: a damaged record, or a stream that ends inside a record; names the file.
+    """
+    if _is_path(source):
+        with open(_local_path(source), "rb") as f:
+            yield from _Reader(f, source_name(source), _remaining(f)).read_all(kind)
+        return
+    stream = _binary_stream(source)
+    yield from _Reader(stream, source_name(source), _remaining(stream)).read_all(kind)
 
 
 def parse_bytes(data: bytes | bytearray | memoryview, kind: int, source: str = "<bytes>") -> Groups:
@@ -170,6 +222,16 @@ def parse_bytes(data: bytes | bytearray | memoryview, kind: int, source: str = "
         raise TypeError(f"expected bytes, bytearray or memoryview, got {type(data).__name__}")
     view = memoryview(data).cast("B")
     return _Reader(_ViewStream(view), source, view.nbytes).read(kind, whole=True)  # type: ignore[arg-type]
+
+
+def _binary_stream(source: object) -> BinaryIO:
+    if not hasattr(source, "read"):
+        raise TypeError(
+            f"expected a path (str or os.PathLike) or a binary file object, got {type(source).__name__}"
+        )
+    if isinstance(source, io.TextIOBase):
+        raise TypeError("the file object must be opened in binary mode ('rb'), got a text stream")
+    return source  # type: ignore[return-value]
 
 
 class _ViewStream:
@@ -192,13 +254,15 @@ class _ViewStream:
 
 
 class _Reader:
-    """Parses one record from a stream, tracking the offset for error messages."""
+    """Parses records from a stream, tracking the offset for error messages and the running CRC."""
 
     def __init__(self, stream: BinaryIO, source: str, size: int | None) -> None:
         self._stream = stream
         self._source = source
         self._left = size  # bytes left in the stream when known: guards allocations against bad shapes
         self._offset = 0
+        self._crc = 0
+        self._trailer = 0  # bytes the current record still owes after its slots (its checksum)
 
     def error(self, message: str) -> CorruptDataError:
         return CorruptDataError(f"{self._source}: {message}")
@@ -208,22 +272,62 @@ class _Reader:
             f"truncated: {what} needs {needed} bytes at offset {self._offset}, only {available} left"
         )
 
+    def _available(self) -> int | None:
+        """Bytes the current record's slots may still use, when the stream length is known."""
+        return None if self._left is None else self._left - self._offset - self._trailer
+
     def read(self, kind: int, whole: bool) -> Groups:
-        magic = self._exact(len(MAGIC), "magic bytes")  # checked first: a short foreign file is foreign
-        if magic != MAGIC:
+        groups = self._record(kind, self._exact(len(MAGIC), "magic bytes"))
+        if whole and self._stream.read(1):
+            raise self.error(
+                f"unexpected data after the end of the record at offset {self._offset} (a stream of "
+                "several records is read with load_records)"
+            )
+        return groups
+
+    def read_all(self, kind: int) -> Iterator[Groups]:
+        while True:
+            first = self._stream.read(1)
+            if not first:
+                return
+            self._offset += 1
+            yield self._record(kind, first + self._exact(len(MAGIC) - 1, "magic bytes"))
+
+    def _record(self, kind: int, magic: bytes) -> Groups:
+        """One record whose magic bytes were just read (self._crc covers exactly them)."""
+        start = self._offset - len(magic)
+        self._crc = zlib.crc32(magic)
+        if magic != MAGIC:  # checked first: a short foreign file is foreign, not truncated
             raise self.error(f"not a sparkgrad data file (magic bytes {magic!r}, expected {MAGIC!r})")
         rest = self._exact(_HEADER.size - len(MAGIC), "header")
         _, version, stored_kind, reserved, *counts = _HEADER.unpack(magic + rest)
-        if version != VERSION:
-            raise self.error(f"unsupported format version {version} (this sparkgrad reads version {VERSION})")
-        if stored_kind not in KIND_NAMES or reserved:
-            raise self.error(f"corrupt header (kind code {stored_kind}, reserved byte {reserved})")
+        if version not in READABLE_VERSIONS:
+            raise self.error(
+                f"unsupported format version {version} (this sparkgrad reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))})"
+            )
+        if stored_kind not in KIND_NAMES:
+            raise self.error(f"corrupt header: kind code {stored_kind}")
+        if reserved:
+            raise self.error(f"corrupt header: reserved byte is {reserved}, must be 0")
         if stored_kind != kind:
             raise self.error(f"holds a {KIND_NAMES[stored_kind]}, not a {KIND_NAMES[kind]}")
+        self._trailer = _TRAILER.size if version >= 2 else 0
         self._check_counts(kind, counts)
-        groups = tuple(tuple(self._array() for _ in range(count)) for count in counts)
-        if whole and self._stream.read(1):
-            raise self.error(f"unexpected data after the end of the record at offset {self._offset}")
+        slots = _Slots(kind)
+        groups = tuple(
+            tuple(self._array(slots, g, i) for i in range(count)) for g, count in enumerate(counts)
+        )
+        slots.check_groups(groups, self.error)
+        if version >= 2:
+            expected = self._crc
+            self._trailer = 0
+            (stored,) = _TRAILER.unpack(self._exact(_TRAILER.size, "checksum trailer"))
+            if stored != expected:
+                raise self.error(
+                    f"checksum mismatch in the record at offset {start}: stored CRC-32 {stored:#010x}, "
+                    f"the header and arrays give {expected:#010x} (the file is damaged)"
+                )
         return groups
 
     def _check_counts(self, kind: int, counts: Sequence[int]) -> None:
@@ -232,31 +336,53 @@ class _Reader:
             valid = tuple(counts) == (1, 1, 1, 1)
         else:
             valid = n_features >= 1 and n_fmasks in (0, n_features) and n_lmasks in (0, n_labels)
-        # every slot takes at least one byte, so the counts cannot exceed the bytes left
-        if not valid or (self._left is not None and sum(counts) > self._left - self._offset):
-            raise self.error(f"corrupt header (array counts {tuple(counts)})")
+        if not valid:
+            raise self.error(f"corrupt header: array counts {tuple(counts)} (features, labels, masks)")
+        available = self._available()
+        if available is not None and sum(counts) > available:  # every slot takes at least one byte
+            raise self.error(
+                f"corrupt header: array counts {tuple(counts)} need at least {sum(counts)} bytes, "
+                f"only {available} left"
+            )
 
-    def _array(self) -> np.ndarray | None:
-        if self._exact(1, "array presence byte") == b"\x00":
+    def _array(self, slots: _Slots, group: int, index: int) -> np.ndarray | None:
+        name = slots.name(group, index)
+        presence = self._exact(1, f"{name} presence byte")[0]
+        if presence > 1:
+            raise self.error(f"{name}: corrupt presence byte {presence} at offset {self._offset - 1}")
+        if not presence:
+            if slots.required(group):
+                raise self.error(f"{name}: absent, but the format requires it")
             return None
-        code, rank, reserved = self._exact(3, "array header")
+        code, rank, reserved = self._exact(3, f"{name} array header")
         dtype = _CODE_DTYPES.get(code)
         if dtype is None or not 1 <= rank <= MAX_RANK or reserved:
-            raise self.error(f"corrupt array header at offset {self._offset - 4} (dtype {code}, rank {rank})")
-        shape = struct.unpack(f"<{rank}Q", self._exact(8 * rank, "array shape"))
+            raise self.error(
+                f"{name}: corrupt array header at offset {self._offset - 4} (dtype code {code}, rank {rank}, "
+                f"reserved byte {reserved})"
+            )
+        shape = struct.unpack(f"<{rank}Q", self._exact(8 * rank, f"{name} shape"))
+        if slots.examples is not None and shape[0] != slots.examples:
+            raise self.error(
+                f"{name}: shape {shape} has {shape[0]} examples but {slots.name(0, 0)} has {slots.examples}"
+            )
+        slots.examples = shape[0]
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
-        what = f"{dtype.name} array of shape {shape}"
-        if self._left is not None and nbytes > self._left - self._offset:
-            raise self.truncated(what, nbytes, self._left - self._offset)
+        what = f"{name} ({dtype.name} array of shape {shape})"
+        available = self._available()
+        if available is not None and nbytes > available:
+            raise self.truncated(what, nbytes, available)
         try:
-            if self._left is None:
+            if available is None:
                 array = np.frombuffer(self._chunked(nbytes, what), dtype=dtype).reshape(shape)
             else:
                 array = np.empty(shape, dtype=dtype)
                 if nbytes:
                     self._into(memoryview(array).cast("B"), what)
         except (ValueError, OverflowError, MemoryError) as exc:  # dimensions numpy cannot represent
-            raise self.error(f"corrupt array shape {shape} at offset {self._offset}: {exc}") from None
+            raise self.error(f"{name}: corrupt shape {shape} at offset {self._offset}: {exc}") from None
+        if dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
+            raise self.error(f"{name}: bool array holds bytes other than 0 and 1")
         return array if sys.byteorder == "little" else array.astype(dtype.newbyteorder("="))
 
     def _exact(self, n: int, what: str) -> bytes:
@@ -274,6 +400,7 @@ class _Reader:
                 raise self.truncated(what, target.nbytes, done)
             done += got
         self._offset += done
+        self._crc = zlib.crc32(target, self._crc)
 
     def _readinto_fallback(self, target: memoryview) -> int:
         """readinto for file-like objects that only implement read()."""
@@ -290,7 +417,35 @@ class _Reader:
                 raise self.truncated(what, n, len(data))
             data += chunk
         self._offset += n
+        self._crc = zlib.crc32(data, self._crc)
         return data
+
+
+class _Slots:
+    """Names and presence rules of a record's slots, and the example count the first array fixes."""
+
+    def __init__(self, kind: int) -> None:
+        self._kind = kind
+        self.examples: int | None = None
+
+    def name(self, group: int, index: int) -> str:
+        base = _GROUP_NAMES[self._kind][group]
+        return base if self._kind == KIND_DATASET else f"{base}[{index}]"
+
+    def required(self, group: int) -> bool:
+        """Features are always present; a MultiDataSet's labels too (only masks entries may be None)."""
+        return group == 0 or (group == 1 and self._kind == KIND_MULTIDATASET)
+
+    def check_groups(self, groups: Groups, error: Callable[[str], CorruptDataError]) -> None:
+        """Rules spanning slots: the canonical forms the writer produces."""
+        names = _GROUP_NAMES[self._kind]
+        if self._kind == KIND_DATASET:
+            if groups[1][0] is None and groups[3][0] is not None:
+                raise error(f"{names[3]}: present without {names[1]}")
+            return
+        for g in (2, 3):
+            if groups[g] and all(mask is None for mask in groups[g]):
+                raise error(f"{names[g]}: {len(groups[g])} slots stored, all absent (written as 0 slots)")
 
 
 def source_name(source: PathOrFile) -> str:

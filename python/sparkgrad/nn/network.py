@@ -10,30 +10,20 @@ state is one flat vector made of one block per run of consecutive layers sharing
 from __future__ import annotations
 
 import copy
-import io
-import json
-import os
-import zipfile
-from typing import Any, BinaryIO, Iterable, Union
+import math
+from typing import Any, Iterable
 
 import numpy as np
 
 from sparkgrad._native import _core
-from sparkgrad.errors import CorruptDataError, TrainingError
+from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
+from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._runtime import OutputRuntime, build_runtime
 from sparkgrad.nn.conf import MultiLayerConfiguration
 from sparkgrad.nn.listeners import TrainingListener
+from sparkgrad.nn.serialization import PathOrFile
 from sparkgrad.nn.weight_init import init_weights
-
-FORMAT_VERSION = 1
-_CONF_ENTRY, _COEFF_ENTRY, _STATE_ENTRY, _META_ENTRY = (
-    "configuration.json",
-    "coefficients.bin",
-    "updaterState.bin",
-    "sparkgrad-format.json",
-)
-PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
 class _UpdaterBlock:
@@ -514,47 +504,57 @@ class MultiLayerNetwork:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True) -> None:
-        """Write a zip: configuration.json, coefficients.bin, updaterState.bin and a format entry.
+        """Write the model as a zip (format documented in :mod:`sparkgrad.nn.serialization`).
 
-        ``.bin`` entries are NumPy ``.npy`` arrays (versioned, documented, no pickles).
+        Args:
+            path_or_binary_file: a path (created or truncated) or a writable binary file object.
+            save_updater: also save the updater state (recorded in the file either way, so that a
+                loader can tell a state that was not saved from one that was lost).
+
+        Raises:
+            ValueError: non-finite parameters or updater state (such a file could not be loaded).
         """
         self._require_init()
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "model": type(self).__name__,
-            "iteration_count": self.iteration_count,
-            "epoch_count": self.epoch_count,
-        }
-        with zipfile.ZipFile(path_or_binary_file, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr(_META_ENTRY, json.dumps(meta))
-            zf.writestr(_CONF_ENTRY, self.conf.to_json())
-            zf.writestr(_COEFF_ENTRY, _npy_bytes(self._params))
-            if save_updater and self._state.size:
-                zf.writestr(_STATE_ENTRY, _npy_bytes(self._state))
+        model_files.write_model(
+            path_or_binary_file,
+            type(self).__name__,
+            self.conf.to_json(),
+            self._params,
+            self._state if save_updater else None,
+            self.iteration_count,
+            self.epoch_count,
+        )
 
     @classmethod
     def load(cls, path_or_binary_file: PathOrFile, load_updater: bool = True) -> MultiLayerNetwork:
-        """Read a model written by :meth:`save`; foreign or damaged files raise CorruptDataError."""
-        name = _source_name(path_or_binary_file)
-        try:
-            with zipfile.ZipFile(path_or_binary_file, "r") as zf:
-                entries = set(zf.namelist())
-                missing = [e for e in (_META_ENTRY, _CONF_ENTRY, _COEFF_ENTRY) if e not in entries]
-                if missing:
-                    raise CorruptDataError(f"{name}: not a sparkgrad model (missing {', '.join(missing)})")
-                meta = json.loads(zf.read(_META_ENTRY))
-                model, version = meta.get("model"), meta.get("format_version")
-                if version != FORMAT_VERSION or model != cls.__name__:
-                    raise CorruptDataError(f"{name}: unsupported model format {model!r} version {version!r}")
-                conf = MultiLayerConfiguration.from_json(zf.read(_CONF_ENTRY).decode("utf-8"))
-                net = cls(conf).init()
-                net.set_params(_read_npy(zf, _COEFF_ENTRY, name, net.num_params()))
-                if load_updater and _STATE_ENTRY in entries:
-                    net.set_updater_state(_read_npy(zf, _STATE_ENTRY, name, net._state.size))
-                net.iteration_count = int(meta["iteration_count"])
-                net.epoch_count = int(meta["epoch_count"])
-        except (zipfile.BadZipFile, KeyError, ValueError, UnicodeDecodeError, EOFError) as exc:
-            raise CorruptDataError(f"{name}: corrupt or foreign model file ({exc})") from exc
+        """Read a model written by :meth:`save` (format versions 1 and 2).
+
+        Args:
+            path_or_binary_file: a path or a readable, seekable binary file object.
+            load_updater: restore the updater state. A file saved with ``save_updater=False`` (or by a
+                stateless updater) has none and loads with a fresh (zero) state; a state the file
+                says was saved but that is missing or damaged is an error either way.
+
+        Returns:
+            The network, with parameters, updater state and iteration/epoch counts as saved.
+
+        Raises:
+            FileNotFoundError: the path does not exist.
+            CorruptDataError: a foreign or damaged file, naming the file and the member: bad zip
+                structure or CRC, invalid metadata or counters, a configuration that does not
+                parse, coefficients or state of the wrong dtype or length or not finite.
+        """
+        with model_files.ModelReader(path_or_binary_file, cls.__name__) as reader:
+            conf = reader.configuration(MultiLayerConfiguration.from_json)
+            dtype = np.dtype(conf.dtype)
+            params = reader.vector(model_files.COEFF_MEMBER, _configured_num_params(conf), dtype)
+            net = cls(conf).init(params)
+            if reader.has_updater_state:
+                state = reader.vector(model_files.STATE_MEMBER, net._state.size, dtype)
+                if load_updater:
+                    net.set_updater_state(state)
+            net.iteration_count = reader.iteration_count
+            net.epoch_count = reader.epoch_count
         return net
 
     def clone(self) -> MultiLayerNetwork:
@@ -588,25 +588,13 @@ class MultiLayerNetwork:
         return "\n".join(lines)
 
 
-def _npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _read_npy(zf: zipfile.ZipFile, entry: str, name: str, length: int) -> np.ndarray:
-    arr = np.load(io.BytesIO(zf.read(entry)), allow_pickle=False)
-    if arr.ndim != 1 or arr.shape[0] != length:
-        raise CorruptDataError(
-            f"{name}: {entry} holds shape {arr.shape}, the configuration needs ({length},)"
-        )
-    return arr
-
-
-def _source_name(path_or_file: Any) -> str:
-    if isinstance(path_or_file, (str, os.PathLike)):
-        return os.fspath(path_or_file)
-    return str(getattr(path_or_file, "name", "<binary file>"))
+def _configured_num_params(conf: MultiLayerConfiguration) -> int:
+    """The parameter count ``init`` will allocate, computed without allocating (bounds file reads)."""
+    return sum(
+        math.prod(spec.shape)
+        for i, layer in enumerate(conf.layers)
+        for spec in layer.param_specs(conf.layer_input_types[i])
+    )
 
 
 __all__ = ["MultiLayerNetwork"]

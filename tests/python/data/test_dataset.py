@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -310,9 +311,14 @@ def test_stream_holds_consecutive_records() -> None:
     for r in records:
         r.save(buffer)
     buffer.seek(0)
-    assert [DataSet.load(buffer) for _ in records] == records
-    with pytest.raises(CorruptDataError, match="truncated"):
-        DataSet.load(buffer)
+    assert list(DataSet.load_records(buffer)) == records
+    buffer.seek(0)
+    with pytest.raises(CorruptDataError, match=r"^<BytesIO>: unexpected data after the end of the record"):
+        DataSet.load(buffer)  # one record, then the stream must end
+    buffer.seek(0)
+    buffer.truncate(len(buffer.getvalue()) - 1)
+    with pytest.raises(CorruptDataError, match=r"^<BytesIO>: truncated: "):
+        list(DataSet.load_records(buffer))
 
 
 class _Unseekable(io.RawIOBase):
@@ -351,7 +357,7 @@ def test_layout_matches_documentation() -> None:
     ds = DataSet(np.array([[1.5, -2.0]], dtype=np.float32), features_mask=np.array([True]))
     expected = (
         b"\x89SGD\r\n\x1a\n"
-        + struct.pack("<HBB4I", 1, 1, 0, 1, 1, 1, 1)
+        + struct.pack("<HBB4I", 2, 1, 0, 1, 1, 1, 1)
         + struct.pack("<BBBBQQ", 1, 1, 2, 0, 1, 2)
         + np.array([1.5, -2.0], dtype="<f4").tobytes()
         + b"\x00"  # labels absent
@@ -359,14 +365,15 @@ def test_layout_matches_documentation() -> None:
         + b"\x01"
         + b"\x00"  # labels_mask absent
     )
-    assert ds.to_bytes() == expected
+    assert ds.to_bytes() == expected + struct.pack("<I", zlib.crc32(expected))
     mds = MultiDataSet([np.zeros((0, 1), np.int8)], [], features_masks=[np.zeros((0,), np.uint8)])
-    assert mds.to_bytes() == (
+    body = (
         fmt.MAGIC
-        + struct.pack("<HBB4I", 1, 2, 0, 1, 0, 1, 0)
+        + struct.pack("<HBB4I", 2, 2, 0, 1, 0, 1, 0)
         + struct.pack("<BBBBQQ", 1, 4, 2, 0, 0, 1)
         + struct.pack("<BBBBQ", 1, 8, 1, 0, 0)
     )
+    assert mds.to_bytes() == body + struct.pack("<I", zlib.crc32(body))
 
 
 # -- binary format: rejection of bad input ---------------------------------------------------------
@@ -401,15 +408,15 @@ def test_foreign_version_kind_and_trailing_data_are_rejected(tmp_path: Path) -> 
         "text.bin": (b"features,labels\n1,2\n3,4\n" * 3, "not a sparkgrad data file"),
         "short_text.bin": (b"1,2\n3,4\n\n", "not a sparkgrad data file"),
         "empty.bin": (b"", r"truncated: magic bytes needs 8 bytes at offset 0, only 0 left"),
-        "version.bin": (blob[:8] + struct.pack("<H", 2) + blob[10:], "unsupported format version 2"),
+        "version.bin": (blob[:8] + struct.pack("<H", 3) + blob[10:], "unsupported format version 3"),
         "kindcode.bin": (blob[:10] + b"\x07" + blob[11:], "corrupt header"),
-        "counts.bin": (blob[:12] + struct.pack("<I", 2) + blob[16:], r"corrupt header \(array counts"),
+        "counts.bin": (blob[:12] + struct.pack("<I", 2) + blob[16:], r"corrupt header: array counts"),
         "dtype.bin": (blob[:29] + b"\x63" + blob[30:], "corrupt array header"),
         "trailing.bin": (blob + b"\x00", "unexpected data after the end"),
         "shape.bin": (blob[:32] + struct.pack("<Q", 2**40) + blob[40:], "truncated"),
         "zero_huge.bin": (
             blob[:32] + struct.pack("<QQ", 0, 2**63 + 5) + blob[48:],
-            "corrupt array shape|inconsistent arrays",
+            "corrupt shape|inconsistent arrays",
         ),
     }
     for name, (content, message) in cases.items():
@@ -432,7 +439,9 @@ def test_inconsistent_arrays_in_a_file_are_corrupt() -> None:
     labels_rows = 28 + 4 + 16 + 8 + 4  # header, features slot header + shape + data, labels slot header
     blob[labels_rows : labels_rows + 8] = struct.pack("<Q", 1)
     del blob[labels_rows + 16 : labels_rows + 20]  # one float32 of labels data less
-    with pytest.raises(CorruptDataError, match="<bytes>: inconsistent arrays: labels: has 1 examples"):
+    with pytest.raises(
+        CorruptDataError, match=r"<bytes>: labels: shape \(1, 1\) has 1 examples but features has 2"
+    ):
         DataSet.from_bytes(bytes(blob))
 
 
