@@ -154,3 +154,19 @@ def softmax_output_bound(z: np.ndarray, z_err: np.ndarray) -> np.ndarray:
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     return 2 * p * (2 * z_err.max(1, keepdims=True) + gamma(z.shape[1] + 5))
+
+
+def ambiguous_argmax(z: np.ndarray, z_err: np.ndarray) -> np.ndarray:
+    """Examples whose predicted class two float32 computations may disagree on: the top two logits are
+    closer than the two computations' logits can differ (2 z_err each, for either logit)."""
+    top2 = np.sort(z, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0] <= 4 * z_err.max(1)
+
+
+def auc_bound(p: np.ndarray, p_err: np.ndarray, positive: np.ndarray) -> float:
+    """Largest change of an exact ROC AUC when the scores p of two computations differ by <= p_err:
+    only (positive, negative) pairs closer than their combined error can change order (or tie), and
+    each changes the AUC by at most 1 / (#pos * #neg)."""
+    pos, neg = p[positive], p[~positive]
+    close = np.abs(pos[:, None] - neg[None, :]) <= p_err[positive][:, None] + p_err[~positive][None, :]
+    return float(close.sum()) / max(pos.size * neg.size, 1)
