@@ -299,3 +299,76 @@ def test_threshold_bounds_follow_the_float32_header():
     assert np.isfinite(
         np.float32(MAX_THRESHOLD * ResidualClippingPostProcessor(1e6).threshold_multiple_clip_value)
     )
+
+
+def test_parameter_averaging_options_are_validated_naming_the_field():
+    from sparkgrad.spark import ParameterAveragingTrainingMaster
+
+    for field, bad in [
+        ("batch_size_per_worker", 0),
+        ("averaging_frequency", 1.5),
+        ("aggregation_depth", True),
+        ("num_workers", 0),
+        ("rng_seed", -1),
+        ("export_directory", ""),
+        ("export_directory", 3),
+        ("save_updater", "yes"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{field}: "):
+            ParameterAveragingTrainingMaster(**{field: bad})
+    master = ParameterAveragingTrainingMaster(export_directory="hdfs:///tmp/x", rng_seed=4)
+    assert ParameterAveragingTrainingMaster.from_yaml(master.to_yaml()) == master
+
+
+def test_damaged_config_text_raises_only_value_error(fuzz_examples):
+    """Any edit of valid JSON/YAML config text gives a valid config or a ValueError, never another error."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from sparkgrad.compress import AdaptiveThresholdAlgorithm
+    from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, OutputLayer, updaters
+
+    conf = MultiLayerConfiguration(
+        [DenseLayer(4, dropout=0.5, l2=1e-3), OutputLayer(3)],
+        input_type=InputType.feed_forward(5),
+        updater=updaters.Adam(1e-3),
+    )
+    texts = [
+        (MultiLayerConfiguration.from_json, conf.to_json(indent=None)),
+        (Config.from_yaml, AdaptiveThresholdAlgorithm(last_threshold=1e-3).to_yaml()),
+    ]
+    pieces = [
+        '"',
+        "[",
+        "]",
+        "{",
+        "}",
+        ":",
+        ",",
+        "&a",
+        "*a",
+        "inf",
+        "nan",
+        "-1",
+        "1e300",
+        "null",
+        "true",
+        "\n",
+    ]
+
+    @given(
+        st.sampled_from(texts),
+        st.integers(0, 10_000),
+        st.integers(0, 3),
+        st.one_of(st.sampled_from(pieces), st.text(max_size=3)),
+    )
+    def inner(target, position, cut, insert):
+        load, text = target
+        i = position % (len(text) + 1)
+        damaged = text[:i] + insert + text[i + cut :]
+        try:
+            assert isinstance(load(damaged), Config)
+        except ValueError:
+            pass
+
+    settings(max_examples=fuzz_examples, deadline=None)(inner)()

@@ -225,6 +225,12 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         )
         if self.rng_seed is not None:
             self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
+        if self.export_directory is not None and not (
+            isinstance(self.export_directory, str) and self.export_directory.strip()
+        ):
+            raise ValueError(
+                f"export_directory: expected a directory URI or None, got {self.export_directory!r}"
+            )
         for name in ("save_updater", "collect_training_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
