@@ -16,11 +16,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import numbers
 from typing import Any, Union
 
 import numpy as np
 
-from sparkgrad._config import Config, check_int, check_number, check_positive, check_range
+from sparkgrad._config import MAX_SCALE, Config, check_int, check_range
 from sparkgrad._native import _core
 
 HEADER_WORDS = 4
@@ -28,6 +29,13 @@ FLAG_SPARSE = 0
 FLAG_BITMAP = 1
 _FLAG_ANY = -1
 DEFAULT_DECAY_RATE = 0.5 ** (1 / 20)
+# Configured thresholds lie in [MIN_THRESHOLD, MAX_THRESHOLD]: the message header stores the threshold as
+# float32, and below the smallest normal float32 it would round to a subnormal or to 0 (which every
+# decoder rejects); above MAX_SCALE one encoded step alone would wreck a float32 network.
+MIN_THRESHOLD = float(np.finfo(np.float32).tiny)
+MAX_THRESHOLD = MAX_SCALE
+# Sparse messages longer than N/16 + 4 words are sent as bitmaps, so sparsity ratios stay below 1.
+MAX_SPARSITY = 1.0
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 
@@ -217,14 +225,16 @@ def message_length(message: Array) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_state(name: str, value: Any) -> float:
-    """State fields: NaN (unset) or a non-negative number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a number or nan, got {value!r}")
-    value = float(value)
-    if not math.isnan(value) and value < 0:
-        raise ValueError(f"{name}: must be >= 0 or nan, got {value!r}")
-    return value
+def _check_config_threshold(field: str, value: Any) -> float:
+    """A configured threshold: finite, in [MIN_THRESHOLD, MAX_THRESHOLD]."""
+    return check_range(field, value, MIN_THRESHOLD, MAX_THRESHOLD)
+
+
+def _check_state(field: str, value: Any, high: float) -> float:
+    """State fields: NaN (unset) or a finite number in [0, high]."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
+        return math.nan
+    return check_range(field, value, 0.0, high)
 
 
 class ThresholdAlgorithm(Config, abc.ABC):
@@ -285,13 +295,13 @@ class FixedThresholdAlgorithm(ThresholdAlgorithm):
     """Always the same threshold.
 
     Args:
-        threshold: the threshold (> 0).
+        threshold: the threshold, in [MIN_THRESHOLD, MAX_THRESHOLD] (about [1.2e-38, 1e6]).
     """
 
     threshold: float
 
     def __post_init__(self) -> None:
-        self.threshold = check_positive("threshold", self.threshold)
+        self.threshold = _check_config_threshold("threshold", self.threshold)
 
     def calculate_threshold(
         self,
@@ -366,11 +376,12 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
     """Keeps the sparsity of the messages between two targets by decaying/growing the threshold.
 
     Args:
-        initial_threshold: first threshold (> 0).
-        min_target_sparsity: below it the threshold shrinks by ``decay_rate`` (> 0).
-        max_target_sparsity: above it the threshold grows by ``1 / decay_rate`` (>= min).
+        initial_threshold: first threshold, in [MIN_THRESHOLD, MAX_THRESHOLD].
+        min_target_sparsity: below it the threshold shrinks by ``decay_rate``; in (0, 1].
+        max_target_sparsity: above it the threshold grows by ``1 / decay_rate``; in [min, 1].
         decay_rate: in [0.5, 1); the default halves/doubles the threshold in 20 steps.
-        last_threshold, last_sparsity: state (nan until set); not part of equality.
+        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
+            [0, MAX_SPARSITY]); not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -381,17 +392,21 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
     last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
 
     def __post_init__(self) -> None:
-        self.initial_threshold = check_positive("initial_threshold", self.initial_threshold)
-        self.min_target_sparsity = check_positive("min_target_sparsity", self.min_target_sparsity)
-        self.max_target_sparsity = check_positive("max_target_sparsity", self.max_target_sparsity)
+        self.initial_threshold = _check_config_threshold("initial_threshold", self.initial_threshold)
+        self.min_target_sparsity = check_range(
+            "min_target_sparsity", self.min_target_sparsity, 0.0, MAX_SPARSITY, low_inclusive=False
+        )
+        self.max_target_sparsity = check_range(
+            "max_target_sparsity", self.max_target_sparsity, 0.0, MAX_SPARSITY, low_inclusive=False
+        )
         if self.min_target_sparsity > self.max_target_sparsity:
             raise ValueError(
                 f"min_target_sparsity: must be <= max_target_sparsity ({self.max_target_sparsity}), "
                 f"got {self.min_target_sparsity}"
             )
         self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
-        self.last_threshold = _check_state("last_threshold", self.last_threshold)
-        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity)
+        self.last_threshold = _check_state("last_threshold", self.last_threshold, MAX_THRESHOLD)
+        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity, MAX_SPARSITY)
 
     def calculate_threshold(
         self,
@@ -422,10 +437,11 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     """Moves the threshold every step toward one sparsity target.
 
     Args:
-        initial_threshold: first threshold (> 0).
+        initial_threshold: first threshold, in [MIN_THRESHOLD, MAX_THRESHOLD].
         sparsity_target: in (0, 1/16).
         decay_rate: in [0.5, 1).
-        last_threshold, last_sparsity: state (nan until set); not part of equality.
+        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
+            [0, MAX_SPARSITY]); not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -435,7 +451,7 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
 
     def __post_init__(self) -> None:
-        self.initial_threshold = check_positive("initial_threshold", self.initial_threshold)
+        self.initial_threshold = _check_config_threshold("initial_threshold", self.initial_threshold)
         self.sparsity_target = check_range(
             "sparsity_target",
             self.sparsity_target,
@@ -445,8 +461,8 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             high_inclusive=False,
         )
         self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
-        self.last_threshold = _check_state("last_threshold", self.last_threshold)
-        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity)
+        self.last_threshold = _check_state("last_threshold", self.last_threshold, MAX_THRESHOLD)
+        self.last_sparsity = _check_state("last_sparsity", self.last_sparsity, MAX_SPARSITY)
 
     def calculate_threshold(
         self,
@@ -547,7 +563,8 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
     """Every ``frequency`` iterations (never at 0), clips the residual to ``+-threshold * multiple``.
 
     Args:
-        threshold_multiple_clip_value: clip multiple of the current threshold (>= 1).
+        threshold_multiple_clip_value: clip multiple of the current threshold, in [1, MAX_SCALE] (the
+            clip limit, threshold times multiple, then stays far inside float32 range).
         frequency: clip on iterations that are positive multiples of it (>= 1).
     """
 
@@ -555,10 +572,9 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
     frequency: int = 5
 
     def __post_init__(self) -> None:
-        value = check_number("threshold_multiple_clip_value", self.threshold_multiple_clip_value)
-        if not value >= 1.0:
-            raise ValueError(f"threshold_multiple_clip_value: must be >= 1.0, got {value!r}")
-        self.threshold_multiple_clip_value = value
+        self.threshold_multiple_clip_value = check_range(
+            "threshold_multiple_clip_value", self.threshold_multiple_clip_value, 1.0, MAX_SCALE
+        )
         self.frequency = check_int("frequency", self.frequency, minimum=1)
 
     def process_residual(self, iteration: int, epoch: int, last_threshold: float, residual: Array) -> None:
@@ -706,6 +722,8 @@ __all__ = [
     "AdaptiveThresholdAlgorithm",
     "EncodingHandler",
     "FixedThresholdAlgorithm",
+    "MAX_THRESHOLD",
+    "MIN_THRESHOLD",
     "NoOpResidualPostProcessor",
     "ResidualClippingPostProcessor",
     "ResidualPostProcessor",

@@ -78,3 +78,95 @@ def foreign_address() -> str:
 
     local = set(_local_addresses())
     return next(a for a in ("192.0.2.1", "198.51.100.1", "203.0.113.1") if a not in local)
+
+
+# -- float32 rounding bounds ----------------------------------------------------------------------
+# Spark workers and the driver run the same network on different batch shapes and thread counts, so
+# BLAS sums the dot products in different orders. Tests compare the two against a bound derived from
+# float32 rounding (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 3.1):
+# a dot product of n terms computed in ANY order in precision u differs from the exact value by at most
+#     gamma(n) * sum_i |a_i b_i|,   gamma(n) = n u / (1 - n u),   u = 2^-24 (float32 unit roundoff).
+# Two computations that are each within that bound of the exact value differ by at most twice it.
+U32 = float(np.finfo(np.float32).eps) / 2
+
+
+def gamma(n: int, u: float = U32) -> float:
+    """Higham's gamma_n: relative error bound of n chained float roundings."""
+    return n * u / (1 - n * u)
+
+
+def dense_logit_error_bound(net: MultiLayerNetwork, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(z, bound): the output layer's pre-activations z of ``x`` (float64) and a bound on the float32
+    rounding error of each, for a stack of dense layers with 1-Lipschitz hidden activations (relu).
+
+    Layer l computes a = h W + b with a dot product of n_in products plus the bias (n_in + 1 roundings
+    per component), so with the incoming error e of h:
+        |error of a| <= gamma(n_in + 1) * (|h| |W| + |b|) + e |W|
+    and relu passes e on unchanged (it is 1-Lipschitz).
+    """
+    from sparkgrad.nn import Activation
+
+    flat = net.params().astype(np.float64)
+    h = x.astype(np.float64)
+    err = np.zeros_like(h)
+    offset = 0
+    for i, layer in enumerate(net.conf.layers):
+        specs = layer.param_specs(net.conf.layer_input_types[i])
+        (w_spec, b_spec) = specs
+        w = flat[offset : offset + int(np.prod(w_spec.shape))].reshape(w_spec.shape)
+        offset += w.size
+        b = flat[offset : offset + b_spec.shape[0]]
+        offset += b.size
+        a = h @ w + b
+        err = gamma(w.shape[0] + 1) * (np.abs(h) @ np.abs(w) + np.abs(b)) + err @ np.abs(w)
+        if i == len(net.conf.layers) - 1:
+            return a, err
+        assert net.conf.setting(i, "activation") is Activation.RELU, "the bound assumes relu"
+        h = np.maximum(a, 0.0)
+    raise AssertionError("no output layer")
+
+
+def softmax_xent_score_bound(z: np.ndarray, z_err: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Bound on |score(float32, one order) - score(float32, another order)| per example for softmax +
+    MCXENT with one-hot labels, given logits z and their rounding-error bounds z_err.
+
+    score = lse(z) - sum_j y_j z_j with lse(z) = max z + log(sum_j exp(z_j - max z)). Its gradient in z
+    is p - y, whose 1-norm is at most sum|y| + 1 = 2, so logit errors move it by <= 2 max_j z_err_j.
+    Evaluating it from z takes C + 6 roundings (C-term sum, subtract, exp and log at most 1 ulp = 2
+    roundings each, add the maximum, subtract z_label), each on a quantity at most
+    M = 2 max|z| + log C + |score| + 1. Both computations obey the bound, so their difference obeys
+    twice it.
+    """
+    c = z.shape[1]
+    score = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1) - (labels * z).sum(1)
+    m = 2 * np.abs(z).max(1) + np.log(c) + np.abs(score) + 1
+    one_side = (np.abs(labels).sum(1) + 1) * z_err.max(1) + gamma(c + 6) * m
+    return 2 * one_side
+
+
+def softmax_output_bound(z: np.ndarray, z_err: np.ndarray) -> np.ndarray:
+    """Bound on the difference of two float32 softmax outputs p of logits z (per element).
+
+    d p_k = p_k (d z_k - sum_j p_j d z_j), so logit errors move p_k by <= 2 p_k max_j z_err_j; the
+    evaluation itself (subtract max, exp, C-term sum, divide) takes C + 5 roundings relative to p_k.
+    Twice the one-sided bound covers two computations.
+    """
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return 2 * p * (2 * z_err.max(1, keepdims=True) + gamma(z.shape[1] + 5))
+
+
+def ambiguous_argmax(z: np.ndarray, z_err: np.ndarray) -> np.ndarray:
+    """Examples whose predicted class two float32 computations may disagree on: the top two logits are
+    closer than the two computations' logits can differ (2 z_err each, for either logit)."""
+    top2 = np.sort(z, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0] <= 4 * z_err.max(1)
+
+
+def auc_bound(p: np.ndarray, p_err: np.ndarray, positive: np.ndarray) -> float:
+    """Largest change of an exact ROC AUC when the scores p of two computations differ by <= p_err:
+    only (positive, negative) pairs closer than their combined error can change order (or tie), and
+    each changes the AUC by at most 1 / (#pos * #neg)."""
+    pos, neg = p[positive], p[~positive]
+    close = np.abs(pos[:, None] - neg[None, :]) <= p_err[positive][:, None] + p_err[~positive][None, :]
+    return float(close.sum()) / max(pos.size * neg.size, 1)

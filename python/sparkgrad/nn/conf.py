@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sparkgrad._config import Config, check_int, check_non_negative, coerce_enum
+from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, coerce_enum
 from sparkgrad.nn.enums import Activation, WeightInit
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.layers import Layer, layer_error
@@ -26,7 +26,8 @@ class MultiLayerConfiguration(Config):
             Without it the first layer needs ``n_in`` and convolutional layers are not allowed.
         updater: default updater (layers may set their own).
         seed: seed of weight initialisation and dropout; None draws fresh entropy per network.
-        weight_init, activation, l1, l2, weight_decay: defaults for layers that leave them None.
+        weight_init, activation, l1, l2, weight_decay: defaults for layers that leave them None
+            (l1, l2, weight_decay: finite, in [0, MAX_SCALE]).
         dtype: "float32" or "float64" for parameters, gradients and activations.
     """
 
@@ -48,7 +49,7 @@ class MultiLayerConfiguration(Config):
         self.weight_init = coerce_enum(WeightInit, self.weight_init, "weight_init")
         self.activation = coerce_enum(Activation, self.activation, "activation")
         for name in ("l1", "l2", "weight_decay"):
-            setattr(self, name, check_non_negative(name, getattr(self, name)))
+            setattr(self, name, check_non_negative(name, getattr(self, name), MAX_SCALE))
         check_updater("updater", self.updater)
         if self.seed is not None:
             self.seed = check_int("seed", self.seed, minimum=0)

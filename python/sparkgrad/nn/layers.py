@@ -3,6 +3,9 @@
 Each layer knows how to infer its input size from the incoming :class:`InputType` (``infer``), the
 parameters it owns (``param_specs``, in flat-buffer order) and its output type. Fields left ``None``
 (activation, weight_init, l1, l2, weight_decay, updater) take the network-wide defaults.
+
+Validation (ValueError naming the field): l1, l2 and weight_decay are finite and in [0, MAX_SCALE];
+dropout (a retain probability) is in (0, 1]; batch-norm decay in [0, 1] and eps in (0, MAX_SCALE].
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from sparkgrad._config import (
+    MAX_SCALE,
     Config,
     check_int,
     check_non_negative,
@@ -86,7 +90,7 @@ class Layer(Config):
                 setattr(self, name, coerce_enum(enum_cls, getattr(self, name), name))
         for name in ("l1", "l2", "weight_decay"):
             if hasattr(self, name):
-                setattr(self, name, _optional(getattr(self, name), check_non_negative, name))
+                setattr(self, name, _optional(getattr(self, name), check_non_negative, name, MAX_SCALE))
         if getattr(self, "dropout", None) is not None:
             self.dropout = _check_dropout("dropout", self.dropout)
         if getattr(self, "updater", None) is not None:
@@ -332,7 +336,7 @@ class BatchNormalization(Layer):
 
     def __post_init__(self) -> None:
         self.decay = check_range("decay", self.decay, 0.0, 1.0)
-        self.eps = check_positive("eps", self.eps)
+        self.eps = check_positive("eps", self.eps, MAX_SCALE)
         self._common_post_init()
 
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:

@@ -2,6 +2,10 @@
 
 Each updater is a :class:`~sparkgrad._config.Config`; the fused native kernel ``updater_apply`` turns a
 flat gradient slice into the update that is subtracted from the parameters, advancing a flat state.
+
+Validation (ValueError naming the field): learning rates and epsilons are finite and in
+(0, MAX_SCALE] (1e6); decay-like coefficients (beta1, beta2, momentum, rms_decay, rho) are in [0, 1),
+where the moving averages they drive stay bounded.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sparkgrad._config import Config, check_positive, check_range
+from sparkgrad._config import MAX_SCALE, Config, check_positive, check_range
 from sparkgrad._native import _core
 
 
@@ -35,13 +39,21 @@ class Updater(Config):
 
 
 def _check_lr(updater: Any) -> None:
-    updater.learning_rate = check_positive("learning_rate", updater.learning_rate)
+    updater.learning_rate = check_positive("learning_rate", updater.learning_rate, MAX_SCALE)
+
+
+def _check_epsilon(updater: Any) -> None:
+    updater.epsilon = check_positive("epsilon", updater.epsilon, MAX_SCALE)
+
+
+def _check_decay(field: str, value: Any) -> float:
+    return check_range(field, value, 0.0, 1.0, high_inclusive=False)
 
 
 def _check_betas(updater: Any) -> None:
-    updater.beta1 = check_range("beta1", updater.beta1, 0.0, 1.0, high_inclusive=False)
-    updater.beta2 = check_range("beta2", updater.beta2, 0.0, 1.0, high_inclusive=False)
-    updater.epsilon = check_positive("epsilon", updater.epsilon)
+    updater.beta1 = _check_decay("beta1", updater.beta1)
+    updater.beta2 = _check_decay("beta2", updater.beta2)
+    _check_epsilon(updater)
 
 
 @dataclasses.dataclass
@@ -68,7 +80,7 @@ class Nesterovs(Updater):
 
     def __post_init__(self) -> None:
         _check_lr(self)
-        self.momentum = check_range("momentum", self.momentum, 0.0, 1.0, high_inclusive=False)
+        self.momentum = _check_decay("momentum", self.momentum)
 
     def kernel_kwargs(self) -> dict[str, float]:
         return {"learning_rate": self.learning_rate, "momentum": self.momentum}
@@ -133,8 +145,8 @@ class RmsProp(Updater):
 
     def __post_init__(self) -> None:
         _check_lr(self)
-        self.rms_decay = check_range("rms_decay", self.rms_decay, 0.0, 1.0, high_inclusive=False)
-        self.epsilon = check_positive("epsilon", self.epsilon)
+        self.rms_decay = _check_decay("rms_decay", self.rms_decay)
+        _check_epsilon(self)
 
     def kernel_kwargs(self) -> dict[str, float]:
         return {"learning_rate": self.learning_rate, "rms_decay": self.rms_decay, "epsilon": self.epsilon}
@@ -150,7 +162,7 @@ class AdaGrad(Updater):
 
     def __post_init__(self) -> None:
         _check_lr(self)
-        self.epsilon = check_positive("epsilon", self.epsilon)
+        _check_epsilon(self)
 
     def kernel_kwargs(self) -> dict[str, float]:
         return {"learning_rate": self.learning_rate, "epsilon": self.epsilon}
@@ -165,8 +177,8 @@ class AdaDelta(Updater):
     epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
-        self.rho = check_range("rho", self.rho, 0.0, 1.0, high_inclusive=False)
-        self.epsilon = check_positive("epsilon", self.epsilon)
+        self.rho = _check_decay("rho", self.rho)
+        _check_epsilon(self)
 
     @property
     def learning_rate(self) -> float:  # type: ignore[override]

@@ -1,5 +1,6 @@
 """Pieces shared by both training masters and SparkMultiLayer: network snapshots shipped to executors,
-data preparation (Export/Direct), error translation and Hadoop file-system helpers."""
+user code shipped by value, data preparation (Export/Direct), error translation and Hadoop file-system
+helpers."""
 
 from __future__ import annotations
 
@@ -57,6 +58,43 @@ class NetworkSnapshot:
         return net
 
 
+class ByValue:
+    """A user object (loader, hook) that travels to the executors pickled with cloudpickle.
+
+    Spark broadcasts use the standard pickle, which stores functions and classes by module name, so a
+    lambda, a closure or anything defined in a notebook or ``__main__`` cannot be loaded on an
+    executor. cloudpickle (``pyspark.cloudpickle``, shipped with pyspark) stores those by value and
+    keeps importable ones by reference. The wrapper calls and forwards attributes to the object, and
+    unpickles as the bare object.
+
+    Args:
+        obj: the object to ship.
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.obj(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "obj":  # not set yet (copy/unpickle probing): avoid recursing into ourselves
+            raise AttributeError(name)
+        return getattr(self.obj, name)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        from pyspark import cloudpickle
+
+        return cloudpickle.loads, (cloudpickle.dumps(self.obj),)
+
+
+def by_value(obj: Any) -> Any:
+    """``obj`` wrapped in :class:`ByValue` (None and already wrapped objects are returned as they are)."""
+    return obj if obj is None or isinstance(obj, ByValue) else ByValue(obj)
+
+
 def spark_context(spark: Any) -> SparkContext:
     """The SparkContext of a SparkSession or SparkContext."""
     from pyspark import SparkContext
@@ -94,11 +132,15 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
         raise TrainingError(f"{what} failed on an executor: {detail}") from exc
 
 
-def hadoop_delete(sc: SparkContext, path: str) -> None:
-    """Recursively delete ``path`` through the Hadoop FileSystem API (any file system Spark can use)."""
+def hadoop_delete(sc: SparkContext, path: str) -> bool:
+    """Recursively delete ``path`` through the Hadoop FileSystem API (any file system Spark can use).
+
+    Returns:
+        True when something was deleted (False when ``path`` did not exist).
+    """
     jvm = sc._jvm  # type: ignore[attr-defined]
     jpath = jvm.org.apache.hadoop.fs.Path(path)
-    jpath.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jpath, True)  # type: ignore[attr-defined]
+    return bool(jpath.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jpath, True))  # type: ignore[attr-defined]
 
 
 def default_export_root(sc: SparkContext) -> str:
@@ -201,26 +243,26 @@ class TrainingMasterBase:
     def _runtime_init(self) -> None:
         self._uid = uuid.uuid4().hex[:12]
         self._export_state: tuple[int, str, int] | None = None  # (rdd id, directory, batch count)
+        self._export_root: str | None = None  # this master's export directory once an export started
         self._persisted: list[RDD] = []
         self._prepared: tuple[tuple[Any, ...], TrainingData] | None = None  # (source key, data)
         self.last_stats: SparkTrainingStats | None = None
 
     def delete_temp_files(self, spark: Any) -> bool:
-        """Delete the files of the last export (through the Hadoop FileSystem API) and release the
-        training data kept persisted between fits of the same RDD.
+        """Delete this master's export files (through the Hadoop FileSystem API), including those of an
+        export that failed half-way, and release the training data kept persisted between fits of the
+        same RDD. Idempotent; the next fit prepares its data again.
 
         Args:
             spark: SparkSession or SparkContext.
 
         Returns:
-            True when something was deleted.
+            True when files were deleted.
         """
         self._unpersist()
-        if self._export_state is None:
-            return False
-        hadoop_delete(spark_context(spark), self._export_state[1])
         self._export_state = None
-        return True
+        root, self._export_root = self._export_root, None
+        return root is not None and hadoop_delete(spark_context(spark), root)
 
     def _export_dir(self, sc: SparkContext) -> str:
         root = self.export_directory or default_export_root(sc)
@@ -237,7 +279,8 @@ class TrainingMasterBase:
         if self._export_state is None or self._export_state[0] != rdd.id():
             if self._export_state is not None:
                 self.delete_temp_files(sc)
-            path = f"{self._export_dir(sc)}/{rdd.id()}"
+            self._export_root = self._export_dir(sc)
+            path = f"{self._export_root}/{rdd.id()}"
             batch = self.batch_size_per_worker
             counter = sc.accumulator(0)
 
@@ -327,9 +370,11 @@ def process_tag() -> str:
 
 
 __all__ = [
+    "ByValue",
     "NetworkSnapshot",
     "TrainingData",
     "TrainingMasterBase",
+    "by_value",
     "ceil_div",
     "check_dataset_matches",
     "first_element",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import numpy as np
 from sparkgrad._config import check_int
 from sparkgrad.spark.common import (
     NetworkSnapshot,
+    by_value,
     check_dataset_matches,
     first_element,
     load_unit,
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from sparkgrad.nn import MultiLayerNetwork
 
 DEFAULT_EVAL_BATCH_SIZE = 64
+_log = logging.getLogger(__name__)
 
 # Per executor process: network copies of the latest evaluation/inference broadcast.
 _NETS: dict[str, list[MultiLayerNetwork]] = {}
@@ -71,8 +75,35 @@ def _example_ndim(network: MultiLayerNetwork) -> int:
     return 3 if input_type.kind == "convolutional" else 2
 
 
+def _release(sc: Any, master: Any, broadcasts: list[Any]) -> None:
+    """Unpersist the broadcasts of lazy results and the master's persisted data, delete its exports."""
+    while broadcasts:
+        broadcasts.pop().unpersist()
+    master.delete_temp_files(sc)
+
+
+def _release_dropped(sc: Any, master: Any, broadcasts: list[Any]) -> None:
+    """Finalizer of a dropped model: best effort, the SparkContext may already be stopped."""
+    if getattr(sc, "_jsc", None) is None:
+        return
+    try:
+        _release(sc, master, broadcasts)
+    except Exception as exc:  # noqa: BLE001 - a finalizer must not raise; the cause is logged
+        _log.warning("releasing the Spark resources of a dropped SparkMultiLayer failed: %s", exc)
+
+
 class SparkMultiLayer:
     """A MultiLayerNetwork trained and used on Spark (DL4J ``SparkDl4jMultiLayer``).
+
+    The model keeps Spark resources between calls: the training data its training master persisted
+    (reused by later fits of the same RDD), exported batch files, and the network broadcasts behind the
+    lazy RDDs of ``score_examples``/``feed_forward_with_key``. :meth:`close` (or leaving a ``with``
+    block) releases them all; the model stays usable afterwards and a later fit prepares its data again.
+    A model that is dropped without ``close`` is released when it is garbage collected or at
+    interpreter exit (best effort: nothing can be released once the SparkContext is stopped).
+
+    Loaders and training hooks travel to the executors with cloudpickle, so lambdas, closures and
+    functions defined in a notebook or ``__main__`` work wherever a loader or hook is accepted.
 
     Args:
         spark: SparkSession or SparkContext.
@@ -99,6 +130,23 @@ class SparkMultiLayer:
         self._master = training_master
         self._score = float("nan")
         self._default_eval_workers = 1
+        self._broadcasts: list[Any] = []  # broadcasts behind lazy result RDDs, released by close()
+        self._finalizer = weakref.finalize(self, _release_dropped, self._sc, self._master, self._broadcasts)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the Spark resources this model holds (see the class docstring). Idempotent.
+
+        RDDs returned by ``score_examples``/``feed_forward_with_key`` stay computable after close (their
+        network is broadcast again on use), only no longer cached on the executors.
+        """
+        _release(self._sc, self._master, self._broadcasts)
+
+    def __enter__(self) -> SparkMultiLayer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -214,7 +262,8 @@ class SparkMultiLayer:
         return self._train(datasets, "dataset", None)
 
     def _train(self, rdd: Any, kind: str, loader: Any) -> MultiLayerNetwork:
-        self._score = self._master.execute_training(self._sc, self._network, rdd, kind, loader)
+        # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
+        self._score = self._master.execute_training(self._sc, self._network, rdd, kind, by_value(loader))
         return self._network
 
     @staticmethod
@@ -232,8 +281,12 @@ class SparkMultiLayer:
             self._checked = key
 
     # -- scoring ------------------------------------------------------------------------------
-    def _broadcast(self) -> Any:
-        return self._sc.broadcast(_InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False)))
+    def _broadcast(self, lazy: bool = False) -> Any:
+        """Broadcast the network; ``lazy``: it backs a returned RDD, so close() releases it."""
+        bc = self._sc.broadcast(_InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False)))
+        if lazy:
+            self._broadcasts.append(bc)
+        return bc
 
     def calculate_score(self, rdd: RDD, average: bool = True, minibatch_size: int = 64) -> float:
         """Score (loss plus l1/l2 penalty) over all of ``rdd``.
@@ -278,11 +331,11 @@ class SparkMultiLayer:
             batch_size: examples per scoring batch.
 
         Returns:
-            RDD of floats (lazy; the broadcast lives as long as the RDD is used).
+            RDD of floats (lazy; the network broadcast is kept until :meth:`close`).
         """
         self._check_rdd(rdd, "rdd")
         size = check_int("batch_size", batch_size, minimum=1)
-        bc = self._broadcast()
+        bc = self._broadcast(lazy=True)
 
         def part(it: Iterable[Any]) -> Iterator[float]:
             net = bc.value.networks(1)[0]
@@ -306,7 +359,7 @@ class SparkMultiLayer:
         """
         self._check_rdd(pair_rdd, "pair_rdd")
         size = check_int("batch_size", batch_size, minimum=1)
-        bc = self._broadcast()
+        bc = self._broadcast(lazy=True)
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, float]]:
             from sparkgrad.data import DataSet
@@ -340,7 +393,7 @@ class SparkMultiLayer:
         """
         self._check_rdd(pair_rdd, "pair_rdd")
         size = check_int("batch_size", batch_size, minimum=1)
-        bc = self._broadcast()
+        bc = self._broadcast(lazy=True)
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, np.ndarray]]:
             net = bc.value.networks(1)[0]
@@ -388,10 +441,10 @@ class SparkMultiLayer:
         if isinstance(data, str):
             from sparkgrad.data import SerializedDataSetLoader
 
-            use = SerializedDataSetLoader() if loader is None else loader
+            use = SerializedDataSetLoader() if loader is None else by_value(loader)
             return self._sc.binaryFiles(data).map(use)
         self._check_rdd(data, "data")
-        return data if loader is None else data.map(loader)
+        return data if loader is None else data.map(by_value(loader))
 
     def evaluate(
         self,

@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
+from sparkgrad.errors import TrainingError
 from sparkgrad.spark.common import (
     NetworkSnapshot,
     TrainingData,
     TrainingMasterBase,
+    by_value,
     ceil_div,
     mean_or_none,
+    process_tag,
     run_spark,
     worker_batches,
 )
@@ -110,40 +113,49 @@ class _SplitJob:
 
 
 def _train_partition(job_bc: Any) -> Any:
-    def run(units: Iterable[Any]) -> Iterator[_Sum]:
-        start = now_ms()
-        stats = SparkTrainingStats() if job_bc.value.collect_stats else None
-        with Timer(stats, "ParameterAveragingWorkerBroadcastGetValueTimeMs"):
-            job: _SplitJob = job_bc.value
-        batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
-        net = None
-        score, n_batches = 0.0, 0
-        while True:
-            t = now_ms()
-            ds = next(batches, None)
-            if ds is None:
-                break
-            if stats is not None:
-                stats.add(WORKER_GET_DATA, event(t))
-            if net is None:
-                with Timer(stats, WORKER_INIT):
-                    net = job.snapshot.build()
-            with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
-                for hook in job.hooks:
-                    hook.pre_update(ds, net)
-                update, score = net.compute_update(ds)
-                net.apply_update(update)
-                for hook in job.hooks:
-                    hook.post_update(ds, net)
-            n_batches += 1
-        if net is None:  # empty partition: excluded from the average
-            return
-        if stats is not None:
-            stats.add(WORKER_TOTAL, event(start))
-        updater = net.updater_state().copy() if job.save_updater else None
-        yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats)
+    def run(index: int, units: Iterable[Any]) -> Iterator[_Sum]:
+        try:
+            yield from _train_worker(job_bc, units)
+        except TrainingError as exc:
+            # name the worker: the driver quotes this last "TrainingError: ..." line to the user
+            raise TrainingError(f"worker {index} ({process_tag()}): {exc}") from exc
 
     return run
+
+
+def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
+    """Train one partition's worker from the broadcast job; yields its result (nothing when empty)."""
+    start = now_ms()
+    stats = SparkTrainingStats() if job_bc.value.collect_stats else None
+    with Timer(stats, "ParameterAveragingWorkerBroadcastGetValueTimeMs"):
+        job: _SplitJob = job_bc.value
+    batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
+    net = None
+    score, n_batches = 0.0, 0
+    while True:
+        t = now_ms()
+        ds = next(batches, None)
+        if ds is None:
+            break
+        if stats is not None:
+            stats.add(WORKER_GET_DATA, event(t))
+        if net is None:
+            with Timer(stats, WORKER_INIT):
+                net = job.snapshot.build()
+        with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
+            for hook in job.hooks:
+                hook.pre_update(ds, net)
+            update, score = net.compute_update(ds)
+            net.apply_update(update)
+            for hook in job.hooks:
+                hook.post_update(ds, net)
+        n_batches += 1
+    if net is None:  # empty partition: excluded from the average
+        return
+    if stats is not None:
+        stats.add(WORKER_TOTAL, event(start))
+    updater = net.updater_state().copy() if job.save_updater else None
+    yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats)
 
 
 @dataclass
@@ -166,7 +178,11 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         rng_seed: seed of the random splits (None: random).
         collect_training_stats: record phase timings (see ``SparkMultiLayer.training_stats``).
-        training_hooks: :class:`TrainingHook` objects run around every worker update.
+        training_hooks: :class:`TrainingHook` objects run around every worker update; they travel with
+            cloudpickle, so hooks defined locally or in ``__main__`` work.
+
+    A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
+    worker (partition index and host:pid), the iteration and the first non-finite input.
     """
 
     rdd_data_set_num_examples: int = 1
@@ -209,6 +225,12 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         )
         if self.rng_seed is not None:
             self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
+        if self.export_directory is not None and not (
+            isinstance(self.export_directory, str) and self.export_directory.strip()
+        ):
+            raise ValueError(
+                f"export_directory: expected a directory URI or None, got {self.export_directory!r}"
+            )
         for name in ("save_updater", "collect_training_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
@@ -307,13 +329,13 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 self.batch_size_per_worker,
                 self.worker_prefetch_num_batches,
                 self.save_updater,
-                self.training_hooks,
+                tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
                 self.collect_training_stats,
             )
             bc = sc.broadcast(job)
         try:
             with Timer(stats, MAP_PARTITIONS, partitions=part.getNumPartitions()):
-                results = part.mapPartitions(_train_partition(bc))
+                results = part.mapPartitionsWithIndex(_train_partition(bc))
             with Timer(stats, AGGREGATE):
                 total = run_spark(
                     "training",
