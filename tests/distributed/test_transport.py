@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import math
 import multiprocessing as mp
+import re
 import socket
 import threading
 import time
 
 import numpy as np
 import pytest
-
+import zmq
 from wire_helpers import (
     FAST,
     REFERENCE,
@@ -22,19 +25,24 @@ from wire_helpers import (
     sparse_message,
     wait_until,
 )
+from zmq.utils.monitor import recv_monitor_message
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import (
     HEADER_SIZE,
+    THRESHOLD_GROWTH_LIMIT,
     Controller,
     Flag,
     FrameKey,
     FrameRejected,
     MessageType,
+    RejoinRequired,
     WorkerConnection,
+    ZmqTransportConfiguration,
     decode_frame,
     encode_frame,
 )
+from sparkgrad.transport.zmq_transport import RateLimitedLog
 
 pytestmark = pytest.mark.distributed
 
@@ -384,3 +392,250 @@ def test_close_leaves_no_threads(free_port: int) -> None:
         ctl.close()
         ctl.close()
     assert {t.ident for t in threading.enumerate()} == before
+
+
+def _recv(sock: zmq.Socket, timeout_ms: int = 10000) -> bytes | None:
+    return sock.recv() if sock.poll(timeout_ms, zmq.POLLIN) else None
+
+
+def test_unauthenticated_frames_get_no_reply(free_port: int) -> None:
+    """Forged, unsigned and junk frames are answered by nothing: the first reply on the connection is
+    the PARAMS for the authentic HELLO sent after them (ZeroMQ keeps per-connection order)."""
+    with controller(np.arange(3, dtype=np.float32), 0x5EC, free_port) as ctl:
+        ctx, sock = raw_dealer(free_port)
+        try:
+            unsigned = encode_frame(KEY, MessageType.HELLO, 0x5EC, 4, 0, b"{}")
+            unsigned[6:8] = b"\x00\x00"
+            unsigned[44:76] = bytes(32)
+            for frame in (
+                encode_frame(FrameKey(b"k" * 32), MessageType.HELLO, 0x5EC, 4, 0, b"{}"),
+                unsigned,
+                b"\x00" * 10,
+                b"SGRD" + bytes(200),
+            ):
+                sock.send(frame)
+            sock.send(encode_frame(KEY, MessageType.HELLO, 0x5EC, 4, 0, b"{}"))
+            header, payload = decode_frame(_recv(sock), KEY)
+            assert header.message_type == MessageType.PARAMS
+            np.testing.assert_array_equal(np.frombuffer(payload, "<f4"), [0, 1, 2])
+            assert sock.poll(100, zmq.POLLIN) == 0
+        finally:
+            sock.close()
+            ctx.term()
+        assert ctl.counters.rejected_reasons == {"unauthenticated": 2, "malformed": 2}
+        assert ctl.counters.messages_sent == 1
+
+
+def test_replayed_and_reordered_frames_are_rejected(free_port: int) -> None:
+    job = 0x77
+    with controller(np.zeros(4, np.float32), job, free_port) as ctl:
+        ctx, sock = raw_dealer(free_port)
+        try:
+            update = encode_frame(
+                KEY, MessageType.UPDATE, job, 5, 1, memoryview(sparse_message([2], [1], 4, 0.5))
+            )
+            for frame in (
+                encode_frame(KEY, MessageType.HELLO, job, 5, 0, b"{}"),
+                update,
+                update,  # replay
+                encode_frame(KEY, MessageType.UPDATE, job, 5, 0, memoryview(sparse_message([1], [1], 4, 1))),
+                encode_frame(KEY, MessageType.SYNC, job, 5, 2),
+            ):
+                sock.send(frame)
+            kinds = [decode_frame(_recv(sock), KEY)[0].message_type for _ in range(2)]
+            assert kinds == [MessageType.PARAMS, MessageType.SYNC_ACK]
+        finally:
+            sock.close()
+            ctx.term()
+        np.testing.assert_array_equal(ctl.params(), [0, 0, -0.5, 0])
+        assert ctl.updates_applied == 1 and ctl.counters.rejected_reasons == {"replay": 2}
+
+
+def test_oversized_frame_disconnects_the_sender_and_is_never_received(free_port: int) -> None:
+    n = 2000  # largest frame: header + 4 * (n + 4) bytes (sparse message with every element)
+    limit = HEADER_SIZE + 4 * (n + 4)
+    with controller(np.zeros(n, np.float32), 3, free_port) as ctl:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sock.connect(f"tcp://127.0.0.1:{free_port}")
+        try:
+            events = []
+            while zmq.EVENT_CONNECTED not in events:
+                assert monitor.poll(10000)
+                events.append(recv_monitor_message(monitor)["event"])
+            sock.send(b"\x01" * limit)  # exactly the limit: received (and rejected)
+            sock.send(b"\x02" * (limit + 1))  # one byte more: ZeroMQ drops the connection
+            while zmq.EVENT_DISCONNECTED not in events:
+                assert monitor.poll(10000)
+                events.append(recv_monitor_message(monitor)["event"])
+        finally:
+            sock.disable_monitor()
+            monitor.close()
+            sock.close()
+            ctx.term()
+        assert wait_until(lambda: ctl.counters.frames_rejected >= 1)
+        assert ctl.counters.rejected_reasons == {"malformed": 1}
+        assert ctl.counters.bytes_received == limit and ctl.counters.messages_received == 1
+
+
+def test_rate_limited_log_counts_what_it_suppresses(caplog) -> None:
+    now = [0.0]
+    limited = RateLimitedLog(
+        logging.getLogger("test.rate"), "x", burst=3, per_second=2.0, clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.WARNING, logger="test.rate"):
+        for i in range(10):
+            limited.warning(f"line {i}")
+        now[0] = 1.0  # two more lines allowed
+        for i in range(10, 20):
+            limited.warning(f"line {i}")
+        limited.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "x: line 0",
+        "x: line 1",
+        "x: line 2",
+        "x: 7 similar messages suppressed",
+        "x: line 10",
+        "x: line 11",
+        "x: 8 similar messages suppressed",
+    ]
+
+
+def test_controller_logs_bad_frames_rate_limited(free_port: int, caplog) -> None:
+    bad = 1000
+    with caplog.at_level(logging.WARNING, logger="sparkgrad.transport.zmq_transport"):
+        with controller(np.zeros(3, np.float32), 4, free_port) as ctl:
+            ctx, sock = raw_dealer(free_port)
+            try:
+                for _ in range(bad):
+                    sock.send(b"junk")
+                assert wait_until(lambda: ctl.counters.frames_rejected >= bad)
+            finally:
+                sock.close()
+                ctx.term()
+    lines = [r.getMessage() for r in caplog.records]
+    dropped = [line for line in lines if "dropped frame (malformed)" in line]
+    suppressed = [
+        int(re.search(r"(\d+) similar messages suppressed", x).group(1)) for x in lines if "similar" in x
+    ]
+    assert len(dropped) + sum(suppressed) == bad == ctl.counters.frames_rejected
+    assert len(lines) == len(dropped) + len(suppressed) and len(dropped) < bad // 10
+
+
+def _failing_decode(message: np.ndarray, target: np.ndarray) -> None:
+    raise RuntimeError("injected decode failure")
+
+
+def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) -> None:
+    ctl = controller(np.zeros(3, np.float32), 6, free_port, decode=_failing_decode)
+    conn = WorkerConnection("127.0.0.1", free_port, 6, 1, SECRET, 3, FAST)
+    try:
+        conn.hello({})
+        conn.send_update(sparse_message([0], [1], 3, 1.0), 1, 0)
+        with pytest.raises(TransportError, match="controller failed: RuntimeError: injected decode failure"):
+            conn.sync(lambda h, m: None)
+        assert isinstance(ctl.error, RuntimeError)
+        with pytest.raises(TransportError, match="injected decode failure"):
+            ctl.check()
+    finally:
+        conn.close()
+        ctl.close()
+
+
+@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 16.5])
+def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, threshold: float) -> None:
+    with controller(np.ones(3, np.float32), 8, free_port) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
+        try:
+            conn.hello({})
+            conn.send_update(sparse_message([0], [1], 3, threshold), 1, 0)
+            with pytest.raises(TransportError, match="threshold"):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), [1, 1, 1])
+        assert ctl.updates_applied == 0 and ctl.counters.rejected_reasons == {"threshold": 1}
+
+
+def test_threshold_bound_follows_each_workers_accepted_thresholds(free_port: int) -> None:
+    """The bound is THRESHOLD_GROWTH_LIMIT x max(reference, the sender's last accepted threshold)."""
+    assert THRESHOLD_GROWTH_LIMIT == 16
+    steps = [16.0, 256.0, 4096.0]  # each exactly the limit over the previous one
+    with controller(np.zeros(2, np.float64), 9, free_port) as ctl:
+        a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
+        b = WorkerConnection("127.0.0.1", free_port, 9, 2, SECRET, 2, FAST)
+        try:
+            a.hello({})
+            b.hello({})
+            for t in steps:
+                a.send_update(sparse_message([0], [1], 2, t), 1, 0)
+            a.sync(lambda h, m: None)
+            b.send_update(sparse_message([1], [1], 2, 256.0), 1, 0)  # b's own history is the reference
+            with pytest.raises(TransportError, match="threshold"):
+                b.sync(lambda h, m: None)
+        finally:
+            a.close()
+            b.close()
+        np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
+
+
+def test_bitmap_threshold_is_checked_too(free_port: int) -> None:
+    from sparkgrad.compress import bitmap_encode, decode, message_threshold
+
+    message, _ = bitmap_encode(np.full(40, 1e30, np.float32), 1e30)
+    assert message[3] == 1 and message_threshold(message) == np.float32(1e30)
+    with controller(np.zeros(40, np.float32), 10, free_port, decode=decode) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 10, 1, SECRET, 40, FAST)
+        try:
+            conn.hello({})
+            conn.send_update(message, 1, 0)
+            with pytest.raises(TransportError, match="threshold"):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), np.zeros(40, np.float32))
+
+
+def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port: int) -> None:
+    """A worker that stops reading is dropped; its next frame is refused with a re-join request, and
+    after re-joining its parameters equal the controller's: it never silently diverges."""
+    from sparkgrad.compress import decode
+
+    n = 1 << 18  # 1 MiB update frames fill the socket buffers in a few dozen frames
+    config = ZmqTransportConfiguration(
+        connect_timeout_ms=10000, sync_timeout_ms=20000, poll_interval_ms=10, high_water_mark=2
+    )
+    t = 2.0**-10  # exact in float32: sums below are exact
+    everything = np.array([n, n, np.float32(t).view(np.int32), 0, *range(1, n + 1)], dtype=np.int32)
+    with controller(np.zeros(n, np.float32), 11, free_port, decode=decode, config=config) as ctl:
+        fast = WorkerConnection("127.0.0.1", free_port, 11, 1, SECRET, n, config)
+        slow = WorkerConnection("127.0.0.1", free_port, 11, 2, SECRET, n, config)
+        try:
+            fast.hello({})
+            slow.hello({})
+            sent = 0
+            while ctl.counters.peers_dropped == 0 and sent < 500:
+                fast.send_update(everything, 1, 0)
+                fast.sync(lambda h, m: None)
+                sent += 1
+            assert ctl.counters.peers_dropped == 1
+            slow.send_update(sparse_message([0], [1], n, 1.0), 2, 0)  # refused: not registered any more
+            relayed = []
+            with pytest.raises(RejoinRequired, match="re-join"):
+                assert wait_until(lambda: slow.drain(lambda h, m: relayed.append(h.sender)) < 0)
+            params, _, _ = slow.hello({"rejoin": True})
+            np.testing.assert_array_equal(params, np.full(n, -t * sent, np.float32))
+            np.testing.assert_array_equal(ctl.params(), params)
+            slow.send_update(sparse_message([5], [-1], n, 1.0), 3, 0)  # registered again: applied
+            slow.sync(lambda h, m: None)
+            fast.sync(lambda h, m: None)
+        finally:
+            fast.close()
+            slow.close()
+        expected = np.full(n, -t * sent, np.float32)
+        expected[5] += 1.0
+        np.testing.assert_array_equal(ctl.params(), expected)
+        assert ctl.updates_applied == sent + 1 and set(relayed) == {1}
+        assert ctl.counters.rejected_reasons == {"not_joined": 1}
