@@ -402,7 +402,8 @@ def test_unauthenticated_frames_get_no_reply(free_port: int) -> None:
     """Forged, unsigned and junk frames are answered by nothing: the first reply on the connection is
     the PARAMS for the authentic HELLO sent after them (ZeroMQ keeps per-connection order)."""
     with controller(np.arange(3, dtype=np.float32), 0x5EC, free_port) as ctl:
-        ctx, sock = raw_dealer(free_port)
+        ctx = zmq.Context()
+        sock = raw_dealer(ctx, free_port)
         try:
             unsigned = encode_frame(KEY, MessageType.HELLO, 0x5EC, 4, 0, b"{}")
             unsigned[6:8] = b"\x00\x00"
@@ -429,7 +430,8 @@ def test_unauthenticated_frames_get_no_reply(free_port: int) -> None:
 def test_replayed_and_reordered_frames_are_rejected(free_port: int) -> None:
     job = 0x77
     with controller(np.zeros(4, np.float32), job, free_port) as ctl:
-        ctx, sock = raw_dealer(free_port)
+        ctx = zmq.Context()
+        sock = raw_dealer(ctx, free_port)
         try:
             update = encode_frame(
                 KEY, MessageType.UPDATE, job, 5, 1, memoryview(sparse_message([2], [1], 4, 0.5))
@@ -507,7 +509,8 @@ def test_controller_logs_bad_frames_rate_limited(free_port: int, caplog) -> None
     bad = 1000
     with caplog.at_level(logging.WARNING, logger="sparkgrad.transport.zmq_transport"):
         with controller(np.zeros(3, np.float32), 4, free_port) as ctl:
-            ctx, sock = raw_dealer(free_port)
+            ctx = zmq.Context()
+            sock = raw_dealer(ctx, free_port)
             try:
                 for _ in range(bad):
                     sock.send(b"junk")

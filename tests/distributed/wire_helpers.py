@@ -45,10 +45,9 @@ def controller(params: np.ndarray, job: int, port: int, **kw) -> Controller:
     return Controller(params, job, SECRET, "127.0.0.1", port, kw.pop("config", FAST), **kw)
 
 
-def raw_dealer(port: int) -> tuple[zmq.Context, zmq.Socket]:
+def raw_dealer(ctx: zmq.Context, port: int) -> zmq.Socket:
     """A bare DEALER socket on the controller's port: sends whatever bytes a test forges."""
-    ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://127.0.0.1:{port}")
-    return ctx, sock
+    return sock

@@ -190,12 +190,16 @@ class _Replay:
     def __init__(self) -> None:
         self._last: dict[int, int] = {}
 
-    def admit(self, header: Header, peer: str) -> None:
+    def check(self, header: Header, peer: str) -> None:
+        """Raise FrameRejected("replay") unless the sequence number is new for its sender."""
         last = self._last.get(header.sender, -1)
         if header.sequence <= last:
             raise FrameRejected(
                 "replay", f"frame from {peer}: sequence {header.sequence} replayed (last was {last})"
             )
+
+    def commit(self, header: Header) -> None:
+        """Record an accepted frame's sequence number."""
         self._last[header.sender] = header.sequence
 
 
@@ -434,7 +438,7 @@ class Controller:
             raise FrameRejected(
                 "malformed", f"frame from {peer} claims to be from or relayed by the controller"
             )
-        self._replay.admit(header, peer)
+        self._replay.check(header, peer)
         return header, payload
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
@@ -446,6 +450,14 @@ class Controller:
             self._reject(exc.reason, str(exc))
             return
         kind, sender = header.message_type, header.sender
+        if kind != MessageType.HELLO and self._peers.get(sender) != identity:
+            # not registered (dropped, reconnected, or a copy of a worker's frame from another
+            # connection): not applied, and its sequence number stays unused for the real worker
+            if kind != MessageType.BYE:
+                self._reject("not_joined", f"{kind.name} from worker {sender}, which is not registered")
+                self._rejoin_notice(sender, identity)
+            return
+        self._replay.commit(header)
         if kind == MessageType.HELLO:
             try:
                 info = parse_json_payload(payload, peer=f"worker {sender}")
@@ -459,18 +471,13 @@ class Controller:
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
             self._send(identity, self._params_frame(current=not fresh))
         elif kind == MessageType.BYE:
-            if self._peers.get(sender) == identity:
-                del self._peers[sender]
-        elif kind in (MessageType.UPDATE, MessageType.SYNC, MessageType.PARAMS_REQUEST):
-            if self._peers.get(sender) != identity:
-                self._reject("not_joined", f"{kind.name} from worker {sender}, which is not registered")
-                self._rejoin_notice(sender, identity)
-            elif kind == MessageType.UPDATE:
-                self._apply_and_relay(identity, header, payload, frame)
-            elif kind == MessageType.SYNC:
-                self._send(identity, self._control_frame(MessageType.SYNC_ACK))
-            else:
-                self._send(identity, self._params_frame())
+            del self._peers[sender]
+        elif kind == MessageType.UPDATE:
+            self._apply_and_relay(identity, header, payload, frame)
+        elif kind == MessageType.SYNC:
+            self._send(identity, self._control_frame(MessageType.SYNC_ACK))
+        elif kind == MessageType.PARAMS_REQUEST:
+            self._send(identity, self._params_frame())
         else:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
             self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
@@ -585,7 +592,8 @@ class WorkerConnection:
         header, payload = decode_frame(frame, self._key, peer=peer)
         if header.job_id != self.job_id:
             raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
-        self._replay.admit(header, peer)
+        self._replay.check(header, peer)
+        self._replay.commit(header)
         return header, payload
 
     def _receive(self, timeout_ms: int) -> tuple[Header, memoryview] | None:
