@@ -706,16 +706,31 @@ class WorkerConnection:
         self._send(MessageType.SYNC)
         self._wait_for(MessageType.SYNC_ACK, self._config.sync_timeout_ms, on_update, "SYNC")
 
+    def _controller_left(self) -> bool:
+        """Whether the controller already said BYE or reported an error (reads what has arrived)."""
+        try:
+            while (got := self._receive(0)) is not None:
+                if got[0].message_type == MessageType.BYE:
+                    return True
+        except TransportError:
+            return True
+        return False
+
     def close(self) -> None:
-        """Say BYE (best effort) and close the socket and context (idempotent)."""
+        """Say BYE unless the controller has left (best effort), close the socket and context (idempotent).
+
+        A BYE after the controller's own would reach the next fit's controller on the same port as a
+        frame it cannot authenticate.
+        """
         if self._closed:
             return
         self._closed = True
         self._sock.setsockopt(zmq.SNDTIMEO, 0)
-        try:
-            self._send(MessageType.BYE)
-        except TransportError:
-            pass
+        if not self._controller_left():
+            try:
+                self._send(MessageType.BYE)
+            except TransportError:
+                pass
         self._sock.close()
         self._ctx.term()
 
