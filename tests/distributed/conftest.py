@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import socket
+import sys
+from pathlib import Path
 
 import pytest
+
+# wire_helpers.py beside this file: `from wire_helpers import ...`.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture

@@ -2,63 +2,113 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import logging
+import math
 import multiprocessing as mp
+import re
 import socket
 import threading
 import time
 
 import numpy as np
 import pytest
+import zmq
+from wire_helpers import (
+    FAST,
+    REFERENCE,
+    SECRET,
+    controller,
+    raw_dealer,
+    sparse_decode,
+    sparse_message,
+    wait_until,
+)
+from zmq.utils.monitor import recv_monitor_message
 
-from sparkgrad.errors import CorruptDataError, TransportError
+from sparkgrad.errors import TransportError
 from sparkgrad.transport import (
     HEADER_SIZE,
+    THRESHOLD_GROWTH_LIMIT,
     Controller,
     Flag,
+    FrameKey,
+    FrameRejected,
     MessageType,
+    RejoinRequired,
     WorkerConnection,
     ZmqTransportConfiguration,
     decode_frame,
     encode_frame,
 )
+from sparkgrad.transport.zmq_transport import RateLimitedLog
 
 pytestmark = pytest.mark.distributed
 
 
-def sparse_decode(message: np.ndarray, target: np.ndarray) -> None:
-    """Minimal decoder of the sparse threshold format (the transport is format-agnostic)."""
-    n = int(message[0])
-    threshold = np.frombuffer(np.int32(message[2]).tobytes(), dtype=np.float32)[0]
-    entries = message[4 : 4 + n]
-    np.add.at(target, np.abs(entries) - 1, np.sign(entries) * threshold)
-
-
-def sparse_message(indices: list[int], signs: list[int], length: int, threshold: float) -> np.ndarray:
-    bits = np.frombuffer(np.float32(threshold).tobytes(), dtype=np.int32)[0]
-    entries = [s * (i + 1) for i, s in zip(indices, signs)]
-    return np.array([len(entries), length, bits, 0, *entries], dtype=np.int32)
-
-
-FAST = ZmqTransportConfiguration(connect_timeout_ms=800, sync_timeout_ms=3000, poll_interval_ms=10)
+KEY = FrameKey(SECRET)
 
 
 def test_frame_round_trip_and_layout() -> None:
     payload = np.arange(6, dtype=np.int32)
     frame = encode_frame(
-        MessageType.UPDATE, 2**63 + 5, 7, 2**32 + 3, memoryview(payload), iteration=-2, epoch=4
+        KEY, MessageType.UPDATE, 2**63 + 5, 7, 2**32 - 1, memoryview(payload), iteration=-2, epoch=4
     )
     assert HEADER_SIZE == 80 and len(frame) == 80 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 1 and frame[5] == MessageType.UPDATE
+    assert frame[:4] == b"SGRD" and frame[4] == 2 and frame[5] == MessageType.UPDATE
+    assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
-    header, body = decode_frame(frame)
+    header, body = decode_frame(frame, KEY)
     assert (header.message_type, header.job_id, header.sender, header.sequence) == (
         MessageType.UPDATE,
         2**63 + 5,
         7,
-        3,
+        2**32 - 1,
     )
-    assert (header.iteration, header.epoch, header.payload_length, header.flags) == (-2, 4, 24, Flag.NONE)
+    assert (header.iteration, header.epoch, header.payload_length, header.flags) == (
+        -2,
+        4,
+        24,
+        Flag.AUTHENTICATED,
+    )
     np.testing.assert_array_equal(np.frombuffer(body, dtype="<i4"), payload)
+
+
+def test_tag_is_hmac_sha256_of_header_with_zero_tag_and_payload() -> None:
+    frame = encode_frame(KEY, MessageType.HELLO, 3, 9, 4, b'{"a":1}')
+    unsigned = bytes(frame[:44]) + bytes(32) + bytes(frame[76:])
+    assert bytes(frame[44:76]) == hmac.new(SECRET, unsigned, hashlib.sha256).digest()
+
+
+def test_sequence_must_fit_32_bits() -> None:
+    with pytest.raises(ValueError, match="sequence"):
+        encode_frame(KEY, MessageType.SYNC, 1, 1, 2**32)
+
+
+@pytest.mark.parametrize("offset", [0, 4, 5, 6, 8, 16, 20, 24, 28, 32, 40, 44, 75, 76, 80, 83])
+def test_any_tampered_byte_is_rejected(offset: int) -> None:
+    frame = encode_frame(KEY, MessageType.UPDATE, 1, 1, 0, memoryview(np.arange(1, 2, dtype=np.int32)))
+    frame[offset] ^= 0x01
+    with pytest.raises(FrameRejected):
+        decode_frame(frame, KEY, peer="tester")
+
+
+def test_wrong_key_and_missing_flag_are_unauthenticated() -> None:
+    frame = encode_frame(FrameKey(bytes(32)), MessageType.SYNC, 1, 1, 0)
+    with pytest.raises(FrameRejected, match="authentication") as info:
+        decode_frame(frame, KEY)
+    assert info.value.reason == "unauthenticated"
+    frame = encode_frame(KEY, MessageType.SYNC, 1, 1, 0)
+    frame[6:8] = b"\x00\x00"  # flag cleared (the tag no longer matches either)
+    with pytest.raises(FrameRejected, match="authentication"):
+        decode_frame(frame, KEY)
+
+
+@pytest.mark.parametrize("secret", [b"short", bytes(31), "00" * 32, None])
+def test_frame_key_needs_32_bytes(secret) -> None:
+    with pytest.raises(ValueError, match="secret"):
+        FrameKey(secret)
 
 
 @pytest.mark.parametrize(
@@ -66,26 +116,40 @@ def test_frame_round_trip_and_layout() -> None:
     [
         (lambda f: f[:40], "shorter"),
         (lambda f: b"XXXX" + f[4:], "magic"),
-        (lambda f: f[:4] + b"\x09" + f[5:], "version"),
-        (lambda f: f[:5] + b"\x63" + f[6:], "message type"),
-        (lambda f: f + b"\x00", "payload bytes"),
-        (lambda f: f[:-1], "payload bytes"),
+        (lambda f: f[:4] + b"\x01" + f[5:], "version 1"),
+        (lambda f: f + b"\x00", "authentication"),
+        (lambda f: f[:-1], "authentication"),
     ],
 )
 def test_corrupt_frames_are_rejected(mutate, match) -> None:
-    frame = encode_frame(MessageType.UPDATE, 1, 1, 0, memoryview(np.zeros(3, np.int32)))
-    with pytest.raises(CorruptDataError, match=match):
-        decode_frame(mutate(frame), peer="tester")
+    frame = bytes(encode_frame(KEY, MessageType.UPDATE, 1, 1, 0, memoryview(np.zeros(3, np.int32))))
+    with pytest.raises(FrameRejected, match=match):
+        decode_frame(mutate(frame), KEY, peer="tester")
 
 
-def test_update_payload_must_be_int32_words() -> None:
-    frame = encode_frame(MessageType.UPDATE, 1, 1, 0, b"abcdef")
-    with pytest.raises(CorruptDataError, match="int32"):
-        decode_frame(frame)
+@pytest.mark.parametrize(
+    "payload, match",
+    [(b"abcdef", "int32"), (None, "payload bytes"), (b"", "message type")],
+)
+def test_authentic_but_inconsistent_frames_are_rejected(payload, match) -> None:
+    """A signer with the key can still produce nonsense; the parser rejects it after the tag check."""
+    kind = MessageType.UPDATE
+    if match == "message type":
+        frame = encode_frame(KEY, kind, 1, 1, 0, payload)
+        frame[5] = 0x63
+    elif payload is None:
+        frame = encode_frame(KEY, kind, 1, 1, 0, b"abcd")
+        frame[40:44] = (8).to_bytes(4, "little")
+    else:
+        frame = encode_frame(KEY, kind, 1, 1, 0, payload)
+    frame[44:76] = bytes(32)
+    KEY.seal(frame)
+    with pytest.raises(FrameRejected, match=match):
+        decode_frame(frame, KEY)
 
 
 def _worker_thread(port, job, wid, messages, received, params_out, barrier):
-    conn = WorkerConnection("127.0.0.1", port, job, wid, FAST)
+    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 10, FAST)
     try:
         params, _, _ = conn.hello({"worker": wid})
         barrier.wait(10)  # both registered before anything is sent: every update is relayed
@@ -119,7 +183,16 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
         2: [sparse_message([3, 4], [1, 1], n, 0.5)],
     }
     barrier = threading.Barrier(2)
-    with Controller(np.zeros(n, np.float32), job, "127.0.0.1", free_port, FAST, decode=sparse_decode) as ctl:
+    with Controller(
+        np.zeros(n, np.float32),
+        job,
+        SECRET,
+        "127.0.0.1",
+        free_port,
+        FAST,
+        decode=sparse_decode,
+        threshold_reference=REFERENCE,
+    ) as ctl:
         received: dict = {}
         params_out: dict = {}
         threads = [
@@ -147,8 +220,17 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
 
 
 def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
-    with Controller(np.ones(3, np.float32), 8, "127.0.0.1", free_port, FAST, decode=sparse_decode):
-        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, FAST)
+    with Controller(
+        np.ones(3, np.float32),
+        8,
+        SECRET,
+        "127.0.0.1",
+        free_port,
+        FAST,
+        decode=sparse_decode,
+        threshold_reference=REFERENCE,
+    ):
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
         try:
             params, _, _ = conn.hello({"has_initial_params": True})
             assert params is None
@@ -161,16 +243,24 @@ def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
 def test_late_joiner_pulls_current_params(free_port: int) -> None:
     job = 42
     with Controller(
-        np.ones(4, np.float64), job, "127.0.0.1", free_port, FAST, decode=sparse_decode, iteration=7
+        np.ones(4, np.float64),
+        job,
+        SECRET,
+        "127.0.0.1",
+        free_port,
+        FAST,
+        decode=sparse_decode,
+        threshold_reference=REFERENCE,
+        iteration=7,
     ) as ctl:
-        a = WorkerConnection("127.0.0.1", free_port, job, 1, FAST)
+        a = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, 4, FAST)
         try:
             a.hello({})
             a.send_update(sparse_message([1], [1], 4, 2.0), 11, 0)
             a.sync(lambda h, m: None)
         finally:
             a.close()
-        b = WorkerConnection("127.0.0.1", free_port, job, 2, FAST)
+        b = WorkerConnection("127.0.0.1", free_port, job, 2, SECRET, 4, FAST)
         try:
             params, iteration, _ = b.hello({})
         finally:
@@ -186,12 +276,21 @@ def test_port_in_use_fails_fast() -> None:
         port = s.getsockname()[1]
         start = time.monotonic()
         with pytest.raises(TransportError, match=f"127.0.0.1:{port}"):
-            Controller(np.zeros(2, np.float32), 1, "127.0.0.1", port, FAST, decode=sparse_decode)
+            Controller(
+                np.zeros(2, np.float32),
+                1,
+                SECRET,
+                "127.0.0.1",
+                port,
+                FAST,
+                decode=sparse_decode,
+                threshold_reference=REFERENCE,
+            )
         assert time.monotonic() - start < 5
 
 
 def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
-    conn = WorkerConnection("127.0.0.1", free_port, 1, 3, FAST)
+    conn = WorkerConnection("127.0.0.1", free_port, 1, 3, SECRET, 3, FAST)
     start = time.monotonic()
     try:
         with pytest.raises(TransportError, match="no answer to HELLO"):
@@ -201,22 +300,33 @@ def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
     assert time.monotonic() - start < 5
 
 
-def test_wrong_job_is_rejected(free_port: int) -> None:
-    with Controller(np.zeros(2, np.float32), 1, "127.0.0.1", free_port, FAST, decode=sparse_decode) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 2, 3, FAST)
+def test_wrong_job_gets_no_reply(free_port: int) -> None:
+    with controller(np.zeros(2, np.float32), 1, free_port) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 2, 3, SECRET, 2, FAST)
         try:
-            with pytest.raises(TransportError, match="job"):
+            with pytest.raises(TransportError, match="no answer to HELLO"):
                 conn.hello({})
         finally:
-            conn.close()
-        assert ctl.updates_applied == 0
+            conn.close()  # its BYE is for the wrong job too
+        assert wait_until(lambda: ctl.counters.frames_rejected >= 2)
+        assert ctl.counters.rejected_reasons == {"wrong_job": 2}
+        assert ctl.updates_applied == 0 and ctl.counters.messages_sent == 0
 
 
 def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
-    with Controller(np.zeros(3, np.float32), 9, "127.0.0.1", free_port, FAST, decode=sparse_decode) as ctl:
+    with Controller(
+        np.zeros(3, np.float32),
+        9,
+        SECRET,
+        "127.0.0.1",
+        free_port,
+        FAST,
+        decode=sparse_decode,
+        threshold_reference=REFERENCE,
+    ) as ctl:
         with socket.create_connection(("127.0.0.1", free_port)) as s:
             s.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
-        conn = WorkerConnection("127.0.0.1", free_port, 9, 1, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 3, FAST)
         try:
             conn.hello({})
             conn.send_update(sparse_message([2], [-1], 3, 1.0), 1, 0)
@@ -228,7 +338,7 @@ def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
 
 
 def _process_worker(port: int, job: int, wid: int, queue) -> None:
-    conn = WorkerConnection("127.0.0.1", port, job, wid, FAST)
+    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 4, FAST)
     try:
         params, _, _ = conn.hello({"pid": wid})
         conn.send_update(sparse_message([wid], [1], 4, 1.0), 1, 0)
@@ -242,7 +352,16 @@ def _process_worker(port: int, job: int, wid: int, queue) -> None:
 def test_workers_in_separate_processes(free_port: int) -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with Controller(np.zeros(4, np.float32), 77, "127.0.0.1", free_port, FAST, decode=sparse_decode) as ctl:
+    with Controller(
+        np.zeros(4, np.float32),
+        77,
+        SECRET,
+        "127.0.0.1",
+        free_port,
+        FAST,
+        decode=sparse_decode,
+        threshold_reference=REFERENCE,
+    ) as ctl:
         procs = [ctx.Process(target=_process_worker, args=(free_port, 77, w, queue)) for w in (1, 2, 3)]
         for p in procs:
             p.start()
@@ -257,10 +376,269 @@ def test_workers_in_separate_processes(free_port: int) -> None:
 def test_close_leaves_no_threads(free_port: int) -> None:
     before = {t.ident for t in threading.enumerate()}
     for _ in range(3):
-        ctl = Controller(np.zeros(2, np.float32), 5, "127.0.0.1", free_port, FAST, decode=sparse_decode)
-        conn = WorkerConnection("127.0.0.1", free_port, 5, 1, FAST)
+        ctl = Controller(
+            np.zeros(2, np.float32),
+            5,
+            SECRET,
+            "127.0.0.1",
+            free_port,
+            FAST,
+            decode=sparse_decode,
+            threshold_reference=REFERENCE,
+        )
+        conn = WorkerConnection("127.0.0.1", free_port, 5, 1, SECRET, 2, FAST)
         conn.hello({})
         conn.close()
         ctl.close()
         ctl.close()
     assert {t.ident for t in threading.enumerate()} == before
+
+
+def _recv(sock: zmq.Socket, timeout_ms: int = 10000) -> bytes | None:
+    return sock.recv() if sock.poll(timeout_ms, zmq.POLLIN) else None
+
+
+def test_unauthenticated_frames_get_no_reply(free_port: int) -> None:
+    """Forged, unsigned and junk frames are answered by nothing: the first reply on the connection is
+    the PARAMS for the authentic HELLO sent after them (ZeroMQ keeps per-connection order)."""
+    with controller(np.arange(3, dtype=np.float32), 0x5EC, free_port) as ctl:
+        ctx = zmq.Context()
+        sock = raw_dealer(ctx, free_port)
+        try:
+            unsigned = encode_frame(KEY, MessageType.HELLO, 0x5EC, 4, 0, b"{}")
+            unsigned[6:8] = b"\x00\x00"
+            unsigned[44:76] = bytes(32)
+            for frame in (
+                encode_frame(FrameKey(b"k" * 32), MessageType.HELLO, 0x5EC, 4, 0, b"{}"),
+                unsigned,
+                b"\x00" * 10,
+                b"SGRD" + bytes(200),
+            ):
+                sock.send(frame)
+            sock.send(encode_frame(KEY, MessageType.HELLO, 0x5EC, 4, 0, b"{}"))
+            header, payload = decode_frame(_recv(sock), KEY)
+            assert header.message_type == MessageType.PARAMS
+            np.testing.assert_array_equal(np.frombuffer(payload, "<f4"), [0, 1, 2])
+            assert sock.poll(100, zmq.POLLIN) == 0
+        finally:
+            sock.close()
+            ctx.term()
+        assert ctl.counters.rejected_reasons == {"unauthenticated": 2, "malformed": 2}
+        assert ctl.counters.messages_sent == 1
+
+
+def test_replayed_and_reordered_frames_are_rejected(free_port: int) -> None:
+    job = 0x77
+    with controller(np.zeros(4, np.float32), job, free_port) as ctl:
+        ctx = zmq.Context()
+        sock = raw_dealer(ctx, free_port)
+        try:
+            update = encode_frame(
+                KEY, MessageType.UPDATE, job, 5, 1, memoryview(sparse_message([2], [1], 4, 0.5))
+            )
+            for frame in (
+                encode_frame(KEY, MessageType.HELLO, job, 5, 0, b"{}"),
+                update,
+                update,  # replay
+                encode_frame(KEY, MessageType.UPDATE, job, 5, 0, memoryview(sparse_message([1], [1], 4, 1))),
+                encode_frame(KEY, MessageType.SYNC, job, 5, 2),
+            ):
+                sock.send(frame)
+            kinds = [decode_frame(_recv(sock), KEY)[0].message_type for _ in range(2)]
+            assert kinds == [MessageType.PARAMS, MessageType.SYNC_ACK]
+        finally:
+            sock.close()
+            ctx.term()
+        np.testing.assert_array_equal(ctl.params(), [0, 0, -0.5, 0])
+        assert ctl.updates_applied == 1 and ctl.counters.rejected_reasons == {"replay": 2}
+
+
+def test_oversized_frame_disconnects_the_sender_and_is_never_received(free_port: int) -> None:
+    n = 2000  # largest frame: header + 4 * (n + 4) bytes (sparse message with every element)
+    limit = HEADER_SIZE + 4 * (n + 4)
+    with controller(np.zeros(n, np.float32), 3, free_port) as ctl:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sock.connect(f"tcp://127.0.0.1:{free_port}")
+        try:
+            events = []
+            while zmq.EVENT_CONNECTED not in events:
+                assert monitor.poll(10000)
+                events.append(recv_monitor_message(monitor)["event"])
+            sock.send(b"\x01" * limit)  # exactly the limit: received (and rejected)
+            sock.send(b"\x02" * (limit + 1))  # one byte more: ZeroMQ drops the connection
+            while zmq.EVENT_DISCONNECTED not in events:
+                assert monitor.poll(10000)
+                events.append(recv_monitor_message(monitor)["event"])
+        finally:
+            sock.disable_monitor()
+            monitor.close()
+            sock.close()
+            ctx.term()
+        assert wait_until(lambda: ctl.counters.frames_rejected >= 1)
+        assert ctl.counters.rejected_reasons == {"malformed": 1}
+        assert ctl.counters.bytes_received == limit and ctl.counters.messages_received == 1
+
+
+def test_rate_limited_log_counts_what_it_suppresses(caplog) -> None:
+    now = [0.0]
+    limited = RateLimitedLog(
+        logging.getLogger("test.rate"), "x", burst=3, per_second=2.0, clock=lambda: now[0]
+    )
+    with caplog.at_level(logging.WARNING, logger="test.rate"):
+        for i in range(10):
+            limited.warning(f"line {i}")
+        now[0] = 1.0  # two more lines allowed
+        for i in range(10, 20):
+            limited.warning(f"line {i}")
+        limited.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "x: line 0",
+        "x: line 1",
+        "x: line 2",
+        "x: 7 similar messages suppressed",
+        "x: line 10",
+        "x: line 11",
+        "x: 8 similar messages suppressed",
+    ]
+
+
+def test_controller_logs_bad_frames_rate_limited(free_port: int, caplog) -> None:
+    bad = 1000
+    with caplog.at_level(logging.WARNING, logger="sparkgrad.transport.zmq_transport"):
+        with controller(np.zeros(3, np.float32), 4, free_port) as ctl:
+            ctx = zmq.Context()
+            sock = raw_dealer(ctx, free_port)
+            try:
+                for _ in range(bad):
+                    sock.send(b"junk")
+                assert wait_until(lambda: ctl.counters.frames_rejected >= bad)
+            finally:
+                sock.close()
+                ctx.term()
+    lines = [r.getMessage() for r in caplog.records]
+    dropped = [line for line in lines if "dropped frame (malformed)" in line]
+    suppressed = [
+        int(re.search(r"(\d+) similar messages suppressed", x).group(1)) for x in lines if "similar" in x
+    ]
+    assert len(dropped) + sum(suppressed) == bad == ctl.counters.frames_rejected
+    assert len(lines) == len(dropped) + len(suppressed) and len(dropped) < bad // 10
+
+
+def _failing_decode(message: np.ndarray, target: np.ndarray) -> None:
+    raise RuntimeError("injected decode failure")
+
+
+def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) -> None:
+    ctl = controller(np.zeros(3, np.float32), 6, free_port, decode=_failing_decode)
+    conn = WorkerConnection("127.0.0.1", free_port, 6, 1, SECRET, 3, FAST)
+    try:
+        conn.hello({})
+        conn.send_update(sparse_message([0], [1], 3, 1.0), 1, 0)
+        with pytest.raises(TransportError, match="controller failed: RuntimeError: injected decode failure"):
+            conn.sync(lambda h, m: None)
+        assert isinstance(ctl.error, RuntimeError)
+        with pytest.raises(TransportError, match="injected decode failure"):
+            ctl.check()
+    finally:
+        conn.close()
+        ctl.close()
+
+
+@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 16.5])
+def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, threshold: float) -> None:
+    with controller(np.ones(3, np.float32), 8, free_port) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
+        try:
+            conn.hello({})
+            conn.send_update(sparse_message([0], [1], 3, threshold), 1, 0)
+            with pytest.raises(TransportError, match="threshold"):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), [1, 1, 1])
+        assert ctl.updates_applied == 0 and ctl.counters.rejected_reasons == {"threshold": 1}
+
+
+def test_threshold_bound_follows_each_workers_accepted_thresholds(free_port: int) -> None:
+    """The bound is THRESHOLD_GROWTH_LIMIT x max(reference, the sender's last accepted threshold)."""
+    assert THRESHOLD_GROWTH_LIMIT == 16
+    steps = [16.0, 256.0, 4096.0]  # each exactly the limit over the previous one
+    with controller(np.zeros(2, np.float64), 9, free_port) as ctl:
+        a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
+        b = WorkerConnection("127.0.0.1", free_port, 9, 2, SECRET, 2, FAST)
+        try:
+            a.hello({})
+            b.hello({})
+            for t in steps:
+                a.send_update(sparse_message([0], [1], 2, t), 1, 0)
+            a.sync(lambda h, m: None)
+            b.send_update(sparse_message([1], [1], 2, 256.0), 1, 0)  # b's own history is the reference
+            with pytest.raises(TransportError, match="threshold"):
+                b.sync(lambda h, m: None)
+        finally:
+            a.close()
+            b.close()
+        np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
+
+
+def test_bitmap_threshold_is_checked_too(free_port: int) -> None:
+    from sparkgrad.compress import bitmap_encode, decode, message_threshold
+
+    message, _ = bitmap_encode(np.full(40, 1e30, np.float32), 1e30)
+    assert message[3] == 1 and message_threshold(message) == np.float32(1e30)
+    with controller(np.zeros(40, np.float32), 10, free_port, decode=decode) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 10, 1, SECRET, 40, FAST)
+        try:
+            conn.hello({})
+            conn.send_update(message, 1, 0)
+            with pytest.raises(TransportError, match="threshold"):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), np.zeros(40, np.float32))
+
+
+def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port: int) -> None:
+    """A worker that stops reading is dropped; its next frame is refused with a re-join request, and
+    after re-joining its parameters equal the controller's: it never silently diverges."""
+    from sparkgrad.compress import decode
+
+    n = 1 << 18  # 1 MiB update frames fill the socket buffers in a few dozen frames
+    config = ZmqTransportConfiguration(
+        connect_timeout_ms=10000, sync_timeout_ms=20000, poll_interval_ms=10, high_water_mark=2
+    )
+    t = 2.0**-10  # exact in float32: sums below are exact
+    everything = np.array([n, n, np.float32(t).view(np.int32), 0, *range(1, n + 1)], dtype=np.int32)
+    with controller(np.zeros(n, np.float32), 11, free_port, decode=decode, config=config) as ctl:
+        fast = WorkerConnection("127.0.0.1", free_port, 11, 1, SECRET, n, config)
+        slow = WorkerConnection("127.0.0.1", free_port, 11, 2, SECRET, n, config)
+        try:
+            fast.hello({})
+            slow.hello({})
+            sent = 0
+            while ctl.counters.peers_dropped == 0 and sent < 500:
+                fast.send_update(everything, 1, 0)
+                fast.sync(lambda h, m: None)
+                sent += 1
+            assert ctl.counters.peers_dropped == 1
+            slow.send_update(sparse_message([0], [1], n, 1.0), 2, 0)  # refused: not registered any more
+            relayed = []
+            with pytest.raises(RejoinRequired, match="re-join"):
+                assert wait_until(lambda: slow.drain(lambda h, m: relayed.append(h.sender)) < 0)
+            params, _, _ = slow.hello({"rejoin": True})
+            np.testing.assert_array_equal(params, np.full(n, -t * sent, np.float32))
+            np.testing.assert_array_equal(ctl.params(), params)
+            slow.send_update(sparse_message([5], [-1], n, 1.0), 3, 0)  # registered again: applied
+            slow.sync(lambda h, m: None)
+            fast.sync(lambda h, m: None)
+        finally:
+            fast.close()
+            slow.close()
+        expected = np.full(n, -t * sent, np.float32)
+        expected[5] += 1.0
+        np.testing.assert_array_equal(ctl.params(), expected)
+        assert ctl.updates_applied == sent + 1 and set(relayed) == {1}
+        assert ctl.counters.rejected_reasons == {"not_joined": 1}

@@ -76,6 +76,7 @@ def test_shared_training_master_reaches_95_percent(shared_fit, digits) -> None:
     traffic = master.last_traffic
     n = sm.network.num_params()
     assert traffic["workers"] >= 1 and traffic["updates_applied"] >= 1
+    assert traffic["controller_frames_rejected"] == 0  # every frame of a clean fit authenticates
     steps = traffic["worker_minibatches"]
     assert steps == -(-digits[0].num_examples() // 16) or steps >= 45  # every minibatch trained
     # gradient payloads are threshold-encoded: far fewer bytes than dense float32 updates

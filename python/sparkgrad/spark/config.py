@@ -6,10 +6,11 @@ import enum
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkgrad._config import Config, check_int
+from sparkgrad.transport.frame import MIN_SECRET_BYTES
 
 if TYPE_CHECKING:
     from pyspark import RDD, StorageLevel
@@ -82,18 +83,25 @@ def storage_level(name: str) -> StorageLevel:
 
 @dataclass
 class VoidConfiguration(Config):
-    """Where the gradient-sharing controller listens.
+    """Where the gradient-sharing controller listens, and the secret that authenticates its frames.
 
     Args:
         unicast_port: controller TCP port on the driver.
         controller_address: explicit controller address; else ``SPARKGRAD_VOID_IP``, else the local
             address inside ``network_mask``, else the driver host Spark reports.
-        network_mask: CIDR such as ``"10.0.0.0/8"`` selecting the driver interface to use.
+        network_mask: CIDR string such as ``"10.0.0.0/8"`` selecting the driver interface to use.
+        secret: the key that authenticates every gradient-sharing frame (HMAC-SHA256), as bytes or a
+            hex string of at least 32 bytes, e.g. from your own key store. None (the default): every fit
+            draws a fresh random 256-bit secret, which is the better choice unless you need to know the
+            key. The secret is never serialised: ``to_dict``/``to_json``/``to_yaml`` leave it out and
+            ``repr`` hides it, so a saved configuration holds no key (pass it again after loading).
+            It is excluded from equality.
     """
 
     unicast_port: int = 40123
     controller_address: str | None = None
     network_mask: str | None = None
+    secret: bytes | str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.unicast_port = check_int("unicast_port", self.unicast_port, minimum=1, maximum=65535)
@@ -104,10 +112,22 @@ class VoidConfiguration(Config):
                 f"controller_address: expected a host name or IP, got {self.controller_address!r}"
             )
         if self.network_mask is not None:
+            if not isinstance(self.network_mask, str):
+                raise ValueError(
+                    f"network_mask: expected a CIDR string such as '10.0.0.0/8', got {self.network_mask!r}"
+                )
             try:
                 ipaddress.ip_network(self.network_mask, strict=False)
-            except (TypeError, ValueError) as exc:
+            except ValueError as exc:
                 raise ValueError(f"network_mask: not a CIDR network ({exc})") from None
+        if self.secret is not None:
+            self.secret = _check_secret(self.secret)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The serialisable mapping, without ``secret`` (a key never goes into a config file)."""
+        out = super().to_dict()
+        del out["secret"]
+        return out
 
     def resolve_controller_address(self, spark_driver_host: str | None) -> str:
         """The address workers connect to (resolution order documented on the class).
@@ -131,6 +151,23 @@ class VoidConfiguration(Config):
         if spark_driver_host:
             return spark_driver_host
         return "127.0.0.1"
+
+
+def _check_secret(value: Any) -> bytes:
+    """A user secret as bytes: bytes, or a hex string; at least MIN_SECRET_BYTES long."""
+    if isinstance(value, str):
+        try:
+            value = bytes.fromhex(value)
+        except ValueError:
+            raise ValueError("secret: a string secret must be hexadecimal") from None
+    if not isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"secret: expected bytes or a hex string, got {type(value).__name__}")
+    if len(value) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"secret: must hold at least {MIN_SECRET_BYTES} bytes ({8 * MIN_SECRET_BYTES} bits), "
+            f"got {len(value)}"
+        )
+    return bytes(value)
 
 
 def _local_addresses() -> list[str]:

@@ -12,6 +12,15 @@ controller, so by the time the Spark stage completes the controller has applied 
 The final model is the controller's copy; updater state, score and threshold-algorithm state are
 averaged over the workers (one result per worker process: its latest) and the threshold state seeds the
 next fit.
+
+Security and failure handling: every fit draws a fresh random 256-bit secret (or uses
+``VoidConfiguration.secret``) that authenticates every frame (:mod:`sparkgrad.transport.frame`); it
+reaches the executors only inside the job broadcast. The driver watches the controller while the Spark
+job runs: if the controller thread fails, the job group is cancelled and the fit raises TrainingError
+with the controller's own error. A worker the controller dropped as a slow peer re-joins and replaces
+its parameters with the controller's (its residual, the update mass it never sent, is kept). A task that
+fails any other way discards its process's worker, so a Spark retry starts a fresh worker (new worker
+id) that pulls the current parameters.
 """
 
 from __future__ import annotations
@@ -19,8 +28,10 @@ from __future__ import annotations
 import atexit
 import fcntl
 import logging
+import math
 import os
 import random
+import secrets
 import socket
 import tempfile
 import time
@@ -49,7 +60,13 @@ from sparkgrad.spark.config import (
     check_storage_level,
 )
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
-from sparkgrad.transport import Controller, Header, WorkerConnection, ZmqTransportConfiguration
+from sparkgrad.transport import (
+    Controller,
+    Header,
+    RejoinRequired,
+    WorkerConnection,
+    ZmqTransportConfiguration,
+)
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -71,12 +88,18 @@ WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
 
+SECRET_BYTES = 32  # 256-bit per-fit secret
+_MAX_REJOINS_PER_SYNC = 5
+_WATCH_INTERVAL_S = 0.2  # how often the driver checks the controller while the Spark job runs
+_CANCEL_WAIT_S = 60.0
+
 
 @dataclass
 class SharedJob:
     """Everything a worker needs for one fit (shipped in a broadcast)."""
 
     job_id: int
+    secret: bytes = field(repr=False)
     host: str
     port: int
     transport: ZmqTransportConfiguration
@@ -151,7 +174,16 @@ class SharedWorker:
         self.last_score = float("nan")
         self._decode = decode
         start = now_ms()
-        self.conn = WorkerConnection(job.host, job.port, job.job_id, self.worker_id, job.transport)
+        self.rejoins = 0
+        self.conn = WorkerConnection(
+            job.host,
+            job.port,
+            job.job_id,
+            self.worker_id,
+            job.secret,
+            job.snapshot.params.size,
+            job.transport,
+        )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
             snap = job.snapshot
@@ -183,13 +215,45 @@ class SharedWorker:
     def _on_peer(self, header: Header, message: np.ndarray) -> None:
         self._apply_message(message)
 
+    def _rejoin(self, reason: RejoinRequired) -> None:
+        """The controller dropped this worker: HELLO again and take the controller's parameters."""
+        log.warning("sparkgrad worker %s: %s; re-joining", self.tag, reason)
+        params, iteration, epoch = self.conn.hello(
+            {"host": socket.gethostname(), "pid": os.getpid(), "rejoin": True}
+        )
+        if params is None:
+            raise TrainingError(f"worker {self.tag}: the controller sent no parameters on re-join")
+        self.net.set_params(params)
+        self.net.iteration_count = max(int(self.net.iteration_count), iteration)
+        self.net.epoch_count = max(int(self.net.epoch_count), epoch)
+        self.rejoins += 1
+
+    def _sync(self) -> None:
+        """SYNC with the controller, re-joining (a bounded number of times) when it dropped this worker."""
+        for _ in range(_MAX_REJOINS_PER_SYNC):
+            try:
+                self.conn.sync(self._on_peer)
+                return
+            except RejoinRequired as exc:
+                self._rejoin(exc)
+        raise TrainingError(
+            f"worker {self.tag}: dropped by the controller {_MAX_REJOINS_PER_SYNC} times in a row as a slow "
+            "peer (raise ZmqTransportConfiguration.high_water_mark)"
+        )
+
     def step(self, ds: Any) -> None:
         """Train one minibatch: peers' updates, own update, encode, send, apply own message."""
         stats = self.stats
         with Timer(stats, WORKER_PEERS):
-            self.conn.drain(self._on_peer)
+            try:
+                self.conn.drain(self._on_peer)
+            except RejoinRequired as exc:
+                self._rejoin(exc)
         with Timer(stats, WORKER_COMPUTE, examples=ds.num_examples()):
-            update, self.last_score = self.net.compute_update(ds)
+            try:
+                update, self.last_score = self.net.compute_update(ds)
+            except TrainingError as exc:
+                raise TrainingError(f"worker {self.tag}: {exc}") from exc
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
         message = self.handler.encode(update, iteration, epoch)
@@ -256,7 +320,7 @@ class SharedWorker:
                     self.stats.add(WORKER_GET_DATA, event(t))
                 self.step(ds)
             with Timer(self.stats, WORKER_SYNC):
-                self.conn.sync(self._on_peer)
+                self._sync()
         finally:
             if lock is not None:
                 lock.release()
@@ -268,6 +332,8 @@ class SharedWorker:
             "bytes_received": c.bytes_received,
             "messages_sent": c.messages_sent,
             "messages_received": c.messages_received,
+            "frames_rejected": c.frames_rejected,
+            "rejoins": self.rejoins,
         }
         if self.stats is not None:
             self.stats.add(WORKER_TOTAL, event(start))
@@ -308,11 +374,85 @@ def _close_workers() -> None:
 
 def _shared_partition(job_bc: Any) -> Any:
     def run(units: Iterable[Any]) -> Iterator[dict[int, WorkerResult]]:
-        result = _worker_for(job_bc.value).run_task(units)
+        worker = _worker_for(job_bc.value)
+        try:
+            result = worker.run_task(units)
+        except BaseException:
+            # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
+            _WORKERS.pop(job_bc.value.job_id, None)
+            worker.close()
+            raise
         if result.minibatches:
             yield {result.worker_id: result}
 
     return run
+
+
+def _reference_threshold(algorithm: ThresholdAlgorithm | None) -> float:
+    """The threshold the workers of a fit start from: bounds the thresholds the controller accepts.
+
+    The largest of the algorithm's ``last_threshold`` (adaptive state), ``initial_threshold`` and
+    ``threshold`` (fixed) that is set; the default algorithm's initial threshold when there is none.
+    """
+    from sparkgrad.compress import AdaptiveThresholdAlgorithm
+
+    algorithm = algorithm or AdaptiveThresholdAlgorithm()
+    found = [
+        float(v)
+        for v in (getattr(algorithm, n, None) for n in ("last_threshold", "initial_threshold", "threshold"))
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    ]
+    if not found:
+        raise ValueError(
+            f"threshold_algorithm: {type(algorithm).__name__} has no positive last_threshold, "
+            "initial_threshold or threshold attribute (the controller bounds update thresholds by it)"
+        )
+    return max(found)
+
+
+def _run_watched(sc: SparkContext, controller: Controller, action: Any) -> Any:
+    """Run the Spark training action while watching the controller.
+
+    The action runs in a thread under its own job group; when the controller thread fails the group is
+    cancelled and TrainingError carries the controller's own error, instead of the timeouts and
+    network-blaming errors the workers would eventually report.
+
+    Args:
+        sc: the SparkContext.
+        controller: the fit's controller.
+        action: zero-argument callable running the Spark job.
+
+    Returns:
+        The action's result.
+    """
+    group = f"sparkgrad-shared-{controller.job_id:016x}"
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        sc.setJobGroup(group, "sparkgrad SharedTrainingMaster fit", interruptOnCancel=True)
+        try:
+            outcome["result"] = run_spark("training", action)
+        except BaseException as exc:  # re-raised on the calling thread
+            outcome["error"] = exc
+
+    from pyspark import InheritableThread  # keeps the caller's local properties (scheduler pool, ...)
+
+    thread = InheritableThread(target=target, name=group, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(_WATCH_INTERVAL_S)
+        if controller.error is not None:
+            sc.cancelJobGroup(group)
+            thread.join(_CANCEL_WAIT_S)
+            break
+    error = controller.error
+    if error is not None:
+        raise TrainingError(
+            f"training failed: the gradient-sharing controller failed: {type(error).__name__}: {error}"
+        ) from error
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
@@ -477,23 +617,28 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         except OSError as exc:
             raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
         job_id = random.SystemRandom().getrandbits(63) + 1
+        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
+        algorithm = self.current_threshold_algorithm
         controller = Controller(
             network.params(),
             job_id,
+            secret,
             bind,
             void.unicast_port,
             transport,
             iteration=int(network.iteration_count),
             epoch=int(network.epoch_count),
+            threshold_reference=_reference_threshold(algorithm),
         )
         try:
             job = SharedJob(
                 job_id,
+                secret,
                 host,
                 void.unicast_port,
                 transport,
                 NetworkSnapshot.of(network),
-                self.current_threshold_algorithm,
+                algorithm,
                 self.residual_post_processor,
                 data.kind,
                 data.loader,
@@ -506,15 +651,15 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             )
             bc = sc.broadcast(job)
             try:
-                results = run_spark(
-                    "training",
+                results = _run_watched(
+                    sc,
+                    controller,
                     lambda: units.mapPartitions(_shared_partition(bc)).treeAggregate(
                         {}, _latest, _latest, depth=4
                     ),
                 )
             finally:
                 bc.unpersist()
-            controller.check()
         finally:
             controller.close()
         network.set_params(controller.params())
@@ -526,6 +671,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             "controller_messages_received": c.messages_received,
             "controller_messages_sent": c.messages_sent,
             "controller_update_bytes_relayed": c.update_bytes,
+            "controller_frames_rejected": c.frames_rejected,
+            **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
+            "controller_peers_dropped": c.peers_dropped,
             "updates_applied": controller.updates_applied,
             "workers": len(controller.workers_seen),
         }

@@ -1,4 +1,4 @@
-"""The gradient-sharing wire format: one frame = a fixed 80-byte header + a payload.
+"""The gradient-sharing wire format: one frame = a fixed 80-byte header + a payload, authenticated.
 
 Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sI``, 80 bytes):
 
@@ -6,32 +6,59 @@ Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sI``, 80 bytes)
 offset size    field
 ====== ======= ====================================================================================
 0      4       magic ``b"SGRD"``
-4      1       version (currently 1; a receiver rejects any other version)
+4      1       version (currently 2; a receiver rejects any other version)
 5      1       message type (:class:`MessageType`)
 6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed)
 8      8       job id (unsigned; random per fit, frames of another job are rejected)
 16     4       sender id (worker id; 0 = controller)
 20     4       relay id (MESH: the node that forwarded the frame; ``NO_RELAY`` when sent directly)
-24     4       sequence number (per sender, starts at 0)
+24     4       sequence number (per sender, starts at 0, strictly increasing, never wraps)
 28     4       epoch
 32     8       iteration (signed)
 40     4       payload length in bytes
-44     32      authentication tag (reserved: zero unless the ``AUTHENTICATED`` flag is set)
+44     32      authentication tag: HMAC-SHA256 (see below)
 76     4       reserved (zero)
 ====== ======= ====================================================================================
+
+Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
+on the driver, or the user's ``VoidConfiguration.secret``). It reaches the executors inside the job's
+Spark broadcast and never travels on this wire. Every frame has the ``AUTHENTICATED`` flag set and
+carries ``HMAC-SHA256(secret, header-with-the-tag-field-zeroed || payload)`` in the tag field, so the
+tag covers every header field (flags, job id, sender, sequence, ...) and every payload byte. A
+receiver, the controller and the workers alike:
+
+1. checks the header length, magic and version, then the tag with :func:`hmac.compare_digest` before
+   it looks at anything else; a frame without the flag or with a wrong tag is dropped;
+2. drops a frame whose job id is not its own (a secret may be reused across fits, the job id never);
+3. drops a replay: the sequence number of each sender must be strictly greater than that sender's
+   last accepted one. A restarted worker gets a fresh random worker id, so it starts a new sequence.
+
+Only then is the payload parsed. The controller never answers a frame that fails these checks (no
+ERROR reply, nothing that reveals the job), so a stranger on the port learns nothing and changes
+nothing. The controller relays a worker's UPDATE with the ``RELAYED`` flag set; it holds the secret,
+so it re-signs the relayed frame (sender id and sequence stay the worker's, which keeps the replay
+rule per original sender on the receiving workers).
+
+Size limits (enforced by ZeroMQ ``MAXMSGSIZE`` on the receiving socket, so an oversized frame is
+never buffered, and checked again per message type): an UPDATE payload holds at most
+:func:`max_update_bytes` ``(num_params)`` bytes (the larger of the sparse and bitmap encodings of
+:mod:`sparkgrad.compress`), a PARAMS payload exactly ``num_params`` floats (or nothing), a control
+payload at most :data:`CONTROL_PAYLOAD_LIMIT` bytes.
 
 Payloads by message type:
 
 - ``UPDATE``: the raw int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32,
   ``payload length / 4`` words). Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
-- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``: UTF-8 JSON control data
-  (possibly empty).
+- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``: UTF-8 JSON object of control
+  data (possibly empty).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
 import struct
 from dataclasses import dataclass
@@ -42,12 +69,18 @@ import numpy as np
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 1
+VERSION = 2
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sI")
 HEADER_SIZE = _HEADER.size
 AUTH_TAG_SIZE = 32
+MIN_SECRET_BYTES = 32
+CONTROL_PAYLOAD_LIMIT = 4096
+_TAG_OFFSET = 44
+_TAG_END = _TAG_OFFSET + AUTH_TAG_SIZE
+_ZERO_TAG = bytes(AUTH_TAG_SIZE)
+_FLAGS = struct.Struct("<H")
 
 
 class MessageType(enum.IntEnum):
@@ -59,7 +92,7 @@ class MessageType(enum.IntEnum):
     SYNC = 4  # worker -> controller: "ack when everything I sent before this is applied"
     SYNC_ACK = 5  # controller -> worker
     BYE = 6  # either side: leaving / job over
-    ERROR = 7  # controller -> worker: JSON {"error": message}
+    ERROR = 7  # controller -> worker: JSON {"error": message, "rejoin": bool}
     PARAMS_REQUEST = 8  # worker -> controller: re-send the current parameters
 
 
@@ -68,8 +101,16 @@ class Flag(enum.IntFlag):
 
     NONE = 0
     FLOAT64 = 1  # PARAMS payload is float64 (else float32)
-    AUTHENTICATED = 2  # reserved: the auth tag holds an HMAC of header + payload
+    AUTHENTICATED = 2  # the auth tag holds an HMAC-SHA256 of header (tag zeroed) + payload
     RELAYED = 4  # the frame was forwarded by the controller or a MESH node
+
+
+class FrameRejected(CorruptDataError):
+    """A received frame failed a check; ``reason`` is a short key for the rejection counters."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -87,7 +128,54 @@ class Header:
     relay: int = NO_RELAY
 
 
+class FrameKey:
+    """The HMAC-SHA256 key of one fit: signs and verifies frames.
+
+    The keyed hash state is built once; every frame hashes on a copy of it, feeding header and payload
+    views without concatenating them.
+
+    Args:
+        secret: the fit's secret, at least 32 bytes.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, (bytes, bytearray)):
+            raise ValueError(f"secret: expected bytes, got {type(secret).__name__}")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"secret: must hold at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        self._base = hmac.new(bytes(secret), digestmod=hashlib.sha256)
+
+    def __repr__(self) -> str:
+        return "FrameKey(<secret>)"
+
+    def tag(self, frame: memoryview) -> bytes:
+        """The tag of a frame (at least a header long) as if its tag field were zero."""
+        mac = self._base.copy()
+        mac.update(frame[:_TAG_OFFSET])
+        mac.update(_ZERO_TAG)
+        mac.update(frame[_TAG_END:])
+        return mac.digest()
+
+    def seal(self, frame: bytearray) -> bytearray:
+        """Write the tag of ``frame`` (whose tag field is zero) into its tag field; returns ``frame``."""
+        mac = self._base.copy()
+        mac.update(frame)
+        frame[_TAG_OFFSET:_TAG_END] = mac.digest()
+        return frame
+
+    def verify(self, frame: memoryview) -> bool:
+        """Whether the tag field of ``frame`` (at least a header long) is right (constant time)."""
+        return hmac.compare_digest(self.tag(frame), frame[_TAG_OFFSET:_TAG_END])
+
+
+def max_update_bytes(num_params: int) -> int:
+    """The largest UPDATE payload for a vector of ``num_params``: the larger of the sparse message
+    (4 header words + at most one word per element) and the bitmap message (``N // 16 + 5`` words)."""
+    return 4 * max(4 + num_params, num_params // 16 + 5)
+
+
 def encode_frame(
+    key: FrameKey,
     message_type: MessageType,
     job_id: int,
     sender: int,
@@ -98,47 +186,75 @@ def encode_frame(
     epoch: int = 0,
     flags: Flag = Flag.NONE,
     relay: int = NO_RELAY,
-) -> bytes:
-    """Serialise one frame (header + payload).
+) -> bytearray:
+    """Serialise and sign one frame (header + payload); the ``AUTHENTICATED`` flag is always set.
 
     Args:
+        key: the fit's frame key.
         message_type: the frame type.
         job_id: 64-bit job id of the fit.
         sender: sender id (0 for the controller).
-        sequence: per-sender sequence number (wraps at 2**32).
+        sequence: per-sender sequence number in [0, 2**32).
         payload: payload bytes (raw int32 message, raw floats or JSON).
         iteration: training iteration the frame refers to.
         epoch: training epoch.
-        flags: header flags.
+        flags: header flags (``AUTHENTICATED`` is added).
         relay: forwarding node id (MESH), ``NO_RELAY`` otherwise.
 
     Returns:
-        The frame as bytes.
+        The signed frame.
     """
+    if not 0 <= sequence < 2**32:
+        raise ValueError(f"sequence: must be in [0, 2**32), got {sequence}")
     payload = memoryview(payload).cast("B")
-    header = _HEADER.pack(
+    frame = bytearray(HEADER_SIZE + payload.nbytes)
+    _HEADER.pack_into(
+        frame,
+        0,
         MAGIC,
         VERSION,
         int(message_type),
-        int(flags),
+        int(flags | Flag.AUTHENTICATED),
         job_id,
         sender,
         relay,
-        sequence & 0xFFFFFFFF,
+        sequence,
         epoch,
         iteration,
         payload.nbytes,
-        bytes(AUTH_TAG_SIZE),
+        _ZERO_TAG,
         0,
     )
-    return header + payload.tobytes()
+    frame[HEADER_SIZE:] = payload
+    return key.seal(frame)
 
 
-def decode_frame(frame: bytes | memoryview, peer: str = "peer") -> tuple[Header, memoryview]:
-    """Parse a frame; raises CorruptDataError naming ``peer`` for anything malformed.
+def relayed_frame(key: FrameKey, frame: bytes | memoryview) -> bytearray:
+    """A copy of an accepted frame with the ``RELAYED`` flag set, re-signed.
+
+    Args:
+        key: the fit's frame key.
+        frame: the frame as received (already verified).
+
+    Returns:
+        The signed relayed frame.
+    """
+    out = bytearray(frame)
+    (flags,) = _FLAGS.unpack_from(out, 6)
+    _FLAGS.pack_into(out, 6, flags | Flag.RELAYED)
+    out[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
+    return key.seal(out)
+
+
+def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -> tuple[Header, memoryview]:
+    """Authenticate and parse a frame; raises :class:`FrameRejected` naming ``peer`` otherwise.
+
+    Checks, in order: header length, magic, version, the ``AUTHENTICATED`` flag and the tag (constant
+    time), then message type and payload length. Job id and replay are the receiver's checks.
 
     Args:
         frame: the received bytes.
+        key: the fit's frame key.
         peer: a name for the sender used in error messages.
 
     Returns:
@@ -146,28 +262,34 @@ def decode_frame(frame: bytes | memoryview, peer: str = "peer") -> tuple[Header,
     """
     view = memoryview(frame).cast("B")
     if view.nbytes < HEADER_SIZE:
-        raise CorruptDataError(
-            f"frame from {peer}: {view.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header"
+        raise FrameRejected(
+            "malformed",
+            f"frame from {peer}: {view.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header",
         )
     magic, version, mtype, flags, job, sender, relay, seq, epoch, it, length, _tag, _res = (
         _HEADER.unpack_from(view)
     )
     if magic != MAGIC:
-        raise CorruptDataError(f"frame from {peer}: bad magic {magic!r} (not a sparkgrad frame)")
+        raise FrameRejected("malformed", f"frame from {peer}: bad magic {magic!r} (not a sparkgrad frame)")
     if version != VERSION:
-        raise CorruptDataError(f"frame from {peer}: unsupported wire version {version} (expected {VERSION})")
+        raise FrameRejected(
+            "malformed", f"frame from {peer}: unsupported wire version {version} (expected {VERSION})"
+        )
+    if not flags & Flag.AUTHENTICATED or not key.verify(view):
+        raise FrameRejected("unauthenticated", f"frame from {peer}: missing or wrong authentication tag")
     try:
         mtype = MessageType(mtype)
     except ValueError:
-        raise CorruptDataError(f"frame from {peer}: unknown message type {mtype}") from None
+        raise FrameRejected("malformed", f"frame from {peer}: unknown message type {mtype}") from None
     if length != view.nbytes - HEADER_SIZE:
-        raise CorruptDataError(
+        raise FrameRejected(
+            "malformed",
             f"frame from {peer}: header says {length} payload bytes, "
-            f"frame carries {view.nbytes - HEADER_SIZE}"
+            f"frame carries {view.nbytes - HEADER_SIZE}",
         )
     if mtype == MessageType.UPDATE and length % 4:
-        raise CorruptDataError(
-            f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"
+        raise FrameRejected(
+            "malformed", f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"
         )
     header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay)
     return header, view[HEADER_SIZE:]
@@ -191,29 +313,49 @@ def json_payload(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
-def parse_json_payload(payload: memoryview, peer: str = "peer") -> Any:
-    """Decode a control payload; empty means ``{}``."""
+def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any]:
+    """Decode a control payload: a JSON object of at most ``CONTROL_PAYLOAD_LIMIT`` bytes; empty is ``{}``.
+
+    Raises :class:`FrameRejected` (reason ``"control"``) for anything else: too long, not UTF-8, not
+    JSON, nested too deeply, or not an object.
+    """
     if not payload.nbytes:
         return {}
+    if payload.nbytes > CONTROL_PAYLOAD_LIMIT:
+        raise FrameRejected(
+            "control",
+            f"control payload from {peer}: {payload.nbytes} bytes exceeds {CONTROL_PAYLOAD_LIMIT}",
+        )
     try:
-        return json.loads(bytes(payload).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptDataError(f"control payload from {peer} is not UTF-8 JSON ({exc})") from exc
+        value = json.loads(bytes(payload).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FrameRejected("control", f"control payload from {peer} is not UTF-8 JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise FrameRejected(
+            "control", f"control payload from {peer}: expected a JSON object, got {type(value).__name__}"
+        )
+    return value
 
 
 __all__ = [
     "CONTROLLER_ID",
+    "CONTROL_PAYLOAD_LIMIT",
     "HEADER_SIZE",
     "MAGIC",
+    "MIN_SECRET_BYTES",
     "NO_RELAY",
     "VERSION",
     "Flag",
+    "FrameKey",
+    "FrameRejected",
     "Header",
     "MessageType",
     "decode_frame",
     "encode_frame",
     "json_payload",
+    "max_update_bytes",
     "params_payload",
     "parse_json_payload",
+    "relayed_frame",
     "update_payload",
 ]

@@ -6,15 +6,43 @@ controller's authoritative parameter copy and relayed to every other registered 
 request is answered after everything the worker sent before it has been applied (ZeroMQ keeps
 per-connection order), which is how a task makes sure its updates reached the controller before it
 returns. Every socket has LINGER 0 and every wait is bounded, so no failure mode hangs.
+
+Every frame is authenticated with the fit's secret (see :mod:`sparkgrad.transport.frame`). The
+controller treats every received byte as hostile: a frame that fails authentication, names another
+job, replays a sequence number, is malformed or carries an implausible update is dropped and counted
+(``TrafficCounters.frames_rejected``, by reason in ``rejected_reasons``); its log lines are rate
+limited. Unauthenticated frames never get a reply. Only an error of the controller's own (for example
+of the decode function) stops its thread; it then tells its workers with an authenticated ERROR and
+:meth:`Controller.check` / :attr:`Controller.error` report it to the driver.
+
+Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
+derived from the parameter count) and bounded high-water marks.
+
+Slow-peer policy: the controller never blocks on one worker. When a frame for a worker cannot be
+queued (its high-water mark is reached because it does not read), the controller drops that worker:
+no more relays go to it and its later UPDATE, SYNC and PARAMS_REQUEST frames are not applied but
+answered with an ERROR carrying ``"rejoin": true`` (retried until it can be queued). The worker
+(:class:`WorkerConnection`) raises :class:`RejoinRequired`; its owner must HELLO again and replace its
+parameters with the controller's current ones (``SharedWorker`` does), so a dropped worker never
+diverges silently: whatever it applied while dropped is overwritten, its own updates sent while dropped
+are lost like skipped steps.
+
+Update sanity: an UPDATE whose threshold (word 2 of every :mod:`sparkgrad.compress` message, sparse and
+bitmap alike) is not finite, not positive, or larger than ``THRESHOLD_GROWTH_LIMIT`` times the larger of
+the job's reference threshold and the sender's last accepted threshold is rejected, counted and never
+applied; the worker gets an ERROR (its fit fails with the reason). The adaptive threshold algorithms
+grow a worker's threshold by at most ``1 / decay_rate <= 2`` between two messages it sends, so a
+correct worker never reaches the bound.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -22,19 +50,28 @@ import zmq
 from sparkgrad._config import Config, check_int
 from sparkgrad.errors import CorruptDataError, TransportError
 from sparkgrad.transport.frame import (
+    CONTROL_PAYLOAD_LIMIT,
     CONTROLLER_ID,
+    HEADER_SIZE,
     Flag,
+    FrameKey,
+    FrameRejected,
     Header,
     MessageType,
     decode_frame,
     encode_frame,
     json_payload,
+    max_update_bytes,
     params_payload,
     parse_json_payload,
+    relayed_frame,
     update_payload,
 )
 
 log = logging.getLogger(__name__)
+
+THRESHOLD_GROWTH_LIMIT = 16.0
+_SEQUENCE_LIMIT = 2**32
 
 
 @dataclass
@@ -43,29 +80,32 @@ class ZmqTransportConfiguration(Config):
 
     Args:
         connect_timeout_ms: how long a worker waits for the controller's answer to HELLO.
-        sync_timeout_ms: how long a worker waits for the controller to acknowledge its updates.
+        sync_timeout_ms: how long a worker waits for the controller to acknowledge its updates (and
+            at most blocks on a send the controller does not take).
         poll_interval_ms: the controller's poll period (bounds how fast it notices a stop request).
-        high_water_mark: ZeroMQ send/receive queue limit in messages (0 = unlimited, so the controller
-            never drops a relayed update).
+        high_water_mark: ZeroMQ send/receive queue limit in messages per peer (>= 1). A worker whose
+            queue fills up is dropped by the controller and must re-join (see the module docstring);
+            memory per peer is bounded by this many frames of the job's largest frame.
     """
 
     connect_timeout_ms: int = 15000
     sync_timeout_ms: int = 120000
     poll_interval_ms: int = 50
-    high_water_mark: int = 0
+    high_water_mark: int = 1000
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
         check_int("sync_timeout_ms", self.sync_timeout_ms, minimum=1)
         check_int("poll_interval_ms", self.poll_interval_ms, minimum=1)
-        check_int("high_water_mark", self.high_water_mark, minimum=0)
+        check_int("high_water_mark", self.high_water_mark, minimum=1)
 
 
-def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration) -> zmq.Socket:
+def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
     sock.setsockopt(zmq.RCVHWM, config.high_water_mark)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
     return sock
 
 
@@ -87,6 +127,80 @@ class TrafficCounters:
     messages_sent: int = 0
     messages_received: int = 0
     update_bytes: int = 0  # UPDATE frames only: sent by a worker, relayed by the controller
+    frames_rejected: int = 0  # received frames dropped by a check (authentication, size, sanity, ...)
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
+    peers_dropped: int = 0  # controller: workers dropped because their queue was full
+
+    def reject(self, reason: str) -> None:
+        """Count one rejected frame."""
+        self.frames_rejected += 1
+        self.rejected_reasons[reason] = self.rejected_reasons.get(reason, 0) + 1
+
+
+class RateLimitedLog:
+    """Warnings at most ``burst`` at once and ``per_second`` a second on average; counts the rest.
+
+    Args:
+        logger: where the lines go.
+        what: prefix of every line.
+        burst: lines allowed in a burst.
+        per_second: sustained lines per second.
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        burst: int = 5,
+        per_second: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log, self._what = logger, what
+        self._burst, self._rate, self._clock = float(burst), per_second, clock
+        self._tokens, self._last = float(burst), clock()
+        self.suppressed = 0
+
+    def warning(self, text: str) -> None:
+        """Log ``text`` if the budget allows, else count it as suppressed."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1:
+            self.suppressed += 1
+            return
+        self._tokens -= 1
+        self.flush()
+        self._log.warning("%s: %s", self._what, text)
+
+    def flush(self) -> None:
+        """Log how many lines were suppressed since the last line (if any)."""
+        if self.suppressed:
+            self._log.warning("%s: %d similar messages suppressed", self._what, self.suppressed)
+            self.suppressed = 0
+
+
+class RejoinRequired(TransportError):
+    """The controller dropped this worker (it fell behind): HELLO again and take its parameters."""
+
+
+class _Replay:
+    """Per-sender strictly increasing sequence numbers."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+
+    def check(self, header: Header, peer: str) -> None:
+        """Raise FrameRejected("replay") unless the sequence number is new for its sender."""
+        last = self._last.get(header.sender, -1)
+        if header.sequence <= last:
+            raise FrameRejected(
+                "replay", f"frame from {peer}: sequence {header.sequence} replayed (last was {last})"
+            )
+
+    def commit(self, header: Header) -> None:
+        """Record an accepted frame's sequence number."""
+        self._last[header.sender] = header.sequence
 
 
 class Controller:
@@ -94,33 +208,46 @@ class Controller:
 
     Args:
         params: initial parameter vector (copied).
-        job_id: the fit's 64-bit job id; frames of other jobs are answered with ERROR.
+        job_id: the fit's 64-bit job id; frames of other jobs are dropped.
+        secret: the fit's secret (at least 32 bytes) that authenticates every frame.
         host: address to bind.
         port: TCP port to bind.
-        config: transport timeouts.
+        config: transport timeouts and limits.
         decode: ``decode(message, target)`` accumulating a message into ``target`` (defaults to
-            :func:`sparkgrad.compress.decode`).
+            :func:`sparkgrad.compress.decode`); ValueError/TypeError mean a malformed message, any other
+            error stops the controller.
         iteration: starting iteration counter.
         epoch: starting epoch counter.
+        threshold_reference: the threshold workers start from (the job's threshold algorithm); bounds
+            the accepted thresholds (module docstring).
     """
 
     def __init__(
         self,
         params: np.ndarray,
         job_id: int,
+        secret: bytes,
         host: str,
         port: int,
         config: ZmqTransportConfiguration | None = None,
         decode: Callable[[np.ndarray, np.ndarray], None] | None = None,
         iteration: int = 0,
         epoch: int = 0,
+        *,
+        threshold_reference: float,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as decode
+        if not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
+            raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
+        self._key = FrameKey(secret)
         self._params = np.array(params, copy=True)
         self._scratch = np.zeros_like(self._params)
         self._decode = decode
         self._config = config or ZmqTransportConfiguration()
+        self._update_limit = max_update_bytes(self._params.size)
+        self._threshold_reference = float(threshold_reference)
+        self._last_threshold: dict[int, float] = {}
         self.job_id = job_id
         self.host, self.port = host, port
         self.iteration, self.epoch = iteration, epoch
@@ -128,12 +255,16 @@ class Controller:
         self.updates_applied = 0
         self.workers_seen: set[int] = set()
         self._peers: dict[int, bytes] = {}
+        self._rejoin_pending: dict[int, bytes] = {}
+        self._replay = _Replay()
+        self._log = RateLimitedLog(log, "sparkgrad controller")
         self._seq = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._ctx = zmq.Context()
-        self._sock = _socket(self._ctx, zmq.ROUTER, self._config)
+        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT)
+        self._sock = _socket(self._ctx, zmq.ROUTER, self._config, max_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
             self._sock.bind(endpoint(host, port))
@@ -156,10 +287,17 @@ class Controller:
         with self._lock:
             return self._params.copy()
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the controller thread (None while it runs or after a clean stop)."""
+        return self._error
+
     def check(self) -> None:
         """Raise the error that stopped the controller thread, if any."""
         if self._error is not None:
-            raise TransportError(f"controller on {endpoint(self.host, self.port)} failed: {self._error}")
+            raise TransportError(
+                f"controller on {endpoint(self.host, self.port)} failed: {self._error}"
+            ) from self._error
 
     def close(self) -> None:
         """Tell registered workers the job is over, stop the thread and close the socket (idempotent)."""
@@ -181,124 +319,214 @@ class Controller:
         poller.register(self._sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not poller.poll(self._config.poll_interval_ms):
-                    continue
-                while True:
-                    try:
-                        identity, frame = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
-                    except zmq.Again:
-                        break
-                    except ValueError:  # not a two-part message: a stranger on the port
-                        continue
-                    self._handle(identity, frame)
+                if poller.poll(self._config.poll_interval_ms):
+                    self._receive_all()
+                self._retry_rejoin_notices()
             for identity in list(self._peers.values()):
-                self._send(
-                    identity, encode_frame(MessageType.BYE, self.job_id, CONTROLLER_ID, self._next_seq())
-                )
-        except BaseException as exc:  # surfaced to the driver through check()
+                self._send(identity, self._control_frame(MessageType.BYE))
+        except BaseException as exc:  # surfaced to the driver through error/check()
             log.exception("sparkgrad controller thread failed")
             self._error = exc
+            self._notify_failure(exc)
         finally:
+            self._log.flush()
             self._sock.close()
 
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            if len(parts) != 2:  # a DEALER always sends one part; anything else is a stranger
+                self.counters.messages_received += 1
+                self._reject("malformed", f"{len(parts) - 1}-part message from {parts[0].hex()}")
+                continue
+            self._handle(parts[0], parts[1])
+
+    def _notify_failure(self, exc: BaseException) -> None:
+        """Best effort: tell every worker why the controller stopped, so no worker waits for a timeout."""
+        text = f"controller failed: {type(exc).__name__}: {exc}"
+        for identity in list(self._peers.values()):
+            try:
+                self._sock.send_multipart(
+                    [identity, self._control_frame(MessageType.ERROR, {"error": text})], zmq.NOBLOCK
+                )
+            except zmq.ZMQError:
+                pass
+
     def _next_seq(self) -> int:
+        if self._seq >= _SEQUENCE_LIMIT:
+            raise TransportError("controller: sequence numbers exhausted (2**32 frames sent)")
         self._seq += 1
         return self._seq - 1
 
-    def _send(self, identity: bytes, frame: bytes) -> bool:
+    def _control_frame(self, kind: MessageType, body: dict | None = None) -> bytearray:
+        payload = json_payload(body) if body is not None else b""
+        return encode_frame(self._key, kind, self.job_id, CONTROLLER_ID, self._next_seq(), payload)
+
+    def _reject(self, reason: str, text: str) -> None:
+        self.counters.reject(reason)
+        self._log.warning(f"dropped frame ({reason}): {text}")
+
+    def _send_raw(self, identity: bytes, frame: bytes | bytearray) -> str | None:
+        """Queue a frame; None on success, else "full" (the peer does not read) or "gone"."""
         try:
             self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
-        except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or queue full: drop the peer
-            for sender, ident in list(self._peers.items()):
-                if ident == identity:
-                    del self._peers[sender]
-            return False
+        except zmq.Again:
+            return "full"
+        except zmq.ZMQError:
+            return "gone"
         self.counters.bytes_sent += len(frame)
         self.counters.messages_sent += 1
-        return True
+        return None
+
+    def _send(self, identity: bytes, frame: bytes | bytearray) -> bool:
+        """Send to a registered worker; a worker that cannot take the frame is dropped (slow-peer policy)."""
+        status = self._send_raw(identity, frame)
+        if status is None:
+            return True
+        for sender, ident in list(self._peers.items()):
+            if ident == identity:
+                del self._peers[sender]
+                self.counters.peers_dropped += 1
+                self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
+                if status == "full":
+                    self._rejoin_pending[sender] = identity
+        return False
 
     def _error_reply(self, identity: bytes, text: str) -> None:
-        log.warning("sparkgrad controller: %s", text)
-        self._send(
-            identity,
-            encode_frame(
-                MessageType.ERROR, self.job_id, CONTROLLER_ID, self._next_seq(), json_payload({"error": text})
-            ),
-        )
+        """ERROR to an authenticated worker (never to an unauthenticated peer)."""
+        self._send_raw(identity, self._control_frame(MessageType.ERROR, {"error": text}))
 
-    def _params_frame(self, current: bool = True) -> bytes:
-        if not current:  # nothing applied yet: the worker's own copy of the initial parameters is current
-            return encode_frame(
-                MessageType.PARAMS,
-                self.job_id,
-                CONTROLLER_ID,
-                self._next_seq(),
-                iteration=self.iteration,
-                epoch=self.epoch,
-                flags=_float_flag(self._params),
-            )
+    def _rejoin_notice(self, sender: int, identity: bytes) -> None:
+        text = f"worker {sender} is not registered (dropped as a slow peer or reconnected): re-join"
+        status = self._send_raw(
+            identity, self._control_frame(MessageType.ERROR, {"error": text, "rejoin": True})
+        )
+        if status == "full":
+            self._rejoin_pending[sender] = identity
+        else:
+            self._rejoin_pending.pop(sender, None)
+
+    def _retry_rejoin_notices(self) -> None:
+        for sender, identity in list(self._rejoin_pending.items()):
+            self._rejoin_notice(sender, identity)
+
+    def _params_frame(self, current: bool = True) -> bytearray:
+        payload = self._params.astype(self._params.dtype.newbyteorder("<"), copy=False) if current else b""
+        # not current: nothing applied yet, the worker's own copy of the initial parameters is current
         return encode_frame(
+            self._key,
             MessageType.PARAMS,
             self.job_id,
             CONTROLLER_ID,
             self._next_seq(),
-            self._params.astype(self._params.dtype.newbyteorder("<"), copy=False),
+            payload,
             iteration=self.iteration,
             epoch=self.epoch,
             flags=_float_flag(self._params),
         )
 
+    def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
+        """Authenticate and check a frame (raises FrameRejected); nothing is parsed before the tag."""
+        header, payload = decode_frame(frame, self._key, peer=f"peer {identity.hex()}")
+        peer = f"worker {header.sender}"
+        if header.job_id != self.job_id:
+            raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+        if header.sender == CONTROLLER_ID or header.flags & Flag.RELAYED:
+            raise FrameRejected(
+                "malformed", f"frame from {peer} claims to be from or relayed by the controller"
+            )
+        self._replay.check(header, peer)
+        return header, payload
+
     def _handle(self, identity: bytes, frame: bytes) -> None:
         self.counters.bytes_received += len(frame)
         self.counters.messages_received += 1
         try:
-            header, payload = decode_frame(frame, peer=f"worker {identity.hex()}")
-        except CorruptDataError as exc:
-            self._error_reply(identity, str(exc))
+            header, payload = self._admit(identity, frame)
+        except FrameRejected as exc:  # not authenticated (or a replay): no reply at all
+            self._reject(exc.reason, str(exc))
             return
-        if header.job_id != self.job_id:
-            if header.message_type == MessageType.BYE:  # a worker of an earlier job on this port leaving
+        kind, sender = header.message_type, header.sender
+        if kind != MessageType.HELLO and self._peers.get(sender) != identity:
+            # not registered (dropped, reconnected, or a copy of a worker's frame from another
+            # connection): not applied, and its sequence number stays unused for the real worker
+            if kind != MessageType.BYE:
+                self._reject("not_joined", f"{kind.name} from worker {sender}, which is not registered")
+                self._rejoin_notice(sender, identity)
+            return
+        self._replay.commit(header)
+        if kind == MessageType.HELLO:
+            try:
+                info = parse_json_payload(payload, peer=f"worker {sender}")
+            except FrameRejected as exc:
+                self._reject(exc.reason, str(exc))
+                self._error_reply(identity, str(exc))
                 return
-            self._error_reply(
-                identity,
-                f"frame from worker {header.sender} is for job {header.job_id:x}, "
-                f"this controller runs job {self.job_id:x}",
-            )
-            return
-        kind = header.message_type
-        if kind == MessageType.UPDATE:
-            self._apply_and_relay(identity, header, payload, frame)
-        elif kind in (MessageType.HELLO, MessageType.PARAMS_REQUEST):
-            fresh = kind == MessageType.HELLO and bool(parse_json_payload(payload).get("has_initial_params"))
-            if kind == MessageType.HELLO:
-                self._peers[header.sender] = identity
-                self.workers_seen.add(header.sender)
-            self._send(identity, self._params_frame(current=not (fresh and self.updates_applied == 0)))
-        elif kind == MessageType.SYNC:
-            self._send(
-                identity, encode_frame(MessageType.SYNC_ACK, self.job_id, CONTROLLER_ID, self._next_seq())
-            )
+            self._peers[sender] = identity
+            self._rejoin_pending.pop(sender, None)
+            self.workers_seen.add(sender)
+            fresh = info.get("has_initial_params") is True and self.updates_applied == 0
+            self._send(identity, self._params_frame(current=not fresh))
         elif kind == MessageType.BYE:
-            self._peers.pop(header.sender, None)
+            del self._peers[sender]
+        elif kind == MessageType.UPDATE:
+            self._apply_and_relay(identity, header, payload, frame)
+        elif kind == MessageType.SYNC:
+            self._send(identity, self._control_frame(MessageType.SYNC_ACK))
+        elif kind == MessageType.PARAMS_REQUEST:
+            self._send(identity, self._params_frame())
         else:
-            self._error_reply(identity, f"unexpected {kind.name} frame from worker {header.sender}")
+            self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
+            self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
+
+    def _check_threshold(self, sender: int, message: np.ndarray) -> float:
+        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
+        threshold = float(message[2:3].view("<f4")[0])
+        bound = THRESHOLD_GROWTH_LIMIT * max(self._threshold_reference, self._last_threshold.get(sender, 0.0))
+        if not (math.isfinite(threshold) and 0 < threshold <= bound):
+            raise FrameRejected(
+                "threshold",
+                f"update from worker {sender} has threshold {threshold!r}: must be finite, > 0 and "
+                f"<= {bound:.6g} "
+                f"({THRESHOLD_GROWTH_LIMIT:g} x the larger of the job's reference threshold and the "
+                "worker's last accepted one)",
+            )
+        return threshold
 
     def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
-        message = update_payload(payload)
+        sender = header.sender
         try:
+            if header.payload_length > self._update_limit or header.payload_length < 16:
+                raise FrameRejected(
+                    "malformed",
+                    f"update from worker {sender}: {header.payload_length} bytes, expected 16 to "
+                    f"{self._update_limit} for {self._params.size} parameters",
+                )
+            message = update_payload(payload)
+            threshold = self._check_threshold(sender, message)
             with self._lock:
                 self._scratch.fill(0)
-                self._decode(message, self._scratch)
+                try:
+                    self._decode(message, self._scratch)
+                except (ValueError, TypeError) as exc:
+                    raise FrameRejected(
+                        "bad_update", f"malformed update from worker {sender}: {exc}"
+                    ) from None
                 self._params -= self._scratch
                 self.iteration = max(self.iteration, header.iteration)
                 self.epoch = max(self.epoch, header.epoch)
                 self.updates_applied += 1
-        except (ValueError, TypeError) as exc:
-            self._error_reply(identity, f"malformed update from worker {header.sender}: {exc}")
+        except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
+            self._reject(exc.reason, str(exc))
+            self._error_reply(identity, str(exc))
             return
-        relayed = frame[:6] + int(header.flags | Flag.RELAYED).to_bytes(2, "little") + frame[8:]
-        for sender, ident in list(self._peers.items()):
-            if sender != header.sender and self._send(ident, relayed):
+        self._last_threshold[sender] = threshold
+        relayed = relayed_frame(self._key, frame)
+        for other, ident in list(self._peers.items()):
+            if other != sender and self._send(ident, relayed):
                 self.counters.update_bytes += len(relayed)
 
 
@@ -310,7 +538,9 @@ class WorkerConnection:
         port: controller port.
         job_id: the fit's job id.
         worker_id: this worker's nonzero 32-bit id.
-        config: transport timeouts.
+        secret: the fit's secret (at least 32 bytes).
+        num_params: length of the parameter vector (bounds the frames it accepts).
+        config: transport timeouts and limits.
     """
 
     def __init__(
@@ -319,48 +549,81 @@ class WorkerConnection:
         port: int,
         job_id: int,
         worker_id: int,
+        secret: bytes,
+        num_params: int,
         config: ZmqTransportConfiguration | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
+        self._num_params = check_int("num_params", num_params, minimum=1)
+        self._key = FrameKey(secret)
         self._config = config or ZmqTransportConfiguration()
         self.endpoint = endpoint(host, port)
         self.job_id, self.worker_id = job_id, worker_id
         self.counters = TrafficCounters()
+        self._last_rejection = ""
+        self._replay = _Replay()
         self._seq = 0
         self._ctx = zmq.Context()
-        self._sock = _socket(self._ctx, zmq.DEALER, self._config)
+        max_frame = HEADER_SIZE + max(8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT)
+        self._sock = _socket(self._ctx, zmq.DEALER, self._config, max_frame)
+        self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
         self._sock.connect(self.endpoint)
         self._closed = False
 
     def _send(self, kind: MessageType, payload: bytes | memoryview = b"", **kw: object) -> int:
-        frame = encode_frame(kind, self.job_id, self.worker_id, self._seq, payload, **kw)  # type: ignore[arg-type]
+        if self._seq >= _SEQUENCE_LIMIT:
+            raise TransportError(f"worker {self.worker_id}: sequence numbers exhausted (2**32 frames sent)")
+        frame = encode_frame(self._key, kind, self.job_id, self.worker_id, self._seq, payload, **kw)  # type: ignore[arg-type]
         self._seq += 1
         try:
-            self._sock.send(frame, zmq.NOBLOCK)
+            self._sock.send(frame)
         except zmq.ZMQError as exc:
             raise TransportError(
-                f"worker {self.worker_id}: cannot send to controller {self.endpoint}: {exc}"
+                f"worker {self.worker_id}: cannot send to controller {self.endpoint} within "
+                f"{self._config.sync_timeout_ms} ms: {exc}"
             ) from exc
         self.counters.bytes_sent += len(frame)
         self.counters.messages_sent += 1
         return len(frame)
 
-    def _receive(self, timeout_ms: int) -> tuple[Header, memoryview] | None:
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
-            return None
-        frame = self._sock.recv(copy=True)
-        self.counters.bytes_received += len(frame)
-        self.counters.messages_received += 1
-        header, payload = decode_frame(frame, peer=f"controller {self.endpoint}")
-        if header.message_type == MessageType.ERROR:
-            text = parse_json_payload(payload).get("error", "unknown error")
-            raise TransportError(f"controller {self.endpoint} rejected worker {self.worker_id}: {text}")
+    def _admit(self, frame: bytes) -> tuple[Header, memoryview]:
+        peer = f"controller {self.endpoint}"
+        header, payload = decode_frame(frame, self._key, peer=peer)
         if header.job_id != self.job_id:
-            raise TransportError(
-                f"controller {self.endpoint} answered for job {header.job_id:x}, expected {self.job_id:x}"
-            )
+            raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+        self._replay.check(header, peer)
+        self._replay.commit(header)
         return header, payload
+
+    def _receive(self, timeout_ms: int) -> tuple[Header, memoryview] | None:
+        """The next authentic frame within ``timeout_ms`` (None on timeout); others are counted, dropped."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._sock.poll(left, zmq.POLLIN):
+                return None
+            frame = self._sock.recv(copy=True)
+            self.counters.bytes_received += len(frame)
+            self.counters.messages_received += 1
+            try:
+                header, payload = self._admit(frame)
+            except FrameRejected as exc:
+                self.counters.reject(exc.reason)
+                self._last_rejection = str(exc)
+                continue
+            if header.message_type == MessageType.ERROR:
+                try:
+                    body = parse_json_payload(payload)
+                except FrameRejected:
+                    body = {}
+                text = str(body.get("error", "unknown error"))
+                if body.get("rejoin") is True:
+                    raise RejoinRequired(
+                        f"controller {self.endpoint} dropped worker {self.worker_id}: {text}"
+                    )
+                raise TransportError(f"controller {self.endpoint} rejected worker {self.worker_id}: {text}")
+            return header, payload
 
     def _wait_for(
         self,
@@ -372,11 +635,22 @@ class WorkerConnection:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             left = int((deadline - time.monotonic()) * 1000)
-            got = self._receive(max(left, 0)) if left > 0 else None
+            try:
+                got = self._receive(left) if left > 0 else None
+            except RejoinRequired:
+                if wanted != MessageType.PARAMS:
+                    raise
+                continue  # answers to frames sent before this HELLO: the PARAMS after them is current
             if got is None:
+                rejected = ""
+                if self.counters.frames_rejected:
+                    rejected = (
+                        f"; {self.counters.frames_rejected} frames from it failed the checks, last: "
+                        f"{self._last_rejection}"
+                    )
                 raise TransportError(
                     f"worker {self.worker_id}: no answer to {what} from controller {self.endpoint} within "
-                    f"{timeout_ms} ms (is the controller address reachable from this executor?)"
+                    f"{timeout_ms} ms (is the controller address reachable from this executor?){rejected}"
                 )
             header, payload = got
             if header.message_type == wanted:
@@ -385,15 +659,22 @@ class WorkerConnection:
                 on_update(header, update_payload(payload))
 
     def hello(self, info: dict[str, object]) -> tuple[np.ndarray | None, int, int]:
-        """Join the job; returns (current parameters copy, iteration, epoch) from the controller.
+        """Join (or re-join) the job; returns (current parameters copy, iteration, epoch) from the controller.
 
         With ``info["has_initial_params"]`` true the parameters are None while the controller has not
-        applied any update yet (the worker's copy of the initial parameters is then current).
+        applied any update yet (the worker's copy of the initial parameters is then current). Updates
+        and re-join requests that arrive before the parameters are superseded by them and skipped.
         """
         self._send(MessageType.HELLO, json_payload(info))
         header, payload = self._wait_for(MessageType.PARAMS, self._config.connect_timeout_ms, None, "HELLO")
-        params = params_payload(header, payload).copy() if header.payload_length else None
-        return params, header.iteration, header.epoch
+        if not header.payload_length:
+            return None, header.iteration, header.epoch
+        params = params_payload(header, payload)
+        if params.size != self._num_params:
+            raise CorruptDataError(
+                f"controller {self.endpoint} sent {params.size} parameters, expected {self._num_params}"
+            )
+        return params.copy(), header.iteration, header.epoch
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
         """Send one encoded int32 update; returns the frame size in bytes."""
@@ -403,7 +684,10 @@ class WorkerConnection:
         return size
 
     def drain(self, on_update: Callable[[Header, np.ndarray], None]) -> int:
-        """Apply every peer update that has already arrived (non-blocking); returns how many."""
+        """Apply every peer update that has already arrived (non-blocking); returns how many.
+
+        Raises :class:`RejoinRequired` when the controller dropped this worker.
+        """
         count = 0
         while True:
             got = self._receive(0)
@@ -415,21 +699,49 @@ class WorkerConnection:
                 count += 1
 
     def sync(self, on_update: Callable[[Header, np.ndarray], None]) -> None:
-        """Block until the controller has applied everything sent so far, applying arriving updates."""
+        """Block until the controller has applied everything sent so far, applying arriving updates.
+
+        Raises :class:`RejoinRequired` when the controller dropped this worker.
+        """
         self._send(MessageType.SYNC)
         self._wait_for(MessageType.SYNC_ACK, self._config.sync_timeout_ms, on_update, "SYNC")
 
+    def _controller_left(self) -> bool:
+        """Whether the controller already said BYE or reported an error (reads what has arrived)."""
+        try:
+            while (got := self._receive(0)) is not None:
+                if got[0].message_type == MessageType.BYE:
+                    return True
+        except TransportError:
+            return True
+        return False
+
     def close(self) -> None:
-        """Say BYE (best effort) and close the socket and context (idempotent)."""
+        """Say BYE unless the controller has left (best effort), close the socket and context (idempotent).
+
+        A BYE after the controller's own would reach the next fit's controller on the same port as a
+        frame it cannot authenticate.
+        """
         if self._closed:
             return
         self._closed = True
-        try:
-            self._send(MessageType.BYE)
-        except TransportError:
-            pass
+        self._sock.setsockopt(zmq.SNDTIMEO, 0)
+        if not self._controller_left():
+            try:
+                self._send(MessageType.BYE)
+            except TransportError:
+                pass
         self._sock.close()
         self._ctx.term()
 
 
-__all__ = ["Controller", "TrafficCounters", "WorkerConnection", "ZmqTransportConfiguration", "endpoint"]
+__all__ = [
+    "THRESHOLD_GROWTH_LIMIT",
+    "Controller",
+    "RateLimitedLog",
+    "RejoinRequired",
+    "TrafficCounters",
+    "WorkerConnection",
+    "ZmqTransportConfiguration",
+    "endpoint",
+]

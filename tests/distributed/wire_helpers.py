@@ -1,0 +1,53 @@
+"""Helpers of the transport tests: a minimal sparse codec, a fixed secret, fast timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from sparkgrad.transport import Controller, ZmqTransportConfiguration
+
+SECRET = bytes(range(32))
+FAST = ZmqTransportConfiguration(connect_timeout_ms=800, sync_timeout_ms=3000, poll_interval_ms=10)
+REFERENCE = 1.0  # threshold_reference of the test controllers; the test messages use 0.25 .. 2.0
+
+
+def sparse_decode(message: np.ndarray, target: np.ndarray) -> None:
+    """Minimal decoder of the sparse threshold format (the transport is format-agnostic)."""
+    n = int(message[0])
+    threshold = np.frombuffer(np.int32(message[2]).tobytes(), dtype=np.float32)[0]
+    entries = message[4 : 4 + n]
+    np.add.at(target, np.abs(entries) - 1, np.sign(entries) * threshold)
+
+
+def sparse_message(indices: list[int], signs: list[int], length: int, threshold: float) -> np.ndarray:
+    bits = np.frombuffer(np.float32(threshold).tobytes(), dtype=np.int32)[0]
+    entries = [s * (i + 1) for i, s in zip(indices, signs)]
+    return np.array([len(entries), length, bits, 0, *entries], dtype=np.int32)
+
+
+def wait_until(predicate, timeout_s: float = 20.0) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes (a bound, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def controller(params: np.ndarray, job: int, port: int, **kw) -> Controller:
+    """A test controller on 127.0.0.1 with the test secret, fast timeouts and the minimal decoder."""
+    kw.setdefault("decode", sparse_decode)
+    kw.setdefault("threshold_reference", REFERENCE)
+    return Controller(params, job, SECRET, "127.0.0.1", port, kw.pop("config", FAST), **kw)
+
+
+def raw_dealer(ctx: zmq.Context, port: int) -> zmq.Socket:
+    """A bare DEALER socket on the controller's port: sends whatever bytes a test forges."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock

@@ -1,0 +1,111 @@
+"""SharedTrainingMaster security and failure handling: the secret option, forged frames during a fit,
+and a failing controller surfacing as TrainingError with its own message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+from helpers import accuracy, mlp_conf, subset
+
+from sparkgrad.errors import TrainingError
+from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
+from sparkgrad.transport import FrameKey, MessageType, encode_frame
+
+SECRET_HEX = "ab" * 32
+
+
+def _master(port: int, **void) -> SharedTrainingMaster:
+    return SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port, controller_address="127.0.0.1", **void),
+        batch_size_per_worker=10,
+        rdd_data_set_num_examples=10,
+        rdd_training_approach="direct",
+        worker_prefetch_num_batches=0,
+    )
+
+
+def test_secret_accepts_bytes_or_hex_and_is_never_serialised() -> None:
+    void = VoidConfiguration(secret=SECRET_HEX)
+    assert void.secret == bytes.fromhex(SECRET_HEX)
+    assert VoidConfiguration(secret=bytearray(40)).secret == bytes(40)
+    for text in (repr(void), void.to_json(), void.to_yaml(), repr(SharedTrainingMaster(void))):
+        assert "ab" * 8 not in text.lower() and "secret" not in text
+    back = VoidConfiguration.from_json(void.to_json())
+    assert back.secret is None and back == void  # excluded from the file and from equality
+
+
+@pytest.mark.parametrize(
+    "secret, match",
+    [
+        (b"x" * 31, "at least 32 bytes"),
+        ("ab" * 31, "at least 32 bytes"),
+        ("zz" * 32, "hexadecimal"),
+        (7, "bytes"),
+    ],
+)
+def test_bad_secret_names_the_field(secret, match) -> None:
+    with pytest.raises(ValueError, match=f"secret: .*{match}"):
+        VoidConfiguration(secret=secret)
+
+
+@pytest.mark.parametrize("mask", [12, 10.0, b"10.0.0.0/8", ["10.0.0.0/8"], "10.0.0.300/8"])
+def test_network_mask_must_be_a_cidr_string(mask) -> None:
+    with pytest.raises(ValueError, match="network_mask"):
+        VoidConfiguration(network_mask=mask)
+
+
+def test_forged_frames_during_a_fit_are_counted_and_ignored(spark, digits, free_port) -> None:
+    """Frames forged with another key reach the controller while it runs (ZeroMQ queues them on the
+    DEALER until the controller binds): every one is rejected and counted, the fit still trains."""
+    data = subset(digits[0], 320)
+    rdd = spark.sparkContext.parallelize(data.split(10), 2)
+    master = _master(free_port, secret=SECRET_HEX)
+    master.collect_training_stats = True
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    forged = 25
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{free_port}")
+    try:
+        for i in range(forged):
+            update = np.array([1, 1, np.float32(3.4e38).view(np.int32), 0, 1], np.int32)
+            sock.send(
+                encode_frame(FrameKey(b"\x01" * 32), MessageType.UPDATE, i + 1, 1, i, memoryview(update))
+            )
+        before = accuracy(sm.network, digits[1])
+        for _ in range(3):
+            sm.fit(rdd)
+            if master.last_traffic["controller_frames_rejected"]:
+                break
+    finally:
+        sock.close()
+        ctx.term()
+    traffic = master.last_traffic
+    assert traffic["controller_frames_rejected"] == forged
+    assert traffic["controller_frames_rejected_unauthenticated"] == forged
+    assert sm.training_stats.counters["controller_frames_rejected"] == forged
+    assert traffic["updates_applied"] >= 1 and accuracy(sm.network, digits[1]) > before
+    assert np.all(np.isfinite(sm.network.params()))
+
+
+def test_controller_failure_raises_its_own_error(spark, digits, free_port, monkeypatch) -> None:
+    """The controller (on the driver) gets a decode function that fails: the fit raises TrainingError
+    quoting the controller's error, not a worker timeout."""
+    import sparkgrad.compress
+
+    def failing_decode(message, target):
+        raise RuntimeError("injected decode failure")
+
+    monkeypatch.setattr(sparkgrad.compress, "decode", failing_decode)
+    rdd = spark.sparkContext.parallelize(subset(digits[0], 80).split(10), 2)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), _master(free_port))
+    before = sm.network.params().copy()
+    with pytest.raises(TrainingError, match="controller failed: RuntimeError: injected decode failure"):
+        sm.fit(rdd)
+    np.testing.assert_array_equal(sm.network.params(), before)
+    # the next fit (a healthy controller) works on the same port
+    monkeypatch.undo()
+    sm.fit(rdd)
+    assert sm.training_master.last_traffic["updates_applied"] >= 1
