@@ -1,13 +1,24 @@
 """SharedTrainingMaster: asynchronous gradient sharing with Strom threshold-encoded updates.
 
 Driver: a :class:`~sparkgrad.transport.Controller` thread keeps the authoritative parameters by
-applying every update it relays (PLAIN star topology). Executors: each Python worker process keeps one
-:class:`SharedWorker` per fit (module-level registry keyed by job id) holding the network replica, the
-EncodingHandler's residual and the ZeroMQ connection across the tasks of that fit. A task trains its
-minibatches one by one: apply whatever peer updates have arrived, ``compute_update``, encode, send,
-apply its own decoded message. Workers never wait for each other, so the fit needs no more concurrent
-tasks than the cluster has slots (no gang scheduling). At the end of each task the worker SYNCs with the
-controller, so by the time the Spark stage completes the controller has applied every update.
+applying every update it relays (PLAIN star topology); one controller serves every epoch of a fit.
+Executors: each Python worker process keeps one :class:`SharedWorker` per fit (module-level registry
+keyed by job id) holding the network replica, the EncodingHandler's residual, the updater state and the
+ZeroMQ connection across the epochs and tasks of that fit. A worker trains its minibatches one by one:
+apply whatever peer updates have arrived, ``compute_update``, encode, send, apply its own decoded
+message. Within an epoch workers never wait for each other.
+
+Epochs: by default the data is spread over one partition per Spark task slot and ALL epochs of a fit
+run in ONE Spark job, a barrier stage (Spark starts all its tasks together or fails at once, so no
+worker waits for a slot that never frees). Each task keeps its partition's elements in memory, trains
+over them once per epoch in a new order (seeded by ``rng_seed``, else by a per-fit random seed), and at
+every epoch end reports EPOCH_END to the controller and waits; once every worker has reported, the
+driver runs the user's ``epoch_callback`` on the controller's parameters and the controller lets the
+workers go on or stop. Residuals, updater state and threshold state thus live through the whole fit,
+as in single-process training. With a repartitioner that yields more partitions than there are task
+slots (DL4J's one minibatch per partition), each epoch is one Spark job instead, workers SYNC at the end
+of each task, and the job boundary is the epoch boundary; the controller and the workers still live for
+the whole fit.
 
 The final model is the controller's copy; updater state, score and threshold-algorithm state are
 averaged over the workers (one result per worker process: its latest) and the threshold state seeds the
@@ -35,14 +46,19 @@ import secrets
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
-from sparkgrad.compress import ResidualPostProcessor, ThresholdAlgorithm
+from sparkgrad.compress import (
+    NoOpResidualPostProcessor,
+    ResidualPostProcessor,
+    TargetSparsityThresholdAlgorithm,
+    ThresholdAlgorithm,
+)
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
     NetworkSnapshot,
@@ -88,6 +104,11 @@ WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
 
+# Defaults that reach DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README);
+# DL4J's are AdaptiveThresholdAlgorithm() and ResidualClippingPostProcessor(5.0, 5).
+DEFAULT_INITIAL_THRESHOLD = 2e-2
+DEFAULT_SPARSITY_TARGET = 1e-3
+
 SECRET_BYTES = 32  # 256-bit per-fit secret
 _MAX_REJOINS_PER_SYNC = 5
 _WATCH_INTERVAL_S = 0.2  # how often the driver checks the controller while the Spark job runs
@@ -114,6 +135,8 @@ class SharedJob:
     encoding_debug_mode: bool
     debug_longer_iterations: int
     collect_stats: bool
+    barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
+    shuffle_seed: int
 
 
 @dataclass
@@ -128,6 +151,20 @@ class WorkerResult:
     minibatches: int
     counters: dict[str, float]
     stats: SparkTrainingStats | None = None
+
+
+def encoded_count(message: np.ndarray, decoded: np.ndarray, is_bitmap: bool) -> int:
+    """How many elements a message encodes.
+
+    Args:
+        message: the int32 message.
+        decoded: the message decoded into zeros (every encoded element is nonzero there).
+        is_bitmap: whether the message is a bitmap (its word 0 is the vector length, not a count).
+
+    Returns:
+        The sparse message's entry count (word 0), or the bitmap's nonzero decoded elements.
+    """
+    return int(np.count_nonzero(decoded)) if is_bitmap else int(message[0])
 
 
 class _SlotLock:
@@ -186,6 +223,7 @@ class SharedWorker:
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
+            self.joined_epoch = epoch  # epochs before it are finished: a retried task starts here
             snap = job.snapshot
             self.net = NetworkSnapshot(
                 snap.conf_json,
@@ -228,12 +266,12 @@ class SharedWorker:
         self.net.epoch_count = max(int(self.net.epoch_count), epoch)
         self.rejoins += 1
 
-    def _sync(self) -> None:
-        """SYNC with the controller, re-joining (a bounded number of times) when it dropped this worker."""
+    def _rejoining(self, exchange: Callable[[], Any]) -> Any:
+        """Run a blocking exchange with the controller, re-joining (a bounded number of times) when it
+        dropped this worker."""
         for _ in range(_MAX_REJOINS_PER_SYNC):
             try:
-                self.conn.sync(self._on_peer)
-                return
+                return exchange()
             except RejoinRequired as exc:
                 self._rejoin(exc)
         raise TrainingError(
@@ -262,7 +300,11 @@ class SharedWorker:
             sent = self.conn.send_update(message, iteration, epoch)
             self._apply_message(message)
         self.minibatches += 1
-        encoded = 0 if message is None else int(message[0])
+        if stats is None and not self.job.encoding_debug_mode:
+            return self._pause()
+        encoded = 0
+        if message is not None:  # the scratch buffer still holds the message decoded
+            encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         density = encoded / self.net.num_params()
         threshold = float(self.handler.last_threshold or 0.0)
         if stats is not None:
@@ -292,35 +334,56 @@ class SharedWorker:
                 float(r.max()),
                 sent,
             )
+        self._pause()
+
+    def _pause(self) -> None:
         if self.job.debug_longer_iterations:
             time.sleep(self.job.debug_longer_iterations / 1000.0)
 
-    def run_task(self, units: Iterable[Any]) -> WorkerResult:
-        """Train on one partition and report this worker's state."""
+    def run_task(self, units: Iterable[Any], partition: int, first_epoch: int, epochs: int) -> WorkerResult:
+        """Train on one partition for epochs ``first_epoch .. first_epoch + epochs - 1`` (network epoch
+        numbers) and report this worker's state.
+
+        Each epoch visits the partition's elements in a new seeded order. In a barrier job the worker
+        reports every epoch end and waits for the driver's decision (it may stop early); epochs the
+        controller already finished (a retried task) are skipped.
+        """
         start = now_ms()
-        self.stats = SparkTrainingStats() if self.job.collect_stats else None
+        job = self.job
+        self.stats = SparkTrainingStats() if job.collect_stats else None
         if self.stats is not None and self._init_event is not None:
             self.stats.add(WORKER_INIT, self._init_event)
             self._init_event = None
         lock = (
-            _SlotLock(self.job.job_id, self.job.workers_per_node, self.job.transport.sync_timeout_ms / 1000)
-            if self.job.workers_per_node > 0
+            _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
+            if job.workers_per_node > 0 and not job.barrier
             else None
         )
         try:
-            batches = worker_batches(
-                units, self.job.kind, self.job.loader, self.job.batch_size, self.job.prefetch
-            )
-            while True:
-                t = now_ms()
-                ds = next(batches, None)
-                if ds is None:
+            elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
+            begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
+            for epoch in range(begin, first_epoch + epochs):
+                order = np.random.default_rng([job.shuffle_seed, epoch, partition]).permutation(len(elements))
+                self.net.epoch_count = epoch
+                batches = worker_batches(
+                    (elements[i] for i in order), job.kind, job.loader, job.batch_size, job.prefetch
+                )
+                while True:
+                    t = now_ms()
+                    ds = next(batches, None)
+                    if ds is None:
+                        break
+                    if self.stats is not None:
+                        self.stats.add(WORKER_GET_DATA, event(t))
+                    self.step(ds)
+                with Timer(self.stats, WORKER_SYNC):
+                    if job.barrier:
+                        stop = self._rejoining(lambda e=epoch: self.conn.end_epoch(e, self._on_peer))
+                    else:
+                        stop = self._rejoining(lambda: self.conn.sync(self._on_peer))
+                self.net.epoch_count = epoch + 1
+                if stop:
                     break
-                if self.stats is not None:
-                    self.stats.add(WORKER_GET_DATA, event(t))
-                self.step(ds)
-            with Timer(self.stats, WORKER_SYNC):
-                self._sync()
         finally:
             if lock is not None:
                 lock.release()
@@ -372,11 +435,13 @@ def _close_workers() -> None:
         _WORKERS.pop(job_id).close()
 
 
-def _shared_partition(job_bc: Any) -> Any:
+def _shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
     def run(units: Iterable[Any]) -> Iterator[dict[int, WorkerResult]]:
+        from pyspark import TaskContext
+
         worker = _worker_for(job_bc.value)
         try:
-            result = worker.run_task(units)
+            result = worker.run_task(units, TaskContext.get().partitionId(), first_epoch, epochs)
         except BaseException:
             # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
             _WORKERS.pop(job_bc.value.job_id, None)
@@ -410,22 +475,30 @@ def _reference_threshold(algorithm: ThresholdAlgorithm | None) -> float:
     return max(found)
 
 
-def _run_watched(sc: SparkContext, controller: Controller, action: Any) -> Any:
-    """Run the Spark training action while watching the controller.
+def _run_watched(
+    sc: SparkContext,
+    controller: Controller,
+    action: Callable[[], Any],
+    on_epoch: Callable[[int], bool] | None = None,
+) -> Any:
+    """Run the Spark training action while watching the controller (and serving its epoch barrier).
 
     The action runs in a thread under its own job group; when the controller thread fails the group is
     cancelled and TrainingError carries the controller's own error, instead of the timeouts and
-    network-blaming errors the workers would eventually report.
+    network-blaming errors the workers would eventually report. With ``on_epoch``, every epoch all
+    workers finished is handed to it on this thread and the workers are released with its answer (stop
+    when True); an exception from it stops the workers and is re-raised once the job has ended.
 
     Args:
         sc: the SparkContext.
         controller: the fit's controller.
         action: zero-argument callable running the Spark job.
+        on_epoch: ``on_epoch(epoch) -> stop`` for a barrier job, else None.
 
     Returns:
         The action's result.
     """
-    group = f"sparkgrad-shared-{controller.job_id:016x}"
+    group = f"sparkgrad-shared-{controller.job_id:016x}-{random.getrandbits(32):08x}"
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -439,8 +512,18 @@ def _run_watched(sc: SparkContext, controller: Controller, action: Any) -> Any:
 
     thread = InheritableThread(target=target, name=group, daemon=True)
     thread.start()
+    callback_error: BaseException | None = None
     while thread.is_alive():
-        thread.join(_WATCH_INTERVAL_S)
+        epoch = controller.next_finished_epoch(_WATCH_INTERVAL_S) if on_epoch else None
+        if epoch is None:
+            thread.join(0 if on_epoch else _WATCH_INTERVAL_S)
+        else:
+            stop = True
+            try:
+                stop = bool(on_epoch(epoch)) if callback_error is None else True
+            except BaseException as exc:  # the workers still have to be released
+                callback_error = exc
+            controller.release_epoch(epoch, stop)
         if controller.error is not None:
             sc.cancelJobGroup(group)
             thread.join(_CANCEL_WAIT_S)
@@ -450,9 +533,17 @@ def _run_watched(sc: SparkContext, controller: Controller, action: Any) -> Any:
         raise TrainingError(
             f"training failed: the gradient-sharing controller failed: {type(error).__name__}: {error}"
         ) from error
+    if callback_error is not None:
+        raise callback_error
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _task_slots(sc: SparkContext) -> int:
+    """How many tasks the cluster runs at once: default parallelism over ``spark.task.cpus``."""
+    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    return max(1, int(sc.defaultParallelism) // max(1, cpus))
 
 
 def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
@@ -479,19 +570,24 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
-        threshold_algorithm: default ``AdaptiveThresholdAlgorithm()``.
-        residual_post_processor: default ``ResidualClippingPostProcessor(5.0, 5)``.
+        threshold_algorithm: default ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default
+            was ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
+        residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
+            update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star through the controller).
         rdd_training_approach: ``"export"`` or ``"direct"``.
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         storage_level: storage level of the training RDD.
-        repartitioner: default ``DefaultRepartitioner()`` (one minibatch per partition, <= 5000 partitions).
+        repartitioner: None (default): one balanced partition per Spark task slot, every epoch of a fit
+            in one barrier job; ``DefaultRepartitioner()`` is DL4J's one minibatch per partition (one
+            Spark job per epoch once there are more partitions than slots).
         worker_prefetch_num_batches: minibatches loaded ahead by a background thread on each worker.
         encoding_debug_mode: log threshold, density and residual statistics for every worker step.
         collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
         debug_longer_iterations: milliseconds of extra sleep after every worker step (testing aid).
-        rng_seed: seed of the data shuffle, a new order every epoch, done in the repartitioning shuffle
-            (None: no shuffle).
+        rng_seed: seed of the data order: the repartitioning shuffle of every fit and each worker's
+            per-epoch order of its partition (None: a random seed per fit, and no repartitioning
+            shuffle).
         transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
     """
 
@@ -565,12 +661,23 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     @property
     def current_threshold_algorithm(self) -> ThresholdAlgorithm | None:
         """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
-        return self._threshold_state or self.threshold_algorithm
+        return (
+            self._threshold_state
+            or self.threshold_algorithm
+            or TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)
+        )
 
     def execute_training(
-        self, sc: SparkContext, network: MultiLayerNetwork, rdd: Any, kind: str, loader: Any = None
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        rdd: Any,
+        kind: str,
+        loader: Any = None,
+        epochs: int = 1,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
     ) -> float:
-        """Train ``network`` in place for one pass over ``rdd``; returns the average worker score.
+        """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
 
         Args:
             sc: the SparkContext.
@@ -578,26 +685,30 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             rdd: RDD of DataSets (kind "dataset") or paths (kind "path").
             kind: "dataset" or "path".
             loader: path -> DataSet (kind "path").
+            epochs: number of passes.
+            epoch_callback: ``epoch_callback(epoch, network)`` after each epoch, on the driver, with
+                ``network`` holding the controller's parameters and ``epoch`` the index of the epoch
+                that just finished (``network.epoch_count - 1``); a true result stops training.
         """
         if self.mesh_build_mode != MeshBuildMode.PLAIN:
             raise ValueError("mesh_build_mode: only 'plain' is available in this version of sparkgrad")
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
+        slots = _task_slots(sc)
         with Timer(stats, MASTER_REPARTITION):
-            # reproducible shuffle, a new order every epoch, done in the repartitioning shuffle
             seed = None
-            if self.rng_seed is not None:
+            if self.rng_seed is not None:  # a reproducible order, new for every fit
                 seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
-            units = (self.repartitioner or DefaultRepartitioner()).repartition(
-                data.rdd, min_per, data.num_units, data.counts, seed
-            )
-        results = self._run_job(sc, network, units, data, stats)
+            repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
+            units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
+        results = self._run_job(sc, network, units, data, stats, epochs, epoch_callback, slots)
         with Timer(stats, MASTER_PROCESS):
             score = self._process_results(network, results, stats)
         if stats is not None:
-            stats.add(MASTER_FIT, event(fit_start, examples=data.num_units * data.examples_per_unit))
+            examples = data.num_units * data.examples_per_unit
+            stats.add(MASTER_FIT, event(fit_start, examples=examples))
         self.last_stats = stats
         return score
 
@@ -608,6 +719,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         units: Any,
         data: Any,
         stats: SparkTrainingStats | None,
+        epochs: int,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        slots: int,
     ) -> dict[int, WorkerResult]:
         transport = self.transport or ZmqTransportConfiguration()
         void = self.void_configuration
@@ -619,6 +733,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         job_id = random.SystemRandom().getrandbits(63) + 1
         secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
         algorithm = self.current_threshold_algorithm
+        partitions = units.getNumPartitions()
+        barrier = partitions <= slots
+        first_epoch = int(network.epoch_count)
         controller = Controller(
             network.params(),
             job_id,
@@ -627,10 +744,25 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             void.unicast_port,
             transport,
             iteration=int(network.iteration_count),
-            epoch=int(network.epoch_count),
+            epoch=first_epoch,
             threshold_reference=_reference_threshold(algorithm),
         )
+        finished = first_epoch
+
+        def on_epoch(epoch: int) -> bool:
+            """The driver's side of an epoch end: the network takes the controller's parameters."""
+            nonlocal finished
+            finished = epoch + 1
+            network.set_params(controller.params())
+            network.epoch_count = finished
+            network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
+            stop = bool(epoch_callback(epoch, network)) if epoch_callback is not None else False
+            return stop or finished >= first_epoch + epochs
+
+        results: dict[int, WorkerResult] = {}
         try:
+            if barrier:
+                controller.expect_workers(partitions)
             job = SharedJob(
                 job_id,
                 secret,
@@ -639,7 +771,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 transport,
                 NetworkSnapshot.of(network),
                 algorithm,
-                self.residual_post_processor,
+                self.residual_post_processor or NoOpResidualPostProcessor(),
                 data.kind,
                 data.loader,
                 self.batch_size_per_worker,
@@ -648,21 +780,32 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 self.encoding_debug_mode,
                 self.debug_longer_iterations,
                 self.collect_training_stats,
+                barrier,
+                self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
             )
             bc = sc.broadcast(job)
             try:
-                results = _run_watched(
-                    sc,
-                    controller,
-                    lambda: units.mapPartitions(_shared_partition(bc)).treeAggregate(
-                        {}, _latest, _latest, depth=4
-                    ),
-                )
+                if barrier:  # every epoch in one job
+                    train = _shared_partition(bc, first_epoch, epochs)
+                    for part in _run_watched(
+                        sc, controller, lambda: units.barrier().mapPartitions(train).collect(), on_epoch
+                    ):
+                        results = _latest(results, part)
+                else:  # more partitions than slots: one job per epoch
+                    for epoch in range(first_epoch, first_epoch + epochs):
+                        train = _shared_partition(bc, epoch, 1)
+                        for part in _run_watched(
+                            sc, controller, lambda t=train: units.mapPartitions(t).collect()
+                        ):
+                            results = _latest(results, part)
+                        if on_epoch(epoch):
+                            break
             finally:
                 bc.unpersist()
         finally:
             controller.close()
         network.set_params(controller.params())
+        network.epoch_count = max(finished, int(network.epoch_count))
         network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
         c = controller.counters
         self.last_traffic = {
@@ -676,6 +819,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             "controller_peers_dropped": c.peers_dropped,
             "updates_applied": controller.updates_applied,
             "workers": len(controller.workers_seen),
+            "epochs": finished - first_epoch,
+            "spark_jobs": 1 if barrier else finished - first_epoch,
         }
         if stats is not None:
             for name, value in self.last_traffic.items():
@@ -698,7 +843,6 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         for r in workers:
             reducer.add(r.threshold_algorithm)
         self._threshold_state = reducer.final_result()
-        network.epoch_count += 1
         totals: dict[str, float] = {}
         for r in workers:
             for name, value in r.counters.items():
@@ -714,4 +858,4 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         return float(np.mean([r.score for r in workers]))
 
 
-__all__ = ["SharedJob", "SharedTrainingMaster", "SharedWorker", "WorkerResult"]
+__all__ = ["SharedJob", "SharedTrainingMaster", "SharedWorker", "WorkerResult", "encoded_count"]

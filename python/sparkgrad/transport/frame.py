@@ -50,8 +50,9 @@ Payloads by message type:
 - ``UPDATE``: the raw int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32,
   ``payload length / 4`` words). Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
-- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``: UTF-8 JSON object of control
-  data (possibly empty).
+- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``:
+  UTF-8 JSON object of control data (possibly empty). ``EPOCH_END`` and ``EPOCH_GO`` name their epoch in
+  the header's epoch field; ``EPOCH_GO`` carries ``{"stop": bool}``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class MessageType(enum.IntEnum):
     BYE = 6  # either side: leaving / job over
     ERROR = 7  # controller -> worker: JSON {"error": message, "rejoin": bool}
     PARAMS_REQUEST = 8  # worker -> controller: re-send the current parameters
+    EPOCH_END = 9  # worker -> controller: finished the header's epoch (applied after all it sent before)
+    EPOCH_GO = 10  # controller -> worker: every worker finished the header's epoch; JSON {"stop": bool}
 
 
 class Flag(enum.IntFlag):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -86,18 +87,22 @@ class ZmqTransportConfiguration(Config):
         high_water_mark: ZeroMQ send/receive queue limit in messages per peer (>= 1). A worker whose
             queue fills up is dropped by the controller and must re-join (see the module docstring);
             memory per peer is bounded by this many frames of the job's largest frame.
+        epoch_timeout_ms: how long a worker waits at an epoch boundary for the other workers and the
+            driver's epoch callback.
     """
 
     connect_timeout_ms: int = 15000
     sync_timeout_ms: int = 120000
     poll_interval_ms: int = 50
     high_water_mark: int = 1000
+    epoch_timeout_ms: int = 600000
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
         check_int("sync_timeout_ms", self.sync_timeout_ms, minimum=1)
         check_int("poll_interval_ms", self.poll_interval_ms, minimum=1)
         check_int("high_water_mark", self.high_water_mark, minimum=1)
+        check_int("epoch_timeout_ms", self.epoch_timeout_ms, minimum=1)
 
 
 def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
@@ -262,7 +267,20 @@ class Controller:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        # epoch barrier: EPOCH_END reports per epoch, the driver's decisions, epochs every worker finished
+        self._expected_workers = 0
+        self._epoch_reports: dict[int, dict[int, bytes]] = {}
+        self._epoch_decisions: dict[int, bool] = {}
+        self._finished_epochs: queue.Queue[int] = queue.Queue()
+        self._releases: queue.Queue[tuple[int, bool]] = queue.Queue()
         self._ctx = zmq.Context()
+        # the driver wakes the controller thread through an inproc pair (sockets stay single-threaded)
+        wake = f"inproc://sparkgrad-controller-wake-{job_id:x}-{id(self):x}"
+        self._wake_in = self._ctx.socket(zmq.PAIR)
+        self._wake_in.bind(wake)
+        self._wake_out = self._ctx.socket(zmq.PAIR)
+        self._wake_out.connect(wake)
+        self._wake_lock = threading.Lock()
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT)
         self._sock = _socket(self._ctx, zmq.ROUTER, self._config, max_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -270,6 +288,8 @@ class Controller:
             self._sock.bind(endpoint(host, port))
         except zmq.ZMQError as exc:
             self._sock.close()
+            self._wake_in.close()
+            self._wake_out.close()
             self._ctx.term()
             raise TransportError(
                 f"controller cannot listen on {endpoint(host, port)}: {exc} "
@@ -292,6 +312,26 @@ class Controller:
         """The error that stopped the controller thread (None while it runs or after a clean stop)."""
         return self._error
 
+    def expect_workers(self, count: int) -> None:
+        """Run an epoch barrier over ``count`` workers: an epoch is finished once that many reported it."""
+        self._expected_workers = check_int("count", count, minimum=1)
+
+    def next_finished_epoch(self, timeout_s: float) -> int | None:
+        """The next epoch every expected worker has finished, or None after ``timeout_s`` seconds.
+
+        Its workers wait until :meth:`release_epoch` is called for it.
+        """
+        try:
+            return self._finished_epochs.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def release_epoch(self, epoch: int, stop: bool) -> None:
+        """Let the workers waiting at the end of ``epoch`` go on (``stop`` False) or finish (True)."""
+        self._releases.put((int(epoch), bool(stop)))
+        with self._wake_lock:
+            self._wake_out.send(b"")
+
     def check(self) -> None:
         """Raise the error that stopped the controller thread, if any."""
         if self._error is not None:
@@ -305,6 +345,7 @@ class Controller:
             return
         self._stop.set()
         self._thread.join()
+        self._wake_out.close()
         self._ctx.term()
 
     def __enter__(self) -> Controller:
@@ -317,9 +358,15 @@ class Controller:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if poller.poll(self._config.poll_interval_ms):
+                ready = dict(poller.poll(self._config.poll_interval_ms))
+                if self._wake_in in ready:
+                    while self._wake_in.poll(0):
+                        self._wake_in.recv()
+                    self._apply_releases()
+                if self._sock in ready:
                     self._receive_all()
                 self._retry_rejoin_notices()
             for identity in list(self._peers.values()):
@@ -331,6 +378,7 @@ class Controller:
         finally:
             self._log.flush()
             self._sock.close()
+            self._wake_in.close()
 
     def _receive_all(self) -> None:
         while True:
@@ -361,9 +409,11 @@ class Controller:
         self._seq += 1
         return self._seq - 1
 
-    def _control_frame(self, kind: MessageType, body: dict | None = None) -> bytearray:
+    def _control_frame(self, kind: MessageType, body: dict | None = None, epoch: int = 0) -> bytearray:
         payload = json_payload(body) if body is not None else b""
-        return encode_frame(self._key, kind, self.job_id, CONTROLLER_ID, self._next_seq(), payload)
+        return encode_frame(
+            self._key, kind, self.job_id, CONTROLLER_ID, self._next_seq(), payload, epoch=epoch
+        )
 
     def _reject(self, reason: str, text: str) -> None:
         self.counters.reject(reason)
@@ -478,9 +528,35 @@ class Controller:
             self._send(identity, self._control_frame(MessageType.SYNC_ACK))
         elif kind == MessageType.PARAMS_REQUEST:
             self._send(identity, self._params_frame())
+        elif kind == MessageType.EPOCH_END:
+            self._epoch_end(identity, sender, header.epoch)
         else:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
             self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
+
+    def _epoch_end(self, identity: bytes, sender: int, epoch: int) -> None:
+        """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order)."""
+        if epoch in self._epoch_decisions:  # a late or re-joined worker: the decision stands
+            self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch]))
+            return
+        reports = self._epoch_reports.setdefault(epoch, {})
+        reports[sender] = identity
+        if len(reports) == self._expected_workers:
+            self._finished_epochs.put(epoch)
+
+    def _go_frame(self, epoch: int, stop: bool) -> bytearray:
+        return self._control_frame(MessageType.EPOCH_GO, {"stop": stop}, epoch=epoch)
+
+    def _apply_releases(self) -> None:
+        while True:
+            try:
+                epoch, stop = self._releases.get_nowait()
+            except queue.Empty:
+                return
+            self._epoch_decisions[epoch] = stop
+            self.epoch = max(self.epoch, epoch + 1)
+            for identity in self._epoch_reports.pop(epoch, {}).values():
+                self._send(identity, self._go_frame(epoch, stop))
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
@@ -705,6 +781,23 @@ class WorkerConnection:
         """
         self._send(MessageType.SYNC)
         self._wait_for(MessageType.SYNC_ACK, self._config.sync_timeout_ms, on_update, "SYNC")
+
+    def end_epoch(self, epoch: int, on_update: Callable[[Header, np.ndarray], None]) -> bool:
+        """Report ``epoch`` finished and wait for every worker and the driver; True means stop.
+
+        Peer updates arriving meanwhile are applied. Raises :class:`RejoinRequired` when the controller
+        dropped this worker.
+        """
+        self._send(MessageType.EPOCH_END, epoch=epoch)
+        while True:
+            header, payload = self._wait_for(
+                MessageType.EPOCH_GO, self._config.epoch_timeout_ms, on_update, f"EPOCH_END {epoch}"
+            )
+            if header.epoch == epoch:
+                try:
+                    return parse_json_payload(payload).get("stop") is True
+                except FrameRejected as exc:
+                    raise TransportError(f"worker {self.worker_id}: bad EPOCH_GO: {exc}") from exc
 
     def _controller_left(self) -> bool:
         """Whether the controller already said BYE or reported an error (reads what has arrived)."""
