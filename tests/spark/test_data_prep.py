@@ -104,14 +104,17 @@ def test_auto_trains_directly_within_the_budget_and_exports_above(
             + decision
         ]
         assert bool(_exported_files(tmp_path)) == exported
+        kept = m._prepared[1].rdd  # what the workers read, persisted for the next fits
+        assert kept.is_cached and (kept is rdd) != exported
         if exported:  # one record per batch of 16 examples in each of the 2 partitions
             assert m._export_state[2] == 2 * -(-EXAMPLES // 2 // BATCH)
+            assert not rdd.is_cached  # the source, persisted for the size estimate, was released
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="sparkgrad.spark.common"):
             sm.fit(rdd)  # the same RDD again: prepared data reused, the choice still recorded
         assert not caplog.records
         assert sm.training_stats.counters[APPROACH_EXPORT_COUNTER] == float(exported)
-    assert not _exported_files(tmp_path)  # close() deleted the export
+    assert not _exported_files(tmp_path) and not kept.is_cached  # close() released everything
 
 
 @pytest.mark.parametrize("approach, exported", [("export", True), ("direct", False)])
