@@ -327,8 +327,8 @@ class TrainingMasterBase:
         through Spark's Hadoop I/O, so any file system works, then read back) in EXPORT mode, and in
         AUTO mode when the size of its arrays exceeds ``direct_memory_budget_mb``; otherwise, and for
         every RDD of paths, the RDD is used as is. The result is persisted at the master's storage
-        level for its element kind and counted (in AUTO mode the counting job also sums the sizes, so
-        deciding costs no extra job on data within the budget), and kept (persisted, counts known)
+        level for its element kind and counted (the counting job also sums the arrays' sizes, so AUTO
+        decides without an extra job), and kept (persisted, counts known)
         for the next fits of the same RDD, so those start no Spark job here; it is released when a
         fit uses other data or by :meth:`delete_temp_files`. ``timer_key`` and ``count_key`` name the
         stats of the export and of the count; every fit also counts
