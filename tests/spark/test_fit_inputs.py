@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -95,10 +94,10 @@ def test_fit_labeled_points(spark, digits) -> None:
 def test_bad_data_fails_fast_with_clear_errors(spark, digits, master) -> None:
     sm = SparkMultiLayer(spark, mlp_conf(hidden=8), _pa() if master == "pa" else _shared())
     sc = spark.sparkContext
-    start = time.monotonic()
-    with pytest.raises(TypeError, match="DataSet.*int"):
+    with pytest.raises(
+        TypeError, match=r"^data: expected an RDD of sparkgrad\.data\.DataSet, found elements of type int$"
+    ):
         sm.fit(sc.parallelize([1, 2, 3], 2))
-    assert time.monotonic() - start < 60
     narrow = DataSet(np.zeros((4, 32), np.float32), np.eye(10, dtype=np.float32)[:4])
     with pytest.raises(ValueError, match="do not fit the network"):
         sm.fit(sc.parallelize([narrow], 1))
@@ -115,10 +114,9 @@ def test_port_in_use_and_unreachable_controller_fail_fast(spark, digits) -> None
         s.listen()
         busy = s.getsockname()[1]
         sm = SparkMultiLayer(spark, mlp_conf(hidden=8), _shared(busy))
-        start = time.monotonic()
-        with pytest.raises(TransportError, match=f"127.0.0.1:{busy}"):
+        # the driver's controller cannot bind: the error names the endpoint, before any task waits
+        with pytest.raises(TransportError, match=rf"controller cannot listen on tcp://127\.0\.0\.1:{busy}\b"):
             sm.fit(rdd)
-        assert time.monotonic() - start < 60
     # a TEST-NET address that is not this machine's: the controller cannot listen there, and the
     # driver says so before any task starts (nothing is sent anywhere).
     foreign = foreign_address()

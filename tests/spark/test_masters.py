@@ -50,6 +50,7 @@ def shared_fit(spark, digits, train_rdd, tmp_path_factory):
             1e-3, min_target_sparsity=1e-3, max_target_sparsity=5e-2
         ),
         repartitioner=DefaultRepartitioner(max_partitions=2),
+        rdd_training_approach="export",  # test_shared_export_is_reused_and_deleted checks the export
         export_directory=str(tmp_path_factory.mktemp("export")),
         collect_training_stats=True,
         rng_seed=3,

@@ -1,9 +1,10 @@
 """Pieces shared by both training masters and SparkMultiLayer: network snapshots shipped to executors,
-user code shipped by value, data preparation (Export/Direct), error translation and Hadoop file-system
+user code shipped by value, data preparation (Export/Direct/Auto), error translation and Hadoop file-system
 helpers."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -15,13 +16,15 @@ import numpy as np
 
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.config import RDDTrainingApproach, storage_level
-from sparkgrad.spark.partitioning import partition_counts, rebatch
+from sparkgrad.spark.partitioning import partition_sizes, rebatch
 from sparkgrad.spark.stats import SparkTrainingStats, Timer
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
 
     from sparkgrad.nn import MultiLayerNetwork
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -216,7 +219,8 @@ class TrainingData:
 
     ``kind`` says what the elements are ("dataset", "bytes" = (name, exported DataSet bytes), "path"),
     ``examples_per_unit`` how many examples each element holds (for split and partition sizing),
-    ``counts`` the number of elements in every partition of ``rdd``.
+    ``counts`` the number of elements in every partition of ``rdd``, ``exported`` whether the data was
+    exported to files (``rdd`` then reads them back).
     """
 
     rdd: RDD
@@ -225,13 +229,22 @@ class TrainingData:
     examples_per_unit: int
     num_units: int
     counts: list[int]
+    exported: bool = False
+
+
+# Default of the masters' ``direct_memory_budget_mb``: AUTO trains directly from RDDs up to this size.
+DEFAULT_DIRECT_MEMORY_BUDGET_MB = 512
+MIB = 1 << 20
+# Stats counter of every fit: 1 when the data was exported to files, 0 when trained directly.
+APPROACH_EXPORT_COUNTER = "training_approach_export"
 
 
 class TrainingMasterBase:
-    """Export/Direct data handling and temp-file bookkeeping common to both training masters.
+    """Export/Direct/Auto data handling and temp-file bookkeeping common to both training masters.
 
     Subclasses are dataclasses with the fields ``batch_size_per_worker``, ``rdd_data_set_num_examples``,
-    ``rdd_training_approach``, ``export_directory`` and ``storage_level``.
+    ``rdd_training_approach``, ``export_directory``, ``storage_level`` and ``direct_memory_budget_mb``
+    (a subclass without the last field uses :data:`DEFAULT_DIRECT_MEMORY_BUDGET_MB`).
     """
 
     batch_size_per_worker: int
@@ -239,6 +252,7 @@ class TrainingMasterBase:
     rdd_training_approach: RDDTrainingApproach
     export_directory: str | None
     storage_level: str
+    direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
 
     def _runtime_init(self) -> None:
         self._uid = uuid.uuid4().hex[:12]
@@ -277,8 +291,9 @@ class TrainingMasterBase:
     ) -> tuple[str, int]:
         """Batch ``rdd`` into records of ``batch_size_per_worker`` examples once per RDD; reuse afterwards."""
         if self._export_state is None or self._export_state[0] != rdd.id():
-            if self._export_state is not None:
-                self.delete_temp_files(sc)
+            if self._export_root is not None:  # files of another RDD, or of an export that failed
+                hadoop_delete(sc, self._export_root)
+            self._export_state = None
             self._export_root = self._export_dir(sc)
             path = f"{self._export_root}/{rdd.id()}"
             batch = self.batch_size_per_worker
@@ -308,41 +323,101 @@ class TrainingMasterBase:
     ) -> TrainingData:
         """The training data of one fit.
 
-        DataSet RDDs in EXPORT mode are written once (through Spark's Hadoop I/O, so any file system
-        works) as sequence files of DataSet bytes and read back; otherwise the RDD is used as is. The
-        result is persisted at the master's storage level for its element kind and counted, and kept
-        (persisted, counts known) for the next fits of the same RDD, so those start no Spark job here;
-        it is released when a fit uses other data or by :meth:`delete_temp_files`. ``timer_key`` and
-        ``count_key`` name the stats of the export and of the count.
+        A DataSet RDD is exported (batched and written once as sequence files of DataSet bytes
+        through Spark's Hadoop I/O, so any file system works, then read back) in EXPORT mode, and in
+        AUTO mode when the size of its arrays exceeds ``direct_memory_budget_mb``; otherwise, and for
+        every RDD of paths, the RDD is used as is. The result is persisted at the master's storage
+        level for its element kind and counted (the counting job also sums the arrays' sizes, so AUTO
+        decides without an extra job), and kept (persisted, counts known)
+        for the next fits of the same RDD, so those start no Spark job here; it is released when a
+        fit uses other data or by :meth:`delete_temp_files`. ``timer_key`` and ``count_key`` name the
+        stats of the export and of the count; every fit also counts
+        :data:`APPROACH_EXPORT_COUNTER` (1 exported, 0 direct) in ``stats``.
         """
         key = (
             sc.applicationId,
             rdd.id(),
             kind,
             self.rdd_training_approach,
+            self.direct_memory_budget_mb,
             self.batch_size_per_worker,
             self.rdd_data_set_num_examples,
             self._storage_level_for(kind),
         )
         if self._prepared is not None and self._prepared[0] == key:
-            return replace(self._prepared[1], loader=loader)
-        self._unpersist()
-        per_unit = self.rdd_data_set_num_examples
-        if kind == "dataset" and self.rdd_training_approach == RDDTrainingApproach.EXPORT:
-            path, _ = self._export(sc, rdd, stats, timer_key)
-            rdd, kind, per_unit = sc.sequenceFile(path), "bytes", self.batch_size_per_worker
+            data = replace(self._prepared[1], loader=loader)
+        else:
+            self._unpersist()
+            data = self._prepare_new(sc, rdd, kind, loader, stats, timer_key, count_key)
+            self._prepared = (key, data)
+        if stats is not None:
+            stats.count(APPROACH_EXPORT_COUNTER, float(data.exported))
+        return data
+
+    def _prepare_new(
+        self,
+        sc: SparkContext,
+        rdd: RDD,
+        kind: str,
+        loader: Any,
+        stats: SparkTrainingStats | None,
+        timer_key: str,
+        count_key: str | None,
+    ) -> TrainingData:
+        approach = self.rdd_training_approach if kind == "dataset" else RDDTrainingApproach.DIRECT
+        if approach != RDDTrainingApproach.EXPORT:
+            data, nbytes = self._persist_and_count(
+                rdd, kind, loader, self.rdd_data_set_num_examples, count_key, stats
+            )
+            budget = self.direct_memory_budget_mb * MIB
+            if approach == RDDTrainingApproach.DIRECT or nbytes <= budget:
+                if kind == "dataset":
+                    _log.info(
+                        "training data: %d DataSets, %.1f MiB of arrays, rdd_training_approach=%s: "
+                        "training directly from the RDD",
+                        data.num_units,
+                        nbytes / MIB,
+                        approach.value,
+                    )
+                return data
+            _log.info(
+                "training data: %d DataSets, %.1f MiB of arrays, above direct_memory_budget_mb=%d: "
+                "exporting it to files",
+                data.num_units,
+                nbytes / MIB,
+                self.direct_memory_budget_mb,
+            )
+            rdd = data.rdd
+        else:
+            _log.info("training data: rdd_training_approach=export: exporting it to files")
+        path, _ = self._export(sc, rdd, stats, timer_key)
+        self._unpersist()  # the source (if persisted for the size estimate) is no longer needed
+        data, _ = self._persist_and_count(
+            sc.sequenceFile(path), "bytes", loader, self.batch_size_per_worker, count_key, stats
+        )
+        return replace(data, exported=True)
+
+    def _persist_and_count(
+        self,
+        rdd: RDD,
+        kind: str,
+        loader: Any,
+        per_unit: int,
+        count_key: str | None,
+        stats: SparkTrainingStats | None,
+    ) -> tuple[TrainingData, int]:
+        """Persist ``rdd`` (unless cached already) and count it: the data and the bytes of its arrays."""
         if not rdd.is_cached:
             level = storage_level(self._storage_level_for(kind))
             if level != storage_level("NONE"):
                 rdd = rdd.persist(level)
                 self._persisted.append(rdd)
         with Timer(stats if count_key else None, count_key or ""):
-            counts = run_spark("counting the data", lambda: partition_counts(rdd))
+            sizes = run_spark("counting the data", lambda: partition_sizes(rdd))
+        counts = [c for c, _ in sizes]
         if sum(counts) == 0:
             raise ValueError("data: the RDD is empty, there is nothing to train on")
-        data = TrainingData(rdd, kind, loader, per_unit, sum(counts), counts)
-        self._prepared = (key, data)
-        return data
+        return TrainingData(rdd, kind, loader, per_unit, sum(counts), counts), sum(b for _, b in sizes)
 
     def _unpersist(self) -> None:
         """Release the training data persisted by :meth:`prepare`."""
@@ -370,6 +445,8 @@ def process_tag() -> str:
 
 
 __all__ = [
+    "APPROACH_EXPORT_COUNTER",
+    "DEFAULT_DIRECT_MEMORY_BUDGET_MB",
     "ByValue",
     "NetworkSnapshot",
     "TrainingData",

@@ -24,10 +24,18 @@ class MeshBuildMode(enum.Enum):
 
 
 class RDDTrainingApproach(enum.Enum):
-    """EXPORT: batch and save the RDD once, train from the files; DIRECT: train from the RDD itself."""
+    """How a training master feeds an RDD of DataSets to its workers.
+
+    EXPORT: batch the RDD and save it once as sequence files (through Spark's Hadoop I/O, under the
+    master's ``export_directory``), train from the files. DIRECT: train from the RDD itself, persisted
+    at the master's storage level. AUTO: DIRECT while the data's in-memory size (the DataSets' arrays,
+    summed by the counting job every fit runs anyway) is within the master's
+    ``direct_memory_budget_mb``, EXPORT above it. RDDs of paths (``fit_paths``) are never exported.
+    """
 
     EXPORT = "export"
     DIRECT = "direct"
+    AUTO = "auto"
 
 
 class Repartition(enum.Enum):

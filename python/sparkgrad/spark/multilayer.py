@@ -7,7 +7,7 @@ import itertools
 import logging
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 DEFAULT_EVAL_BATCH_SIZE = 64
 _log = logging.getLogger(__name__)
+
+# epoch_callback(epoch, network) -> truthy to stop after that epoch
+EpochCallback = Callable[[int, "MultiLayerNetwork"], Any]
 
 # Per executor process: network copies of the latest evaluation/inference broadcast.
 _NETS: dict[str, list[MultiLayerNetwork]] = {}
@@ -204,36 +207,59 @@ class SparkMultiLayer:
         self._default_eval_workers = check_int("default_evaluation_workers", value, minimum=1)
 
     # -- training -----------------------------------------------------------------------------
-    def fit(self, data: RDD | str) -> MultiLayerNetwork:
-        """Train one epoch.
+    def fit(
+        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train ``epochs`` passes over ``data`` (one by default) in one call.
+
+        The data is prepared once per fit, not per epoch. With the default ``rdd_training_approach``
+        ("auto") an RDD of DataSets is trained directly (persisted at the master's storage level)
+        while its arrays total at most the master's ``direct_memory_budget_mb``, and exported to files
+        under ``export_directory`` once (reused by later fits of the same RDD) above it.
 
         Args:
             data: an RDD of DataSets, or a directory (any Hadoop URI) of DataSets saved with
-                ``DataSet.save``, read through Spark's ``binaryFiles``.
+                ``DataSet.save``, read through Spark's ``binaryFiles`` (never exported).
+            epochs: passes over the data, a positive int.
+            epoch_callback: ``epoch_callback(epoch, network)``, called on the driver after every
+                epoch: ``epoch`` is the 0-based index of the epoch that just finished in the network's
+                own count (``network.epoch_count - 1``), ``network`` is this model's network holding
+                the parameters trained so far. Returning True stops training after that epoch (the fit
+                returns normally); an exception it raises ends the fit and reaches the caller.
 
         Returns:
             The trained network.
         """
+        epochs = _check_epochs(epochs, epoch_callback)
         if isinstance(data, str):
             rdd = self._sc.binaryFiles(data)
             self._check_first(rdd.map(lambda pb: load_unit("bytes", None, pb)), "data")
-            return self._train(rdd, "bytes", None)
+            return self._train(rdd, "bytes", None, epochs, epoch_callback)
         self._check_rdd(data, "data")
         self._check_first(data, "data")
-        return self._train(data, "dataset", None)
+        return self._train(data, "dataset", None, epochs, epoch_callback)
 
-    def fit_paths(self, paths: RDD, loader: Any = None) -> MultiLayerNetwork:
-        """Train one epoch on saved DataSets named by an RDD of paths.
+    def fit_paths(
+        self,
+        paths: RDD,
+        loader: Any = None,
+        epochs: int = 1,
+        epoch_callback: EpochCallback | None = None,
+    ) -> MultiLayerNetwork:
+        """Train ``epochs`` passes over saved DataSets named by an RDD of paths (never exported).
 
         Args:
             paths: RDD of path strings.
             loader: callable path -> DataSet (default ``SerializedDataSetLoader()``).
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
 
         Returns:
             The trained network.
         """
         from sparkgrad.data import SerializedDataSetLoader
 
+        epochs = _check_epochs(epochs, epoch_callback)
         self._check_rdd(paths, "paths")
         loader = SerializedDataSetLoader() if loader is None else loader
         if not callable(loader):
@@ -242,28 +268,63 @@ class SparkMultiLayer:
         if not isinstance(first, str):
             raise TypeError(f"paths: expected an RDD of path strings, found {type(first).__name__}")
         check_dataset_matches(self._network, loader(first), "paths")
-        return self._train(paths, "path", loader)
+        return self._train(paths, "path", loader, epochs, epoch_callback)
 
-    def fit_labeled_point(self, rdd: RDD) -> MultiLayerNetwork:
-        """Train one epoch on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices)."""
+    def fit_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
+
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
         classes = int(self._network.conf.output_type.size)
-        return self._fit_points(rdd, classes)
+        return self._fit_points(rdd, classes, epochs, epoch_callback)
 
-    def fit_continuous_labeled_point(self, rdd: RDD) -> MultiLayerNetwork:
-        """Train one epoch on LabeledPoint data with real-valued labels (one regression output)."""
-        return self._fit_points(rdd, None)
+    def fit_continuous_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on LabeledPoint data with real-valued labels (one regression output).
 
-    def _fit_points(self, rdd: RDD, classes: int | None) -> MultiLayerNetwork:
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        return self._fit_points(rdd, None, epochs, epoch_callback)
+
+    def _fit_points(
+        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
+    ) -> MultiLayerNetwork:
+        epochs = _check_epochs(epochs, epoch_callback)
         self._check_rdd(rdd, "rdd")
         batch = self._master.rdd_data_set_num_examples
         dtype = self._network.params().dtype
         datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
         self._check_first(datasets, "rdd")
-        return self._train(datasets, "dataset", None)
+        return self._train(datasets, "dataset", None, epochs, epoch_callback)
 
-    def _train(self, rdd: Any, kind: str, loader: Any) -> MultiLayerNetwork:
+    def _train(
+        self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
+    ) -> MultiLayerNetwork:
         # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
-        self._score = self._master.execute_training(self._sc, self._network, rdd, kind, by_value(loader))
+        self._score = self._master.execute_training(
+            self._sc,
+            self._network,
+            rdd,
+            kind,
+            by_value(loader),
+            epochs=epochs,
+            epoch_callback=epoch_callback,
+        )
         return self._network
 
     @staticmethod
@@ -565,6 +626,20 @@ class SparkMultiLayer:
         if result is None:
             raise ValueError("rdd: the RDD is empty, there is nothing to evaluate")
         return result
+
+
+def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
+    """Validate the ``epochs`` and ``epoch_callback`` arguments of the fit methods; returns ``epochs``."""
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
+        raise TypeError(f"epochs: expected a positive int, got {type(epochs).__name__}")
+    if epochs < 1:
+        raise ValueError(f"epochs: must be >= 1, got {epochs}")
+    if epoch_callback is not None and not callable(epoch_callback):
+        raise TypeError(
+            f"epoch_callback: expected a callable (epoch, network) -> bool or None, "
+            f"got {type(epoch_callback).__name__}"
+        )
+    return int(epochs)
 
 
 def _output(net: MultiLayerNetwork, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

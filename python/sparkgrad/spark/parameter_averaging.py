@@ -1,10 +1,11 @@
 """ParameterAveragingTrainingMaster: synchronous data-parallel training by averaging parameters.
 
-Per fit (one epoch): the data is split into random balanced parts sized so that every worker trains
+Per epoch: the data is split into random balanced parts sized so that every worker trains
 about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per part, and EVERY example is
 used once (DL4J dropped the surplus). For each part: repartition to ``num_workers`` partitions,
 broadcast parameters and updater state, train each partition, ``treeAggregate`` the sums at
-``aggregation_depth`` and divide on the driver.
+``aggregation_depth`` and divide on the driver. A fit of several epochs prepares its data once
+(counted, persisted or exported) and runs only these training jobs per epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.common import (
+    DEFAULT_DIRECT_MEMORY_BUDGET_MB,
     NetworkSnapshot,
     TrainingData,
     TrainingMasterBase,
@@ -44,6 +46,8 @@ from sparkgrad.spark.partitioning import (
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark import SparkContext
 
     from sparkgrad.nn import MultiLayerNetwork
@@ -53,6 +57,7 @@ EXPORT = "ParameterAveragingMasterExportTimesMs"
 COUNT = "ParameterAveragingMasterCountRddSizeTimesMs"
 BROADCAST = "ParameterAveragingMasterBroadcastCreateTimesMs"
 FIT = "ParameterAveragingMasterFitTimesMs"
+EPOCH = "ParameterAveragingMasterEpochTimesMs"
 SPLIT = "ParameterAveragingMasterSplitTimesMs"
 MAP_PARTITIONS = "ParameterAveragingMasterMapPartitionsTimesMs"
 AGGREGATE = "ParameterAveragingMasterAggregateTimesMs"
@@ -172,9 +177,13 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         worker_prefetch_num_batches: minibatches a worker loads ahead in a background thread (0: none).
         repartition: when to repartition each split (``Repartition``).
         repartition_strategy: how (``RepartitionStrategy``).
-        storage_level: Spark storage level of the training data (Direct mode).
+        storage_level: Spark storage level of the training data (trained directly).
         storage_level_streams: storage level of path RDDs (fit_paths / exported files).
-        rdd_training_approach: ``"export"`` (batch and save the RDD once) or ``"direct"``.
+        rdd_training_approach: ``"auto"`` (default: train directly from the persisted RDD while its
+            DataSets' arrays total at most ``direct_memory_budget_mb``, export above), ``"export"``
+            (batch and save the RDD once as files, train from them) or ``"direct"`` (always train from
+            the RDD). See :class:`~sparkgrad.spark.RDDTrainingApproach`; ``fit_paths`` never exports.
+        direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         rng_seed: seed of the random splits (None: random).
         collect_training_stats: record phase timings (see ``SparkMultiLayer.training_stats``).
@@ -196,7 +205,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
     repartition_strategy: RepartitionStrategy = RepartitionStrategy.BALANCED
     storage_level: str = "MEMORY_ONLY_SER"
     storage_level_streams: str = "MEMORY_ONLY"
-    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.EXPORT
+    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
+    direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
     rng_seed: int | None = None
     collect_training_stats: bool = False
@@ -222,6 +232,9 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         self.storage_level_streams = check_storage_level("storage_level_streams", self.storage_level_streams)
         self.rdd_training_approach = coerce_enum(
             RDDTrainingApproach, self.rdd_training_approach, "rdd_training_approach"
+        )
+        self.direct_memory_budget_mb = check_int(
+            "direct_memory_budget_mb", self.direct_memory_budget_mb, minimum=0
         )
         if self.rng_seed is not None:
             self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
@@ -265,9 +278,19 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
 
     # -- training -----------------------------------------------------------------------------
     def execute_training(
-        self, sc: SparkContext, network: MultiLayerNetwork, rdd: Any, kind: str, loader: Any = None
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        rdd: Any,
+        kind: str,
+        loader: Any = None,
+        epochs: int = 1,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
     ) -> float:
-        """Train ``network`` in place for one pass over ``rdd``; returns the average final score.
+        """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average final
+        score of the last epoch.
+
+        The data is prepared once for the whole fit; ``network.epoch_count`` grows by one per epoch.
 
         Args:
             sc: the SparkContext.
@@ -275,15 +298,30 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             rdd: RDD of DataSets (kind "dataset") or of paths (kind "path").
             kind: "dataset" or "path".
             loader: path -> DataSet (kind "path").
+            epochs: passes over the data (validated by the caller).
+            epoch_callback: called on the driver after every epoch as ``epoch_callback(epoch, network)``
+                with the epoch's index in ``network.epoch_count`` and ``network`` holding the averaged
+                parameters and updater state; a truthy return stops training after that epoch.
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
-        data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
-        score = self._train_epoch(sc, network, data, stats)
-        if stats is not None:
-            stats.add(FIT, event(fit_start, examples=data.num_units * data.examples_per_unit))
-        network.epoch_count += 1
-        self.last_stats = stats
+        score, trained = float("nan"), 0
+        try:
+            data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
+            examples = data.num_units * data.examples_per_unit
+            for _ in range(epochs):
+                epoch_start = now_ms()
+                score = self._train_epoch(sc, network, data, stats)
+                network.epoch_count += 1
+                trained += 1
+                if stats is not None:
+                    stats.add(EPOCH, event(epoch_start, examples=examples, epoch=network.epoch_count - 1))
+                if epoch_callback is not None and epoch_callback(network.epoch_count - 1, network):
+                    break
+        finally:
+            if stats is not None and trained:
+                stats.add(FIT, event(fit_start, examples=trained * examples, epochs=trained))
+            self.last_stats = stats
         return score
 
     def _train_epoch(

@@ -18,6 +18,27 @@ def partition_counts(rdd: RDD) -> list[int]:
     return rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
 
 
+def _count_and_bytes(elements: Iterable[Any]) -> tuple[int, int]:
+    from sparkgrad.data import DataSet
+
+    count = nbytes = 0
+    for x in elements:
+        count += 1
+        if isinstance(x, DataSet):
+            arrays = (x.features, x.labels, x.features_mask, x.labels_mask)
+            nbytes += sum(a.nbytes for a in arrays if a is not None)
+    return count, nbytes
+
+
+def partition_sizes(rdd: RDD) -> list[tuple[int, int]]:
+    """``(elements, bytes)`` of every partition, in one Spark job.
+
+    ``bytes`` is the in-memory size of the DataSets' arrays (features, labels, masks); other elements
+    (paths, file contents) count as 0 bytes.
+    """
+    return rdd.mapPartitions(lambda it: [_count_and_bytes(it)]).collect()
+
+
 def balanced_repartition(
     rdd: RDD, num_partitions: int, total: int, counts: list[int] | None = None, seed: int | None = None
 ) -> RDD:
@@ -180,6 +201,7 @@ __all__ = [
     "balanced_random_split",
     "balanced_repartition",
     "partition_counts",
+    "partition_sizes",
     "rebatch",
     "repartition",
     "split_partition_counts",
