@@ -1,16 +1,18 @@
-"""Time-to-accuracy and bytes per step on digits: SharedTrainingMaster and ParameterAveragingTrainingMaster
-against PySpark's TorchDistributor running dense DDP (gloo, CPU), same data, split, model and workers.
+"""Time to accuracy and bytes per step on digits: SharedTrainingMaster (default options) and
+ParameterAveragingTrainingMaster against PySpark's TorchDistributor running dense DDP (gloo, CPU), with
+the same data, split, model, optimizer, minibatch and workers.
 
 Model: MLP 64-256-256-10 (ReLU, softmax), Adam(--lr), minibatch 32 per worker, 2 workers on local[2].
-Each contender trains epoch by epoch until the test accuracy reaches --target (or --max-epochs); every
-contender evaluates the test set after every epoch, inside its timed loop.
+Every contender trains until the test accuracy reaches --target (or --max-epochs) and evaluates the
+test set after every epoch inside its timed run: sparkgrad through ``fit(rdd, epochs, epoch_callback)``
+(the callback evaluates and stops the fit), DDP inside its training function. This is repeated for
+every --seeds (model initialisation and data order); the table reports the median over the seeds of
+epochs to the target and of wall time, and the mean bytes per step.
 
-SharedTrainingMaster configuration (options a user with 2 workers would pick): DefaultRepartitioner(
-max_partitions=2), i.e. one partition (one Spark task) per worker per epoch; rng_seed=1 (a new
-reproducible shuffle every epoch, like DDP's per-epoch randperm); threshold algorithm
-TargetSparsityThresholdAlgorithm(--threshold, --sparsity) or, with --sparsity-range LO HI,
-AdaptiveThresholdAlgorithm(--threshold, LO, HI); residual post-processor --residual ("clip": the
-default ResidualClippingPostProcessor(5, 5); "none": NoOpResidualPostProcessor).
+SharedTrainingMaster runs with its defaults (nothing tuned for this data): one partition per worker,
+every epoch of a fit in one Spark job, TargetSparsityThresholdAlgorithm(2e-2, 1e-3), no residual
+clipping. ``--dl4j`` adds a row with DL4J's defaults (AdaptiveThresholdAlgorithm(),
+ResidualClippingPostProcessor(5, 5), one minibatch per partition).
 
 Bytes per step = bytes on the wire per worker minibatch:
 - SharedTrainingMaster: measured UPDATE frames (worker sends + controller relays) / worker steps.
@@ -18,16 +20,19 @@ Bytes per step = bytes on the wire per worker minibatch:
   2 * (4N + updater bytes) per worker per round, divided by the minibatches per round.
 - DDP: ring all-reduce of the float32 gradient: 2 (W-1)/W * 4N per worker per step.
 
+Wall time excludes the SparkSession start-up (reported once; every contender needs it) and includes
+everything else: TorchDistributor's process launch, sparkgrad's data preparation and Spark jobs.
 TorchDistributor runs in local mode (torchrun on the driver machine): its executor mode needs pandas
 and pyarrow, which the benchmark environment does not install.
 
-Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.97] [--max-epochs 30]
+Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.97] [--seeds 1 2 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -36,14 +41,10 @@ import numpy as np
 WORKERS = 2
 BATCH = 32
 HIDDEN = (256, 256)
-# defaults of the command line (see the module docstring)
 LR = 3e-3
-THRESHOLD = 1e-2
-SPARSITY = 1.5e-3
-RESIDUAL = "none"
 
 
-def sparkgrad_network(lr: float):
+def sparkgrad_network(lr: float, seed: int):
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
     from sparkgrad.nn.updaters import Adam
 
@@ -51,44 +52,36 @@ def sparkgrad_network(lr: float):
         [DenseLayer(h, activation="relu") for h in HIDDEN] + [OutputLayer(10)],
         input_type=InputType.feed_forward(64),
         updater=Adam(lr),
-        seed=1,
+        seed=seed,
     )
     return MultiLayerNetwork(conf).init()
 
 
-def run_sparkgrad(spark, master, train, test, target, max_epochs, lr):
+def run_sparkgrad(spark, master, rdd, test, target, max_epochs, lr, seed):
     from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
 
-    rdd = spark.sparkContext.parallelize(train.split(1), WORKERS).cache()
-    rdd.count()
-    model = SparkMultiLayer(spark, sparkgrad_network(lr), master)
-    start = time.monotonic()
-    steps = update_bytes = 0
-    acc = 0.0
-    epochs = 0
-    while epochs < max_epochs:
-        epochs += 1
-        model.fit(rdd)
+    accuracies: list[float] = []
+
+    def evaluate(epoch, network):
+        accuracies.append(network.evaluate(test).accuracy())
+        return accuracies[-1] >= target
+
+    with SparkMultiLayer(spark, sparkgrad_network(lr, seed), master) as model:
+        start = time.monotonic()
+        model.fit(rdd, epochs=max_epochs, epoch_callback=evaluate)
+        wall = time.monotonic() - start
+        n = model.network.num_params()
         if isinstance(master, SharedTrainingMaster):
             t = master.last_traffic
-            steps += int(t["worker_minibatches"])
-            update_bytes += int(t["worker_update_bytes_sent"] + t["controller_update_bytes_relayed"])
-        acc = model.network.evaluate(test).accuracy()
-        if acc >= target:
-            break
-    wall = time.monotonic() - start
-    master.delete_temp_files(spark)
-    n = model.network.num_params()
-    if isinstance(master, SharedTrainingMaster):
-        per_step = update_bytes / max(steps, 1)
-    else:
-        state = model.network.updater_state().nbytes
-        per_step = 2 * (4 * n + state) / master.averaging_frequency
-    rdd.unpersist()
-    return {"epochs": epochs, "accuracy": acc, "wall_s": wall, "bytes_per_step": per_step, "params": n}
+            update_bytes = t["worker_update_bytes_sent"] + t["controller_update_bytes_relayed"]
+            per_step = update_bytes / max(t["worker_minibatches"], 1)
+        else:
+            state = model.network.updater_state().nbytes
+            per_step = 2 * (4 * n + state) / master.averaging_frequency
+    return {"epochs": len(accuracies), "accuracy": accuracies[-1], "wall_s": wall, "bytes_per_step": per_step}
 
 
-def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr, hidden):
+def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr, hidden, seed):
     # runs in each TorchDistributor process (torchrun sets RANK / WORLD_SIZE / MASTER_ADDR)
     import time
 
@@ -99,7 +92,7 @@ def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     layers, n_in = [], 64
     for h in hidden:
         layers += [torch.nn.Linear(n_in, h), torch.nn.ReLU()]
@@ -112,7 +105,7 @@ def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr
     start = time.monotonic()
     acc, epoch = 0.0, 0
     for epoch in range(1, max_epochs + 1):
-        g = torch.Generator().manual_seed(epoch)
+        g = torch.Generator().manual_seed(seed * 1000 + epoch)
         order = torch.randperm(len(x), generator=g)[rank::world]
         for i in range(0, len(order), batch):
             idx = order[i : i + batch]
@@ -130,7 +123,7 @@ def _torch_train(train_x, train_y, test_x, test_y, target, max_epochs, batch, lr
     return {"epochs": epoch, "accuracy": acc, "train_s": time.monotonic() - start, "params": n}
 
 
-def run_torch(train, test, target, max_epochs, lr):
+def run_torch(train, test, target, max_epochs, lr, seed):
     from pyspark.ml.torch.distributor import TorchDistributor
 
     args = (
@@ -143,39 +136,39 @@ def run_torch(train, test, target, max_epochs, lr):
         BATCH,
         lr,
         HIDDEN,
+        seed,
     )
     start = time.monotonic()
     out = TorchDistributor(num_processes=WORKERS, local_mode=True, use_gpu=False).run(_torch_train, *args)
     wall = time.monotonic() - start
-    n = out["params"]
-    out.update(wall_s=wall, bytes_per_step=2 * (WORKERS - 1) / WORKERS * 4 * n)
+    out.update(wall_s=wall, bytes_per_step=2 * (WORKERS - 1) / WORKERS * 4 * out["params"])
     return out
+
+
+def _summary(runs: list[dict]) -> dict:
+    return {
+        "epochs": statistics.median(r["epochs"] for r in runs),
+        "reached": sum(r["accuracy"] >= r["target"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "bytes_per_step": float(np.mean([r["bytes_per_step"] for r in runs])),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--max-epochs", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--port", type=int, default=40151)
     parser.add_argument("--lr", type=float, default=LR, help="Adam learning rate for every contender")
-    parser.add_argument("--threshold", type=float, default=THRESHOLD, help="initial encoding threshold")
-    parser.add_argument("--sparsity", type=float, default=SPARSITY, help="target message density")
-    parser.add_argument(
-        "--sparsity-range", type=float, nargs=2, metavar=("LO", "HI"), help="adaptive density bounds instead"
-    )
-    parser.add_argument("--residual", choices=("clip", "none"), default=RESIDUAL)
+    parser.add_argument("--dl4j", action="store_true", help="add SharedTrainingMaster with DL4J's defaults")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession
 
-    from sparkgrad.compress import (
-        AdaptiveThresholdAlgorithm,
-        NoOpResidualPostProcessor,
-        ResidualClippingPostProcessor,
-        TargetSparsityThresholdAlgorithm,
-    )
+    from sparkgrad.compress import AdaptiveThresholdAlgorithm, ResidualClippingPostProcessor
     from sparkgrad.datasets import load_digits
     from sparkgrad.spark import (
         DefaultRepartitioner,
@@ -184,11 +177,6 @@ def main() -> int:
         VoidConfiguration,
     )
 
-    if args.sparsity_range:
-        algorithm = AdaptiveThresholdAlgorithm(args.threshold, *args.sparsity_range)
-    else:
-        algorithm = TargetSparsityThresholdAlgorithm(args.threshold, args.sparsity)
-    residual = NoOpResidualPostProcessor() if args.residual == "none" else ResidualClippingPostProcessor()
     train, test = load_digits(test_fraction=0.2, seed=0, shape="flat")
     t0 = time.monotonic()
     spark = (
@@ -202,57 +190,53 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     spark.sparkContext.parallelize(range(WORKERS), WORKERS).map(lambda x: x).collect()  # start Python workers
     startup = time.monotonic() - t0
-    results = {}
+    void = VoidConfiguration(unicast_port=args.port, controller_address="127.0.0.1")
+    contenders = {
+        "SharedTrainingMaster (defaults)": lambda seed: SharedTrainingMaster(
+            void, batch_size_per_worker=BATCH
+        ),
+        "ParameterAveragingTrainingMaster": lambda seed: ParameterAveragingTrainingMaster(
+            num_workers=WORKERS, batch_size_per_worker=BATCH, averaging_frequency=5, rng_seed=seed
+        ),
+    }
+    if args.dl4j:
+        contenders["SharedTrainingMaster (DL4J defaults)"] = lambda seed: SharedTrainingMaster(
+            void,
+            batch_size_per_worker=BATCH,
+            threshold_algorithm=AdaptiveThresholdAlgorithm(),
+            residual_post_processor=ResidualClippingPostProcessor(),
+            repartitioner=DefaultRepartitioner(),
+        )
+    runs: dict[str, list[dict]] = {name: [] for name in [*contenders, "TorchDistributor DDP (gloo)"]}
     try:
-        results["SharedTrainingMaster"] = shared = run_sparkgrad(
-            spark,
-            SharedTrainingMaster(
-                VoidConfiguration(unicast_port=args.port, controller_address="127.0.0.1"),
-                batch_size_per_worker=BATCH,
-                threshold_algorithm=algorithm,
-                residual_post_processor=residual,
-                repartitioner=DefaultRepartitioner(max_partitions=WORKERS),
-                rng_seed=1,
-            ),
-            train,
-            test,
-            args.target,
-            args.max_epochs,
-            args.lr,
-        )
-        print("SharedTrainingMaster:", shared, flush=True)
-        results["ParameterAveragingTrainingMaster"] = run_sparkgrad(
-            spark,
-            ParameterAveragingTrainingMaster(
-                num_workers=WORKERS, batch_size_per_worker=BATCH, averaging_frequency=5, rng_seed=1
-            ),
-            train,
-            test,
-            args.target,
-            args.max_epochs,
-            args.lr,
-        )
-        print("ParameterAveragingTrainingMaster:", results["ParameterAveragingTrainingMaster"], flush=True)
-        results["TorchDistributor DDP (gloo)"] = run_torch(train, test, args.target, args.max_epochs, args.lr)
+        rdd = spark.sparkContext.parallelize(train.split(1), WORKERS).cache()
+        rdd.count()
+        for seed in args.seeds:
+            for name, make in contenders.items():
+                r = run_sparkgrad(spark, make(seed), rdd, test, args.target, args.max_epochs, args.lr, seed)
+                runs[name].append({**r, "target": args.target})
+                print(f"seed {seed} {name}: {r}", flush=True)
+            r = run_torch(train, test, args.target, args.max_epochs, args.lr, seed)
+            runs["TorchDistributor DDP (gloo)"].append({**r, "target": args.target})
+            print(f"seed {seed} TorchDistributor: {r}", flush=True)
     finally:
         spark.stop()
-    ddp = results["TorchDistributor DDP (gloo)"]
+    table = {name: _summary(r) for name, r in runs.items()}
+    ddp = table["TorchDistributor DDP (gloo)"]
     print(
-        f"SparkSession start-up: {startup:.1f} s; target accuracy {args.target}; "
-        f"Adam({args.lr}), {WORKERS} workers on local[{WORKERS}]"
+        f"SparkSession start-up: {startup:.1f} s; target accuracy {args.target}; Adam({args.lr}), "
+        f"{WORKERS} workers on local[{WORKERS}], batch {BATCH}; seeds {args.seeds}; medians over the seeds"
     )
-    print(f"SharedTrainingMaster: {algorithm}, residual {residual}, one partition per worker, rng_seed=1")
     print(
-        f"{'contender':34s} {'epochs':>6s} {'acc':>7s} {'wall s':>8s} {'+startup s':>10s} {'vs DDP':>7s} "
-        f"{'bytes/step':>11s} {'DDP/this':>9s}"
+        f"{'contender':38s} {'epochs':>6s} {'reached':>7s} {'wall s':>7s} {'+startup':>8s} {'time/DDP':>8s} "
+        f"{'epochs/DDP':>10s} {'bytes/step':>10s} {'DDP/this':>8s}"
     )
-    for name, r in results.items():
-        reached = "" if r["accuracy"] >= args.target else " (target not reached)"
+    for name, r in table.items():
         print(
-            f"{name:34s} {r['epochs']:6d} {r['accuracy']:7.4f} {r['wall_s']:8.1f} "
-            f"{r['wall_s'] + startup:10.1f} "
-            f"{r['wall_s'] / ddp['wall_s']:7.2f} {r['bytes_per_step']:11.0f} "
-            f"{ddp['bytes_per_step'] / r['bytes_per_step']:9.1f}{reached}"
+            f"{name:38s} {r['epochs']:6.1f} {r['reached']:4d}/{len(args.seeds):<2d} {r['wall_s']:7.2f} "
+            f"{r['wall_s'] + startup:8.2f} {r['wall_s'] / ddp['wall_s']:8.2f} "
+            f"{r['epochs'] / ddp['epochs']:10.2f} {r['bytes_per_step']:10.0f} "
+            f"{ddp['bytes_per_step'] / r['bytes_per_step']:8.1f}"
         )
     return 0
 

@@ -112,9 +112,8 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 40123, log: Any = pri
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from sparkgrad.compress import AdaptiveThresholdAlgorithm
     from sparkgrad.datasets import load_digits
-    from sparkgrad.spark import DefaultRepartitioner, SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
+    from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
 
     os.makedirs(output_dir, exist_ok=True)
     start = time.monotonic()
@@ -136,25 +135,20 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 40123, log: Any = pri
         master = SharedTrainingMaster(
             VoidConfiguration(unicast_port=port, controller_address="127.0.0.1"),
             batch_size_per_worker=16,
-            threshold_algorithm=AdaptiveThresholdAlgorithm(
-                1e-3, min_target_sparsity=1e-3, max_target_sparsity=5e-2
-            ),
-            repartitioner=DefaultRepartitioner(max_partitions=2),
             collect_training_stats=True,
             rng_seed=7,
         )
-        model = SparkMultiLayer(spark, demo_network(), master)
-        stats = None
-        steps = sent = 0
-        for epoch in range(epochs):
-            model.fit(rdd)
+
+        def report(epoch: int, network: Any) -> None:
+            log(f"epoch {epoch + 1}/{epochs}: test accuracy {network.evaluate(test).accuracy():.4f}")
+
+        with SparkMultiLayer(spark, demo_network(), master) as model:
+            model.fit(rdd, epochs=epochs, epoch_callback=report)  # every epoch in one Spark job
             traffic = master.last_traffic
-            steps += int(traffic["worker_minibatches"])
-            sent += int(traffic["worker_bytes_sent"] + traffic["controller_bytes_sent"])
-            stats = model.training_stats if stats is None else stats.merge(model.training_stats)
-            log(f"epoch {epoch + 1}/{epochs}: test accuracy {model.network.evaluate(test).accuracy():.4f}")
-        accuracy = model.evaluate(spark.sparkContext.parallelize(test.split(64), 2)).accuracy()
-        master.delete_temp_files(spark)
+            steps = int(traffic["worker_minibatches"])
+            sent = int(traffic["worker_bytes_sent"] + traffic["controller_bytes_sent"])
+            stats = model.training_stats
+            accuracy = model.evaluate(spark.sparkContext.parallelize(test.split(64), 2)).accuracy()
     finally:
         spark.stop()
         shutil.rmtree(local_dir, ignore_errors=True)

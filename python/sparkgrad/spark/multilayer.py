@@ -225,7 +225,12 @@ class SparkMultiLayer:
                 epoch: ``epoch`` is the 0-based index of the epoch that just finished in the network's
                 own count (``network.epoch_count - 1``), ``network`` is this model's network holding
                 the parameters trained so far. Returning True stops training after that epoch (the fit
-                returns normally); an exception it raises ends the fit and reaches the caller.
+                returns normally); an exception it raises ends the fit and reaches the caller. With
+                SharedTrainingMaster every epoch runs inside one Spark job whose training tasks wait at
+                each epoch end for the callback: it holds the controller's parameters (the workers'
+                updater states are averaged into the network when the fit returns), and it should
+                evaluate locally (``network.evaluate(dataset)``), since a Spark job started from it
+                waits for task slots the training tasks hold.
 
         Returns:
             The trained network.

@@ -61,6 +61,7 @@ from sparkgrad.compress import (
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
+    DEFAULT_DIRECT_MEMORY_BUDGET_MB,
     NetworkSnapshot,
     TrainingMasterBase,
     mean_or_none,
@@ -575,7 +576,11 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star through the controller).
-        rdd_training_approach: ``"export"`` or ``"direct"``.
+        rdd_training_approach: ``"auto"`` (default: train from the persisted RDD while its DataSets'
+            arrays total at most ``direct_memory_budget_mb``, export above), ``"export"`` (DL4J's
+            default: write batches of ``batch_size_per_worker`` once and train from the files) or
+            ``"direct"``.
+        direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         storage_level: storage level of the training RDD.
         repartitioner: None (default): one balanced partition per Spark task slot, every epoch of a fit
@@ -598,7 +603,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     threshold_algorithm: ThresholdAlgorithm | None = None
     residual_post_processor: ResidualPostProcessor | None = None
     mesh_build_mode: MeshBuildMode = MeshBuildMode.PLAIN
-    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.EXPORT
+    rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
+    direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
     storage_level: str = "MEMORY_ONLY_SER"
     repartitioner: DefaultRepartitioner | None = None
@@ -637,6 +643,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         self.mesh_build_mode = coerce_enum(MeshBuildMode, self.mesh_build_mode, "mesh_build_mode")
         self.rdd_training_approach = coerce_enum(
             RDDTrainingApproach, self.rdd_training_approach, "rdd_training_approach"
+        )
+        self.direct_memory_budget_mb = check_int(
+            "direct_memory_budget_mb", self.direct_memory_budget_mb, minimum=0
         )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
         if self.repartitioner is not None and not isinstance(self.repartitioner, DefaultRepartitioner):

@@ -1,0 +1,128 @@
+"""SharedTrainingMaster: every epoch of a fit in one Spark job, the epoch callback, per-step stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import accuracy, mlp_conf, port, subset
+
+from sparkgrad.compress import TargetSparsityThresholdAlgorithm, bitmap_encode, decode, threshold_encode
+from sparkgrad.spark import DefaultRepartitioner, SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
+from sparkgrad.spark.shared import encoded_count
+
+HEADER_BYTES = 80 + 16  # frame header + message header (4 int32 words)
+
+
+def _master(**kwargs) -> SharedTrainingMaster:
+    return SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=16,
+        rng_seed=5,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def small_rdd(spark, digits):
+    rdd = spark.sparkContext.parallelize(subset(digits[0], 256).split(1), 2)
+    yield rdd
+    rdd.unpersist()
+
+
+def test_all_epochs_run_in_one_job_and_the_callback_sees_the_controller_params(spark, small_rdd) -> None:
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), _master())
+    seen: list[tuple[int, int, np.ndarray]] = []
+
+    def callback(epoch, network):
+        seen.append((epoch, int(network.epoch_count), network.params().copy()))
+
+    sm.fit(small_rdd, epochs=3, epoch_callback=callback)
+    traffic = sm.training_master.last_traffic
+    assert traffic["spark_jobs"] == 1 and traffic["epochs"] == 3
+    assert [(e, c) for e, c, _ in seen] == [(0, 1), (1, 2), (2, 3)]
+    assert sm.network.epoch_count == 3
+    # every example once per epoch: 256 examples in minibatches of 16 on 2 workers of 128
+    assert traffic["worker_minibatches"] == 3 * 256 // 16
+    # the last callback saw exactly the final model; earlier ones saw it before later updates
+    np.testing.assert_array_equal(seen[-1][2], sm.network.params())
+    assert not np.array_equal(seen[0][2], seen[-1][2])
+    # a second fit continues the epoch numbering
+    sm.fit(small_rdd, epochs=1, epoch_callback=callback)
+    assert seen[-1][:2] == (3, 4) and sm.network.epoch_count == 4
+
+
+def test_a_true_callback_stops_every_worker_after_that_epoch(spark, small_rdd) -> None:
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), _master())
+    epochs: list[int] = []
+    sm.fit(small_rdd, epochs=10, epoch_callback=lambda e, net: epochs.append(e) or e == 1)
+    traffic = sm.training_master.last_traffic
+    assert epochs == [0, 1] and sm.network.epoch_count == 2
+    assert traffic["epochs"] == 2 and traffic["spark_jobs"] == 1
+    assert traffic["worker_minibatches"] == 2 * 256 // 16
+
+
+def test_a_failing_callback_propagates_and_the_port_is_free_again(spark, small_rdd) -> None:
+    master = _master()
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+
+    def callback(epoch, network):
+        raise KeyError(f"callback failed at epoch {epoch}")
+
+    with pytest.raises(KeyError, match="callback failed at epoch 0"):
+        sm.fit(small_rdd, epochs=5, epoch_callback=callback)
+    sm.fit(small_rdd, epochs=1)  # workers stopped cleanly; the same port serves the next fit
+    assert master.last_traffic["epochs"] == 1
+
+
+def test_dl4j_partitioning_runs_one_job_per_epoch_and_still_learns(spark, digits, small_rdd) -> None:
+    master = _master(repartitioner=DefaultRepartitioner())  # one minibatch per partition: 16 > 2 slots
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    before = accuracy(sm.network, digits[1])
+    calls: list[int] = []
+    sm.fit(small_rdd, epochs=2, epoch_callback=lambda e, net: calls.append(e))
+    traffic = master.last_traffic
+    assert calls == [0, 1] and traffic["spark_jobs"] == 2 and traffic["epochs"] == 2
+    assert traffic["worker_minibatches"] == 2 * 256 // 16
+    assert accuracy(sm.network, digits[1]) > before + 0.2
+
+
+def test_density_series_values_match_the_bytes_of_every_message(spark, small_rdd) -> None:
+    # a tiny first threshold makes the first updates bitmaps; doubling every step, it soon gives sparse ones
+    algorithm = TargetSparsityThresholdAlgorithm(1e-5, 1e-3, decay_rate=0.5)
+    master = _master(threshold_algorithm=algorithm, collect_training_stats=True)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    sm.fit(small_rdd, epochs=2)
+    n = sm.network.num_params()
+    bitmap_bytes = HEADER_BYTES + 4 * (n // 16 + 1)
+    records = [r for recs in sm.training_stats.series().values() for r in recs]
+    assert len(records) == 2 * 256 // 16
+    kinds = set()
+    for r in records:
+        sent, density = int(r["bytes_sent"]), r["density"]
+        if sent == 0:
+            assert density == 0.0
+        elif sent == bitmap_bytes:
+            kinds.add("bitmap")
+            assert 1 / 16 < density <= 1.0  # a bitmap is chosen only above 1/16 density
+        else:
+            kinds.add("sparse")
+            assert density * n == pytest.approx((sent - HEADER_BYTES) / 4, abs=1e-6)
+    assert kinds == {"bitmap", "sparse"}, kinds
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.9])
+def test_encoded_count_of_a_bitmap_is_its_encoded_elements_not_its_length(fraction: float) -> None:
+    rng = np.random.default_rng(1)
+    n = 4096
+    x = np.zeros(n, np.float32)
+    chosen = rng.choice(n, int(fraction * n), replace=False)
+    x[chosen] = rng.choice([-1.0, 1.0], chosen.size) * rng.uniform(1.0, 2.0, chosen.size)
+    message, _ = bitmap_encode(x.copy(), 1.0)
+    decoded = np.zeros(n, np.float32)
+    decode(message, decoded)
+    assert int(message[0]) == n  # word 0 of a bitmap is the length: the old density read this
+    assert encoded_count(message, decoded, is_bitmap=True) == chosen.size
+    sparse = threshold_encode(x.copy(), 1.0)
+    decoded.fill(0)
+    decode(sparse, decoded)
+    assert encoded_count(sparse, decoded, is_bitmap=False) == chosen.size
