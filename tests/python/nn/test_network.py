@@ -447,7 +447,27 @@ def test_recurrent_input_applies_layers_per_time_step() -> None:
             [DenseLayer(5, activation="tanh"), OutputLayer(3)], input_type=InputType.feed_forward(4)
         )
     ).init(net.params())
-    np.testing.assert_allclose(out[1, :, 4], ff.output(x[1:2, :, 4])[0], rtol=1e-6)
+    # Same kernels, different GEMM shapes (12 rows against 1), so only float32 rounding may differ.
+    # Per layer a = h W + b rounds n_in + 1 times: |da| <= gamma(n_in + 1) (|h| |W| + |b|) + |dh| |W|;
+    # tanh is 1-Lipschitz (plus a few ulps of its own); softmax moves p_k by <= 2 p_k max|dz| plus its
+    # C + 5 roundings. Twice the one-sided bound covers the two computations.
+    u = 2.0**-24
+
+    def gamma(n: int) -> float:
+        return n * u / (1 - n * u)
+
+    flat = net.params().astype(np.float64)
+    assert flat.size == (4 * 5 + 5) + (5 * 3 + 3)  # W1, b1, W2, b2 in this order
+    w1, b1 = flat[:20].reshape(4, 5), flat[20:25]
+    w2, b2 = flat[25:40].reshape(5, 3), flat[40:43]
+    col = x[1:2, :, 4].astype(np.float64)
+    h = np.tanh(col @ w1 + b1)
+    dh = gamma(5) * (np.abs(col) @ np.abs(w1) + np.abs(b1)) + gamma(4) * np.abs(h)
+    z = h @ w2 + b2
+    dz = gamma(6) * (np.abs(h) @ np.abs(w2) + np.abs(b2)) + dh @ np.abs(w2)
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    bound = 2 * p * (2 * dz.max() + gamma(3 + 5))
+    assert np.all(np.abs(out[1, :, 4] - ff.output(x[1:2, :, 4])[0]) <= bound[0])
     labels = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (2, 6))].transpose(0, 2, 1)
     scores = net.score_examples(DataSet(x, labels))
     assert scores.shape == (2,)
