@@ -7,6 +7,8 @@ import pytest
 from helpers import accuracy, mlp_conf, port, subset
 
 from sparkgrad.compress import TargetSparsityThresholdAlgorithm, bitmap_encode, decode, threshold_encode
+from sparkgrad.data import DataSet
+from sparkgrad.errors import TrainingError
 from sparkgrad.spark import DefaultRepartitioner, SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
 from sparkgrad.spark.shared import encoded_count
 
@@ -126,3 +128,20 @@ def test_encoded_count_of_a_bitmap_is_its_encoded_elements_not_its_length(fracti
     decoded.fill(0)
     decode(sparse, decoded)
     assert encoded_count(sparse, decoded, is_bitmap=False) == chosen.size
+
+
+def test_non_finite_features_fail_naming_the_worker_and_leave_the_model_alone(spark, digits) -> None:
+    train = subset(digits[0], 64)
+    features = train.features.copy()
+    features[37, 5] = np.nan
+    rdd = spark.sparkContext.parallelize(DataSet(features, train.labels).split(1), 2)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=8), _master())
+    start = sm.network.params().copy()
+    with pytest.raises(
+        TrainingError,
+        match=r"worker [^:]+:\d+#[0-9a-f]{8}: iteration \d+: non-finite .*features\[\d+, 5\] = nan",
+    ):
+        sm.fit(rdd, epochs=2)
+    np.testing.assert_array_equal(sm.network.params(), start)  # NaN never reached the driver's model
+    sm.fit(spark.sparkContext.parallelize(train.split(1), 2))  # the next fit on the same master works
+    assert np.isfinite(sm.network.params()).all()
