@@ -10,7 +10,7 @@ from sparkgrad.compress import TargetSparsityThresholdAlgorithm, bitmap_encode, 
 from sparkgrad.data import DataSet
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark import DefaultRepartitioner, SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
-from sparkgrad.spark.shared import encoded_count
+from sparkgrad.spark.shared import _task_slots, encoded_count
 
 HEADER_BYTES = 80 + 16  # frame header + message header (4 int32 words)
 
@@ -145,3 +145,7 @@ def test_non_finite_features_fail_naming_the_worker_and_leave_the_model_alone(sp
     np.testing.assert_array_equal(sm.network.params(), start)  # NaN never reached the driver's model
     sm.fit(spark.sparkContext.parallelize(train.split(1), 2))  # the next fit on the same master works
     assert np.isfinite(sm.network.params()).all()
+
+
+def test_task_slots_are_spark_s_own_count(spark) -> None:
+    assert _task_slots(spark.sparkContext) == 2  # local[2]: what a barrier stage is checked against

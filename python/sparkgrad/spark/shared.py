@@ -542,7 +542,17 @@ def _run_watched(
 
 
 def _task_slots(sc: SparkContext) -> int:
-    """How many tasks the cluster runs at once: default parallelism over ``spark.task.cpus``."""
+    """How many tasks the cluster runs at once: Spark's own count over the registered executors (what a
+    barrier stage is checked against), else default parallelism over ``spark.task.cpus``."""
+    from py4j.protocol import Py4JError
+
+    try:
+        jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+        slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Py4JError:  # an internal API: versions without it fall back to the configuration
+        slots = 0
+    if slots > 0:
+        return slots
     cpus = int(sc.getConf().get("spark.task.cpus", "1"))
     return max(1, int(sc.defaultParallelism) // max(1, cpus))
 
