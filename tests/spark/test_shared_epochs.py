@@ -9,7 +9,13 @@ from helpers import accuracy, mlp_conf, port, subset
 from sparkgrad.compress import TargetSparsityThresholdAlgorithm, bitmap_encode, decode, threshold_encode
 from sparkgrad.data import DataSet
 from sparkgrad.errors import TrainingError
-from sparkgrad.spark import DefaultRepartitioner, SharedTrainingMaster, SparkMultiLayer, VoidConfiguration
+from sparkgrad.spark import (
+    DefaultRepartitioner,
+    SharedTrainingMaster,
+    SparkMultiLayer,
+    VoidConfiguration,
+    ZmqTransportConfiguration,
+)
 from sparkgrad.spark.shared import _task_slots, encoded_count
 
 HEADER_BYTES = 80 + 16  # frame header + message header (4 int32 words)
@@ -149,3 +155,14 @@ def test_non_finite_features_fail_naming_the_worker_and_leave_the_model_alone(sp
 
 def test_task_slots_are_spark_s_own_count(spark) -> None:
     assert _task_slots(spark.sparkContext) == 2  # local[2]: what a barrier stage is checked against
+
+
+def test_a_clean_fit_loses_no_worker_and_reports_its_updater_state(spark, small_rdd) -> None:
+    transport = ZmqTransportConfiguration(updater_state_interval_ms=0)  # report at every epoch end
+    master = _master(transport=transport)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    sm.fit(small_rdd, epochs=3)
+    traffic = master.last_traffic
+    assert traffic["workers"] == 2 and traffic["workers_lost"] == 0
+    assert traffic["updates_from_lost_workers"] == 0 and traffic["retrained_minibatches"] == 0
+    assert traffic["updater_state_reports"] == 3  # the first partition's worker, once per epoch

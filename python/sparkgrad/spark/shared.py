@@ -31,7 +31,14 @@ job runs: if the controller thread fails, the job group is cancelled and the fit
 with the controller's own error. A worker the controller dropped as a slow peer re-joins and replaces
 its parameters with the controller's (its residual, the update mass it never sent, is kept). A task that
 fails any other way discards its process's worker, so a Spark retry starts a fresh worker (new worker
-id) that pulls the current parameters.
+id) that pulls the current parameters, iteration and epoch from the controller, and the latest updater
+state a worker reported: the first partition's worker sends its updater state at an epoch end at most
+every ``ZmqTransportConfiguration.updater_state_interval_ms`` (60 s), so that state is at most that
+interval plus one epoch old (before the first report: the state the fit started from). Workers report
+the minibatches they trained per (partition, epoch); a partition's epoch reported twice was re-run by a
+Spark task retry, and ``last_traffic["retrained_minibatches"]`` counts those minibatches;
+``workers_lost`` and ``updates_from_lost_workers`` count workers that joined but returned no result and
+the updates of theirs the controller applied (they stay in the model).
 """
 
 from __future__ import annotations
@@ -221,15 +228,18 @@ class SharedWorker:
             job.secret,
             job.snapshot.params.size,
             job.transport,
+            updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
             self.joined_epoch = epoch  # epochs before it are finished: a retried task starts here
             snap = job.snapshot
+            # a late or restarted worker continues from the latest updater state a worker reported
+            latest = self.conn.updater_state
             self.net = NetworkSnapshot(
                 snap.conf_json,
                 params,
-                snap.updater_state,
+                snap.updater_state if latest is None else latest,
                 max(iteration, snap.iteration),
                 max(epoch, snap.epoch),
             ).build()
@@ -245,6 +255,7 @@ class SharedWorker:
         self._scratch = np.zeros_like(self.net.params())
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start) if job.collect_stats else None
+        self._state_reported = time.monotonic()
 
     def _apply_message(self, message: np.ndarray) -> None:
         self._scratch.fill(0)
@@ -366,6 +377,7 @@ class SharedWorker:
             for epoch in range(begin, first_epoch + epochs):
                 order = np.random.default_rng([job.shuffle_seed, epoch, partition]).permutation(len(elements))
                 self.net.epoch_count = epoch
+                trained = self.minibatches
                 batches = worker_batches(
                     (elements[i] for i in order), job.kind, job.loader, job.batch_size, job.prefetch
                 )
@@ -378,10 +390,7 @@ class SharedWorker:
                         self.stats.add(WORKER_GET_DATA, event(t))
                     self.step(ds)
                 with Timer(self.stats, WORKER_SYNC):
-                    if job.barrier:
-                        stop = self._rejoining(lambda e=epoch: self.conn.end_epoch(e, self._on_peer))
-                    else:
-                        stop = self._rejoining(lambda: self.conn.sync(self._on_peer))
+                    stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
                 self.net.epoch_count = epoch + 1
                 if stop:
                     break
@@ -411,6 +420,28 @@ class SharedWorker:
             counters,
             self.stats,
         )
+
+    def _end_of_epoch(self, epoch: int, partition: int, minibatches: int) -> bool:
+        """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
+        (True: stop), else SYNC (the job boundary is the epoch boundary)."""
+        self._report_updater_state(partition)
+        report = {"partition": partition, "minibatches": minibatches}
+        if self.job.barrier:
+            return bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
+        self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
+        return False
+
+    def _report_updater_state(self, partition: int) -> None:
+        """The first partition's worker sends its updater state to the controller at an epoch end once
+        ``updater_state_interval_ms`` has passed since its last report: what a late or restarted worker
+        starts from, at most that interval plus one epoch old."""
+        interval_s = self.job.transport.updater_state_interval_ms / 1000
+        if partition != 0 or time.monotonic() - self._state_reported < interval_s:
+            return
+        state = self.net.updater_state()
+        if state.size:
+            self.conn.send_updater_state(state, int(self.net.iteration_count))
+        self._state_reported = time.monotonic()
 
     def close(self) -> None:
         self.conn.close()
@@ -765,6 +796,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             iteration=int(network.iteration_count),
             epoch=first_epoch,
             threshold_reference=_reference_threshold(algorithm),
+            updater_state=network.updater_state(),
         )
         finished = first_epoch
 
@@ -838,6 +870,14 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             "controller_peers_dropped": c.peers_dropped,
             "updates_applied": controller.updates_applied,
             "workers": len(controller.workers_seen),
+            # workers that joined but returned no result (killed or failed tasks): their applied updates
+            # stay in the model and in updates_applied
+            "workers_lost": len(controller.workers_seen - results.keys()),
+            "updates_from_lost_workers": sum(
+                n for w, n in controller.updates_by_worker.items() if w not in results
+            ),
+            "retrained_minibatches": controller.retrained_minibatches,
+            "updater_state_reports": controller.updater_state_reports,
             "epochs": finished - first_epoch,
             "spark_jobs": 1 if barrier else finished - first_epoch,
         }

@@ -50,9 +50,12 @@ Payloads by message type:
 - ``UPDATE``: the raw int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32,
   ``payload length / 4`` words). Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
+- ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
 - ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``:
   UTF-8 JSON object of control data (possibly empty). ``EPOCH_END`` and ``EPOCH_GO`` name their epoch in
-  the header's epoch field; ``EPOCH_GO`` carries ``{"stop": bool}``.
+  the header's epoch field; ``EPOCH_GO`` carries ``{"stop": bool}``; ``EPOCH_END`` and ``SYNC`` may carry
+  ``{"partition": int, "minibatches": int}`` (what the worker trained since its last report, so the
+  controller can count minibatches a re-run Spark task trains again).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class MessageType(enum.IntEnum):
     PARAMS_REQUEST = 8  # worker -> controller: re-send the current parameters
     EPOCH_END = 9  # worker -> controller: finished the header's epoch (applied after all it sent before)
     EPOCH_GO = 10  # controller -> worker: every worker finished the header's epoch; JSON {"stop": bool}
+    UPDATER_STATE = 11  # worker -> controller: its updater state; controller -> joining worker: the latest
 
 
 class Flag(enum.IntFlag):

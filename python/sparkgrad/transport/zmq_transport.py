@@ -89,6 +89,8 @@ class ZmqTransportConfiguration(Config):
             memory per peer is bounded by this many frames of the job's largest frame.
         epoch_timeout_ms: how long a worker waits at an epoch boundary for the other workers and the
             driver's epoch callback.
+        updater_state_interval_ms: how often (at most) a worker reports its updater state to the
+            controller at an epoch end, for late or restarted workers to start from.
     """
 
     connect_timeout_ms: int = 15000
@@ -96,6 +98,7 @@ class ZmqTransportConfiguration(Config):
     poll_interval_ms: int = 50
     high_water_mark: int = 1000
     epoch_timeout_ms: int = 600000
+    updater_state_interval_ms: int = 60000
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -103,6 +106,7 @@ class ZmqTransportConfiguration(Config):
         check_int("poll_interval_ms", self.poll_interval_ms, minimum=1)
         check_int("high_water_mark", self.high_water_mark, minimum=1)
         check_int("epoch_timeout_ms", self.epoch_timeout_ms, minimum=1)
+        check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
 
 
 def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
@@ -208,6 +212,11 @@ class _Replay:
         self._last[header.sender] = header.sequence
 
 
+def _count(value: object) -> bool:
+    """A JSON value that is a non-negative int (bools are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class Controller:
     """The driver-side relay that keeps the authoritative parameters.
 
@@ -225,6 +234,9 @@ class Controller:
         epoch: starting epoch counter.
         threshold_reference: the threshold workers start from (the job's threshold algorithm); bounds
             the accepted thresholds (module docstring).
+        updater_state: the updater state of the fit's start (copied; None or empty when the updater has
+            none). Workers report theirs (UPDATER_STATE); the latest report is what a joining worker
+            receives with the parameters.
     """
 
     def __init__(
@@ -240,6 +252,7 @@ class Controller:
         epoch: int = 0,
         *,
         threshold_reference: float,
+        updater_state: np.ndarray | None = None,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as decode
@@ -247,6 +260,12 @@ class Controller:
             raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
         self._key = FrameKey(secret)
         self._params = np.array(params, copy=True)
+        self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
+        self.updater_state_reports = 0
+        # minibatches reported per (partition, epoch): a second report is a re-run Spark task
+        self._trained: dict[tuple[int, int], int] = {}
+        self.retrained_minibatches = 0
+        self.updates_by_worker: dict[int, int] = {}
         self._scratch = np.zeros_like(self._params)
         self._decode = decode
         self._config = config or ZmqTransportConfiguration()
@@ -281,7 +300,8 @@ class Controller:
         self._wake_out = self._ctx.socket(zmq.PAIR)
         self._wake_out.connect(wake)
         self._wake_lock = threading.Lock()
-        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT)
+        state_bytes = 0 if self._updater_state is None else self._updater_state.nbytes
+        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes)
         self._sock = _socket(self._ctx, zmq.ROUTER, self._config, max_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
@@ -306,6 +326,11 @@ class Controller:
         """A copy of the current authoritative parameters."""
         with self._lock:
             return self._params.copy()
+
+    def updater_state(self) -> np.ndarray | None:
+        """A copy of the latest updater state a worker reported (the fit's start state before any)."""
+        with self._lock:
+            return None if self._updater_state is None else self._updater_state.copy()
 
     @property
     def error(self) -> BaseException | None:
@@ -519,20 +544,76 @@ class Controller:
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
+            if self.updater_state_reports and not self._send(identity, self._state_frame()):
+                return
             self._send(identity, self._params_frame(current=not fresh))
         elif kind == MessageType.BYE:
             del self._peers[sender]
         elif kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
-            self._send(identity, self._control_frame(MessageType.SYNC_ACK))
+            if self._count_trained(identity, sender, header.epoch, payload):
+                self._send(identity, self._control_frame(MessageType.SYNC_ACK))
         elif kind == MessageType.PARAMS_REQUEST:
             self._send(identity, self._params_frame())
         elif kind == MessageType.EPOCH_END:
-            self._epoch_end(identity, sender, header.epoch)
+            if self._count_trained(identity, sender, header.epoch, payload):
+                self._epoch_end(identity, sender, header.epoch)
+        elif kind == MessageType.UPDATER_STATE:
+            self._store_updater_state(identity, header, payload)
         else:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
             self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
+
+    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> bool:
+        """Record a worker's {"partition", "minibatches"} report; a malformed one is rejected, counted and
+        answered with an ERROR (False)."""
+        try:
+            report = parse_json_payload(payload, peer=f"worker {sender}")
+            partition, minibatches = report.get("partition"), report.get("minibatches", 0)
+            if partition is None:
+                return True
+            if not all(_count(v) for v in (partition, minibatches)):
+                raise FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
+        except FrameRejected as exc:
+            self._reject(exc.reason, str(exc))
+            self._error_reply(identity, str(exc))
+            return False
+        key = (partition, epoch)
+        if key in self._trained:  # this partition's epoch was trained before: a re-run task
+            self.retrained_minibatches += minibatches
+        self._trained[key] = self._trained.get(key, 0) + minibatches
+        return True
+
+    def _state_frame(self) -> bytearray:
+        state = self._updater_state
+        return encode_frame(
+            self._key,
+            MessageType.UPDATER_STATE,
+            self.job_id,
+            CONTROLLER_ID,
+            self._next_seq(),
+            state.astype(state.dtype.newbyteorder("<"), copy=False),
+            iteration=self.iteration,
+            epoch=self.epoch,
+            flags=_float_flag(state),
+        )
+
+    def _store_updater_state(self, identity: bytes, header: Header, payload: memoryview) -> None:
+        current = self._updater_state
+        if (
+            current is None
+            or header.payload_length != current.nbytes
+            or (bool(header.flags & Flag.FLOAT64) != (current.dtype == np.float64))
+        ):
+            expected = "none" if current is None else f"{current.size} {current.dtype} values"
+            text = f"updater state from worker {header.sender} does not fit this job (expected {expected})"
+            self._reject("malformed", text)
+            self._error_reply(identity, text)
+            return
+        with self._lock:
+            current[:] = params_payload(header, payload)
+        self.updater_state_reports += 1
 
     def _epoch_end(self, identity: bytes, sender: int, epoch: int) -> None:
         """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order)."""
@@ -592,6 +673,7 @@ class Controller:
                         "bad_update", f"malformed update from worker {sender}: {exc}"
                     ) from None
                 self._params -= self._scratch
+                self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
                 self.iteration = max(self.iteration, header.iteration)
                 self.epoch = max(self.epoch, header.epoch)
                 self.updates_applied += 1
@@ -617,6 +699,7 @@ class WorkerConnection:
         secret: the fit's secret (at least 32 bytes).
         num_params: length of the parameter vector (bounds the frames it accepts).
         config: transport timeouts and limits.
+        updater_state_bytes: size of the job's updater state (bounds the UPDATER_STATE frame it accepts).
     """
 
     def __init__(
@@ -628,6 +711,7 @@ class WorkerConnection:
         secret: bytes,
         num_params: int,
         config: ZmqTransportConfiguration | None = None,
+        updater_state_bytes: int = 0,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -641,7 +725,9 @@ class WorkerConnection:
         self._replay = _Replay()
         self._seq = 0
         self._ctx = zmq.Context()
-        max_frame = HEADER_SIZE + max(8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT)
+        max_frame = HEADER_SIZE + max(
+            8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
+        )
         self._sock = _socket(self._ctx, zmq.DEALER, self._config, max_frame)
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
         self._sock.connect(self.endpoint)
@@ -703,7 +789,7 @@ class WorkerConnection:
 
     def _wait_for(
         self,
-        wanted: MessageType,
+        wanted: tuple[MessageType, ...],
         timeout_ms: int,
         on_update: Callable[[Header, np.ndarray], None] | None,
         what: str,
@@ -714,7 +800,7 @@ class WorkerConnection:
             try:
                 got = self._receive(left) if left > 0 else None
             except RejoinRequired:
-                if wanted != MessageType.PARAMS:
+                if MessageType.PARAMS not in wanted:
                     raise
                 continue  # answers to frames sent before this HELLO: the PARAMS after them is current
             if got is None:
@@ -729,7 +815,7 @@ class WorkerConnection:
                     f"{timeout_ms} ms (is the controller address reachable from this executor?){rejected}"
                 )
             header, payload = got
-            if header.message_type == wanted:
+            if header.message_type in wanted:
                 return header, payload
             if header.message_type == MessageType.UPDATE and on_update is not None:
                 on_update(header, update_payload(payload))
@@ -739,10 +825,18 @@ class WorkerConnection:
 
         With ``info["has_initial_params"]`` true the parameters are None while the controller has not
         applied any update yet (the worker's copy of the initial parameters is then current). Updates
-        and re-join requests that arrive before the parameters are superseded by them and skipped.
+        and re-join requests that arrive before the parameters are superseded by them and skipped. The
+        latest updater state a worker reported comes first when there is one: :attr:`updater_state`
+        (None when the controller has none yet).
         """
         self._send(MessageType.HELLO, json_payload(info))
-        header, payload = self._wait_for(MessageType.PARAMS, self._config.connect_timeout_ms, None, "HELLO")
+        self.updater_state: np.ndarray | None = None
+        wanted = (MessageType.PARAMS, MessageType.UPDATER_STATE)
+        while True:
+            header, payload = self._wait_for(wanted, self._config.connect_timeout_ms, None, "HELLO")
+            if header.message_type == MessageType.PARAMS:
+                break
+            self.updater_state = params_payload(header, payload).copy()
         if not header.payload_length:
             return None, header.iteration, header.epoch
         params = params_payload(header, payload)
@@ -751,6 +845,16 @@ class WorkerConnection:
                 f"controller {self.endpoint} sent {params.size} parameters, expected {self._num_params}"
             )
         return params.copy(), header.iteration, header.epoch
+
+    def send_updater_state(self, state: np.ndarray, iteration: int) -> int:
+        """Report this worker's flat updater state (what a joining worker will start from)."""
+        state = np.ascontiguousarray(state, dtype=state.dtype.newbyteorder("<"))
+        return self._send(
+            MessageType.UPDATER_STATE,
+            memoryview(state).cast("B"),
+            iteration=iteration,
+            flags=_float_flag(state),
+        )
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
         """Send one encoded int32 update; returns the frame size in bytes."""
@@ -774,24 +878,36 @@ class WorkerConnection:
                 on_update(header, update_payload(payload))
                 count += 1
 
-    def sync(self, on_update: Callable[[Header, np.ndarray], None]) -> None:
+    def sync(
+        self,
+        on_update: Callable[[Header, np.ndarray], None],
+        report: dict[str, int] | None = None,
+        epoch: int = 0,
+    ) -> None:
         """Block until the controller has applied everything sent so far, applying arriving updates.
 
-        Raises :class:`RejoinRequired` when the controller dropped this worker.
+        ``report`` ({"partition", "minibatches"}) tells the controller what this worker trained of
+        ``epoch`` since its last report. Raises :class:`RejoinRequired` when the controller dropped this
+        worker.
         """
-        self._send(MessageType.SYNC)
-        self._wait_for(MessageType.SYNC_ACK, self._config.sync_timeout_ms, on_update, "SYNC")
+        self._send(MessageType.SYNC, json_payload(report or {}), epoch=epoch)
+        self._wait_for((MessageType.SYNC_ACK,), self._config.sync_timeout_ms, on_update, "SYNC")
 
-    def end_epoch(self, epoch: int, on_update: Callable[[Header, np.ndarray], None]) -> bool:
+    def end_epoch(
+        self,
+        epoch: int,
+        on_update: Callable[[Header, np.ndarray], None],
+        report: dict[str, int] | None = None,
+    ) -> bool:
         """Report ``epoch`` finished and wait for every worker and the driver; True means stop.
 
-        Peer updates arriving meanwhile are applied. Raises :class:`RejoinRequired` when the controller
-        dropped this worker.
+        ``report`` is as for :meth:`sync`. Peer updates arriving meanwhile are applied. Raises
+        :class:`RejoinRequired` when the controller dropped this worker.
         """
-        self._send(MessageType.EPOCH_END, epoch=epoch)
+        self._send(MessageType.EPOCH_END, json_payload(report or {}), epoch=epoch)
         while True:
             header, payload = self._wait_for(
-                MessageType.EPOCH_GO, self._config.epoch_timeout_ms, on_update, f"EPOCH_END {epoch}"
+                (MessageType.EPOCH_GO,), self._config.epoch_timeout_ms, on_update, f"EPOCH_END {epoch}"
             )
             if header.epoch == epoch:
                 try:

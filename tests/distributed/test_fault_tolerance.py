@@ -1,0 +1,93 @@
+"""Late and restarted workers: the latest updater state from the controller; re-run tasks are counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wire_helpers import FAST, SECRET, controller
+
+from sparkgrad.errors import TransportError
+from sparkgrad.transport import WorkerConnection
+
+pytestmark = pytest.mark.distributed
+
+N = 10
+STATE = 2 * N  # an Adam-like state: two values per parameter
+
+
+def _worker(port: int, wid: int) -> WorkerConnection:
+    return WorkerConnection("127.0.0.1", port, 7, wid, SECRET, N, FAST, updater_state_bytes=4 * STATE)
+
+
+def test_a_joining_worker_starts_from_the_latest_reported_updater_state(free_port: int) -> None:
+    start = np.zeros(STATE, np.float32)
+    with controller(np.ones(N, np.float32), 7, free_port, updater_state=start) as ctl:
+        first, second, late = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        try:
+            first.hello({})
+            assert first.updater_state is None  # nothing reported yet: the fit's start state holds
+            reported = np.arange(STATE, dtype=np.float32) / 7
+            first.send_updater_state(reported, iteration=4)
+            first.sync(lambda h, m: None)  # ZeroMQ order: the report is stored before the ACK
+            second.hello({})
+            np.testing.assert_array_equal(second.updater_state, reported)
+            newer = reported * -3
+            second.send_updater_state(newer, iteration=9)
+            second.sync(lambda h, m: None)
+            params, _, _ = late.hello({})
+            np.testing.assert_array_equal(late.updater_state, newer)
+            np.testing.assert_array_equal(params, np.ones(N, np.float32))
+            np.testing.assert_array_equal(ctl.updater_state(), newer)
+            assert ctl.updater_state_reports == 2
+        finally:
+            for conn in (first, second, late):
+                conn.close()
+
+
+@pytest.mark.parametrize("size, dtype", [(STATE - 1, np.float32), (STATE, np.float64), (0, np.float32)])
+def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, size, dtype) -> None:
+    start = np.full(STATE, 5.0, np.float32)
+    with controller(np.ones(N, np.float32), 7, free_port, updater_state=start) as ctl:
+        conn = WorkerConnection("127.0.0.1", free_port, 7, 1, SECRET, N, FAST, updater_state_bytes=8 * STATE)
+        try:
+            conn.hello({})
+            conn.send_updater_state(np.ones(size, dtype), iteration=1)
+            with pytest.raises(TransportError, match="updater state from worker 1 does not fit this job"):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.updater_state(), start)
+        assert ctl.updater_state_reports == 0
+        assert ctl.counters.rejected_reasons == {"malformed": 1}
+
+
+def test_minibatches_a_rerun_task_trains_again_are_counted(free_port: int) -> None:
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        original, rerun = _worker(free_port, 1), _worker(free_port, 2)
+        try:
+            original.hello({})
+            original.sync(lambda h, m: None, {"partition": 0, "minibatches": 5}, epoch=3)
+            original.sync(lambda h, m: None, {"partition": 1, "minibatches": 4}, epoch=3)
+            assert ctl.retrained_minibatches == 0
+            rerun.hello({})  # a retried task trains partition 0 of epoch 3 again
+            rerun.sync(lambda h, m: None, {"partition": 0, "minibatches": 5}, epoch=3)
+            rerun.sync(lambda h, m: None, {"partition": 0, "minibatches": 6}, epoch=4)
+            assert ctl.retrained_minibatches == 5
+        finally:
+            original.close()
+            rerun.close()
+
+
+@pytest.mark.parametrize(
+    "report", [{"partition": -1, "minibatches": 1}, {"partition": 0, "minibatches": "5"}, {"partition": True}]
+)
+def test_a_malformed_training_report_is_rejected_with_an_error(free_port: int, report) -> None:
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        conn = _worker(free_port, 1)
+        try:
+            conn.hello({})
+            with pytest.raises(TransportError, match="bad training report"):
+                conn.sync(lambda h, m: None, report)
+        finally:
+            conn.close()
+        assert ctl.retrained_minibatches == 0 and ctl.counters.rejected_reasons == {"malformed": 1}
