@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from wire_helpers import FAST, SECRET, controller
 
 from sparkgrad.errors import TransportError
-from sparkgrad.transport import WorkerConnection
+from sparkgrad.transport import MessageType, WorkerConnection
 
 pytestmark = pytest.mark.distributed
 
@@ -91,3 +93,63 @@ def test_a_malformed_training_report_is_rejected_with_an_error(free_port: int, r
         finally:
             conn.close()
         assert ctl.retrained_minibatches == 0 and ctl.counters.rejected_reasons == {"malformed": 1}
+
+
+def _end_epoch_in_thread(conn: WorkerConnection, epoch: int, out: dict) -> threading.Thread:
+    def run() -> None:
+        try:
+            out[conn.worker_id] = conn.end_epoch(epoch, lambda h, m: None)
+        except TransportError as exc:
+            out[conn.worker_id] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_epoch_barrier_waits_for_every_worker_and_forgets_one_that_left(free_port: int) -> None:
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        ctl.expect_workers(2)
+        a, b, c = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        try:
+            for conn in (a, b, c):
+                conn.hello({})
+            out: dict = {}
+            waiting = _end_epoch_in_thread(a, 0, out)
+            assert ctl.next_finished_epoch(0.3) is None  # one of two workers: not finished
+            b.close()  # a worker that never reported leaves: still one of two
+            assert ctl.next_finished_epoch(0.3) is None
+            late = _end_epoch_in_thread(c, 0, out)
+            assert ctl.next_finished_epoch(20) == 0
+            ctl.release_epoch(0, stop=True)
+            waiting.join(20)
+            late.join(20)
+            assert out == {1: True, 3: True}
+            # a worker reporting an epoch already decided gets the decision at once
+            assert c.end_epoch(0, lambda h, m: None) is True
+        finally:
+            for conn in (a, b, c):
+                conn.close()
+
+
+def test_pending_epoch_reports_of_a_worker_that_left_do_not_count(free_port: int) -> None:
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        ctl.expect_workers(2)
+        a, b, c = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        try:
+            for conn in (a, b, c):
+                conn.hello({})
+            a._send(MessageType.EPOCH_END, epoch=5)  # reports epoch 5, then its task is killed
+            a.close()
+            out: dict = {}
+            second = _end_epoch_in_thread(b, 5, out)
+            assert ctl.next_finished_epoch(0.5) is None  # a's report no longer counts
+            third = _end_epoch_in_thread(c, 5, out)
+            assert ctl.next_finished_epoch(20) == 5
+            ctl.release_epoch(5, stop=False)
+            second.join(20)
+            third.join(20)
+            assert out == {2: False, 3: False}
+        finally:
+            for conn in (a, b, c):
+                conn.close()

@@ -463,7 +463,7 @@ class Controller:
             return True
         for sender, ident in list(self._peers.items()):
             if ident == identity:
-                del self._peers[sender]
+                self._forget(sender)
                 self.counters.peers_dropped += 1
                 self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
                 if status == "full":
@@ -548,7 +548,7 @@ class Controller:
                 return
             self._send(identity, self._params_frame(current=not fresh))
         elif kind == MessageType.BYE:
-            del self._peers[sender]
+            self._forget(sender)
         elif kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
@@ -614,6 +614,13 @@ class Controller:
         with self._lock:
             current[:] = params_payload(header, payload)
         self.updater_state_reports += 1
+
+    def _forget(self, sender: int) -> None:
+        """A worker left or was dropped: no more relays to it, and its pending epoch reports no longer
+        count (a Spark retry's new workers report those epochs again)."""
+        del self._peers[sender]
+        for reports in self._epoch_reports.values():
+            reports.pop(sender, None)
 
     def _epoch_end(self, identity: bytes, sender: int, epoch: int) -> None:
         """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order)."""
