@@ -11,23 +11,25 @@ The namespaces get no default route and no NAT, so their traffic never leaves th
 gets a ``tc netem`` qdisc (rate and delay; ``tbf``, rate only, on kernels without netem) on egress, which
 shapes both directions of every link; traffic between two workers crosses two shaped links. Processes run
 from pyspark's bundled ``spark-class`` with this interpreter as the executors' Python and this sparkgrad on
-their PYTHONPATH. Every process is recorded by
-PID in ``<state dir>/state.json``; ``down`` ends them by PID (and every process left in the harness's
-namespaces), then deletes the namespaces, veths and bridge, also after a crash.
+their PYTHONPATH. Every process is recorded by PID in ``<state dir>/state.json``; ``down`` ends them by PID
+(and every process left in the harness's namespaces, executors included), then deletes the namespaces, veths
+and bridge, also after a crash.
 
 Needs root, iproute2 (installed with apt-get when missing) and Java 17.
 
-Usage::
+Usage (as root; the workers import the sparkgrad this interpreter imports, e.g. ``PYTHONPATH=python``)::
 
-    sudo python bench/cluster/cluster.py up --workers 2 --rate 1gbit --delay 0.2ms
-    sudo python bench/cluster/cluster.py status
-    sudo python bench/cluster/cluster.py down
+    python bench/cluster/cluster.py up --workers 2 --rate 1gbit --delay 0.2ms   # --delay none without netem
+    python bench/cluster/cluster.py status
+    python bench/cluster/cluster.py down
 
-From Python (the driver runs in the root namespace)::
+From Python (the driver runs in the root namespace; ``sys.path`` must hold bench/cluster)::
 
-    from cluster import cluster, spark_session
+    from cluster import cluster, spark_session, wait_for_executors
     with cluster(workers=2, rate="1gbit", delay="0.2ms") as info:
-        spark = spark_session(info, "my-app")   # master spark://198.18.0.1:7077, 1 core per executor
+        spark = spark_session(info, "my-app", local_dir="/tmp/driver")  # spark://198.18.0.1:7077
+        wait_for_executors(spark, 2)
+        # SharedTrainingMaster: VoidConfiguration(network_mask="198.18.0.0/24") finds the bridge address
         ...
         spark.stop()
 

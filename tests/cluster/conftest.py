@@ -7,6 +7,7 @@ tests/spark's local[2] session can start.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,15 @@ def cluster_spark(cluster: harness.ClusterInfo, tmp_path_factory: pytest.TempPat
     """A SparkSession on the cluster, driver in the root namespace, both executors registered."""
     from pyspark.sql import SparkSession
 
+    import sparkgrad
+
+    # The first SparkContext launches the JVM that every later one in this process reuses, and local-mode
+    # Python workers inherit that JVM's environment: give it the PYTHONPATH that tests/spark's local[2]
+    # session (which may run after this module) needs for its helpers and this sparkgrad.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "tests" / "spark"), str(Path(sparkgrad.__file__).resolve().parents[1])]
+        + [os.environ.get("PYTHONPATH", "")]
+    )
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
