@@ -67,6 +67,7 @@ MASTER_UI_PORT = 8080
 WORKER_PORT = 7078
 WORKER_UI_PORT = 8081
 MAX_WORKERS = 32
+MARKER = ".sparkgrad-cluster"  # in the state dir: `down` deletes only a directory `up` filled
 DEFAULT_STATE_DIR = os.path.join(tempfile.gettempdir(), "sparkgrad-cluster")
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -222,6 +223,14 @@ def _links() -> list[str]:
 def _namespace_pids(namespace: str) -> list[int]:
     out = _run(["ip", "netns", "pids", namespace], check=False).stdout
     return [int(tok) for tok in out.split() if tok.isdigit()]
+
+
+def _bridge_listeners() -> list[int]:
+    """PIDs of the processes listening on the bridge address (the master's, also when the state is lost)."""
+    if not shutil.which("ss"):
+        return []
+    out = _run(["ss", "-H", "-ltnp", "src", BRIDGE_IP], check=False).stdout
+    return sorted({int(pid) for pid in re.findall(r"pid=(\d+)", out)})
 
 
 def _cmdline(pid: int) -> str:
@@ -445,8 +454,11 @@ def up(
     if python_path is None:
         python_path = _sparkgrad_path()
     if os.path.isdir(state_dir) and os.listdir(state_dir):
-        raise RuntimeError(f"state dir {state_dir} exists and is not empty; give an empty or new directory")
+        raise RuntimeError(
+            f"state dir {state_dir} is not empty; give an empty or new directory (or run down if it is ours)"
+        )
     os.makedirs(state_dir, exist_ok=True)
+    (Path(state_dir) / MARKER).touch()
     info = ClusterInfo(os.path.abspath(state_dir), rate, delay, _worker_hosts(workers))
     info.save()
     try:
@@ -525,8 +537,9 @@ def _terminate(pids: set[int], grace_s: float = 10.0) -> None:
 def down(state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
     """End every process of the cluster by PID and delete its namespaces, veths and bridge.
 
-    Works after a crash: it uses the state file when there is one, and deletes whatever carries the
-    harness's prefix. Idempotent.
+    Works after a crash: it uses the state file when there is one, ends every process in the harness's
+    namespaces and a Master listening on the bridge address, and deletes whatever carries the harness's
+    prefix. Idempotent.
 
     Args:
         state_dir: the state directory given to ``up``.
@@ -544,6 +557,10 @@ def down(state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
             if _alive(pid) and "org.apache.spark.deploy" in _cmdline(pid):
                 pids.add(pid)
                 removed.append(f"process {role} pid {pid}")
+    for pid in _bridge_listeners():  # a master whose state file is lost: it listens on the bridge address
+        if pid not in pids and MASTER_CLASS in _cmdline(pid):
+            pids.add(pid)
+            removed.append(f"master on {BRIDGE_IP} pid {pid}")
     for ns in namespaces:  # everything in the harness's namespaces is the harness's (executors too)
         for pid in _namespace_pids(ns):
             if pid not in pids:
@@ -556,7 +573,7 @@ def down(state_dir: str = DEFAULT_STATE_DIR) -> list[str]:
     for link in _links():  # veth host ends (their peers went with the namespaces) and the bridge
         if _run(["ip", "link", "delete", link], check=False).returncode == 0:
             removed.append(f"link {link}")
-    if (Path(state_dir) / "state.json").exists():  # only a directory `up` made and filled
+    if (Path(state_dir) / MARKER).exists():  # only a directory `up` filled
         shutil.rmtree(state_dir, ignore_errors=True)
         removed.append(f"state dir {state_dir}")
     return removed
@@ -711,6 +728,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ClusterUnavailable as exc:
             print(f"cluster unavailable: {exc}", file=sys.stderr)
             return 2
+        except RuntimeError as exc:
+            print(f"cluster not started: {exc}", file=sys.stderr)
+            return 1
         print(f"up: {info.master_url}, workers {[h.address for h in info.hosts]}, state {info.state_dir}")
     elif args.command == "down":
         print("\n".join(down(args.state_dir)) or "nothing to remove")
