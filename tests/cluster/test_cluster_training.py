@@ -7,6 +7,7 @@ namespace, so every task, broadcast and gradient-sharing frame crosses a shaped 
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import numpy as np
 import pytest
@@ -41,8 +42,6 @@ def train_rdd(cluster_spark, digits):
 @pytest.fixture(scope="module")
 def shared_model(cluster_spark, cluster, train_rdd):
     """A SharedTrainingMaster fit whose controller address comes from the bridge's network mask."""
-    import socket
-
     with socket.socket() as s:
         s.bind((cluster.driver_host, 0))
         port = int(s.getsockname()[1])
