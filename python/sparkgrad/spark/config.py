@@ -178,8 +178,29 @@ def _check_secret(value: Any) -> bytes:
     return bytes(value)
 
 
+def _interface_addresses() -> list[str]:
+    """The IPv4 address of every network interface (Linux: SIOCGIFADDR per interface; empty elsewhere)."""
+    try:
+        import fcntl
+        import struct
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError, AttributeError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                reply = fcntl.ioctl(s.fileno(), 0x8915, request)  # SIOCGIFADDR
+            except OSError:  # no IPv4 address on this interface
+                continue
+            found.append(socket.inet_ntoa(reply[20:24]))
+    return found
+
+
 def _local_addresses() -> list[str]:
-    found = {"127.0.0.1"}
+    found = {"127.0.0.1", *_interface_addresses()}
     try:
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
             found.add(str(info[4][0]))

@@ -1,0 +1,85 @@
+"""A 2-worker Spark standalone cluster in network namespaces (bench/cluster/cluster.py) for this directory.
+
+The cluster and its SparkSession live for the module that uses them. Only one SparkContext can exist per
+process, so the session fixture stops any active session first and stops its own at teardown, after which
+tests/spark's local[2] session can start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# the harness (bench/cluster/cluster.py: `import cluster`) and the Spark tests' helpers (`from helpers ...`)
+sys.path.insert(0, str(ROOT / "bench" / "cluster"))
+sys.path.insert(0, str(ROOT / "tests" / "spark"))
+
+import cluster as harness  # noqa: E402
+
+WORKERS = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent == HERE:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ClusterInfo]:
+    """A running 2-worker cluster, links shaped to 1 Gbit/s; always torn down, also when a test fails."""
+    pytest.importorskip("pyspark")
+    reason = harness.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    state_dir = str(tmp_path_factory.mktemp("cluster") / "state")
+    try:
+        # no added delay: it needs netem, which not every kernel has; the rate works with netem or tbf
+        info = harness.up(WORKERS, rate="1gbit", delay=None, state_dir=state_dir)
+    except harness.ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield info
+    finally:
+        harness.down(state_dir)
+
+
+@pytest.fixture(scope="module")
+def cluster_spark(cluster: harness.ClusterInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A SparkSession on the cluster, driver in the root namespace, both executors registered."""
+    from pyspark.sql import SparkSession
+
+    import sparkgrad
+
+    # The first SparkContext launches the JVM that every later one in this process reuses, and local-mode
+    # Python workers inherit that JVM's environment: give it the PYTHONPATH that tests/spark's local[2]
+    # session (which may run after this module) needs for its helpers and this sparkgrad.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "tests" / "spark"), str(Path(sparkgrad.__file__).resolve().parents[1])]
+        + [os.environ.get("PYTHONPATH", "")]
+    )
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    local_dir = str(tmp_path_factory.mktemp("cluster-driver"))
+    session = harness.spark_session(cluster, "sparkgrad-cluster-tests", local_dir)
+    try:
+        session.sparkContext.setLogLevel("ERROR")
+        harness.wait_for_executors(session, WORKERS)
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """(train, test) DataSets of scikit-learn's digits, flat features (as tests/spark's fixture)."""
+    from sparkgrad.datasets import load_digits
+
+    return load_digits(test_fraction=0.2, seed=0, shape="flat")
