@@ -7,12 +7,15 @@ namespace, so every task, broadcast and gradient-sharing frame crosses a shaped 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import socket
 
 import numpy as np
 import pytest
 from helpers import accuracy, ambiguous_argmax, dense_logit_error_bound, mlp_conf
 
+import cluster as harness  # bench/cluster/cluster.py, on sys.path through conftest.py
 from sparkgrad.nn import MultiLayerConfiguration
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark import (
@@ -24,6 +27,8 @@ from sparkgrad.spark import (
 
 EPOCHS = 5
 BATCH = 16
+WORKERS = 2
+FAULT_EPOCHS = 20  # long enough for both runs of a fault test to spend 8 epochs on their plateau
 
 
 def conf() -> MultiLayerConfiguration:
@@ -100,3 +105,96 @@ def test_distributed_evaluation_equals_local(shared_model, cluster_spark, digits
     assert dist.confusion_matrix().sum() == local.confusion_matrix().sum() == test.num_examples()
     assert np.abs(dist.confusion_matrix() - local.confusion_matrix()).sum() <= 2 * flippable
     assert abs(dist.accuracy() - local.accuracy()) <= flippable / test.num_examples()
+
+
+# -- faults: one executor JVM killed by PID mid-fit (these run last: they cost the cluster an executor) ----
+
+
+def _cluster_master(cluster, **kwargs) -> SharedTrainingMaster:
+    with socket.socket() as s:
+        s.bind((cluster.driver_host, 0))
+        port = int(s.getsockname()[1])
+    return SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
+        batch_size_per_worker=BATCH,
+        collect_training_stats=True,
+        rng_seed=3,
+        **kwargs,
+    )
+
+
+def test_shared_fit_survives_a_killed_executor(cluster_spark, cluster, train_rdd, digits) -> None:
+    killed: list[int] = []
+
+    def fit(kill: bool) -> tuple[SparkMultiLayer, list[float]]:
+        accuracies: list[float] = []
+
+        def callback(epoch, network) -> None:
+            accuracies.append(accuracy(network, digits[1]))
+            if kill and epoch == 1:  # the workers wait at the epoch barrier: kill one of them
+                pid = harness.executor_pids(cluster.hosts[1])[0]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+        sm = SparkMultiLayer(cluster_spark, conf(), _cluster_master(cluster))
+        sm.fit(train_rdd, epochs=FAULT_EPOCHS, epoch_callback=callback)
+        return sm, accuracies
+
+    clean, clean_curve = fit(kill=False)
+    faulty, faulty_curve = fit(kill=True)
+    traffic = faulty.training_master.last_traffic
+    assert killed and faulty.network.epoch_count == FAULT_EPOCHS and len(faulty_curve) == FAULT_EPOCHS
+    # Asynchronous runs differ by about a percent from epoch to epoch, and two clean runs by as much:
+    # compare the mean accuracy over the plateau (the last 8 epochs). The fault may cost at most 1%.
+    plateau = slice(-8, None)
+    faulty_plateau, clean_plateau = np.mean(faulty_curve[plateau]), np.mean(clean_curve[plateau])
+    assert faulty_plateau >= clean_plateau - 0.01, (faulty_curve, clean_curve)
+    # the killed worker's updates stay in the model and are counted; the re-run stage's workers joined
+    assert traffic["workers_lost"] >= 1 and traffic["updates_from_lost_workers"] >= 1
+    assert traffic["workers"] >= 3 and traffic["retrained_minibatches"] >= 0
+    harness.wait_for_executors(cluster_spark, WORKERS)  # the worker started a new executor
+
+
+def test_parameter_averaging_fit_survives_a_killed_executor(
+    cluster_spark, digits, train_rdd, tmp_path
+) -> None:
+    class KillOwnExecutorOnce:  # defined here: it travels to the executors by value (cloudpickle)
+        """SIGKILLs the executor JVM running the first task whose network reaches ``at_update``."""
+
+        def __init__(self, marker: str, at_update: int = 3) -> None:
+            self.marker, self.at_update = marker, at_update
+
+        def pre_update(self, dataset, network) -> None:
+            if network.iteration_count < self.at_update:
+                return
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))  # the first task here kills
+            except FileExistsError:
+                return
+            pid = os.getpid()  # Python worker -> pyspark daemon -> executor JVM
+            while pid > 1:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"CoarseGrainedExecutorBackend" in f.read():
+                        os.kill(pid, signal.SIGKILL)
+                        return
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+
+        def post_update(self, dataset, network) -> None:
+            pass
+
+    def fit(hooks) -> SparkMultiLayer:
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=BATCH, averaging_frequency=10, rng_seed=1, training_hooks=hooks
+        )
+        sm = SparkMultiLayer(cluster_spark, conf(), master)
+        sm.fit(train_rdd, epochs=FAULT_EPOCHS)
+        return sm
+
+    clean = fit(())
+    marker = str(tmp_path / "killed")
+    faulty = fit((KillOwnExecutorOnce(marker),))
+    assert os.path.exists(marker) and faulty.network.epoch_count == FAULT_EPOCHS
+    # the lost task is re-run from the same broadcast parameters on a live executor
+    assert abs(accuracy(faulty.network, digits[1]) - accuracy(clean.network, digits[1])) <= 0.01
+    harness.wait_for_executors(cluster_spark, WORKERS)

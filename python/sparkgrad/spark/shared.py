@@ -33,8 +33,9 @@ its parameters with the controller's (its residual, the update mass it never sen
 fails any other way discards its process's worker, so a Spark retry starts a fresh worker (new worker
 id) that pulls the current parameters, iteration and epoch from the controller, and the latest updater
 state a worker reported: the first partition's worker sends its updater state at an epoch end at most
-every ``ZmqTransportConfiguration.updater_state_interval_ms`` (60 s), so that state is at most that
-interval plus one epoch old (before the first report: the state the fit started from). Workers report
+every ``ZmqTransportConfiguration.updater_state_interval_ms`` (60 s; also at its first epoch end), so
+that state is at most that interval plus one epoch old (before the first report: the state the fit
+started from). Workers report
 the minibatches they trained per (partition, epoch); a partition's epoch reported twice was re-run by a
 Spark task retry, and ``last_traffic["retrained_minibatches"]`` counts those minibatches;
 ``workers_lost`` and ``updates_from_lost_workers`` count workers that joined but returned no result and
@@ -255,7 +256,7 @@ class SharedWorker:
         self._scratch = np.zeros_like(self.net.params())
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start) if job.collect_stats else None
-        self._state_reported = time.monotonic()
+        self._state_reported: float | None = None  # monotonic time of the last updater-state report
 
     def _apply_message(self, message: np.ndarray) -> None:
         self._scratch.fill(0)
@@ -432,11 +433,13 @@ class SharedWorker:
         return False
 
     def _report_updater_state(self, partition: int) -> None:
-        """The first partition's worker sends its updater state to the controller at an epoch end once
-        ``updater_state_interval_ms`` has passed since its last report: what a late or restarted worker
-        starts from, at most that interval plus one epoch old."""
+        """The first partition's worker sends its updater state to the controller at its first epoch end
+        and then once ``updater_state_interval_ms`` has passed since its last report: what a late or
+        restarted worker starts from (a zero Adam state at a late iteration would take steps ~3x too
+        large), at most that interval plus one epoch old."""
         interval_s = self.job.transport.updater_state_interval_ms / 1000
-        if partition != 0 or time.monotonic() - self._state_reported < interval_s:
+        last = self._state_reported
+        if partition != 0 or (last is not None and time.monotonic() - last < interval_s):
             return
         state = self.net.updater_state()
         if state.size:
@@ -838,8 +841,13 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             try:
                 if barrier:  # every epoch in one job
                     train = _shared_partition(bc, first_epoch, epochs)
+                    # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as a
+                    # whole when a task or an executor fails (a failed barrier result stage ends the job)
                     for part in _run_watched(
-                        sc, controller, lambda: units.barrier().mapPartitions(train).collect(), on_epoch
+                        sc,
+                        controller,
+                        lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
+                        on_epoch,
                     ):
                         results = _latest(results, part)
                 else:  # more partitions than slots: one job per epoch
