@@ -1214,12 +1214,20 @@ class WorkerConnection:
         """MESH: apply relayed updates until the parameters include broadcast number ``target`` (what a
         SYNC_ACK or EPOCH_GO covers); a parent silent for ``mesh_catchup_ms`` is named to the controller
         and its parameters are taken instead."""
+        wait_s = self._config.mesh_catchup_ms / 1000
+        deadline = time.monotonic() + wait_s
         while self._applied_upto < target:
-            got = self._receive(self._config.mesh_catchup_ms)
-            if got is None:
-                self._resync(silent_parent=self.parent_id)
-            elif got[0].message_type == MessageType.UPDATE and on_update is not None:
-                on_update(got[0], update_payload(got[1]))
+            if self._stash:
+                result = self._dispatch(*self._stash.popleft())
+            else:
+                got = self._next_frame(max(0, int((deadline - time.monotonic()) * 1000)))
+                if got is None:
+                    self._resync(silent_parent=self.parent_id)
+                    continue
+                deadline = time.monotonic() + wait_s  # the wait is for silence, not for the whole catch-up
+                result = self._dispatch(*got)
+            if result is not None and result[0].message_type == MessageType.UPDATE and on_update is not None:
+                on_update(result[0], update_payload(result[1]))
 
     def _wait_for(
         self,
