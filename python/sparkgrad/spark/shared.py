@@ -146,6 +146,7 @@ class SharedJob:
     collect_stats: bool
     barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
     shuffle_seed: int
+    mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
 
 
 @dataclass
@@ -206,6 +207,19 @@ class _SlotLock:
             self._file = None
 
 
+def _relay_host(host: str, port: int) -> str:
+    """MESH: this executor's address as the other executors reach it: the local address of the route
+    to the controller (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+        except OSError as exc:
+            raise TransportError(
+                f"no route to the controller {host}:{port} for the MESH relay socket: {exc}"
+            ) from exc
+
+
 class SharedWorker:
     """One executor process's training replica for one job; reused across that job's tasks."""
 
@@ -230,6 +244,8 @@ class SharedWorker:
             job.snapshot.params.size,
             job.transport,
             updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
+            relay_host=_relay_host(job.host, job.port) if job.mesh else None,
+            on_params=self._take_params,
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
@@ -257,6 +273,11 @@ class SharedWorker:
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
+
+    def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
+        """MESH resynchronisation: the controller's parameters replace this replica's."""
+        self.net.set_params(params)
+        self.net.iteration_count = max(int(self.net.iteration_count), iteration)
 
     def _apply_message(self, message: np.ndarray) -> None:
         self._scratch.fill(0)
@@ -619,7 +640,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             was ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
-        mesh_build_mode: ``"plain"`` (star through the controller).
+        mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
+            (a relay tree of ``transport.mesh_fan_out``, see :mod:`sparkgrad.transport.mesh`).
         rdd_training_approach: ``"auto"`` (default: train from the persisted RDD while its DataSets'
             arrays total at most ``direct_memory_budget_mb``, export above), ``"export"`` (DL4J's
             default: write batches of ``batch_size_per_worker`` once and train from the files) or
@@ -743,8 +765,6 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 ``network`` holding the controller's parameters and ``epoch`` the index of the epoch
                 that just finished (``network.epoch_count - 1``); a true result stops training.
         """
-        if self.mesh_build_mode != MeshBuildMode.PLAIN:
-            raise ValueError("mesh_build_mode: only 'plain' is available in this version of sparkgrad")
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
@@ -800,6 +820,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             epoch=first_epoch,
             threshold_reference=_reference_threshold(algorithm),
             updater_state=network.updater_state(),
+            mesh=self.mesh_build_mode == MeshBuildMode.MESH,
         )
         finished = first_epoch
 
@@ -836,6 +857,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 self.collect_training_stats,
                 barrier,
                 self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
+                self.mesh_build_mode == MeshBuildMode.MESH,
             )
             bc = sc.broadcast(job)
             try:

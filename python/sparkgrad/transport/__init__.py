@@ -13,6 +13,7 @@ from sparkgrad.transport.frame import (
     encode_frame,
     max_update_bytes,
 )
+from sparkgrad.transport.mesh import MeshOrganizer
 from sparkgrad.transport.zmq_transport import (
     THRESHOLD_GROWTH_LIMIT,
     Controller,
@@ -31,6 +32,7 @@ __all__ = [
     "FrameKey",
     "FrameRejected",
     "Header",
+    "MeshOrganizer",
     "MessageType",
     "RejoinRequired",
     "TrafficCounters",

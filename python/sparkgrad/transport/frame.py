@@ -17,7 +17,7 @@ offset size    field
 32     8       iteration (signed)
 40     4       payload length in bytes
 44     32      authentication tag: HMAC-SHA256 (see below)
-76     4       reserved (zero)
+76     4       broadcast number (MESH, see below; zero otherwise)
 ====== ======= ====================================================================================
 
 Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
@@ -39,6 +39,12 @@ nothing. The controller relays a worker's UPDATE with the ``RELAYED`` flag set; 
 so it re-signs the relayed frame (sender id and sequence stay the worker's, which keeps the replay
 rule per original sender on the receiving workers).
 
+MESH (:mod:`sparkgrad.transport.mesh`): the controller numbers the updates it relays down the tree
+(1, 2, ...) in the broadcast-number field of each relayed UPDATE, and stamps PARAMS, SYNC_ACK and
+EPOCH_GO with the number of updates relayed so far (the parameters include, the acknowledgement
+covers, exactly those). A relaying worker re-signs the frame with its own id in the relay-id field and
+keeps sender, sequence and broadcast number. PLAIN frames carry zero there.
+
 Size limits (enforced by ZeroMQ ``MAXMSGSIZE`` on the receiving socket, so an oversized frame is
 never buffered, and checked again per message type): an UPDATE payload holds at most
 :func:`max_update_bytes` ``(num_params)`` bytes (the larger of the sparse and bitmap encodings of
@@ -51,8 +57,11 @@ Payloads by message type:
   ``payload length / 4`` words). Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
 - ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
-- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``:
-  UTF-8 JSON object of control data (possibly empty). ``EPOCH_END`` and ``EPOCH_GO`` name their epoch in
+- ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``,
+  ``MESH_PARENT``, ``MESH_JOIN``: UTF-8 JSON object of control data (possibly empty). ``MESH_PARENT``
+  carries ``{"parent": "tcp://host:port"}`` or ``{"parent": null}`` (the controller itself); a MESH
+  ``HELLO`` carries ``"relay": "host:port"``, the worker's relay socket; a ``PARAMS_REQUEST`` may carry
+  ``{"silent_parent": id}``. ``EPOCH_END`` and ``EPOCH_GO`` name their epoch in
   the header's epoch field; ``EPOCH_GO`` carries ``{"stop": bool}``; ``EPOCH_END`` and ``SYNC`` may carry
   ``{"partition": int, "minibatches": int}`` (what the worker trained since its last report, so the
   controller can count minibatches a re-run Spark task trains again).
@@ -85,6 +94,7 @@ _TAG_OFFSET = 44
 _TAG_END = _TAG_OFFSET + AUTH_TAG_SIZE
 _ZERO_TAG = bytes(AUTH_TAG_SIZE)
 _FLAGS = struct.Struct("<H")
+_U32 = struct.Struct("<I")
 
 
 class MessageType(enum.IntEnum):
@@ -101,6 +111,8 @@ class MessageType(enum.IntEnum):
     EPOCH_END = 9  # worker -> controller: finished the header's epoch (applied after all it sent before)
     EPOCH_GO = 10  # controller -> worker: every worker finished the header's epoch; JSON {"stop": bool}
     UPDATER_STATE = 11  # worker -> controller: its updater state; controller -> joining worker: the latest
+    MESH_PARENT = 12  # controller -> worker (MESH): JSON {"parent": endpoint or null = the controller}
+    MESH_JOIN = 13  # worker -> its MESH parent's relay socket: register as a child (JSON {})
 
 
 class Flag(enum.IntFlag):
@@ -133,6 +145,7 @@ class Header:
     iteration: int
     payload_length: int
     relay: int = NO_RELAY
+    broadcast: int = 0
 
 
 class FrameKey:
@@ -193,6 +206,7 @@ def encode_frame(
     epoch: int = 0,
     flags: Flag = Flag.NONE,
     relay: int = NO_RELAY,
+    broadcast: int = 0,
 ) -> bytearray:
     """Serialise and sign one frame (header + payload); the ``AUTHENTICATED`` flag is always set.
 
@@ -207,12 +221,15 @@ def encode_frame(
         epoch: training epoch.
         flags: header flags (``AUTHENTICATED`` is added).
         relay: forwarding node id (MESH), ``NO_RELAY`` otherwise.
+        broadcast: the controller's broadcast number (MESH), 0 otherwise.
 
     Returns:
         The signed frame.
     """
     if not 0 <= sequence < 2**32:
         raise ValueError(f"sequence: must be in [0, 2**32), got {sequence}")
+    if not 0 <= broadcast < 2**32:
+        raise ValueError(f"broadcast: must be in [0, 2**32), got {broadcast}")
     payload = memoryview(payload).cast("B")
     frame = bytearray(HEADER_SIZE + payload.nbytes)
     _HEADER.pack_into(
@@ -230,18 +247,22 @@ def encode_frame(
         iteration,
         payload.nbytes,
         _ZERO_TAG,
-        0,
+        broadcast,
     )
     frame[HEADER_SIZE:] = payload
     return key.seal(frame)
 
 
-def relayed_frame(key: FrameKey, frame: bytes | memoryview) -> bytearray:
+def relayed_frame(
+    key: FrameKey, frame: bytes | memoryview, *, relay: int | None = None, broadcast: int | None = None
+) -> bytearray:
     """A copy of an accepted frame with the ``RELAYED`` flag set, re-signed.
 
     Args:
         key: the fit's frame key.
         frame: the frame as received (already verified).
+        relay: the relaying node's id for the relay-id field (None keeps the field).
+        broadcast: the broadcast number to stamp (None keeps the field).
 
     Returns:
         The signed relayed frame.
@@ -249,6 +270,10 @@ def relayed_frame(key: FrameKey, frame: bytes | memoryview) -> bytearray:
     out = bytearray(frame)
     (flags,) = _FLAGS.unpack_from(out, 6)
     _FLAGS.pack_into(out, 6, flags | Flag.RELAYED)
+    if relay is not None:
+        _U32.pack_into(out, 20, relay)
+    if broadcast is not None:
+        _U32.pack_into(out, 76, broadcast)
     out[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
     return key.seal(out)
 
@@ -273,7 +298,7 @@ def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -
             "malformed",
             f"frame from {peer}: {view.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header",
         )
-    magic, version, mtype, flags, job, sender, relay, seq, epoch, it, length, _tag, _res = (
+    magic, version, mtype, flags, job, sender, relay, seq, epoch, it, length, _tag, broadcast = (
         _HEADER.unpack_from(view)
     )
     if magic != MAGIC:
@@ -298,7 +323,7 @@ def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -
         raise FrameRejected(
             "malformed", f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"
         )
-    header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay)
+    header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay, broadcast)
     return header, view[HEADER_SIZE:]
 
 

@@ -1,4 +1,4 @@
-"""PLAIN-topology gradient sharing over ZeroMQ (pyzmq).
+"""PLAIN- and MESH-topology gradient sharing over ZeroMQ (pyzmq).
 
 The controller (a thread on the Spark driver) owns one ROUTER socket. Workers connect with a DEALER
 socket, say HELLO and receive the current parameters; every UPDATE they send is applied to the
@@ -14,6 +14,10 @@ job, replays a sequence number, is malformed or carries an implausible update is
 limited. Unauthenticated frames never get a reply. Only an error of the controller's own (for example
 of the decode function) stops its thread; it then tells its workers with an authenticated ERROR and
 :meth:`Controller.check` / :attr:`Controller.error` report it to the driver.
+
+MESH (``Controller(mesh=True)``, workers with a ``relay_host``): updates go down a relay tree instead of
+from the controller to every worker; the tree, the relay rules and the failure policy are described in
+:mod:`sparkgrad.transport.mesh`. Everything upward is as in PLAIN.
 
 Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
 derived from the parameter count) and bounded high-water marks.
@@ -40,8 +44,10 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -68,11 +74,14 @@ from sparkgrad.transport.frame import (
     relayed_frame,
     update_payload,
 )
+from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 log = logging.getLogger(__name__)
 
 THRESHOLD_GROWTH_LIMIT = 16.0
 _SEQUENCE_LIMIT = 2**32
+# a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
+_RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
 
 
 @dataclass
@@ -91,6 +100,10 @@ class ZmqTransportConfiguration(Config):
             driver's epoch callback.
         updater_state_interval_ms: how often (at most) a worker reports its updater state to the
             controller at an epoch end, for late or restarted workers to start from.
+        mesh_fan_out: MESH: the most children a node of the relay tree has (the controller included),
+            so the controller sends each update at most this many times (>= 1).
+        mesh_catchup_ms: MESH: how long a worker waits for its parent to deliver the updates a SYNC or
+            epoch acknowledgement covers before it takes the controller's parameters instead.
     """
 
     connect_timeout_ms: int = 15000
@@ -99,6 +112,8 @@ class ZmqTransportConfiguration(Config):
     high_water_mark: int = 1000
     epoch_timeout_ms: int = 600000
     updater_state_interval_ms: int = 60000
+    mesh_fan_out: int = 8
+    mesh_catchup_ms: int = 5000
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -107,6 +122,8 @@ class ZmqTransportConfiguration(Config):
         check_int("high_water_mark", self.high_water_mark, minimum=1)
         check_int("epoch_timeout_ms", self.epoch_timeout_ms, minimum=1)
         check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
+        check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
+        check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
 
 
 def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
@@ -136,6 +153,8 @@ class TrafficCounters:
     messages_sent: int = 0
     messages_received: int = 0
     update_bytes: int = 0  # UPDATE frames only: sent by a worker, relayed by the controller
+    update_frames: int = 0  # UPDATE frames sent: own updates (worker) or relays (controller, MESH node)
+    duplicates: int = 0  # MESH: relayed updates received again after a re-parenting (dropped)
     frames_rejected: int = 0  # received frames dropped by a check (authentication, size, sanity, ...)
     rejected_reasons: dict[str, int] = field(default_factory=dict)
     peers_dropped: int = 0  # controller: workers dropped because their queue was full
@@ -212,6 +231,15 @@ class _Replay:
         self._last[header.sender] = header.sequence
 
 
+def _relay_address_ok(value: object) -> bool:
+    """A MESH relay socket address from HELLO: "host:port" with a port in [1, 65535]."""
+    return (
+        isinstance(value, str)
+        and bool(_RELAY_ADDRESS.fullmatch(value))
+        and int(value.rsplit(":", 1)[1]) < 65536
+    )
+
+
 def _count(value: object) -> bool:
     """A JSON value that is a non-negative int (bools are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -237,6 +265,8 @@ class Controller:
         updater_state: the updater state of the fit's start (copied; None or empty when the updater has
             none). Workers report theirs (UPDATER_STATE); the latest report is what a joining worker
             receives with the parameters.
+        mesh: relay updates down a MESH tree of ``config.mesh_fan_out`` (:mod:`sparkgrad.transport.mesh`)
+            instead of sending each to every worker (PLAIN).
     """
 
     def __init__(
@@ -253,6 +283,7 @@ class Controller:
         *,
         threshold_reference: float,
         updater_state: np.ndarray | None = None,
+        mesh: bool = False,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as decode
@@ -279,11 +310,14 @@ class Controller:
         self.updates_applied = 0
         self.workers_seen: set[int] = set()
         self._peers: dict[int, bytes] = {}
+        self._relay_address: dict[int, str] = {}  # MESH: each worker's relay socket, "host:port"
         self._rejoin_pending: dict[int, bytes] = {}
         self._replay = _Replay()
         self._log = RateLimitedLog(log, "sparkgrad controller")
         self._seq = 0
         self._lock = threading.Lock()
+        self._mesh = MeshOrganizer(self._config.mesh_fan_out) if mesh else None
+        self._broadcast = 0  # MESH: updates relayed down the tree so far (stamped on every frame down)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         # epoch barrier: EPOCH_END reports per epoch, the driver's decisions, epochs every worker finished
@@ -326,6 +360,12 @@ class Controller:
         """A copy of the current authoritative parameters."""
         with self._lock:
             return self._params.copy()
+
+    def mesh_tree(self) -> dict[int, int]:
+        """MESH: {worker: parent} of the current relay tree (parent 0 is the controller); {} in PLAIN."""
+        with self._lock:
+            mesh = self._mesh
+            return {} if mesh is None else {n: mesh.parent(n) for n in self.workers_seen if n in mesh}
 
     def updater_state(self) -> np.ndarray | None:
         """A copy of the latest updater state a worker reported (the fit's start state before any)."""
@@ -435,9 +475,17 @@ class Controller:
         return self._seq - 1
 
     def _control_frame(self, kind: MessageType, body: dict | None = None, epoch: int = 0) -> bytearray:
+        """A control frame, stamped with the broadcast number (0 in PLAIN): what a SYNC_ACK covers."""
         payload = json_payload(body) if body is not None else b""
         return encode_frame(
-            self._key, kind, self.job_id, CONTROLLER_ID, self._next_seq(), payload, epoch=epoch
+            self._key,
+            kind,
+            self.job_id,
+            CONTROLLER_ID,
+            self._next_seq(),
+            payload,
+            epoch=epoch,
+            broadcast=self._broadcast,
         )
 
     def _reject(self, reason: str, text: str) -> None:
@@ -501,6 +549,7 @@ class Controller:
             iteration=self.iteration,
             epoch=self.epoch,
             flags=_float_flag(self._params),
+            broadcast=self._broadcast,
         )
 
     def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
@@ -540,9 +589,19 @@ class Controller:
                 self._reject(exc.reason, str(exc))
                 self._error_reply(identity, str(exc))
                 return
+            relay = info.get("relay")
+            if self._mesh is not None and not _relay_address_ok(relay):
+                text = (
+                    f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
+                )
+                self._reject("control", text)
+                self._error_reply(identity, text)
+                return
             self._peers[sender] = identity
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
+            if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
+                return
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
             if self.updater_state_reports and not self._send(identity, self._state_frame()):
                 return
@@ -555,7 +614,7 @@ class Controller:
             if self._count_trained(identity, sender, header.epoch, payload):
                 self._send(identity, self._control_frame(MessageType.SYNC_ACK))
         elif kind == MessageType.PARAMS_REQUEST:
-            self._send(identity, self._params_frame())
+            self._params_request(identity, sender, payload)
         elif kind == MessageType.EPOCH_END:
             if self._count_trained(identity, sender, header.epoch, payload):
                 self._epoch_end(identity, sender, header.epoch)
@@ -616,11 +675,68 @@ class Controller:
         self.updater_state_reports += 1
 
     def _forget(self, sender: int) -> None:
-        """A worker left or was dropped: no more relays to it, and its pending epoch reports no longer
-        count (a Spark retry's new workers report those epochs again)."""
+        """A worker left or was dropped: no more relays to it, its pending epoch reports no longer
+        count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
         del self._peers[sender]
         for reports in self._epoch_reports.values():
             reports.pop(sender, None)
+        if self._mesh is not None and sender in self._mesh:
+            self._mesh_leave(sender)
+
+    # -- MESH -----------------------------------------------------------------------------------
+    def _parent_frame(self, parent: int) -> bytearray:
+        if parent == ROOT:
+            return self._control_frame(MessageType.MESH_PARENT, {"parent": None})
+        host, port = self._relay_address[parent].rsplit(":", 1)
+        return self._control_frame(
+            MessageType.MESH_PARENT, {"parent": endpoint(host, int(port)), "id": parent}
+        )
+
+    def _mesh_join(self, identity: bytes, sender: int, relay: str) -> bool:
+        """Place a (re-)joining worker in the tree and tell it its parent; False if it was dropped."""
+        assert self._mesh is not None
+        if sender in self._mesh:  # a re-join: its old place (and children) are given up first
+            self._mesh_leave(sender)
+        with self._lock:
+            parent = self._mesh.add(sender)
+        self._relay_address[sender] = relay
+        return self._send(identity, self._parent_frame(parent))
+
+    def _mesh_leave(self, sender: int) -> None:
+        """Remove a worker from the tree and tell each of its children its new parent."""
+        assert self._mesh is not None
+        with self._lock:
+            moved = self._mesh.remove(sender)
+        self._relay_address.pop(sender, None)
+        for child, parent in moved.items():
+            identity = self._peers.get(child)
+            if identity is not None and child in self._mesh and self._mesh.parent(child) == parent:
+                self._send(identity, self._parent_frame(parent))
+
+    def _params_request(self, identity: bytes, sender: int, payload: memoryview) -> None:
+        """Send the current parameters; a MESH worker may name its parent as silent (it delivered
+        nothing within mesh_catchup_ms): that parent is dropped like a slow peer and re-joins."""
+        try:
+            body = parse_json_payload(payload, peer=f"worker {sender}")
+        except FrameRejected as exc:
+            self._reject(exc.reason, str(exc))
+            self._error_reply(identity, str(exc))
+            return
+        silent = body.get("silent_parent")
+        mesh = self._mesh
+        if (
+            mesh is not None
+            and _count(silent)
+            and sender in mesh
+            and silent != ROOT
+            and mesh.parent(sender) == silent
+            and silent in self._peers
+        ):
+            self._rejoin_pending[silent] = self._peers[silent]
+            self._forget(silent)
+            self.counters.peers_dropped += 1
+            self._log.warning(f"dropped worker {silent} (its MESH child {sender} got nothing from it)")
+        self._send(identity, self._params_frame())
 
     def _epoch_end(self, identity: bytes, sender: int, epoch: int) -> None:
         """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order)."""
@@ -689,14 +805,23 @@ class Controller:
             self._error_reply(identity, str(exc))
             return
         self._last_threshold[sender] = threshold
-        relayed = relayed_frame(self._key, frame)
-        for other, ident in list(self._peers.items()):
-            if other != sender and self._send(ident, relayed):
+        if self._mesh is None:
+            relayed = relayed_frame(self._key, frame)
+            targets = [ident for other, ident in self._peers.items() if other != sender]
+        else:  # the root's children only (the sender too: it relays its own update to its subtree)
+            if self._broadcast + 1 >= _SEQUENCE_LIMIT:
+                raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
+            self._broadcast += 1
+            relayed = relayed_frame(self._key, frame, broadcast=self._broadcast)
+            targets = [self._peers[child] for child in self._mesh.children(ROOT) if child in self._peers]
+        for ident in targets:
+            if self._send(ident, relayed):
                 self.counters.update_bytes += len(relayed)
+                self.counters.update_frames += 1
 
 
 class WorkerConnection:
-    """A worker's DEALER connection to the controller.
+    """A worker's DEALER connection to the controller (and, in MESH, its place in the relay tree).
 
     Args:
         host: controller address.
@@ -707,6 +832,10 @@ class WorkerConnection:
         num_params: length of the parameter vector (bounds the frames it accepts).
         config: transport timeouts and limits.
         updater_state_bytes: size of the job's updater state (bounds the UPDATER_STATE frame it accepts).
+        relay_host: MESH: the address of this host the other executors reach; the worker binds its relay
+            socket there on an ephemeral port. None (PLAIN): every update comes from the controller.
+        on_params: MESH (required there): ``on_params(params, iteration, epoch)`` replaces the owner's
+            parameters when the worker resynchronises with the controller (:mod:`sparkgrad.transport.mesh`).
     """
 
     def __init__(
@@ -719,9 +848,13 @@ class WorkerConnection:
         num_params: int,
         config: ZmqTransportConfiguration | None = None,
         updater_state_bytes: int = 0,
+        relay_host: str | None = None,
+        on_params: Callable[[np.ndarray, int, int], None] | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
+        if relay_host is not None and on_params is None:
+            raise ValueError("on_params: required with relay_host (MESH replaces the parameters on a resync)")
         self._num_params = check_int("num_params", num_params, minimum=1)
         self._key = FrameKey(secret)
         self._config = config or ZmqTransportConfiguration()
@@ -732,21 +865,66 @@ class WorkerConnection:
         self._replay = _Replay()
         self._seq = 0
         self._ctx = zmq.Context()
-        max_frame = HEADER_SIZE + max(
+        self._max_frame = HEADER_SIZE + max(
             8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
-        self._sock = _socket(self._ctx, zmq.DEALER, self._config, max_frame)
+        self._sock = _socket(self._ctx, zmq.DEALER, self._config, self._max_frame)
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
         self._sock.connect(self.endpoint)
         self._closed = False
+        # MESH state (module docstring of sparkgrad.transport.mesh)
+        self._on_params = on_params
+        self._router: zmq.Socket | None = None
+        self._parent: zmq.Socket | None = None
+        self.parent_id: int | None = None  # None: the controller (or PLAIN)
+        self._parent_replay = _Replay()  # control frames of the parent itself (not relayed updates)
+        self._children: dict[int, bytes] = {}
+        self._child_replay = _Replay()
+        self._child_rejoin: dict[int, bytes] = {}
+        self._joined = False
+        self._relayed_upto = 0  # highest broadcast number relayed to the children
+        self._applied_upto = 0  # the parameters include every update up to this broadcast number
+        # frames read while waiting for PARAMS: (header, payload, frame, from parent, replay-checked)
+        self._stash: deque[tuple[Header, memoryview, bytes, bool, bool]] = deque()
+        self.resyncs = 0
+        self.relay_endpoint: str | None = None
+        if relay_host is not None:
+            self._router = _socket(self._ctx, zmq.ROUTER, self._config, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT)
+            self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            try:
+                port = self._router.bind_to_random_port(f"tcp://{relay_host}")
+            except zmq.ZMQError as exc:
+                self._sock.close()
+                self._router.close()
+                self._ctx.term()
+                raise TransportError(
+                    f"worker {worker_id}: cannot bind a MESH relay socket on {relay_host}: {exc}"
+                ) from exc
+            self.relay_endpoint = f"{relay_host}:{port}"
 
-    def _send(self, kind: MessageType, payload: bytes | memoryview = b"", **kw: object) -> int:
+    @property
+    def mesh(self) -> bool:
+        """Whether this worker is a node of a MESH relay tree."""
+        return self._router is not None
+
+    @property
+    def children(self) -> list[int]:
+        """MESH: the ids of the workers this one relays to."""
+        return list(self._children)
+
+    def _send(
+        self,
+        kind: MessageType,
+        payload: bytes | memoryview = b"",
+        sock: zmq.Socket | None = None,
+        **kw: object,
+    ) -> int:
         if self._seq >= _SEQUENCE_LIMIT:
             raise TransportError(f"worker {self.worker_id}: sequence numbers exhausted (2**32 frames sent)")
         frame = encode_frame(self._key, kind, self.job_id, self.worker_id, self._seq, payload, **kw)  # type: ignore[arg-type]
         self._seq += 1
         try:
-            self._sock.send(frame)
+            (sock or self._sock).send(frame)
         except zmq.ZMQError as exc:
             raise TransportError(
                 f"worker {self.worker_id}: cannot send to controller {self.endpoint} within "
@@ -756,43 +934,300 @@ class WorkerConnection:
         self.counters.messages_sent += 1
         return len(frame)
 
-    def _admit(self, frame: bytes) -> tuple[Header, memoryview]:
-        peer = f"controller {self.endpoint}"
-        header, payload = decode_frame(frame, self._key, peer=peer)
-        if header.job_id != self.job_id:
-            raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
-        self._replay.check(header, peer)
-        self._replay.commit(header)
-        return header, payload
+    def _next_frame(
+        self, timeout_ms: int, controller_only: bool = False
+    ) -> tuple[Header, memoryview, bytes, bool] | None:
+        """The next authentic frame of this job from the controller or the MESH parent within
+        ``timeout_ms`` (None on timeout): (header, payload, frame, from the parent). Frames of children
+        on the relay socket are handled on the way; frames that fail the checks are counted, dropped."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        if not controller_only:
+            for sock in (self._parent, self._router):
+                if sock is not None:
+                    poller.register(sock, zmq.POLLIN)
+        while True:
+            self._retry_child_rejoin_notices()
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(poller.poll(left))
+            if not ready:
+                return None
+            if self._router is not None and self._router in ready:
+                self._receive_children()
+            for sock in (self._sock, self._parent):
+                if sock is None or sock not in ready:
+                    continue
+                frame = sock.recv(copy=True)
+                self.counters.bytes_received += len(frame)
+                self.counters.messages_received += 1
+                from_parent = sock is self._parent
+                peer = f"MESH parent {self.parent_id}" if from_parent else f"controller {self.endpoint}"
+                try:
+                    header, payload = decode_frame(frame, self._key, peer=peer)
+                    if header.job_id != self.job_id:
+                        raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+                except FrameRejected as exc:
+                    self._rejected(exc)
+                    continue
+                return header, payload, frame, from_parent
+
+    def _rejected(self, exc: FrameRejected) -> None:
+        self.counters.reject(exc.reason)
+        self._last_rejection = str(exc)
 
     def _receive(self, timeout_ms: int) -> tuple[Header, memoryview] | None:
-        """The next authentic frame within ``timeout_ms`` (None on timeout); others are counted, dropped."""
+        """The next frame for the caller within ``timeout_ms`` (None on timeout). Rejected frames, MESH
+        relaying, duplicates and resynchronisation are handled here; an ERROR raises."""
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            left = max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(left, zmq.POLLIN):
-                return None
-            frame = self._sock.recv(copy=True)
-            self.counters.bytes_received += len(frame)
-            self.counters.messages_received += 1
+            if self._stash:
+                result = self._dispatch(*self._stash.popleft())
+            else:
+                got = self._next_frame(max(0, int((deadline - time.monotonic()) * 1000)))
+                if got is None:
+                    return None
+                result = self._dispatch(*got)
+            if result is not None:
+                return result
+
+    def _dispatch(
+        self, header: Header, payload: memoryview, frame: bytes, from_parent: bool, checked: bool = False
+    ) -> tuple[Header, memoryview] | None:
+        kind = header.message_type
+        if kind == MessageType.UPDATE and self.mesh:
+            return self._mesh_update(header, payload, frame)
+        # the parent's own control frames have their own sequence check: its relayed updates come later
+        replay = self._parent_replay if from_parent else self._replay
+        peer = f"MESH parent {self.parent_id}" if from_parent else f"controller {self.endpoint}"
+        if not checked:
             try:
-                header, payload = self._admit(frame)
+                replay.check(header, peer)
             except FrameRejected as exc:
-                self.counters.reject(exc.reason)
-                self._last_rejection = str(exc)
+                self._rejected(exc)
+                return None
+            replay.commit(header)
+        if kind == MessageType.ERROR:
+            self._raise_error(payload, peer)
+        if kind == MessageType.MESH_PARENT and self.mesh and not from_parent:
+            if not self._closed:
+                self._set_parent(payload, resync=True)
+            return None
+        return header, payload
+
+    def _raise_error(self, payload: memoryview, peer: str) -> None:
+        try:
+            body = parse_json_payload(payload)
+        except FrameRejected:
+            body = {}
+        text = str(body.get("error", "unknown error"))
+        if body.get("rejoin") is True:
+            raise RejoinRequired(f"{peer} dropped worker {self.worker_id}: {text}")
+        raise TransportError(f"{peer} rejected worker {self.worker_id}: {text}")
+
+    def _checked_params(self, header: Header, payload: memoryview) -> np.ndarray:
+        params = params_payload(header, payload)
+        if params.size != self._num_params:
+            raise CorruptDataError(
+                f"controller {self.endpoint} sent {params.size} parameters, expected {self._num_params}"
+            )
+        return params.copy()
+
+    # -- MESH -----------------------------------------------------------------------------------
+    def _mesh_update(
+        self, header: Header, payload: memoryview, frame: bytes
+    ) -> tuple[Header, memoryview] | None:
+        """Relay a new update to the children and return it if this worker must apply it."""
+        number = header.broadcast
+        if not self._joined or self._closed:
+            return None  # superseded by the parameters of the HELLO in progress
+        if number <= self._relayed_upto:
+            self.counters.duplicates += 1
+            return None
+        try:
+            if not number:
+                raise FrameRejected(
+                    "malformed", f"MESH update from worker {header.sender} has no broadcast number"
+                )
+            self._replay.check(header, f"MESH parent {self.parent_id}")
+        except FrameRejected as exc:
+            self._rejected(exc)
+            return None
+        self._replay.commit(header)
+        self._relayed_upto = number
+        self._relay(frame)
+        if number <= self._applied_upto:
+            return None
+        if number > self._applied_upto + 1:  # missed updates: take the controller's parameters
+            self._resync()
+            return None
+        self._applied_upto = number
+        if header.sender == self.worker_id:
+            return None  # applied when it was sent
+        return header, payload
+
+    def _relay(self, frame: bytes) -> None:
+        if not self._children:
+            return
+        assert self._router is not None
+        out = relayed_frame(self._key, frame, relay=self.worker_id)
+        for child, identity in list(self._children.items()):
+            try:
+                self._router.send_multipart([identity, out], zmq.NOBLOCK)
+            except zmq.Again:  # the child does not read: dropped, it must re-join (slow-peer policy)
+                del self._children[child]
+                self._child_rejoin[child] = identity
                 continue
-            if header.message_type == MessageType.ERROR:
-                try:
-                    body = parse_json_payload(payload)
-                except FrameRejected:
-                    body = {}
-                text = str(body.get("error", "unknown error"))
-                if body.get("rejoin") is True:
-                    raise RejoinRequired(
-                        f"controller {self.endpoint} dropped worker {self.worker_id}: {text}"
-                    )
-                raise TransportError(f"controller {self.endpoint} rejected worker {self.worker_id}: {text}")
-            return header, payload
+            except zmq.ZMQError:  # gone
+                del self._children[child]
+                continue
+            self.counters.bytes_sent += len(out)
+            self.counters.messages_sent += 1
+            self.counters.update_bytes += len(out)
+            self.counters.update_frames += 1
+
+    def _retry_child_rejoin_notices(self) -> None:
+        for child, identity in list(self._child_rejoin.items()):
+            text = f"MESH child {child} fell behind its relay {self.worker_id}: re-join"
+            frame = encode_frame(
+                self._key,
+                MessageType.ERROR,
+                self.job_id,
+                self.worker_id,
+                self._seq,
+                json_payload({"error": text, "rejoin": True}),
+            )
+            assert self._router is not None
+            try:
+                self._router.send_multipart([identity, frame], zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                pass
+            self._seq += 1
+            del self._child_rejoin[child]
+
+    def _receive_children(self) -> None:
+        """Register (MESH_JOIN) and forget (BYE) children; anything else from them is rejected."""
+        assert self._router is not None
+        while True:
+            try:
+                parts = self._router.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self.counters.messages_received += 1
+            if len(parts) != 2:
+                self._rejected(
+                    FrameRejected("malformed", f"{len(parts) - 1}-part message on the relay socket")
+                )
+                continue
+            identity, frame = parts
+            self.counters.bytes_received += len(frame)
+            peer = f"MESH child {identity.hex()}"
+            try:
+                header, _ = decode_frame(frame, self._key, peer=peer)
+                if header.job_id != self.job_id:
+                    raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+                if header.message_type not in (MessageType.MESH_JOIN, MessageType.BYE):
+                    raise FrameRejected("unexpected", f"{header.message_type.name} frame from {peer}")
+                self._child_replay.check(header, peer)
+            except FrameRejected as exc:
+                self._rejected(exc)
+                continue
+            self._child_replay.commit(header)
+            if header.message_type == MessageType.MESH_JOIN:
+                self._children[header.sender] = identity
+                self._child_rejoin.pop(header.sender, None)
+            else:
+                self._children.pop(header.sender, None)
+
+    def _set_parent(self, payload: memoryview, resync: bool) -> None:
+        """Connect to the parent the controller named (MESH_PARENT) and register with it."""
+        try:
+            body = parse_json_payload(payload, peer=f"controller {self.endpoint}")
+            target, parent_id = body.get("parent"), body.get("id")
+            if target is not None and not (
+                isinstance(target, str)
+                and target.startswith("tcp://")
+                and _relay_address_ok(target[6:])
+                and _count(parent_id)
+            ):
+                raise FrameRejected("control", f"MESH_PARENT names no valid parent: {body!r}")
+        except FrameRejected as exc:
+            raise TransportError(
+                f"worker {self.worker_id}: bad MESH_PARENT from the controller: {exc}"
+            ) from exc
+        if self._parent is not None:
+            self._parent.close()
+        self._parent, self.parent_id, self._parent_replay = None, None, _Replay()
+        if target is not None:
+            self._parent = _socket(self._ctx, zmq.DEALER, self._config, self._max_frame)
+            self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
+            self._parent.connect(target)
+            self.parent_id = int(parent_id)  # type: ignore[arg-type]
+            self._send(MessageType.MESH_JOIN, json_payload({}), sock=self._parent)
+        if resync and self._joined:  # updates may have been lost between the old parent and the new
+            self._resync()
+
+    def _resync(self, silent_parent: int | None = None) -> None:
+        """Replace the parameters with the controller's (PARAMS_REQUEST); frames that arrive meanwhile
+        are kept for later, in order."""
+        assert self._on_params is not None
+        self.resyncs += 1
+        self._send(
+            MessageType.PARAMS_REQUEST,
+            json_payload({} if silent_parent is None else {"silent_parent": silent_parent}),
+        )
+        timeout_ms = self._config.sync_timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            got = self._next_frame(max(0, int((deadline - time.monotonic()) * 1000)), controller_only=True)
+            if got is None:
+                raise TransportError(
+                    f"worker {self.worker_id}: no answer to PARAMS_REQUEST from controller {self.endpoint} "
+                    f"within {timeout_ms} ms"
+                )
+            header, payload = got[0], got[1]
+            kind = header.message_type
+            if kind == MessageType.UPDATE:
+                self._stash.append((*got, False))
+                continue
+            try:
+                self._replay.check(header, f"controller {self.endpoint}")
+            except FrameRejected as exc:
+                self._rejected(exc)
+                continue
+            self._replay.commit(header)
+            if kind == MessageType.PARAMS:
+                params = self._checked_params(header, payload)
+                self._on_params(params, header.iteration, header.epoch)
+                self._applied_upto = header.broadcast
+                return
+            if kind == MessageType.MESH_PARENT:
+                self._set_parent(payload, resync=False)  # the PARAMS after it cover the change
+            elif kind == MessageType.ERROR:
+                self._raise_error(payload, f"controller {self.endpoint}")
+            else:
+                self._stash.append((*got, True))
+
+    def _catch_up(self, target: int, on_update: Callable[[Header, np.ndarray], None] | None) -> None:
+        """MESH: apply relayed updates until the parameters include broadcast number ``target`` (what a
+        SYNC_ACK or EPOCH_GO covers); a parent silent for ``mesh_catchup_ms`` is named to the controller
+        and its parameters are taken instead."""
+        wait_s = self._config.mesh_catchup_ms / 1000
+        deadline = time.monotonic() + wait_s
+        while self._applied_upto < target:
+            if self._stash:
+                result = self._dispatch(*self._stash.popleft())
+            else:
+                got = self._next_frame(max(0, int((deadline - time.monotonic()) * 1000)))
+                if got is None:
+                    self._resync(silent_parent=self.parent_id)
+                    continue
+                deadline = time.monotonic() + wait_s  # the wait is for silence, not for the whole catch-up
+                result = self._dispatch(*got)
+            if result is not None and result[0].message_type == MessageType.UPDATE and on_update is not None:
+                on_update(result[0], update_payload(result[1]))
 
     def _wait_for(
         self,
@@ -834,8 +1269,13 @@ class WorkerConnection:
         applied any update yet (the worker's copy of the initial parameters is then current). Updates
         and re-join requests that arrive before the parameters are superseded by them and skipped. The
         latest updater state a worker reported comes first when there is one: :attr:`updater_state`
-        (None when the controller has none yet).
+        (None when the controller has none yet). A MESH worker also reports its relay socket and is told
+        its parent.
         """
+        if self.mesh:
+            info = {**info, "relay": self.relay_endpoint}
+            self._joined = False
+            self._stash.clear()
         self._send(MessageType.HELLO, json_payload(info))
         self.updater_state: np.ndarray | None = None
         wanted = (MessageType.PARAMS, MessageType.UPDATER_STATE)
@@ -844,14 +1284,11 @@ class WorkerConnection:
             if header.message_type == MessageType.PARAMS:
                 break
             self.updater_state = params_payload(header, payload).copy()
+        self._joined = True
+        self._applied_upto = self._relayed_upto = header.broadcast
         if not header.payload_length:
             return None, header.iteration, header.epoch
-        params = params_payload(header, payload)
-        if params.size != self._num_params:
-            raise CorruptDataError(
-                f"controller {self.endpoint} sent {params.size} parameters, expected {self._num_params}"
-            )
-        return params.copy(), header.iteration, header.epoch
+        return self._checked_params(header, payload), header.iteration, header.epoch
 
     def send_updater_state(self, state: np.ndarray, iteration: int) -> int:
         """Report this worker's flat updater state (what a joining worker will start from)."""
@@ -868,6 +1305,7 @@ class WorkerConnection:
         message = np.ascontiguousarray(message, dtype="<i4")
         size = self._send(MessageType.UPDATE, memoryview(message), iteration=iteration, epoch=epoch)
         self.counters.update_bytes += size
+        self.counters.update_frames += 1
         return size
 
     def drain(self, on_update: Callable[[Header, np.ndarray], None]) -> int:
@@ -894,11 +1332,13 @@ class WorkerConnection:
         """Block until the controller has applied everything sent so far, applying arriving updates.
 
         ``report`` ({"partition", "minibatches"}) tells the controller what this worker trained of
-        ``epoch`` since its last report. Raises :class:`RejoinRequired` when the controller dropped this
-        worker.
+        ``epoch`` since its last report. On return the parameters include every update the controller
+        applied before it acknowledged (in MESH too). Raises :class:`RejoinRequired` when the controller
+        dropped this worker.
         """
         self._send(MessageType.SYNC, json_payload(report or {}), epoch=epoch)
-        self._wait_for((MessageType.SYNC_ACK,), self._config.sync_timeout_ms, on_update, "SYNC")
+        header, _ = self._wait_for((MessageType.SYNC_ACK,), self._config.sync_timeout_ms, on_update, "SYNC")
+        self._catch_up(header.broadcast, on_update)
 
     def end_epoch(
         self,
@@ -908,7 +1348,8 @@ class WorkerConnection:
     ) -> bool:
         """Report ``epoch`` finished and wait for every worker and the driver; True means stop.
 
-        ``report`` is as for :meth:`sync`. Peer updates arriving meanwhile are applied. Raises
+        ``report`` is as for :meth:`sync`. Peer updates arriving meanwhile are applied; on return the
+        parameters include every update the controller applied before it let the workers go. Raises
         :class:`RejoinRequired` when the controller dropped this worker.
         """
         self._send(MessageType.EPOCH_END, json_payload(report or {}), epoch=epoch)
@@ -918,9 +1359,11 @@ class WorkerConnection:
             )
             if header.epoch == epoch:
                 try:
-                    return parse_json_payload(payload).get("stop") is True
+                    stop = parse_json_payload(payload).get("stop") is True
                 except FrameRejected as exc:
                     raise TransportError(f"worker {self.worker_id}: bad EPOCH_GO: {exc}") from exc
+                self._catch_up(header.broadcast, on_update)
+                return stop
 
     def _controller_left(self) -> bool:
         """Whether the controller already said BYE or reported an error (reads what has arrived)."""
@@ -933,10 +1376,11 @@ class WorkerConnection:
         return False
 
     def close(self) -> None:
-        """Say BYE unless the controller has left (best effort), close the socket and context (idempotent).
+        """Say BYE unless the controller has left (best effort), close the sockets and context (idempotent).
 
         A BYE after the controller's own would reach the next fit's controller on the same port as a
-        frame it cannot authenticate.
+        frame it cannot authenticate. A MESH worker also tells its parent; its children are re-parented
+        by the controller.
         """
         if self._closed:
             return
@@ -947,6 +1391,16 @@ class WorkerConnection:
                 self._send(MessageType.BYE)
             except TransportError:
                 pass
+        for sock in (self._parent, self._router):
+            if sock is None:
+                continue
+            if sock is self._parent:
+                sock.setsockopt(zmq.SNDTIMEO, 0)
+                try:
+                    self._send(MessageType.BYE, sock=sock)
+                except TransportError:
+                    pass
+            sock.close()
         self._sock.close()
         self._ctx.term()
 

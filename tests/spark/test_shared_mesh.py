@@ -1,0 +1,30 @@
+"""SharedTrainingMaster with the MESH topology on local[2] (two workers: both children of the controller)."""
+
+from __future__ import annotations
+
+from helpers import accuracy, mlp_conf, port, subset
+
+from sparkgrad.spark import (
+    SharedTrainingMaster,
+    SparkMultiLayer,
+    VoidConfiguration,
+    ZmqTransportConfiguration,
+)
+
+
+def test_mesh_fit_learns_and_workers_end_equal_to_the_driver(spark, digits) -> None:
+    rdd = spark.sparkContext.parallelize(subset(digits[0], 256).split(1), 2)
+    master = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=16,
+        rng_seed=5,
+        mesh_build_mode="mesh",
+        transport=ZmqTransportConfiguration(mesh_fan_out=1),
+    )
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    before = accuracy(sm.network, digits[1])
+    sm.fit(rdd, epochs=3)
+    rdd.unpersist()
+    traffic = master.last_traffic
+    assert traffic["epochs"] == 3 and traffic["worker_minibatches"] == 3 * 256 // 16
+    assert accuracy(sm.network, digits[1]) > before + 0.2
