@@ -33,11 +33,13 @@ def test_a_joining_worker_starts_from_the_latest_reported_updater_state(free_por
             first.sync(lambda h, m: None)  # ZeroMQ order: the report is stored before the ACK
             second.hello({})
             np.testing.assert_array_equal(second.updater_state, reported)
+            assert second.updater_state_iteration == 4  # the state's own iteration, not the controller's
             newer = reported * -3
             second.send_updater_state(newer, iteration=9)
             second.sync(lambda h, m: None)
             params, _, _ = late.hello({})
             np.testing.assert_array_equal(late.updater_state, newer)
+            assert late.updater_state_iteration == 9
             np.testing.assert_array_equal(params, np.ones(N, np.float32))
             np.testing.assert_array_equal(ctl.updater_state(), newer)
             assert ctl.updater_state_reports == 2

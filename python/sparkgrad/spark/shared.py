@@ -253,11 +253,16 @@ class SharedWorker:
             snap = job.snapshot
             # a late or restarted worker continues from the latest updater state a worker reported
             latest = self.conn.updater_state
+            if latest is not None:
+                # the state's own iteration keeps Adam-like bias corrections consistent with it: a state
+                # from iteration 45 used at iteration 190 takes steps ~2x too large, and the thresholds
+                # chasing those steps can run away
+                iteration = self.conn.updater_state_iteration
             self.net = NetworkSnapshot(
                 snap.conf_json,
                 params,
                 snap.updater_state if latest is None else latest,
-                max(iteration, snap.iteration),
+                iteration if latest is not None else max(iteration, snap.iteration),
                 max(epoch, snap.epoch),
             ).build()
         except BaseException:

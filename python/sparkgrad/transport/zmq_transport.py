@@ -293,6 +293,7 @@ class Controller:
         self._params = np.array(params, copy=True)
         self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
         self.updater_state_reports = 0
+        self._updater_state_iteration = iteration  # the iteration the stored state belongs to
         # minibatches reported per (partition, epoch): a second report is a re-run Spark task
         self._trained: dict[tuple[int, int], int] = {}
         self.retrained_minibatches = 0
@@ -653,7 +654,7 @@ class Controller:
             CONTROLLER_ID,
             self._next_seq(),
             state.astype(state.dtype.newbyteorder("<"), copy=False),
-            iteration=self.iteration,
+            iteration=self._updater_state_iteration,
             epoch=self.epoch,
             flags=_float_flag(state),
         )
@@ -672,6 +673,7 @@ class Controller:
             return
         with self._lock:
             current[:] = params_payload(header, payload)
+        self._updater_state_iteration = header.iteration
         self.updater_state_reports += 1
 
     def _forget(self, sender: int) -> None:
@@ -1278,12 +1280,14 @@ class WorkerConnection:
             self._stash.clear()
         self._send(MessageType.HELLO, json_payload(info))
         self.updater_state: np.ndarray | None = None
+        self.updater_state_iteration = 0
         wanted = (MessageType.PARAMS, MessageType.UPDATER_STATE)
         while True:
             header, payload = self._wait_for(wanted, self._config.connect_timeout_ms, None, "HELLO")
             if header.message_type == MessageType.PARAMS:
                 break
             self.updater_state = params_payload(header, payload).copy()
+            self.updater_state_iteration = header.iteration
         self._joined = True
         self._applied_upto = self._relayed_upto = header.broadcast
         if not header.payload_length:
