@@ -584,11 +584,8 @@ class Controller:
             return
         self._replay.commit(header)
         if kind == MessageType.HELLO:
-            try:
-                info = parse_json_payload(payload, peer=f"worker {sender}")
-            except FrameRejected as exc:
-                self._reject(exc.reason, str(exc))
-                self._error_reply(identity, str(exc))
+            info = self._control_body(identity, sender, payload)
+            if info is None:
                 return
             relay = info.get("relay")
             if self._mesh is not None and not _relay_address_ok(relay):
@@ -625,19 +622,32 @@ class Controller:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
             self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
 
+    def _control_body(self, identity: bytes, sender: int, payload: memoryview) -> dict | None:
+        """A registered worker's JSON control payload; a malformed one is rejected, counted and answered
+        with an ERROR (None)."""
+        try:
+            return parse_json_payload(payload, peer=f"worker {sender}")
+        except FrameRejected as exc:
+            self._refuse(identity, exc)
+            return None
+
+    def _refuse(self, identity: bytes, exc: FrameRejected) -> None:
+        self._reject(exc.reason, str(exc))
+        self._error_reply(identity, str(exc))
+
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> bool:
         """Record a worker's {"partition", "minibatches"} report; a malformed one is rejected, counted and
         answered with an ERROR (False)."""
-        try:
-            report = parse_json_payload(payload, peer=f"worker {sender}")
-            partition, minibatches = report.get("partition"), report.get("minibatches", 0)
-            if partition is None:
-                return True
-            if not all(_count(v) for v in (partition, minibatches)):
-                raise FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
-        except FrameRejected as exc:
-            self._reject(exc.reason, str(exc))
-            self._error_reply(identity, str(exc))
+        report = self._control_body(identity, sender, payload)
+        if report is None:
+            return False
+        partition, minibatches = report.get("partition"), report.get("minibatches", 0)
+        if partition is None:
+            return True
+        if not all(_count(v) for v in (partition, minibatches)):
+            self._refuse(
+                identity, FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
+            )
             return False
         key = (partition, epoch)
         if key in self._trained:  # this partition's epoch was trained before: a re-run task
@@ -718,11 +728,8 @@ class Controller:
     def _params_request(self, identity: bytes, sender: int, payload: memoryview) -> None:
         """Send the current parameters; a MESH worker may name its parent as silent (it delivered
         nothing within mesh_catchup_ms): that parent is dropped like a slow peer and re-joins."""
-        try:
-            body = parse_json_payload(payload, peer=f"worker {sender}")
-        except FrameRejected as exc:
-            self._reject(exc.reason, str(exc))
-            self._error_reply(identity, str(exc))
+        body = self._control_body(identity, sender, payload)
+        if body is None:
             return
         silent = body.get("silent_parent")
         mesh = self._mesh
@@ -803,8 +810,7 @@ class Controller:
                 self.epoch = max(self.epoch, header.epoch)
                 self.updates_applied += 1
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
-            self._reject(exc.reason, str(exc))
-            self._error_reply(identity, str(exc))
+            self._refuse(identity, exc)
             return
         self._last_threshold[sender] = threshold
         if self._mesh is None:
