@@ -16,7 +16,6 @@ import pytest
 import zmq
 from wire_helpers import (
     FAST,
-    REFERENCE,
     SECRET,
     controller,
     raw_dealer,
@@ -30,7 +29,6 @@ from sparkgrad.errors import TransportError
 from sparkgrad.transport import (
     HEADER_SIZE,
     THRESHOLD_GROWTH_LIMIT,
-    Controller,
     Flag,
     FrameKey,
     FrameRejected,
@@ -182,16 +180,7 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
         2: [sparse_message([3, 4], [1, 1], n, 0.5)],
     }
     barrier = threading.Barrier(2)
-    with Controller(
-        np.zeros(n, np.float32),
-        job,
-        SECRET,
-        "127.0.0.1",
-        free_port,
-        FAST,
-        decode=sparse_decode,
-        threshold_reference=REFERENCE,
-    ) as ctl:
+    with controller(np.zeros(n, np.float32), job, free_port) as ctl:
         received: dict = {}
         params_out: dict = {}
         threads = [
@@ -219,16 +208,7 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
 
 
 def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
-    with Controller(
-        np.ones(3, np.float32),
-        8,
-        SECRET,
-        "127.0.0.1",
-        free_port,
-        FAST,
-        decode=sparse_decode,
-        threshold_reference=REFERENCE,
-    ):
+    with controller(np.ones(3, np.float32), 8, free_port):
         conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
         try:
             params, _, _ = conn.hello({"has_initial_params": True})
@@ -241,17 +221,7 @@ def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
 
 def test_late_joiner_pulls_current_params(free_port: int) -> None:
     job = 42
-    with Controller(
-        np.ones(4, np.float64),
-        job,
-        SECRET,
-        "127.0.0.1",
-        free_port,
-        FAST,
-        decode=sparse_decode,
-        threshold_reference=REFERENCE,
-        iteration=7,
-    ) as ctl:
+    with controller(np.ones(4, np.float64), job, free_port, iteration=7) as ctl:
         a = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, 4, FAST)
         try:
             a.hello({})
@@ -274,16 +244,7 @@ def test_port_in_use_fails_fast() -> None:
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(TransportError, match=f"127.0.0.1:{port}.*port in use"):
-            Controller(
-                np.zeros(2, np.float32),
-                1,
-                SECRET,
-                "127.0.0.1",
-                port,
-                FAST,
-                decode=sparse_decode,
-                threshold_reference=REFERENCE,
-            )
+            controller(np.zeros(2, np.float32), 1, port)
 
 
 def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
@@ -311,16 +272,7 @@ def test_wrong_job_gets_no_reply(free_port: int) -> None:
 
 
 def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
-    with Controller(
-        np.zeros(3, np.float32),
-        9,
-        SECRET,
-        "127.0.0.1",
-        free_port,
-        FAST,
-        decode=sparse_decode,
-        threshold_reference=REFERENCE,
-    ) as ctl:
+    with controller(np.zeros(3, np.float32), 9, free_port) as ctl:
         with socket.create_connection(("127.0.0.1", free_port)) as s:
             s.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
         conn = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 3, FAST)
@@ -349,16 +301,7 @@ def _process_worker(port: int, job: int, wid: int, queue) -> None:
 def test_workers_in_separate_processes(free_port: int) -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with Controller(
-        np.zeros(4, np.float32),
-        77,
-        SECRET,
-        "127.0.0.1",
-        free_port,
-        FAST,
-        decode=sparse_decode,
-        threshold_reference=REFERENCE,
-    ) as ctl:
+    with controller(np.zeros(4, np.float32), 77, free_port) as ctl:
         procs = [ctx.Process(target=_process_worker, args=(free_port, 77, w, queue)) for w in (1, 2, 3)]
         for p in procs:
             p.start()
@@ -373,16 +316,7 @@ def test_workers_in_separate_processes(free_port: int) -> None:
 def test_close_leaves_no_threads(free_port: int) -> None:
     before = {t.ident for t in threading.enumerate()}
     for _ in range(3):
-        ctl = Controller(
-            np.zeros(2, np.float32),
-            5,
-            SECRET,
-            "127.0.0.1",
-            free_port,
-            FAST,
-            decode=sparse_decode,
-            threshold_reference=REFERENCE,
-        )
+        ctl = controller(np.zeros(2, np.float32), 5, free_port)
         conn = WorkerConnection("127.0.0.1", free_port, 5, 1, SECRET, 2, FAST)
         conn.hello({})
         conn.close()

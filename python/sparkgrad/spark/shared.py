@@ -134,7 +134,7 @@ class SharedJob:
     port: int
     transport: ZmqTransportConfiguration
     snapshot: NetworkSnapshot
-    threshold_algorithm: ThresholdAlgorithm | None
+    threshold_algorithm: ThresholdAlgorithm
     residual_post_processor: ResidualPostProcessor | None
     kind: str
     loader: Any
@@ -514,15 +514,12 @@ def _shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
     return run
 
 
-def _reference_threshold(algorithm: ThresholdAlgorithm | None) -> float:
+def _reference_threshold(algorithm: ThresholdAlgorithm) -> float:
     """The threshold the workers of a fit start from: bounds the thresholds the controller accepts.
 
     The largest of the algorithm's ``last_threshold`` (adaptive state), ``initial_threshold`` and
-    ``threshold`` (fixed) that is set; the default algorithm's initial threshold when there is none.
+    ``threshold`` (fixed) that is set.
     """
-    from sparkgrad.compress import AdaptiveThresholdAlgorithm
-
-    algorithm = algorithm or AdaptiveThresholdAlgorithm()
     found = [
         float(v)
         for v in (getattr(algorithm, n, None) for n in ("last_threshold", "initial_threshold", "threshold"))
@@ -739,7 +736,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         self.last_traffic: dict[str, float] = {}
 
     @property
-    def current_threshold_algorithm(self) -> ThresholdAlgorithm | None:
+    def current_threshold_algorithm(self) -> ThresholdAlgorithm:
         """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
         return (
             self._threshold_state
