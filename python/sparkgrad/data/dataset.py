@@ -101,6 +101,11 @@ class _Examples:
     def __len__(self) -> int:
         return self.num_examples()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all arrays (features, labels, masks), as numpy's ``nbytes`` counts them."""
+        return sum(a.nbytes for group in self._groups for a in group if a is not None)
+
     # not iterable (indexing alone would make it iterate one-example objects): a (Multi)DataSet is
     # one minibatch wherever "a DataSet or an iterable of DataSets" is accepted; use split() instead
     __iter__ = None

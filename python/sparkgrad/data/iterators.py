@@ -126,8 +126,10 @@ def _rebatch(datasets: Iterable[E], batch_size: int) -> Iterator[E]:
     pending_count = 0
     cls: type | None = None
     for i, ds in enumerate(datasets):
+        if not isinstance(ds, _Examples):
+            raise TypeError(f"datasets[{i}]: expected a DataSet or a MultiDataSet, got {type(ds).__name__}")
         cls = cls or type(ds)
-        if not isinstance(ds, _Examples) or type(ds) is not cls:
+        if type(ds) is not cls:
             raise TypeError(f"datasets[{i}]: expected a {cls.__name__}, got {type(ds).__name__}")
         n, start = ds.num_examples(), 0
         while start < n:

@@ -14,23 +14,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparkgrad.data import rebatch
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.config import RDDTrainingApproach, storage_level
-from sparkgrad.spark.partitioning import partition_sizes, rebatch
+from sparkgrad.spark.partitioning import partition_sizes
 from sparkgrad.spark.stats import SparkTrainingStats, Timer
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
 
-    from sparkgrad.nn import MultiLayerNetwork
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
 class NetworkSnapshot:
-    """What an executor needs to rebuild a network: conf JSON, parameters, updater state, counters."""
+    """What an executor needs to rebuild a network: its type, conf JSON, parameters, updater state and
+    counters. Every network type with a flat parameter buffer (``MultiLayerNetwork``,
+    ``ComputationGraph``) travels the same way, so both training masters serve all of them."""
 
+    network_type: str
     conf_json: str
     params: np.ndarray
     updater_state: np.ndarray | None
@@ -38,10 +41,11 @@ class NetworkSnapshot:
     epoch: int
 
     @classmethod
-    def of(cls, network: MultiLayerNetwork, with_updater: bool = True) -> NetworkSnapshot:
+    def of(cls, network: Any, with_updater: bool = True) -> NetworkSnapshot:
         """Snapshot ``network`` (arrays copied)."""
         state = network.updater_state().copy() if with_updater else None
         return cls(
+            type(network).__name__,
             network.conf.to_json(),
             network.params().copy(),
             state,
@@ -49,16 +53,30 @@ class NetworkSnapshot:
             int(network.epoch_count),
         )
 
-    def build(self, params: np.ndarray | None = None) -> MultiLayerNetwork:
+    def build(self, params: np.ndarray | None = None) -> Any:
         """A fresh network from this snapshot (``params`` overrides the snapshot's parameters)."""
-        from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
-
-        net = MultiLayerNetwork(MultiLayerConfiguration.from_json(self.conf_json))
+        network_cls, conf_cls = network_classes(self.network_type)
+        net = network_cls(conf_cls.from_json(self.conf_json))
         net.init(np.array(self.params if params is None else params, copy=True))
         if self.updater_state is not None and self.updater_state.size:
             net.set_updater_state(self.updater_state.copy())
         net.iteration_count, net.epoch_count = self.iteration, self.epoch
         return net
+
+
+_CONFIGURATION_OF = {
+    "MultiLayerNetwork": "MultiLayerConfiguration",
+    "ComputationGraph": "ComputationGraphConfiguration",
+}
+
+
+def network_classes(network_type: str) -> tuple[type, type]:
+    """``(network class, configuration class)`` of a network type name."""
+    from sparkgrad import nn
+
+    if network_type not in _CONFIGURATION_OF:
+        raise ValueError(f"network type: expected one of {sorted(_CONFIGURATION_OF)}, got {network_type!r}")
+    return getattr(nn, network_type), getattr(nn, _CONFIGURATION_OF[network_type])
 
 
 class ByValue:
@@ -160,44 +178,52 @@ def first_element(rdd: RDD, what: str) -> Any:
     return got[0]
 
 
-def check_dataset_matches(network: MultiLayerNetwork, sample: Any, what: str) -> None:
+def check_dataset_matches(network: Any, sample: Any, what: str) -> None:
     """Fail on the driver, before any training, when ``sample`` does not fit ``network``.
 
     Args:
-        network: the network to train.
+        network: the network to train (a MultiLayerNetwork trains on DataSets, a ComputationGraph on
+            DataSets when it has one input and one output, and on MultiDataSets).
         sample: the first element of the data.
         what: the argument name for messages.
     """
-    from sparkgrad.data import DataSet
+    from sparkgrad.data import DataSet, MultiDataSet
 
-    if not isinstance(sample, DataSet):
-        raise TypeError(
-            f"{what}: expected an RDD of sparkgrad.data.DataSet, found elements of type "
-            f"{type(sample).__name__}"
-        )
-    if sample.labels is None:
-        raise ValueError(f"{what}: the DataSets have no labels, training needs labels")
+    accepted = (DataSet, MultiDataSet) if type(network).__name__ == "ComputationGraph" else (DataSet,)
+    if not isinstance(sample, accepted):
+        names = " or ".join(f"sparkgrad.data.{c.__name__}" for c in accepted)
+        raise TypeError(f"{what}: expected an RDD of {names}, found elements of type {type(sample).__name__}")
+    multi = isinstance(sample, MultiDataSet)
+    features = sample.features if multi else [sample.features]
+    labels = (sample.labels if multi else [sample.labels]) if sample.labels is not None else []
+    if not labels or any(y is None for y in labels):
+        raise ValueError(f"{what}: the {type(sample).__name__}s have no labels, training needs labels")
     try:
-        out = network.output(sample.features[:1])
-    except ValueError as exc:
-        raise ValueError(
-            f"{what}: features of shape {sample.features.shape} do not fit the network: {exc}"
-        ) from exc
-    if sample.labels.ndim == out.ndim and sample.labels.shape[1] != out.shape[1]:
-        raise ValueError(
-            f"{what}: labels have {sample.labels.shape[1]} columns, the network outputs {out.shape[1]}"
-        )
+        outputs = network.output(*[f[:1] for f in features])
+    except (ValueError, TypeError) as exc:
+        shapes = ", ".join(str(f.shape) for f in features)
+        raise ValueError(f"{what}: features of shape {shapes} do not fit the network: {exc}") from exc
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    if len(labels) != len(outputs):
+        raise ValueError(f"{what}: {len(labels)} labels arrays, the network has {len(outputs)} outputs")
+    for i, (y, out) in enumerate(zip(labels, outputs)):
+        if y.ndim == out.ndim and y.shape[1] != out.shape[1]:
+            name = f"labels[{i}]" if multi else "labels"
+            raise ValueError(f"{what}: {name} have {y.shape[1]} columns, the network outputs {out.shape[1]}")
 
 
 # -- data preparation ------------------------------------------------------------------------------------
 def load_unit(kind: str, loader: Any, unit: Any) -> Any:
-    """Turn one element of a training RDD into a DataSet: kind "dataset", "bytes" (exported) or "path"."""
+    """Turn one element of a training RDD into a (Multi)DataSet.
+
+    Kinds: "dataset" (the element itself), "bytes" (a ``(name, saved bytes)`` pair, read with the
+    ``loader`` of the saved kind, ``SerializedDataSetLoader()`` or ``SerializedMultiDataSetLoader()``)
+    or "path" (``loader(path)``).
+    """
     if kind == "dataset":
         return unit
     if kind == "bytes":
-        from sparkgrad.data import SerializedDataSetLoader
-
-        return SerializedDataSetLoader().load_bytes(unit[1], source=unit[0])
+        return loader.load_bytes(unit[1], source=unit[0])
     return loader(unit)
 
 
@@ -457,6 +483,7 @@ __all__ = [
     "first_element",
     "hadoop_delete",
     "load_unit",
+    "network_classes",
     "mean_or_none",
     "process_tag",
     "run_spark",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkgrad._config import check_int
+from sparkgrad.data import SerializedDataSetLoader, rebatch
 from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
@@ -25,7 +26,6 @@ from sparkgrad.spark.common import (
     spark_context,
 )
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
-from sparkgrad.spark.partitioning import rebatch
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats
 
@@ -236,13 +236,14 @@ class SparkMultiLayer:
             The trained network.
         """
         epochs = _check_epochs(epochs, epoch_callback)
+        saved = SerializedDataSetLoader()
         if isinstance(data, str):
             rdd = self._sc.binaryFiles(data)
-            self._check_first(rdd.map(lambda pb: load_unit("bytes", None, pb)), "data")
-            return self._train(rdd, "bytes", None, epochs, epoch_callback)
+            self._check_first(rdd.map(lambda pb: load_unit("bytes", saved, pb)), "data")
+            return self._train(rdd, "bytes", saved, epochs, epoch_callback)
         self._check_rdd(data, "data")
         self._check_first(data, "data")
-        return self._train(data, "dataset", None, epochs, epoch_callback)
+        return self._train(data, "dataset", saved, epochs, epoch_callback)
 
     def fit_paths(
         self,
@@ -262,8 +263,6 @@ class SparkMultiLayer:
         Returns:
             The trained network.
         """
-        from sparkgrad.data import SerializedDataSetLoader
-
         epochs = _check_epochs(epochs, epoch_callback)
         self._check_rdd(paths, "paths")
         loader = SerializedDataSetLoader() if loader is None else loader
@@ -315,7 +314,7 @@ class SparkMultiLayer:
         dtype = self._network.params().dtype
         datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
         self._check_first(datasets, "rdd")
-        return self._train(datasets, "dataset", None, epochs, epoch_callback)
+        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
 
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
@@ -505,8 +504,6 @@ class SparkMultiLayer:
     # -- evaluation ---------------------------------------------------------------------------
     def _eval_rdd(self, data: Any, loader: Any) -> RDD:
         if isinstance(data, str):
-            from sparkgrad.data import SerializedDataSetLoader
-
             use = SerializedDataSetLoader() if loader is None else by_value(loader)
             return self._sc.binaryFiles(data).map(use)
         self._check_rdd(data, "data")

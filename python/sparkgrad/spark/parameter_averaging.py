@@ -297,7 +297,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             network: the driver's network (parameters and updater state are replaced).
             rdd: RDD of DataSets (kind "dataset") or of paths (kind "path").
             kind: "dataset" or "path".
-            loader: path -> DataSet (kind "path").
+            loader: path -> DataSet (kind "path"), or the serialized loader of the data's kind
+                (kinds "dataset", for an export, and "bytes").
             epochs: passes over the data (validated by the caller).
             epoch_callback: called on the driver after every epoch as ``epoch_callback(epoch, network)``
                 with the epoch's index in ``network.epoch_count`` and ``network`` holding the averaged

@@ -19,21 +19,17 @@ def partition_counts(rdd: RDD) -> list[int]:
 
 
 def _count_and_bytes(elements: Iterable[Any]) -> tuple[int, int]:
-    from sparkgrad.data import DataSet
-
     count = nbytes = 0
     for x in elements:
         count += 1
-        if isinstance(x, DataSet):
-            arrays = (x.features, x.labels, x.features_mask, x.labels_mask)
-            nbytes += sum(a.nbytes for a in arrays if a is not None)
+        nbytes += getattr(x, "nbytes", 0)  # DataSet / MultiDataSet arrays; paths and file bytes count 0
     return count, nbytes
 
 
 def partition_sizes(rdd: RDD) -> list[tuple[int, int]]:
     """``(elements, bytes)`` of every partition, in one Spark job.
 
-    ``bytes`` is the in-memory size of the DataSets' arrays (features, labels, masks); other elements
+    ``bytes`` is the in-memory size of the (Multi)DataSets' arrays (features, labels, masks); other elements
     (paths, file contents) count as 0 bytes.
     """
     return rdd.mapPartitions(lambda it: [_count_and_bytes(it)]).collect()
@@ -155,54 +151,11 @@ def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> lis
     return [[int(x[i]) for x in per] for i in range(num_splits)]
 
 
-def rebatch(datasets: Iterable[Any], batch_size: int) -> Iterator[Any]:
-    """Concatenate and split DataSets into batches of exactly ``batch_size`` examples (last may be short).
-
-    Order is preserved and no example is dropped.
-
-    Args:
-        datasets: DataSets of any sizes.
-        batch_size: examples per output batch.
-
-    Returns:
-        An iterator of DataSets.
-    """
-    from sparkgrad.data import DataSet
-
-    pending: list[Any] = []
-    count = 0
-    for ds in datasets:
-        if not isinstance(ds, DataSet):
-            raise TypeError(
-                f"expected an RDD of sparkgrad.data.DataSet, found an element of type {type(ds).__name__}"
-            )
-        n = ds.num_examples()
-        if n == 0:
-            continue
-        if not pending and n == batch_size:
-            yield ds
-            continue
-        pending.append(ds)
-        count += n
-        if count >= batch_size:
-            pieces = (
-                DataSet.merge(pending).split(batch_size) if len(pending) > 1 else pending[0].split(batch_size)
-            )
-            full = [p for p in pieces if p.num_examples() == batch_size]
-            rest = [p for p in pieces if p.num_examples() != batch_size]
-            yield from full
-            pending = rest
-            count = sum(p.num_examples() for p in rest)
-    if pending:
-        yield DataSet.merge(pending) if len(pending) > 1 else pending[0]
-
-
 __all__ = [
     "balanced_random_split",
     "balanced_repartition",
     "partition_counts",
     "partition_sizes",
-    "rebatch",
     "repartition",
     "split_partition_counts",
 ]

@@ -259,6 +259,7 @@ class SharedWorker:
                 # chasing those steps can run away
                 iteration = self.conn.updater_state_iteration
             self.net = NetworkSnapshot(
+                snap.network_type,
                 snap.conf_json,
                 params,
                 snap.updater_state if latest is None else latest,
@@ -761,7 +762,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             network: the driver's network (parameters, updater state and counters are replaced).
             rdd: RDD of DataSets (kind "dataset") or paths (kind "path").
             kind: "dataset" or "path".
-            loader: path -> DataSet (kind "path").
+            loader: path -> DataSet (kind "path"), or the serialized loader of the data's kind
+                (kinds "dataset", for an export, and "bytes").
             epochs: number of passes.
             epoch_callback: ``epoch_callback(epoch, network)`` after each epoch, on the driver, with
                 ``network`` holding the controller's parameters and ``epoch`` the index of the epoch

@@ -249,5 +249,7 @@ def test_rebatch_is_lazy_and_checks_types() -> None:
     x = np.zeros((2, 1))
     with pytest.raises(TypeError, match=r"datasets\[1\]: expected a DataSet, got MultiDataSet"):
         list(rebatch([DataSet(x), MultiDataSet([x], [])], 3))
+    with pytest.raises(TypeError, match=r"datasets\[0\]: expected a DataSet or a MultiDataSet, got str"):
+        list(rebatch(["a/path"], 3))
     with pytest.raises(ValueError, match="batch_size"):
         rebatch([], 0)
