@@ -260,6 +260,10 @@ class ParallelWrapper:
             for t in threads:
                 t.join()
         if failure.error is not None:
+            for w in self._workers:  # nothing of the failed pass may leak into the next fit
+                _drain(w.batches)
+                _drain(w.inbox)  # already applied to the wrapped network, whose parameters come next
+                w.round_batches = 0
             raise failure.error
         self._end_epoch()
 
@@ -365,8 +369,7 @@ class ParallelWrapper:
         master = self.network
         for w in self._workers:
             if w.handler is not None:  # every message is in the master: drop the queued copies
-                while not w.inbox.empty():
-                    w.inbox.get_nowait()
+                _drain(w.inbox)
                 w.net.set_params(master.params())
             w.net.epoch_count = int(w.net.epoch_count) + 1
         master.epoch_count = int(master.epoch_count) + 1
@@ -379,6 +382,14 @@ class ParallelWrapper:
         master = self.network
         if master.updater_state().size:
             master.set_updater_state(_mean([w.net.updater_state() for w in self._workers]))
+
+
+def _drain(q: queue.Queue | queue.SimpleQueue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _mean(vectors: list[np.ndarray]) -> np.ndarray:

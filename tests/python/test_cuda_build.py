@@ -44,7 +44,8 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
     probe = "from sparkgrad import cuda; print(cuda.built(), len(cuda.devices()) >= 0, cuda.summary()[0])"
     loaded = subprocess.run(
         [sys.executable, "-c", probe],
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        # the unpacked wheel has no site-packages/nvidia beside it: point the loader at the cuBLAS wheel
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LD_LIBRARY_PATH": f"{CUBLAS_ROOT}/lib"},
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -12,7 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = sorted((ROOT / "cuda").rglob("*.cu"))
 # cuBLAS headers come from NVIDIA's wheel (pip install nvidia-cublas), as the CUDA build takes them
-_FOUND = subprocess.run([sys.executable, str(ROOT / "cuda" / "find_cublas.py")], capture_output=True, text=True)
+_FOUND = subprocess.run(
+    [sys.executable, str(ROOT / "cuda" / "find_cublas.py")], capture_output=True, text=True
+)
 CUBLAS_INCLUDE = Path(_FOUND.stdout.strip()) / "include" if _FOUND.returncode == 0 else None
 
 

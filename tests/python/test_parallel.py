@@ -235,6 +235,23 @@ def test_data_iterator_exception_propagates_without_hung_threads() -> None:
         assert _no_worker_threads()
 
 
+@pytest.mark.parametrize("mode", ["shared_gradients", "averaging"])
+def test_fit_after_a_failed_fit_trains_only_its_own_data(mode: str) -> None:
+    class Broken:
+        def __iter__(self) -> Any:
+            yield from _batches(5)
+            raise OSError("disk gone")
+
+    net = _net()
+    wrapper = ParallelWrapper(net, workers=1, prefetch_buffer=4, training_mode=mode)
+    with pytest.raises(OSError):
+        wrapper.fit(Broken())
+    before = net.iteration_count
+    wrapper.fit(_batches(4))
+    assert net.iteration_count == before + 4  # no minibatch or message of the failed pass was replayed
+    assert _no_worker_threads()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
