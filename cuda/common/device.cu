@@ -14,4 +14,26 @@ bool cuda_available() {
   return count > 0;
 }
 
+namespace gpu {
+
+bool built() { return true; }
+
+std::vector<DeviceInfo> devices() {
+  std::vector<DeviceInfo> out;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {  // no driver or no GPU: nothing visible
+    cudaGetLastError();
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    const cudaError_t status = cudaGetDeviceProperties(&prop, i);
+    if (status != cudaSuccess) throw_runtime("cuda_devices", "device ", i, ": ", cudaGetErrorString(status));
+    out.push_back({i, prop.name, prop.major, prop.minor, static_cast<std::uint64_t>(prop.totalGlobalMem)});
+  }
+  return out;
+}
+
+}  // namespace gpu
+
 }  // namespace sparkgrad

@@ -9,9 +9,12 @@ from typing import Sequence
 
 def _cmd_info(_args: argparse.Namespace) -> int:
     import sparkgrad
+    from sparkgrad import cuda
 
     for key, value in sparkgrad.info().items():
         print(f"{key:15s} {value}")
+    for line in cuda.summary():
+        print(line)
     return 0
 
 

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace sparkgrad {
 
@@ -75,3 +76,24 @@ namespace sparkgrad {
 // True when this build has CUDA kernels and at least one GPU is visible (cuda/no_cuda.cpp: false).
 bool cuda_available();
 }  // namespace sparkgrad
+
+// The common area's CUDA side (named gpu, not cuda: code with using-directives for sparkgrad and an area
+// would otherwise find two namespaces named cuda).
+namespace sparkgrad::gpu {
+// True in a CUDA build (cuda/common/device.cu), false in the CPU build (cuda/no_cuda.cpp).
+bool built();
+
+struct DeviceInfo {
+  int index;
+  std::string name;
+  int major, minor;  // compute capability
+  std::uint64_t total_memory;  // bytes
+};
+// The GPUs the CUDA runtime sees (empty without a driver or GPU; throws in the CPU build).
+std::vector<DeviceInfo> devices();
+
+// The row-major gemm above through cuBLAS (cuda/common/blas.cu): a, b, c are device pointers.
+template <typename T>
+void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+}  // namespace sparkgrad::gpu

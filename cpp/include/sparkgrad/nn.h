@@ -126,4 +126,65 @@ void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain
 template <typename T>
 void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
 
+// ---- CUDA twins (cuda/nn/*.cu; cuda/no_cuda.cpp throws when built without CUDA) -----------------
+// Same declarations, shapes and semantics as above; every array pointer is a device pointer (argmax
+// included). Each call runs on the default stream and returns once the kernels finished, so a fault
+// surfaces at the op that caused it.
+namespace cuda {
+
+template <typename T>
+void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inner);
+template <typename T>
+void bias_grad(const T* dy, T* db, std::int64_t n, std::int64_t c, std::int64_t inner);
+
+template <typename T>
+void activation_forward(Activation kind, double alpha, const T* x, T* y, std::int64_t rows, std::int64_t cols);
+template <typename T>
+void activation_backward(Activation kind, double alpha, const T* x, const T* y, const T* dy, T* dx,
+                         std::int64_t rows, std::int64_t cols);
+
+template <typename T>
+void loss_score(const LossSpec& spec, const T* labels, const T* preout, const T* mask, MaskLayout layout,
+                T* scores, std::int64_t n, std::int64_t c);
+template <typename T>
+void loss_gradient(const LossSpec& spec, const T* labels, const T* preout, const T* mask, MaskLayout layout,
+                   T* grad, std::int64_t n, std::int64_t c);
+
+template <typename T>
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y);
+template <typename T>
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
+template <typename T>
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
+
+template <typename T>
+void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax);
+template <typename T>
+void pool2d_backward(PoolKind kind, const Pool2dShape& g, const T* dy, T* dx, const std::int64_t* argmax);
+template <typename T>
+void global_pool_forward(PoolKind kind, const T* x, T* y, std::int64_t* argmax, std::int64_t planes,
+                         std::int64_t size);
+template <typename T>
+void global_pool_backward(PoolKind kind, const T* dy, T* dx, const std::int64_t* argmax, std::int64_t planes,
+                          std::int64_t size);
+
+template <typename T>
+void batchnorm_forward_train(const BatchNormShape& g, const T* x, const T* gamma, const T* beta, T* y,
+                             T* batch_mean, T* batch_var, T* running_mean, T* running_var, double decay,
+                             double eps);
+template <typename T>
+void batchnorm_forward_inference(const BatchNormShape& g, const T* x, const T* gamma, const T* beta,
+                                 const T* running_mean, const T* running_var, T* y, double eps);
+template <typename T>
+void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
+                        const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
+
+// The same (seed, i) -> mask draw as the CPU kernel: bit-identical masks on both devices.
+template <typename T>
+void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain, std::uint64_t seed);
+template <typename T>
+void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
+
+}  // namespace cuda
+
 }  // namespace sparkgrad::nn

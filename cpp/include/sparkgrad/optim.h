@@ -36,4 +36,18 @@ void regularize_gradient(const T* params, T* grad, std::int64_t n, double l1, do
 template <typename T>
 void apply_weight_decay(const T* params, T* update, std::int64_t n, double coeff);
 
+// ---- CUDA twins (cuda/optim/*.cu; cuda/no_cuda.cpp throws when built without CUDA) --------------
+// Same declarations and semantics; gradient, state, params, grad and update are device pointers.
+namespace cuda {
+
+template <typename T>
+void updater_apply(UpdaterKind kind, const UpdaterHyper& hyper, T* gradient, T* state, std::int64_t n,
+                   std::int64_t iteration);
+template <typename T>
+void regularize_gradient(const T* params, T* grad, std::int64_t n, double l1, double l2);
+template <typename T>
+void apply_weight_decay(const T* params, T* update, std::int64_t n, double coeff);
+
+}  // namespace cuda
+
 }  // namespace sparkgrad::optim

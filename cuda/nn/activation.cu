@@ -1,0 +1,130 @@
+// CUDA twin of cpp/src/nn/activation.cpp: elementwise kinds one thread per value, softmax one thread per
+// row (max-subtracted, as on the CPU).
+#include "kernel_util.cuh"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn::cuda {
+
+namespace {
+using namespace sparkgrad::detail::cuda;
+
+// Overflow-free logistic and log(1 + e^x), as on the CPU.
+template <typename T>
+__device__ T sigmoid(T x) {
+  if (x >= T(0)) return T(1) / (T(1) + exp(-x));
+  const T e = exp(x);
+  return e / (T(1) + e);
+}
+template <typename T>
+__device__ T softplus(T x) {
+  return x > T(0) ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+
+template <typename T>
+__device__ T forward_value(Activation kind, T alpha, T x) {
+  switch (kind) {
+    case Activation::Relu: return x > T(0) ? x : T(0);
+    case Activation::LeakyRelu: return x > T(0) ? x : alpha * x;
+    case Activation::Elu: return x > T(0) ? x : alpha * expm1(x);
+    case Activation::Tanh: return tanh(x);
+    case Activation::Sigmoid: return sigmoid(x);
+    case Activation::Softplus: return softplus(x);
+    case Activation::HardTanh: return fmin(T(1), fmax(T(-1), x));
+    default: return x;  // Identity (softmax has its own kernel)
+  }
+}
+
+template <typename T>
+__device__ T backward_value(Activation kind, T alpha, T x, T y, T dy) {
+  switch (kind) {
+    case Activation::Relu: return x > T(0) ? dy : T(0);
+    case Activation::LeakyRelu: return x > T(0) ? dy : alpha * dy;
+    case Activation::Elu: return x > T(0) ? dy : (y + alpha) * dy;
+    case Activation::Tanh: return (T(1) - y * y) * dy;
+    case Activation::Sigmoid: return y * (T(1) - y) * dy;
+    case Activation::Softplus: return sigmoid(x) * dy;
+    case Activation::HardTanh: return (x > T(-1) && x < T(1)) ? dy : T(0);
+    default: return dy;  // Identity
+  }
+}
+
+// x, y: (n) values.
+template <typename T>
+__global__ void forward_kernel(Activation kind, T alpha, const T* x, T* y, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = forward_value(kind, alpha, x[i]);
+}
+
+template <typename T>
+__global__ void backward_kernel(Activation kind, T alpha, const T* x, const T* y, const T* dy, T* dx,
+                                std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    dx[i] = backward_value(kind, alpha, x[i], y[i], dy[i]);
+  }
+}
+
+// x, y: (rows, cols); y[i] = softmax(x[i]).
+template <typename T>
+__global__ void softmax_kernel(const T* x, T* y, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = first_index(); i < rows; i += grid_stride()) {
+    const T* xi = x + i * cols;
+    T* yi = y + i * cols;
+    T peak = xi[0];
+    for (std::int64_t j = 1; j < cols; ++j) peak = fmax(peak, xi[j]);
+    T sum = 0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      yi[j] = exp(xi[j] - peak);
+      sum += yi[j];
+    }
+    const T inv = T(1) / sum;
+    for (std::int64_t j = 0; j < cols; ++j) yi[j] *= inv;
+  }
+}
+
+// dx = y * (dy - sum(dy * y)) per row; dx may alias dy.
+template <typename T>
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = first_index(); i < rows; i += grid_stride()) {
+    const T* yi = y + i * cols;
+    const T* dyi = dy + i * cols;
+    T* dxi = dx + i * cols;
+    T dot = 0;
+    for (std::int64_t j = 0; j < cols; ++j) dot += dyi[j] * yi[j];
+    for (std::int64_t j = 0; j < cols; ++j) dxi[j] = yi[j] * (dyi[j] - dot);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void activation_forward(Activation kind, double alpha, const T* x, T* y, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t n = rows * cols;
+  if (n == 0 || (kind == Activation::Identity && x == y)) return;
+  if (kind == Activation::Softmax) {
+    softmax_kernel<<<blocks_for(rows), kThreads>>>(x, y, rows, cols);
+  } else {
+    forward_kernel<<<blocks_for(n), kThreads>>>(kind, static_cast<T>(alpha), x, y, n);
+  }
+  check_kernels("activation_forward");
+}
+
+template <typename T>
+void activation_backward(Activation kind, double alpha, const T* x, const T* y, const T* dy, T* dx,
+                         std::int64_t rows, std::int64_t cols) {
+  const std::int64_t n = rows * cols;
+  if (n == 0 || (kind == Activation::Identity && dx == dy)) return;
+  if (kind == Activation::Softmax) {
+    softmax_backward_kernel<<<blocks_for(rows), kThreads>>>(y, dy, dx, rows, cols);
+  } else {
+    backward_kernel<<<blocks_for(n), kThreads>>>(kind, static_cast<T>(alpha), x, y, dy, dx, n);
+  }
+  check_kernels("activation_backward");
+}
+
+#define SPARKGRAD_ACTIVATION(T)                                                                              \
+  template void activation_forward<T>(Activation, double, const T*, T*, std::int64_t, std::int64_t);      \
+  template void activation_backward<T>(Activation, double, const T*, const T*, const T*, T*, std::int64_t, \
+                                       std::int64_t);
+SPARKGRAD_ACTIVATION(float)
+SPARKGRAD_ACTIVATION(double)
+
+}  // namespace sparkgrad::nn::cuda

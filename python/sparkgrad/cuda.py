@@ -1,0 +1,645 @@
+"""The GPU side of the native kernels: inventory and CuPy front doors of the CUDA twins.
+
+Each kernel function has the name and arguments of its CPU twin in the native module (``bias_add``,
+``activation_forward``, ``loss_score``, ``conv2d_forward``, ``updater_apply``, ...) but takes CuPy arrays
+(anything exposing ``__cuda_array_interface__``: C-contiguous, float32 or float64, argmax int64), checks
+their shapes and dtypes here and calls the CUDA kernel on the raw device pointers with the GIL released.
+:func:`kernels_for` picks the CPU module or this one for an array, the single dispatch point by device.
+In a build without CUDA every kernel raises ``RuntimeError("[op] sparkgrad was built without CUDA")``
+after its arguments are checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparkgrad._native import _core
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_MASK_LAYOUT = {"none": 0, "per_example": 1, "per_output": 2}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU the CUDA runtime sees."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    total_memory: int  # bytes
+
+
+def built() -> bool:
+    """Whether this build of sparkgrad has the CUDA kernels."""
+    return bool(_core.cuda_built())
+
+
+def devices() -> list[GpuInfo]:
+    """The GPUs the CUDA runtime sees (empty when no driver or GPU is present).
+
+    Raises:
+        RuntimeError: sparkgrad was built without CUDA.
+    """
+    return [
+        GpuInfo(d["index"], d["name"], tuple(d["compute_capability"]), int(d["total_memory"]))
+        for d in _core.cuda_devices()
+    ]
+
+
+def summary() -> list[str]:
+    """Human-readable GPU lines for ``sparkgrad info``: each GPU, or why there is none."""
+    if not built():
+        return ["CUDA: not built (SPARKGRAD_ENABLE_CUDA=ON pip install . builds it)"]
+    gpus = devices()
+    if not gpus:
+        return ["CUDA: built, no GPU visible"]
+    lines = [f"CUDA: built, {len(gpus)} GPU{'s' if len(gpus) > 1 else ''}"]
+    for g in gpus:
+        major, minor = g.compute_capability
+        lines.append(
+            f"gpu {g.index}: {g.name}, compute capability {major}.{minor}, {g.total_memory / 2**30:.1f} GiB"
+        )
+    return lines
+
+
+def is_device_array(arr: Any) -> bool:
+    """True for a GPU array (``__cuda_array_interface__``), False for anything else (host arrays)."""
+    return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
+
+
+def kernels_for(arr: Any) -> Any:
+    """The kernel namespace for ``arr``'s device: this module for GPU arrays, the CPU native module else."""
+    import sys
+
+    return sys.modules[__name__] if is_device_array(arr) else _core
+
+
+# -- device array views -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _View:
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _view(op: str, name: str, arr: Any, writable: bool = False) -> _View:
+    """Pointer, shape and dtype of a C-contiguous device array, checked."""
+    if not is_device_array(arr):
+        raise TypeError(
+            f"[{op}] {name} must be a GPU array (__cuda_array_interface__), got {type(arr).__name__}"
+        )
+    cai = arr.__cuda_array_interface__
+    shape = tuple(int(s) for s in cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is not None:
+        expected, step = [], dtype.itemsize
+        for size in reversed(shape):
+            expected.insert(0, step)
+            step *= size
+        if any(s != e for s, e, size in zip(strides, expected, shape) if size > 1):
+            raise ValueError(f"[{op}] {name} must be C-contiguous")
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise ValueError(f"[{op}] {name} must be writable")
+    return _View(int(ptr), shape, dtype)
+
+
+def _floats(op: str, **arrays: tuple[Any, bool]) -> tuple[dict[str, _View], str]:
+    """Views of float arrays of one dtype (name -> (array, writable)), and that dtype's name."""
+    views = {name: _view(op, name, arr, writable) for name, (arr, writable) in arrays.items()}
+    dtypes = {v.dtype for v in views.values()}
+    first = next(iter(views.values())).dtype
+    if first not in _FLOATS:
+        raise ValueError(f"[{op}] arrays must be float32 or float64, got {first}")
+    if len(dtypes) > 1:
+        raise ValueError(f"[{op}] arrays must share one dtype, got {', '.join(sorted(map(str, dtypes)))}")
+    return views, first.name
+
+
+def _shape(op: str, name: str, view: _View, expected: tuple[int, ...]) -> None:
+    if view.shape != tuple(expected):
+        raise ValueError(f"[{op}] {name} must have shape {tuple(expected)}, got {view.shape}")
+
+
+def _argmax(op: str, argmax: Any, shape: tuple[int, ...], needed: bool) -> int:
+    if argmax is None:
+        if needed:
+            raise ValueError(f"[{op}] max pooling needs an argmax array")
+        return 0
+    view = _view(op, "argmax", argmax, writable=True)
+    if view.dtype != np.int64:
+        raise ValueError(f"[{op}] argmax must have dtype int64, got {view.dtype}")
+    _shape(op, "argmax", view, shape)
+    return view.ptr
+
+
+def _planes(op: str, name: str, view: _View) -> tuple[int, int, int]:
+    """(n, c, inner) of a (N, C) or (N, C, H, W) array."""
+    if len(view.shape) not in (2, 4):
+        raise ValueError(f"[{op}] {name} must be (N, C) or (N, C, H, W), got shape {view.shape}")
+    n, c = view.shape[:2]
+    return n, c, int(np.prod(view.shape[2:], dtype=np.int64))
+
+
+# -- kernels (same names and arguments as the CPU twins) ----------------------------------------
+
+
+def gemm(
+    a: Any,
+    b: Any,
+    c: Any,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+) -> None:
+    """``c = alpha * op(a) @ op(b) + beta * c`` for 2-D device arrays (cuBLAS)."""
+    op = "gemm"
+    v, dtype = _floats(op, a=(a, False), b=(b, False), c=(c, True))
+    for name in "abc":
+        if len(v[name].shape) != 2:
+            raise ValueError(f"[{op}] {name} must be 2-D, got shape {v[name].shape}")
+    m, k = v["a"].shape[::-1] if trans_a else v["a"].shape
+    kb, n = v["b"].shape[::-1] if trans_b else v["b"].shape
+    if kb != k:
+        raise ValueError(f"[{op}] inner dimensions differ: op(a) is {(m, k)}, op(b) is {(kb, n)}")
+    _shape(op, "c", v["c"], (m, n))
+    _core.cuda_gemm(
+        trans_a,
+        trans_b,
+        m,
+        n,
+        k,
+        alpha,
+        v["a"].ptr,
+        v["a"].shape[1],
+        v["b"].ptr,
+        v["b"].shape[1],
+        beta,
+        v["c"].ptr,
+        n,
+        dtype,
+    )
+
+
+def bias_add(x: Any, b: Any) -> None:
+    """``x[n, c, ...] += b[c]`` in place; x: (N, C) or (N, C, H, W)."""
+    v, dtype = _floats("bias_add", x=(x, True), b=(b, False))
+    n, c, inner = _planes("bias_add", "x", v["x"])
+    _shape("bias_add", "b", v["b"], (c,))
+    _core.cuda_bias_add(v["x"].ptr, v["b"].ptr, n, c, inner, dtype)
+
+
+def bias_grad(dy: Any, db: Any) -> None:
+    """``db[c]`` = sum of dy over every axis but 1."""
+    v, dtype = _floats("bias_grad", dy=(dy, False), db=(db, True))
+    n, c, inner = _planes("bias_grad", "dy", v["dy"])
+    _shape("bias_grad", "db", v["db"], (c,))
+    _core.cuda_bias_grad(v["dy"].ptr, v["db"].ptr, n, c, inner, dtype)
+
+
+def _rows_cols(op: str, name: str, view: _View, softmax: bool) -> tuple[int, int]:
+    if softmax and len(view.shape) != 2:
+        raise ValueError(f"[{op}] softmax needs a 2-D {name}, got shape {view.shape}")
+    if not view.shape:
+        return 1, 1
+    return view.shape[0], int(np.prod(view.shape[1:], dtype=np.int64))
+
+
+def activation_forward(name: str, x: Any, y: Any, alpha: float = 0.0) -> None:
+    """``y = f(x)``; softmax over axis 1 of a 2-D array. y may be x."""
+    op = "activation_forward"
+    v, dtype = _floats(op, x=(x, False), y=(y, True))
+    _shape(op, "y", v["y"], v["x"].shape)
+    rows, cols = _rows_cols(op, "x", v["x"], name == "softmax")
+    _core.cuda_activation_forward(name, alpha, v["x"].ptr, v["y"].ptr, rows, cols, dtype)
+
+
+def activation_backward(name: str, x: Any, y: Any, dy: Any, dx: Any, alpha: float = 0.0) -> None:
+    """``dx = dL/dx`` from x, y = f(x) and dy = dL/dy. dx may be dy."""
+    op = "activation_backward"
+    v, dtype = _floats(op, x=(x, False), y=(y, False), dy=(dy, False), dx=(dx, True))
+    for other in ("y", "dy", "dx"):
+        _shape(op, other, v[other], v["x"].shape)
+    rows, cols = _rows_cols(op, "x", v["x"], name == "softmax")
+    _core.cuda_activation_backward(
+        name, alpha, v["x"].ptr, v["y"].ptr, v["dy"].ptr, v["dx"].ptr, rows, cols, dtype
+    )
+
+
+def _loss(
+    gradient: bool, loss: str, activation: str, labels: Any, preout: Any, out: Any, mask: Any, alpha: float
+) -> None:
+    op = "loss_gradient" if gradient else "loss_score"
+    arrays = {"labels": (labels, False), "preout": (preout, False), "out": (out, True)}
+    if mask is not None:
+        arrays["mask"] = (mask, False)
+    v, dtype = _floats(op, **arrays)
+    if len(v["preout"].shape) != 2:
+        raise ValueError(f"[{op}] preout must be (N, C), got shape {v['preout'].shape}")
+    n, c = v["preout"].shape
+    _shape(op, "labels", v["labels"], (n, c))
+    _shape(op, "grad" if gradient else "scores", v["out"], (n, c) if gradient else (n,))
+    layout = "none"
+    if mask is not None:
+        shape = v["mask"].shape
+        if shape in ((n,), (n, 1)):
+            layout = "per_example"
+        elif shape == (n, c):
+            layout = "per_output"
+        else:
+            raise ValueError(f"[{op}] mask must have shape ({n},), ({n}, 1) or ({n}, {c}), got {shape}")
+    _core.cuda_loss(
+        gradient,
+        loss,
+        activation,
+        alpha,
+        v["labels"].ptr,
+        v["preout"].ptr,
+        v["mask"].ptr if mask is not None else 0,
+        _MASK_LAYOUT[layout],
+        v["out"].ptr,
+        n,
+        c,
+        dtype,
+    )
+
+
+def loss_score(
+    loss: str, activation: str, labels: Any, preout: Any, scores: Any, mask: Any = None, alpha: float = 0.0
+) -> None:
+    """``scores`` (N,) = per-example loss of activation(preout) against labels, times mask."""
+    _loss(False, loss, activation, labels, preout, scores, mask, alpha)
+
+
+def loss_gradient(
+    loss: str, activation: str, labels: Any, preout: Any, grad: Any, mask: Any = None, alpha: float = 0.0
+) -> None:
+    """``grad`` (N, C) = d(example loss)/d(preout), times mask; not divided by N."""
+    _loss(True, loss, activation, labels, preout, grad, mask, alpha)
+
+
+def dropout_forward(x: Any, y: Any, mask: Any, retain: float, seed: int) -> None:
+    """Inverted dropout with the CPU's (seed, index) draw: the same mask as the CPU kernel."""
+    op = "dropout_forward"
+    v, dtype = _floats(op, x=(x, False), y=(y, True), mask=(mask, True))
+    _shape(op, "y", v["y"], v["x"].shape)
+    _shape(op, "mask", v["mask"], v["x"].shape)
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"[{op}] seed must be in [0, 2**64), got {seed}")
+    size = int(np.prod(v["x"].shape, dtype=np.int64))
+    _core.cuda_dropout_forward(v["x"].ptr, v["y"].ptr, v["mask"].ptr, size, retain, seed, dtype)
+
+
+def dropout_backward(dy: Any, mask: Any, dx: Any) -> None:
+    """``dx = dy * mask``."""
+    op = "dropout_backward"
+    v, dtype = _floats(op, dy=(dy, False), mask=(mask, False), dx=(dx, True))
+    _shape(op, "mask", v["mask"], v["dy"].shape)
+    _shape(op, "dx", v["dx"], v["dy"].shape)
+    _core.cuda_dropout_backward(
+        v["dy"].ptr, v["mask"].ptr, v["dx"].ptr, int(np.prod(v["dy"].shape, dtype=np.int64)), dtype
+    )
+
+
+def _nchw(op: str, name: str, view: _View) -> tuple[int, int, int, int]:
+    if len(view.shape) != 4:
+        raise ValueError(f"[{op}] {name} must be (N, C, H, W), got shape {view.shape}")
+    return view.shape  # type: ignore[return-value]
+
+
+def _conv_shape(op: str, x: tuple, w: tuple, y: tuple, strides: tuple[int, int, int, int]) -> list[int]:
+    n, c, h, wd = x
+    k, cw, r, s = w
+    stride_h, stride_w, pad_top, pad_left = strides
+    if cw != c or min(k, r, s) < 1:
+        raise ValueError(f"[{op}] w must have shape (K, {c}, R, S) with K, R, S >= 1, got {w}")
+    if y[:2] != (n, k):
+        raise ValueError(f"[{op}] output must be ({n}, {k}, P, Q), got shape {y}")
+    if stride_h < 1 or stride_w < 1 or pad_top < 0 or pad_left < 0:
+        raise ValueError(f"[{op}] strides must be >= 1 and padding >= 0, got {strides}")
+    return [n, c, h, wd, k, r, s, y[2], y[3], stride_h, stride_w, pad_top, pad_left]
+
+
+def conv2d_forward(
+    x: Any, w: Any, b: Any, y: Any, stride_h: int, stride_w: int, pad_top: int, pad_left: int
+) -> None:
+    """``y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b``; padding reads zeros."""
+    op = "conv2d_forward"
+    arrays = {"x": (x, False), "w": (w, False), "y": (y, True)}
+    if b is not None:
+        arrays["b"] = (b, False)
+    v, dtype = _floats(op, **arrays)
+    g = _conv_shape(
+        op,
+        _nchw(op, "x", v["x"]),
+        _nchw(op, "w", v["w"]),
+        _nchw(op, "y", v["y"]),
+        (stride_h, stride_w, pad_top, pad_left),
+    )
+    if b is not None:
+        _shape(op, "b", v["b"], (g[4],))
+    _core.cuda_conv2d(0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype)
+
+
+def conv2d_backward_input(
+    dy: Any, w: Any, dx: Any, stride_h: int, stride_w: int, pad_top: int, pad_left: int
+) -> None:
+    """``dx (N, C, H, W)`` from dy (N, K, P, Q) and w (K, C, R, S)."""
+    op = "conv2d_backward_input"
+    v, dtype = _floats(op, dy=(dy, False), w=(w, False), dx=(dx, True))
+    g = _conv_shape(
+        op,
+        _nchw(op, "dx", v["dx"]),
+        _nchw(op, "w", v["w"]),
+        _nchw(op, "dy", v["dy"]),
+        (stride_h, stride_w, pad_top, pad_left),
+    )
+    _core.cuda_conv2d(1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, dtype)
+
+
+def conv2d_backward_weight(
+    x: Any, dy: Any, dw: Any, stride_h: int, stride_w: int, pad_top: int, pad_left: int
+) -> None:
+    """``dw (K, C, R, S)`` from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch."""
+    op = "conv2d_backward_weight"
+    v, dtype = _floats(op, x=(x, False), dy=(dy, False), dw=(dw, True))
+    g = _conv_shape(
+        op,
+        _nchw(op, "x", v["x"]),
+        _nchw(op, "dw", v["dw"]),
+        _nchw(op, "dy", v["dy"]),
+        (stride_h, stride_w, pad_top, pad_left),
+    )
+    _core.cuda_conv2d(2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, dtype)
+
+
+def _pool(backward: bool, kind: str, big: Any, small: Any, geometry: tuple[int, ...], argmax: Any) -> None:
+    op = "pool2d_backward" if backward else "pool2d_forward"
+    names = ("dx", "dy") if backward else ("x", "y")
+    v, dtype = _floats(op, **{names[0]: (big, backward), names[1]: (small, not backward)})
+    n, c, h, w = _nchw(op, names[0], v[names[0]])
+    out = _nchw(op, names[1], v[names[1]])
+    if out[:2] != (n, c):
+        raise ValueError(f"[{op}] {names[1]} must be ({n}, {c}, P, Q), got shape {out}")
+    kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left = geometry
+    if min(kernel_h, kernel_w, stride_h, stride_w) < 1 or min(pad_top, pad_left) < 0:
+        raise ValueError(f"[{op}] kernel and stride must be >= 1 and padding >= 0, got {geometry}")
+    p, q = out[2], out[3]
+    rows_ok = p == 0 or (pad_top < kernel_h and (p - 1) * stride_h - pad_top < h)
+    cols_ok = q == 0 or (pad_left < kernel_w and (q - 1) * stride_w - pad_left < w)
+    if not (rows_ok and cols_ok):  # every window must overlap the input (max and mean undefined otherwise)
+        raise ValueError(f"[{op}] output size ({p}, {q}) has pooling windows outside the ({h}, {w}) input")
+    g = [n, c, h, w, p, q, *geometry]
+    ptr = _argmax(op, argmax, out, kind == "max")
+    _core.cuda_pool2d(
+        backward,
+        kind,
+        g,
+        v[names[0] if not backward else names[1]].ptr,
+        v[names[1] if not backward else names[0]].ptr,
+        ptr,
+        dtype,
+    )
+
+
+def pool2d_forward(
+    kind: str,
+    x: Any,
+    y: Any,
+    kernel_h: int,
+    kernel_w: int,
+    stride_h: int,
+    stride_w: int,
+    pad_top: int,
+    pad_left: int,
+    argmax: Any = None,
+) -> None:
+    """Max / avg pooling of x (N, C, H, W) into y (N, C, P, Q); max writes argmax (int64, y's shape)."""
+    _pool(False, kind, x, y, (kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left), argmax)
+
+
+def pool2d_backward(
+    kind: str,
+    dy: Any,
+    dx: Any,
+    kernel_h: int,
+    kernel_w: int,
+    stride_h: int,
+    stride_w: int,
+    pad_top: int,
+    pad_left: int,
+    argmax: Any = None,
+) -> None:
+    """dx (N, C, H, W) from dy (N, C, P, Q); max needs the forward's argmax."""
+    _pool(True, kind, dx, dy, (kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left), argmax)
+
+
+def _global_pool(backward: bool, kind: str, big: Any, small: Any, argmax: Any) -> None:
+    op = "global_pool_backward" if backward else "global_pool_forward"
+    names = ("dx", "dy") if backward else ("x", "y")
+    v, dtype = _floats(op, **{names[0]: (big, backward), names[1]: (small, not backward)})
+    n, c, h, w = _nchw(op, names[0], v[names[0]])
+    _shape(op, names[1], v[names[1]], (n, c))
+    ptr = _argmax(op, argmax, (n, c), kind == "max")
+    src, dst = (v[names[1]], v[names[0]]) if backward else (v[names[0]], v[names[1]])
+    _core.cuda_global_pool(backward, kind, src.ptr, dst.ptr, ptr, n * c, h * w, dtype)
+
+
+def global_pool_forward(kind: str, x: Any, y: Any, argmax: Any = None) -> None:
+    """Global max / avg / sum pooling of x (N, C, H, W) into y (N, C)."""
+    _global_pool(False, kind, x, y, argmax)
+
+
+def global_pool_backward(kind: str, dy: Any, dx: Any, argmax: Any = None) -> None:
+    """dx (N, C, H, W) from dy (N, C); max needs argmax."""
+    _global_pool(True, kind, dx, dy, argmax)
+
+
+def _channels(op: str, v: dict[str, _View], data: str, names: tuple[str, ...]) -> list[int]:
+    g = list(_planes(op, data, v[data]))
+    for name in names:
+        _shape(op, name, v[name], (g[1],))
+    return g
+
+
+def _check_eps(op: str, eps: float, decay: float = 0.0) -> None:
+    if not eps > 0:
+        raise ValueError(f"[{op}] eps must be > 0, got {eps}")
+    if not 0 <= decay <= 1:
+        raise ValueError(f"[{op}] decay must be in [0, 1], got {decay}")
+
+
+def batchnorm_forward_train(
+    x: Any,
+    gamma: Any,
+    beta: Any,
+    y: Any,
+    batch_mean: Any,
+    batch_var: Any,
+    running_mean: Any,
+    running_var: Any,
+    decay: float,
+    eps: float,
+) -> None:
+    """Normalizes x with its per-channel batch statistics; updates the running averages in place."""
+    op = "batchnorm_forward_train"
+    _check_eps(op, eps, decay)
+    v, dtype = _floats(
+        op,
+        x=(x, False),
+        gamma=(gamma, False),
+        beta=(beta, False),
+        y=(y, True),
+        batch_mean=(batch_mean, True),
+        batch_var=(batch_var, True),
+        running_mean=(running_mean, True),
+        running_var=(running_var, True),
+    )
+    g = _channels(op, v, "x", ("gamma", "beta", "batch_mean", "batch_var", "running_mean", "running_var"))
+    _shape(op, "y", v["y"], v["x"].shape)
+    _core.cuda_batchnorm_forward_train(
+        g,
+        *(
+            v[k].ptr
+            for k in ("x", "gamma", "beta", "y", "batch_mean", "batch_var", "running_mean", "running_var")
+        ),
+        decay,
+        eps,
+        dtype,
+    )
+
+
+def batchnorm_forward_inference(
+    x: Any, gamma: Any, beta: Any, running_mean: Any, running_var: Any, y: Any, eps: float
+) -> None:
+    """Normalizes x with the running statistics."""
+    op = "batchnorm_forward_inference"
+    _check_eps(op, eps)
+    v, dtype = _floats(
+        op,
+        x=(x, False),
+        gamma=(gamma, False),
+        beta=(beta, False),
+        running_mean=(running_mean, False),
+        running_var=(running_var, False),
+        y=(y, True),
+    )
+    g = _channels(op, v, "x", ("gamma", "beta", "running_mean", "running_var"))
+    _shape(op, "y", v["y"], v["x"].shape)
+    _core.cuda_batchnorm_forward_inference(
+        g, *(v[k].ptr for k in ("x", "gamma", "beta", "running_mean", "running_var", "y")), eps, dtype
+    )
+
+
+def batchnorm_backward(
+    x: Any, dy: Any, gamma: Any, batch_mean: Any, batch_var: Any, dx: Any, dgamma: Any, dbeta: Any, eps: float
+) -> None:
+    """dx, dgamma, dbeta of the training-mode forward."""
+    op = "batchnorm_backward"
+    _check_eps(op, eps)
+    v, dtype = _floats(
+        op,
+        x=(x, False),
+        dy=(dy, False),
+        gamma=(gamma, False),
+        batch_mean=(batch_mean, False),
+        batch_var=(batch_var, False),
+        dx=(dx, True),
+        dgamma=(dgamma, True),
+        dbeta=(dbeta, True),
+    )
+    g = _channels(op, v, "x", ("gamma", "batch_mean", "batch_var", "dgamma", "dbeta"))
+    _shape(op, "dy", v["dy"], v["x"].shape)
+    _shape(op, "dx", v["dx"], v["x"].shape)
+    _core.cuda_batchnorm_backward(
+        g,
+        *(v[k].ptr for k in ("x", "dy", "gamma", "batch_mean", "batch_var", "dx", "dgamma", "dbeta")),
+        eps,
+        dtype,
+    )
+
+
+def _flat(op: str, v: dict[str, _View], names: tuple[str, ...]) -> int:
+    n = v[names[0]].shape
+    if len(n) != 1:
+        raise ValueError(f"[{op}] {names[0]} must be 1-D, got shape {n}")
+    for name in names[1:]:
+        _shape(op, name, v[name], n)
+    return n[0]
+
+
+def updater_apply(
+    kind: str,
+    gradient: Any,
+    state: Any,
+    iteration: int,
+    learning_rate: float = 0.0,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    momentum: float = 0.9,
+    rms_decay: float = 0.95,
+    rho: float = 0.95,
+) -> None:
+    """Turns the flat gradient (in place) into the update to subtract and advances the flat state."""
+    op = "updater_apply"
+    v, dtype = _floats(op, gradient=(gradient, True), state=(state, True))
+    n = _flat(op, v, ("gradient",))
+    _shape(op, "state", v["state"], (_core.updater_state_size(kind, n),))
+    hyper = [learning_rate, beta1, beta2, epsilon, momentum, rms_decay, rho]
+    _core.cuda_updater_apply(kind, v["gradient"].ptr, v["state"].ptr, n, iteration, hyper, dtype)
+
+
+def regularize_gradient(params: Any, grad: Any, l1: float, l2: float) -> None:
+    """``grad += l2 * params + l1 * sign(params)``, in place."""
+    v, dtype = _floats("regularize_gradient", params=(params, False), grad=(grad, True))
+    n = int(np.prod(v["params"].shape, dtype=np.int64))
+    _shape("regularize_gradient", "grad", v["grad"], v["params"].shape)
+    _core.cuda_regularize_gradient(v["params"].ptr, v["grad"].ptr, n, l1, l2, dtype)
+
+
+def apply_weight_decay(params: Any, update: Any, coeff: float) -> None:
+    """``update += coeff * params``, in place."""
+    v, dtype = _floats("apply_weight_decay", params=(params, False), update=(update, True))
+    n = int(np.prod(v["params"].shape, dtype=np.int64))
+    _shape("apply_weight_decay", "update", v["update"], v["params"].shape)
+    _core.cuda_apply_weight_decay(v["params"].ptr, v["update"].ptr, n, coeff, dtype)
+
+
+__all__ = [
+    "GpuInfo",
+    "activation_backward",
+    "activation_forward",
+    "apply_weight_decay",
+    "batchnorm_backward",
+    "batchnorm_forward_inference",
+    "batchnorm_forward_train",
+    "bias_add",
+    "bias_grad",
+    "built",
+    "conv2d_backward_input",
+    "conv2d_backward_weight",
+    "conv2d_forward",
+    "devices",
+    "dropout_backward",
+    "dropout_forward",
+    "gemm",
+    "global_pool_backward",
+    "global_pool_forward",
+    "is_device_array",
+    "kernels_for",
+    "loss_gradient",
+    "loss_score",
+    "pool2d_backward",
+    "pool2d_forward",
+    "regularize_gradient",
+    "summary",
+    "updater_apply",
+]

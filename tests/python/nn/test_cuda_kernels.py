@@ -1,0 +1,425 @@
+"""The CUDA twins against their CPU twins, and the device-independent front door (sparkgrad.cuda).
+
+The `cuda` cases need a CUDA build, a GPU and CuPy; they skip elsewhere. Tolerances: elementwise kernels
+may differ from the CPU by a few ulps (the GPU contracts a*b+c into one FMA and has its own exp/log/tanh),
+so 16 eps relative; kernels that sum L terms get L * eps times the sum of the terms' magnitudes.
+The interop checks (views, shapes, dtypes, dispatch, errors) run on any machine with fake device arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sparkgrad import cuda
+from sparkgrad._native import _core
+
+DTYPES = [np.float32, np.float64]
+ACTIVATIONS = ["identity", "relu", "leakyrelu", "elu", "tanh", "sigmoid", "softmax", "softplus", "hardtanh"]
+UPDATERS = [
+    "sgd",
+    "nesterovs",
+    "adam",
+    "adamax",
+    "nadam",
+    "amsgrad",
+    "rmsprop",
+    "adagrad",
+    "adadelta",
+    "noop",
+]
+LOSSES = [
+    ("mcxent", "softmax"),
+    ("negativeloglikelihood", "softmax"),
+    ("mse", "identity"),
+    ("l1", "tanh"),
+    ("l2", "identity"),
+    ("xent", "sigmoid"),
+    ("hinge", "identity"),
+    ("squared_hinge", "identity"),
+    ("kl_divergence", "softmax"),
+]
+ELEMENTWISE_ULPS = 16
+
+
+class FakeDeviceArray:
+    """Only a __cuda_array_interface__: what the front door sees of a GPU array, without a GPU."""
+
+    def __init__(
+        self, shape: tuple, dtype: Any = np.float32, strides: tuple | None = None, readonly: bool = False
+    ):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": np.dtype(dtype).str,
+            "data": (0x10000, readonly),
+            "strides": strides,
+            "version": 3,
+        }
+
+
+# -- device-independent: dispatch and array interop ------------------------------------------------
+
+
+def test_kernels_for_dispatches_by_device() -> None:
+    assert cuda.kernels_for(np.zeros(3)) is _core
+    assert cuda.kernels_for(FakeDeviceArray((3,))) is cuda
+    assert cuda.is_device_array(FakeDeviceArray((3,)))
+    assert not cuda.is_device_array(np.zeros(3))
+    for name in cuda.__all__:  # every CUDA kernel front door has the CPU twin's name
+        if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for", "gemm"):
+            assert hasattr(_core, name), name
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: cuda.bias_add(np.zeros((2, 3), np.float32), FakeDeviceArray((3,))),
+            TypeError,
+            "x must be a GPU",
+        ),
+        (
+            lambda: cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((4,))),
+            ValueError,
+            r"b must have shape \(3,\)",
+        ),
+        (
+            lambda: cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((3,), np.float64)),
+            ValueError,
+            "share one dtype",
+        ),
+        (
+            lambda: cuda.bias_add(FakeDeviceArray((2, 3), np.int32), FakeDeviceArray((3,), np.int32)),
+            ValueError,
+            "float32",
+        ),
+        (
+            lambda: cuda.bias_add(FakeDeviceArray((2, 3), strides=(4, 8)), FakeDeviceArray((3,))),
+            ValueError,
+            "C-contiguous",
+        ),
+        (
+            lambda: cuda.bias_add(FakeDeviceArray((2, 3), readonly=True), FakeDeviceArray((3,))),
+            ValueError,
+            "writable",
+        ),
+        (
+            lambda: cuda.activation_forward(
+                "softmax", FakeDeviceArray((2, 3, 4)), FakeDeviceArray((2, 3, 4))
+            ),
+            ValueError,
+            "softmax needs a 2-D",
+        ),
+        (
+            lambda: cuda.loss_score(
+                "mse",
+                "identity",
+                FakeDeviceArray((4, 3)),
+                FakeDeviceArray((4, 3)),
+                FakeDeviceArray((4,)),
+                mask=FakeDeviceArray((3,)),
+            ),
+            ValueError,
+            "mask must have shape",
+        ),
+        (
+            lambda: cuda.pool2d_forward(
+                "max", FakeDeviceArray((1, 1, 4, 4)), FakeDeviceArray((1, 1, 2, 2)), 2, 2, 2, 2, 0, 0
+            ),
+            ValueError,
+            "needs an argmax",
+        ),
+        (
+            lambda: cuda.pool2d_forward(
+                "avg", FakeDeviceArray((1, 1, 4, 4)), FakeDeviceArray((1, 1, 5, 5)), 2, 2, 2, 2, 0, 0
+            ),
+            ValueError,
+            "windows outside",
+        ),
+        (
+            lambda: cuda.conv2d_forward(
+                FakeDeviceArray((1, 2, 5, 5)),
+                FakeDeviceArray((3, 1, 3, 3)),
+                None,
+                FakeDeviceArray((1, 3, 3, 3)),
+                1,
+                1,
+                0,
+                0,
+            ),
+            ValueError,
+            r"w must have shape \(K, 2, R, S\)",
+        ),
+        (
+            lambda: cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((5,)), 0),
+            ValueError,
+            r"state must have shape \(10,\)",
+        ),
+        (
+            lambda: cuda.batchnorm_forward_inference(
+                *(FakeDeviceArray(s) for s in [(2, 3), (3,), (3,), (3,), (3,), (2, 3)]), eps=0.0
+            ),
+            ValueError,
+            "eps must be > 0",
+        ),
+        (
+            lambda: cuda.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), FakeDeviceArray((2, 5))),
+            ValueError,
+            "inner dimensions differ",
+        ),
+    ],
+)
+def test_front_door_rejects_bad_arrays_before_any_kernel_runs(call: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.skipif(cuda.built(), reason="the CPU build's stand-ins")
+def test_cpu_build_reports_cuda_absent() -> None:
+    assert cuda.summary() == ["CUDA: not built (SPARKGRAD_ENABLE_CUDA=ON pip install . builds it)"]
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        cuda.devices()
+    # valid arguments reach the native stand-in, which refuses (no pointer is ever dereferenced)
+    with pytest.raises(RuntimeError, match=r"\[bias_add\] sparkgrad was built without CUDA"):
+        cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((3,)))
+    with pytest.raises(RuntimeError, match=r"\[updater_apply\] sparkgrad was built without CUDA"):
+        cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, learning_rate=0.1)
+
+
+# -- GPU vs CPU (CUDA build + GPU + CuPy) ----------------------------------------------------------
+
+
+@pytest.fixture
+def cp() -> Any:
+    if not (cuda.built() and _core.cuda_available()):
+        pytest.skip("CUDA build with a visible GPU is required")
+    return pytest.importorskip("cupy")
+
+
+def _close(gpu: Any, cpu: np.ndarray, terms: int = 1, scale: np.ndarray | float | None = None) -> None:
+    """GPU result within `terms` * eps (times the magnitude `scale`, default |cpu|) of the CPU's."""
+    eps = np.finfo(cpu.dtype).eps
+    got = gpu.get()
+    magnitude = np.abs(cpu) if scale is None else scale
+    tol = max(terms, 1) * ELEMENTWISE_ULPS * eps * (magnitude + np.finfo(cpu.dtype).tiny)
+    assert np.all(np.abs(got - cpu) <= tol), float(np.max(np.abs(got - cpu) - tol))
+
+
+def _rand(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
+    return rng.normal(size=shape).astype(dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activation_matches_cpu(cp: Any, name: str, dtype: Any) -> None:
+    rng = np.random.default_rng(0)
+    x = _rand(rng, (37, 11), dtype) * 3
+    dy = _rand(rng, (37, 11), dtype)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    _core.activation_forward(name, x, y, alpha=0.3)
+    _core.activation_backward(name, x, y, dy, dx, alpha=0.3)
+    gy, gdx = cp.empty_like(cp.asarray(x)), cp.empty_like(cp.asarray(x))
+    cuda.activation_forward(name, cp.asarray(x), gy, alpha=0.3)
+    cuda.activation_backward(name, cp.asarray(x), gy, cp.asarray(dy), gdx, alpha=0.3)
+    terms = 11 if name == "softmax" else 1  # softmax sums a row
+    _close(gy, y, terms, scale=np.abs(y).max(axis=1, keepdims=True) if name == "softmax" else None)
+    # backward: f'(x) comes from y (1 - y^2 cancels near |y| = 1), so the error scales with |dy| too
+    row = (np.abs(dy) * np.abs(y)).sum(axis=1, keepdims=True) if name == "softmax" else 0
+    _close(gdx, dx, terms, scale=np.abs(dx) + np.abs(dy) + row)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_matches_cpu(cp: Any, dtype: Any) -> None:
+    rng = np.random.default_rng(1)
+    x, b = _rand(rng, (6, 5, 4, 3), dtype), _rand(rng, (5,), dtype)
+    gx = cp.asarray(x)
+    _core.bias_add(x, b)
+    cuda.bias_add(gx, cp.asarray(b))
+    np.testing.assert_array_equal(gx.get(), x)  # one rounding of the same sum
+    db, gdb = np.empty(5, dtype), cp.empty(5, dtype)
+    _core.bias_grad(x, db)
+    cuda.bias_grad(gx, gdb)
+    _close(gdb, db, 1, scale=np.abs(x).sum(axis=(0, 2, 3)))  # both sum in double, then round once
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("loss", "activation"), LOSSES)
+@pytest.mark.parametrize("mask_shape", [None, (13,), (13, 7)])
+def test_loss_matches_cpu(cp: Any, loss: str, activation: str, dtype: Any, mask_shape: tuple | None) -> None:
+    rng = np.random.default_rng(2)
+    preout = _rand(rng, (13, 7), dtype)
+    labels = np.eye(7, dtype=dtype)[rng.integers(0, 7, 13)]
+    if loss in ("hinge", "squared_hinge"):
+        labels = labels * 2 - 1
+    mask = None if mask_shape is None else (rng.random(mask_shape) > 0.3).astype(dtype)
+    gmask = None if mask is None else cp.asarray(mask)
+    scores, grad = np.empty(13, dtype), np.empty((13, 7), dtype)
+    _core.loss_score(loss, activation, labels, preout, scores, mask=mask, alpha=0.0)
+    _core.loss_gradient(loss, activation, labels, preout, grad, mask=mask, alpha=0.0)
+    gs, gg = cp.empty(13, dtype), cp.empty((13, 7), dtype)
+    cuda.loss_score(loss, activation, cp.asarray(labels), cp.asarray(preout), gs, mask=gmask)
+    cuda.loss_gradient(loss, activation, cp.asarray(labels), cp.asarray(preout), gg, mask=gmask)
+    # a score sums 7 columns of log / exp terms (plus a 7-term log-sum-exp)
+    _close(gs, scores, 14, scale=np.abs(scores) + np.abs(preout).sum(axis=1) + 1)
+    _close(gg, grad, 7, scale=np.abs(grad) + 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("retain", [0.1, 0.5, 0.9])
+def test_dropout_mask_is_bit_identical(cp: Any, dtype: Any, retain: float) -> None:
+    x = _rand(np.random.default_rng(3), (1000, 33), dtype)
+    y, mask = np.empty_like(x), np.empty_like(x)
+    _core.dropout_forward(x, y, mask, retain, 2**63 + 12345)
+    gy, gmask = cp.empty_like(cp.asarray(x)), cp.empty_like(cp.asarray(x))
+    cuda.dropout_forward(cp.asarray(x), gy, gmask, retain, 2**63 + 12345)
+    assert gmask.get().tobytes() == mask.tobytes()
+    assert gy.get().tobytes() == y.tobytes()
+    dx, gdx = np.empty_like(x), cp.empty_like(gy)
+    _core.dropout_backward(x, mask, dx)
+    cuda.dropout_backward(cp.asarray(x), gmask, gdx)
+    assert gdx.get().tobytes() == dx.tobytes()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("stride", "pad"), [((1, 1), (0, 0)), ((2, 1), (1, 2))])
+def test_conv2d_matches_cpu(cp: Any, dtype: Any, stride: tuple, pad: tuple) -> None:
+    rng = np.random.default_rng(4)
+    n, c, h, w, k, r, s = 3, 4, 9, 8, 5, 3, 2
+    p = (h + 2 * pad[0] - r) // stride[0] + 1
+    q = (w + 2 * pad[1] - s) // stride[1] + 1
+    x, wt, b = _rand(rng, (n, c, h, w), dtype), _rand(rng, (k, c, r, s), dtype), _rand(rng, (k,), dtype)
+    dy = _rand(rng, (n, k, p, q), dtype)
+    geo = (*stride, *pad)
+    y, dx, dw = np.empty((n, k, p, q), dtype), np.empty_like(x), np.empty_like(wt)
+    _core.conv2d_forward(x, wt, b, y, *geo)
+    _core.conv2d_backward_input(dy, wt, dx, *geo)
+    _core.conv2d_backward_weight(x, dy, dw, *geo)
+    gx, gw, gdy = cp.asarray(x), cp.asarray(wt), cp.asarray(dy)
+    gy, gdx, gdw = cp.empty(y.shape, dtype), cp.empty(x.shape, dtype), cp.empty(wt.shape, dtype)
+    cuda.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
+    cuda.conv2d_backward_input(gdy, gw, gdx, *geo)
+    cuda.conv2d_backward_weight(gx, gdy, gdw, *geo)
+    bound = np.abs(x).max() * np.abs(wt).max()
+    _close(gy, y, c * r * s + 1, scale=bound)
+    _close(gdx, dx, k * r * s, scale=np.abs(dy).max() * np.abs(wt).max())
+    _close(gdw, dw, n * p * q, scale=np.abs(dy).max() * np.abs(x).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
+    rng = np.random.default_rng(5)
+    x = _rand(rng, (2, 3, 7, 6), dtype)
+    geo = (3, 2, 2, 2, 1, 0)  # kernel 3x2, stride 2x2, padding top 1
+    y = np.empty((2, 3, 4, 3), dtype)
+    argmax = np.empty(y.shape, np.int64) if kind == "max" else None
+    _core.pool2d_forward(kind, x, y, *geo, argmax=argmax)
+    dy = _rand(rng, y.shape, dtype)
+    dx = np.empty_like(x)
+    _core.pool2d_backward(kind, dy, dx, *geo, argmax=argmax)
+    gy, gdx = cp.empty(y.shape, dtype), cp.empty(x.shape, dtype)
+    gargmax = cp.empty(y.shape, np.int64) if kind == "max" else None
+    cuda.pool2d_forward(kind, cp.asarray(x), gy, *geo, argmax=gargmax)
+    cuda.pool2d_backward(kind, cp.asarray(dy), gdx, *geo, argmax=gargmax)
+    if kind == "max":
+        np.testing.assert_array_equal(gargmax.get(), argmax)
+        np.testing.assert_array_equal(gy.get(), y)
+    else:
+        _close(gy, y, 6, scale=np.abs(x).max())
+    _close(gdx, dx, 6, scale=np.abs(dy).max())
+    for gkind in ("max", "avg", "sum"):
+        gy2, y2 = cp.empty((2, 3), dtype), np.empty((2, 3), dtype)
+        am, gam = (np.empty((2, 3), np.int64), cp.empty((2, 3), np.int64)) if gkind == "max" else (None, None)
+        _core.global_pool_forward(gkind, x, y2, argmax=am)
+        cuda.global_pool_forward(gkind, cp.asarray(x), gy2, argmax=gam)
+        _close(gy2, y2, 1, scale=np.abs(x).sum(axis=(2, 3)))  # summed in double, rounded once
+        dx2, gdx2 = np.empty_like(x), cp.empty(x.shape, dtype)
+        _core.global_pool_backward(gkind, y2, dx2, argmax=am)
+        cuda.global_pool_backward(gkind, cp.asarray(y2), gdx2, argmax=gam)
+        np.testing.assert_array_equal(gdx2.get(), dx2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 5), (4, 3, 5, 6)])
+def test_batchnorm_matches_cpu(cp: Any, dtype: Any, shape: tuple) -> None:
+    rng = np.random.default_rng(6)
+    c = shape[1]
+    x, dy = _rand(rng, shape, dtype) * 2 + 1, _rand(rng, shape, dtype)
+    gamma, beta = _rand(rng, (c,), dtype), _rand(rng, (c,), dtype)
+    host = {k: np.zeros(c, dtype) for k in ("mean", "var")}
+    host.update(rm=np.zeros(c, dtype), rv=np.ones(c, dtype))
+    dev = {k: cp.asarray(v) for k, v in host.items()}
+    y, gy = np.empty_like(x), cp.empty(shape, dtype)
+    _core.batchnorm_forward_train(
+        x, gamma, beta, y, host["mean"], host["var"], host["rm"], host["rv"], 0.9, 1e-5
+    )
+    cuda.batchnorm_forward_train(
+        cp.asarray(x),
+        cp.asarray(gamma),
+        cp.asarray(beta),
+        gy,
+        dev["mean"],
+        dev["var"],
+        dev["rm"],
+        dev["rv"],
+        0.9,
+        1e-5,
+    )
+    count = x.size // c  # statistics are double sums of `count` values, rounded once
+    for key in host:
+        _close(dev[key], host[key], 1, scale=np.abs(host[key]) + 1e-3)
+    _close(gy, y, 4, scale=np.abs(y) + np.abs(beta).max() + 1)
+    dx, dg, db = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
+    gdx, gdg, gdb = cp.empty(shape, dtype), cp.empty(c, dtype), cp.empty(c, dtype)
+    _core.batchnorm_backward(x, dy, gamma, host["mean"], host["var"], dx, dg, db, 1e-5)
+    cuda.batchnorm_backward(
+        cp.asarray(x), cp.asarray(dy), cp.asarray(gamma), dev["mean"], dev["var"], gdx, gdg, gdb, 1e-5
+    )
+    _close(gdb, db, 1, scale=np.abs(dy).sum() + 1)
+    _close(gdg, dg, 4, scale=np.abs(dy).sum() * 4 + 1)
+    _close(gdx, dx, 8, scale=np.abs(dx) + np.abs(dy).max() * np.abs(gamma).max() * 4 / np.sqrt(count) + 1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", UPDATERS)
+def test_updater_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
+    rng = np.random.default_rng(7)
+    n = 1001
+    state = np.abs(_rand(rng, (_core.updater_state_size(kind, n),), dtype)) * 0.01
+    gstate = cp.asarray(state)
+    for iteration in range(3):
+        g = _rand(rng, (n,), dtype)
+        gg = cp.asarray(g)
+        _core.updater_apply(kind, g, state, iteration, learning_rate=0.01)
+        cuda.updater_apply(kind, gg, gstate, iteration, learning_rate=0.01)
+        _close(gg, g, 4, scale=np.abs(g) + 1e-6)
+        _close(gstate, state, 4, scale=np.abs(state) + 1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
+    rng = np.random.default_rng(8)
+    w, g = _rand(rng, (500,), dtype), _rand(rng, (500,), dtype)
+    gg, gw = cp.asarray(g), cp.asarray(w)
+    _core.regularize_gradient(w, g, 1e-3, 1e-2)
+    cuda.regularize_gradient(gw, gg, 1e-3, 1e-2)
+    _close(gg, g, 2, scale=np.abs(g) + np.abs(w) * 1e-2 + 1e-3)
+    u, gu = g.copy(), gg.copy()
+    _core.apply_weight_decay(w, u, 0.05)
+    cuda.apply_weight_decay(gw, gu, 0.05)
+    _close(gu, u, 2, scale=np.abs(u) + np.abs(w) * 0.05)
+    a, b = _rand(rng, (17, 40), dtype), _rand(rng, (23, 40), dtype)
+    c = cp.empty((17, 23), dtype)
+    cuda.gemm(cp.asarray(a), cp.asarray(b), c, trans_b=True)
+    _close(c, a @ b.T, 40, scale=np.abs(a) @ np.abs(b).T)
