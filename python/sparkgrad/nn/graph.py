@@ -213,7 +213,14 @@ class ComputationGraphConfiguration(Config):
                 if pending[consumer] == 0:
                     heapq.heappush(ready, position[consumer])
         if len(order) != len(self.vertices):
-            cycle = [spec.name for spec in self.vertices if pending[spec.name] > 0]
+            # what is left is cycles and what hangs below them: peel off vertices feeding nothing left
+            left = {name for name, count in pending.items() if count > 0}
+            while True:
+                below = {name for name in left if not consumers[name] & left}
+                if not below:
+                    break
+                left -= below
+            cycle = [spec.name for spec in self.vertices if spec.name in left]
             spec = self._specs[cycle[0]]
             raise vertex_error(spec.name, spec.vertex, f"is on a cycle through vertices {cycle}")
         return order
