@@ -277,15 +277,18 @@ class MergeVertex(GraphVertex):
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         first = input_types[0]
+        described = ", ".join(t.describe() for t in input_types)
         for t in input_types[1:]:
-            if t.is_convolutional != first.is_convolutional or (
-                first.is_convolutional and (t.height, t.width) != (first.height, first.width)
-            ):
-                described = ", ".join(t.describe() for t in input_types)
+            if t.is_convolutional != first.is_convolutional:
                 raise vertex_error(
                     name,
                     self,
-                    f"inputs must be all dense or all convolutional of one height and width, got {described}",
+                    f"inputs must be all dense or all convolutional, got {described} (flatten the "
+                    "convolutional ones with PreprocessorVertex(CnnToFeedForwardPreProcessor()))",
+                )
+            if first.is_convolutional and (t.height, t.width) != (first.height, first.width):
+                raise vertex_error(
+                    name, self, f"convolutional inputs must have one height and width, got {described}"
                 )
         return _with_features(first, sum(_features(t) for t in input_types))
 

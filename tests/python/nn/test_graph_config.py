@@ -237,18 +237,26 @@ def test_validation_errors_name_the_vertex(build, message):
         build()
 
 
-def test_merge_rejects_mismatched_spatial_sizes():
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        (InputType.convolutional(5, 4, 1), "convolutional inputs must have one height and width"),
+        (
+            InputType.feed_forward(3),
+            "inputs must be all dense or all convolutional, got .* PreprocessorVertex",
+        ),
+    ],
+)
+def test_merge_rejects_mismatched_inputs(second, message):
     b = (
         GraphBuilder()
         .add_inputs("a", "b")
-        .set_input_types(InputType.convolutional(4, 4, 1), InputType.convolutional(5, 4, 1))
+        .set_input_types(InputType.convolutional(4, 4, 1), second)
         .add_vertex("m", MergeVertex(), "a", "b")
         .add_layer("out", OutputLayer(2), "m")
         .set_outputs("out")
     )
-    with pytest.raises(
-        ValueError, match="vertex 'm' \\(MergeVertex\\): inputs must be all dense or all convolutional"
-    ):
+    with pytest.raises(ValueError, match="vertex 'm' \\(MergeVertex\\): " + message):
         b.build()
 
 
