@@ -126,11 +126,13 @@ class ComputationGraphConfiguration(Config):
         self.outputs = _check_names("outputs", self.outputs)
         if not isinstance(self.vertices, (list, tuple)) or not self.vertices:
             raise ValueError("vertices: expected a non-empty list of VertexSpec")
-        self.vertices = list(self.vertices)
-        self._specs: dict[str, VertexSpec] = {}
         for spec in self.vertices:
             if not isinstance(spec, VertexSpec):
                 raise ValueError(f"vertices: expected VertexSpec entries, got {spec!r}")
+        # own copies: type inference fills each layer's n_in without touching the caller's specs
+        self.vertices = [dataclasses.replace(spec) for spec in self.vertices]
+        self._specs: dict[str, VertexSpec] = {}
+        for spec in self.vertices:
             if spec.name in self._specs or spec.name in self.inputs:
                 raise ValueError(f"vertex {spec.name!r}: the name is used twice")
             self._specs[spec.name] = spec

@@ -70,6 +70,19 @@ def test_builder_infers_sizes_and_inserts_the_implicit_merge():
     assert conf.setting("joint", "activation").value == "sigmoid"
 
 
+def test_building_leaves_the_builder_reusable():
+    b = (
+        GraphBuilder()
+        .add_inputs("x")
+        .set_input_types(InputType.feed_forward(3))
+        .add_layer("out", OutputLayer(2), "x")
+        .set_outputs("out")
+    )
+    assert b.build().spec("out").vertex.n_in == 3
+    assert b._vertices[0].vertex.n_in is None
+    assert b.set_input_types(InputType.feed_forward(5)).build().spec("out").vertex.n_in == 5
+
+
 def test_json_and_yaml_round_trip_exactly():
     conf = _two_in_two_out().build()
     for back in (
