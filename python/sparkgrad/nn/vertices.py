@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sparkgrad._config import MAX_SCALE, Config, check_int, check_number, check_positive, coerce_enum
+from sparkgrad._config import MAX_SCALE, Config, check_int, check_positive, check_range, coerce_enum
 from sparkgrad._native import _core
 from sparkgrad.nn.input_type import InputType
 
@@ -376,11 +376,7 @@ class ScaleVertex(GraphVertex):
     scale_factor: float
 
     def __post_init__(self) -> None:
-        self.scale_factor = check_number("scale_factor", self.scale_factor)
-        if abs(self.scale_factor) > MAX_SCALE:
-            raise ValueError(
-                f"scale_factor: must be in [-{MAX_SCALE:g}, {MAX_SCALE:g}], got {self.scale_factor}"
-            )
+        self.scale_factor = check_range("scale_factor", self.scale_factor, -MAX_SCALE, MAX_SCALE)
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]
@@ -396,7 +392,7 @@ class ShiftVertex(GraphVertex):
     shift_factor: float
 
     def __post_init__(self) -> None:
-        self.shift_factor = check_number("shift_factor", self.shift_factor)
+        self.shift_factor = check_range("shift_factor", self.shift_factor, -MAX_SCALE, MAX_SCALE)
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -13,6 +14,7 @@ from sparkgrad.nn import (
     ElementWiseVertex,
     GraphBuilder,
     InputType,
+    L2NormalizeVertex,
     L2Vertex,
     LossLayer,
     MergeVertex,
@@ -20,6 +22,7 @@ from sparkgrad.nn import (
     PreprocessorVertex,
     ReshapeVertex,
     ScaleVertex,
+    ShiftVertex,
     SubsetVertex,
     UnstackVertex,
     VertexSpec,
@@ -319,3 +322,22 @@ def test_builder_type_errors_and_vertex_field_validation():
     _out(b.set_input_types(InputType.feed_forward(4)))
     with pytest.raises(ValueError, match="dtype: expected float32 or float64"):
         b.build()
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "kwargs"),
+    [
+        (ScaleVertex, "scale_factor", {}),
+        (ShiftVertex, "shift_factor", {}),
+        (L2Vertex, "eps", {}),
+        (L2NormalizeVertex, "eps", {}),
+    ],
+)
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e300])
+def test_vertex_float_fields_reject_non_finite_and_huge_values(cls, field, kwargs, bad):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        cls(**{field: bad}, **kwargs)
+    data = cls(**{field: 0.5}, **kwargs).to_dict()
+    data[field] = repr(bad) if not math.isfinite(bad) else bad
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        cls.from_json(json.dumps(data))
