@@ -17,17 +17,30 @@ from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.errors import CorruptDataError, TrainingError
 from sparkgrad.eval import Evaluation, RegressionEvaluation
 from sparkgrad.nn import (
+    CnnToFeedForwardPreProcessor,
     ComputationGraph,
     ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
     ElementWiseVertex,
+    FeedForwardToCnnPreProcessor,
     InputType,
+    L2NormalizeVertex,
+    L2Vertex,
+    LossLayer,
+    MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    PreprocessorVertex,
+    ReshapeVertex,
+    ScaleVertex,
     ScoreIterationListener,
+    ShiftVertex,
+    StackVertex,
     SubsamplingLayer,
+    SubsetVertex,
+    UnstackVertex,
     updaters,
 )
 
@@ -370,3 +383,41 @@ def test_flat_layout_follows_the_topological_order_and_summary_lists_it():
     text = graph.summary()
     assert "cls-merge  MergeVertex" in text and "sum, a" in text
     assert text.endswith(f"Total parameters: {graph.num_params()} (float32)")
+
+
+def test_vertex_outputs_match_numpy():
+    """Each vertex feeds an identity LossLayer, so the graph's outputs are the vertex outputs."""
+    b = (
+        ComputationGraphConfiguration.builder(dtype="float64")
+        .add_inputs("x", "y")
+        .set_input_types(InputType.feed_forward(6), InputType.feed_forward(6))
+        .add_vertex("merge", MergeVertex(), "x", "y")
+        .add_vertex("subset", SubsetVertex(2, 7), "merge")
+        .add_vertex("product", ElementWiseVertex("product"), "x", "y", "x")
+        .add_vertex("max", ElementWiseVertex("max"), "x", "y")
+        .add_vertex("stack", StackVertex(), "x", "y")
+        .add_vertex("second", UnstackVertex(1, 2), "stack")
+        .add_vertex("affine", ScaleVertex(-2.0), "x")
+        .add_vertex("shift", ShiftVertex(0.25), "affine")
+        .add_vertex("norm", L2NormalizeVertex(), "y")
+        .add_vertex("dist", L2Vertex(), "x", "y")
+        .add_vertex("image", ReshapeVertex((3, 1, 2)), "x")
+        .add_vertex("rows", PreprocessorVertex(CnnToFeedForwardPreProcessor()), "image")
+        .add_vertex("image2", PreprocessorVertex(FeedForwardToCnnPreProcessor(2, 1, 3)), "rows")
+        .add_vertex("flat", ReshapeVertex((6,)), "image2")
+    )
+    names = ["subset", "product", "max", "second", "shift", "norm", "dist", "flat"]
+    for name in names:
+        b.add_layer(f"{name}_out", LossLayer("mse", "identity"), name)
+    graph = ComputationGraph(b.set_outputs(*[f"{n}_out" for n in names]).build()).init()
+    rng = np.random.default_rng(13)
+    x, y = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
+    got = dict(zip(names, graph.output(x, y)))
+    np.testing.assert_array_equal(got["subset"], np.concatenate([x, y], axis=1)[:, 2:8])
+    np.testing.assert_allclose(got["product"], x * y * x, rtol=1e-15)
+    np.testing.assert_array_equal(got["max"], np.maximum(x, y))
+    np.testing.assert_array_equal(got["second"], y)
+    np.testing.assert_allclose(got["shift"], -2.0 * x + 0.25, rtol=1e-15)
+    np.testing.assert_allclose(got["norm"], y / np.linalg.norm(y, axis=1, keepdims=True), rtol=1e-14)
+    np.testing.assert_allclose(got["dist"], np.linalg.norm(x - y, axis=1, keepdims=True), rtol=1e-14)
+    np.testing.assert_array_equal(got["flat"], x)

@@ -23,6 +23,7 @@ from sparkgrad.nn import (
     ReshapeVertex,
     ScaleVertex,
     ShiftVertex,
+    StackVertex,
     SubsetVertex,
     UnstackVertex,
     VertexSpec,
@@ -341,3 +342,35 @@ def test_vertex_float_fields_reject_non_finite_and_huge_values(cls, field, kwarg
     data[field] = repr(bad) if not math.isfinite(bad) else bad
     with pytest.raises(ValueError, match=rf"^{field}: "):
         cls.from_json(json.dumps(data))
+
+
+def test_every_vertex_type_round_trips():
+    b = (
+        GraphBuilder()
+        .add_inputs("x", "y")
+        .set_input_types(InputType.feed_forward(12), InputType.feed_forward(12))
+        .add_vertex("img", ReshapeVertex((3, 2, 2)), "x")
+        .add_vertex("flat", PreprocessorVertex(CnnToFeedForwardPreProcessor()), "img")
+        .add_vertex("back", PreprocessorVertex(FeedForwardToCnnPreProcessor(2, 2, 3)), "flat")
+        .add_vertex("vec", ReshapeVertex((12,)), "back")
+        .add_vertex("max", ElementWiseVertex("max"), "vec", "y")
+        .add_vertex("norm", L2NormalizeVertex(eps=1e-6), "max")
+        .add_vertex("scaled", ScaleVertex(2.0), "norm")
+        .add_vertex("shifted", ShiftVertex(-1.0), "scaled")
+        .add_vertex("stack", StackVertex(), "shifted", "y")
+        .add_vertex("first", UnstackVertex(0, 2), "stack")
+        .add_vertex("part", SubsetVertex(0, 5), "first")
+        .add_vertex("dist", L2Vertex(), "x", "y")
+        .add_layer("out", OutputLayer(2), "part", "dist")
+        .set_outputs("out")
+    )
+    conf = b.build()
+    assert conf.output_types["stack"] == InputType.feed_forward(12)
+    assert conf.output_types["out-merge"] == InputType.feed_forward(7)
+    for back in (
+        ComputationGraphConfiguration.from_json(conf.to_json()),
+        ComputationGraphConfiguration.from_yaml(conf.to_yaml()),
+    ):
+        assert back == conf
+        assert back.spec("img").vertex.shape == (3, 2, 2)
+        assert back.spec("back").vertex.preprocessor == FeedForwardToCnnPreProcessor(2, 2, 3)
