@@ -437,8 +437,20 @@ class ComputationGraph(FlatNetwork):
                 raise ValueError(
                     f"{where}: expected shape (batch, {', '.join(map(str, it.shape()))}), got {x.shape}"
                 )
+            if x.shape[0] == 0:
+                raise ValueError(f"{where}: the minibatch has no examples")
+            if out and x.shape[0] != out[0].shape[0]:
+                raise ValueError(f"{where}: has {x.shape[0]} examples, features[0] has {out[0].shape[0]}")
             out.append(x)
         return out
+
+    def _check_rows(self, outs: list[np.ndarray], ys: list[np.ndarray]) -> None:
+        """Labels have one row per example the output produced (a StackVertex multiplies them)."""
+        for j, (name, out, y) in enumerate(zip(self.conf.outputs, outs, ys)):
+            if y.shape[0] != out.shape[0]:
+                raise ValueError(
+                    f"labels[{j}] (output {name!r}): has {y.shape[0]} rows, the output gives {out.shape[0]}"
+                )
 
     def _feature_masks(self, masks: list, xs: list[np.ndarray]) -> list[np.ndarray | None]:
         """Per-example masks (n,) per input; None where an input has none."""
@@ -536,7 +548,7 @@ class ComputationGraph(FlatNetwork):
         """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
         self._require_init()
         xs, ys, label_masks, input_masks = self._prepare(dataset)
-        self._forward(xs, train=True, activate_outputs=False)
+        self._check_rows(self._forward(xs, train=True, activate_outputs=False), ys)
         masks = self._loss_masks(label_masks, input_masks)
         grads: dict[str, list[np.ndarray]] = {}
         score = 0.0
@@ -594,7 +606,7 @@ class ComputationGraph(FlatNetwork):
     def _example_scores(self, dataset: Any) -> tuple[list[np.ndarray], list[int]]:
         """Per-example loss of every output (inference mode) and each output's example count."""
         xs, ys, label_masks, input_masks = self._prepare(dataset)
-        self._forward(xs, train=False, activate_outputs=False)
+        self._check_rows(self._forward(xs, train=False, activate_outputs=False), ys)
         masks = self._loss_masks(label_masks, input_masks)
         scores = [
             self._by_name[name].runtime.scores(y, mask).astype(np.float64)
@@ -656,7 +668,9 @@ class ComputationGraph(FlatNetwork):
         self._require_init()
         for batch in self._batches(data):
             xs, ys, label_masks, input_masks = self._prepare(batch)
-            out = self._forward(xs, train=False, activate_outputs=True)[output_index]
+            outs = self._forward(xs, train=False, activate_outputs=True)
+            self._check_rows(outs, ys)
+            out = outs[output_index]
             masks = self._loss_masks(label_masks, input_masks)
             labels, mask = ys[output_index], masks[output_index]
             for ev in evaluations:

@@ -345,6 +345,10 @@ def test_bad_data_raises_clear_errors():
         graph.score(MultiDataSet(ds.features, ds.labels, labels_masks=[np.ones((8, 2)), None]))
     with pytest.raises(ValueError, match=r"features_masks\[1\]: expected a per-example mask"):
         graph.score(MultiDataSet(ds.features, ds.labels, features_masks=[None, np.ones((8, 3))]))
+    with pytest.raises(ValueError, match=r"features\[1\] \(input 'b'\): has 7 examples, features\[0\] has 8"):
+        graph.output(ds.features[0], ds.features[1][:7])
+    with pytest.raises(ValueError, match=r"features\[0\] \(input 'a'\): the minibatch has no examples"):
+        graph.output(ds.features[0][:0], ds.features[1][:0])
     with pytest.raises(ValueError, match="labels are required"):
         graph.fit(MultiDataSet(ds.features))
     with pytest.raises(ValueError, match="output_single: the graph has 2 outputs"):
@@ -421,3 +425,26 @@ def test_vertex_outputs_match_numpy():
     np.testing.assert_allclose(got["norm"], y / np.linalg.norm(y, axis=1, keepdims=True), rtol=1e-14)
     np.testing.assert_allclose(got["dist"], np.linalg.norm(x - y, axis=1, keepdims=True), rtol=1e-14)
     np.testing.assert_array_equal(got["flat"], x)
+
+
+def test_a_stacked_output_takes_labels_for_every_stacked_example():
+    conf = (
+        ComputationGraphConfiguration.builder(seed=2, dtype="float64")
+        .add_inputs("x", "y")
+        .set_input_types(InputType.feed_forward(3), InputType.feed_forward(3))
+        .add_vertex("stack", StackVertex(), "x", "y")
+        .add_layer("out", OutputLayer(2), "stack")
+        .set_outputs("out")
+        .build()
+    )
+    graph = ComputationGraph(conf).init()
+    rng = np.random.default_rng(14)
+    x, y = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    labels = np.eye(2)[rng.integers(0, 2, 8)]
+    stacked = MultiDataSet([x, y], [labels])
+    out = graph.output_single(x, y)
+    assert out.shape == (8, 2)
+    expected = -(labels * np.log(out)).sum(axis=1)
+    assert graph.score(stacked) == pytest.approx(expected.mean(), rel=1e-12)
+    with pytest.raises(ValueError, match=r"labels\[0\] \(output 'out'\): has 4 rows, the output gives 8"):
+        graph.score(MultiDataSet([x, y], [labels[:4]]))
