@@ -8,7 +8,7 @@ from typing import Any
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, coerce_enum
 from sparkgrad.nn.enums import Activation, WeightInit
 from sparkgrad.nn.input_type import InputType
-from sparkgrad.nn.layers import Layer, layer_error
+from sparkgrad.nn.layers import Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
@@ -84,12 +84,10 @@ class MultiLayerConfiguration(Config):
             current = InputType.feed_forward(n_in)
         elif current.kind == "convolutional_flat":  # the network reshapes flat rows to NCHW
             current = InputType.convolutional(current.height, current.width, current.channels)
-        elif current.kind == "recurrent":  # time steps are folded into the batch
-            current = InputType.feed_forward(current.size)
         types = []
         for i, layer in enumerate(self.layers):
             types.append(current)
-            self.layers[i], current = layer.infer(i, current)
+            self.layers[i], current = infer_layer(i, layer, current)
         self.layer_input_types = types
         self.output_type = current
 
