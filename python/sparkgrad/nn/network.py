@@ -506,7 +506,7 @@ class MultiLayerNetwork:
     def _external(self, y: np.ndarray, n: int) -> np.ndarray:
         """Output rows -> DL4J's layout: (N, C), or (N, C, T) for recurrent output; a new array."""
         if self._recurrent_output:
-            return np.ascontiguousarray(y.reshape(n, -1, y.shape[-1]).transpose(0, 2, 1))
+            return y.reshape(n, -1, y.shape[-1]).transpose(0, 2, 1).copy()
         return y.copy()
 
     def rnn_time_step(self, features: Any, features_mask: Any = None) -> np.ndarray:
