@@ -500,7 +500,7 @@ void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array
                    const py::array& drw_in, const py::array& db_in, const py::object& dx_in,
                    const py::object& mask_in, const py::object& h0_in, const py::object& c0_in,
                    const std::string& activation, const std::string& gate_activation, double alpha,
-                   double gate_alpha) {
+                   double gate_alpha, std::int64_t first_step) {
   const char* op = "lstm_backward";
   const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
   dispatch_float(op, "x", x_in, [&](auto tag) {
@@ -509,6 +509,9 @@ void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array
     auto w = checked_array<T>(op, "w", w_in);
     auto rw = checked_array<T>(op, "rw", rw_in);
     const nn::LstmShape s = lstm_shape(op, x, w, rw);
+    if (first_step < 0 || first_step >= s.t) {
+      throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
+    }
     const Shape seq{s.n, s.t, s.h};
     auto hs = checked_array<T>(op, "hs", hs_in);
     auto cs = checked_array<T>(op, "cs", cs_in);
@@ -538,7 +541,7 @@ void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array
     py::gil_scoped_release release;
     nn::lstm_backward<T>(spec, s, x.data(), w.data(), rw.data(), opt.mask, opt.h0, opt.c0, hs.data(), cs.data(),
                          gates.data(), act_c.data(), dh.data(), dgates.mutable_data(), dx_data, dw.mutable_data(),
-                         drw.mutable_data(), db.mutable_data());
+                         drw.mutable_data(), db.mutable_data(), first_step);
   });
 }
 
@@ -616,6 +619,7 @@ void init_nn(py::module_& m) {
         py::arg("gates"), py::arg("act_c"), py::arg("dh"), py::arg("dgates"), py::arg("dw"), py::arg("drw"),
         py::arg("db"), py::arg("dx") = py::none(), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
         py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
-        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
-        "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given).");
+        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
+        "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
+        "steps before first_step get no gradient (truncated BPTT).");
 }

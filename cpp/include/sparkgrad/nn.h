@@ -148,10 +148,11 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
                   const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c);
 // Backward of lstm_forward (same x, w, rw, mask, h0, c0 and its outputs) given dh = dL/dhs: (n, t, h).
 // Writes dgates: (n, t, 4h) = dL/d(pre-activations), dw: (c, 4h), drw: (h, 4h), db: (4h) and dx: (n, t, c)
-// unless null. No gradient flows into h0 / c0 (truncated BPTT and stateful inference stop there).
+// unless null. No gradient flows into h0 / c0 (truncated BPTT and stateful inference stop there), nor
+// through the steps before first_step (0 <= first_step < t: truncated BPTT's backward length).
 template <typename T>
 void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
-                   T* dgates, T* dx, T* dw, T* drw, T* db);
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
 
 }  // namespace sparkgrad::nn

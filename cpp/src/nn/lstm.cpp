@@ -177,12 +177,15 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
 template <typename T>
 void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
-                   T* dgates, T* dx, T* dw, T* drw, T* db) {
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step) {
   const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
   std::vector<T> dh_rec(static_cast<std::size_t>(n * h), T(0));  // dL/dh_t through step t+1
   std::vector<T> dc_next(static_cast<std::size_t>(n * h), T(0));  // dL/dc_t through step t+1
-  for (std::int64_t t = t_len - 1; t >= 0; --t) {
+  for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
+    std::fill(dgates + i * t_len * g4, dgates + (i * t_len + first_step) * g4, T(0));
+  }
+  for (std::int64_t t = t_len - 1; t >= first_step; --t) {
     if (t < t_len - 1) {
       // dh_rec = dz_{t+1} RW^T
       gemm<T>(Transpose::No, Transpose::Yes, n, h, g4, T(1), dgates + (t + 1) * g4, t_len * g4, rw, g4, T(0),
@@ -258,7 +261,7 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
                                 const T*, const T*, const T*, T*, T*, T*, T*);                                    \
   template void lstm_backward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,       \
                                  const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
-                                 T*, T*);
+                                 T*, T*, std::int64_t);
 SPARKGRAD_LSTM(float)
 SPARKGRAD_LSTM(double)
 

@@ -7,7 +7,8 @@ Sequence runtime interface (layers whose config has ``takes_sequences``), used b
   features mask (N, T) in the network dtype (1 = step present, 0 = padding) or None. Returns (N, T, H)
   (LastTimeStep: (N, H)), a work buffer valid until the next forward. With ``stateful`` the layer starts
   from the state its previous stateful forward ended in (``rnn_time_step``, truncated BPTT) and keeps
-  the state it ends in; ``clear_state()`` forgets it.
+  the state it ends in; ``clear_state()`` forgets it. ``backward_steps`` (truncated BPTT) limits the
+  following backward to the last that many time steps.
 - ``backward(dy, need_dx)``: ``dy`` is dL/d(output) shaped as the output; writes the parameter gradients
   (not accumulated) and returns dL/dx (N, T, C) or None. It uses the mask of the last forward. No
   gradient flows into the initial state.
@@ -67,7 +68,13 @@ class LSTMRuntime(SequenceRuntime):
         }
 
     def forward(
-        self, x: np.ndarray, train: bool, seed: int, mask: np.ndarray | None = None, stateful: bool = False
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
         n, t, _ = x.shape
@@ -76,6 +83,7 @@ class LSTMRuntime(SequenceRuntime):
         gates, act_c = self.buf("gates", (n, t, 4 * h)), self.buf("act_c", (n, t, h))
         self.h0, self.c0 = self._initial_state(n, stateful)
         self.mask = mask
+        self.first_step = _first_step(t, backward_steps)
         p = self.params
         _core.lstm_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, cs, gates, act_c,
@@ -93,7 +101,7 @@ class LSTMRuntime(SequenceRuntime):
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.cs, self.gates, self.act_c,
             np.ascontiguousarray(dy), self.buf("dgates", self.gates.shape),
             g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
-            dx=dx, mask=self.mask, h0=self.h0, c0=self.c0, **self.kernel_args,
+            dx=dx, mask=self.mask, h0=self.h0, c0=self.c0, first_step=self.first_step, **self.kernel_args,
         )  # fmt: skip
         return self._input_dropout_backward(dx) if need_dx else None
 
@@ -105,7 +113,13 @@ class SimpleRnnRuntime(SequenceRuntime):
     """
 
     def forward(
-        self, x: np.ndarray, train: bool, seed: int, mask: np.ndarray | None = None, stateful: bool = False
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
         n, t, c = x.shape
@@ -119,6 +133,7 @@ class SimpleRnnRuntime(SequenceRuntime):
         raw, out = self.buf("raw", (t, n, h)), self.buf("out", (t, n, h))
         self.mask_tn = None if mask is None else np.ascontiguousarray(mask.T)[:, :, None]
         (self.h0,) = self._initial_state(n, stateful)
+        self.first_step = _first_step(t, backward_steps)
         rec = self.buf("rec", (n, h))
         for step in range(t):
             prev = out[step - 1] if step > 0 else self.h0
@@ -144,7 +159,8 @@ class SimpleRnnRuntime(SequenceRuntime):
         np.copyto(dz, dy.reshape(n, t, h).transpose(1, 0, 2))
         rw = self.params[L.RECURRENT_WEIGHT]
         rec = self.buf("rec", (n, h))
-        for step in range(t - 1, -1, -1):
+        dz[: self.first_step] = 0.0  # truncated BPTT: no gradient before the backward window
+        for step in range(t - 1, self.first_step - 1, -1):
             if step < t - 1:
                 _core.gemm(dz[step + 1], rw, trans_b=True, out=rec)
                 dz[step] += rec
@@ -169,6 +185,11 @@ class SimpleRnnRuntime(SequenceRuntime):
         return self._input_dropout_backward(dx)
 
 
+def _first_step(steps: int, backward_steps: int | None) -> int:
+    """The first time step gradients reach: all of them, or the last ``backward_steps`` (truncated BPTT)."""
+    return 0 if backward_steps is None else max(0, steps - backward_steps)
+
+
 def _inner(
     conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict, prefix: str = ""
 ) -> SequenceRuntime:
@@ -190,12 +211,17 @@ class BidirectionalRuntime(SequenceRuntime):
         self.bwd = _inner(c.layer, it, act, dtype, self.params, self.grads, "b")
 
     def forward(
-        self, x: np.ndarray, train: bool, seed: int, mask: np.ndarray | None = None, stateful: bool = False
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> np.ndarray:
         if stateful:
             raise ValueError(
-                "features: Bidirectional layers cannot run step by step (rnn_time_step), they need the "
-                "whole sequence"
+                "features: Bidirectional layers need the whole sequence: no rnn_time_step or truncated BPTT"
             )
         self.yf = self.fwd.forward(x, train, seed, mask)
         x_rev = np.ascontiguousarray(x[:, ::-1])
@@ -239,9 +265,15 @@ class LastTimeStepRuntime(SequenceRuntime):
         self.inner.clear_state()
 
     def forward(
-        self, x: np.ndarray, train: bool, seed: int, mask: np.ndarray | None = None, stateful: bool = False
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> np.ndarray:
-        y = self.inner.forward(x, train, seed, mask, stateful)
+        y = self.inner.forward(x, train, seed, mask, stateful, backward_steps)
         n, t, _ = y.shape
         if mask is None:
             self.last = np.full(n, t - 1)

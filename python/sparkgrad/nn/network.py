@@ -20,7 +20,7 @@ from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._runtime import OutputRuntime, build_runtime
-from sparkgrad.nn.conf import MultiLayerConfiguration
+from sparkgrad.nn.conf import BackpropType, MultiLayerConfiguration
 from sparkgrad.nn.listeners import TrainingListener
 from sparkgrad.nn.serialization import PathOrFile
 from sparkgrad.nn.weight_init import init_weights
@@ -32,6 +32,25 @@ class _UpdaterBlock:
     def __init__(self, updater: Any, start: int, stop: int) -> None:
         self.updater, self.start, self.stop = updater, start, stop
         self.state_start = self.state_stop = 0
+
+
+class TbpttSegment:
+    """Time steps [start, stop) of a recurrent minibatch: one truncated-BPTT training step.
+
+    Features (N, C, T), per-step labels (N, C, T) and masks (N, T) are sliced along time; ``first`` marks
+    the segment that starts a minibatch (the recurrent state is cleared before it).
+    """
+
+    def __init__(self, dataset: Any, start: int, stop: int) -> None:
+        def cut(arr: Any, axis: int) -> Any:
+            return None if arr is None else np.take(np.asarray(arr), np.arange(start, stop), axis=axis)
+
+        self.features = cut(dataset.features, 2)
+        labels = getattr(dataset, "labels", None)
+        self.labels = cut(labels, 2)
+        self.features_mask = cut(getattr(dataset, "features_mask", None), 1)
+        self.labels_mask = cut(getattr(dataset, "labels_mask", None), 1)
+        self.first = start == 0
 
 
 class MultiLayerNetwork:
@@ -278,6 +297,7 @@ class MultiLayerNetwork:
         activate_output: bool,
         mask: np.ndarray | None = None,
         stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> np.ndarray:
         """Forward pass. Recurrent activations travel as (N, T, C) with the features mask (N, T); layers
         that are not recurrent run at every step on (N*T, C) rows, their masked steps' outputs zeroed
@@ -289,7 +309,9 @@ class MultiLayerNetwork:
             layer, seq = self.conf.layers[i], self.conf.layer_input_types[i].kind == "recurrent"
             step_mask = None
             if seq and layer.takes_sequences:
-                x = rt.forward(x, train, self._seed(i), mask=mask, stateful=stateful)
+                x = rt.forward(
+                    x, train, self._seed(i), mask=mask, stateful=stateful, backward_steps=backward_steps
+                )
                 self._out_shapes.append(x.shape)
                 self._step_masks.append(None)
                 continue
@@ -331,7 +353,23 @@ class MultiLayerNetwork:
         x, fmask = self._inputs(dataset)
         labels, mask = self._labels(dataset, x, fmask)
         n = self._n_examples(dataset)
-        self._forward(x, train=True, activate_output=False, mask=fmask)
+        segment = isinstance(dataset, TbpttSegment)
+        if segment:
+            if dataset.first:
+                self.rnn_clear_previous_state()
+        elif (
+            self.conf.backprop_type is BackpropType.TRUNCATED_BPTT
+            and x.shape[1] > self.conf.tbptt_forward_length
+        ):
+            raise ValueError(
+                f"dataset: {x.shape[1]} time steps exceed tbptt_forward_length "
+                f"{self.conf.tbptt_forward_length}; with truncated BPTT train through fit(), or pass the "
+                "segments of tbptt_segments(dataset)"
+            )
+        self._forward(
+            x, train=True, activate_output=False, mask=fmask, stateful=segment,
+            backward_steps=self.conf.tbptt_backward_length if segment else None,
+        )  # fmt: skip
         score = float(self._runtimes[-1].scores(labels, mask).sum()) / n
         self._backward(labels, mask, n)
         self._last_score = score + self._penalty()
@@ -441,6 +479,30 @@ class MultiLayerNetwork:
             )
         np.subtract(self._params, u, out=self._params, casting="same_kind")
 
+    # -- truncated BPTT -----------------------------------------------------------------------
+    def tbptt_segments(self, dataset: Any) -> list[TbpttSegment]:
+        """A minibatch cut into the truncated-BPTT segments ``fit`` trains one update each.
+
+        Args:
+            dataset: a DataSet with recurrent features (batch, size, time) and labels (batch, n_out, time).
+
+        Returns:
+            segments of ``conf.tbptt_forward_length`` time steps (the last may be shorter); the first
+            clears the recurrent state, the others continue from the state the previous one ended in.
+        """
+        length = self.conf.tbptt_forward_length
+        steps = int(np.shape(dataset.features)[2])
+        return [TbpttSegment(dataset, start, min(start + length, steps)) for start in range(0, steps, length)]
+
+    def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """The minibatches ``fit`` trains: as given, or cut into truncated-BPTT segments."""
+        if self.conf.backprop_type is not BackpropType.TRUNCATED_BPTT:
+            yield from batches
+            return
+        for batch in batches:
+            yield from self.tbptt_segments(batch)
+            self.rnn_clear_previous_state()  # DL4J: no state carries over to the next minibatch
+
     # -- training -----------------------------------------------------------------------------
     def fit(self, data: Any, epochs: int = 1) -> MultiLayerNetwork:
         """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
@@ -459,7 +521,7 @@ class MultiLayerNetwork:
         if not single and epochs > 1 and iter(data) is data:
             raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
         for _ in range(epochs):
-            for batch in [data] if single else data:
+            for batch in self._training_batches([data] if single else data):
                 update, _ = self._compute_update(batch)
                 self.apply_update(update)
                 for listener in self.listeners:
@@ -718,4 +780,4 @@ def _configured_num_params(conf: MultiLayerConfiguration) -> int:
     )
 
 
-__all__ = ["MultiLayerNetwork"]
+__all__ = ["MultiLayerNetwork", "TbpttSegment"]

@@ -258,3 +258,60 @@ def test_recurrent_configuration_round_trips() -> None:
     )
     assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
     assert MultiLayerConfiguration.from_yaml(conf.to_yaml()) == conf
+
+
+def _tbptt_net(**kw) -> MultiLayerNetwork:
+    from sparkgrad.nn.updaters import Sgd
+
+    return _net([LSTM(3), SimpleRnn(2), RnnOutputLayer(2)], updater=Sgd(0.5), **kw)
+
+
+def test_truncated_bptt_longer_than_the_sequence_is_standard_training() -> None:
+    rng = np.random.default_rng(21)
+    ds = DataSet(rng.normal(size=(N, SIZE, T)), _seq_labels(rng), features_mask=_lengths_mask([5, 2, 4]))
+    standard = _tbptt_net().fit(ds, epochs=2)
+    truncated = _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=T, tbptt_backward_length=T)
+    np.testing.assert_allclose(
+        truncated.fit(ds, epochs=2).params(), standard.params(), rtol=1e-12, atol=1e-14
+    )
+
+
+@pytest.mark.parametrize("backward", [3, 2])
+def test_truncated_bptt_updates_per_segment_and_carries_the_state(backward: int) -> None:
+    rng = np.random.default_rng(22)
+    steps = 6
+    x, labels = (
+        rng.normal(size=(N, SIZE, steps)),
+        np.eye(2)[rng.integers(0, 2, (N, steps))].transpose(0, 2, 1),
+    )
+    ds = DataSet(x, labels)
+    kw = {"backprop_type": "truncated_bptt", "tbptt_forward_length": 3, "tbptt_backward_length": backward}
+    net = _tbptt_net(**kw)
+    start = net.params().copy()
+    net.fit(ds)
+    assert net.iteration_count == 2  # one update per segment
+    # by hand: segment 1 from a zero state; segment 2 from the state segment 1 ended in (old parameters)
+    ref = _tbptt_net(**kw)
+    first, second = ref.tbptt_segments(ds)
+    ref.apply_update(ref.compute_update(first)[0])
+    after_first = ref.params().copy()
+    ref.set_params(start)
+    ref.rnn_clear_previous_state()
+    ref.rnn_time_step(x[:, :, :3])
+    ref.set_params(after_first)
+    ref.apply_update(ref.compute_update(second)[0])
+    np.testing.assert_allclose(net.params(), ref.params(), rtol=1e-12, atol=1e-14)
+    # the whole sequence at once is not what truncated BPTT trains on, and compute_update refuses it
+    with pytest.raises(ValueError, match="tbptt_forward_length"):
+        net.compute_update(ds)
+
+
+def test_truncated_bptt_configuration_is_checked() -> None:
+    with pytest.raises(ValueError, match="tbptt_backward_length"):
+        _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=3, tbptt_backward_length=4)
+    with pytest.raises(
+        ValueError, match="backprop_type: truncated_bptt needs recurrent input and per-time-step"
+    ):
+        _net([LastTimeStep(LSTM(3)), OutputLayer(2)], backprop_type="truncated_bptt")
+    conf = _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=7, tbptt_backward_length=5).conf
+    assert MultiLayerConfiguration.from_json(conf.to_json()) == conf

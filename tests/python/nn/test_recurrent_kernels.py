@@ -101,3 +101,30 @@ def test_lstm_kernel_errors_name_the_argument():
         _core.lstm_forward(x, w, rw, b, *out, activation="softmax")
     with pytest.raises(ValueError, match=r"\[lstm_forward\] act_c must have dtype float64"):
         _core.lstm_forward(x, w, rw, b, *out[:3], out[3].astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lstm_backward_first_step_truncates_like_a_sequence_starting_there(dtype):
+    """Gradients from first_step on equal those of the tail run from the state the head ended in."""
+    rng = np.random.default_rng(8)
+    n, t, c, h, k = 3, 6, 2, 3, 4
+    x, w, rw = (rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, 4 * h), (h, 4 * h)))
+    b, dh = rng.normal(size=4 * h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    hs, cs, act_c = (np.empty((n, t, h), dtype) for _ in range(3))
+    gates = np.empty((n, t, 4 * h), dtype)
+    _core.lstm_forward(x, w, rw, b, hs, cs, gates, act_c)
+    grads = [np.empty_like(a) for a in (x, w, rw, b)]
+    _core.lstm_backward(
+        x, w, rw, hs, cs, gates, act_c, dh, np.empty_like(gates), *grads[1:], dx=grads[0], first_step=k
+    )
+    h0, c0 = hs[:, k - 1].copy(), cs[:, k - 1].copy()
+    tail = _run(x[:, k:].copy(), w, rw, b, dh[:, k:].copy(), None, h0, c0, "tanh", "sigmoid")[2]
+    tol = _tol(dtype, t, c + h)
+    assert np.all(grads[0][:, :k] == 0)
+    np.testing.assert_allclose(grads[0][:, k:], tail[0], **tol)
+    for got, want in zip(grads[1:], tail[1:]):
+        np.testing.assert_allclose(got, want, **tol)
+    with pytest.raises(ValueError, match=r"first_step must be in \[0, 6\)"):
+        _core.lstm_backward(
+            x, w, rw, hs, cs, gates, act_c, dh, np.empty_like(gates), *grads[1:], first_step=6
+        )
