@@ -446,7 +446,7 @@ class LSTM(Layer):
     Args:
         n_out: hidden size. n_in: input size (inferred). activation: block input and cell output
             activation (tanh unless set; elementwise only). gate_activation: sigmoid unless set.
-        forget_gate_bias_init: initial forget-gate bias (DL4J default 1.0).
+        forget_gate_bias_init: initial forget-gate bias, in [0, MAX_SCALE] (DL4J default 1.0).
         weight_init, l1, l2, dropout (retain probability, on the input), weight_decay, updater: as DenseLayer.
     """
 
@@ -468,8 +468,8 @@ class LSTM(Layer):
         self.gate_activation = _check_elementwise(
             "gate_activation", coerce_enum(Activation, self.gate_activation, "gate_activation")
         )
-        self.forget_gate_bias_init = check_range(
-            "forget_gate_bias_init", self.forget_gate_bias_init, -MAX_SCALE, MAX_SCALE
+        self.forget_gate_bias_init = check_non_negative(
+            "forget_gate_bias_init", self.forget_gate_bias_init, MAX_SCALE
         )
 
     @property
