@@ -315,3 +315,14 @@ def test_truncated_bptt_configuration_is_checked() -> None:
         _net([LastTimeStep(LSTM(3)), OutputLayer(2)], backprop_type="truncated_bptt")
     conf = _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=7, tbptt_backward_length=5).conf
     assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
+
+
+def test_recurrent_network_saves_and_loads(tmp_path, padded) -> None:
+    x, _, mask, _ = padded
+    net = _net([Bidirectional(LSTM(3), mode="average"), LastTimeStep(SimpleRnn(2)), OutputLayer(2)])
+    path = tmp_path / "rnn.zip"
+    net.save(path)
+    loaded = MultiLayerNetwork.load(path)
+    bool_mask = mask.astype(bool)  # any numeric or boolean mask array works
+    expected = net.output(x, features_mask=mask)
+    np.testing.assert_array_equal(loaded.output(x, features_mask=bool_mask), expected)
