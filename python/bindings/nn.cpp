@@ -601,6 +601,127 @@ void l2_distance_backward(const py::array& a_in, const py::array& b_in, const py
     py::gil_scoped_release release;
     nn::l2_distance_backward<T>(a.data(), b.data(), y.data(), dy.data(), da.mutable_data(), db.mutable_data(), n,
                                 d, eps);
+
+// ---- LSTM ------------------------------------------------------------------------------------------
+nn::LstmSpec lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
+                       double gate_alpha) {
+  const nn::LstmSpec spec{nn::parse_activation(op, activation), alpha, nn::parse_activation(op, gate), gate_alpha};
+  if (spec.activation == nn::Activation::Softmax || spec.gate == nn::Activation::Softmax) {
+    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
+  }
+  return spec;
+}
+
+// (n, t, c, h) from x: (n, t, c) and w: (c, 4h); checks rw: (h, 4h).
+template <typename A>
+nn::LstmShape lstm_shape(const char* op, const A& x, const A& w, const A& rw) {
+  require_ndim(op, "x", x, {3}, "3-D (N, T, C)");
+  require_ndim(op, "w", w, {2}, "2-D (C, 4H)");
+  const std::int64_t n = x.shape(0), t = x.shape(1), c = x.shape(2);
+  require_positive(op, "x.shape[0] (examples)", n);
+  require_positive(op, "x.shape[1] (time steps)", t);
+  if (w.shape(0) != c || w.shape(1) % 4 != 0 || w.shape(1) == 0) {
+    throw_invalid(op, "w must have shape (", c, ", 4H) with H >= 1, got ", shape_text(shape_of(w)));
+  }
+  const std::int64_t h = w.shape(1) / 4;
+  require_shape(op, "rw", rw, {h, 4 * h});
+  return {n, t, c, h};
+}
+
+// Optional (n, t) mask and (n, h) initial state arrays.
+template <typename T>
+struct LstmOptional {
+  py::array_t<T, py::array::c_style> mask_keep, h0_keep, c0_keep;
+  const T *mask = nullptr, *h0 = nullptr, *c0 = nullptr;
+  LstmOptional(const char* op, const nn::LstmShape& s, const py::object& mask_in, const py::object& h0_in,
+               const py::object& c0_in) {
+    mask = optional_data<T>(op, "mask", mask_in, &mask_keep);
+    if (mask) require_shape(op, "mask", mask_keep, {s.n, s.t});
+    h0 = optional_data<T>(op, "h0", h0_in, &h0_keep);
+    if (h0) require_shape(op, "h0", h0_keep, {s.n, s.h});
+    c0 = optional_data<T>(op, "c0", c0_in, &c0_keep);
+    if (c0) require_shape(op, "c0", c0_keep, {s.n, s.h});
+  }
+};
+
+void lstm_forward(const py::array& x_in, const py::array& w_in, const py::array& rw_in, const py::array& b_in,
+                  const py::array& hs_in, const py::array& cs_in, const py::array& gates_in,
+                  const py::array& act_c_in, const py::object& mask_in, const py::object& h0_in,
+                  const py::object& c0_in, const std::string& activation, const std::string& gate_activation,
+                  double alpha, double gate_alpha) {
+  const char* op = "lstm_forward";
+  const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto rw = checked_array<T>(op, "rw", rw_in);
+    auto b = checked_array<T>(op, "b", b_in);
+    const nn::LstmShape s = lstm_shape(op, x, w, rw);
+    require_shape(op, "b", b, {4 * s.h});
+    auto hs = checked_array<T>(op, "hs", hs_in, true);
+    auto cs = checked_array<T>(op, "cs", cs_in, true);
+    auto gates = checked_array<T>(op, "gates", gates_in, true);
+    auto act_c = checked_array<T>(op, "act_c", act_c_in, true);
+    require_shape(op, "hs", hs, {s.n, s.t, s.h});
+    require_shape(op, "cs", cs, {s.n, s.t, s.h});
+    require_shape(op, "act_c", act_c, {s.n, s.t, s.h});
+    require_shape(op, "gates", gates, {s.n, s.t, 4 * s.h});
+    const LstmOptional<T> opt(op, s, mask_in, h0_in, c0_in);
+    py::gil_scoped_release release;
+    nn::lstm_forward<T>(spec, s, x.data(), w.data(), rw.data(), b.data(), opt.mask, opt.h0, opt.c0,
+                        hs.mutable_data(), cs.mutable_data(), gates.mutable_data(), act_c.mutable_data());
+  });
+}
+
+void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array& rw_in, const py::array& hs_in,
+                   const py::array& cs_in, const py::array& gates_in, const py::array& act_c_in,
+                   const py::array& dh_in, const py::array& dgates_in, const py::array& dw_in,
+                   const py::array& drw_in, const py::array& db_in, const py::object& dx_in,
+                   const py::object& mask_in, const py::object& h0_in, const py::object& c0_in,
+                   const std::string& activation, const std::string& gate_activation, double alpha,
+                   double gate_alpha, std::int64_t first_step) {
+  const char* op = "lstm_backward";
+  const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto rw = checked_array<T>(op, "rw", rw_in);
+    const nn::LstmShape s = lstm_shape(op, x, w, rw);
+    if (first_step < 0 || first_step >= s.t) {
+      throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
+    }
+    const Shape seq{s.n, s.t, s.h};
+    auto hs = checked_array<T>(op, "hs", hs_in);
+    auto cs = checked_array<T>(op, "cs", cs_in);
+    auto act_c = checked_array<T>(op, "act_c", act_c_in);
+    auto dh = checked_array<T>(op, "dh", dh_in);
+    auto gates = checked_array<T>(op, "gates", gates_in);
+    require_shape(op, "hs", hs, seq);
+    require_shape(op, "cs", cs, seq);
+    require_shape(op, "act_c", act_c, seq);
+    require_shape(op, "dh", dh, seq);
+    require_shape(op, "gates", gates, {s.n, s.t, 4 * s.h});
+    auto dgates = checked_array<T>(op, "dgates", dgates_in, true);
+    auto dw = checked_array<T>(op, "dw", dw_in, true);
+    auto drw = checked_array<T>(op, "drw", drw_in, true);
+    auto db = checked_array<T>(op, "db", db_in, true);
+    require_shape(op, "dgates", dgates, {s.n, s.t, 4 * s.h});
+    require_shape(op, "dw", dw, shape_of(w));
+    require_shape(op, "drw", drw, shape_of(rw));
+    require_shape(op, "db", db, {4 * s.h});
+    py::array_t<T, py::array::c_style> dx;
+    if (!dx_in.is_none()) {
+      dx = checked_array<T>(op, "dx", dx_in, true);
+      require_shape(op, "dx", dx, shape_of(x));
+    }
+    T* dx_data = dx_in.is_none() ? nullptr : dx.mutable_data();
+    const LstmOptional<T> opt(op, s, mask_in, h0_in, c0_in);
+    py::gil_scoped_release release;
+    nn::lstm_backward<T>(spec, s, x.data(), w.data(), rw.data(), opt.mask, opt.h0, opt.c0, hs.data(), cs.data(),
+                         gates.data(), act_c.data(), dh.data(), dgates.mutable_data(), dx_data, dw.mutable_data(),
+                         drw.mutable_data(), db.mutable_data(), first_step);
   });
 }
 
@@ -682,4 +803,18 @@ void init_nn(py::module_& m) {
         "y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.");
   m.def("l2_distance_backward", &l2_distance_backward, py::arg("a"), py::arg("b"), py::arg("y"), py::arg("dy"),
         py::arg("da"), py::arg("db"), py::arg("eps"), "da = dy (a - b) / max(y, eps), db = -da.");
+
+  m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
+        py::arg("cs"), py::arg("gates"), py::arg("act_c"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
+        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
+        "LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J): writes hs, cs, "
+        "act_c (N, T, H) and the activated gates (N, T, 4H). mask (N, T) multiplies h and c per step.");
+  m.def("lstm_backward", &lstm_backward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("hs"), py::arg("cs"),
+        py::arg("gates"), py::arg("act_c"), py::arg("dh"), py::arg("dgates"), py::arg("dw"), py::arg("drw"),
+        py::arg("db"), py::arg("dx") = py::none(), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
+        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
+        "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
+        "steps before first_step get no gradient (truncated BPTT).");
 }

@@ -209,6 +209,9 @@ _REQUIRED = {
     "ConvolutionLayer": {"n_out": 2},
     "DropoutLayer": {"dropout": 0.5},
     "ActivationLayer": {"activation": "relu"},
+    "LSTM": {"n_out": 2},
+    "SimpleRnn": {"n_out": 2},
+    "RnnOutputLayer": {"n_out": 2},
 }
 _CONFIG_MODULES = ("sparkgrad.compress", "sparkgrad.nn.conf", "sparkgrad.nn.layers", "sparkgrad.nn.updaters")
 

@@ -126,6 +126,35 @@ void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain
 template <typename T>
 void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
 
+// ---- LSTM over a whole sequence (cpp/src/nn/lstm.cpp) ----------------------------------------------
+// DL4J's LSTM without peepholes. Gate blocks of the 4h pre-activations, in DL4J's order: [block input
+// a (activation), forget f, output o, input gate i (gate activation)]; c = f c_prev + i a,
+// h = o activation(c). A mask value m at (example, step) multiplies that step's h and c (0: the step
+// outputs zero and the next step starts from a zero state, as DL4J does).
+struct LstmShape {
+  std::int64_t n, t, c, h;  // examples, time steps, input size, hidden size
+};
+struct LstmSpec {
+  Activation activation;  // block input and cell output (DL4J default tanh); elementwise kinds only
+  double alpha;
+  Activation gate;  // forget, output and input gates (DL4J default sigmoid); elementwise kinds only
+  double gate_alpha;
+};
+// x: (n, t, c); w: (c, 4h); rw: (h, 4h); b: (4h); mask: (n, t) or null (all ones); h0, c0: (n, h) or null
+// (zero initial state). Writes hs, cs, act_c = activation(c before masking): (n, t, h) and gates:
+// (n, t, 4h) activated gate values.
+template <typename T>
+void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                  const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c);
+// Backward of lstm_forward (same x, w, rw, mask, h0, c0 and its outputs) given dh = dL/dhs: (n, t, h).
+// Writes dgates: (n, t, 4h) = dL/d(pre-activations), dw: (c, 4h), drw: (h, 4h), db: (4h) and dx: (n, t, c)
+// unless null. No gradient flows into h0 / c0 (truncated BPTT and stateful inference stop there), nor
+// through the steps before first_step (0 <= first_step < t: truncated BPTT's backward length).
+template <typename T>
+void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                   const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
 // ---- graph vertices (cpp/src/nn/vertex.cpp) -------------------------------------------------------
 enum class ElementWiseOp : std::uint8_t { Add, Subtract, Product, Average, Max };
 // Parses "add", "subtract", "product", "average" or "max"; throws std::invalid_argument otherwise.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Iterable, TypeVar
 
 import numpy as np
 
@@ -140,6 +140,8 @@ class FlatNetwork:
             init_weights(self.conf.setting(key, "weight_init"), view, spec.fan_in, spec.fan_out, rng)
         else:  # biases, beta and running mean start at 0; gamma and running variance at 1
             view[...] = 1.0 if spec.role in (L.GAMMA, L.RUNNING_VAR) else 0.0
+            for start, stop, value in spec.fills:  # e.g. the LSTM forget-gate bias
+                view[start:stop] = value
 
     def _build_updater_blocks(self) -> None:
         blocks: list[_UpdaterBlock] = []
@@ -328,7 +330,7 @@ class FlatNetwork:
         if not single and epochs > 1 and iter(data) is data:
             raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
         for _ in range(epochs):
-            for batch in [data] if single else data:
+            for batch in self._training_batches([data] if single else data):
                 update, _ = self._compute_update(batch)
                 self.apply_update(update)
                 for listener in self.listeners:
@@ -337,6 +339,11 @@ class FlatNetwork:
             for listener in self.listeners:
                 listener.on_epoch_end(self)
         return self
+
+    def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """The minibatches ``fit`` trains, one update each (a subclass may cut them, e.g. into
+        truncated-BPTT segments)."""
+        return batches
 
     def set_listeners(self, *listeners: TrainingListener) -> None:
         """Replace the training listeners."""

@@ -313,6 +313,7 @@ class ActivationRuntime(LayerRuntime):
 _RUNTIMES = {
     L.DenseLayer: DenseRuntime,
     L.OutputLayer: DenseRuntime,
+    L.RnnOutputLayer: DenseRuntime,
     L.ConvolutionLayer: ConvolutionRuntime,
     L.SubsamplingLayer: SubsamplingRuntime,
     L.GlobalPoolingLayer: GlobalPoolingRuntime,
@@ -333,6 +334,10 @@ def build_runtime(
     """The runtime object for one layer config (output layers are wrapped in an OutputRuntime)."""
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None)
+    if conf.takes_sequences:  # recurrent layers: whole sequences plus the features mask
+        from sparkgrad.nn._recurrent import build_sequence_runtime
+
+        return build_sequence_runtime(conf, input_type, activation, dtype, params, grads)
     runtime = _RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
     return OutputRuntime(conf, runtime) if isinstance(conf, L.OutputLayer) else runtime
 

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, coerce_enum
 from sparkgrad.nn.enums import Activation, WeightInit
 from sparkgrad.nn.input_type import InputType
-from sparkgrad.nn.layers import Layer, layer_error
+from sparkgrad.nn.layers import Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
 # Per-layer settings that fall back to the network-wide value when a layer leaves them None.
 INHERITED = ("activation", "weight_init", "l1", "l2", "weight_decay", "updater")
+
+
+class BackpropType(enum.Enum):
+    """Standard backpropagation, or truncated backpropagation through time (DL4J's BackpropType)."""
+
+    STANDARD = "standard"
+    TRUNCATED_BPTT = "truncated_bptt"
 
 
 def check_network_defaults(conf: Any) -> None:
@@ -43,6 +51,10 @@ class MultiLayerConfiguration(Config):
         weight_init, activation, l1, l2, weight_decay: defaults for layers that leave them None
             (l1, l2, weight_decay: finite, in [0, MAX_SCALE]).
         dtype: "float32" or "float64" for parameters, gradients and activations.
+        backprop_type: "standard", or "truncated_bptt" (recurrent input and output): ``fit`` trains each
+            minibatch as segments of ``tbptt_forward_length`` time steps, one update per segment, the
+            recurrent state carried from segment to segment and gradients flowing back at most
+            ``tbptt_backward_length`` (<= forward length) steps within a segment (DL4J defaults 20, 20).
     """
 
     layers: list
@@ -55,6 +67,9 @@ class MultiLayerConfiguration(Config):
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
+    backprop_type: BackpropType = BackpropType.STANDARD
+    tbptt_forward_length: int = 20
+    tbptt_backward_length: int = 20
     # Derived: the input type each layer sees (after flattening / reshaping), and the output type.
     layer_input_types: list = dataclasses.field(init=False, repr=False, compare=False)
     output_type: InputType = dataclasses.field(init=False, repr=False, compare=False)
@@ -79,6 +94,21 @@ class MultiLayerConfiguration(Config):
                 "the last layer must be an OutputLayer or LossLayer",
             )
         self._infer_types()
+        self._check_backprop()
+
+    def _check_backprop(self) -> None:
+        self.backprop_type = coerce_enum(BackpropType, self.backprop_type, "backprop_type")
+        self.tbptt_forward_length = check_int("tbptt_forward_length", self.tbptt_forward_length, minimum=1)
+        self.tbptt_backward_length = check_int(
+            "tbptt_backward_length", self.tbptt_backward_length, minimum=1, maximum=self.tbptt_forward_length
+        )
+        if self.backprop_type is BackpropType.TRUNCATED_BPTT and not (
+            self.is_recurrent and self.output_type.kind == "recurrent"
+        ):
+            raise ValueError(
+                "backprop_type: truncated_bptt needs recurrent input and per-time-step output, got "
+                f"{self.layer_input_types[0].describe()} -> {self.output_type.describe()}"
+            )
 
     def _infer_types(self) -> None:
         current = self.input_type
@@ -90,12 +120,10 @@ class MultiLayerConfiguration(Config):
             current = InputType.feed_forward(n_in)
         elif current.kind == "convolutional_flat":  # the network reshapes flat rows to NCHW
             current = InputType.convolutional(current.height, current.width, current.channels)
-        elif current.kind == "recurrent":  # time steps are folded into the batch
-            current = InputType.feed_forward(current.size)
         types = []
         for i, layer in enumerate(self.layers):
             types.append(current)
-            self.layers[i], current = layer.infer(i, current)
+            self.layers[i], current = infer_layer(i, layer, current)
         self.layer_input_types = types
         self.output_type = current
 
@@ -110,4 +138,4 @@ class MultiLayerConfiguration(Config):
         return self.input_type is not None and self.input_type.kind == "recurrent"
 
 
-__all__ = ["MultiLayerConfiguration"]
+__all__ = ["BackpropType", "MultiLayerConfiguration"]

@@ -55,7 +55,8 @@ class InputType(Config):
 
     @staticmethod
     def recurrent(size: int, time_steps: int | None = None) -> InputType:
-        """Sequences: features ``(batch, size, time)``; feed-forward layers apply at every time step."""
+        """Sequences: features ``(batch, size, time)``, masks ``(batch, time)``; feed-forward layers apply at
+        every time step. ``time_steps`` None accepts any length (pad variable-length data and mask it)."""
         return InputType("recurrent", size=size, time_steps=time_steps)
 
     @property
@@ -63,7 +64,8 @@ class InputType(Config):
         return self.kind in ("convolutional", "convolutional_flat")
 
     def shape(self) -> tuple[int, ...]:
-        """Per-example array shape as the layers see it (recurrent steps are flattened into the batch)."""
+        """Per-example shape as the layers see it; recurrent: the per-step ``(size,)`` (each layer sees
+        (batch, time, size) sequences or, for per-step layers, (batch * time, size) rows)."""
         if self.is_convolutional:
             return (self.channels, self.height, self.width)
         return (self.size,)

@@ -11,6 +11,7 @@ dropout (a retain probability) is in (0, 1]; batch-norm decay in [0, 1] and eps 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, NamedTuple
 
 from sparkgrad._config import (
@@ -39,6 +40,9 @@ class ParamSpec(NamedTuple):
     role: str
     fan_in: float = 1.0
     fan_out: float = 1.0
+    # (start, stop, value): flat ranges that start at ``value`` instead of the role's default (the LSTM
+    # forget-gate bias).
+    fills: tuple = ()
 
 
 def layer_error(index: int | str, layer: Any, field: str, message: str) -> ValueError:
@@ -83,6 +87,17 @@ class Layer(Config):
     def flattens_input(self) -> bool:
         """True for layers taking (batch, features): convolutional input is flattened in front of them."""
         return False
+
+    @property
+    def takes_sequences(self) -> bool:
+        """True for recurrent layers: their runtime sees whole sequences (N, T, C) plus the features mask
+        (see :mod:`sparkgrad.nn._recurrent`); other layers given recurrent input run at every time step."""
+        return False
+
+    @property
+    def recurrent_aware(self) -> bool:
+        """True when ``infer`` itself handles recurrent input types (recurrent and Rnn* layers)."""
+        return self.takes_sequences
 
     def _common_post_init(self) -> None:
         """Validation of the optional per-layer settings shared by several layer types."""
@@ -380,16 +395,278 @@ class ActivationLayer(Layer):
         return self, input_type
 
 
+# ---- recurrent layers ------------------------------------------------------------------------------
+# Data layout (DL4J's): recurrent features are (batch, size, time), masks (batch, time) with 1 = the step
+# is present. Inside the network each example's steps are contiguous rows, (batch, time, size).
+
+RECURRENT_WEIGHT = "RW"
+
+
+def infer_layer(index: int, layer: Layer, input_type: InputType) -> tuple[Layer, InputType]:
+    """``layer.infer`` with the automatic preprocessing between recurrent and feed-forward layers.
+
+    A layer that is not recurrent-aware, given recurrent input, runs at every time step (DL4J's
+    RnnToFeedForward / FeedForwardToRnn preprocessors): it is inferred on the per-step feed-forward type
+    and its feed-forward output becomes recurrent again with the same number of time steps.
+    Convolutional layers cannot take recurrent input (their ``infer`` names the layer).
+
+    Returns:
+        (the layer with ``n_in`` filled, its output type).
+    """
+    if input_type.kind != "recurrent" or layer.recurrent_aware:
+        return layer.infer(index, input_type)
+    layer, out = layer.infer(index, InputType.feed_forward(input_type.size))
+    if out.kind == "feed_forward":
+        out = InputType.recurrent(out.size, input_type.time_steps)
+    return layer, out
+
+
+def _check_recurrent_input(index: int, layer: Layer, input_type: InputType) -> None:
+    if input_type.kind != "recurrent":
+        raise layer_error(
+            index, layer, "input", f"needs recurrent input (InputType.recurrent), got {input_type.describe()}"
+        )
+
+
+def _check_elementwise(field: str, value: Activation) -> Activation:
+    if value is Activation.SOFTMAX:
+        raise ValueError(f"{field}: recurrent layers need an elementwise activation, got softmax")
+    return value
+
+
+@dataclasses.dataclass
+class LSTM(Layer):
+    """DL4J's LSTM (no peepholes). Input (batch, n_in, time) -> output (batch, n_out, time).
+
+    Parameters, in flat-buffer order (DL4J's layout): ``W`` (n_in, 4 n_out), ``RW`` (n_out, 4 n_out),
+    ``b`` (4 n_out). The 4 n_out columns are the gate blocks in DL4J's order [block input a, forget f,
+    output o, input gate i]; per step ``z = x W + h_prev RW + b``, ``a = activation(z_a)``,
+    ``f, o, i = gate_activation(z_f, z_o, z_i)``, ``c = f c_prev + i a``, ``h = o activation(c)``.
+    The forget-gate bias starts at ``forget_gate_bias_init``. A masked time step outputs zero and the
+    next step starts from a zero state (DL4J multiplies h and c by the mask).
+
+    Args:
+        n_out: hidden size. n_in: input size (inferred). activation: block input and cell output
+            activation (tanh unless set; elementwise only). gate_activation: sigmoid unless set.
+        forget_gate_bias_init: initial forget-gate bias, in [0, MAX_SCALE] (DL4J default 1.0).
+        weight_init, l1, l2, dropout (retain probability, on the input), weight_decay, updater: as DenseLayer.
+    """
+
+    n_out: int
+    n_in: int | None = None
+    activation: Activation = Activation.TANH
+    gate_activation: Activation = Activation.SIGMOID
+    forget_gate_bias_init: float = 1.0
+    weight_init: WeightInit | None = None
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+
+    def __post_init__(self) -> None:
+        self._common_post_init()
+        self.activation = _check_elementwise("activation", self.activation)
+        self.gate_activation = _check_elementwise(
+            "gate_activation", coerce_enum(Activation, self.gate_activation, "gate_activation")
+        )
+        self.forget_gate_bias_init = check_non_negative(
+            "forget_gate_bias_init", self.forget_gate_bias_init, MAX_SCALE
+        )
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        layer = _infer_n_in(index, self, input_type.size)
+        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        # fan-in / fan-out as DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices
+        h, fan_in, fan_out = self.n_out, self.n_out, self.n_in + self.n_out
+        return [
+            ParamSpec(WEIGHT, (self.n_in, 4 * h), WEIGHT, fan_in, fan_out),
+            ParamSpec(RECURRENT_WEIGHT, (h, 4 * h), WEIGHT, fan_in, fan_out),
+            ParamSpec(BIAS, (4 * h,), BIAS, fills=((h, 2 * h, self.forget_gate_bias_init),)),
+        ]
+
+
+@dataclasses.dataclass
+class SimpleRnn(Layer):
+    """DL4J's SimpleRnn: ``h_t = activation(x_t W + h_{t-1} RW + b)``; a masked step outputs zero and the
+    next step starts from a zero state. Parameters: ``W`` (n_in, n_out), ``RW`` (n_out, n_out), ``b``.
+
+    Args: as :class:`DenseLayer` (``activation`` elementwise, inherited from the network when None).
+    """
+
+    n_out: int
+    n_in: int | None = None
+    activation: Activation | None = None
+    weight_init: WeightInit | None = None
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+
+    def __post_init__(self) -> None:
+        self._common_post_init()
+        if self.activation is not None:
+            _check_elementwise("activation", self.activation)
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        layer = _infer_n_in(index, self, input_type.size)
+        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        h = self.n_out
+        return [
+            ParamSpec(WEIGHT, (self.n_in, h), WEIGHT, self.n_in, h),
+            ParamSpec(RECURRENT_WEIGHT, (h, h), WEIGHT, h, h),
+            ParamSpec(BIAS, (h,), BIAS),
+        ]
+
+
+_WRAPPED = (LSTM, SimpleRnn)
+
+
+class _Wrapper(Layer):
+    """Layers wrapping one recurrent layer: the per-layer settings are the wrapped layer's."""
+
+    layer: Any
+
+    def _check_wrapped(self) -> None:
+        if not isinstance(self.layer, _WRAPPED):
+            raise ValueError(f"layer: expected an LSTM or SimpleRnn configuration, got {self.layer!r}")
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    activation = property(lambda self: self.layer.activation)
+    weight_init = property(lambda self: self.layer.weight_init)
+    l1 = property(lambda self: self.layer.l1)
+    l2 = property(lambda self: self.layer.l2)
+    weight_decay = property(lambda self: self.layer.weight_decay)
+    updater = property(lambda self: self.layer.updater)
+
+
+class BidirectionalMode(enum.Enum):
+    """How Bidirectional combines the two directions' outputs (DL4J's Bidirectional.Mode)."""
+
+    CONCAT = "concat"
+    ADD = "add"
+    MUL = "mul"
+    AVERAGE = "average"
+
+
+@dataclasses.dataclass
+class Bidirectional(_Wrapper):
+    """Runs ``layer`` forward in time and a second copy backward in time, then combines the outputs.
+
+    Parameters: the forward copy's with prefix ``f`` then the backward copy's with prefix ``b``
+    (``fW, fRW, fb, bW, bRW, bb``: DL4J's layout). The backward copy sees the sequence and its mask
+    reversed; with end padding its state therefore starts from zero at each sequence's last present step.
+
+    Args:
+        layer: an LSTM or SimpleRnn configuration.
+        mode: concat (output size 2 n_out), add, mul or average.
+    """
+
+    layer: Any
+    mode: BidirectionalMode = BidirectionalMode.CONCAT
+
+    def __post_init__(self) -> None:
+        self._check_wrapped()
+        self.mode = coerce_enum(BidirectionalMode, self.mode, "mode")
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        inner, out = self.layer.infer(index, input_type)
+        size = 2 * out.size if self.mode is BidirectionalMode.CONCAT else out.size
+        return dataclasses.replace(self, layer=inner), InputType.recurrent(size, out.time_steps)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        inner = self.layer.param_specs(input_type)
+        return [s._replace(name=prefix + s.name) for prefix in ("f", "b") for s in inner]
+
+
+@dataclasses.dataclass
+class LastTimeStep(_Wrapper):
+    """The output of ``layer`` at the last present time step of each sequence: (batch, n_out).
+
+    With a features mask the step is the last one whose mask is non-zero (an example with no present
+    step gets the zero output of its masked step 0); without one it is the last step.
+
+    Args:
+        layer: an LSTM or SimpleRnn configuration (parameters exactly as the wrapped layer's).
+    """
+
+    layer: Any
+
+    def __post_init__(self) -> None:
+        self._check_wrapped()
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        inner, out = self.layer.infer(index, input_type)
+        return dataclasses.replace(self, layer=inner), InputType.feed_forward(out.size)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return self.layer.param_specs(input_type)
+
+
+@dataclasses.dataclass
+class RnnOutputLayer(OutputLayer):
+    """OutputLayer applied at every time step of recurrent input: labels (batch, n_out, time), the loss of
+    every present step (labels mask, else the features mask) summed and divided by the batch size."""
+
+    @property
+    def recurrent_aware(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        layer, out = _dense_infer(self, index, InputType.feed_forward(input_type.size))
+        return layer, InputType.recurrent(out.size, input_type.time_steps)
+
+
+@dataclasses.dataclass
+class RnnLossLayer(LossLayer):
+    """LossLayer applied at every time step of recurrent input (per-step loss as RnnOutputLayer)."""
+
+    @property
+    def recurrent_aware(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        return self, InputType.recurrent(input_type.size, input_type.time_steps)
+
+
 __all__ = [
     "ActivationLayer",
     "BatchNormalization",
+    "Bidirectional",
+    "BidirectionalMode",
     "ConvolutionLayer",
     "DenseLayer",
     "DropoutLayer",
     "GlobalPoolingLayer",
+    "LSTM",
+    "LastTimeStep",
     "Layer",
     "LossLayer",
     "OutputLayer",
     "ParamSpec",
+    "RnnLossLayer",
+    "RnnOutputLayer",
+    "SimpleRnn",
     "SubsamplingLayer",
+    "infer_layer",
 ]

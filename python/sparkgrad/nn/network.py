@@ -17,8 +17,27 @@ import numpy as np
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._flat_network import FlatNetwork
 from sparkgrad.nn._runtime import OutputRuntime
-from sparkgrad.nn.conf import MultiLayerConfiguration
+from sparkgrad.nn.conf import BackpropType, MultiLayerConfiguration
 from sparkgrad.nn.input_type import InputType
+
+
+class TbpttSegment:
+    """Time steps [start, stop) of a recurrent minibatch: one truncated-BPTT training step.
+
+    Features (N, C, T), per-step labels (N, C, T) and masks (N, T) are sliced along time; ``first`` marks
+    the segment that starts a minibatch (the recurrent state is cleared before it).
+    """
+
+    def __init__(self, dataset: Any, start: int, stop: int) -> None:
+        def cut(arr: Any, axis: int) -> Any:
+            return None if arr is None else np.take(np.asarray(arr), np.arange(start, stop), axis=axis)
+
+        self.features = cut(dataset.features, 2)
+        labels = getattr(dataset, "labels", None)
+        self.labels = cut(labels, 2)
+        self.features_mask = cut(getattr(dataset, "features_mask", None), 1)
+        self.labels_mask = cut(getattr(dataset, "labels_mask", None), 1)
+        self.first = start == 0
 
 
 class MultiLayerNetwork(FlatNetwork):
@@ -35,15 +54,24 @@ class MultiLayerNetwork(FlatNetwork):
         return [(i, layer, conf.layer_input_types[i]) for i, layer in enumerate(conf.layers)]
 
     # -- data preparation -----------------------------------------------------------------------
+    @property
+    def _recurrent_output(self) -> bool:
+        return self.conf.output_type.kind == "recurrent"
+
     def _features(self, features: Any) -> np.ndarray:
-        """Features as the first layer sees them: contiguous, network dtype, NCHW / time folded."""
+        """Features as the first layer sees them: contiguous, network dtype, NCHW; recurrent (N, T, C)."""
         x = np.ascontiguousarray(features, dtype=self.dtype)
         it = self.conf.input_type
         expected = it.shape() if it is not None else (self.conf.layers[0].n_in,)
         if it is not None and it.kind == "recurrent":
-            if x.ndim != 3 or x.shape[1] != it.size:
+            if x.ndim != 3 or x.shape[1] != it.size or x.shape[2] < 1:
                 raise ValueError(f"features: expected shape (batch, {it.size}, time), got {x.shape}")
-            return np.ascontiguousarray(x.transpose(0, 2, 1).reshape(-1, it.size))
+            if it.time_steps is not None and x.shape[2] != it.time_steps:
+                raise ValueError(
+                    f"features: the input type has {it.time_steps} time steps but the features have "
+                    f"{x.shape[2]}; use InputType.recurrent(size) for variable-length sequences"
+                )
+            return np.ascontiguousarray(x.transpose(0, 2, 1))
         if it is not None and it.kind == "convolutional_flat":
             if x.ndim != 2 or x.shape[1] != it.size:
                 raise ValueError(
@@ -56,28 +84,54 @@ class MultiLayerNetwork(FlatNetwork):
             )
         return x
 
+    def _features_mask(self, mask: Any, x: np.ndarray) -> np.ndarray | None:
+        """The features mask (N, T) in the network dtype for features ``x`` as ``_features`` returns them."""
+        if mask is None:
+            return None
+        if not self.conf.is_recurrent:
+            raise ValueError(
+                "features_mask: only recurrent input (InputType.recurrent) takes a features mask, the "
+                f"network input is {self.conf.layer_input_types[0].describe()}"
+            )
+        m = np.asarray(mask)
+        if m.shape != x.shape[:2]:
+            raise ValueError(f"features_mask: expected shape (batch, time) = {x.shape[:2]}, got {m.shape}")
+        m = np.ascontiguousarray(m, dtype=self.dtype)
+        if not np.isfinite(m).all():
+            raise ValueError("features_mask: values must be finite (1 = step present, 0 = padding)")
+        return m
+
     def _to_steps(self, arr: np.ndarray | None, name: str, n: int) -> np.ndarray | None:
-        """Recurrent labels (N, C, T) -> (N*T, C); masks (N, T) -> (N*T,)."""
+        """Recurrent-output labels (N, C, T) -> (N*T, C); masks (N, T) -> (N*T,); ``n`` rows expected."""
         if arr is None:
             return None
         a = np.asarray(arr, dtype=self.dtype)
-        if self.conf.is_recurrent:
+        if self._recurrent_output:
             if a.ndim == 3:
                 a = a.transpose(0, 2, 1).reshape(-1, a.shape[1])
             elif a.ndim == 2 and name == "labels_mask":
                 a = a.reshape(-1)
             else:
                 raise ValueError(
-                    f"{name}: expected a per-time-step array for recurrent input, got shape {a.shape}"
+                    f"{name}: expected a per-time-step array for recurrent output, got shape {a.shape}"
                 )
         if a.shape[0] != n:
             raise ValueError(f"{name}: has {a.shape[0]} rows but the features give {n}")
         return np.ascontiguousarray(a)
 
-    def _labels(self, dataset: Any, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _output_rows(self, x: np.ndarray) -> int:
+        """Rows of the output layer: examples, or examples times time steps for recurrent output."""
+        return x.shape[0] * x.shape[1] if self._recurrent_output else x.shape[0]
+
+    def _labels(
+        self, dataset: Any, x: np.ndarray, fmask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Labels and the loss mask as output rows: the labels mask, else (recurrent output) the features
+        mask, so that padded steps never count (DL4J passes the features mask on to the output layer)."""
         labels = getattr(dataset, "labels", None)
         if labels is None:
             raise ValueError("dataset: labels are required for training and scoring")
+        n = self._output_rows(x)
         y = self._to_steps(labels, "labels", n)
         last = len(self.conf.layers) - 1
         n_out = self.conf.output_type.size
@@ -85,73 +139,198 @@ class MultiLayerNetwork(FlatNetwork):
             raise L.layer_error(
                 last, self.conf.layers[last], "n_out", f"is {n_out} but the labels have shape {y.shape}"
             )
-        return y, self._to_steps(getattr(dataset, "labels_mask", None), "labels_mask", n)
+        mask = self._to_steps(getattr(dataset, "labels_mask", None), "labels_mask", n)
+        if mask is None and fmask is not None and self._recurrent_output:
+            mask = fmask.reshape(-1)
+        return y, mask
+
+    def _inputs(self, data: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """(features, features mask) of a DataSet or of a bare features array."""
+        features = getattr(data, "features", data)
+        x = self._features(features)
+        return x, self._features_mask(getattr(data, "features_mask", None), x)
 
     # -- forward / backward -------------------------------------------------------------------
-    def _forward(self, x: np.ndarray, train: bool, activate_output: bool) -> np.ndarray:
-        self._shapes = []
+    def _forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        activate_output: bool,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        """Forward pass. Recurrent activations travel as (N, T, C) with the features mask (N, T); layers
+        that are not recurrent run at every step on (N*T, C) rows, their masked steps' outputs zeroed
+        (DL4J's per-step masking). Returns the (folded) pre-activation or the activated output."""
+        self._out_shapes = []
+        self._step_masks: list[np.ndarray | None] = []
         last = len(self._runtimes) - 1
         for i, rt in enumerate(self._runtimes):
-            self._shapes.append(x.shape)
-            if x.ndim > 2 and self.conf.layers[i].flattens_input:
+            layer, seq = self.conf.layers[i], self.conf.layer_input_types[i].kind == "recurrent"
+            step_mask = None
+            if seq and layer.takes_sequences:
+                x = rt.forward(
+                    x, train, self._seed(i), mask=mask, stateful=stateful, backward_steps=backward_steps
+                )
+                self._out_shapes.append(x.shape)
+                self._step_masks.append(None)
+                continue
+            if seq:  # one row per time step
+                n, t = x.shape[:2]
+                x = x.reshape(n * t, -1)
+                step_mask = None if mask is None else mask.reshape(-1, 1)
+            elif x.ndim > 2 and layer.flattens_input:
                 x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
+            self._step_masks.append(step_mask)
             if i == last and not activate_output:
                 return rt.preout(x, train, self._seed(i))
             x = rt.forward(x, train, self._seed(i))
+            self._out_shapes.append(x.shape)
+            if step_mask is not None:
+                x = x * step_mask  # a new array: the runtime keeps its own output for backward
+            if seq:
+                x = x.reshape(n, t, -1)
         return x
 
     def _n_examples(self, dataset: Any) -> int:
         return int(np.shape(dataset.features)[0])
 
+    def _backward(self, labels: np.ndarray, mask: np.ndarray | None, n: int) -> None:
+        """Backward pass after ``_forward(activate_output=False)``: gradients into ``self._grad``."""
+        out: OutputRuntime = self._runtimes[-1]
+        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1)
+        for i in range(len(self._runtimes) - 2, -1, -1):
+            dy = dy.reshape(self._out_shapes[i])
+            if self._step_masks[i] is not None:  # masked steps of per-step layers get no gradient
+                dy = dy * self._step_masks[i]
+            dy = self._runtimes[i].backward(np.ascontiguousarray(dy), need_dx=i > 0)
+        for sl, _ in self._stats:
+            self._grad[sl] = 0.0
+
     def _gradient(self, dataset: Any) -> float:
         """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
         self._require_init()
-        x = self._features(dataset.features)
-        labels, mask = self._labels(dataset, x.shape[0])
+        x, fmask = self._inputs(dataset)
+        labels, mask = self._labels(dataset, x, fmask)
         n = self._n_examples(dataset)
-        self._forward(x, train=True, activate_output=False)
-        out: OutputRuntime = self._runtimes[-1]
-        score = float(out.scores(labels, mask).sum()) / n
-        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1)
-        for i in range(len(self._runtimes) - 2, -1, -1):
-            dy = dy.reshape(self._shapes[i + 1])
-            dy = self._runtimes[i].backward(dy, need_dx=i > 0)
-        for sl, _ in self._stats:
-            self._grad[sl] = 0.0
+        segment = isinstance(dataset, TbpttSegment)
+        if segment:
+            if dataset.first:
+                self.rnn_clear_previous_state()
+        elif (
+            self.conf.backprop_type is BackpropType.TRUNCATED_BPTT
+            and x.shape[1] > self.conf.tbptt_forward_length
+        ):
+            raise ValueError(
+                f"dataset: {x.shape[1]} time steps exceed tbptt_forward_length "
+                f"{self.conf.tbptt_forward_length}; with truncated BPTT train through fit(), or pass the "
+                "segments of tbptt_segments(dataset)"
+            )
+        self._forward(
+            x, train=True, activate_output=False, mask=fmask, stateful=segment,
+            backward_steps=self.conf.tbptt_backward_length if segment else None,
+        )  # fmt: skip
+        score = float(self._runtimes[-1].scores(labels, mask).sum()) / n
+        self._backward(labels, mask, n)
         self._last_score = score + self._penalty()
         return self._last_score
 
+    # -- truncated BPTT -----------------------------------------------------------------------
+    def tbptt_segments(self, dataset: Any) -> list[TbpttSegment]:
+        """A minibatch cut into the truncated-BPTT segments ``fit`` trains one update each.
+
+        Args:
+            dataset: a DataSet with recurrent features (batch, size, time) and labels (batch, n_out, time).
+
+        Returns:
+            segments of ``conf.tbptt_forward_length`` time steps (the last may be shorter); the first
+            clears the recurrent state, the others continue from the state the previous one ended in.
+        """
+        length = self.conf.tbptt_forward_length
+        steps = int(np.shape(dataset.features)[2])
+        return [TbpttSegment(dataset, start, min(start + length, steps)) for start in range(0, steps, length)]
+
+    def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """The minibatches ``fit`` trains: as given, or cut into truncated-BPTT segments."""
+        if self.conf.backprop_type is not BackpropType.TRUNCATED_BPTT:
+            yield from batches
+            return
+        for batch in batches:
+            yield from self.tbptt_segments(batch)
+            self.rnn_clear_previous_state()  # DL4J: no state carries over to the next minibatch
+
     # -- inference and scoring ----------------------------------------------------------------
-    def output(self, features: Any, train: bool = False) -> np.ndarray:
+    def output(self, features: Any, train: bool = False, features_mask: Any = None) -> np.ndarray:
         """Network output (activated) for ``features``; a new array.
 
         Args:
-            features: a batch shaped as the input type says (or a DataSet, whose features are used).
+            features: a batch shaped as the input type says (recurrent: (batch, size, time)), or a
+                DataSet, whose features and features mask are used.
             train: run in training mode (dropout on, batch statistics in batch norm).
+            features_mask: (batch, time) mask of recurrent input (1 = present, 0 = padding); overrides
+                a DataSet's. Outputs at masked steps are zero.
 
         Returns:
-            (batch, n_out) array, or (batch, n_out, time) for recurrent input.
+            (batch, n_out) array, or (batch, n_out, time) for recurrent output.
         """
         self._require_init()
-        features = getattr(features, "features", features)
-        x = self._features(features)
-        y = self._forward(x, train=train, activate_output=True).copy()
-        if self.conf.is_recurrent:
-            n = np.shape(features)[0]
-            y = np.ascontiguousarray(y.reshape(n, -1, y.shape[1]).transpose(0, 2, 1))
-        return y
+        x, mask = self._inputs(features)
+        if features_mask is not None:
+            mask = self._features_mask(features_mask, x)
+        y = self._forward(x, train=train, activate_output=True, mask=mask)
+        return self._external(y, x.shape[0])
+
+    def _external(self, y: np.ndarray, n: int) -> np.ndarray:
+        """Output rows -> DL4J's layout: (N, C), or (N, C, T) for recurrent output; a new array."""
+        if self._recurrent_output:
+            return y.reshape(n, -1, y.shape[-1]).transpose(0, 2, 1).copy()
+        return y.copy()
+
+    def rnn_time_step(self, features: Any, features_mask: Any = None) -> np.ndarray:
+        """Stateful inference: continue every recurrent layer from the state the previous call ended in.
+
+        Args:
+            features: (batch, size) for one time step or (batch, size, time) for several.
+            features_mask: optional (batch, time) mask ((batch, 1) or (batch,) for one step).
+
+        Returns:
+            (batch, n_out) for a single step given as 2-D, else as :meth:`output`.
+        """
+        self._require_init()
+        if not self.conf.is_recurrent:
+            raise ValueError("features: rnn_time_step needs a network with recurrent input")
+        arr = np.asarray(features)
+        single = arr.ndim == 2
+        x = self._features(arr[:, :, None] if single else arr)
+        m = features_mask
+        if m is not None and single:
+            m = np.asarray(m).reshape(-1, 1)
+        mask = self._features_mask(m, x)
+        y = self._forward(x, train=False, activate_output=True, mask=mask, stateful=True)
+        y = self._external(y, x.shape[0])
+        return y[:, :, 0] if single and self._recurrent_output else y
+
+    def rnn_clear_previous_state(self) -> None:
+        """Forget the state kept by :meth:`rnn_time_step` in every recurrent layer."""
+        self._require_init()
+        for rt in self._runtimes:
+            if hasattr(rt, "clear_state"):
+                rt.clear_state()
 
     def _example_scores(self, dataset: Any) -> np.ndarray:
-        x = self._features(dataset.features)
-        labels, mask = self._labels(dataset, x.shape[0])
-        self._forward(x, train=False, activate_output=False)
+        x, fmask = self._inputs(dataset)
+        labels, mask = self._labels(dataset, x, fmask)
+        self._forward(x, train=False, activate_output=False, mask=fmask)
         scores = self._runtimes[-1].scores(labels, mask).astype(np.float64)
-        if self.conf.is_recurrent:
+        if self._recurrent_output:  # sum over the (unmasked) steps of each example
             scores = scores.reshape(self._n_examples(dataset), -1).sum(axis=1)
         return scores
 
     def score(self, dataset: Any = None) -> float:
         """Mean loss over the examples (inference mode) plus the l1/l2 penalty.
+
+        Recurrent output: each example's loss is the sum over its present time steps (DL4J).
 
         Args:
             dataset: a DataSet; None returns the score of the last minibatch trained.
@@ -164,7 +343,10 @@ class MultiLayerNetwork(FlatNetwork):
         return float(self._example_scores(dataset).sum()) / self._n_examples(dataset) + self._penalty()
 
     def score_examples(self, dataset: Any, include_regularization_terms: bool = False) -> np.ndarray:
-        """Per-example loss (inference mode), optionally each plus the l1/l2 penalty."""
+        """Per-example loss (inference mode), optionally each plus the l1/l2 penalty.
+
+        Recurrent output: the sum over each example's present (unmasked) time steps.
+        """
         self._require_init()
         scores = self._example_scores(dataset)
         if include_regularization_terms:
@@ -178,20 +360,19 @@ class MultiLayerNetwork(FlatNetwork):
     def do_evaluation(self, data: Any, *evaluations: Any) -> list:
         """Feed every batch of ``data`` through the network into each evaluation (``.eval``).
 
+        Recurrent output is evaluated per time step; masked steps (labels mask, else features mask)
+        are not counted.
+
         Returns:
             the evaluations, in order.
         """
         if not evaluations:
             raise ValueError("evaluations: pass at least one evaluation object")
+        self._require_init()
         for batch in self._batches(data):
-            out = self.output(batch.features)
-            n = out.shape[0]
-            labels = self._to_steps(batch.labels, "labels", self._features(batch.features).shape[0])
-            mask = self._to_steps(getattr(batch, "labels_mask", None), "labels_mask", labels.shape[0])
-            if self.conf.is_recurrent:
-                out = out.transpose(0, 2, 1).reshape(-1, out.shape[1])
-            elif out.shape[0] != n:
-                raise ValueError("labels: row count differs from the features")
+            x, fmask = self._inputs(batch)
+            labels, mask = self._labels(batch, x, fmask)
+            out = self._forward(x, train=False, activate_output=True, mask=fmask).reshape(labels.shape[0], -1)
             for ev in evaluations:
                 ev.eval(labels, out, mask=mask) if mask is not None else ev.eval(labels, out)
         return list(evaluations)
@@ -241,4 +422,4 @@ class MultiLayerNetwork(FlatNetwork):
         return "\n".join(lines)
 
 
-__all__ = ["MultiLayerNetwork"]
+__all__ = ["MultiLayerNetwork", "TbpttSegment"]

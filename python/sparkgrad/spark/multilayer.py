@@ -645,11 +645,8 @@ def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
 
 
 def _output(net: MultiLayerNetwork, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    if mask is None:
-        return net.output(x)
-    from sparkgrad.data import DataSet
-
-    return net.output(DataSet(x, features_mask=mask))
+    """Output for features ``x`` with their (batch, time) features mask, or None."""
+    return net.output(x, features_mask=mask)
 
 
 def _points_to_datasets(

@@ -536,3 +536,36 @@ def l2_distance_backward(a: np.ndarray, b: np.ndarray, dy: np.ndarray, eps: floa
     scale = dy / np.maximum(l2_distance(a, b), eps)
     da = diff * scale.reshape((-1,) + (1,) * (a.ndim - 1))
     return da, -da
+
+
+# ---- LSTM ----------------------------------------------------------------------------------------
+
+
+def lstm_forward(x, w, rw, b, mask=None, h0=None, c0=None, act="tanh", gate="sigmoid"):
+    """DL4J LSTM, step by step: gate blocks [a, f, o, i]; masked steps multiply h and c by the mask.
+
+    x: (N, T, C); returns hs (N, T, H) and cs (N, T, H)."""
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hp = np.zeros((n, h)) if h0 is None else np.asarray(h0, np.float64)
+    cp = np.zeros((n, h)) if c0 is None else np.asarray(c0, np.float64)
+    hs, cs = np.zeros((n, t, h)), np.zeros((n, t, h))
+    for s in range(t):
+        z = x[:, s].astype(np.float64) @ w + hp @ rw + b
+        a = activation(act, z[:, :h])
+        f, o, i = (activation(gate, z[:, k * h : (k + 1) * h]) for k in (1, 2, 3))
+        c = f * cp + i * a
+        hcur = o * activation(act, c)
+        m = np.ones((n, 1)) if mask is None else mask[:, s : s + 1]
+        hp, cp = m * hcur, m * c
+        hs[:, s], cs[:, s] = hp, cp
+    return hs, cs
+
+
+def lstm_backward(x, w, rw, b, dh, mask=None, h0=None, c0=None, act="tanh", gate="sigmoid"):
+    """Gradients (dx, dw, drw, db) of sum(lstm_forward(...)[0] * dh) by central differences."""
+
+    def loss() -> float:
+        return float((lstm_forward(x, w, rw, b, mask, h0, c0, act, gate)[0] * dh).sum())
+
+    return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))

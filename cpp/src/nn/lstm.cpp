@@ -1,0 +1,268 @@
+// LSTM (DL4J's LSTM layer, no peepholes) forward and backward over a whole sequence.
+// Per step: z = x_t W + h_{t-1} RW + b; gate blocks of z in DL4J order [block input a, forget f,
+// output o, input gate i]; a = act(z_a), f/o/i = gate(z_.); c = f c_{t-1} + i a; h = o act(c).
+// A time step with mask m multiplies h and c by m (DL4J: masked steps output zero and restart the
+// state from zero).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernel_util.h"
+#include "sparkgrad/common.h"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn {
+
+namespace {
+
+// Gate arithmetic is a few transcendental calls per hidden unit: worth forking well below kParallelMin.
+constexpr std::int64_t kGateParallelMin = 1 << 12;
+
+// Horner form of the Taylor polynomial 1 + r (1 + r/2 (1 + r/3 (...))) from term I up to K.
+template <typename T, int I, int K>
+inline T exp_taylor(T r) {
+  if constexpr (I > K) {
+    return T(1);
+  } else {
+    return T(1) + r * (T(1) / T(I)) * exp_taylor<T, I + 1, K>(r);
+  }
+}
+
+// exp(x) with Cody-Waite reduction and a Taylor polynomial on |r| <= ln2/2 (7 terms: float, 13:
+// double, each within an ulp or two); branch-free so the gate loops vectorize, which libm calls do not
+// (with -fno-trapping-math, set for this file in cpp/CMakeLists.txt, the clamps become min/max).
+template <typename T>
+inline T exp_poly(T x) {
+  using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+  constexpr int kMantissa = sizeof(T) == 4 ? 23 : 52;
+  constexpr Bits kBias = sizeof(T) == 4 ? 127 : 1023;
+  constexpr T kMax = sizeof(T) == 4 ? T(87.0) : T(708.0);  // 2^k stays a normal number
+  x = std::max(std::min(x, kMax), -kMax);
+  // round to nearest by truncating x log2(e) +- 1/2: a plain conversion, unlike floor, vectorizes
+  const Bits ki = static_cast<Bits>(x * T(1.4426950408889634) + std::copysign(T(0.5), x));
+  const T k = static_cast<T>(ki);
+  const T r = (x - k * T(0.693145751953125)) - k * T(1.428606820309417232e-06);
+  const T p = exp_taylor<T, 1, sizeof(T) == 4 ? 7 : 13>(r);
+  const Bits bits = (ki + kBias) << kMantissa;
+  T scale;
+  std::memcpy(&scale, &bits, sizeof(T));
+  return p * scale;
+}
+
+// y[j] = f(z[j]) over one contiguous block; the switch sits outside the loops so each loop vectorizes.
+template <typename T>
+void act_block(Activation kind, T alpha, const T* z, T* y, std::int64_t len) {
+  switch (kind) {
+    case Activation::Relu:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : T(0);
+      return;
+    case Activation::LeakyRelu:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : alpha * z[j];
+      return;
+    case Activation::Elu:
+      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : alpha * std::expm1(z[j]);
+      return;
+    case Activation::Tanh:  // 1 - 2 / (1 + e^{2z}): exact at +-inf, absolute error ~eps near 0
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) y[j] = T(1) - T(2) / (T(1) + exp_poly(T(2) * z[j]));
+      return;
+    case Activation::Sigmoid:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) y[j] = T(1) / (T(1) + exp_poly(-z[j]));
+      return;
+    case Activation::Softplus:
+      for (std::int64_t j = 0; j < len; ++j) {
+        y[j] = z[j] > T(0) ? z[j] + std::log1p(std::exp(-z[j])) : std::log1p(std::exp(z[j]));
+      }
+      return;
+    case Activation::HardTanh:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) y[j] = std::min(T(1), std::max(T(-1), z[j]));
+      return;
+    default:  // identity (softmax is rejected by the binding)
+      if (y != z) std::copy(z, z + len, y);
+      return;
+  }
+}
+
+// g[j] = f'(z[j]) written in terms of y = f(z): every elementwise kind allows it, so only outputs are kept.
+template <typename T>
+void act_grad_block(Activation kind, T alpha, const T* y, T* g, std::int64_t len) {
+  switch (kind) {
+    case Activation::Relu:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : T(0);
+      return;
+    case Activation::LeakyRelu:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : alpha;
+      return;
+    case Activation::Elu:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : y[j] + alpha;
+      return;
+    case Activation::Tanh:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = T(1) - y[j] * y[j];
+      return;
+    case Activation::Sigmoid:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] * (T(1) - y[j]);
+      return;
+    case Activation::Softplus:
+      for (std::int64_t j = 0; j < len; ++j) g[j] = -std::expm1(-y[j]);
+      return;
+    case Activation::HardTanh:
+#pragma omp simd
+      for (std::int64_t j = 0; j < len; ++j) g[j] = (y[j] > T(-1) && y[j] < T(1)) ? T(1) : T(0);
+      return;
+    default:
+      std::fill(g, g + len, T(1));
+      return;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                  const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c) {
+  const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
+  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
+  // Every row starts as the bias, then one GEMM adds the input projection of every time step.
+  for (std::int64_t row = 0; row < n * t_len; ++row) std::copy(b, b + g4, gates + row * g4);
+  gemm<T>(Transpose::No, Transpose::No, n * t_len, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
+  for (std::int64_t t = 0; t < t_len; ++t) {
+    // z[:, t] += h_{t-1} RW; rows of step t are strided by t_len in the (n, t, .) layout.
+    const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
+    const std::int64_t ld_prev = t > 0 ? t_len * h : h;
+    if (h_prev != nullptr) {
+      gemm<T>(Transpose::No, Transpose::No, n, g4, h, T(1), h_prev, ld_prev, rw, g4, T(1), gates + t * g4,
+              t_len * g4);
+    }
+#pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t row = i * t_len + t;
+      T* z = gates + row * g4;  // activated in place: [a | f | o | i]
+      const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
+      T* c_out = cs + row * h;
+      T* h_out = hs + row * h;
+      T* ac = act_c + row * h;
+      const T m = mask != nullptr ? mask[row] : T(1);
+      act_block(spec.activation, alpha, z, z, h);
+      act_block(spec.gate, gate_alpha, z + h, z + h, 3 * h);
+      const T *a = z, *f = z + h, *ig = z + 3 * h;
+      if (c_prev != nullptr) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) c_out[j] = f[j] * c_prev[j] + ig[j] * a[j];
+      } else {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) c_out[j] = ig[j] * a[j];
+      }
+      act_block(spec.activation, alpha, c_out, ac, h);
+      const T* o = z + 2 * h;
+#pragma omp simd
+      for (std::int64_t j = 0; j < h; ++j) {
+        h_out[j] = m * o[j] * ac[j];
+        c_out[j] *= m;
+      }
+    }
+  }
+}
+
+template <typename T>
+void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                   const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step) {
+  const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
+  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
+  std::vector<T> dh_rec(static_cast<std::size_t>(n * h), T(0));  // dL/dh_t through step t+1
+  std::vector<T> dc_next(static_cast<std::size_t>(n * h), T(0));  // dL/dc_t through step t+1
+  for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
+    std::fill(dgates + i * t_len * g4, dgates + (i * t_len + first_step) * g4, T(0));
+  }
+  for (std::int64_t t = t_len - 1; t >= first_step; --t) {
+    if (t < t_len - 1) {
+      // dh_rec = dz_{t+1} RW^T
+      gemm<T>(Transpose::No, Transpose::Yes, n, h, g4, T(1), dgates + (t + 1) * g4, t_len * g4, rw, g4, T(0),
+              dh_rec.data(), h);
+    }
+    T* dh_rec_p = dh_rec.data();
+    T* dc_p = dc_next.data();
+#pragma omp parallel if (n * h >= kGateParallelMin)
+    {
+      std::vector<T> deriv(static_cast<std::size_t>(5 * h));  // f'(a), f'(act_c), gate'(f, o, i)
+      T* d_a = deriv.data();
+      T* d_ac = d_a + h;
+      T* d_f = d_ac + h;
+      T* d_o = d_f + h;
+      T* d_i = d_o + h;
+#pragma omp for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t row = i * t_len + t;
+        const T* g = gates + row * g4;
+        const T* ac = act_c + row * h;
+        const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
+        const T* dh_out = dh + row * h;
+        T* dz = dgates + row * g4;
+        T* dh_r = dh_rec_p + i * h;
+        T* dc = dc_p + i * h;
+        const T m = mask != nullptr ? mask[row] : T(1);
+        act_grad_block(spec.activation, alpha, g, d_a, h);
+        act_grad_block(spec.activation, alpha, ac, d_ac, h);
+        act_grad_block(spec.gate, gate_alpha, g + h, d_f, 3 * h);
+        const T *a = g, *f = g + h, *o = g + 2 * h, *ig = g + 3 * h;
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) {
+          const T dh_t = m * (dh_out[j] + dh_r[j]);
+          const T dc_t = m * dc[j] + dh_t * o[j] * d_ac[j];
+          dz[j] = dc_t * ig[j] * d_a[j];
+          dz[h + j] = c_prev != nullptr ? dc_t * c_prev[j] * d_f[j] : T(0);
+          dz[2 * h + j] = dh_t * ac[j] * d_o[j];
+          dz[3 * h + j] = dc_t * a[j] * d_i[j];
+          dc[j] = dc_t * f[j];
+        }
+      }
+    }
+  }
+  // Weight gradients with one GEMM each over all time steps: dW = x^T dZ, dRW = h_prev^T dZ.
+  gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), x, s.c, dgates, g4, T(0), dw, g4);
+  std::vector<T> h_prev(static_cast<std::size_t>(n * t_len * h));
+  for (std::int64_t i = 0; i < n; ++i) {
+    T* dst = h_prev.data() + i * t_len * h;
+    if (h0 != nullptr) {
+      std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
+    } else {
+      std::fill(dst, dst + h, T(0));
+    }
+    std::copy(hs + i * t_len * h, hs + ((i + 1) * t_len - 1) * h, dst + h);
+  }
+  gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.data(), h, dgates, g4, T(0), drw, g4);
+  // db = column sums of dZ, accumulated row by row (contiguous) in double
+  std::vector<double> db_sum(static_cast<std::size_t>(g4), 0.0);
+  for (std::int64_t row = 0; row < n * t_len; ++row) {
+    const T* dz = dgates + row * g4;
+    double* acc = db_sum.data();
+#pragma omp simd
+    for (std::int64_t j = 0; j < g4; ++j) acc[j] += dz[j];
+  }
+  for (std::int64_t j = 0; j < g4; ++j) db[j] = static_cast<T>(db_sum[j]);
+  if (dx != nullptr) {
+    gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
+  }
+}
+
+#define SPARKGRAD_LSTM(T)                                                                                          \
+  template void lstm_forward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,        \
+                                const T*, const T*, const T*, T*, T*, T*, T*);                                    \
+  template void lstm_backward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,       \
+                                 const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
+                                 T*, T*, std::int64_t);
+SPARKGRAD_LSTM(float)
+SPARKGRAD_LSTM(double)
+
+}  // namespace sparkgrad::nn

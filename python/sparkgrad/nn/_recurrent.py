@@ -1,0 +1,308 @@
+"""Runtimes of the recurrent layers (LSTM, SimpleRnn, Bidirectional, LastTimeStep).
+
+Sequence runtime interface (layers whose config has ``takes_sequences``), used by every network type:
+
+- ``forward(x, train, seed, mask=None, stateful=False)``: ``x`` is (N, T, C), C-contiguous: DL4J's
+  (batch, size, time) features with each example's time steps as contiguous rows. ``mask`` is the
+  features mask (N, T) in the network dtype (1 = step present, 0 = padding) or None. Returns (N, T, H)
+  (LastTimeStep: (N, H)), a work buffer valid until the next forward. With ``stateful`` the layer starts
+  from the state its previous stateful forward ended in (``rnn_time_step``, truncated BPTT) and keeps
+  the state it ends in; ``clear_state()`` forgets it. ``backward_steps`` (truncated BPTT) limits the
+  following backward to the last that many time steps.
+- ``backward(dy, need_dx)``: ``dy`` is dL/d(output) shaped as the output; writes the parameter gradients
+  (not accumulated) and returns dL/dx (N, T, C) or None. It uses the mask of the last forward. No
+  gradient flows into the initial state.
+
+Masked steps follow DL4J: a recurrent layer's output and state are multiplied by the mask, so a masked
+step outputs zero and the next present step starts from a zero state; its gradient is zero there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sparkgrad._native import _core
+from sparkgrad.nn import layers as L
+from sparkgrad.nn._runtime import LayerRuntime, activation_alpha
+
+
+class SequenceRuntime(LayerRuntime):
+    """Base of the recurrent runtimes: the stateful-inference state and the interface above."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.state: tuple[np.ndarray, ...] | None = None
+
+    def clear_state(self) -> None:
+        """Forget the state kept by stateful forwards."""
+        self.state = None
+
+    def _initial_state(self, n: int, stateful: bool) -> tuple[np.ndarray | None, ...]:
+        if not stateful or self.state is None:
+            return (None,) * self.state_arrays
+        if self.state[0].shape[0] != n:
+            raise ValueError(
+                f"features: the stored recurrent state is for {self.state[0].shape[0]} examples but the "
+                f"batch has {n}; call rnn_clear_previous_state() first"
+            )
+        return self.state
+
+    state_arrays = 1
+
+
+class LSTMRuntime(SequenceRuntime):
+    """LSTM through the native whole-sequence kernels (cpp/src/nn/lstm.cpp)."""
+
+    state_arrays = 2
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c = self.conf
+        self.kernel_args = {
+            "activation": c.activation.value,
+            "gate_activation": c.gate_activation.value,
+            "alpha": activation_alpha(c.activation),
+            "gate_alpha": activation_alpha(c.gate_activation),
+        }
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        self.x = self._input_dropout(x, train, seed)
+        n, t, _ = x.shape
+        h = self.conf.n_out
+        hs, cs = self.buf("hs", (n, t, h)), self.buf("cs", (n, t, h))
+        gates, act_c = self.buf("gates", (n, t, 4 * h)), self.buf("act_c", (n, t, h))
+        self.h0, self.c0 = self._initial_state(n, stateful)
+        self.mask = mask
+        self.first_step = _first_step(t, backward_steps)
+        p = self.params
+        _core.lstm_forward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, cs, gates, act_c,
+            mask=mask, h0=self.h0, c0=self.c0, **self.kernel_args,
+        )  # fmt: skip
+        if stateful:
+            self.state = (hs[:, -1].copy(), cs[:, -1].copy())
+        self.hs, self.cs, self.gates, self.act_c = hs, cs, gates, act_c
+        return hs
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        g, p = self.grads, self.params
+        dx = self.buf("dx", self.x.shape) if need_dx else None
+        _core.lstm_backward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.cs, self.gates, self.act_c,
+            np.ascontiguousarray(dy), self.buf("dgates", self.gates.shape),
+            g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
+            dx=dx, mask=self.mask, h0=self.h0, c0=self.c0, first_step=self.first_step, **self.kernel_args,
+        )  # fmt: skip
+        return self._input_dropout_backward(dx) if need_dx else None
+
+
+class SimpleRnnRuntime(SequenceRuntime):
+    """SimpleRnn: one GEMM for the input projection of every step, then one small GEMM per step.
+
+    Work buffers are time-major (T, N, H) so that every step is a contiguous block.
+    """
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        self.x = self._input_dropout(x, train, seed)
+        n, t, c = x.shape
+        h = self.conf.n_out
+        p = self.params
+        zx = self.buf("zx", (n * t, h))
+        _core.gemm(self.x.reshape(n * t, c), p[L.WEIGHT], out=zx)
+        _core.bias_add(zx, p[L.BIAS])
+        z = self.buf("z", (t, n, h))
+        np.copyto(z, zx.reshape(n, t, h).transpose(1, 0, 2))
+        raw, out = self.buf("raw", (t, n, h)), self.buf("out", (t, n, h))
+        self.mask_tn = None if mask is None else np.ascontiguousarray(mask.T)[:, :, None]
+        (self.h0,) = self._initial_state(n, stateful)
+        self.first_step = _first_step(t, backward_steps)
+        rec = self.buf("rec", (n, h))
+        for step in range(t):
+            prev = out[step - 1] if step > 0 else self.h0
+            if prev is not None:
+                _core.gemm(prev, p[L.RECURRENT_WEIGHT], out=rec)
+                z[step] += rec
+            _core.activation_forward(self.activation.value, z[step], raw[step], alpha=self.alpha)
+            if self.mask_tn is None:
+                out[step] = raw[step]
+            else:
+                np.multiply(raw[step], self.mask_tn[step], out=out[step])
+        if stateful:
+            self.state = (out[-1].copy(),)
+        self.z, self.raw, self.out = z, raw, out
+        y = self.buf("y", (n, t, h))
+        np.copyto(y, out.transpose(1, 0, 2))
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        t, n, h = self.z.shape
+        c = self.x.shape[2]
+        dz = self.buf("dz", (t, n, h))
+        np.copyto(dz, dy.reshape(n, t, h).transpose(1, 0, 2))
+        rw = self.params[L.RECURRENT_WEIGHT]
+        rec = self.buf("rec", (n, h))
+        dz[: self.first_step] = 0.0  # truncated BPTT: no gradient before the backward window
+        for step in range(t - 1, self.first_step - 1, -1):
+            if step < t - 1:
+                _core.gemm(dz[step + 1], rw, trans_b=True, out=rec)
+                dz[step] += rec
+            if self.mask_tn is not None:
+                dz[step] *= self.mask_tn[step]
+            _core.activation_backward(
+                self.activation.value, self.z[step], self.raw[step], dz[step], dz[step], alpha=self.alpha
+            )
+        prev = self.buf("prev", (t, n, h))  # the h_{t-1} each step used
+        prev[0] = 0.0 if self.h0 is None else self.h0
+        prev[1:] = self.out[:-1]
+        g = self.grads
+        _core.gemm(prev.reshape(t * n, h), dz.reshape(t * n, h), trans_a=True, out=g[L.RECURRENT_WEIGHT])
+        _core.bias_grad(dz.reshape(t * n, h), g[L.BIAS])
+        dz_nt = self.buf("dz_nt", (n * t, h))
+        np.copyto(dz_nt.reshape(n, t, h), dz.transpose(1, 0, 2))
+        _core.gemm(self.x.reshape(n * t, c), dz_nt, trans_a=True, out=g[L.WEIGHT])
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x.shape)
+        _core.gemm(dz_nt, self.params[L.WEIGHT], trans_b=True, out=dx.reshape(n * t, c))
+        return self._input_dropout_backward(dx)
+
+
+def _first_step(steps: int, backward_steps: int | None) -> int:
+    """The first time step gradients reach: all of them, or the last ``backward_steps`` (truncated BPTT)."""
+    return 0 if backward_steps is None else max(0, steps - backward_steps)
+
+
+def _inner(
+    conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict, prefix: str = ""
+) -> SequenceRuntime:
+    """The runtime of a wrapped LSTM / SimpleRnn over the parameters named ``prefix + name``."""
+    names = [s.name for s in conf.param_specs(input_type)]
+    p = {name: params[prefix + name] for name in names}
+    g = {name: grads[prefix + name] for name in names}
+    cls = LSTMRuntime if isinstance(conf, L.LSTM) else SimpleRnnRuntime
+    return cls(conf, input_type, activation, dtype, p, g)
+
+
+class BidirectionalRuntime(SequenceRuntime):
+    """Bidirectional: a forward-time and a backward-time copy of the wrapped layer, outputs combined."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c, it, act, dtype = self.conf, self.input_type, self.activation, self.dtype
+        self.fwd = _inner(c.layer, it, act, dtype, self.params, self.grads, "f")
+        self.bwd = _inner(c.layer, it, act, dtype, self.params, self.grads, "b")
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        if stateful:
+            raise ValueError(
+                "features: Bidirectional layers need the whole sequence: no rnn_time_step or truncated BPTT"
+            )
+        self.yf = self.fwd.forward(x, train, seed, mask)
+        x_rev = np.ascontiguousarray(x[:, ::-1])
+        m_rev = None if mask is None else np.ascontiguousarray(mask[:, ::-1])
+        self.yb = self.bwd.forward(x_rev, train, seed + 1, m_rev)[:, ::-1]
+        mode = self.conf.mode
+        if mode is L.BidirectionalMode.CONCAT:
+            return np.concatenate([self.yf, self.yb], axis=2)
+        if mode is L.BidirectionalMode.ADD:
+            return self.yf + self.yb
+        if mode is L.BidirectionalMode.MUL:
+            return self.yf * self.yb
+        return 0.5 * (self.yf + self.yb)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        mode, h = self.conf.mode, self.conf.layer.n_out
+        if mode is L.BidirectionalMode.CONCAT:
+            df, db = dy[:, :, :h], dy[:, :, h:]
+        elif mode is L.BidirectionalMode.ADD:
+            df = db = dy
+        elif mode is L.BidirectionalMode.MUL:
+            df, db = dy * self.yb, dy * self.yf
+        else:
+            df = db = 0.5 * dy
+        dxf = self.fwd.backward(np.ascontiguousarray(df), need_dx)
+        dxb = self.bwd.backward(np.ascontiguousarray(db[:, ::-1]), need_dx)
+        if not need_dx:
+            return None
+        return dxf + dxb[:, ::-1]
+
+
+class LastTimeStepRuntime(SequenceRuntime):
+    """LastTimeStep: the wrapped layer's output at each example's last present step."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        c = self.conf
+        self.inner = _inner(c.layer, self.input_type, self.activation, self.dtype, self.params, self.grads)
+
+    def clear_state(self) -> None:
+        self.inner.clear_state()
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        y = self.inner.forward(x, train, seed, mask, stateful, backward_steps)
+        n, t, _ = y.shape
+        if mask is None:
+            self.last = np.full(n, t - 1)
+        else:  # index of the last non-zero mask entry; 0 when a row has none
+            present = mask != 0
+            self.last = np.where(present.any(axis=1), t - 1 - np.argmax(present[:, ::-1], axis=1), 0)
+        self.y_shape = y.shape
+        return y[np.arange(n), self.last]
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        full = self.buf("dy_full", self.y_shape)
+        full.fill(0.0)
+        full[np.arange(self.y_shape[0]), self.last] = dy
+        return self.inner.backward(full, need_dx)
+
+
+_SEQUENCE_RUNTIMES = {
+    L.LSTM: LSTMRuntime,
+    L.SimpleRnn: SimpleRnnRuntime,
+    L.Bidirectional: BidirectionalRuntime,
+    L.LastTimeStep: LastTimeStepRuntime,
+}
+
+
+def build_sequence_runtime(
+    conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict
+) -> SequenceRuntime:
+    """The runtime of a layer whose config ``takes_sequences`` (interface in the module docstring)."""
+    return _SEQUENCE_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
+
+
+__all__ = ["SequenceRuntime", "build_sequence_runtime"]

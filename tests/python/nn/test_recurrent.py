@@ -1,0 +1,328 @@
+"""Recurrent layers and time-series masks through MultiLayerNetwork: float64 gradient checks of every
+recurrent layer with and without masks and variable lengths, and tests that fail if any forward,
+backward, loss, output, scoring or evaluation path ignores a mask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparkgrad.data import DataSet
+from sparkgrad.nn import (
+    LSTM,
+    Bidirectional,
+    DenseLayer,
+    InputType,
+    LastTimeStep,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+    RnnLossLayer,
+    RnnOutputLayer,
+    SimpleRnn,
+)
+from sparkgrad.nn.updaters import Adam
+
+EPS = 1e-6
+MAX_REL_ERROR = 1e-5
+N, SIZE, T = 3, 3, 5
+
+
+def _net(layers, dtype="float64", seed=7, **kw) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(layers, input_type=InputType.recurrent(SIZE), seed=seed, dtype=dtype, **kw)
+    return MultiLayerNetwork(conf).init()
+
+
+def _lengths_mask(lengths, t=T) -> np.ndarray:
+    return (np.arange(t)[None, :] < np.asarray(lengths)[:, None]).astype(np.float64)
+
+
+def _gradient_check(net: MultiLayerNetwork, ds: DataSet) -> None:
+    """Analytic vs central-difference gradient of the score for every parameter.
+
+    The score sums ``terms`` float64 values, so a difference of two scores carries round-off of about
+    terms * eps * |score|, divided by 2 EPS: entries below that are compared in absolute terms."""
+    grad, score = net.compute_gradient_and_score(ds)
+    terms = np.asarray(ds.labels).size
+    atol = terms * np.finfo(np.float64).eps * max(1.0, abs(score)) / EPS
+    params = net.params()
+    for i in range(params.size):
+        orig = params[i]
+        params[i] = orig + EPS
+        plus = net.compute_gradient_and_score(ds)[1]
+        params[i] = orig - EPS
+        minus = net.compute_gradient_and_score(ds)[1]
+        params[i] = orig
+        numeric = (plus - minus) / (2 * EPS)
+        assert abs(numeric - grad[i]) <= MAX_REL_ERROR * (abs(numeric) + abs(grad[i])) + atol, (
+            i,
+            numeric,
+            grad[i],
+        )
+
+
+def _seq_labels(rng, classes=2) -> np.ndarray:
+    return np.eye(classes)[rng.integers(0, classes, (N, T))].transpose(0, 2, 1)
+
+
+LAYERS = {
+    "lstm": lambda: [LSTM(4), RnnOutputLayer(2)],
+    "lstm_hardtanh_gates": lambda: [
+        LSTM(3, gate_activation="hardtanh", activation="softplus"),
+        RnnOutputLayer(2),
+    ],
+    "simple_rnn": lambda: [SimpleRnn(4, activation="tanh"), RnnOutputLayer(2)],
+    "stacked_with_dense": lambda: [
+        DenseLayer(3, activation="tanh"),
+        LSTM(3),
+        SimpleRnn(3),
+        RnnOutputLayer(2),
+    ],
+    "bidirectional_concat": lambda: [Bidirectional(LSTM(3)), RnnOutputLayer(2)],
+    "bidirectional_add": lambda: [
+        Bidirectional(SimpleRnn(3, activation="tanh"), mode="add"),
+        RnnOutputLayer(2),
+    ],
+    "bidirectional_mul": lambda: [Bidirectional(LSTM(2), mode="mul"), RnnOutputLayer(2)],
+    "bidirectional_average": lambda: [Bidirectional(LSTM(2), mode="average"), RnnOutputLayer(2)],
+    "rnn_loss_layer": lambda: [
+        LSTM(2),
+        DenseLayer(2, activation="identity"),
+        RnnLossLayer(activation="softmax"),
+    ],
+}
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_recurrent_gradient(name: str, masked: bool) -> None:
+    rng = np.random.default_rng(len(name))
+    mask = _lengths_mask([5, 2, 4]) if masked else None  # variable lengths, end padding
+    ds = DataSet(rng.normal(size=(N, SIZE, T)), _seq_labels(rng), features_mask=mask)
+    _gradient_check(_net(LAYERS[name]()), ds)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("inner", ["lstm", "simple_rnn"])
+def test_last_time_step_gradient(inner: str, masked: bool) -> None:
+    rng = np.random.default_rng(5)
+    layer = LSTM(3) if inner == "lstm" else SimpleRnn(3, activation="tanh")
+    mask = _lengths_mask([1, 5, 3]) if masked else None
+    ds = DataSet(rng.normal(size=(N, SIZE, T)), np.eye(2)[[0, 1, 1]], features_mask=mask)
+    _gradient_check(_net([LastTimeStep(layer), DenseLayer(3, activation="tanh"), OutputLayer(2)]), ds)
+
+
+def test_lstm_parameter_layout_and_forget_gate_bias() -> None:
+    net = _net([LSTM(4, forget_gate_bias_init=1.5), RnnOutputLayer(2)])
+    # W (3, 16), RW (4, 16), b (16) then the output layer's W (4, 2), b (2)
+    assert net.num_params() == 3 * 16 + 4 * 16 + 16 + 4 * 2 + 2
+    b = net.params()[3 * 16 + 4 * 16 : 3 * 16 + 4 * 16 + 16]
+    np.testing.assert_array_equal(b, [0.0] * 4 + [1.5] * 4 + [0.0] * 8)  # gate order [a, f, o, i]
+
+
+# ---- masks change every answer ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def padded():
+    """Sequences of lengths 5, 2, 4 and a copy whose padding is replaced by large noise."""
+    rng = np.random.default_rng(11)
+    mask = _lengths_mask([5, 2, 4])
+    x = rng.normal(size=(N, SIZE, T))
+    noisy = np.where(mask[:, None, :] > 0, x, 50 * rng.normal(size=x.shape))
+    return x, noisy, mask, _seq_labels(rng)
+
+
+NETWORKS = {
+    "lstm": lambda: [DenseLayer(3, activation="tanh"), LSTM(4), RnnOutputLayer(2)],
+    "bidirectional": lambda: [Bidirectional(LSTM(3)), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_padding_is_invisible_with_a_mask(padded, name: str) -> None:
+    """With the mask, garbage in padded steps changes no output, score, gradient or evaluation."""
+    x, noisy, mask, labels = padded
+    net = _net(NETWORKS[name]())
+    clean, dirty = DataSet(x, labels, features_mask=mask), DataSet(noisy, labels, features_mask=mask)
+    out = net.output(clean)
+    np.testing.assert_allclose(net.output(dirty), out, rtol=1e-12, atol=1e-12)
+    assert np.all(out[mask[:, None, :].repeat(2, axis=1) == 0] == 0)  # masked steps output zero
+    np.testing.assert_allclose(net.score_examples(dirty), net.score_examples(clean), rtol=1e-12)
+    g_clean, s_clean = net.compute_gradient_and_score(clean)
+    g_dirty, s_dirty = net.compute_gradient_and_score(dirty)
+    np.testing.assert_allclose(g_dirty, g_clean, rtol=1e-10, atol=1e-12)
+    assert s_dirty == pytest.approx(s_clean, rel=1e-12)
+    assert net.evaluate(dirty).accuracy() == net.evaluate(clean).accuracy()
+    # ... and without the mask the garbage does change them
+    assert not np.allclose(net.output(noisy), net.output(x))
+    assert not np.allclose(net.compute_gradient_and_score(DataSet(noisy, labels))[0], g_clean)
+
+
+def test_masked_score_counts_present_steps_only(padded) -> None:
+    x, _, mask, labels = padded
+    net = _net(NETWORKS["lstm"]())
+    per_step = net.score_examples(DataSet(x, labels, features_mask=mask))
+    # the same sequences cut to their lengths, one by one: the masked score is the sum over present steps
+    for i, length in enumerate([5, 2, 4]):
+        alone = DataSet(x[i : i + 1, :, :length], labels[i : i + 1, :, :length])
+        assert per_step[i] == pytest.approx(net.score_examples(alone)[0], rel=1e-10)
+    score = net.score(DataSet(x, labels, features_mask=mask))
+    assert score == pytest.approx(per_step.sum() / N, rel=1e-12)  # DL4J: sum over steps / batch size
+
+
+def test_labels_mask_takes_precedence_and_evaluation_skips_masked_steps(padded) -> None:
+    x, _, mask, labels = padded
+    net = _net(NETWORKS["lstm"]())
+    only_first = np.zeros_like(mask)
+    only_first[:, 0] = 1
+    ev = net.evaluate(DataSet(x, labels, features_mask=mask, labels_mask=only_first))
+    pred = net.output(DataSet(x, features_mask=mask))[:, :, 0].argmax(axis=1)
+    assert ev.accuracy() == pytest.approx(np.mean(pred == labels[:, :, 0].argmax(axis=1)))
+    full = net.evaluate(DataSet(x, labels, features_mask=mask))
+    present = mask.reshape(-1) > 0
+    pred_all = net.output(DataSet(x, features_mask=mask)).transpose(0, 2, 1).reshape(-1, 2).argmax(axis=1)
+    truth_all = labels.transpose(0, 2, 1).reshape(-1, 2).argmax(axis=1)
+    assert full.accuracy() == pytest.approx(np.mean(pred_all[present] == truth_all[present]))
+
+
+def test_last_time_step_uses_last_present_step(padded) -> None:
+    x, noisy, mask, _ = padded
+    net = _net([LastTimeStep(LSTM(4)), OutputLayer(2)])
+    out = net.output(x, features_mask=mask)
+    for i, length in enumerate([5, 2, 4]):
+        np.testing.assert_allclose(out[i], net.output(x[i : i + 1, :, :length])[0], rtol=1e-12)
+    np.testing.assert_allclose(net.output(noisy, features_mask=mask), out, rtol=1e-12)
+    assert not np.allclose(net.output(x), out)
+
+
+def test_rnn_time_step_matches_the_whole_sequence() -> None:
+    rng = np.random.default_rng(4)
+    net = _net([LSTM(4), SimpleRnn(3), RnnOutputLayer(2)])
+    x = rng.normal(size=(2, SIZE, T))
+    whole = net.output(x)
+    steps = [net.rnn_time_step(x[:, :, s]) for s in range(T)]
+    np.testing.assert_allclose(np.stack(steps, axis=2), whole, rtol=1e-12, atol=1e-12)
+    net.rnn_clear_previous_state()
+    np.testing.assert_allclose(net.rnn_time_step(x[:, :, :2]), whole[:, :, :2], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(net.rnn_time_step(x[:, :, 2:]), whole[:, :, 2:], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="rnn_clear_previous_state"):
+        net.rnn_time_step(x[:1, :, :1])
+
+
+def sign_sequences(rng: np.random.Generator, n: int, t: int = 12) -> DataSet:
+    """Variable-length (4..t) noisy sequences around +-0.5, end-padded and masked; label: the sign."""
+    mask = _lengths_mask(rng.integers(4, t + 1, n), t)
+    sign = rng.integers(0, 2, n)
+    x = ((sign * 2 - 1)[:, None, None] * 0.5 + 0.5 * rng.normal(size=(n, 1, t))) * mask[:, None, :]
+    return DataSet(
+        x.astype(np.float32), np.eye(2, dtype=np.float32)[sign], features_mask=mask.astype(np.float32)
+    )
+
+
+def test_training_on_variable_lengths_learns_the_sign() -> None:
+    rng = np.random.default_rng(0)
+    conf = MultiLayerConfiguration(
+        [LastTimeStep(LSTM(8)), OutputLayer(2)], input_type=InputType.recurrent(1), seed=1, updater=Adam(0.02)
+    )
+    net = MultiLayerNetwork(conf).init()
+    net.fit([sign_sequences(rng, 32) for _ in range(30)], epochs=2)
+    assert net.evaluate(sign_sequences(rng, 500)).accuracy() >= 0.95
+
+
+def test_configuration_errors_name_the_layer() -> None:
+    with pytest.raises(ValueError, match=r"layers\[0\] \(LSTM\)\.input: needs recurrent input"):
+        MultiLayerConfiguration([LSTM(3), OutputLayer(2)], input_type=InputType.feed_forward(4))
+    with pytest.raises(ValueError, match="gate_activation"):
+        LSTM(3, gate_activation="softmax")
+    with pytest.raises(ValueError, match="layer: expected an LSTM or SimpleRnn"):
+        Bidirectional(DenseLayer(3))
+    net = _net([LSTM(3), RnnOutputLayer(2)])
+    with pytest.raises(ValueError, match=r"features_mask: expected shape \(batch, time\)"):
+        net.output(np.zeros((2, SIZE, 4)), features_mask=np.ones((2, 3)))
+    dense = MultiLayerNetwork(
+        MultiLayerConfiguration([OutputLayer(2)], input_type=InputType.feed_forward(3))
+    ).init()
+    with pytest.raises(ValueError, match="features_mask: only recurrent input"):
+        dense.output(np.zeros((2, 3)), features_mask=np.ones((2, 3)))
+
+
+def test_recurrent_configuration_round_trips() -> None:
+    conf = MultiLayerConfiguration(
+        [
+            Bidirectional(LSTM(3, gate_activation="hardtanh"), mode="add"),
+            LastTimeStep(SimpleRnn(2)),
+            OutputLayer(2),
+        ],
+        input_type=InputType.recurrent(SIZE),
+    )
+    assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
+    assert MultiLayerConfiguration.from_yaml(conf.to_yaml()) == conf
+
+
+def _tbptt_net(**kw) -> MultiLayerNetwork:
+    from sparkgrad.nn.updaters import Sgd
+
+    return _net([LSTM(3), SimpleRnn(2), RnnOutputLayer(2)], updater=Sgd(0.5), **kw)
+
+
+def test_truncated_bptt_longer_than_the_sequence_is_standard_training() -> None:
+    rng = np.random.default_rng(21)
+    ds = DataSet(rng.normal(size=(N, SIZE, T)), _seq_labels(rng), features_mask=_lengths_mask([5, 2, 4]))
+    standard = _tbptt_net().fit(ds, epochs=2)
+    truncated = _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=T, tbptt_backward_length=T)
+    np.testing.assert_allclose(
+        truncated.fit(ds, epochs=2).params(), standard.params(), rtol=1e-12, atol=1e-14
+    )
+
+
+@pytest.mark.parametrize("backward", [3, 2])
+def test_truncated_bptt_updates_per_segment_and_carries_the_state(backward: int) -> None:
+    rng = np.random.default_rng(22)
+    steps = 6
+    x, labels = (
+        rng.normal(size=(N, SIZE, steps)),
+        np.eye(2)[rng.integers(0, 2, (N, steps))].transpose(0, 2, 1),
+    )
+    ds = DataSet(x, labels)
+    kw = {"backprop_type": "truncated_bptt", "tbptt_forward_length": 3, "tbptt_backward_length": backward}
+    net = _tbptt_net(**kw)
+    start = net.params().copy()
+    net.fit(ds)
+    assert net.iteration_count == 2  # one update per segment
+    # by hand: segment 1 from a zero state; segment 2 from the state segment 1 ended in (old parameters)
+    ref = _tbptt_net(**kw)
+    first, second = ref.tbptt_segments(ds)
+    ref.apply_update(ref.compute_update(first)[0])
+    after_first = ref.params().copy()
+    ref.set_params(start)
+    ref.rnn_clear_previous_state()
+    ref.rnn_time_step(x[:, :, :3])
+    ref.set_params(after_first)
+    ref.apply_update(ref.compute_update(second)[0])
+    np.testing.assert_allclose(net.params(), ref.params(), rtol=1e-12, atol=1e-14)
+    # the whole sequence at once is not what truncated BPTT trains on, and compute_update refuses it
+    with pytest.raises(ValueError, match="tbptt_forward_length"):
+        net.compute_update(ds)
+
+
+def test_truncated_bptt_configuration_is_checked() -> None:
+    with pytest.raises(ValueError, match="tbptt_backward_length"):
+        _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=3, tbptt_backward_length=4)
+    with pytest.raises(
+        ValueError, match="backprop_type: truncated_bptt needs recurrent input and per-time-step"
+    ):
+        _net([LastTimeStep(LSTM(3)), OutputLayer(2)], backprop_type="truncated_bptt")
+    conf = _tbptt_net(backprop_type="truncated_bptt", tbptt_forward_length=7, tbptt_backward_length=5).conf
+    assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
+
+
+def test_recurrent_network_saves_and_loads(tmp_path, padded) -> None:
+    x, _, mask, _ = padded
+    net = _net([Bidirectional(LSTM(3), mode="average"), LastTimeStep(SimpleRnn(2)), OutputLayer(2)])
+    path = tmp_path / "rnn.zip"
+    net.save(path)
+    loaded = MultiLayerNetwork.load(path)
+    bool_mask = mask.astype(bool)  # any numeric or boolean mask array works
+    expected = net.output(x, features_mask=mask)
+    np.testing.assert_array_equal(loaded.output(x, features_mask=bool_mask), expected)

@@ -1,0 +1,130 @@
+"""Native LSTM kernels (cpp/src/nn/lstm.cpp) against the step-by-step NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import nn as ref
+
+from sparkgrad import _core
+
+ELEMENTWISE = ["tanh", "sigmoid", "identity", "softplus", "hardtanh"]
+
+
+def _tol(dtype, steps: int, width: int) -> dict:
+    """Round-off bound: a step sums ``width`` products and the state carries error over ``steps``."""
+    eps = float(np.finfo(dtype).eps)
+    bound = 8 * eps * steps * width
+    return {"rtol": bound, "atol": bound}
+
+
+def _run(x, w, rw, b, dh, mask, h0, c0, act, gate):
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hs, cs, act_c = (np.full((n, t, h), np.nan, x.dtype) for _ in range(3))
+    gates = np.full((n, t, 4 * h), np.nan, x.dtype)
+    kw = {"mask": mask, "h0": h0, "c0": c0, "activation": act, "gate_activation": gate}
+    _core.lstm_forward(x, w, rw, b, hs, cs, gates, act_c, **kw)
+    grads = [np.full(a.shape, np.nan, x.dtype) for a in (x, w, rw, b)]
+    dgates = np.empty_like(gates)
+    _core.lstm_backward(x, w, rw, hs, cs, gates, act_c, dh, dgates, *grads[1:], dx=grads[0], **kw)
+    return hs, cs, grads
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    t=st.integers(1, 5),
+    c=st.integers(1, 4),
+    h=st.integers(1, 4),
+    masked=st.booleans(),
+    state=st.booleans(),
+    act=st.sampled_from(ELEMENTWISE),
+    gate=st.sampled_from(["sigmoid", "hardtanh"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_lstm_forward_backward_match_reference(n, t, c, h, masked, state, act, gate, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x, w, rw = (
+        rng.normal(size=(n, t, c)),
+        0.5 * rng.normal(size=(c, 4 * h)),
+        0.5 * rng.normal(size=(h, 4 * h)),
+    )
+    b, dh = 0.5 * rng.normal(size=4 * h), rng.normal(size=(n, t, h))
+    mask = rng.integers(0, 2, (n, t)).astype(np.float64) if masked else None
+    h0, c0 = (rng.normal(size=(n, h)), rng.normal(size=(n, h))) if state else (None, None)
+    cast = [None if a is None else a.astype(dtype) for a in (x, w, rw, b, dh, mask, h0, c0)]
+    # the reference runs on the cast inputs in float64, so only the kernel's own round-off differs
+    x, w, rw, b, dh, mask, h0, c0 = [None if a is None else a.astype(np.float64) for a in cast]
+    hs, cs, grads = _run(*cast, act, gate)
+    ref_hs, ref_cs = ref.lstm_forward(x, w, rw, b, mask, h0, c0, act, gate)
+    tol = _tol(dtype, t, c + h)
+    np.testing.assert_allclose(hs, ref_hs, **tol)
+    np.testing.assert_allclose(cs, ref_cs, **tol)
+    if gate == "hardtanh" or act == "hardtanh":
+        return  # central differences are not exact at the kinks; the network gradient checks cover them
+    expected = ref.lstm_backward(x, w, rw, b, dh, mask, h0, c0, act, gate)
+    # central differences carry ~eps64 * |loss| / 1e-6 of round-off on top of the kernel's own
+    fd = 1e-6 * (1 + np.abs(dh).sum())
+    for name, got, want in zip(("dx", "dw", "drw", "db"), grads, expected):
+        bound = _tol(dtype, t, c + h)["atol"] * (1 + np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound + fd, err_msg=name)
+
+
+def test_lstm_masked_steps_output_zero_and_restart_state():
+    rng = np.random.default_rng(3)
+    x, w, rw, b = (
+        rng.normal(size=(1, 4, 2)),
+        rng.normal(size=(2, 8)),
+        rng.normal(size=(2, 8)),
+        rng.normal(size=8),
+    )
+    mask = np.array([[1.0, 0.0, 1.0, 1.0]])
+    hs, cs, _ = _run(x, w, rw, b, np.ones((1, 4, 2)), mask, None, None, "tanh", "sigmoid")
+    assert np.all(hs[0, 1] == 0) and np.all(cs[0, 1] == 0)
+    # after the masked step the layer continues from a zero state: as if the sequence began at step 2
+    tail, _, _ = _run(x[:, 2:].copy(), w, rw, b, np.ones((1, 2, 2)), None, None, None, "tanh", "sigmoid")
+    np.testing.assert_allclose(hs[:, 2:], tail, rtol=1e-12, atol=1e-12)
+
+
+def test_lstm_kernel_errors_name_the_argument():
+    x, w, rw, b = np.zeros((2, 3, 4)), np.zeros((4, 8)), np.zeros((2, 8)), np.zeros(8)
+    out = [np.zeros((2, 3, 2)), np.zeros((2, 3, 2)), np.zeros((2, 3, 8)), np.zeros((2, 3, 2))]
+    with pytest.raises(ValueError, match=r"\[lstm_forward\] w must have shape \(4, 4H\)"):
+        _core.lstm_forward(x, np.zeros((4, 7)), rw, b, *out)
+    with pytest.raises(ValueError, match=r"\[lstm_forward\] mask must have shape \(2, 3\)"):
+        _core.lstm_forward(x, w, rw, b, *out, mask=np.ones((3, 2)))
+    with pytest.raises(ValueError, match="softmax"):
+        _core.lstm_forward(x, w, rw, b, *out, activation="softmax")
+    with pytest.raises(ValueError, match=r"\[lstm_forward\] act_c must have dtype float64"):
+        _core.lstm_forward(x, w, rw, b, *out[:3], out[3].astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lstm_backward_first_step_truncates_like_a_sequence_starting_there(dtype):
+    """Gradients from first_step on equal those of the tail run from the state the head ended in."""
+    rng = np.random.default_rng(8)
+    n, t, c, h, k = 3, 6, 2, 3, 4
+    x, w, rw = (rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, 4 * h), (h, 4 * h)))
+    b, dh = rng.normal(size=4 * h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    hs, cs, act_c = (np.empty((n, t, h), dtype) for _ in range(3))
+    gates = np.empty((n, t, 4 * h), dtype)
+    _core.lstm_forward(x, w, rw, b, hs, cs, gates, act_c)
+    grads = [np.empty_like(a) for a in (x, w, rw, b)]
+    _core.lstm_backward(
+        x, w, rw, hs, cs, gates, act_c, dh, np.empty_like(gates), *grads[1:], dx=grads[0], first_step=k
+    )
+    h0, c0 = hs[:, k - 1].copy(), cs[:, k - 1].copy()
+    tail = _run(x[:, k:].copy(), w, rw, b, dh[:, k:].copy(), None, h0, c0, "tanh", "sigmoid")[2]
+    tol = _tol(dtype, t, c + h)
+    assert np.all(grads[0][:, :k] == 0)
+    np.testing.assert_allclose(grads[0][:, k:], tail[0], **tol)
+    for got, want in zip(grads[1:], tail[1:]):
+        np.testing.assert_allclose(got, want, **tol)
+    with pytest.raises(ValueError, match=r"first_step must be in \[0, 6\)"):
+        _core.lstm_backward(
+            x, w, rw, hs, cs, gates, act_c, dh, np.empty_like(gates), *grads[1:], first_step=6
+        )
