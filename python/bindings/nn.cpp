@@ -601,6 +601,8 @@ void l2_distance_backward(const py::array& a_in, const py::array& b_in, const py
     py::gil_scoped_release release;
     nn::l2_distance_backward<T>(a.data(), b.data(), y.data(), dy.data(), da.mutable_data(), db.mutable_data(), n,
                                 d, eps);
+  });
+}
 
 // ---- LSTM ------------------------------------------------------------------------------------------
 nn::LstmSpec lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
@@ -789,6 +791,19 @@ void init_nn(py::module_& m) {
   m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
         "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
+  m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
+        py::arg("cs"), py::arg("gates"), py::arg("act_c"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
+        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
+        "LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J): writes hs, cs, "
+        "act_c (N, T, H) and the activated gates (N, T, 4H). mask (N, T) multiplies h and c per step.");
+  m.def("lstm_backward", &lstm_backward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("hs"), py::arg("cs"),
+        py::arg("gates"), py::arg("act_c"), py::arg("dh"), py::arg("dgates"), py::arg("dw"), py::arg("drw"),
+        py::arg("db"), py::arg("dx") = py::none(), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
+        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
+        "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
+        "steps before first_step get no gradient (truncated BPTT).");
   m.def("elementwise_forward", &elementwise_forward, py::arg("kind"), py::arg("inputs"), py::arg("y"),
         "y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).");
   m.def("elementwise_backward", &elementwise_backward, py::arg("kind"), py::arg("inputs"), py::arg("dy"),
@@ -803,18 +818,4 @@ void init_nn(py::module_& m) {
         "y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.");
   m.def("l2_distance_backward", &l2_distance_backward, py::arg("a"), py::arg("b"), py::arg("y"), py::arg("dy"),
         py::arg("da"), py::arg("db"), py::arg("eps"), "da = dy (a - b) / max(y, eps), db = -da.");
-
-  m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
-        py::arg("cs"), py::arg("gates"), py::arg("act_c"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
-        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
-        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
-        "LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J): writes hs, cs, "
-        "act_c (N, T, H) and the activated gates (N, T, 4H). mask (N, T) multiplies h and c per step.");
-  m.def("lstm_backward", &lstm_backward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("hs"), py::arg("cs"),
-        py::arg("gates"), py::arg("act_c"), py::arg("dh"), py::arg("dgates"), py::arg("dw"), py::arg("drw"),
-        py::arg("db"), py::arg("dx") = py::none(), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
-        py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",
-        py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
-        "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
-        "steps before first_step get no gradient (truncated BPTT).");
 }
