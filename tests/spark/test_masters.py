@@ -130,7 +130,7 @@ def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:
         assert stats.events(key)
     fits = stats.events("ParameterAveragingWorkerFitTimesMs")
     assert sum(e.extra["examples"] for e in fits) == digits[0].num_examples()  # no example dropped
-    assert np.isfinite(sm.score) and sm.network.epoch_count == len(accs)
+    assert np.isfinite(sm.score()) and sm.network.epoch_count == len(accs)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from sparkgrad._native import _core
+from sparkgrad.data.inputs import training_batches
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
@@ -363,12 +364,18 @@ class MultiLayerNetwork:
         np.subtract(self._params, u, out=self._params, casting="same_kind")
 
     # -- training -----------------------------------------------------------------------------
-    def fit(self, data: Any, epochs: int = 1) -> MultiLayerNetwork:
+    def fit(
+        self, data: Any, labels: Any = None, epochs: int = 1, batch_size: int | None = None
+    ) -> MultiLayerNetwork:
         """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
 
         Args:
-            data: a DataSet (one minibatch per epoch) or a re-iterable collection of DataSets.
+            data: a DataSet (one minibatch per epoch unless ``batch_size`` is given), a feature array
+                with ``labels``, an ``(x, y)`` tuple of arrays, or a re-iterable collection of DataSets
+                or ``(x, y)`` batches (see :func:`sparkgrad.data.inputs.training_batches`).
+            labels: the label array when ``data`` is a feature array.
             epochs: number of passes over ``data``; ``epoch_count`` grows by one per pass.
+            batch_size: examples per minibatch (default 32 for arrays; batches as given otherwise).
 
         Returns:
             self
@@ -376,11 +383,9 @@ class MultiLayerNetwork:
         self._require_init()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
-        single = hasattr(data, "features")
-        if not single and epochs > 1 and iter(data) is data:
-            raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
+        batches = training_batches(data, labels, batch_size, epochs)
         for _ in range(epochs):
-            for batch in [data] if single else data:
+            for batch in batches:
                 update, _ = self._compute_update(batch)
                 self.apply_update(update)
                 for listener in self.listeners:
@@ -444,6 +449,10 @@ class MultiLayerNetwork:
                 raise ValueError("dataset: no minibatch has been trained yet, pass a DataSet")
             return self._last_score
         return float(self._example_scores(dataset).sum()) / self._n_examples(dataset) + self._penalty()
+
+    def get_score(self, dataset: Any = None) -> float:
+        """DL4J-style alias of :meth:`score`."""
+        return self.score(dataset)
 
     def score_examples(self, dataset: Any, include_regularization_terms: bool = False) -> np.ndarray:
         """Per-example loss (inference mode), optionally each plus the l1/l2 penalty."""

@@ -176,9 +176,15 @@ class SparkMultiLayer:
         """The training master."""
         return self._master
 
-    @property
     def score(self) -> float:
-        """Average last-minibatch score of the workers in the last fit (nan before any fit)."""
+        """Average last-minibatch score of the workers in the last fit (nan before any fit).
+
+        A method, like ``MultiLayerNetwork.score()``; :meth:`calculate_score` scores an RDD.
+        """
+        return self._score
+
+    def get_score(self) -> float:
+        """DL4J-style alias of :meth:`score`."""
         return self._score
 
     @property
