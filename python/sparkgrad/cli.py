@@ -1,6 +1,5 @@
 """The ``sparkgrad`` command line."""
 
-
 from __future__ import annotations
 
 import argparse
