@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sparkgrad._io import write_text
+
 _PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
 
 
@@ -142,10 +144,10 @@ class SparkTrainingStats:
         """Write one self-contained HTML page (inline SVG, no scripts or network resources).
 
         Args:
-            path: output file path.
+            path: a local path, or a URI any Hadoop FileSystem of the active Spark session handles
+                (``hdfs://``, ``s3a://``, ``file://``); created or overwritten.
         """
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(_render_html(self))
+        write_text(path, _render_html(self))
 
 
 # -- HTML ---------------------------------------------------------------------------------------------
