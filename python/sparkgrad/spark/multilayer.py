@@ -19,10 +19,12 @@ from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
     check_dataset_matches,
+    ensure_logging,
     first_element,
     load_unit,
     run_spark,
     spark_context,
+    use_driver_interpreter,
 )
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.partitioning import rebatch
@@ -120,6 +122,8 @@ class SparkMultiLayer:
         from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
 
         self._sc = spark_context(spark)
+        use_driver_interpreter(self._sc)
+        ensure_logging()
         if isinstance(network_or_conf, MultiLayerConfiguration):
             network_or_conf = MultiLayerNetwork(network_or_conf).init()
         self.network = network_or_conf
