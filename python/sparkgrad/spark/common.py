@@ -197,16 +197,21 @@ def _set_log4j_levels(sc: Any, levels: dict[str, Any], only_quieter: bool = True
         manager = jvm.org.apache.logging.log4j.LogManager
         configurator = jvm.org.apache.logging.log4j.core.config.Configurator
         config = manager.getContext(False).getConfiguration()
+        wanted = {
+            name: jvm.org.apache.logging.log4j.Level.getLevel(level) if isinstance(level, str) else level
+            for name, level in levels.items()
+        }
+        if only_quieter:  # log4j2: a smaller intLevel is quieter
+            wanted = {
+                name: level
+                for name, level in wanted.items()
+                if manager.getLogger(name).getLevel().intLevel() > level.intLevel()
+            }
         previous = {}
-        for name, level in levels.items():
-            if isinstance(level, str):
-                level = jvm.org.apache.logging.log4j.Level.getLevel(level)
-            if only_quieter:
-                current = manager.getLogger(name).getLevel()
-                if current.intLevel() <= level.intLevel():  # log4j2: a smaller intLevel is quieter
-                    continue
-                own = config.getLoggerConfig(name)
-                previous[name] = own.getLevel() if own.getName() == name else None
+        for name in wanted:  # all read before anything changes: a failure leaves every level as it was
+            own = config.getLoggerConfig(name)
+            previous[name] = own.getExplicitLevel() if own.getName() == name else None
+        for name, level in wanted.items():
             configurator.setLevel(name, level)
         return previous
     except Py4JError:  # another logging backend: Spark's own output stays as configured
