@@ -410,8 +410,11 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             if updater is not None:
                 network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
             network.iteration_count += total.max_batches
-        if stats is not None and total.stats is not None:
-            stats.merge(total.stats)
+        if stats is not None:
+            if total.stats is not None:
+                stats.merge(total.stats)
+            # the workers' mean last-minibatch score at the round's (averaged) iteration
+            stats.add_score("average of the workers", network.iteration_count, total.score / total.count)
         progress.minibatches(total.batches)
         progress.loss(total.score / total.count)
         progress.refresh()

@@ -365,6 +365,7 @@ class SharedWorker:
         threshold = float(self.handler.last_threshold or 0.0)
         if stats is not None:
             stats.add(WORKER_ENCODE, event(t))
+            stats.add_score(self.tag, iteration, self.last_score)
             stats.add_series(
                 self.tag,
                 {
