@@ -22,6 +22,7 @@ def test_stats_accumulate_across_fits_until_reset(spark, digits) -> None:
         batch_size_per_worker=16,
         averaging_frequency=2,
         num_workers=2,
+        rdd_data_set_num_examples=16,
         rng_seed=0,
         collect_training_stats=True,
     )

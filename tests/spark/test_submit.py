@@ -32,6 +32,9 @@ def test_spark_submit_runs_the_cluster_job(tmp_path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(sparkgrad.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
     )
+    import pyspark
+
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).resolve().parent)  # pip's pyspark is a Spark home
     env.pop("PYSPARK_PYTHON", None)
     env.pop("PYSPARK_DRIVER_PYTHON", None)
     model = tmp_path / "digits-mlp.zip"
