@@ -362,9 +362,10 @@ class SparkMultiLayer:
         metrics: dict[int, dict[str, float]] = {}
         callback = epoch_callback
         if self._evaluation_data is not None:
+            first = int(self._network.epoch_count)
 
             def callback(epoch: int, network: MultiLayerNetwork) -> Any:
-                metrics[epoch] = self._evaluate_epoch(epoch, network)
+                metrics[epoch] = self._evaluate_epoch(f"epoch {epoch - first + 1}/{epochs}", network)
                 return epoch_callback(epoch, network) if epoch_callback is not None else False
 
         # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
@@ -384,15 +385,13 @@ class SparkMultiLayer:
             self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
         return self._network
 
-    def _evaluate_epoch(self, epoch: int, network: MultiLayerNetwork) -> dict[str, float]:
-        """Score (and accuracy, for a classifier) of :attr:`evaluation_data` after ``epoch``; logged."""
+    def _evaluate_epoch(self, label: str, network: MultiLayerNetwork) -> dict[str, float]:
+        """Score (and accuracy, for a classifier) of :attr:`evaluation_data`; logged after ``label``."""
         data = self._evaluation_data
         values = {"evaluation_score": float(network.score(data))}
         if data.labels.ndim == 2 and data.labels.shape[1] > 1:
             values["accuracy"] = float(network.evaluate(data).accuracy())
-        _log.info(
-            "epoch %d: %s", epoch, ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items())
-        )
+        _log.info("%s: %s", label, ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items()))
         return values
 
     @staticmethod
