@@ -213,5 +213,9 @@ def test_spark_logs_warn_and_above_during_sparkgrad_jobs(spark) -> None:
         assert level("org.apache.spark.scheduler.DAGScheduler") == "INFO"  # restored afterwards
     finally:
         spark.sparkContext.setLogLevel("ERROR")
-    # the loggers inherit again: a later setLogLevel reaches them
+    # the loggers inherit again: a later setLogLevel reaches them, and no configuration of sparkgrad's is
+    # left behind (Spark's console threshold would let a logger with its own configuration through)
     assert level("org.apache.spark.scheduler.TaskSetManager") == "ERROR"
+    config = manager.getContext(False).getConfiguration()
+    for name in ("org.apache.spark", "org.apache.spark.scheduler.TaskSetManager"):
+        assert config.getLoggerConfig(name).getName() != name

@@ -178,44 +178,51 @@ def _user_frames(text: str) -> list[str]:
     return out
 
 
-def _set_log4j_levels(sc: Any, levels: dict[str, Any], only_quieter: bool = True) -> dict[str, Any]:
-    """Set log4j2 logger levels through py4j.
-
-    Args:
-        sc: the SparkContext.
-        levels: logger name -> level name, log4j2 Level, or None (inherit from the parent again).
-        only_quieter: leave a logger alone when it is already at the level or quieter.
+def _quiet_log4j(sc: Any, levels: dict[str, str]) -> dict[str, Any]:
+    """Raise log4j2 loggers to at least the given levels (a logger already as quiet is left alone).
 
     Returns:
-        What restores the loggers changed: their own previous level, or None for a logger that had no
-        level of its own (so a later ``sc.setLogLevel`` reaches it again). Empty without log4j2.
+        What :func:`_restore_log4j` needs: per changed logger its own previous level, or None when it had
+        no configuration of its own (it is removed again, so Spark's console threshold and a later
+        ``sc.setLogLevel`` treat it as before). Empty without log4j2.
     """
     from py4j.protocol import Py4JError
 
     try:
         jvm = sc._jvm
         manager = jvm.org.apache.logging.log4j.LogManager
-        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
         config = manager.getContext(False).getConfiguration()
+        wanted = {name: jvm.org.apache.logging.log4j.Level.getLevel(level) for name, level in levels.items()}
+        # log4j2: a smaller intLevel is quieter
         wanted = {
-            name: jvm.org.apache.logging.log4j.Level.getLevel(level) if isinstance(level, str) else level
-            for name, level in levels.items()
+            n: lv for n, lv in wanted.items() if manager.getLogger(n).getLevel().intLevel() > lv.intLevel()
         }
-        if only_quieter:  # log4j2: a smaller intLevel is quieter
-            wanted = {
-                name: level
-                for name, level in wanted.items()
-                if manager.getLogger(name).getLevel().intLevel() > level.intLevel()
-            }
-        previous = {}
+        saved = {}
         for name in wanted:  # all read before anything changes: a failure leaves every level as it was
             own = config.getLoggerConfig(name)
-            previous[name] = own.getExplicitLevel() if own.getName() == name else None
+            saved[name] = own.getExplicitLevel() if own.getName() == name else None
         for name, level in wanted.items():
-            configurator.setLevel(name, level)
-        return previous
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        return saved
     except Py4JError:  # another logging backend: Spark's own output stays as configured
         return {}
+
+
+def _restore_log4j(sc: Any, saved: dict[str, Any]) -> None:
+    """Undo :func:`_quiet_log4j`."""
+    from py4j.protocol import Py4JError
+
+    try:
+        jvm = sc._jvm
+        context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+        for name, level in saved.items():
+            if level is None:
+                context.getConfiguration().removeLogger(name)
+            else:
+                jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        context.updateLoggers()
+    except Py4JError as exc:  # the JVM went away meanwhile: nothing left to restore
+        _log.debug("restoring Spark's log levels failed: %s", exc)
 
 
 @contextmanager
@@ -231,7 +238,7 @@ def quiet_task_failures(sc: Any) -> Iterator[None]:
         return
     with _quiet_lock:
         if _quiet_depth == 0:
-            _quiet_saved = _set_log4j_levels(
+            _quiet_saved = _quiet_log4j(
                 sc, {"org.apache.spark": "WARN", **dict.fromkeys(_TASK_FAILURE_LOGGERS, "FATAL")}
             )
         _quiet_depth += 1
@@ -241,7 +248,7 @@ def quiet_task_failures(sc: Any) -> Iterator[None]:
         with _quiet_lock:
             _quiet_depth -= 1
             if _quiet_depth == 0 and _quiet_saved and getattr(sc, "_jvm", None) is not None:
-                _set_log4j_levels(sc, _quiet_saved, only_quieter=False)
+                _restore_log4j(sc, _quiet_saved)
                 _quiet_saved = {}
 
 
