@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import re
@@ -219,3 +220,26 @@ def test_spark_logs_warn_and_above_during_sparkgrad_jobs(spark) -> None:
     config = manager.getContext(False).getConfiguration()
     for name in ("org.apache.spark", "org.apache.spark.scheduler.TaskSetManager"):
         assert config.getLoggerConfig(name).getName() != name
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_gets_one_tqdm_line() -> None:
+    pytest.importorskip("tqdm")
+    screen = _Terminal()
+    p = FitProgress(2, 0, 4, 8, stream=screen, traffic=lambda: 1500.0)
+    p.update(0.01, 0.02, "w", 0)
+    p.loss(0.25, "w")
+    p.refresh()
+    p.end_epoch(0)
+    p.close()
+    text = screen.getvalue()
+    assert "\n" not in text.rstrip("\n")  # one line, redrawn in place with carriage returns
+    frames = [f for f in text.rstrip("\n").split("\r") if f]
+    ended = [f for f in frames if f.startswith("epoch 1/2") and "| 1/4 [" in f]  # estimate: 4
+    assert ended and "loss 0.25" in ended[-1] and "1.5 kB on the wire" in ended[-1]
+    assert "density 1.00e-02" in ended[-1] and "threshold 2.00e-02" in ended[-1]
+    assert frames[-1].startswith("epoch 2/2") and "| 0/1 [" in frames[-1]  # the next epoch expects 1

@@ -199,6 +199,7 @@ class FitProgress:
             self.enabled = False  # the fit's last epoch: nothing more to show
         elif self._bar is not None:
             self._bar.reset(total=self.total)
+            self._draw()
 
     def close(self) -> None:
         """Finish the line (the bar stays on screen)."""
