@@ -6,6 +6,7 @@ import io
 import logging
 import math
 import re
+import subprocess
 import sys
 
 import pytest
@@ -185,6 +186,22 @@ def test_missing_module_on_an_executor_says_how_to_ship() -> None:
     first, second = str(error).splitlines()[:2]
     assert first == "ModuleNotFoundError: No module named 'sparkgrad' on an executor"
     assert second.endswith(SHIP_HINT) and "--archives" in second
+
+
+def test_executor_python_without_the_packages_says_how_to_ship(spark, digits, tmp_path, monkeypatch) -> None:
+    # a bare virtualenv of the same Python version: PySpark runs in it, numpy and pyzmq are missing
+    bare = tmp_path / "bare"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    sc = spark.sparkContext
+    monkeypatch.setattr(sc, "pythonExec", str(bare / "bin" / "python"))
+    monkeypatch.setenv("PYSPARK_PYTHON", str(bare / "bin" / "python"))  # the user's choice: kept
+    rdd = sc.parallelize(subset(digits[0], 32).split(16), 2)
+    with pytest.raises(TrainingError) as info:
+        SparkMultiLayer(spark, mlp_conf(hidden=8), ParameterAveragingTrainingMaster(progress=False)).fit(rdd)
+    first, second = str(info.value).splitlines()[:2]
+    assert re.fullmatch(r"ModuleNotFoundError: No module named '\w+' on an executor", first), first
+    assert second.endswith(SHIP_HINT)
 
 
 def test_local_master_uses_the_driver_interpreter(spark, monkeypatch) -> None:
