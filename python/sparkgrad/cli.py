@@ -6,6 +6,11 @@ import argparse
 import sys
 from typing import Sequence
 
+_DESCRIPTION = (
+    "sparkgrad: neural networks trained on Apache Spark with parameter averaging or "
+    "threshold-encoded gradient sharing."
+)
+
 
 def _cmd_info(_args: argparse.Namespace) -> int:
     import sparkgrad
@@ -41,7 +46,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkgrad", description=__doc__)
+    import sparkgrad
+
+    parser = argparse.ArgumentParser(prog="sparkgrad", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"sparkgrad {sparkgrad.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="print version, OpenMP threads, BLAS and CUDA availability")
     info.set_defaults(func=_cmd_info)

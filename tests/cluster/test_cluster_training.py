@@ -97,7 +97,7 @@ def test_parameter_averaging_trains_on_the_cluster(cluster_spark, digits, train_
     fits = sm.training_stats.events("ParameterAveragingWorkerFitTimesMs")
     assert sum(e.extra["examples"] for e in fits) == EPOCHS * digits[0].num_examples()
     assert len({(e.machine, e.process) for e in fits}) >= 2  # both executors trained
-    assert np.isfinite(sm.score) and sm.network.epoch_count == EPOCHS
+    assert np.isfinite(sm.score()) and sm.network.epoch_count == EPOCHS
 
 
 def test_distributed_evaluation_equals_local(shared_model, cluster_spark, digits) -> None:

@@ -110,6 +110,7 @@ def test_auto_trains_directly_within_the_budget_and_exports_above(
             assert m._export_state[2] == 2 * -(-EXAMPLES // 2 // BATCH)
             assert not rdd.is_cached  # the source, persisted for the size estimate, was released
         caplog.clear()
+        sm.reset_training_stats()  # the counter of the next fit alone
         with caplog.at_level(logging.INFO, logger="sparkgrad.spark.common"):
             sm.fit(rdd)  # the same RDD again: prepared data reused, the choice still recorded
         assert not caplog.records

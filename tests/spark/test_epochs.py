@@ -101,7 +101,7 @@ def test_fit_trains_every_epoch_and_calls_back_with_the_trained_network(spark, d
             np.testing.assert_array_equal(calls.updater[-1], sm.network.updater_state())
         else:  # the workers hold their updater states until the fit returns and averages them
             assert not np.array_equal(calls.updater[-1], sm.network.updater_state())
-        assert np.isfinite(sm.score) and sm.network.score(data) < before
+        assert np.isfinite(sm.score()) and sm.network.score(data) < before
 
         more = Recorder(sm)
         sm.fit(rdd, epochs=2, epoch_callback=more)  # the epoch index continues the network's count

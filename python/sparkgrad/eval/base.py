@@ -12,9 +12,13 @@ from __future__ import annotations
 import abc
 import base64
 import json
+import os
 from typing import Any, ClassVar, Sequence, TypeVar
 
 import numpy as np
+
+from sparkgrad._io import read_bytes, write_text
+from sparkgrad.errors import CorruptDataError
 
 E = TypeVar("E", bound="BaseEvaluation")
 
@@ -127,6 +131,35 @@ class BaseEvaluation(abc.ABC):
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{cls.__name__}.from_json: incomplete or damaged state ({exc!r})") from exc
         return obj  # type: ignore[return-value]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to a file.
+
+        Args:
+            path: a local path, or a URI any Hadoop FileSystem of the active Spark session handles
+                (``hdfs://``, ``s3a://``, ``file://``); created or overwritten.
+        """
+        write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls: type[E], path: str | os.PathLike[str]) -> E:
+        """Read an evaluation written by :meth:`save` (or any :meth:`to_json` text stored in a file).
+
+        Args:
+            path: a local path or a Hadoop URI, as for :meth:`save`.
+
+        Returns:
+            The restored evaluation (of ``cls`` or a subclass, as :meth:`from_json`).
+
+        Raises:
+            FileNotFoundError: no such file.
+            CorruptDataError: the file is not a saved evaluation of this type, or is damaged; names it.
+        """
+        text = read_bytes(path)
+        try:
+            return cls.from_json(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CorruptDataError(f"{os.fspath(path)}: not a saved {cls.__name__} ({exc})") from exc
 
     def _check_mergeable(self, other: Any) -> None:
         if type(other) is not type(self):

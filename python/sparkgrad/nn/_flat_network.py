@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Iterable, TypeVar
 import numpy as np
 
 from sparkgrad._native import _core
+from sparkgrad.data.inputs import training_batches
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
@@ -313,12 +314,16 @@ class FlatNetwork:
         np.subtract(self._params, u, out=self._params, casting="same_kind")
 
     # -- training -----------------------------------------------------------------------------
-    def fit(self: N, data: Any, epochs: int = 1) -> N:
+    def fit(self: N, data: Any, labels: Any = None, epochs: int = 1, batch_size: int | None = None) -> N:
         """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
 
         Args:
-            data: a minibatch (one per epoch) or a re-iterable collection of minibatches.
+            data: a DataSet or MultiDataSet (one minibatch per epoch unless ``batch_size`` is given), a
+                feature array with ``labels``, an ``(x, y)`` tuple of arrays, or a re-iterable collection
+                of those minibatches (see :func:`sparkgrad.data.inputs.training_batches`).
+            labels: the label array when ``data`` is a feature array.
             epochs: number of passes over ``data``; ``epoch_count`` grows by one per pass.
+            batch_size: examples per minibatch (default 32 for arrays; batches as given otherwise).
 
         Returns:
             self
@@ -326,11 +331,9 @@ class FlatNetwork:
         self._require_init()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
-        single = hasattr(data, "features")
-        if not single and epochs > 1 and iter(data) is data:
-            raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
+        batches = training_batches(data, labels, batch_size, epochs)
         for _ in range(epochs):
-            for batch in self._training_batches([data] if single else data):
+            for batch in self._training_batches(batches):
                 update, _ = self._compute_update(batch)
                 self.apply_update(update)
                 for listener in self.listeners:
@@ -339,6 +342,10 @@ class FlatNetwork:
             for listener in self.listeners:
                 listener.on_epoch_end(self)
         return self
+
+    def get_score(self, dataset: Any = None) -> float:
+        """DL4J-style alias of ``score``."""
+        return self.score(dataset)
 
     def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
         """The minibatches ``fit`` trains, one update each (a subclass may cut them, e.g. into

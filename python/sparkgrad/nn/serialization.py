@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
+from sparkgrad._io import open_input, open_output
 from sparkgrad.errors import CorruptDataError
 
 FORMAT_VERSION = 2
@@ -99,7 +100,8 @@ def write_model(
     """Write a model file.
 
     Args:
-        target: a path (created or truncated) or a writable binary file object.
+        target: a path (created or truncated; a Hadoop URI such as ``hdfs://``, ``s3a://`` or
+            ``file://`` goes through the active Spark session's FileSystem) or a writable binary file.
         model: the model class name the reader will expect.
         conf_json: the configuration as JSON.
         params: the flat parameter vector.
@@ -124,12 +126,23 @@ def write_model(
         "epoch_count": int(epoch_count),
         "updater_state": save_state,
     }
-    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with _output(target) as out, zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(META_MEMBER, json.dumps(meta))
         zf.writestr(CONF_MEMBER, conf_json)
         zf.writestr(COEFF_MEMBER, _npy_bytes(params))
         if save_state:
             zf.writestr(STATE_MEMBER, _npy_bytes(updater_state))  # type: ignore[arg-type]
+
+
+@contextmanager
+def _output(target: PathOrFile) -> Iterator[BinaryIO]:
+    """A path (local, or a Hadoop URI such as ``hdfs://`` or ``s3a://``) opened for writing, or the
+    caller's file object as it is."""
+    if isinstance(target, (str, os.PathLike)):
+        with open_output(target) as f:
+            yield f
+    else:
+        yield target
 
 
 class ModelReader:
@@ -144,7 +157,8 @@ class ModelReader:
             ...
 
     Args:
-        source: a path or a readable, seekable binary file object.
+        source: a path (a Hadoop URI such as ``hdfs://``, ``s3a://`` or ``file://`` is read through the
+            active Spark session's FileSystem) or a readable, seekable binary file object.
         model: the model class name the file must declare.
 
     Raises:
@@ -155,7 +169,7 @@ class ModelReader:
     def __init__(self, source: PathOrFile, model: str) -> None:
         self.name = _source_name(source)
         self._member = "the zip directory"
-        self._own = open(os.fspath(source), "rb") if isinstance(source, (str, os.PathLike)) else None
+        self._own = open_input(source) if isinstance(source, (str, os.PathLike)) else None
         try:
             with self._guard():
                 self._open(self._own or source, model)  # type: ignore[arg-type]

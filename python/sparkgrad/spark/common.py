@@ -7,8 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -129,10 +132,150 @@ def spark_context(spark: Any) -> SparkContext:
 
 
 _PY_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.*)$", re.MULTILINE)
+_MISSING_MODULE = re.compile(
+    r"^(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", re.MULTILINE
+)
+# Spark loggers that print a task's whole Python and Java trace (once per failed or killed task)
+_TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_saved: dict[str, Any] = {}
+
+SHIP_HINT = (
+    "every executor needs the driver's Python environment: on YARN/Kubernetes/standalone, pack the "
+    "virtualenv (venv-pack -o env.tar.gz) and submit with --archives env.tar.gz#env and "
+    "--conf spark.pyspark.python=./env/bin/python, or install the same sparkgrad wheel (and its "
+    "dependencies) on every node; see 'Running on a cluster' in the README"
+)
+
+
+def executor_error(what: str, text: str) -> TrainingError:
+    """The TrainingError for an executor failure Spark reported as ``text``.
+
+    Its first line is the Python exception raised on the executor (``ValueError: ...``); then what
+    failed, and the executor's Python frames outside PySpark. An executor whose Python cannot import
+    sparkgrad or one of its dependencies gets :data:`SHIP_HINT` instead.
+
+    Args:
+        what: what was running ("training", "evaluation", ...).
+        text: Spark's report of the failure (a PythonException or Py4JJavaError message).
+    """
+    missing = _MISSING_MODULE.search(text)
+    if missing is not None:
+        return TrainingError(
+            f"ModuleNotFoundError: No module named {missing.group(1)!r} on an executor\n"
+            f"{what} failed: the executors' Python cannot import a module the job needs (sparkgrad, its "
+            f"dependencies or your own code); {SHIP_HINT}"
+        )
+    found = _PY_ERROR.findall(text)
+    cause = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
+    frames = _user_frames(text)
+    lines = [cause, f"({what} failed on an executor; Spark's Java trace is logged at DEBUG level)"]
+    if frames:
+        lines.append("executor traceback (most recent call last):")
+        lines.extend(frames)
+    return TrainingError("\n".join(lines))
+
+
+def _user_frames(text: str) -> list[str]:
+    """The ``File ...`` lines (with their source line) of the last Python traceback, PySpark's dropped."""
+    tail = text.rsplit("Traceback (most recent call last):", 1)
+    if len(tail) < 2:
+        return []
+    out: list[str] = []
+    keep = False
+    for line in tail[1].lstrip("\n").splitlines():
+        if line.startswith("  File "):
+            keep = "pyspark" not in line
+            if keep:
+                out.append(line)
+        elif keep and line.startswith("    ") and line.strip().strip("^~") != "":
+            out.append(line)
+        elif not line.startswith(" "):
+            break
+    return out
+
+
+def _quiet_log4j(sc: Any, levels: dict[str, str]) -> dict[str, Any]:
+    """Raise log4j2 loggers to at least the given levels (a logger already as quiet is left alone).
+
+    Returns:
+        What :func:`_restore_log4j` needs: per changed logger its own previous level, or None when it had
+        no configuration of its own (it is removed again, so Spark's console threshold and a later
+        ``sc.setLogLevel`` treat it as before). Empty without log4j2.
+    """
+    from py4j.protocol import Py4JError
+
+    try:
+        jvm = sc._jvm
+        manager = jvm.org.apache.logging.log4j.LogManager
+        config = manager.getContext(False).getConfiguration()
+        wanted = {name: jvm.org.apache.logging.log4j.Level.getLevel(level) for name, level in levels.items()}
+        # log4j2: a smaller intLevel is quieter
+        wanted = {
+            n: lv for n, lv in wanted.items() if manager.getLogger(n).getLevel().intLevel() > lv.intLevel()
+        }
+        saved = {}
+        for name in wanted:  # all read before anything changes: a failure leaves every level as it was
+            own = config.getLoggerConfig(name)
+            saved[name] = own.getExplicitLevel() if own.getName() == name else None
+        for name, level in wanted.items():
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        return saved
+    except Py4JError:  # another logging backend: Spark's own output stays as configured
+        return {}
+
+
+def _restore_log4j(sc: Any, saved: dict[str, Any]) -> None:
+    """Undo :func:`_quiet_log4j`."""
+    from py4j.protocol import Py4JError
+
+    try:
+        jvm = sc._jvm
+        context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+        for name, level in saved.items():
+            if level is None:
+                context.getConfiguration().removeLogger(name)
+            else:
+                jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        context.updateLoggers()
+    except Py4JError as exc:  # the JVM went away meanwhile: nothing left to restore
+        _log.debug("restoring Spark's log levels failed: %s", exc)
+
+
+@contextmanager
+def quiet_task_failures(sc: Any) -> Iterator[None]:
+    """While sparkgrad's Spark jobs run, Spark logs at WARN and above only, and does not print the
+    Python + Java trace of every failed task: the failure reaches the caller as one TrainingError
+    (:func:`executor_error`). With the ``sparkgrad`` logger at DEBUG, Spark's output is left as it is.
+    Nested and concurrent uses restore the levels once, when the last one ends.
+    """
+    global _quiet_depth, _quiet_saved
+    if _log.isEnabledFor(logging.DEBUG) or getattr(sc, "_jvm", None) is None:
+        yield
+        return
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_saved = _quiet_log4j(
+                sc, {"org.apache.spark": "WARN", **dict.fromkeys(_TASK_FAILURE_LOGGERS, "FATAL")}
+            )
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0 and _quiet_saved and getattr(sc, "_jvm", None) is not None:
+                _restore_log4j(sc, _quiet_saved)
+                _quiet_saved = {}
 
 
 def run_spark(what: str, action: Callable[[], Any]) -> Any:
-    """Run a Spark action; an executor-side Python error becomes a TrainingError quoting it.
+    """Run a Spark action; an executor-side Python error becomes one TrainingError quoting it.
+
+    The TrainingError's first line is the executor's Python exception (:func:`executor_error`); Spark's
+    own report with the Java trace goes to this module's logger at DEBUG level, and is not chained, so an
+    uncaught failure prints a few lines, not a JVM stack trace.
 
     Args:
         what: short description for the message ("training", "evaluation", ...).
@@ -142,15 +285,49 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
         The action's result.
     """
     from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
     from pyspark.errors import PythonException
 
     try:
-        return action()
+        with quiet_task_failures(SparkContext._active_spark_context):
+            return action()
     except (Py4JJavaError, PythonException) as exc:
         text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
-        found = _PY_ERROR.findall(text)
-        detail = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
-        raise TrainingError(f"{what} failed on an executor: {detail}") from exc
+        _log.debug("%s failed on an executor; Spark's report:\n%s", what, exc)
+        error = executor_error(what, text)
+    raise error
+
+
+def use_driver_interpreter(sc: SparkContext) -> None:
+    """With a local master, run the Python workers with the driver's interpreter.
+
+    PySpark starts its workers with ``python3`` from the PATH unless PYSPARK_PYTHON or
+    ``spark.pyspark.python`` says otherwise; a driver started as ``venv/bin/python`` without activating
+    the venv then gets workers that cannot import sparkgrad's dependencies. In local mode the workers
+    run on this machine, so the driver's own interpreter is always right; a choice the user made (either
+    setting) is kept. On a cluster nothing changes (see :data:`SHIP_HINT`).
+    """
+    if not str(sc.master).startswith("local"):
+        return
+    if os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python"):
+        return
+    if sc.pythonExec != sys.executable:  # type: ignore[attr-defined]
+        _log.info("local master: Python workers use the driver's interpreter %s", sys.executable)
+        sc.pythonExec = sys.executable  # type: ignore[attr-defined]  # read for every new Python RDD
+
+
+def ensure_logging() -> None:
+    """Show sparkgrad's INFO messages (progress, data preparation) when the application configured no
+    logging: a stderr handler on the ``sparkgrad`` logger, added once. An application that configures
+    logging (a handler on the root logger or on ``sparkgrad``) keeps full control."""
+    root, ours = logging.getLogger(), logging.getLogger("sparkgrad")
+    if root.handlers or ours.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s sparkgrad %(levelname)s %(message)s", "%H:%M:%S"))
+    ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.INFO)
 
 
 def hadoop_delete(sc: SparkContext, path: str) -> bool:
@@ -480,13 +657,17 @@ __all__ = [
     "by_value",
     "ceil_div",
     "check_dataset_matches",
+    "ensure_logging",
+    "executor_error",
     "first_element",
     "hadoop_delete",
     "load_unit",
     "network_classes",
     "mean_or_none",
     "process_tag",
+    "quiet_task_failures",
     "run_spark",
     "spark_context",
+    "use_driver_interpreter",
     "worker_batches",
 ]

@@ -96,14 +96,13 @@ def demo_network() -> Any:
     return MultiLayerNetwork(conf).init()
 
 
-def run_demo(output_dir: str, epochs: int = 6, port: int = 40123, log: Any = print) -> DemoResult:
+def run_demo(output_dir: str, epochs: int = 6, port: int = 40123) -> DemoResult:
     """Train the demo network and write the model and the stats HTML into ``output_dir``.
 
     Args:
         output_dir: where model.zip and training-stats.html go (created if needed).
         epochs: passes over the training data.
         port: controller port on 127.0.0.1.
-        log: line printer.
 
     Returns:
         The measurements.
@@ -139,11 +138,9 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 40123, log: Any = pri
             rng_seed=7,
         )
 
-        def report(epoch: int, network: Any) -> None:
-            log(f"epoch {epoch + 1}/{epochs}: test accuracy {network.evaluate(test).accuracy():.4f}")
-
         with SparkMultiLayer(spark, demo_network(), master) as model:
-            model.fit(rdd, epochs=epochs, epoch_callback=report)  # every epoch in one Spark job
+            model.evaluation_data = test  # accuracy after every epoch: logged, and charted in the report
+            model.fit(rdd, epochs=epochs)  # every epoch in one Spark job
             traffic = master.last_traffic
             steps = int(traffic["worker_minibatches"])
             sent = int(traffic["worker_bytes_sent"] + traffic["controller_bytes_sent"])

@@ -20,10 +20,12 @@ from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
     check_dataset_matches,
+    ensure_logging,
     first_element,
     load_unit,
     run_spark,
     spark_context,
+    use_driver_interpreter,
 )
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
@@ -120,6 +122,8 @@ class SparkMultiLayer:
         from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
 
         self._sc = spark_context(spark)
+        use_driver_interpreter(self._sc)
+        ensure_logging()
         if isinstance(network_or_conf, MultiLayerConfiguration):
             network_or_conf = MultiLayerNetwork(network_or_conf).init()
         self.network = network_or_conf
@@ -132,6 +136,8 @@ class SparkMultiLayer:
             )
         self._master = training_master
         self._score = float("nan")
+        self._stats: SparkTrainingStats | None = None  # every fit's stats since creation or reset
+        self._evaluation_data: Any = None
         self._default_eval_workers = 1
         self._broadcasts: list[Any] = []  # broadcasts behind lazy result RDDs, released by close()
         self._finalizer = weakref.finalize(self, _release_dropped, self._sc, self._master, self._broadcasts)
@@ -176,9 +182,15 @@ class SparkMultiLayer:
         """The training master."""
         return self._master
 
-    @property
     def score(self) -> float:
-        """Average last-minibatch score of the workers in the last fit (nan before any fit)."""
+        """Average last-minibatch score of the workers in the last fit (nan before any fit).
+
+        A method, like ``MultiLayerNetwork.score()``; :meth:`calculate_score` scores an RDD.
+        """
+        return self._score
+
+    def get_score(self) -> float:
+        """DL4J-style alias of :meth:`score`."""
         return self._score
 
     @property
@@ -194,8 +206,35 @@ class SparkMultiLayer:
 
     @property
     def training_stats(self) -> SparkTrainingStats | None:
-        """Stats of the last fit (None unless collect_training_stats was on)."""
-        return self._master.last_stats
+        """Stats of every fit (with collect_training_stats on) since this model was created or
+        :meth:`reset_training_stats` was called; None before any. They include the training score per
+        iteration and, with :attr:`evaluation_data`, the accuracy and score per epoch."""
+        return self._stats
+
+    def reset_training_stats(self) -> None:
+        """Forget the recorded training stats: the next fit starts a new record."""
+        self._stats = None
+
+    @property
+    def evaluation_data(self) -> Any:
+        """A local DataSet evaluated on the driver after every epoch (None: none).
+
+        Its score, and for a classifier (more than one label column) its accuracy, are logged with the
+        progress and recorded per epoch in :attr:`training_stats`. Keep it small: it runs between epochs.
+        """
+        return self._evaluation_data
+
+    @evaluation_data.setter
+    def evaluation_data(self, value: Any) -> None:
+        from sparkgrad.data import DataSet
+
+        if value is not None:
+            if not isinstance(value, DataSet) or value.labels is None:
+                raise TypeError(
+                    f"evaluation_data: expected a DataSet with labels or None, got {type(value).__name__}"
+                )
+            check_dataset_matches(self._network, value, "evaluation_data")
+        self._evaluation_data = value
 
     @property
     def default_evaluation_workers(self) -> int:
@@ -319,6 +358,15 @@ class SparkMultiLayer:
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
     ) -> MultiLayerNetwork:
+        metrics: dict[int, dict[str, float]] = {}
+        callback = epoch_callback
+        if self._evaluation_data is not None:
+            first = int(self._network.epoch_count)
+
+            def callback(epoch: int, network: MultiLayerNetwork) -> Any:
+                metrics[epoch] = self._evaluate_epoch(f"epoch {epoch - first + 1}/{epochs}", network)
+                return epoch_callback(epoch, network) if epoch_callback is not None else False
+
         # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
         self._score = self._master.execute_training(
             self._sc,
@@ -327,9 +375,23 @@ class SparkMultiLayer:
             kind,
             by_value(loader),
             epochs=epochs,
-            epoch_callback=epoch_callback,
+            epoch_callback=callback,
         )
+        fit_stats = self._master.last_stats
+        if fit_stats is not None:
+            for epoch, values in metrics.items():
+                fit_stats.add_epoch_metrics(epoch, **values)
+            self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
         return self._network
+
+    def _evaluate_epoch(self, label: str, network: MultiLayerNetwork) -> dict[str, float]:
+        """Score (and accuracy, for a classifier) of :attr:`evaluation_data`; logged after ``label``."""
+        data = self._evaluation_data
+        values = {"evaluation_score": float(network.score(data))}
+        if data.labels.ndim == 2 and data.labels.shape[1] > 1:
+            values["accuracy"] = float(network.evaluate(data).accuracy())
+        _log.info("%s: %s", label, ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items()))
+        return values
 
     @staticmethod
     def _check_rdd(rdd: Any, name: str) -> None:

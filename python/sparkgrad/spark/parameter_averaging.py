@@ -43,6 +43,7 @@ from sparkgrad.spark.partitioning import (
     repartition,
     split_partition_counts,
 )
+from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class _Sum:
     count: int = 0
     max_batches: int = 0
     stats: SparkTrainingStats | None = None
+    batches: int = 0  # minibatches trained by all workers (the progress line)
 
 
 def _add(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
@@ -100,6 +102,7 @@ def _combine(x: _Sum, y: _Sum) -> _Sum:
         x.count + y.count,
         max(x.max_batches, y.max_batches),
         stats,
+        x.batches + y.batches,
     )
 
 
@@ -160,7 +163,7 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
     if stats is not None:
         stats.add(WORKER_TOTAL, event(start))
     updater = net.updater_state().copy() if job.save_updater else None
-    yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats)
+    yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats, n_batches)
 
 
 @dataclass
@@ -189,6 +192,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         collect_training_stats: record phase timings (see ``SparkMultiLayer.training_stats``).
         training_hooks: :class:`TrainingHook` objects run around every worker update; they travel with
             cloudpickle, so hooks defined locally or in ``__main__`` work.
+        progress: show a live progress line on the driver during fits (:mod:`sparkgrad.spark.progress`):
+            epoch, minibatches, the workers' mean loss and examples/s, updated after every averaging round.
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
@@ -211,6 +216,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
     rng_seed: int | None = None
     collect_training_stats: bool = False
     training_hooks: tuple = field(default_factory=tuple)
+    progress: bool = True
 
     def __post_init__(self) -> None:
         self.rdd_data_set_num_examples = check_int(
@@ -244,7 +250,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             raise ValueError(
                 f"export_directory: expected a directory URI or None, got {self.export_directory!r}"
             )
-        for name in ("save_updater", "collect_training_stats"):
+        for name in ("save_updater", "collect_training_stats", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         self.training_hooks = tuple(self.training_hooks)
@@ -307,12 +313,23 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         score, trained = float("nan"), 0
+        progress: FitProgress | None = None
         try:
             data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
             examples = data.num_units * data.examples_per_unit
+            workers = self.num_workers or sc.defaultParallelism
+            rounds = ceil_div(examples, workers * self.batch_size_per_worker * self.averaging_frequency)
+            progress = FitProgress(
+                epochs,
+                int(network.epoch_count),
+                estimate_minibatches(examples, rounds * workers, self.batch_size_per_worker),
+                self.batch_size_per_worker,
+                enabled=self.progress,
+            )
             for _ in range(epochs):
                 epoch_start = now_ms()
-                score = self._train_epoch(sc, network, data, stats)
+                score = self._train_epoch(sc, network, data, stats, progress)
+                progress.end_epoch(int(network.epoch_count))
                 network.epoch_count += 1
                 trained += 1
                 if stats is not None:
@@ -320,6 +337,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 if epoch_callback is not None and epoch_callback(network.epoch_count - 1, network):
                     break
         finally:
+            if progress is not None:
+                progress.close()
             if stats is not None and trained:
                 stats.add(FIT, event(fit_start, examples=trained * examples, epochs=trained))
             self.last_stats = stats
@@ -331,6 +350,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         network: MultiLayerNetwork,
         data: TrainingData,
         stats: SparkTrainingStats | None,
+        progress: FitProgress,
     ) -> float:
         workers = self.num_workers or sc.defaultParallelism
         k = data.examples_per_unit
@@ -349,7 +369,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 part = repartition(
                     split, self.repartition, self.repartition_strategy, workers, size, part_counts
                 )
-            scores.append(self._average_round(sc, network, part, data, stats))
+            scores.append(self._average_round(sc, network, part, data, stats, progress))
         return float(np.mean([s for s in scores if s is not None])) if scores else float("nan")
 
     def _average_round(
@@ -359,6 +379,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         part: Any,
         data: TrainingData,
         stats: SparkTrainingStats | None,
+        progress: FitProgress,
     ) -> float | None:
         with Timer(stats, BROADCAST):
             job = _SplitJob(
@@ -390,8 +411,14 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             if updater is not None:
                 network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
             network.iteration_count += total.max_batches
-        if stats is not None and total.stats is not None:
-            stats.merge(total.stats)
+        if stats is not None:
+            if total.stats is not None:
+                stats.merge(total.stats)
+            # the workers' mean last-minibatch score at the round's (averaged) iteration
+            stats.add_score("average of the workers", network.iteration_count, total.score / total.count)
+        progress.minibatches(total.batches)
+        progress.loss(total.score / total.count)
+        progress.refresh()
         return total.score / total.count
 
 

@@ -84,6 +84,7 @@ from sparkgrad.spark.config import (
     VoidConfiguration,
     check_storage_level,
 )
+from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 from sparkgrad.transport import (
     Controller,
@@ -92,6 +93,7 @@ from sparkgrad.transport import (
     WorkerConnection,
     ZmqTransportConfiguration,
 )
+from sparkgrad.transport.frame import parse_json_payload, update_payload
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -122,6 +124,7 @@ SECRET_BYTES = 32  # 256-bit per-fit secret
 _MAX_REJOINS_PER_SYNC = 5
 _WATCH_INTERVAL_S = 0.2  # how often the driver checks the controller while the Spark job runs
 _CANCEL_WAIT_S = 60.0
+PROGRESS_REPORT_INTERVAL_S = 2.0  # how often a worker sends its training loss for the progress line
 
 
 @dataclass
@@ -147,6 +150,7 @@ class SharedJob:
     barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
     shuffle_seed: int
     mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
+    progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
 
 
 @dataclass
@@ -279,6 +283,9 @@ class SharedWorker:
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
+        self._loss_sum, self._loss_count = 0.0, 0  # training loss since the last progress report
+        self._steps_epoch, self._epoch_steps = -1, 0  # minibatches this worker trained in that epoch
+        self._loss_reported = time.monotonic()
 
     def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
         """MESH resynchronisation: the controller's parameters replace this replica's."""
@@ -332,6 +339,11 @@ class SharedWorker:
                 update, self.last_score = self.net.compute_update(ds)
             except TrainingError as exc:
                 raise TrainingError(f"worker {self.tag}: {exc}") from exc
+        self._loss_sum += self.last_score
+        self._loss_count += 1
+        if int(self.net.epoch_count) != self._steps_epoch:
+            self._steps_epoch, self._epoch_steps = int(self.net.epoch_count), 0
+        self._epoch_steps += 1
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
         message = self.handler.encode(update, iteration, epoch)
@@ -340,6 +352,11 @@ class SharedWorker:
             sent = self.conn.send_update(message, iteration, epoch)
             self._apply_message(message)
         self.minibatches += 1
+        interval = self.job.progress_interval_s
+        if interval > 0 and time.monotonic() - self._loss_reported >= interval:
+            # a report without "partition" counts nothing: it only carries the loss to the progress line
+            report = self._progress_report()
+            self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
         if stats is None and not self.job.encoding_debug_mode:
             return self._pause()
         encoded = 0
@@ -349,6 +366,7 @@ class SharedWorker:
         threshold = float(self.handler.last_threshold or 0.0)
         if stats is not None:
             stats.add(WORKER_ENCODE, event(t))
+            stats.add_score(self.tag, iteration, self.last_score)
             stats.add_series(
                 self.tag,
                 {
@@ -375,6 +393,18 @@ class SharedWorker:
                 sent,
             )
         self._pause()
+
+    def _progress_report(self) -> dict[str, Any]:
+        """For the driver's progress line: this epoch's minibatches so far and the mean training loss
+        since the last report (no "partition": the controller counts nothing from it)."""
+        loss = self._loss_sum / self._loss_count if self._loss_count else self.last_score
+        self._loss_sum, self._loss_count = 0.0, 0
+        self._loss_reported = time.monotonic()
+        steps = self._epoch_steps if self._steps_epoch == int(self.net.epoch_count) else 0
+        report: dict[str, Any] = {"epoch_minibatches": steps}
+        if math.isfinite(loss):
+            report["loss"] = float(loss)
+        return report
 
     def _pause(self) -> None:
         if self.job.debug_longer_iterations:
@@ -453,7 +483,9 @@ class SharedWorker:
         """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
         (True: stop), else SYNC (the job boundary is the epoch boundary)."""
         self._report_updater_state(partition)
-        report = {"partition": partition, "minibatches": minibatches}
+        report: dict[str, Any] = {"partition": partition, "minibatches": minibatches}
+        if self.job.progress_interval_s > 0:
+            report.update(self._progress_report())
         if self.job.barrier:
             return bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
         self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
@@ -515,6 +547,38 @@ def _shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
     return run
 
 
+class _ProgressController(Controller):
+    """The fit's controller, feeding the progress line: every update it applies (its threshold and
+    density) and the training loss in the workers' reports. Progress is read on the controller's own
+    thread, from frames the base class has already authenticated and accepted."""
+
+    def __init__(self, *args: Any, progress: FitProgress, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress = progress
+
+    def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
+        applied = self.updates_applied
+        super()._apply_and_relay(identity, header, payload, frame)
+        if self.updates_applied == applied:  # rejected
+            return
+        message = update_payload(payload)
+        # word 3 is the bitmap flag: a bitmap's word 0 is the vector length, its entries are the nonzeros
+        encoded = int(np.count_nonzero(self._scratch)) if message[3] == 1 else int(message[0])
+        threshold = float(message[2:3].view("<f4")[0])
+        self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
+
+    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> bool:
+        accepted = super()._count_trained(identity, sender, epoch, payload)
+        if accepted:
+            report = parse_json_payload(payload)  # accepted: the payload parses
+            loss, trained = report.get("loss"), report.get("epoch_minibatches")
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                self.progress.loss(float(loss), sender)
+            if isinstance(trained, int) and not isinstance(trained, bool) and trained >= 0:
+                self.progress.trained(sender, epoch, trained)
+        return accepted
+
+
 def _reference_threshold(algorithm: ThresholdAlgorithm) -> float:
     """The threshold the workers of a fit start from: bounds the thresholds the controller accepts.
 
@@ -539,6 +603,7 @@ def _run_watched(
     controller: Controller,
     action: Callable[[], Any],
     on_epoch: Callable[[int], bool] | None = None,
+    progress: FitProgress | None = None,
 ) -> Any:
     """Run the Spark training action while watching the controller (and serving its epoch barrier).
 
@@ -553,6 +618,7 @@ def _run_watched(
         controller: the fit's controller.
         action: zero-argument callable running the Spark job.
         on_epoch: ``on_epoch(epoch) -> stop`` for a barrier job, else None.
+        progress: the fit's progress line, redrawn while the job runs.
 
     Returns:
         The action's result.
@@ -573,6 +639,8 @@ def _run_watched(
     thread.start()
     callback_error: BaseException | None = None
     while thread.is_alive():
+        if progress is not None:
+            progress.refresh()
         epoch = controller.next_finished_epoch(_WATCH_INTERVAL_S) if on_epoch else None
         if epoch is None:
             thread.join(0 if on_epoch else _WATCH_INTERVAL_S)
@@ -663,6 +731,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             per-epoch order of its partition (None: a random seed per fit, and no repartitioning
             shuffle).
         transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
+        progress: show a live progress line on the driver during fits (:mod:`sparkgrad.spark.progress`):
+            epoch, minibatches, loss, examples/s, bytes on the wire, update density and threshold.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -683,6 +753,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     debug_longer_iterations: int = 0
     rng_seed: int | None = None
     transport: ZmqTransportConfiguration | None = None
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -725,7 +796,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         self.debug_longer_iterations = check_int(
             "debug_longer_iterations", self.debug_longer_iterations, minimum=0
         )
-        for name in ("encoding_debug_mode", "collect_training_stats"):
+        for name in ("encoding_debug_mode", "collect_training_stats", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.rng_seed is not None:
@@ -813,7 +884,16 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         partitions = units.getNumPartitions()
         barrier = partitions <= slots
         first_epoch = int(network.epoch_count)
-        controller = Controller(
+        examples = data.num_units * data.examples_per_unit
+        progress = FitProgress(
+            epochs,
+            first_epoch,
+            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
+            self.batch_size_per_worker,
+            enabled=self.progress,
+            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
+        )
+        controller = _ProgressController(
             network.params(),
             job_id,
             secret,
@@ -825,6 +905,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             threshold_reference=_reference_threshold(algorithm),
             updater_state=network.updater_state(),
             mesh=self.mesh_build_mode == MeshBuildMode.MESH,
+            progress=progress,
         )
         finished = first_epoch
 
@@ -832,6 +913,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             """The driver's side of an epoch end: the network takes the controller's parameters."""
             nonlocal finished
             finished = epoch + 1
+            progress.end_epoch(epoch)
             network.set_params(controller.params())
             network.epoch_count = finished
             network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
@@ -862,6 +944,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 barrier,
                 self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
                 self.mesh_build_mode == MeshBuildMode.MESH,
+                PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
             )
             bc = sc.broadcast(job)
             try:
@@ -874,13 +957,14 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                         controller,
                         lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
                         on_epoch,
+                        progress,
                     ):
                         results = _latest(results, part)
                 else:  # more partitions than slots: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):
                         train = _shared_partition(bc, epoch, 1)
                         for part in _run_watched(
-                            sc, controller, lambda t=train: units.mapPartitions(t).collect()
+                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
                         ):
                             results = _latest(results, part)
                         if on_epoch(epoch):
@@ -889,6 +973,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 bc.unpersist()
         finally:
             controller.close()
+            progress.close()
         network.set_params(controller.params())
         network.epoch_count = max(finished, int(network.epoch_count))
         network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)

@@ -384,7 +384,9 @@ def test_networks_train_in_parallel_threads_like_sequentially() -> None:
         net.fit(ds, epochs=3)
         expected.append(net.params().copy())
     nets = [_mlp() for _ in datasets]
-    threads = [threading.Thread(target=n.fit, args=(ds, 3)) for n, ds in zip(nets, datasets)]
+    threads = [
+        threading.Thread(target=n.fit, args=(ds,), kwargs={"epochs": 3}) for n, ds in zip(nets, datasets)
+    ]
     for t in threads:
         t.start()
     for t in threads:

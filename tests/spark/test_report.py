@@ -1,0 +1,166 @@
+"""Training stats across fits (score per iteration, metrics per epoch) and the HTML report built from them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from helpers import mlp_conf, subset
+
+from sparkgrad.spark import ParameterAveragingTrainingMaster, SparkMultiLayer
+from sparkgrad.spark.stats import EventStats, SparkTrainingStats
+
+FIT_KEY = "ParameterAveragingMasterFitTimesMs"
+
+
+def test_stats_accumulate_across_fits_until_reset(spark, digits) -> None:
+    test = subset(digits[1], 100)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16,
+        averaging_frequency=2,
+        num_workers=2,
+        rdd_data_set_num_examples=16,
+        rng_seed=0,
+        collect_training_stats=True,
+    )
+    rdd = spark.sparkContext.parallelize(subset(digits[0], 128).split(16), 2)
+    with SparkMultiLayer(spark, mlp_conf(hidden=16), master) as sm:
+        assert sm.training_stats is None
+        sm.evaluation_data = test
+        sm.fit(rdd, epochs=2)
+        sm.fit(rdd)
+        stats = sm.training_stats
+        assert len(stats.events(FIT_KEY)) == 2
+        # 128 examples, 2 workers x 16 x 2 per round: 2 rounds per epoch, 3 epochs
+        ((source, pairs),) = stats.scores().items()
+        assert len(pairs) == 6 and all(np.isfinite(s) and s > 0 for _, s in pairs)
+        assert [it for it, _ in pairs] == sorted(it for it, _ in pairs)
+        assert pairs[-1][0] == sm.network.iteration_count
+        # the model's score is the mean over the last epoch's rounds
+        assert (pairs[-1][1] + pairs[-2][1]) / 2 == pytest.approx(sm.score(), rel=1e-9)
+        epochs = stats.epoch_metrics()
+        assert list(epochs) == [0, 1, 2]
+        # the last epoch's metrics are those of the final network
+        assert epochs[2]["accuracy"] == sm.network.evaluate(test).accuracy()
+        assert epochs[2]["evaluation_score"] == pytest.approx(sm.network.score(test), rel=1e-6)
+        assert all(0 <= m["accuracy"] <= 1 for m in epochs.values())
+        sm.reset_training_stats()
+        assert sm.training_stats is None
+        sm.evaluation_data = None
+        sm.fit(rdd)
+        assert len(sm.training_stats.events(FIT_KEY)) == 1 and sm.training_stats.epoch_metrics() == {}
+        with pytest.raises(TypeError, match="evaluation_data: expected a DataSet with labels"):
+            sm.evaluation_data = test.features
+
+
+def _stats() -> SparkTrainingStats:
+    stats = SparkTrainingStats()
+    ev = EventStats("host-a", 11, 1, 1_000.0, 12.5)
+    stats.add("OneShotPhaseMs", ev)
+    for i in range(4):
+        stats.add("RepeatedPhaseMs", EventStats("host-a", 11, 2, 1_000.0 + 10 * i, 5.0 + i))
+    for i in range(30):
+        stats.add_score("worker-1", i, 2.0 / (i + 1))
+        stats.add_series(
+            "worker-1",
+            {"iteration": i, "threshold": 0.01, "density": 0.002, "bytes_sent": 400.0, "time_ms": i},
+        )
+    stats.add_epoch_metrics(0, accuracy=0.5)
+    stats.add_epoch_metrics(1, accuracy=0.75)
+    stats.count("worker_bytes_sent", 12000.0)
+    stats.count("epochs", 2.0)
+    return stats
+
+
+def test_report_order_and_one_event_metrics(tmp_path) -> None:
+    path = tmp_path / "report.html"
+    _stats().export_html(path)
+    page = path.read_text(encoding="utf-8")
+    order = [
+        page.index(t)
+        for t in (
+            "Training loss per iteration",
+            "Accuracy per epoch",
+            "<h2>Traffic",
+            "Bytes sent per iteration",
+            "Threshold",
+            "<h2>Phase timings",
+        )
+    ]
+    assert order == sorted(order)
+    # one event: a row of numbers, no chart; several: both
+    assert re.search(r"<td>OneShotPhaseMs</td><td>1</td><td>12.5</td>", page)
+    assert "<figcaption>OneShotPhaseMs</figcaption>" not in page
+    assert "<figcaption>RepeatedPhaseMs</figcaption>" in page
+    assert (
+        "<td>worker_bytes_sent</td><td>1.2e+04</td>" in page
+        or "<td>worker_bytes_sent</td><td>12,000</td>" in page
+    )
+    # the accuracy chart plots exactly the two recorded epochs
+    accuracy = page[page.index("Accuracy per epoch") :]
+    accuracy = accuracy[: accuracy.index("</figure>")]
+    points = re.search(r'points="([^"]+)"', accuracy).group(1).split()
+    assert len(points) == 2
+    (x0, y0), (x1, y1) = (tuple(map(float, p.split(","))) for p in points)
+    assert x1 > x0 and y1 < y0  # later epoch to the right, higher accuracy drawn higher
+    assert "<script" not in page and "src=" not in page
+
+
+def test_empty_stats_render_a_clear_page(tmp_path) -> None:
+    path = tmp_path / "empty.html"
+    SparkTrainingStats().export_html(path)
+    assert "Nothing was recorded." in path.read_text(encoding="utf-8")
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+# measured in the page by the test's own copy of the report (the report itself has no scripts)
+_MEASURE = """<script>
+const over = [...document.querySelectorAll("svg, figure, table, .legend, h1, h2, p")]
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5).length;
+document.body.setAttribute("data-check",
+  [document.documentElement.scrollWidth, window.innerWidth, over].join(","));
+</script>"""
+
+
+def test_report_renders_at_1280_px_in_headless_chromium(tmp_path) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium installed")
+    report = tmp_path / "report.html"
+    _stats().export_html(report)
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text(encoding="utf-8").replace("</body>", _MEASURE + "</body>"), "utf-8")
+    common = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        "--no-sandbox",
+        "--hide-scrollbars",
+        "--window-size=1280,2400",
+    ]
+    dom = subprocess.run(
+        [*common, "--virtual-time-budget=2000", "--dump-dom", probe.as_uri()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    check = re.search(r'data-check="(\d+),(\d+),(\d+)"', dom)
+    assert check is not None, dom[-2000:]
+    scroll_width, window_width, overflowing = map(int, check.groups())
+    assert window_width == 1280 and scroll_width <= 1280 and overflowing == 0
+    shot = tmp_path / "report.png"  # kept with the test's files for a look
+    subprocess.run(
+        [*common, f"--screenshot={shot}", report.as_uri()], check=True, capture_output=True, timeout=120
+    )
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
