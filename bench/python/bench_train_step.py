@@ -4,11 +4,16 @@ Configurations (Adam, softmax + cross-entropy, random data):
   mlp:   784-1024-512-10 (relu), batch 128
   lenet: 28x28x1 -> conv 20 5x5 -> maxpool 2 -> conv 50 5x5 -> maxpool 2 -> dense 500 relu -> softmax 10,
          batch 64
+  resnet: a residual CNN (ComputationGraph): 28x28x1 -> conv 16 3x3 relu -> [conv 16 3x3 relu -> conv 16
+         3x3 -> add the block input -> relu] -> maxpool 2 -> conv 32 3x3 relu -> [the same block with 32
+         channels] -> maxpool 2 -> softmax 10, all convolutions "same"; batch 64
 
 Prints one line per configuration: ms/step for both and the ratio sparkgrad / PyTorch (targets: <= 1.0 for
-the MLP, <= 1.5 for the CNN). Rounds alternate between the two frameworks so that machine load hits both.
+the MLP and the residual CNN, <= 1.5 for LeNet). Rounds alternate between the two frameworks so that
+machine load hits both.
 
-    PYTHONPATH=python python bench/python/bench_train_step.py [--threads N] [--steps 20] [--rounds 5]
+    PYTHONPATH=python python bench/python/bench_train_step.py [--threads N] [--steps 20] [--rounds 5] \
+        [--models mlp,lenet,resnet]
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ import numpy as np
 import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
+    ActivationLayer,
+    ComputationGraph,
+    ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
+    ElementWiseVertex,
+    GraphBuilder,
     InputType,
     MultiLayerConfiguration,
     MultiLayerNetwork,
@@ -34,7 +44,35 @@ from sparkgrad.nn import (
 )
 
 
+def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> str:
+    """conv relu -> conv -> + source -> relu; returns the block's output vertex."""
+    same = {"kernel_size": (3, 3), "convolution_mode": "same"}
+    b.add_layer(f"{name}a", ConvolutionLayer(channels, activation="relu", **same), source)
+    b.add_layer(f"{name}b", ConvolutionLayer(channels, activation="identity", **same), f"{name}a")
+    b.add_vertex(f"{name}sum", ElementWiseVertex("add"), f"{name}b", source)
+    b.add_layer(f"{name}relu", ActivationLayer("relu"), f"{name}sum")
+    return f"{name}relu"
+
+
+def _residual_graph() -> ComputationGraph:
+    same = {"kernel_size": (3, 3), "convolution_mode": "same"}
+    b = ComputationGraphConfiguration.builder(updater=updaters.Adam(1e-3), weight_init="relu", seed=0)
+    b.add_inputs("image").set_input_types(InputType.convolutional(28, 28, 1))
+    b.add_layer("stem", ConvolutionLayer(16, activation="relu", **same), "image")
+    block = _residual_block(b, "block1", "stem", 16)
+    b.add_layer("pool1", SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)), block)
+    b.add_layer("widen", ConvolutionLayer(32, activation="relu", **same), "pool1")
+    block = _residual_block(b, "block2", "widen", 32)
+    b.add_layer("pool2", SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)), block)
+    b.add_layer("out", OutputLayer(10), "pool2")
+    return ComputationGraph(b.set_outputs("out").build()).init()
+
+
 def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+    if name == "resnet":
+        graph = _residual_graph()
+        ds = DataSet(x, y)
+        return lambda: graph.fit(ds)
     if name == "mlp":
         layers = [DenseLayer(1024, activation="relu"), DenseLayer(512, activation="relu"), OutputLayer(10)]
         input_type = InputType.feed_forward(784)
@@ -59,7 +97,9 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
     from torch import nn
 
     torch.manual_seed(0)
-    if name == "mlp":
+    if name == "resnet":
+        model = _torch_residual_cnn()
+    elif name == "mlp":
         model = nn.Sequential(
             nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)
         )
@@ -86,6 +126,38 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
     return step
 
 
+def _torch_residual_block(channels: int):
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(channels, channels, 3, padding=1)
+            self.b = nn.Conv2d(channels, channels, 3, padding=1)
+
+        def forward(self, x):
+            return nn.functional.relu(self.b(nn.functional.relu(self.a(x))) + x)
+
+    return Block()
+
+
+def _torch_residual_cnn():
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        _torch_residual_block(16),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        _torch_residual_block(32),
+        nn.MaxPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 10),
+    )
+
+
 def _time(step: Callable[[], None], steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
@@ -100,7 +172,7 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating timed rounds; the median is reported"
     )
-    parser.add_argument("--models", default="mlp,lenet")
+    parser.add_argument("--models", default="mlp,lenet,resnet")
     args = parser.parse_args()
 
     import torch
@@ -110,7 +182,7 @@ def main() -> None:
     print(f"threads={args.threads} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
     rng = np.random.default_rng(0)
     for name in args.models.split(","):
-        batch, shape = (128, (784,)) if name == "mlp" else (64, (1, 28, 28))
+        batch, shape = (128, (784,)) if name == "mlp" else (64, (1, 28, 28))  # lenet, resnet: images
         x = rng.random((batch, *shape), dtype=np.float32)
         y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
         steps = {"sparkgrad": _sparkgrad_step(name, x, y), "torch": _torch_step(name, x, y)}

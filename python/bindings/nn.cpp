@@ -1,6 +1,9 @@
 // Bindings of the neural-network kernels (cpp/include/sparkgrad/nn.h): argument checks with the GIL
 // held, then the kernel with the GIL released.
+#include <cmath>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernel_args.h"
 #include "sparkgrad/nn.h"
@@ -422,6 +425,185 @@ void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const
   });
 }
 
+// ---- graph vertices ----------------------------------------------------------------------------------
+
+// Same-shape arrays of one dtype from a Python list (argument `name`, at least `min_count` entries).
+template <typename T>
+std::vector<py::array_t<T, py::array::c_style>> checked_list(const char* op, const char* name, const py::list& in,
+                                                             const Shape& shape, bool writable) {
+  std::vector<py::array_t<T, py::array::c_style>> out;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::string item = std::string(name) + "[" + std::to_string(i) + "]";
+    out.push_back(checked_array<T>(op, item.c_str(), in[i], writable));
+    require_shape(op, item.c_str(), out.back(), shape);
+  }
+  return out;
+}
+
+template <typename A, typename B>
+bool overlaps(const A& a, const B& b) {
+  const auto* a0 = reinterpret_cast<const char*>(a.data());
+  const auto* b0 = reinterpret_cast<const char*>(b.data());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+void elementwise_forward(const std::string& kind_name, const py::list& inputs_in, const py::array& y_in) {
+  const char* op = "elementwise_forward";
+  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, kind_name);
+  if (inputs_in.empty()) throw_invalid(op, "inputs must hold at least one array");
+  if (kind == nn::ElementWiseOp::Subtract && inputs_in.size() != 2) {
+    throw_invalid(op, "subtract needs exactly 2 inputs, got ", inputs_in.size());
+  }
+  dispatch_float(op, "y", y_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    const auto inputs = checked_list<T>(op, "inputs", inputs_in, shape_of(y), false);
+    std::vector<const T*> ptrs;
+    for (const auto& a : inputs) ptrs.push_back(a.data());
+    py::gil_scoped_release release;
+    nn::elementwise_forward<T>(kind, ptrs.data(), static_cast<std::int64_t>(ptrs.size()), y.mutable_data(),
+                               static_cast<std::int64_t>(y.size()));
+  });
+}
+
+void elementwise_backward(const std::string& kind_name, const py::list& inputs_in, const py::array& dy_in,
+                          const py::list& dx_in) {
+  const char* op = "elementwise_backward";
+  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, kind_name);
+  if (inputs_in.empty()) throw_invalid(op, "inputs must hold at least one array");
+  if (kind == nn::ElementWiseOp::Subtract && inputs_in.size() != 2) {
+    throw_invalid(op, "subtract needs exactly 2 inputs, got ", inputs_in.size());
+  }
+  if (dx_in.size() != inputs_in.size()) {
+    throw_invalid(op, "dx must hold one array per input (", inputs_in.size(), "), got ", dx_in.size());
+  }
+  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    const Shape shape = shape_of(dy);
+    const auto inputs = checked_list<T>(op, "inputs", inputs_in, shape, false);
+    auto dx = checked_list<T>(op, "dx", dx_in, shape, true);
+    std::vector<const T*> in_ptrs;
+    std::vector<T*> dx_ptrs;
+    for (std::size_t i = 0; i < dx.size(); ++i) {
+      in_ptrs.push_back(inputs[i].data());
+      dx_ptrs.push_back(dx[i].mutable_data());
+      bool alias = overlaps(dx[i], dy);
+      for (std::size_t j = 0; j < dx.size(); ++j) {
+        alias = alias || overlaps(dx[i], inputs[j]) || (j < i && overlaps(dx[i], dx[j]));
+      }
+      if (alias) throw_invalid(op, "dx[", i, "] must not overlap dy, an input or another dx");
+    }
+    py::gil_scoped_release release;
+    nn::elementwise_backward<T>(kind, in_ptrs.data(), static_cast<std::int64_t>(in_ptrs.size()), dy.data(),
+                                dx_ptrs.data(), static_cast<std::int64_t>(dy.size()));
+  });
+}
+
+void scale_shift(const py::array& x_in, const py::array& y_in, double scale, double shift) {
+  const char* op = "scale_shift";
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    py::gil_scoped_release release;
+    nn::scale_shift<T>(x.data(), y.mutable_data(), static_cast<std::int64_t>(x.size()), scale, shift);
+  });
+}
+
+// (N, ...) viewed as (n, d) rows.
+template <typename A>
+std::pair<std::int64_t, std::int64_t> row_view(const char* op, const char* name, const A& a) {
+  if (a.ndim() < 1) throw_invalid(op, name, " must have a batch axis, got a 0-d array");
+  const std::int64_t n = a.shape(0);
+  return {n, n == 0 ? 0 : static_cast<std::int64_t>(a.size()) / n};
+}
+
+void check_eps(const char* op, double eps) {
+  if (!(eps > 0.0 && std::isfinite(eps))) throw_invalid(op, "eps must be a finite number > 0, got ", eps);
+}
+
+void l2_normalize_forward(const py::array& x_in, const py::array& y_in, const py::array& norms_in, double eps) {
+  const char* op = "l2_normalize_forward";
+  check_eps(op, eps);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    auto norms = checked_array<T>(op, "norms", norms_in, true);
+    require_shape(op, "y", y, shape_of(x));
+    const auto [n, d] = row_view(op, "x", x);
+    require_shape(op, "norms", norms, {n});
+    if (overlaps(x, y)) throw_invalid(op, "y must not overlap x");
+    py::gil_scoped_release release;
+    nn::l2_normalize_forward<T>(x.data(), y.mutable_data(), norms.mutable_data(), n, d, eps);
+  });
+}
+
+void l2_normalize_backward(const py::array& y_in, const py::array& norms_in, const py::array& dy_in,
+                           const py::array& dx_in, double eps) {
+  const char* op = "l2_normalize_backward";
+  check_eps(op, eps);
+  dispatch_float(op, "y", y_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto y = checked_array<T>(op, "y", y_in);
+    auto norms = checked_array<T>(op, "norms", norms_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto dx = checked_array<T>(op, "dx", dx_in, true);
+    const Shape shape = shape_of(y);
+    require_shape(op, "dy", dy, shape);
+    require_shape(op, "dx", dx, shape);
+    const auto [n, d] = row_view(op, "y", y);
+    require_shape(op, "norms", norms, {n});
+    py::gil_scoped_release release;
+    nn::l2_normalize_backward<T>(y.data(), norms.data(), dy.data(), dx.mutable_data(), n, d, eps);
+  });
+}
+
+void l2_distance_forward(const py::array& a_in, const py::array& b_in, const py::array& y_in) {
+  const char* op = "l2_distance_forward";
+  dispatch_float(op, "a", a_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto a = checked_array<T>(op, "a", a_in);
+    auto b = checked_array<T>(op, "b", b_in);
+    auto y = checked_array<T>(op, "y", y_in, true);
+    require_shape(op, "b", b, shape_of(a));
+    const auto [n, d] = row_view(op, "a", a);
+    require_shape(op, "y", y, {n});
+    py::gil_scoped_release release;
+    nn::l2_distance_forward<T>(a.data(), b.data(), y.mutable_data(), n, d);
+  });
+}
+
+void l2_distance_backward(const py::array& a_in, const py::array& b_in, const py::array& y_in,
+                          const py::array& dy_in, const py::array& da_in, const py::array& db_in, double eps) {
+  const char* op = "l2_distance_backward";
+  check_eps(op, eps);
+  dispatch_float(op, "a", a_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto a = checked_array<T>(op, "a", a_in);
+    auto b = checked_array<T>(op, "b", b_in);
+    auto y = checked_array<T>(op, "y", y_in);
+    auto dy = checked_array<T>(op, "dy", dy_in);
+    auto da = checked_array<T>(op, "da", da_in, true);
+    auto db = checked_array<T>(op, "db", db_in, true);
+    const Shape shape = shape_of(a);
+    require_shape(op, "b", b, shape);
+    require_shape(op, "da", da, shape);
+    require_shape(op, "db", db, shape);
+    const auto [n, d] = row_view(op, "a", a);
+    require_shape(op, "y", y, {n});
+    require_shape(op, "dy", dy, {n});
+    if (overlaps(da, db) || overlaps(da, a) || overlaps(da, b) || overlaps(db, a) || overlaps(db, b)) {
+      throw_invalid(op, "da and db must not overlap each other, a or b");
+    }
+    py::gil_scoped_release release;
+    nn::l2_distance_backward<T>(a.data(), b.data(), y.data(), dy.data(), da.mutable_data(), db.mutable_data(), n,
+                                d, eps);
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -486,4 +668,18 @@ void init_nn(py::module_& m) {
   m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
         "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
+  m.def("elementwise_forward", &elementwise_forward, py::arg("kind"), py::arg("inputs"), py::arg("y"),
+        "y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).");
+  m.def("elementwise_backward", &elementwise_backward, py::arg("kind"), py::arg("inputs"), py::arg("dy"),
+        py::arg("dx"), "dx[i] = dL/d inputs[i] from dy; max routes dy to the first maximal input.");
+  m.def("scale_shift", &scale_shift, py::arg("x"), py::arg("y"), py::arg("scale") = 1.0, py::arg("shift") = 0.0,
+        "y = x * scale + shift; y may be x.");
+  m.def("l2_normalize_forward", &l2_normalize_forward, py::arg("x"), py::arg("y"), py::arg("norms"),
+        py::arg("eps"), "y = x / max(||x_i||, eps) per example (row of the (N, ...) array); norms (N,).");
+  m.def("l2_normalize_backward", &l2_normalize_backward, py::arg("y"), py::arg("norms"), py::arg("dy"),
+        py::arg("dx"), py::arg("eps"), "dx from y, norms and dy of l2_normalize_forward; dx may be dy.");
+  m.def("l2_distance_forward", &l2_distance_forward, py::arg("a"), py::arg("b"), py::arg("y"),
+        "y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.");
+  m.def("l2_distance_backward", &l2_distance_backward, py::arg("a"), py::arg("b"), py::arg("y"), py::arg("dy"),
+        py::arg("da"), py::arg("db"), py::arg("eps"), "da = dy (a - b) / max(y, eps), db = -da.");
 }

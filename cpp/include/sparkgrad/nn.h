@@ -126,4 +126,40 @@ void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain
 template <typename T>
 void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
 
+// ---- graph vertices (cpp/src/nn/vertex.cpp) -------------------------------------------------------
+enum class ElementWiseOp : std::uint8_t { Add, Subtract, Product, Average, Max };
+// Parses "add", "subtract", "product", "average" or "max"; throws std::invalid_argument otherwise.
+ElementWiseOp parse_elementwise_op(const char* op, const std::string& name);
+
+// inputs: k >= 1 pointers to (size) arrays (k == 2 for Subtract); y: (size), may alias no input.
+// Max takes the first maximal input at ties.
+template <typename T>
+void elementwise_forward(ElementWiseOp kind, const T* const* inputs, std::int64_t k, T* y, std::int64_t size);
+// dy: (size); dx: k pointers to (size) arrays, dx[i] = dL/d inputs[i] (Max routes dy to the input the
+// forward chose). Product and Max read the inputs. No dx may alias dy or another dx.
+template <typename T>
+void elementwise_backward(ElementWiseOp kind, const T* const* inputs, std::int64_t k, const T* dy, T* const* dx,
+                          std::int64_t size);
+
+// x, y: (size); y = x * scale + shift (y may alias x). Also the backward of scale (shift 0).
+template <typename T>
+void scale_shift(const T* x, T* y, std::int64_t size, double scale, double shift);
+
+// x, y: (n, d); norms: (n) = max(||x_i||_2, eps); y_i = x_i / norms_i. y may not alias x.
+template <typename T>
+void l2_normalize_forward(const T* x, T* y, T* norms, std::int64_t n, std::int64_t d, double eps);
+// y, norms as written by the forward; dy, dx: (n, d). Rows whose norm was clamped to eps back-propagate
+// dy / eps; the others (dy - y <dy, y>) / norm. dx may alias dy.
+template <typename T>
+void l2_normalize_backward(const T* y, const T* norms, const T* dy, T* dx, std::int64_t n, std::int64_t d,
+                           double eps);
+
+// a, b: (n, d); y: (n) = ||a_i - b_i||_2.
+template <typename T>
+void l2_distance_forward(const T* a, const T* b, T* y, std::int64_t n, std::int64_t d);
+// y as written by the forward, dy: (n); da, db: (n, d) = +-dy_i (a_i - b_i) / max(y_i, eps).
+template <typename T>
+void l2_distance_backward(const T* a, const T* b, const T* y, const T* dy, T* da, T* db, std::int64_t n,
+                          std::int64_t d, double eps);
+
 }  // namespace sparkgrad::nn

@@ -16,6 +16,20 @@ _DTYPES = ("float32", "float64")
 INHERITED = ("activation", "weight_init", "l1", "l2", "weight_decay", "updater")
 
 
+def check_network_defaults(conf: Any) -> None:
+    """Validate (and coerce) the network-wide defaults every network configuration has:
+    updater, seed, weight_init, activation, l1, l2, weight_decay and dtype."""
+    conf.weight_init = coerce_enum(WeightInit, conf.weight_init, "weight_init")
+    conf.activation = coerce_enum(Activation, conf.activation, "activation")
+    for name in ("l1", "l2", "weight_decay"):
+        setattr(conf, name, check_non_negative(name, getattr(conf, name), MAX_SCALE))
+    check_updater("updater", conf.updater)
+    if conf.seed is not None:
+        conf.seed = check_int("seed", conf.seed, minimum=0)
+    if conf.dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected float32 or float64, got {conf.dtype!r}")
+
+
 @dataclasses.dataclass
 class MultiLayerConfiguration(Config):
     """A sequential network: layers in order, the input type and defaults for every layer.
@@ -46,15 +60,7 @@ class MultiLayerConfiguration(Config):
     output_type: InputType = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.weight_init = coerce_enum(WeightInit, self.weight_init, "weight_init")
-        self.activation = coerce_enum(Activation, self.activation, "activation")
-        for name in ("l1", "l2", "weight_decay"):
-            setattr(self, name, check_non_negative(name, getattr(self, name), MAX_SCALE))
-        check_updater("updater", self.updater)
-        if self.seed is not None:
-            self.seed = check_int("seed", self.seed, minimum=0)
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        check_network_defaults(self)
         if self.input_type is not None and not isinstance(self.input_type, InputType):
             raise ValueError(f"input_type: expected an InputType, got {self.input_type!r}")
         if not isinstance(self.layers, (list, tuple)) or not self.layers:

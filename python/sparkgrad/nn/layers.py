@@ -41,9 +41,11 @@ class ParamSpec(NamedTuple):
     fan_out: float = 1.0
 
 
-def layer_error(index: int, layer: Any, field: str, message: str) -> ValueError:
-    """ValueError naming the layer index, its type and the field: ``layers[2] (DenseLayer).n_in: ...``."""
-    return ValueError(f"layers[{index}] ({type(layer).__name__}).{field}: {message}")
+def layer_error(index: int | str, layer: Any, field: str, message: str) -> ValueError:
+    """ValueError naming the layer index (or graph vertex name), its type and the field:
+    ``layers[2] (DenseLayer).n_in: ...`` or ``vertex 'fc' (DenseLayer).n_in: ...``."""
+    where = f"vertex {index!r}" if isinstance(index, str) else f"layers[{index}]"
+    return ValueError(f"{where} ({type(layer).__name__}).{field}: {message}")
 
 
 def _pair(field: str, value: Any, minimum: int) -> tuple[int, int]:

@@ -4,169 +4,35 @@ Layout: layers in order, each layer's parameters in ``param_specs`` order (dense
 b; convolution: W (K, C, R, S) then b; batch norm: gamma, beta, running mean, running var), each array
 C-contiguous. The gradient and the update share one flat buffer with the same layout; the updater
 state is one flat vector made of one block per run of consecutive layers sharing an updater
-(``state_size`` entries each, laid out as the kernel defines).
+(``state_size`` entries each, laid out as the kernel defines). The buffers, the training step, ``fit``
+and persistence are :class:`~sparkgrad.nn._flat_network.FlatNetwork`'s.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 from typing import Any, Iterable
 
 import numpy as np
 
-from sparkgrad._native import _core
-from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
-from sparkgrad.nn import serialization as model_files
-from sparkgrad.nn._runtime import OutputRuntime, build_runtime
+from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn._runtime import OutputRuntime
 from sparkgrad.nn.conf import MultiLayerConfiguration
-from sparkgrad.nn.listeners import TrainingListener
-from sparkgrad.nn.serialization import PathOrFile
-from sparkgrad.nn.weight_init import init_weights
+from sparkgrad.nn.input_type import InputType
 
 
-class _UpdaterBlock:
-    """A contiguous parameter range trained by one updater, with its slice of the flat state."""
-
-    def __init__(self, updater: Any, start: int, stop: int) -> None:
-        self.updater, self.start, self.stop = updater, start, stop
-        self.state_start = self.state_stop = 0
-
-
-class MultiLayerNetwork:
+class MultiLayerNetwork(FlatNetwork):
     """A sequential network built from a :class:`MultiLayerConfiguration`.
 
     Args:
         conf: the configuration (not copied; treat it as immutable once the network exists).
     """
 
-    def __init__(self, conf: MultiLayerConfiguration) -> None:
-        if not isinstance(conf, MultiLayerConfiguration):
-            raise TypeError(f"conf: expected a MultiLayerConfiguration, got {type(conf).__name__}")
-        self.conf = conf
-        self.dtype = np.dtype(conf.dtype)
-        self.iteration_count = 0
-        self.epoch_count = 0
-        self.listeners: list[TrainingListener] = []
-        self._params: np.ndarray | None = None
-        self._last_score: float | None = None
+    _conf_class = MultiLayerConfiguration
 
-    # -- construction -------------------------------------------------------------------------
-    def init(self, params: np.ndarray | None = None) -> MultiLayerNetwork:
-        """Allocate the flat buffers and initialise parameters (seeded by ``conf.seed``).
-
-        Args:
-            params: optional flat parameter vector copied in instead of the random initialisation.
-
-        Returns:
-            self
-        """
-        conf = self.conf
-        layouts = []
-        offset = 0
-        for i, layer in enumerate(conf.layers):
-            entries = []
-            for spec in layer.param_specs(conf.layer_input_types[i]):
-                size = int(np.prod(spec.shape))
-                entries.append((spec, offset, offset + size))
-                offset += size
-            layouts.append(entries)
-        self._n_params = offset
-        self._params = np.zeros(offset, dtype=self.dtype)
-        self._grad = np.zeros(offset, dtype=self.dtype)
-        rng = np.random.default_rng(conf.seed)
-        # dropout seeds derive from this, the iteration and the layer index: reproducible, thread-free
-        self._dropout_seed = int(rng.integers(0, 2**62)) if conf.seed is None else conf.seed
-        self._runtimes: list[Any] = []
-        self._weights: list[tuple[np.ndarray, np.ndarray, int]] = []  # (param view, grad view, layer)
-        self._stats: list[tuple[slice, Any]] = []  # batch-norm running statistics
-        self._layer_ranges: list[tuple[int, int]] = []
-        for i, (layer, entries) in enumerate(zip(conf.layers, layouts)):
-            pviews, gviews = {}, {}
-            for spec, start, stop in entries:
-                pviews[spec.name] = self._params[start:stop].reshape(spec.shape)
-                gviews[spec.name] = self._grad[start:stop].reshape(spec.shape)
-                self._init_param(i, spec, pviews[spec.name], rng)
-                if spec.role == L.WEIGHT:
-                    self._weights.append((pviews[spec.name], gviews[spec.name], i))
-            start = entries[0][1] if entries else 0
-            stop = entries[-1][2] if entries else 0
-            self._layer_ranges.append((start, stop))
-            activation = conf.setting(i, "activation") if hasattr(layer, "activation") else None
-            runtime = build_runtime(layer, conf.layer_input_types[i], activation, self.dtype, pviews, gviews)
-            self._runtimes.append(runtime)
-            if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
-                self._stats.append((slice(entries[2][1], stop), runtime))
-        self._build_updater_blocks()
-        if params is not None:
-            self.set_params(params)
-        return self
-
-    def _init_param(self, index: int, spec: L.ParamSpec, view: np.ndarray, rng: np.random.Generator) -> None:
-        if spec.role == L.WEIGHT:
-            init_weights(self.conf.setting(index, "weight_init"), view, spec.fan_in, spec.fan_out, rng)
-        else:  # biases, beta and running mean start at 0; gamma and running variance at 1
-            view[...] = 1.0 if spec.role in (L.GAMMA, L.RUNNING_VAR) else 0.0
-
-    def _build_updater_blocks(self) -> None:
-        blocks: list[_UpdaterBlock] = []
-        for i, (start, stop) in enumerate(self._layer_ranges):
-            if start == stop:
-                continue
-            updater = self.conf.setting(i, "updater")
-            if blocks and blocks[-1].updater == updater and blocks[-1].stop == start:
-                blocks[-1].stop = stop
-            else:
-                blocks.append(_UpdaterBlock(updater, start, stop))
-        state = 0
-        for block in blocks:
-            block.state_start = state
-            state += block.updater.state_size(block.stop - block.start)
-            block.state_stop = state
-        self._blocks = blocks
-        self._state = np.zeros(state, dtype=self.dtype)
-
-    def _require_init(self) -> None:
-        if self._params is None:
-            raise ValueError("the network is not initialised: call init() first")
-
-    # -- parameters and updater state --------------------------------------------------------
-    def params(self) -> np.ndarray:
-        """The live flat parameter buffer (every layer's weights are views of it)."""
-        self._require_init()
-        return self._params
-
-    def num_params(self) -> int:
-        """Total number of parameters (including batch-norm running statistics)."""
-        self._require_init()
-        return self._n_params
-
-    def set_params(self, flat: np.ndarray) -> None:
-        """Copy ``flat`` (length ``num_params()``) into the parameter buffer."""
-        self._require_init()
-        self._copy_into(self._params, flat, "params")
-
-    def updater_state(self) -> np.ndarray:
-        """The live flat updater state (empty for stateless updaters such as Sgd)."""
-        self._require_init()
-        return self._state
-
-    def set_updater_state(self, flat: np.ndarray) -> None:
-        """Copy ``flat`` (length ``len(updater_state())``) into the updater state."""
-        self._require_init()
-        self._copy_into(self._state, flat, "updater state")
-
-    @staticmethod
-    def _copy_into(dest: np.ndarray, flat: Any, name: str) -> None:
-        arr = np.asarray(flat)
-        if arr.ndim != 1 or arr.shape[0] != dest.shape[0]:
-            raise ValueError(
-                f"{name}: expected a flat vector of length {dest.shape[0]}, got shape {arr.shape}"
-            )
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise TypeError(f"{name}: expected a floating-point vector, got dtype {arr.dtype}")
-        np.copyto(dest, arr)
+    @classmethod
+    def _layer_units(cls, conf: MultiLayerConfiguration) -> list[tuple[Any, L.Layer, InputType]]:
+        return [(i, layer, conf.layer_input_types[i]) for i, layer in enumerate(conf.layers)]
 
     # -- data preparation -----------------------------------------------------------------------
     def _features(self, features: Any) -> np.ndarray:
@@ -222,9 +88,6 @@ class MultiLayerNetwork:
         return y, self._to_steps(getattr(dataset, "labels_mask", None), "labels_mask", n)
 
     # -- forward / backward -------------------------------------------------------------------
-    def _seed(self, index: int) -> int:
-        return (self._dropout_seed * 1_000_003 + self.iteration_count * 1_009 + index) % (2**63)
-
     def _forward(self, x: np.ndarray, train: bool, activate_output: bool) -> np.ndarray:
         self._shapes = []
         last = len(self._runtimes) - 1
@@ -257,151 +120,6 @@ class MultiLayerNetwork:
             self._grad[sl] = 0.0
         self._last_score = score + self._penalty()
         return self._last_score
-
-    def _penalty(self) -> float:
-        """DL4J's regularization score: sum over weights of l1 |w| + l2 / 2 w^2."""
-        total = 0.0
-        for w, _, i in self._weights:
-            l1, l2 = self.conf.setting(i, "l1"), self.conf.setting(i, "l2")
-            if l1 > 0:
-                total += l1 * float(np.abs(w).sum())
-            if l2 > 0:
-                total += 0.5 * l2 * float(np.dot(w.ravel(), w.ravel()))
-        return total
-
-    def compute_gradient_and_score(self, dataset: Any) -> tuple[np.ndarray, float]:
-        """Gradient of the mean loss over the minibatch (training mode) and the score.
-
-        Args:
-            dataset: a DataSet with features and labels (and optional labels_mask).
-
-        Returns:
-            (a copy of the flat gradient, without regularization terms; the score including the l1/l2
-            penalty). Batch-norm running statistics have zero gradient.
-        """
-        score = self._gradient(dataset)
-        return self._grad.copy(), score
-
-    def _compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
-        score = self._gradient(dataset)
-        grad = self._grad
-        # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
-        if not (np.isfinite(score) and np.isfinite(grad).all()):
-            self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
-        for w, g, i in self._weights:
-            l1, l2 = self.conf.setting(i, "l1"), self.conf.setting(i, "l2")
-            if l1 > 0 or l2 > 0:
-                _core.regularize_gradient(w, g, l1, l2)
-        for block in self._blocks:
-            block.updater.apply(
-                grad[block.start : block.stop],
-                self._state[block.state_start : block.state_stop],
-                self.iteration_count,
-            )
-        for w, g, i in self._weights:
-            wd = self.conf.setting(i, "weight_decay")
-            if wd > 0:
-                _core.apply_weight_decay(w, g, wd * self.conf.setting(i, "updater").learning_rate)
-        for sl, rt in self._stats:  # running statistics: params -= (old - new) sets them to new
-            c = rt.new_mean.shape[0]
-            grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
-            grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
-        if not np.isfinite(grad).all():
-            self._raise_non_finite("update", score, dataset)
-        self.iteration_count += 1
-        return grad, score
-
-    def _raise_non_finite(self, what: str, score: float, dataset: Any) -> None:
-        """TrainingError naming the iteration and the first non-finite input, if any input is."""
-        inputs = [
-            ("features", getattr(dataset, "features", None)),
-            ("labels", getattr(dataset, "labels", None)),
-            ("features_mask", getattr(dataset, "features_mask", None)),
-            ("labels_mask", getattr(dataset, "labels_mask", None)),
-            ("parameters", self._params),
-        ]
-        cause = "every input is finite: the computation overflowed (learning rate or inputs too large?)"
-        for name, value in inputs:
-            if value is None:
-                continue
-            arr = np.asarray(value)
-            if not np.issubdtype(arr.dtype, np.floating):
-                continue
-            bad = np.argwhere(~np.isfinite(arr))
-            if bad.size:
-                index = ", ".join(str(int(i)) for i in bad[0])
-                cause = f"first non-finite input: {name}[{index}] = {arr[tuple(bad[0])]}"
-                break
-        kept = "parameters were" if what == "update" else "parameters and updater state were"
-        raise TrainingError(
-            f"iteration {int(self.iteration_count)}: non-finite {what} (score {score}); {cause}; "
-            f"{kept} left unchanged"
-        )
-
-    def compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
-        """gradient -> l1/l2 -> updater -> weight decay: the flat vector that ``fit`` subtracts.
-
-        Advances the updater state and ``iteration_count``; parameters are unchanged.
-
-        Args:
-            dataset: a DataSet with features and labels.
-
-        Returns:
-            (a copy of the flat update, the minibatch score).
-        """
-        update, score = self._compute_update(dataset)
-        return update.copy(), score
-
-    def apply_update(self, update: np.ndarray) -> None:
-        """``params -= update`` in place."""
-        self._require_init()
-        u = np.asarray(update)
-        if u.shape != self._params.shape:
-            raise ValueError(
-                f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
-            )
-        np.subtract(self._params, u, out=self._params, casting="same_kind")
-
-    # -- training -----------------------------------------------------------------------------
-    def fit(self, data: Any, epochs: int = 1) -> MultiLayerNetwork:
-        """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
-
-        Args:
-            data: a DataSet (one minibatch per epoch) or a re-iterable collection of DataSets.
-            epochs: number of passes over ``data``; ``epoch_count`` grows by one per pass.
-
-        Returns:
-            self
-        """
-        self._require_init()
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
-        single = hasattr(data, "features")
-        if not single and epochs > 1 and iter(data) is data:
-            raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
-        for _ in range(epochs):
-            for batch in [data] if single else data:
-                update, _ = self._compute_update(batch)
-                self.apply_update(update)
-                for listener in self.listeners:
-                    listener.iteration_done(self, self.iteration_count, self.epoch_count)
-            self.epoch_count += 1
-            for listener in self.listeners:
-                listener.on_epoch_end(self)
-        return self
-
-    def set_listeners(self, *listeners: TrainingListener) -> None:
-        """Replace the training listeners."""
-        for listener in listeners:
-            if not isinstance(listener, TrainingListener):
-                raise TypeError(
-                    f"listeners: expected TrainingListener instances, got {type(listener).__name__}"
-                )
-        self.listeners = list(listeners)
-
-    def add_listeners(self, *listeners: TrainingListener) -> None:
-        """Append training listeners."""
-        self.set_listeners(*self.listeners, *listeners)
 
     # -- inference and scoring ----------------------------------------------------------------
     def output(self, features: Any, train: bool = False) -> np.ndarray:
@@ -502,71 +220,6 @@ class MultiLayerNetwork:
 
         return self.do_evaluation(data, RegressionEvaluation())[0]
 
-    # -- persistence --------------------------------------------------------------------------
-    def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True) -> None:
-        """Write the model as a zip (format documented in :mod:`sparkgrad.nn.serialization`).
-
-        Args:
-            path_or_binary_file: a path (created or truncated) or a writable binary file object.
-            save_updater: also save the updater state (recorded in the file either way, so that a
-                loader can tell a state that was not saved from one that was lost).
-
-        Raises:
-            ValueError: non-finite parameters or updater state (such a file could not be loaded).
-        """
-        self._require_init()
-        model_files.write_model(
-            path_or_binary_file,
-            type(self).__name__,
-            self.conf.to_json(),
-            self._params,
-            self._state if save_updater else None,
-            self.iteration_count,
-            self.epoch_count,
-        )
-
-    @classmethod
-    def load(cls, path_or_binary_file: PathOrFile, load_updater: bool = True) -> MultiLayerNetwork:
-        """Read a model written by :meth:`save` (format versions 1 and 2).
-
-        Args:
-            path_or_binary_file: a path or a readable, seekable binary file object.
-            load_updater: restore the updater state. A file saved with ``save_updater=False`` (or by a
-                stateless updater) has none and loads with a fresh (zero) state; a state the file
-                says was saved but that is missing or damaged is an error either way.
-
-        Returns:
-            The network, with parameters, updater state and iteration/epoch counts as saved.
-
-        Raises:
-            FileNotFoundError: the path does not exist.
-            CorruptDataError: a foreign or damaged file, naming the file and the member: bad zip
-                structure or CRC, invalid metadata or counters, a configuration that does not
-                parse, coefficients or state of the wrong dtype or length or not finite.
-        """
-        with model_files.ModelReader(path_or_binary_file, cls.__name__) as reader:
-            conf = reader.configuration(MultiLayerConfiguration.from_json)
-            dtype = np.dtype(conf.dtype)
-            params = reader.vector(model_files.COEFF_MEMBER, _configured_num_params(conf), dtype)
-            net = cls(conf).init(params)
-            if reader.has_updater_state:
-                state = reader.vector(model_files.STATE_MEMBER, net._state.size, dtype)
-                if load_updater:
-                    net.set_updater_state(state)
-            net.iteration_count = reader.iteration_count
-            net.epoch_count = reader.epoch_count
-        return net
-
-    def clone(self) -> MultiLayerNetwork:
-        """An independent copy: configuration, parameters, updater state and counters."""
-        self._require_init()
-        net = type(self)(copy.deepcopy(self.conf)).init(self._params)
-        net.set_updater_state(self._state)
-        net.iteration_count, net.epoch_count = self.iteration_count, self.epoch_count
-        net._dropout_seed = self._dropout_seed
-        net._last_score = self._last_score
-        return net
-
     def summary(self) -> str:
         """A table of layers with input/output shapes and parameter counts."""
         self._require_init()
@@ -586,15 +239,6 @@ class MultiLayerNetwork:
         lines.insert(1, "-" * len(lines[0]))
         lines.append(f"Total parameters: {self._n_params} ({conf.dtype})")
         return "\n".join(lines)
-
-
-def _configured_num_params(conf: MultiLayerConfiguration) -> int:
-    """The parameter count ``init`` will allocate, computed without allocating (bounds file reads)."""
-    return sum(
-        math.prod(spec.shape)
-        for i, layer in enumerate(conf.layers)
-        for spec in layer.param_specs(conf.layer_input_types[i])
-    )
 
 
 __all__ = ["MultiLayerNetwork"]

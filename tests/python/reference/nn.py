@@ -472,3 +472,67 @@ def numerical_gradient(fn, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
         flat[i] = keep
         gflat[i] = (up - down) / (2 * h)
     return grad
+
+
+# ---- graph vertices ------------------------------------------------------------------------------
+
+ELEMENTWISE_OPS = ["add", "subtract", "product", "average", "max"]
+
+
+def elementwise(op: str, inputs: list) -> np.ndarray:
+    stack = np.stack([np.asarray(x, np.float64) for x in inputs])
+    if op == "add":
+        return stack.sum(axis=0)
+    if op == "subtract":
+        return stack[0] - stack[1]
+    if op == "product":
+        return stack.prod(axis=0)
+    if op == "average":
+        return stack.mean(axis=0)
+    return stack.max(axis=0)
+
+
+def elementwise_backward(op: str, inputs: list, dy: np.ndarray) -> list:
+    """dL/d inputs[i]; max routes dy to the first maximal input."""
+    stack = np.stack([np.asarray(x, np.float64) for x in inputs])
+    k = len(inputs)
+    if op == "add":
+        return [dy.astype(np.float64) for _ in range(k)]
+    if op == "subtract":
+        return [dy.astype(np.float64), -dy.astype(np.float64)]
+    if op == "average":
+        return [dy / k for _ in range(k)]
+    if op == "product":
+        return [dy * np.prod(np.delete(stack, i, axis=0), axis=0) for i in range(k)]
+    first = np.argmax(stack, axis=0)
+    return [np.where(first == i, dy, 0.0) for i in range(k)]
+
+
+def l2_normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    """Each example (row of the (N, ...) array) divided by max(its L2 norm, eps)."""
+    rows = x.reshape(len(x), int(np.prod(x.shape[1:]))).astype(np.float64)
+    norms = np.maximum(np.sqrt((rows**2).sum(axis=1, keepdims=True)), eps)
+    return (rows / norms).reshape(x.shape)
+
+
+def l2_normalize_backward(x: np.ndarray, dy: np.ndarray, eps: float) -> np.ndarray:
+    """Jacobian-transpose product of l2_normalize: (dy - y <dy, y>) / norm, or dy / eps when clamped."""
+    rows = x.reshape(len(x), int(np.prod(x.shape[1:]))).astype(np.float64)
+    g = dy.reshape(len(x), int(np.prod(x.shape[1:]))).astype(np.float64)
+    norm = np.sqrt((rows**2).sum(axis=1, keepdims=True))
+    y = rows / np.maximum(norm, eps)
+    dot = (g * y).sum(axis=1, keepdims=True)
+    dx = np.where(norm > eps, (g - y * dot) / np.maximum(norm, eps), g / eps)
+    return dx.reshape(x.shape)
+
+
+def l2_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    diff = (a.astype(np.float64) - b).reshape(len(a), int(np.prod(a.shape[1:])))
+    return np.sqrt((diff**2).sum(axis=1))
+
+
+def l2_distance_backward(a: np.ndarray, b: np.ndarray, dy: np.ndarray, eps: float) -> tuple:
+    diff = a.astype(np.float64) - b
+    scale = dy / np.maximum(l2_distance(a, b), eps)
+    da = diff * scale.reshape((-1,) + (1,) * (a.ndim - 1))
+    return da, -da

@@ -1,0 +1,420 @@
+"""The machinery every network over ONE flat parameter buffer shares (MultiLayerNetwork, ComputationGraph).
+
+A subclass names its parametrised units in layout order (``_layer_units``: a key, the layer config and
+the input type it sees); this base lays the units' parameters out one after the other, each unit's in
+``param_specs`` order and each array C-contiguous, allocates the flat parameter and gradient buffers
+(same layout), initialises them, builds each unit's runtime over views of the buffers and groups runs of
+consecutive units sharing an updater into blocks with one slice of the flat updater state each
+(``state_size`` entries, laid out as the kernel defines).
+
+On top of the subclass's ``_gradient`` (flat gradient, score) it implements the training step
+(regularization, updater, weight decay, batch-norm running statistics, the non-finite check), ``fit``
+with listeners, the parameter/updater-state accessors, persistence through
+:mod:`sparkgrad.nn.serialization` (the file's model name is the class name) and ``clone``. A unit's key
+is whatever the configuration's ``setting(key, name)`` takes: a layer index or a vertex name.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from sparkgrad._native import _core
+from sparkgrad.errors import TrainingError
+from sparkgrad.nn import layers as L
+from sparkgrad.nn import serialization as model_files
+from sparkgrad.nn._runtime import build_runtime
+from sparkgrad.nn.input_type import InputType
+from sparkgrad.nn.listeners import TrainingListener
+from sparkgrad.nn.serialization import PathOrFile
+from sparkgrad.nn.weight_init import init_weights
+
+N = TypeVar("N", bound="FlatNetwork")
+
+
+class _UpdaterBlock:
+    """A contiguous parameter range trained by one updater, with its slice of the flat state."""
+
+    def __init__(self, updater: Any, start: int, stop: int) -> None:
+        self.updater, self.start, self.stop = updater, start, stop
+        self.state_start = self.state_stop = 0
+
+
+class FlatNetwork:
+    """Base of the network types: flat buffers, training step, fit loop, persistence.
+
+    Args:
+        conf: the configuration (not copied; treat it as immutable once the network exists).
+    """
+
+    _conf_class: ClassVar[type]  # the configuration type this network takes (and ``load`` parses)
+
+    def __init__(self, conf: Any) -> None:
+        if not isinstance(conf, self._conf_class):
+            raise TypeError(f"conf: expected a {self._conf_class.__name__}, got {type(conf).__name__}")
+        self.conf = conf
+        self.dtype = np.dtype(conf.dtype)
+        self.iteration_count = 0
+        self.epoch_count = 0
+        self.listeners: list[TrainingListener] = []
+        self._params: np.ndarray | None = None
+        self._last_score: float | None = None
+
+    # -- hooks of the subclasses -----------------------------------------------------------------
+    @classmethod
+    def _layer_units(cls, conf: Any) -> list[tuple[Any, L.Layer, InputType]]:
+        """(setting key, layer config, input type) of every layer, in flat-buffer order."""
+        raise NotImplementedError  # every network type overrides this
+
+    def _gradient(self, dataset: Any) -> float:
+        """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+        raise NotImplementedError  # every network type overrides this
+
+    # -- construction -------------------------------------------------------------------------
+    def init(self: N, params: np.ndarray | None = None) -> N:
+        """Allocate the flat buffers and initialise parameters (seeded by ``conf.seed``).
+
+        Args:
+            params: optional flat parameter vector copied in instead of the random initialisation.
+
+        Returns:
+            self
+        """
+        conf = self.conf
+        units = self._layer_units(conf)
+        layouts = []
+        offset = 0
+        for _, layer, input_type in units:
+            entries = []
+            for spec in layer.param_specs(input_type):
+                size = int(np.prod(spec.shape))
+                entries.append((spec, offset, offset + size))
+                offset += size
+            layouts.append(entries)
+        self._n_params = offset
+        self._params = np.zeros(offset, dtype=self.dtype)
+        self._grad = np.zeros(offset, dtype=self.dtype)
+        rng = np.random.default_rng(conf.seed)
+        # dropout seeds derive from this, the iteration and the unit index: reproducible, thread-free
+        self._dropout_seed = int(rng.integers(0, 2**62)) if conf.seed is None else conf.seed
+        self._runtimes: list[Any] = []
+        self._weights: list[tuple[np.ndarray, np.ndarray, Any]] = []  # (param view, grad view, key)
+        self._stats: list[tuple[slice, Any]] = []  # batch-norm running statistics
+        self._layer_ranges: list[tuple[int, int]] = []
+        self._layer_keys = [key for key, _, _ in units]
+        for (key, layer, input_type), entries in zip(units, layouts):
+            pviews, gviews = {}, {}
+            for spec, start, stop in entries:
+                pviews[spec.name] = self._params[start:stop].reshape(spec.shape)
+                gviews[spec.name] = self._grad[start:stop].reshape(spec.shape)
+                self._init_param(key, spec, pviews[spec.name], rng)
+                if spec.role == L.WEIGHT:
+                    self._weights.append((pviews[spec.name], gviews[spec.name], key))
+            start = entries[0][1] if entries else 0
+            stop = entries[-1][2] if entries else 0
+            self._layer_ranges.append((start, stop))
+            activation = conf.setting(key, "activation") if hasattr(layer, "activation") else None
+            runtime = build_runtime(layer, input_type, activation, self.dtype, pviews, gviews)
+            self._runtimes.append(runtime)
+            if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
+                self._stats.append((slice(entries[2][1], stop), runtime))
+        self._build_updater_blocks()
+        if params is not None:
+            self.set_params(params)
+        return self
+
+    @classmethod
+    def _configured_num_params(cls, conf: Any) -> int:
+        """The parameter count ``init`` will allocate, computed without allocating (bounds file reads)."""
+        return sum(
+            math.prod(spec.shape)
+            for _, layer, input_type in cls._layer_units(conf)
+            for spec in layer.param_specs(input_type)
+        )
+
+    def _init_param(self, key: Any, spec: L.ParamSpec, view: np.ndarray, rng: np.random.Generator) -> None:
+        if spec.role == L.WEIGHT:
+            init_weights(self.conf.setting(key, "weight_init"), view, spec.fan_in, spec.fan_out, rng)
+        else:  # biases, beta and running mean start at 0; gamma and running variance at 1
+            view[...] = 1.0 if spec.role in (L.GAMMA, L.RUNNING_VAR) else 0.0
+
+    def _build_updater_blocks(self) -> None:
+        blocks: list[_UpdaterBlock] = []
+        for key, (start, stop) in zip(self._layer_keys, self._layer_ranges):
+            if start == stop:
+                continue
+            updater = self.conf.setting(key, "updater")
+            if blocks and blocks[-1].updater == updater and blocks[-1].stop == start:
+                blocks[-1].stop = stop
+            else:
+                blocks.append(_UpdaterBlock(updater, start, stop))
+        state = 0
+        for block in blocks:
+            block.state_start = state
+            state += block.updater.state_size(block.stop - block.start)
+            block.state_stop = state
+        self._blocks = blocks
+        self._state = np.zeros(state, dtype=self.dtype)
+
+    def _require_init(self) -> None:
+        if self._params is None:
+            raise ValueError("the network is not initialised: call init() first")
+
+    def _seed(self, index: int) -> int:
+        """Dropout seed of unit ``index`` at the current iteration."""
+        return (self._dropout_seed * 1_000_003 + self.iteration_count * 1_009 + index) % (2**63)
+
+    # -- parameters and updater state --------------------------------------------------------
+    def params(self) -> np.ndarray:
+        """The live flat parameter buffer (every layer's weights are views of it)."""
+        self._require_init()
+        return self._params
+
+    def num_params(self) -> int:
+        """Total number of parameters (including batch-norm running statistics)."""
+        self._require_init()
+        return self._n_params
+
+    def set_params(self, flat: np.ndarray) -> None:
+        """Copy ``flat`` (length ``num_params()``) into the parameter buffer."""
+        self._require_init()
+        self._copy_into(self._params, flat, "params")
+
+    def updater_state(self) -> np.ndarray:
+        """The live flat updater state (empty for stateless updaters such as Sgd)."""
+        self._require_init()
+        return self._state
+
+    def set_updater_state(self, flat: np.ndarray) -> None:
+        """Copy ``flat`` (length ``len(updater_state())``) into the updater state."""
+        self._require_init()
+        self._copy_into(self._state, flat, "updater state")
+
+    @staticmethod
+    def _copy_into(dest: np.ndarray, flat: Any, name: str) -> None:
+        arr = np.asarray(flat)
+        if arr.ndim != 1 or arr.shape[0] != dest.shape[0]:
+            raise ValueError(
+                f"{name}: expected a flat vector of length {dest.shape[0]}, got shape {arr.shape}"
+            )
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"{name}: expected a floating-point vector, got dtype {arr.dtype}")
+        np.copyto(dest, arr)
+
+    # -- training step ------------------------------------------------------------------------
+    def _penalty(self) -> float:
+        """DL4J's regularization score: sum over weights of l1 |w| + l2 / 2 w^2."""
+        total = 0.0
+        for w, _, key in self._weights:
+            l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
+            if l1 > 0:
+                total += l1 * float(np.abs(w).sum())
+            if l2 > 0:
+                total += 0.5 * l2 * float(np.dot(w.ravel(), w.ravel()))
+        return total
+
+    def compute_gradient_and_score(self, dataset: Any) -> tuple[np.ndarray, float]:
+        """Gradient of the mean loss over the minibatch (training mode) and the score.
+
+        Args:
+            dataset: a minibatch with features and labels (and optional masks).
+
+        Returns:
+            (a copy of the flat gradient, without regularization terms; the score including the l1/l2
+            penalty). Batch-norm running statistics have zero gradient.
+        """
+        score = self._gradient(dataset)
+        return self._grad.copy(), score
+
+    def _compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
+        score = self._gradient(dataset)
+        grad = self._grad
+        # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
+        if not (np.isfinite(score) and np.isfinite(grad).all()):
+            self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
+        for w, g, key in self._weights:
+            l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
+            if l1 > 0 or l2 > 0:
+                _core.regularize_gradient(w, g, l1, l2)
+        for block in self._blocks:
+            block.updater.apply(
+                grad[block.start : block.stop],
+                self._state[block.state_start : block.state_stop],
+                self.iteration_count,
+            )
+        for w, g, key in self._weights:
+            wd = self.conf.setting(key, "weight_decay")
+            if wd > 0:
+                _core.apply_weight_decay(w, g, wd * self.conf.setting(key, "updater").learning_rate)
+        for sl, rt in self._stats:  # running statistics: params -= (old - new) sets them to new
+            c = rt.new_mean.shape[0]
+            grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
+            grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
+        if not np.isfinite(grad).all():
+            self._raise_non_finite("update", score, dataset)
+        self.iteration_count += 1
+        return grad, score
+
+    def _raise_non_finite(self, what: str, score: float, dataset: Any) -> None:
+        """TrainingError naming the iteration and the first non-finite input, if any input is."""
+        inputs: list[tuple[str, Any]] = []
+        for name in ("features", "labels", "features_mask", "labels_mask", "features_masks", "labels_masks"):
+            value = getattr(dataset, name, None)
+            if isinstance(value, list):  # a MultiDataSet's arrays, named by position
+                inputs.extend((f"{name}[{k}]", v) for k, v in enumerate(value))
+            else:
+                inputs.append((name, value))
+        inputs.append(("parameters", self._params))
+        cause = "every input is finite: the computation overflowed (learning rate or inputs too large?)"
+        for name, value in inputs:
+            if value is None:
+                continue
+            arr = np.asarray(value)
+            if not np.issubdtype(arr.dtype, np.floating):
+                continue
+            bad = np.argwhere(~np.isfinite(arr))
+            if bad.size:
+                index = ", ".join(str(int(i)) for i in bad[0])
+                cause = f"first non-finite input: {name}[{index}] = {arr[tuple(bad[0])]}"
+                break
+        kept = "parameters were" if what == "update" else "parameters and updater state were"
+        raise TrainingError(
+            f"iteration {int(self.iteration_count)}: non-finite {what} (score {score}); {cause}; "
+            f"{kept} left unchanged"
+        )
+
+    def compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
+        """gradient -> l1/l2 -> updater -> weight decay: the flat vector that ``fit`` subtracts.
+
+        Advances the updater state and ``iteration_count``; parameters are unchanged.
+
+        Args:
+            dataset: a minibatch with features and labels.
+
+        Returns:
+            (a copy of the flat update, the minibatch score).
+        """
+        update, score = self._compute_update(dataset)
+        return update.copy(), score
+
+    def apply_update(self, update: np.ndarray) -> None:
+        """``params -= update`` in place."""
+        self._require_init()
+        u = np.asarray(update)
+        if u.shape != self._params.shape:
+            raise ValueError(
+                f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
+            )
+        np.subtract(self._params, u, out=self._params, casting="same_kind")
+
+    # -- training -----------------------------------------------------------------------------
+    def fit(self: N, data: Any, epochs: int = 1) -> N:
+        """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
+
+        Args:
+            data: a minibatch (one per epoch) or a re-iterable collection of minibatches.
+            epochs: number of passes over ``data``; ``epoch_count`` grows by one per pass.
+
+        Returns:
+            self
+        """
+        self._require_init()
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
+        single = hasattr(data, "features")
+        if not single and epochs > 1 and iter(data) is data:
+            raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
+        for _ in range(epochs):
+            for batch in [data] if single else data:
+                update, _ = self._compute_update(batch)
+                self.apply_update(update)
+                for listener in self.listeners:
+                    listener.iteration_done(self, self.iteration_count, self.epoch_count)
+            self.epoch_count += 1
+            for listener in self.listeners:
+                listener.on_epoch_end(self)
+        return self
+
+    def set_listeners(self, *listeners: TrainingListener) -> None:
+        """Replace the training listeners."""
+        for listener in listeners:
+            if not isinstance(listener, TrainingListener):
+                raise TypeError(
+                    f"listeners: expected TrainingListener instances, got {type(listener).__name__}"
+                )
+        self.listeners = list(listeners)
+
+    def add_listeners(self, *listeners: TrainingListener) -> None:
+        """Append training listeners."""
+        self.set_listeners(*self.listeners, *listeners)
+
+    # -- persistence --------------------------------------------------------------------------
+    def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True) -> None:
+        """Write the model as a zip (format documented in :mod:`sparkgrad.nn.serialization`).
+
+        Args:
+            path_or_binary_file: a path (created or truncated) or a writable binary file object.
+            save_updater: also save the updater state (recorded in the file either way, so that a
+                loader can tell a state that was not saved from one that was lost).
+
+        Raises:
+            ValueError: non-finite parameters or updater state (such a file could not be loaded).
+        """
+        self._require_init()
+        model_files.write_model(
+            path_or_binary_file,
+            type(self).__name__,
+            self.conf.to_json(),
+            self._params,
+            self._state if save_updater else None,
+            self.iteration_count,
+            self.epoch_count,
+        )
+
+    @classmethod
+    def load(cls: type[N], path_or_binary_file: PathOrFile, load_updater: bool = True) -> N:
+        """Read a model written by :meth:`save` (format versions 1 and 2).
+
+        Args:
+            path_or_binary_file: a path or a readable, seekable binary file object.
+            load_updater: restore the updater state. A file saved with ``save_updater=False`` (or by a
+                stateless updater) has none and loads with a fresh (zero) state; a state the file
+                says was saved but that is missing or damaged is an error either way.
+
+        Returns:
+            The network, with parameters, updater state and iteration/epoch counts as saved.
+
+        Raises:
+            FileNotFoundError: the path does not exist.
+            CorruptDataError: a foreign or damaged file, naming the file and the member: bad zip
+                structure or CRC, invalid metadata or counters, a configuration that does not
+                parse, coefficients or state of the wrong dtype or length or not finite.
+        """
+        with model_files.ModelReader(path_or_binary_file, cls.__name__) as reader:
+            conf = reader.configuration(cls._conf_class.from_json)
+            dtype = np.dtype(conf.dtype)
+            params = reader.vector(model_files.COEFF_MEMBER, cls._configured_num_params(conf), dtype)
+            net = cls(conf).init(params)
+            if reader.has_updater_state:
+                state = reader.vector(model_files.STATE_MEMBER, net._state.size, dtype)
+                if load_updater:
+                    net.set_updater_state(state)
+            net.iteration_count = reader.iteration_count
+            net.epoch_count = reader.epoch_count
+        return net
+
+    def clone(self: N) -> N:
+        """An independent copy: configuration, parameters, updater state and counters."""
+        self._require_init()
+        net = type(self)(copy.deepcopy(self.conf)).init(self._params)
+        net.set_updater_state(self._state)
+        net.iteration_count, net.epoch_count = self.iteration_count, self.epoch_count
+        net._dropout_seed = self._dropout_seed
+        net._last_score = self._last_score
+        return net
+
+
+__all__ = ["FlatNetwork"]

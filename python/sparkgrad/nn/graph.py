@@ -1,0 +1,720 @@
+"""ComputationGraph: a directed acyclic graph of layers and vertices over ONE flat parameter buffer.
+
+A :class:`ComputationGraphConfiguration` names the network inputs, the vertices (each a layer or a
+:mod:`~sparkgrad.nn.vertices` vertex, with its input names) and the outputs (output layers), built with
+:class:`GraphBuilder`. It is validated where it is built: unknown, duplicate or unused names, cycles,
+outputs that are not output layers and shape mismatches raise ValueError naming the vertex.
+
+Layout: the layer vertices in topological order (Kahn's algorithm; among the vertices ready at once,
+the one defined first goes first, so the order depends only on the configuration), each layer's
+parameters in ``param_specs`` order, each array C-contiguous; vertices have no parameters. The
+gradient and the update share one flat buffer with the same layout; the updater state is one flat
+vector with one block per run of consecutive layers sharing an updater (as in MultiLayerNetwork).
+
+Data: a DataSet feeds a graph with one input (and one output); a MultiDataSet feeds one features array
+per input and one labels array per output, in the order of ``inputs`` and ``outputs``. The score is
+the sum over the outputs of each output's mean loss (DL4J), plus the l1/l2 penalty once. Each output's
+loss takes its labels mask; without one, the per-example features masks of the inputs it depends on
+(propagated through the vertices, DL4J's rules) mask its loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Any, Iterable
+
+import numpy as np
+
+from sparkgrad._config import Config
+from sparkgrad._native import _core
+from sparkgrad.nn import layers as L
+from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn.conf import check_network_defaults
+from sparkgrad.nn.enums import Activation, WeightInit
+from sparkgrad.nn.input_type import InputType
+from sparkgrad.nn.updaters import Sgd, Updater
+from sparkgrad.nn.vertices import GraphVertex, MergeVertex, vertex_error
+
+
+@dataclasses.dataclass
+class VertexSpec(Config):
+    """One vertex of a graph configuration: its unique name, a layer or vertex, and its input names.
+
+    Args:
+        name: unique among inputs and vertices.
+        vertex: a layer configuration (exactly one input) or a :class:`GraphVertex`.
+        inputs: names of network inputs or other vertices, in order.
+    """
+
+    name: str
+    vertex: Any
+    inputs: list
+
+    def __post_init__(self) -> None:
+        _check_name("name", self.name)
+        if not isinstance(self.vertex, (L.Layer, GraphVertex)):
+            raise ValueError(f"vertex {self.name!r}: expected a layer or a GraphVertex, got {self.vertex!r}")
+        if not isinstance(self.inputs, (list, tuple)) or not self.inputs:
+            raise ValueError(f"vertex {self.name!r}: inputs: expected a non-empty list of names")
+        self.inputs = list(self.inputs)
+        for name in self.inputs:
+            _check_name(f"vertex {self.name!r}: inputs", name)
+
+    @property
+    def is_layer(self) -> bool:
+        return isinstance(self.vertex, L.Layer)
+
+
+def _check_name(field: str, name: Any) -> None:
+    # "@" starts the serialised form's reserved keys
+    if not isinstance(name, str) or not name or name.startswith("@"):
+        raise ValueError(f"{field}: expected a non-empty name not starting with '@', got {name!r}")
+
+
+def _check_names(field: str, names: Any) -> list[str]:
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError(f"{field}: expected a non-empty list of names, got {names!r}")
+    for name in names:
+        _check_name(field, name)
+    if len(set(names)) != len(names):
+        raise ValueError(f"{field}: duplicate names in {list(names)}")
+    return list(names)
+
+
+@dataclasses.dataclass
+class ComputationGraphConfiguration(Config):
+    """A graph network: named inputs, vertices, outputs, input types and defaults for every layer.
+
+    Build with :meth:`builder` (or :class:`GraphBuilder`). The defaults mean what they mean in
+    :class:`~sparkgrad.nn.MultiLayerConfiguration`.
+
+    Args:
+        inputs: names of the network inputs, in the order features are given.
+        vertices: :class:`VertexSpec` list (any order that defines each name once).
+        outputs: names of the output layers, in the order labels are given.
+        input_types: one InputType per input (feed-forward, convolutional or convolutional_flat); they
+            size every layer (``n_in``) and vertex.
+        updater, seed, weight_init, activation, l1, l2, weight_decay, dtype: network-wide defaults.
+    """
+
+    inputs: list
+    vertices: list
+    outputs: list
+    input_types: list
+    updater: Updater = dataclasses.field(default_factory=lambda: Sgd(0.1))
+    seed: int | None = None
+    weight_init: WeightInit = WeightInit.XAVIER
+    activation: Activation = Activation.SIGMOID
+    l1: float = 0.0
+    l2: float = 0.0
+    weight_decay: float = 0.0
+    dtype: str = "float32"
+    # Derived: vertex names in topological order, each vertex's input types and every name's output type.
+    topological_order: list = dataclasses.field(init=False, repr=False, compare=False)
+    vertex_input_types: dict = dataclasses.field(init=False, repr=False, compare=False)
+    output_types: dict = dataclasses.field(init=False, repr=False, compare=False)
+
+    @staticmethod
+    def builder(**defaults: Any) -> GraphBuilder:
+        """A :class:`GraphBuilder`; ``defaults`` are the network-wide settings (updater, seed, ...)."""
+        return GraphBuilder(**defaults)
+
+    def __post_init__(self) -> None:
+        check_network_defaults(self)
+        self.inputs = _check_names("inputs", self.inputs)
+        self.outputs = _check_names("outputs", self.outputs)
+        if not isinstance(self.vertices, (list, tuple)) or not self.vertices:
+            raise ValueError("vertices: expected a non-empty list of VertexSpec")
+        self.vertices = list(self.vertices)
+        self._specs: dict[str, VertexSpec] = {}
+        for spec in self.vertices:
+            if not isinstance(spec, VertexSpec):
+                raise ValueError(f"vertices: expected VertexSpec entries, got {spec!r}")
+            if spec.name in self._specs or spec.name in self.inputs:
+                raise ValueError(f"vertex {spec.name!r}: the name is used twice")
+            self._specs[spec.name] = spec
+        self._check_structure()
+        self.topological_order = self._topological_order()
+        self._check_reachability()
+        self._check_input_types()
+        self._infer_types()
+
+    def _check_structure(self) -> None:
+        known = set(self.inputs) | set(self._specs)
+        consumers: dict[str, list[str]] = {name: [] for name in known}
+        for spec in self.vertices:
+            for name in spec.inputs:
+                if name not in known:
+                    raise vertex_error(spec.name, spec.vertex, f"unknown input {name!r}")
+                consumers[name].append(spec.name)
+            count = len(spec.inputs)
+            if spec.is_layer and count != 1:
+                raise L.layer_error(
+                    spec.name,
+                    spec.vertex,
+                    "inputs",
+                    f"a layer takes one input, got {count} (GraphBuilder.add_layer merges several "
+                    "with a MergeVertex)",
+                )
+            if not spec.is_layer:
+                low, high = spec.vertex.min_inputs, spec.vertex.max_inputs
+                if count < low or (high is not None and count > high):
+                    wanted = (
+                        f"{low}" if low == high else f"at least {low}" if high is None else f"{low}-{high}"
+                    )
+                    raise vertex_error(spec.name, spec.vertex, f"takes {wanted} inputs, got {count}")
+        for name in self.outputs:
+            spec = self._specs.get(name)
+            if spec is None:
+                raise ValueError(f"outputs: {name!r} is not a vertex")
+            if not (spec.is_layer and spec.vertex.is_output):
+                raise vertex_error(name, spec.vertex, "an output must be an OutputLayer or LossLayer")
+        for spec in self.vertices:
+            is_output = spec.is_layer and spec.vertex.is_output
+            if is_output and spec.name not in self.outputs:
+                raise vertex_error(spec.name, spec.vertex, "an output layer must be listed in outputs")
+            if is_output and consumers[spec.name]:
+                raise vertex_error(
+                    spec.name,
+                    spec.vertex,
+                    f"an output layer cannot feed other vertices {consumers[spec.name]}",
+                )
+        for name in self.inputs:
+            if not consumers[name]:
+                raise ValueError(f"inputs: {name!r} feeds no vertex")
+
+    def _check_reachability(self) -> None:
+        """Every vertex must lead to an output: a dead branch would get no gradient."""
+        reaches = set(self.outputs)
+        for name in reversed(self.topological_order):
+            if name in reaches:
+                reaches.update(self._specs[name].inputs)
+        for spec in self.vertices:
+            if spec.name not in reaches:
+                raise vertex_error(spec.name, spec.vertex, "leads to no output")
+
+    def _topological_order(self) -> list[str]:
+        position = {spec.name: i for i, spec in enumerate(self.vertices)}
+        pending = {spec.name: len({n for n in spec.inputs if n in self._specs}) for spec in self.vertices}
+        consumers: dict[str, set[str]] = {name: set() for name in self._specs}
+        for spec in self.vertices:
+            for name in spec.inputs:
+                if name in self._specs:
+                    consumers[name].add(spec.name)
+        ready = [position[name] for name, count in pending.items() if count == 0]
+        heapq.heapify(ready)
+        order: list[str] = []
+        while ready:
+            name = self.vertices[heapq.heappop(ready)].name
+            order.append(name)
+            for consumer in consumers[name]:
+                pending[consumer] -= 1
+                if pending[consumer] == 0:
+                    heapq.heappush(ready, position[consumer])
+        if len(order) != len(self.vertices):
+            # what is left is cycles and what hangs below them: peel off vertices feeding nothing left
+            left = {name for name, count in pending.items() if count > 0}
+            while True:
+                below = {name for name in left if not consumers[name] & left}
+                if not below:
+                    break
+                left -= below
+            cycle = [spec.name for spec in self.vertices if spec.name in left]
+            spec = self._specs[cycle[0]]
+            raise vertex_error(spec.name, spec.vertex, f"is on a cycle through vertices {cycle}")
+        return order
+
+    def _check_input_types(self) -> None:
+        types = self.input_types
+        if not isinstance(types, (list, tuple)) or len(types) != len(self.inputs):
+            raise ValueError(
+                f"input_types: expected one InputType per input {self.inputs} "
+                f"(GraphBuilder.set_input_types), got {types!r}"
+            )
+        self.input_types = list(types)
+        for name, t in zip(self.inputs, self.input_types):
+            if not isinstance(t, InputType):
+                raise ValueError(f"input_types: input {name!r}: expected an InputType, got {t!r}")
+            if t.kind == "recurrent":
+                raise ValueError(
+                    f"input_types: input {name!r}: ComputationGraph takes feed-forward and convolutional "
+                    "inputs, got recurrent"
+                )
+
+    def _infer_types(self) -> None:
+        out: dict[str, InputType] = {}
+        for name, t in zip(self.inputs, self.input_types):
+            # flat images are reshaped to NCHW where they enter the graph
+            flat = t.kind == "convolutional_flat"
+            out[name] = InputType.convolutional(t.height, t.width, t.channels) if flat else t
+        in_types: dict[str, list[InputType]] = {}
+        for name in self.topological_order:
+            spec = self._specs[name]
+            types = [out[i] for i in spec.inputs]
+            in_types[name] = types
+            if spec.is_layer:
+                spec.vertex, out[name] = spec.vertex.infer(name, types[0])
+            else:
+                out[name] = spec.vertex.infer(name, types)
+        self.vertex_input_types = in_types
+        self.output_types = out
+
+    def spec(self, name: str) -> VertexSpec:
+        """The :class:`VertexSpec` named ``name`` (KeyError for an unknown name)."""
+        return self._specs[name]
+
+    def setting(self, name: str, field: str) -> Any:
+        """Effective value of an inheritable setting for the layer vertex ``name``."""
+        value = getattr(self._specs[name].vertex, field, None)
+        return getattr(self, field) if value is None else value
+
+
+class GraphBuilder:
+    """Builds a :class:`ComputationGraphConfiguration` step by step (DL4J's GraphBuilder).
+
+    Args:
+        defaults: network-wide settings passed to the configuration (updater, seed, weight_init,
+            activation, l1, l2, weight_decay, dtype).
+    """
+
+    def __init__(self, **defaults: Any) -> None:
+        self._defaults = defaults
+        self._inputs: list[str] = []
+        self._vertices: list[VertexSpec] = []
+        self._outputs: list[str] = []
+        self._input_types: list[InputType] | None = None
+
+    def add_inputs(self, *names: str) -> GraphBuilder:
+        """Declare network inputs, in the order their features are given."""
+        self._inputs.extend(names)
+        return self
+
+    def add_layer(self, name: str, layer: L.Layer, *inputs: str) -> GraphBuilder:
+        """Add a layer vertex. Several inputs are concatenated by an implicit MergeVertex ``<name>-merge``."""
+        if not isinstance(layer, L.Layer):
+            raise TypeError(
+                f"add_layer: {name!r}: expected a layer configuration, got {type(layer).__name__}"
+            )
+        if len(inputs) > 1:
+            merge = f"{name}-merge"
+            self._vertices.append(VertexSpec(merge, MergeVertex(), list(inputs)))
+            inputs = (merge,)
+        self._vertices.append(VertexSpec(name, layer, list(inputs)))
+        return self
+
+    def add_vertex(self, name: str, vertex: GraphVertex, *inputs: str) -> GraphBuilder:
+        """Add a parameter-free vertex (MergeVertex, ElementWiseVertex, ...)."""
+        if not isinstance(vertex, GraphVertex):
+            raise TypeError(f"add_vertex: {name!r}: expected a GraphVertex, got {type(vertex).__name__}")
+        self._vertices.append(VertexSpec(name, vertex, list(inputs)))
+        return self
+
+    def set_outputs(self, *names: str) -> GraphBuilder:
+        """The output layers, in the order their labels are given."""
+        self._outputs = list(names)
+        return self
+
+    def set_input_types(self, *input_types: InputType) -> GraphBuilder:
+        """One InputType per input, in input order."""
+        self._input_types = list(input_types)
+        return self
+
+    def build(self) -> ComputationGraphConfiguration:
+        """Validate and return the configuration (ValueError naming the vertex on a problem)."""
+        return ComputationGraphConfiguration(
+            inputs=list(self._inputs),
+            vertices=list(self._vertices),
+            outputs=list(self._outputs),
+            input_types=self._input_types,
+            **self._defaults,
+        )
+
+
+class _Node:
+    """Runtime of one vertex: its runtime object and where its inputs come from."""
+
+    def __init__(self, spec: VertexSpec, index: int, runtime: Any, graph_inputs: set[str]) -> None:
+        self.name = spec.name
+        self.index = index  # topological position: the dropout seed's unit index
+        self.inputs = spec.inputs
+        self.runtime = runtime
+        self.is_layer = spec.is_layer
+        self.is_output = spec.is_layer and spec.vertex.is_output
+        self.flattens = spec.is_layer and spec.vertex.flattens_input
+        self.need_dx = any(name not in graph_inputs for name in spec.inputs)
+        self.input_shape: tuple[int, ...] = ()
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else list(value)
+
+
+class ComputationGraph(FlatNetwork):
+    """A graph network built from a :class:`ComputationGraphConfiguration`.
+
+    Args:
+        conf: the configuration (not copied; treat it as immutable once the network exists).
+    """
+
+    _conf_class = ComputationGraphConfiguration
+
+    @classmethod
+    def _layer_units(cls, conf: ComputationGraphConfiguration) -> list[tuple[Any, L.Layer, InputType]]:
+        return [
+            (name, conf.spec(name).vertex, conf.vertex_input_types[name][0])
+            for name in conf.topological_order
+            if conf.spec(name).is_layer
+        ]
+
+    def init(self, params: np.ndarray | None = None) -> ComputationGraph:
+        """Allocate the flat buffers and initialise parameters (seeded by ``conf.seed``).
+
+        Args:
+            params: optional flat parameter vector copied in instead of the random initialisation.
+
+        Returns:
+            self
+        """
+        super().init(params)
+        conf = self.conf
+        layer_runtimes = dict(zip(self._layer_keys, self._runtimes))
+        graph_inputs = set(conf.inputs)
+        self._nodes = []
+        for index, name in enumerate(conf.topological_order):
+            spec = conf.spec(name)
+            runtime = (
+                layer_runtimes[name]
+                if spec.is_layer
+                else spec.vertex.build_runtime(conf.vertex_input_types[name], self.dtype)
+            )
+            self._nodes.append(_Node(spec, index, runtime, graph_inputs))
+        self._by_name = {node.name: node for node in self._nodes}
+        self._sum_buffers: dict[str, np.ndarray] = {}
+        return self
+
+    # -- data preparation -----------------------------------------------------------------------
+    @staticmethod
+    def _parts(data: Any) -> tuple[list, list, list, list]:
+        """(features, labels, features masks, labels masks) of a DataSet or MultiDataSet, as lists."""
+        if hasattr(data, "features_masks"):  # MultiDataSet
+            return (
+                list(data.features),
+                _as_list(data.labels),
+                _as_list(data.features_masks),
+                _as_list(data.labels_masks),
+            )
+        if hasattr(data, "features"):  # DataSet
+            labels = getattr(data, "labels", None)
+            return (
+                [data.features],
+                [] if labels is None else [labels],
+                [getattr(data, "features_mask", None)],
+                [getattr(data, "labels_mask", None)],
+            )
+        raise TypeError(f"data: expected a DataSet or MultiDataSet, got {type(data).__name__}")
+
+    def _inputs(self, features: list) -> list[np.ndarray]:
+        """Features as the graph's inputs see them: contiguous, network dtype, flat images as NCHW."""
+        names = self.conf.inputs
+        if len(features) != len(names):
+            raise ValueError(
+                f"features: the graph has {len(names)} input(s) {names}, got {len(features)} array(s)"
+            )
+        out = []
+        for k, (name, raw, it) in enumerate(zip(names, features, self.conf.input_types)):
+            x = np.ascontiguousarray(raw, dtype=self.dtype)
+            where = f"features[{k}] (input {name!r})"
+            if it.kind == "convolutional_flat":
+                if x.ndim != 2 or x.shape[1] != it.size:
+                    raise ValueError(
+                        f"{where}: expected shape (batch, {it.size}) (flattened images), got {x.shape}"
+                    )
+                x = x.reshape((x.shape[0], *it.shape()))
+            elif x.shape[1:] != it.shape():
+                raise ValueError(
+                    f"{where}: expected shape (batch, {', '.join(map(str, it.shape()))}), got {x.shape}"
+                )
+            out.append(x)
+        return out
+
+    def _feature_masks(self, masks: list, xs: list[np.ndarray]) -> list[np.ndarray | None]:
+        """Per-example masks (n,) per input; None where an input has none."""
+        out: list[np.ndarray | None] = []
+        for k, x in enumerate(xs):
+            m = masks[k] if k < len(masks) else None
+            if m is not None:
+                m = np.asarray(m, dtype=self.dtype)
+                if m.shape not in ((x.shape[0],), (x.shape[0], 1)):
+                    raise ValueError(
+                        f"features_masks[{k}]: expected a per-example mask of shape ({x.shape[0]},) or "
+                        f"({x.shape[0]}, 1) for input {self.conf.inputs[k]!r}, got {m.shape}"
+                    )
+                m = np.ascontiguousarray(m.reshape(-1))
+            out.append(m)
+        return out
+
+    def _labels(self, labels: list, masks: list) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        names = self.conf.outputs
+        if not labels:
+            raise ValueError("dataset: labels are required for training and scoring")
+        if len(labels) != len(names):
+            raise ValueError(
+                f"labels: the graph has {len(names)} output(s) {names}, got {len(labels)} array(s)"
+            )
+        ys, ms = [], []
+        for j, (name, raw) in enumerate(zip(names, labels)):
+            y = np.ascontiguousarray(raw, dtype=self.dtype)
+            n_out = self.conf.output_types[name].size
+            if y.ndim != 2 or y.shape[1] != n_out:
+                raise ValueError(
+                    f"labels[{j}] (output {name!r}): expected shape (batch, {n_out}), got {y.shape}"
+                )
+            m = masks[j] if j < len(masks) else None
+            if m is not None:
+                m = np.ascontiguousarray(m, dtype=self.dtype)
+                if m.shape not in ((y.shape[0],), (y.shape[0], 1), y.shape):
+                    raise ValueError(
+                        f"labels_masks[{j}] (output {name!r}): expected shape ({y.shape[0]},), "
+                        f"({y.shape[0]}, 1) or {y.shape}, got {m.shape}"
+                    )
+            ys.append(y)
+            ms.append(m)
+        return ys, ms
+
+    def _prepare(self, data: Any) -> tuple[list[np.ndarray], list[np.ndarray], list, list]:
+        """(inputs, labels, labels masks, per-example features masks) of a minibatch."""
+        features, labels, fmasks, lmasks = self._parts(data)
+        xs = self._inputs(features)
+        ys, label_masks = self._labels(labels, lmasks)
+        return xs, ys, label_masks, self._feature_masks(fmasks, xs)
+
+    def _loss_masks(self, label_masks: list, input_masks: list) -> list[np.ndarray | None]:
+        """Each output's loss mask: its labels mask, else the features masks pushed through the graph.
+
+        Runs after the forward pass (stack vertices need the batch sizes it saw).
+        """
+        if all(m is None for m in input_masks):
+            return label_masks
+        masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, input_masks))
+        for node in self._nodes:
+            ins = [masks[name] for name in node.inputs]
+            masks[node.name] = ins[0] if node.is_layer else node.runtime.forward_mask(ins)
+        return [m if m is not None else masks[name] for m, name in zip(label_masks, self.conf.outputs)]
+
+    # -- forward / backward -------------------------------------------------------------------
+    def _forward(self, xs: list[np.ndarray], train: bool, activate_outputs: bool) -> list[np.ndarray]:
+        acts: dict[str, np.ndarray] = dict(zip(self.conf.inputs, xs))
+        for node in self._nodes:
+            if not node.is_layer:
+                acts[node.name] = node.runtime.forward([acts[name] for name in node.inputs])
+                continue
+            x = acts[node.inputs[0]]
+            node.input_shape = x.shape
+            if x.ndim > 2 and node.flattens:
+                x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
+            seed = self._seed(node.index)
+            if node.is_output and not activate_outputs:
+                acts[node.name] = node.runtime.preout(x, train, seed)
+            else:
+                acts[node.name] = node.runtime.forward(x, train, seed)
+        return [acts[name] for name in self.conf.outputs]
+
+    def _summed(self, name: str, grads: list[np.ndarray]) -> np.ndarray:
+        """The total gradient of a vertex's output from its consumers (each sum has its own buffer)."""
+        if len(grads) == 1:
+            return grads[0]
+        out = self._sum_buffers.get(name)
+        if out is None or out.shape != grads[0].shape:
+            out = self._sum_buffers[name] = np.empty(grads[0].shape, dtype=self.dtype)
+        _core.elementwise_forward("add", [np.ascontiguousarray(g) for g in grads], out)
+        return out
+
+    def _gradient(self, dataset: Any) -> float:
+        """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+        self._require_init()
+        xs, ys, label_masks, input_masks = self._prepare(dataset)
+        self._forward(xs, train=True, activate_outputs=False)
+        masks = self._loss_masks(label_masks, input_masks)
+        grads: dict[str, list[np.ndarray]] = {}
+        score = 0.0
+        for name, y, mask in zip(self.conf.outputs, ys, masks):
+            node = self._by_name[name]
+            n = y.shape[0]
+            score += float(node.runtime.scores(y, mask).sum()) / n
+            dx = node.runtime.backward(y, mask, n, need_dx=node.need_dx)
+            if dx is not None:
+                grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
+        for node in reversed(self._nodes):
+            if node.is_output:
+                continue
+            dy = self._summed(node.name, grads.pop(node.name))
+            if node.is_layer:
+                dx = node.runtime.backward(dy, need_dx=node.need_dx)
+                if dx is not None:
+                    grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
+            elif node.need_dx:
+                for name, dx in zip(node.inputs, node.runtime.backward(dy)):
+                    if name in self._by_name:
+                        grads.setdefault(name, []).append(dx)
+        for sl, _ in self._stats:
+            self._grad[sl] = 0.0
+        self._last_score = score + self._penalty()
+        return self._last_score
+
+    # -- inference and scoring ----------------------------------------------------------------
+    def output(self, *features: Any, train: bool = False) -> list[np.ndarray]:
+        """Activated outputs for one features array per input; new arrays.
+
+        Args:
+            features: one array per input in ``conf.inputs`` order, or a single DataSet/MultiDataSet
+                whose features are used.
+            train: run in training mode (dropout on, batch statistics in batch norm).
+
+        Returns:
+            one (batch, n_out) array per output, in ``conf.outputs`` order.
+        """
+        self._require_init()
+        if len(features) == 1 and hasattr(features[0], "features"):
+            features = tuple(self._parts(features[0])[0])
+        outs = self._forward(self._inputs(list(features)), train=train, activate_outputs=True)
+        return [y.copy() for y in outs]
+
+    def output_single(self, *features: Any, train: bool = False) -> np.ndarray:
+        """The output of a graph with exactly one output (as :meth:`output`)."""
+        if len(self.conf.outputs) != 1:
+            raise ValueError(
+                f"output_single: the graph has {len(self.conf.outputs)} outputs "
+                f"{self.conf.outputs}; use output()"
+            )
+        return self.output(*features, train=train)[0]
+
+    def _example_scores(self, dataset: Any) -> tuple[list[np.ndarray], list[int]]:
+        """Per-example loss of every output (inference mode) and each output's example count."""
+        xs, ys, label_masks, input_masks = self._prepare(dataset)
+        self._forward(xs, train=False, activate_outputs=False)
+        masks = self._loss_masks(label_masks, input_masks)
+        scores = [
+            self._by_name[name].runtime.scores(y, mask).astype(np.float64)
+            for name, y, mask in zip(self.conf.outputs, ys, masks)
+        ]
+        return scores, [y.shape[0] for y in ys]
+
+    def score(self, dataset: Any = None) -> float:
+        """Sum over the outputs of the mean loss (inference mode), plus the l1/l2 penalty.
+
+        Args:
+            dataset: a DataSet or MultiDataSet; None returns the score of the last minibatch trained.
+        """
+        self._require_init()
+        if dataset is None:
+            if self._last_score is None:
+                raise ValueError("dataset: no minibatch has been trained yet, pass a DataSet or MultiDataSet")
+            return self._last_score
+        scores, counts = self._example_scores(dataset)
+        return sum(float(s.sum()) / n for s, n in zip(scores, counts)) + self._penalty()
+
+    def score_examples(self, dataset: Any, include_regularization_terms: bool = False) -> np.ndarray:
+        """Per-example loss summed over the outputs (inference mode), optionally each plus the penalty."""
+        self._require_init()
+        scores, counts = self._example_scores(dataset)
+        if len(set(counts)) != 1:
+            raise ValueError(f"dataset: the outputs have different example counts {counts}")
+        total = np.sum(scores, axis=0)
+        if include_regularization_terms:
+            total += self._penalty()
+        return total
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _batches(self, data: Any) -> Iterable[Any]:
+        return [data] if hasattr(data, "features") else data
+
+    def do_evaluation(self, data: Any, *evaluations: Any, output_index: int = 0) -> list:
+        """Feed every batch of ``data`` through the graph into each evaluation (``.eval``).
+
+        Args:
+            data: a DataSet / MultiDataSet or an iterable of them.
+            evaluations: evaluation objects (Evaluation, ROC, RegressionEvaluation, ...).
+            output_index: which output (position in ``conf.outputs``) is evaluated.
+
+        Returns:
+            the evaluations, in order.
+        """
+        if not evaluations:
+            raise ValueError("evaluations: pass at least one evaluation object")
+        outputs = self.conf.outputs
+        if (
+            isinstance(output_index, bool)
+            or not isinstance(output_index, int)
+            or not 0 <= output_index < len(outputs)
+        ):
+            raise ValueError(
+                f"output_index: expected 0..{len(outputs) - 1} for outputs {outputs}, got {output_index!r}"
+            )
+        self._require_init()
+        for batch in self._batches(data):
+            xs, ys, label_masks, input_masks = self._prepare(batch)
+            out = self._forward(xs, train=False, activate_outputs=True)[output_index]
+            masks = self._loss_masks(label_masks, input_masks)
+            labels, mask = ys[output_index], masks[output_index]
+            for ev in evaluations:
+                ev.eval(labels, out, mask=mask) if mask is not None else ev.eval(labels, out)
+        return list(evaluations)
+
+    def evaluate(self, data: Any, output_index: int = 0) -> Any:
+        """Classification :class:`sparkgrad.eval.Evaluation` of output ``output_index`` over ``data``."""
+        from sparkgrad.eval import Evaluation
+
+        return self.do_evaluation(data, Evaluation(), output_index=output_index)[0]
+
+    def evaluate_roc(self, data: Any, threshold_steps: int = 0, output_index: int = 0) -> Any:
+        """Binary :class:`sparkgrad.eval.ROC` of output ``output_index``."""
+        from sparkgrad.eval import ROC
+
+        return self.do_evaluation(data, ROC(threshold_steps=threshold_steps), output_index=output_index)[0]
+
+    def evaluate_roc_multi_class(self, data: Any, threshold_steps: int = 0, output_index: int = 0) -> Any:
+        """One-vs-all :class:`sparkgrad.eval.ROCMultiClass` of output ``output_index``."""
+        from sparkgrad.eval import ROCMultiClass
+
+        evaluation = ROCMultiClass(threshold_steps=threshold_steps)
+        return self.do_evaluation(data, evaluation, output_index=output_index)[0]
+
+    def evaluate_regression(self, data: Any, output_index: int = 0) -> Any:
+        """:class:`sparkgrad.eval.RegressionEvaluation` of output ``output_index``."""
+        from sparkgrad.eval import RegressionEvaluation
+
+        return self.do_evaluation(data, RegressionEvaluation(), output_index=output_index)[0]
+
+    def summary(self) -> str:
+        """A table of vertices in topological order with inputs, types and parameter counts."""
+        self._require_init()
+        conf = self.conf
+        ranges = dict(zip(self._layer_keys, self._layer_ranges))
+        rows = [("vertex", "type", "inputs", "output", "params", "count")]
+        for name in conf.inputs:
+            rows.append((name, "input", "-", conf.output_types[name].describe(), "-", "0"))
+        for name in conf.topological_order:
+            spec = conf.spec(name)
+            specs = spec.vertex.param_specs(conf.vertex_input_types[name][0]) if spec.is_layer else []
+            shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in specs) or "-"
+            start, stop = ranges.get(name, (0, 0))
+            rows.append(
+                (
+                    name,
+                    type(spec.vertex).__name__,
+                    ", ".join(spec.inputs),
+                    conf.output_types[name].describe(),
+                    shapes,
+                    str(stop - start),
+                )
+            )
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "-" * len(lines[0]))
+        lines.append(f"Outputs: {', '.join(conf.outputs)}")
+        lines.append(f"Total parameters: {self._n_params} ({conf.dtype})")
+        return "\n".join(lines)
+
+
+__all__ = ["ComputationGraph", "ComputationGraphConfiguration", "GraphBuilder", "VertexSpec"]
