@@ -16,7 +16,7 @@ import numpy as np
 
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedMultiDataSetLoader
-from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork
+from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, example_ndim
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -161,7 +161,7 @@ class SparkComputationGraph(SparkNetwork):
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:
             net = bc.value.networks(1)[0]
-            ndims = net.input_example_ndims()
+            ndims = [example_ndim(t) for t in net.conf.input_types]
             pending: list[tuple[Any, list[np.ndarray], bool]] = []
 
             def flush() -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:

@@ -73,8 +73,8 @@ def _merge_lists(a: list | None, b: list | None) -> list | None:
     return a
 
 
-def _example_ndim(network: MultiLayerNetwork) -> int:
-    input_type = getattr(network.conf, "input_type", None)
+def example_ndim(input_type: Any) -> int:
+    """Dimensions of one example of ``input_type`` (None: feed-forward) as a user passes it."""
     if input_type is None or input_type.kind in ("feed_forward", "convolutional_flat"):
         return 1
     return 3 if input_type.kind == "convolutional" else 2
@@ -284,48 +284,6 @@ class SparkNetwork:
         check_dataset_matches(self._network, loader(first), "paths")
         return self._train(paths, "path", loader, epochs, epoch_callback)
 
-    def fit_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
-    ) -> MultiLayerNetwork:
-        """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
-
-        Args:
-            rdd: RDD of LabeledPoints.
-            epochs: passes over the data, a positive int.
-            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
-
-        Returns:
-            The trained network.
-        """
-        classes = int(self._network.conf.output_type.size)
-        return self._fit_points(rdd, classes, epochs, epoch_callback)
-
-    def fit_continuous_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
-    ) -> MultiLayerNetwork:
-        """Train on LabeledPoint data with real-valued labels (one regression output).
-
-        Args:
-            rdd: RDD of LabeledPoints.
-            epochs: passes over the data, a positive int.
-            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
-
-        Returns:
-            The trained network.
-        """
-        return self._fit_points(rdd, None, epochs, epoch_callback)
-
-    def _fit_points(
-        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
-    ) -> MultiLayerNetwork:
-        epochs = _check_epochs(epochs, epoch_callback)
-        self._check_rdd(rdd, "rdd")
-        batch = self._master.rdd_data_set_num_examples
-        dtype = self._network.params().dtype
-        datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
-        self._check_first(datasets, "rdd")
-        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
-
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
     ) -> MultiLayerNetwork:
@@ -470,7 +428,7 @@ class SparkNetwork:
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, np.ndarray]]:
             net = bc.value.networks(1)[0]
-            ndim = _example_ndim(net)
+            ndim = example_ndim(net.conf.input_type)
             pending: list[tuple[Any, np.ndarray, np.ndarray | None, bool]] = []
 
             def flush() -> Iterator[tuple[Any, np.ndarray]]:
@@ -651,6 +609,48 @@ class SparkMultiLayer(SparkNetwork):
     """
 
     _network_type = "MultiLayerNetwork"
+
+    def fit_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
+
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        classes = int(self._network.conf.output_type.size)
+        return self._fit_points(rdd, classes, epochs, epoch_callback)
+
+    def fit_continuous_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on LabeledPoint data with real-valued labels (one regression output).
+
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        return self._fit_points(rdd, None, epochs, epoch_callback)
+
+    def _fit_points(
+        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
+    ) -> MultiLayerNetwork:
+        epochs = _check_epochs(epochs, epoch_callback)
+        self._check_rdd(rdd, "rdd")
+        batch = self._master.rdd_data_set_num_examples
+        dtype = self._network.params().dtype
+        datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
+        self._check_first(datasets, "rdd")
+        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
 
 
 def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
