@@ -1,6 +1,8 @@
-"""Distributed training on Apache Spark: SparkMultiLayer with parameter averaging or gradient sharing.
+"""Distributed training on Apache Spark: SparkMultiLayer and SparkComputationGraph with parameter averaging
+or gradient sharing.
 
-- :class:`SparkMultiLayer`: fit, distributed evaluation, scoring and keyed inference.
+- :class:`SparkMultiLayer` / :class:`SparkComputationGraph`: fit, distributed evaluation, scoring and keyed
+  inference of a MultiLayerNetwork / ComputationGraph, one code path (:class:`SparkNetwork`) for both.
 - :class:`ParameterAveragingTrainingMaster`: synchronous parameter averaging.
 - :class:`SharedTrainingMaster`: asynchronous sharing of threshold-encoded updates through a ZeroMQ
   controller on the driver (wire format in :mod:`sparkgrad.transport.frame`).
@@ -18,7 +20,8 @@ from sparkgrad.spark.config import (
     TrainingHook,
     VoidConfiguration,
 )
-from sparkgrad.spark.multilayer import SparkMultiLayer
+from sparkgrad.spark.graph import SparkComputationGraph
+from sparkgrad.spark.multilayer import SparkMultiLayer, SparkNetwork
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import EventStats, SparkTrainingStats
@@ -33,7 +36,9 @@ __all__ = [
     "Repartition",
     "RepartitionStrategy",
     "SharedTrainingMaster",
+    "SparkComputationGraph",
     "SparkMultiLayer",
+    "SparkNetwork",
     "SparkTrainingStats",
     "TrainingHook",
     "VoidConfiguration",

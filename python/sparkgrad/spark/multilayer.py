@@ -1,4 +1,5 @@
-"""SparkMultiLayer: training, distributed evaluation, scoring and keyed inference of a MultiLayerNetwork."""
+"""SparkMultiLayer and the shared Spark layer of every network type: training, distributed evaluation,
+scoring and keyed inference."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from sparkgrad.spark.common import (
     ensure_logging,
     first_element,
     load_unit,
+    network_classes,
     run_spark,
     spark_context,
     use_driver_interpreter,
@@ -73,8 +75,8 @@ def _merge_lists(a: list | None, b: list | None) -> list | None:
     return a
 
 
-def _example_ndim(network: MultiLayerNetwork) -> int:
-    input_type = getattr(network.conf, "input_type", None)
+def example_ndim(input_type: Any) -> int:
+    """Dimensions of one example of ``input_type`` (None: feed-forward) as a user passes it."""
     if input_type is None or input_type.kind in ("feed_forward", "convolutional_flat"):
         return 1
     return 3 if input_type.kind == "convolutional" else 2
@@ -94,12 +96,15 @@ def _release_dropped(sc: Any, master: Any, broadcasts: list[Any]) -> None:
     try:
         _release(sc, master, broadcasts)
     except Exception as exc:  # noqa: BLE001 - a finalizer must not raise; the cause is logged
-        _log.warning("releasing the Spark resources of a dropped SparkMultiLayer failed: %s", exc)
+        _log.warning("releasing the Spark resources of a dropped Spark model failed: %s", exc)
 
 
-class SparkMultiLayer:
-    """A MultiLayerNetwork trained and used on Spark (DL4J ``SparkDl4jMultiLayer``).
+class SparkNetwork:
+    """A network with a flat parameter buffer trained and used on Spark: the one code path behind
+    :class:`SparkMultiLayer` and :class:`~sparkgrad.spark.SparkComputationGraph`.
 
+    Subclasses name their network type; training (both masters, every data source), scoring,
+    evaluation and inference are shared, so every feature of the Spark layer works for every type.
     The model keeps Spark resources between calls: the training data its training master persisted
     (reused by later fits of the same RDD), exported batch files, and the network broadcasts behind the
     lazy RDDs of ``score_examples``/``feed_forward_with_key``. :meth:`close` (or leaving a ``with``
@@ -112,20 +117,21 @@ class SparkMultiLayer:
 
     Args:
         spark: SparkSession or SparkContext.
-        network_or_conf: a MultiLayerNetwork, or a MultiLayerConfiguration (a network is built and
-            initialised from it).
+        network_or_conf: a network of the subclass's type, or its configuration (a network is built
+            and initialised from it).
         training_master: ``SharedTrainingMaster`` or ``ParameterAveragingTrainingMaster``; default
             ``ParameterAveragingTrainingMaster()``.
     """
 
-    def __init__(self, spark: Any, network_or_conf: Any, training_master: Any = None) -> None:
-        from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
+    _network_type: ClassVar[str]  # "MultiLayerNetwork" | "ComputationGraph"
 
+    def __init__(self, spark: Any, network_or_conf: Any, training_master: Any = None) -> None:
         self._sc = spark_context(spark)
         use_driver_interpreter(self._sc)
         ensure_logging()
-        if isinstance(network_or_conf, MultiLayerConfiguration):
-            network_or_conf = MultiLayerNetwork(network_or_conf).init()
+        network_cls, conf_cls = network_classes(self._network_type)
+        if isinstance(network_or_conf, conf_cls):
+            network_or_conf = network_cls(network_or_conf).init()
         self.network = network_or_conf
         if training_master is None:
             training_master = ParameterAveragingTrainingMaster()
@@ -151,7 +157,7 @@ class SparkMultiLayer:
         """
         _release(self._sc, self._master, self._broadcasts)
 
-    def __enter__(self) -> SparkMultiLayer:
+    def __enter__(self) -> SparkNetwork:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -165,10 +171,9 @@ class SparkMultiLayer:
 
     @network.setter
     def network(self, value: MultiLayerNetwork) -> None:
-        from sparkgrad.nn import MultiLayerNetwork
-
-        if not isinstance(value, MultiLayerNetwork):
-            raise TypeError(f"network: expected a MultiLayerNetwork, got {type(value).__name__}")
+        network_cls, _ = network_classes(self._network_type)
+        if not isinstance(value, network_cls):
+            raise TypeError(f"network: expected a {network_cls.__name__}, got {type(value).__name__}")
         self._network = value
         self._checked: tuple[str, int] | None = None  # the RDD whose first element fits this network
 
@@ -274,8 +279,13 @@ class SparkMultiLayer:
         Returns:
             The trained network.
         """
+        return self._fit_data(data, SerializedDataSetLoader(), epochs, epoch_callback)
+
+    def _fit_data(
+        self, data: RDD | str, saved: Any, epochs: int, epoch_callback: EpochCallback | None
+    ) -> MultiLayerNetwork:
+        """``fit`` of an RDD of examples or a directory of saved ones; ``saved`` loads their files."""
         epochs = _check_epochs(epochs, epoch_callback)
-        saved = SerializedDataSetLoader()
         if isinstance(data, str):
             rdd = self._sc.binaryFiles(data)
             self._check_first(rdd.map(lambda pb: load_unit("bytes", saved, pb)), "data")
@@ -312,48 +322,6 @@ class SparkMultiLayer:
             raise TypeError(f"paths: expected an RDD of path strings, found {type(first).__name__}")
         check_dataset_matches(self._network, loader(first), "paths")
         return self._train(paths, "path", loader, epochs, epoch_callback)
-
-    def fit_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
-    ) -> MultiLayerNetwork:
-        """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
-
-        Args:
-            rdd: RDD of LabeledPoints.
-            epochs: passes over the data, a positive int.
-            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
-
-        Returns:
-            The trained network.
-        """
-        classes = int(self._network.conf.output_type.size)
-        return self._fit_points(rdd, classes, epochs, epoch_callback)
-
-    def fit_continuous_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
-    ) -> MultiLayerNetwork:
-        """Train on LabeledPoint data with real-valued labels (one regression output).
-
-        Args:
-            rdd: RDD of LabeledPoints.
-            epochs: passes over the data, a positive int.
-            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
-
-        Returns:
-            The trained network.
-        """
-        return self._fit_points(rdd, None, epochs, epoch_callback)
-
-    def _fit_points(
-        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
-    ) -> MultiLayerNetwork:
-        epochs = _check_epochs(epochs, epoch_callback)
-        self._check_rdd(rdd, "rdd")
-        batch = self._master.rdd_data_set_num_examples
-        dtype = self._network.params().dtype
-        datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
-        self._check_first(datasets, "rdd")
-        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
 
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
@@ -489,19 +457,17 @@ class SparkMultiLayer:
         bc = self._broadcast(lazy=True)
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, float]]:
-            from sparkgrad.data import DataSet
-
             net = bc.value.networks(1)[0]
             it = iter(it)
             while chunk := list(itertools.islice(it, size)):
+                kind = type(chunk[0][1])
                 for key, ds in chunk:
-                    if not isinstance(ds, DataSet) or ds.num_examples() != 1:
+                    if type(ds) is not kind or not hasattr(ds, "num_examples") or ds.num_examples() != 1:
                         raise ValueError(
-                            f"pair_rdd: the value of key {key!r} must be a DataSet of one example"
+                            f"pair_rdd: the value of key {key!r} must be a DataSet (or, for a graph, a "
+                            f"MultiDataSet) of one example, like every other value"
                         )
-                scores = net.score_examples(
-                    DataSet.merge([ds for _, ds in chunk]), include_regularization_terms
-                )
+                scores = net.score_examples(kind.merge([ds for _, ds in chunk]), include_regularization_terms)
                 yield from ((key, float(s)) for (key, _), s in zip(chunk, scores))
 
         return pair_rdd.mapPartitions(part)
@@ -524,7 +490,7 @@ class SparkMultiLayer:
 
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, np.ndarray]]:
             net = bc.value.networks(1)[0]
-            ndim = _example_ndim(net)
+            ndim = example_ndim(net.conf.input_type)
             pending: list[tuple[Any, np.ndarray, np.ndarray | None, bool]] = []
 
             def flush() -> Iterator[tuple[Any, np.ndarray]]:
@@ -692,6 +658,63 @@ class SparkMultiLayer:
         return result
 
 
+class SparkMultiLayer(SparkNetwork):
+    """A MultiLayerNetwork trained and used on Spark (DL4J ``SparkDl4jMultiLayer``); see
+    :class:`SparkNetwork` for the resources it holds.
+
+    Args:
+        spark: SparkSession or SparkContext.
+        network_or_conf: a MultiLayerNetwork, or a MultiLayerConfiguration (a network is built and
+            initialised from it).
+        training_master: ``SharedTrainingMaster`` or ``ParameterAveragingTrainingMaster``; default
+            ``ParameterAveragingTrainingMaster()``.
+    """
+
+    _network_type = "MultiLayerNetwork"
+
+    def fit_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
+
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        classes = int(self._network.conf.output_type.size)
+        return self._fit_points(rdd, classes, epochs, epoch_callback)
+
+    def fit_continuous_labeled_point(
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> MultiLayerNetwork:
+        """Train on LabeledPoint data with real-valued labels (one regression output).
+
+        Args:
+            rdd: RDD of LabeledPoints.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        return self._fit_points(rdd, None, epochs, epoch_callback)
+
+    def _fit_points(
+        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
+    ) -> MultiLayerNetwork:
+        epochs = _check_epochs(epochs, epoch_callback)
+        self._check_rdd(rdd, "rdd")
+        batch = self._master.rdd_data_set_num_examples
+        dtype = self._network.params().dtype
+        datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
+        self._check_first(datasets, "rdd")
+        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
+
+
 def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
     """Validate the ``epochs`` and ``epoch_callback`` arguments of the fit methods; returns ``epochs``."""
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
@@ -735,4 +758,4 @@ def _points_to_datasets(
         yield DataSet(x, y)
 
 
-__all__ = ["SparkMultiLayer"]
+__all__ = ["SparkMultiLayer", "SparkNetwork"]

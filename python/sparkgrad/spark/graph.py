@@ -1,0 +1,213 @@
+"""SparkComputationGraph: a ComputationGraph on Spark (DL4J ``SparkComputationGraph``).
+
+Everything runs through :class:`~sparkgrad.spark.multilayer.SparkNetwork`, the code path every network
+type shares: both training masters, Export/Direct data preparation, epochs per job, authentication and
+MESH apply to graphs exactly as to MultiLayerNetworks. A graph trains on DataSets (one input and one
+output) and on MultiDataSets; the ``*_multi_data_set`` methods are the DL4J names of the same
+operations for RDDs of MultiDataSets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad._config import check_int
+from sparkgrad.data import SerializedMultiDataSetLoader
+from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, example_ndim
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+
+    from sparkgrad.nn import ComputationGraph
+
+
+class SparkComputationGraph(SparkNetwork):
+    """A ComputationGraph trained and used on Spark; see :class:`SparkNetwork` for the methods shared
+    with :class:`~sparkgrad.spark.SparkMultiLayer` (``fit``, ``fit_paths``, ``calculate_score``,
+    ``score_examples``, ``evaluate*``, ``do_evaluation``, training stats, ``close``), which accept RDDs
+    of DataSets (single-input, single-output graphs) or of MultiDataSets. Evaluations use the graph's
+    first output.
+
+    Args:
+        spark: SparkSession or SparkContext.
+        graph_or_conf: a ComputationGraph, or a ComputationGraphConfiguration (a graph is built and
+            initialised from it).
+        training_master: ``SharedTrainingMaster`` or ``ParameterAveragingTrainingMaster``; default
+            ``ParameterAveragingTrainingMaster()``.
+    """
+
+    _network_type = "ComputationGraph"
+
+    def __init__(self, spark: Any, graph_or_conf: Any, training_master: Any = None) -> None:
+        super().__init__(spark, graph_or_conf, training_master)
+
+    # -- MultiDataSet variants (DL4J names) -----------------------------------------------------
+    def fit_multi_data_set(
+        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback | None = None
+    ) -> ComputationGraph:
+        """Train on an RDD of MultiDataSets, or a directory (any Hadoop URI) of MultiDataSets saved with
+        ``MultiDataSet.save``; otherwise as :meth:`fit`.
+
+        Returns:
+            The trained graph.
+        """
+        return self._fit_data(data, SerializedMultiDataSetLoader(), epochs, epoch_callback)
+
+    def fit_paths_multi_data_set(
+        self,
+        paths: RDD,
+        loader: Any = None,
+        epochs: int = 1,
+        epoch_callback: EpochCallback | None = None,
+    ) -> ComputationGraph:
+        """Train on saved MultiDataSets named by an RDD of paths.
+
+        Args:
+            paths: RDD of path strings.
+            loader: callable path -> MultiDataSet (default ``SerializedMultiDataSetLoader()``).
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained graph.
+        """
+        loader = SerializedMultiDataSetLoader() if loader is None else loader
+        return self.fit_paths(paths, loader, epochs, epoch_callback)
+
+    def calculate_score_multi_data_set(
+        self, rdd: RDD, average: bool = True, minibatch_size: int = 64
+    ) -> float:
+        """Score (sum of the output losses plus the l1/l2 penalty) over an RDD of MultiDataSets."""
+        return self.calculate_score(rdd, average, minibatch_size)
+
+    def score_examples_multi_data_set(
+        self, rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
+    ) -> RDD:
+        """Per-example scores of an RDD of MultiDataSets, in its order (lazy RDD of floats)."""
+        return self.score_examples(rdd, include_regularization_terms, batch_size)
+
+    def score_examples_multi_data_set_with_key(
+        self, pair_rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
+    ) -> RDD:
+        """Per-example scores of ``(key, MultiDataSet of one example)`` pairs: RDD of ``(key, float)``."""
+        return self.score_examples_with_key(pair_rdd, include_regularization_terms, batch_size)
+
+    def evaluate_multi_data_set(
+        self,
+        data: RDD | str,
+        labels_list: list[str] | None = None,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        loader: Any = None,
+    ) -> Any:
+        """Classification evaluation of the first output over MultiDataSets (a directory is read with
+        ``SerializedMultiDataSetLoader()`` unless ``loader`` says otherwise); as :meth:`evaluate`."""
+        if isinstance(data, str) and loader is None:
+            loader = SerializedMultiDataSetLoader()
+        return self.evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader)
+
+    def evaluate_roc_multi_data_set(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+    ) -> Any:
+        """Binary ROC of the first output over an RDD of MultiDataSets."""
+        return self.evaluate_roc(rdd, threshold_steps, eval_num_workers, eval_batch_size)
+
+    def evaluate_roc_multi_class_multi_data_set(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+    ) -> Any:
+        """One-vs-all ROC of the first output over an RDD of MultiDataSets."""
+        return self.evaluate_roc_multi_class(rdd, threshold_steps, eval_num_workers, eval_batch_size)
+
+    def evaluate_regression_multi_data_set(
+        self, rdd: RDD, eval_num_workers: int | None = None, eval_batch_size: int | None = None
+    ) -> Any:
+        """Regression metrics of the first output over an RDD of MultiDataSets."""
+        return self.evaluate_regression(rdd, eval_num_workers, eval_batch_size)
+
+    def do_evaluation_multi_data_set(
+        self, rdd: RDD, eval_num_workers: int | None, eval_batch_size: int | None, *evaluations: Any
+    ) -> list:
+        """Several evaluations of the first output in one pass over an RDD of MultiDataSets."""
+        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, *evaluations)
+
+    # -- inference ------------------------------------------------------------------------------
+    def feed_forward_with_key(self, pair_rdd: RDD, batch_size: int = 64) -> RDD:
+        """Graph outputs for every value, keyed like the input.
+
+        Args:
+            pair_rdd: RDD of ``(key, inputs)``: ``inputs`` is a tuple (or list) with one array per
+                graph input, each one example or a batch of the same number of examples; a
+                single-input graph also takes the bare array.
+            batch_size: examples per forward pass (values are grouped up to this size).
+
+        Returns:
+            RDD of ``(key, outputs)``: a tuple with one array per graph output, holding one example's
+            output for single examples, else the batch's.
+        """
+        self._check_rdd(pair_rdd, "pair_rdd")
+        size = check_int("batch_size", batch_size, minimum=1)
+        bc = self._broadcast(lazy=True)
+
+        def part(it: Iterable[Any]) -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:
+            net = bc.value.networks(1)[0]
+            ndims = [example_ndim(t) for t in net.conf.input_types]
+            pending: list[tuple[Any, list[np.ndarray], bool]] = []
+
+            def flush() -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:
+                inputs = [np.concatenate([p[1][i] for p in pending]) for i in range(len(ndims))]
+                outputs = net.output(*inputs)
+                offset = 0
+                for key, arrays, single in pending:
+                    n = arrays[0].shape[0]
+                    rows = slice(offset, offset + n)
+                    yield key, tuple(out[offset] if single else out[rows] for out in outputs)
+                    offset += n
+                pending.clear()
+
+            for key, value in it:
+                arrays, single = _graph_inputs(key, value, ndims)
+                if pending and (
+                    any(a.shape[1:] != b.shape[1:] for a, b in zip(arrays, pending[0][1]))
+                    or sum(p[1][0].shape[0] for p in pending) + arrays[0].shape[0] > size
+                ):
+                    yield from flush()
+                pending.append((key, arrays, single))
+            if pending:
+                yield from flush()
+
+        return pair_rdd.mapPartitions(part)
+
+
+def _graph_inputs(key: Any, value: Any, ndims: list[int]) -> tuple[list[np.ndarray], bool]:
+    """One keyed value as a batch per graph input, and whether it was a single example."""
+    values = list(value) if isinstance(value, (tuple, list)) else [value]
+    if len(values) != len(ndims):
+        raise ValueError(
+            f"pair_rdd: value of key {key!r} has {len(values)} arrays, the graph has {len(ndims)} inputs"
+        )
+    arrays = [np.asarray(v) for v in values]
+    single = arrays[0].ndim == ndims[0]
+    batched = []
+    for i, (a, ndim) in enumerate(zip(arrays, ndims)):
+        a = a[None] if single else a
+        if a.ndim != ndim + 1 or a.shape[0] != (1 if single else arrays[0].shape[0]):
+            raise ValueError(
+                f"pair_rdd: input {i} of key {key!r} has shape {arrays[i].shape}, expected "
+                f"{'one example' if single else 'a batch'} of {ndim} dimensions per example, like input 0"
+            )
+        batched.append(a)
+    return batched, single
+
+
+__all__ = ["SparkComputationGraph"]

@@ -1,0 +1,253 @@
+"""SparkComputationGraph on local[2]: a two-input, two-output graph with a merge and a skip connection,
+trained with both masters from every data source, and distributed scoring, evaluation and inference equal
+to the local results on the same parameters.
+
+Equality: the distributed methods here see exactly the batches of the local reference (one partition per
+batch, batch sizes at least the partition size), so every per-example number comes from the same kernels
+on the same arrays and must be equal bit for bit; only a total over examples is summed in another order
+(partition sums, then their sum), which moves it by at most gamma_{n-1} = (n-1) u / (1 - (n-1) u) times the
+sum of the absolute per-example values (recursive summation, Higham, Accuracy and Stability, 4.2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import port
+
+from sparkgrad.data import MultiDataSet
+from sparkgrad.eval import RegressionEvaluation, ROCMultiClass
+from sparkgrad.nn import (
+    ComputationGraph,
+    ComputationGraphConfiguration,
+    DenseLayer,
+    ElementWiseVertex,
+    InputType,
+    MergeVertex,
+    OutputLayer,
+)
+from sparkgrad.nn.updaters import Adam
+from sparkgrad.spark import (
+    ParameterAveragingTrainingMaster,
+    SharedTrainingMaster,
+    SparkComputationGraph,
+    VoidConfiguration,
+)
+
+U64 = np.finfo(np.float64).eps / 2  # scores are accumulated in float64
+
+
+def graph_conf(seed: int = 1) -> ComputationGraphConfiguration:
+    """Left and right halves of a digit in, its class and its mean intensity out."""
+    return (
+        ComputationGraphConfiguration.builder(seed=seed, updater=Adam(1e-2))
+        .add_inputs("left", "right")
+        .set_input_types(InputType.feed_forward(32), InputType.feed_forward(32))
+        .add_layer("dl", DenseLayer(48, activation="relu"), "left")
+        .add_layer("dr", DenseLayer(48, activation="relu"), "right")
+        .add_vertex("merge", MergeVertex(), "dl", "dr")
+        .add_layer("hidden", DenseLayer(48, activation="relu"), "merge")
+        .add_vertex("skip", ElementWiseVertex("add"), "hidden", "dl")
+        .add_layer("digit", OutputLayer(10), "skip")
+        .add_layer("intensity", OutputLayer(1, activation="identity", loss="mse"), "merge")
+        .set_outputs("digit", "intensity")
+        .build()
+    )
+
+
+def two_way(ds) -> MultiDataSet:
+    x = ds.features
+    return MultiDataSet([x[:, :32], x[:, 32:]], [ds.labels, x.mean(axis=1, keepdims=True)])
+
+
+@pytest.fixture(scope="module")
+def data(digits):
+    """(train, test) MultiDataSets of the digits."""
+    return two_way(digits[0]), two_way(digits[1])
+
+
+@pytest.fixture(scope="module")
+def train_rdd(spark, data):
+    rdd = spark.sparkContext.parallelize(data[0].split(1), 2)
+    yield rdd
+    rdd.unpersist()
+
+
+def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd) -> None:
+    train, test = data
+    start = ComputationGraph(graph_conf()).init()
+    initial = start.score(test)
+    masters = {
+        "shared": SharedTrainingMaster(
+            VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+            batch_size_per_worker=16,
+            collect_training_stats=True,
+            rng_seed=2,
+        ),
+        "averaging": ParameterAveragingTrainingMaster(
+            batch_size_per_worker=16, averaging_frequency=5, rng_seed=2, collect_training_stats=True
+        ),
+    }
+    for name, master in masters.items():
+        with SparkComputationGraph(spark, start.clone(), master) as model:
+            net = model.fit_multi_data_set(train_rdd, epochs=6)
+            assert net is model.network and net.epoch_count == 6
+            accuracy = net.evaluate(test).accuracy()
+            assert accuracy >= 0.9, (name, accuracy)
+            # both outputs learned: the summed loss fell well below the start's
+            assert net.score(test) < 0.5 * initial, name
+            assert np.isfinite(model.score())
+            examples = sum(
+                e.extra["examples"]
+                for key in ("SharedWorkerComputeUpdateTimesMs", "ParameterAveragingWorkerFitTimesMs")
+                if key in model.training_stats.keys()
+                for e in model.training_stats.events(key)
+            )
+            assert examples == 6 * train.num_examples(), name
+
+
+def test_saved_multidatasets_train_from_a_directory_paths_and_an_export(spark, data, tmp_path) -> None:
+    train = data[0]
+    parts = train.split(200)
+    paths = []
+    for i, part in enumerate(parts):
+        paths.append(str(tmp_path / "saved" / f"part-{i}.bin"))
+        (tmp_path / "saved").mkdir(exist_ok=True)
+        part.save(paths[-1])
+    start = ComputationGraph(graph_conf(seed=4)).init()
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=32,
+        averaging_frequency=3,
+        rng_seed=1,
+        rdd_training_approach="export",
+        export_directory=str(tmp_path / "export"),
+    )
+    results = {}
+    with SparkComputationGraph(spark, start.clone(), master) as model:
+        model.fit_multi_data_set(str(tmp_path / "saved"), epochs=2)
+        results["directory"] = model.network
+    with SparkComputationGraph(spark, start.clone(), master) as model:
+        model.fit_paths_multi_data_set(spark.sparkContext.parallelize(paths, 2), epochs=2)
+        results["paths"] = model.network
+    with SparkComputationGraph(spark, start.clone(), master) as model:
+        model.fit_multi_data_set(spark.sparkContext.parallelize(parts, 2), epochs=2)
+        results["export"] = model.network
+        assert list((tmp_path / "export").iterdir())  # the MultiDataSets went through export files
+    for name, net in results.items():
+        assert net.epoch_count == 2 and net.iteration_count > 0, name
+        assert net.score(train) < start.score(train), name
+
+
+def test_single_input_graphs_train_on_datasets(spark, digits) -> None:
+    conf = (
+        ComputationGraphConfiguration.builder(seed=3, updater=Adam(1e-2))
+        .add_inputs("x")
+        .set_input_types(InputType.feed_forward(64))
+        .add_layer("h", DenseLayer(32, activation="relu"), "x")
+        .add_layer("out", OutputLayer(10), "h")
+        .set_outputs("out")
+        .build()
+    )
+    rdd = spark.sparkContext.parallelize(digits[0].split(16), 2)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, rng_seed=1)
+    with SparkComputationGraph(spark, conf, master) as model:
+        net = model.fit(rdd, epochs=3)
+        assert net.evaluate(digits[1]).accuracy() >= 0.85
+        dist = model.evaluate(spark.sparkContext.parallelize(digits[1].split(64), 2))
+        assert dist.confusion_matrix().sum() == digits[1].num_examples()
+
+
+def test_wrong_data_is_rejected_on_the_driver(spark, data, digits) -> None:
+    with SparkComputationGraph(spark, graph_conf()) as model:
+        with pytest.raises(ValueError, match="2 input"):
+            model.fit(spark.sparkContext.parallelize(digits[0].split(100), 2))
+        with pytest.raises(TypeError, match="MultiDataSet, found elements of type str"):
+            model.fit_multi_data_set(spark.sparkContext.parallelize(["x"], 1))
+        one_output = MultiDataSet(data[0].features, data[0].labels[:1])
+        with pytest.raises(ValueError, match="1 labels arrays, the network has 2 outputs"):
+            model.fit_multi_data_set(spark.sparkContext.parallelize([one_output], 1))
+        with pytest.raises(TypeError, match="expected a ComputationGraph"):
+            model.network = object()
+
+
+# -- distributed results == local results on the same parameters ------------------------------------------
+@pytest.fixture(scope="module")
+def trained(spark, data):
+    net = ComputationGraph(graph_conf(seed=7)).init()
+    net.fit(data[0].split(32), epochs=2)
+    return net
+
+
+@pytest.fixture(scope="module")
+def test_parts(data):
+    """The test set as two batches: one per partition of the distributed runs."""
+    test = data[1]
+    half = test.num_examples() // 2
+    return [test[:half], test[half:]]
+
+
+def test_distributed_evaluations_equal_local(spark, trained, test_parts) -> None:
+    rdd = spark.sparkContext.parallelize(test_parts, 2)
+    size = max(p.num_examples() for p in test_parts)
+    with SparkComputationGraph(spark, trained.clone()) as model:
+        model.default_evaluation_workers = 1
+        ev = model.evaluate_multi_data_set(rdd, eval_batch_size=size)
+        roc = model.evaluate_roc_multi_class_multi_data_set(rdd, eval_batch_size=size)
+        both = model.do_evaluation_multi_data_set(rdd, 1, size, ROCMultiClass(), RegressionEvaluation())
+    local = trained.evaluate(test_parts)
+    local_roc = trained.evaluate_roc_multi_class(test_parts)
+    assert np.array_equal(ev.confusion_matrix(), local.confusion_matrix())
+    assert ev.accuracy() == local.accuracy()
+    for c in range(10):
+        assert roc.calculate_auc(c) == local_roc.calculate_auc(c)
+        assert both[0].calculate_auc(c) == local_roc.calculate_auc(c)
+    assert both[1].mean_squared_error(0) == trained.evaluate_regression(test_parts).mean_squared_error(0)
+
+
+def test_distributed_scores_equal_local(spark, trained, test_parts) -> None:
+    rdd = spark.sparkContext.parallelize(test_parts, 2)
+    size = max(p.num_examples() for p in test_parts)
+    with SparkComputationGraph(spark, trained.clone()) as model:
+        examples = np.array(model.score_examples_multi_data_set(rdd, batch_size=size).collect())
+        with_penalty = np.array(model.score_examples_multi_data_set(rdd, True, size).collect())
+        total = model.calculate_score_multi_data_set(rdd, average=False, minibatch_size=size)
+        mean = model.calculate_score_multi_data_set(rdd, minibatch_size=size)
+        keyed_rdd = spark.sparkContext.parallelize(
+            [(f"{p}-{i}", part[i : i + 1]) for p, part in enumerate(test_parts) for i in range(len(part))], 2
+        )
+        keyed = dict(model.score_examples_multi_data_set_with_key(keyed_rdd, batch_size=size).collect())
+    local = np.concatenate([trained.score_examples(p) for p in test_parts])
+    assert np.array_equal(examples, local)
+    assert np.array_equal(with_penalty, np.concatenate([trained.score_examples(p, True) for p in test_parts]))
+    # parallelize slices the pairs at the same position as test_parts: the keyed batches are the same rows
+    for p, part in enumerate(test_parts):
+        for i in range(len(part)):
+            assert keyed[f"{p}-{i}"] == local[p * len(test_parts[0]) + i]
+    # the totals: per-batch scores are identical, only the order of the final summation differs
+    n = len(local)
+    batch_totals = np.array([trained.score(p) * p.num_examples() for p in test_parts])
+    expected = float(batch_totals.sum())
+    gamma = (n - 1) * U64 / (1 - (n - 1) * U64)
+    bound = gamma * float(np.abs(batch_totals).sum()) + 4 * U64 * abs(expected)
+    assert abs(total - expected) <= bound
+    assert abs(mean - expected / n) <= bound / n
+
+
+def test_keyed_inference_returns_every_output(spark, trained, test_parts) -> None:
+    part = test_parts[0]
+    left, right = part.features
+    pairs = [(i, (left[i], right[i])) for i in range(len(part))]
+    batch_pair = [("batch", (left[:5], right[:5]))]
+    with SparkComputationGraph(spark, trained.clone()) as model:
+        out = dict(model.feed_forward_with_key(spark.sparkContext.parallelize(pairs, 1), len(part)).collect())
+        batch = dict(model.feed_forward_with_key(spark.sparkContext.parallelize(batch_pair, 1)).collect())
+        with pytest.raises(Exception, match="has 1 arrays, the graph has 2 inputs"):
+            model.feed_forward_with_key(spark.sparkContext.parallelize([(0, left[0])], 1)).collect()
+    digit, intensity = trained.output(left, right)
+    assert all(isinstance(v, tuple) and len(v) == 2 for v in out.values())
+    assert np.array_equal(np.stack([out[i][0] for i in range(len(part))]), digit)
+    assert np.array_equal(np.stack([out[i][1] for i in range(len(part))]), intensity)
+    first_five = trained.output(left[:5], right[:5])
+    assert np.array_equal(batch["batch"][0], first_five[0]) and np.array_equal(
+        batch["batch"][1], first_five[1]
+    )
