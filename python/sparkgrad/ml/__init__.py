@@ -17,7 +17,17 @@ Needs the ``spark`` extra (pyspark 4.0 or later, pandas and pyarrow for the Arro
 
 from __future__ import annotations
 
-from sparkgrad.ml.estimators import (
+import pyspark
+
+from sparkgrad.errors import EnvironmentNotReadyError
+
+if int(pyspark.__version__.split(".")[0]) < 4:
+    raise EnvironmentNotReadyError(
+        f"sparkgrad.ml needs pyspark 4.0 or later (its Arrow transfer carries Vector columns), "
+        f"found {pyspark.__version__}: pip install 'pyspark>=4'"
+    )
+
+from sparkgrad.ml.estimators import (  # noqa: E402 - after the version check
     SparkgradClassificationModel,
     SparkgradClassifier,
     SparkgradRegressionModel,
