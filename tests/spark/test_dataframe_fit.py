@@ -23,7 +23,7 @@ from sparkgrad.spark import ParameterAveragingTrainingMaster, SparkMultiLayer
 from sparkgrad.spark.columns import REGRESSION, dataframe_datasets
 
 # float32 outputs of the same network on the same rows, possibly in batches of other sizes
-OUTPUT_TOL = 64 * np.finfo(np.float32).eps
+OUTPUT_TOL = 64 * float(np.finfo(np.float32).eps)
 
 
 def _frame(spark, features: list, labels: list, feature_type=None, label_type=None, partitions: int = 2):

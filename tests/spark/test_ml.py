@@ -291,10 +291,13 @@ def _readme_snippet(heading: str) -> str:
     return section.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
-def test_readme_dataframe_snippet_runs(spark, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_readme_dataframe_snippet_runs(spark, tmp_path, capsys) -> None:
+    snippet = _readme_snippet("DataFrames and Spark ML pipelines")
+    # a relative Hadoop path resolves against the JVM's directory: save under tmp_path instead
+    assert snippet.count('"digits-pipeline"') == 2
+    snippet = snippet.replace('"digits-pipeline"', repr((tmp_path / "digits-pipeline").as_uri()))
     namespace: dict = {}
-    exec(compile(_readme_snippet("DataFrames and Spark ML pipelines"), "README.md", "exec"), namespace)
+    exec(compile(snippet, "README.md", "exec"), namespace)
     assert namespace["accuracy"] > 0.9
     assert f"test accuracy {namespace['accuracy']:.4f}" in capsys.readouterr().out
     saved = namespace["reloaded"].stages[-1]
