@@ -85,7 +85,7 @@ class ModelReader(MLReader):
             raise FileNotFoundError(f"{path}: no saved model there")
         try:
             metadata = DefaultParamsReader.loadMetadata(path, spark)
-        except (AnalysisException, ValueError, TypeError) as exc:
+        except (AnalysisException, ValueError, TypeError, KeyError) as exc:
             raise CorruptDataError(f"{path}/metadata: not Spark ML metadata: {_first_line(exc)}") from None
         instance = self._instance(path, metadata)
         instance._attach(self._network(path, spark, instance))

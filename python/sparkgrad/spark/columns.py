@@ -198,13 +198,13 @@ def label_matrix(
             raise ValueError(f"{what}: labels must be finite, found {values[~np.isfinite(values)][:5]}")
         return values.astype(dtype).reshape(-1, 1)
     classes = max(n_out, 2)
-    index = np.where(np.isfinite(values), values, -1).astype(np.int64)
-    bad = (index != values) | (index < 0) | (index >= classes)
+    with np.errstate(invalid="ignore"):  # NaN compares False: reported below, not warned about
+        bad = ~((values >= 0) & (values < classes) & (values == np.floor(values)))
     if bad.any():
         raise ValueError(f"{what}: class labels must be integers in [0, {classes}), found {values[bad][:5]}")
     if n_out == 1:
         return values.astype(dtype).reshape(-1, 1)
-    return np.eye(n_out, dtype=dtype)[index]
+    return np.eye(n_out, dtype=dtype)[values.astype(np.int64)]
 
 
 def _map_in_arrow(df: DataFrame, fn: Callable[[Iterator[Any]], Iterator[Any]], schema: Any) -> DataFrame:
