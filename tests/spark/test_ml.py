@@ -282,6 +282,11 @@ def test_image_columns_are_reshaped_by_the_input_type(spark, digits) -> None:
     (probability,) = _rows(model.transform(df), "probability")
     expected = network.output(x.reshape(-1, 1, 8, 8)).astype(np.float64)
     np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
+    # a network changed in place is broadcast again, never served stale
+    network.set_params(network.params() * 0.5)
+    (probability,) = _rows(model.transform(df), "probability")
+    expected = network.output(x.reshape(-1, 1, 8, 8)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
 
 
 def _readme_snippet(heading: str) -> str:

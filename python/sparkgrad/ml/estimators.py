@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,7 +70,8 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
     """The trained network, its broadcast for ``transform`` and persistence (MLWritable/MLReadable)."""
 
     _network: MultiLayerNetwork | None = None
-    _broadcast: tuple[Any, Any] | None = None  # (SparkContext, broadcast of the network)
+    # (SparkContext, checksum of the parameters, broadcast of the network)
+    _broadcast: tuple[Any, int, Any] | None = None
 
     def _attach(self, network: MultiLayerNetwork | None) -> None:
         """Hold ``network`` (its configuration becomes ``networkConf``)."""
@@ -91,15 +93,20 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         return int(np.prod(example_shape(self.network.conf)))
 
     def _network_getter(self, dataset: DataFrame) -> Any:
-        """A picklable function returning the network on an executor (broadcast once per model)."""
+        """A picklable function returning the network on an executor.
+
+        The network is broadcast once and again only when its parameters change (a network trained
+        further in place), which the CRC-32 of the parameters detects.
+        """
         from sparkgrad.spark.common import NetworkSnapshot
         from sparkgrad.spark.multilayer import _InferenceJob
 
         sc = dataset.sparkSession.sparkContext
-        if self._broadcast is None or self._broadcast[0] is not sc:
+        checksum = zlib.crc32(np.ascontiguousarray(self.network.params()).view(np.uint8))
+        if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
-            self._broadcast = (sc, sc.broadcast(job))
-        return functools.partial(_first_network, self._broadcast[1])
+            self._broadcast = (sc, checksum, sc.broadcast(job))
+        return functools.partial(_first_network, self._broadcast[2])
 
     def _one_output(self, value: Any) -> np.ndarray:
         """The network output (float64) for one ml Vector."""
