@@ -1,6 +1,9 @@
-"""SparkMultiLayer.fit(DataFrame) and predict(Vector/Matrix): the column conversion and its errors."""
+"""SparkMultiLayer.fit(DataFrame) and predict(Vector/Matrix): the column conversion and its errors; DL4J
+DataSet files read through Spark."""
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ from pyspark.ml import linalg as ml
 from pyspark.mllib import linalg as mllib
 from pyspark.sql import types as T
 
-from sparkgrad.data import DataSet
+from sparkgrad.data import DataSet, read_nd4j_dataset
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import (
     ConvolutionLayer,
@@ -183,3 +186,31 @@ def test_dense_network_over_image_vectors_and_regression_targets(spark) -> None:
         before = sm.network.score(DataSet(x, y))
         sm.fit(df, epochs=3)
         assert sm.network.score(DataSet(x, y)) < before
+
+
+def _nd4j_float_array(a: np.ndarray) -> bytes:
+    """Nd4j.write of a C-order float32 array (dl4j-reference.md 6.1): shape info, then the elements."""
+
+    def utf(text: str) -> bytes:
+        return struct.pack(">H", len(text)) + text.encode("ascii")
+
+    strides = [s // 4 for s in np.ascontiguousarray(a, np.float32).strides]
+    info = [a.ndim, *a.shape, *strides, 0, 1, ord("c")]
+    head = (
+        utf("MIXED_DATA_TYPES") + struct.pack(">q", len(info)) + utf("LONG") + np.array(info, ">i8").tobytes()
+    )
+    data = utf("MIXED_DATA_TYPES") + struct.pack(">q", a.size) + utf("FLOAT") + a.astype(">f4").tobytes()
+    return head + data
+
+
+def test_dl4j_dataset_files_read_through_binary_files(spark, digits, tmp_path) -> None:
+    parts = subset(digits[0], 24).split(8)
+    for i, part in enumerate(parts):  # DataSet.save: flags (features, labels), then both arrays
+        data = b"\x03" + _nd4j_float_array(part.features) + _nd4j_float_array(part.labels)
+        (tmp_path / f"dataset_{i}.bin").write_bytes(data)
+    read = spark.sparkContext.binaryFiles(tmp_path.as_uri()).map(read_nd4j_dataset).collect()
+    assert len(read) == len(parts)
+    for want in parts:  # binaryFiles does not promise an order
+        matches = [got for got in read if np.array_equal(got.features, want.features)]
+        assert len(matches) == 1
+        np.testing.assert_array_equal(matches[0].labels, want.labels)
