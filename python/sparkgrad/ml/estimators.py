@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import uuid
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from pyspark import keyword_only
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
+
+
+P = TypeVar("P", bound=SparkgradParams)
 
 
 def _train(estimator: Any, dataset: DataFrame, task: str) -> MultiLayerNetwork:
@@ -64,6 +67,31 @@ def _check_classifier_output(conf: MultiLayerConfiguration) -> None:
             f"networkConf: a classifier's output layer must be {expected.value} with {n_out} output(s) "
             f"(class probabilities), got {activation.value}; use SparkgradRegressor for other outputs"
         )
+
+
+class _EstimatorParams(SparkgradParams):
+    """Setters of the estimators' own params."""
+
+    @keyword_only
+    def setParams(self: P, **kwargs: Any) -> P:
+        """Set params by keyword (the names of the constructor)."""
+        return self._set(**self._input_kwargs)
+
+    def setNetworkConf(self: P, value: Any) -> P:
+        """Sets ``networkConf`` (a MultiLayerConfiguration or its JSON)."""
+        return self._set(networkConf=value)
+
+    def setTrainingMaster(self: P, value: Any) -> P:
+        """Sets ``trainingMaster`` (a training master or its JSON)."""
+        return self._set(trainingMaster=value)
+
+    def setEpochs(self: P, value: int) -> P:
+        """Sets ``epochs``, the passes over the training data."""
+        return self._set(epochs=value)
+
+    def setBatchSize(self: P, value: int) -> P:
+        """Sets ``batchSize``, the examples per minibatch of each worker."""
+        return self._set(batchSize=value)
 
 
 class _ModelBase(SparkgradParams, MLWritable, MLReadable):
@@ -135,7 +163,7 @@ def _first_network(broadcast: Any) -> MultiLayerNetwork:
 
 # -- classification -------------------------------------------------------------------------------------
 class SparkgradClassifier(
-    ProbabilisticClassifier, SparkgradParams, DefaultParamsWritable, DefaultParamsReadable
+    ProbabilisticClassifier, _EstimatorParams, DefaultParamsWritable, DefaultParamsReadable
 ):
     """A pyspark.ml classifier training a sparkgrad network on Spark (``fit(df)``).
 
@@ -179,23 +207,6 @@ class SparkgradClassifier(
     ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, **kwargs: Any) -> SparkgradClassifier:
-        """Set params by keyword (the names of the constructor)."""
-        return self._set(**self._input_kwargs)
-
-    def setNetworkConf(self, value: Any) -> SparkgradClassifier:
-        return self._set(networkConf=value)
-
-    def setTrainingMaster(self, value: Any) -> SparkgradClassifier:
-        return self._set(trainingMaster=value)
-
-    def setEpochs(self, value: int) -> SparkgradClassifier:
-        return self._set(epochs=value)
-
-    def setBatchSize(self, value: int) -> SparkgradClassifier:
-        return self._set(batchSize=value)
 
     def _fit(self, dataset: DataFrame) -> SparkgradClassificationModel:
         model = SparkgradClassificationModel(_train(self, dataset, CLASSIFICATION))
@@ -281,7 +292,7 @@ def _classification_columns(
 
 
 # -- regression -----------------------------------------------------------------------------------------
-class SparkgradRegressor(Regressor, SparkgradParams, DefaultParamsWritable, DefaultParamsReadable):
+class SparkgradRegressor(Regressor, _EstimatorParams, DefaultParamsWritable, DefaultParamsReadable):
     """A pyspark.ml regressor training a sparkgrad network on Spark (``fit(df)``).
 
     Training is that of :class:`SparkgradClassifier`. With one network output the label is a number
@@ -313,23 +324,6 @@ class SparkgradRegressor(Regressor, SparkgradParams, DefaultParamsWritable, Defa
     ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, **kwargs: Any) -> SparkgradRegressor:
-        """Set params by keyword (the names of the constructor)."""
-        return self._set(**self._input_kwargs)
-
-    def setNetworkConf(self, value: Any) -> SparkgradRegressor:
-        return self._set(networkConf=value)
-
-    def setTrainingMaster(self, value: Any) -> SparkgradRegressor:
-        return self._set(trainingMaster=value)
-
-    def setEpochs(self, value: int) -> SparkgradRegressor:
-        return self._set(epochs=value)
-
-    def setBatchSize(self, value: int) -> SparkgradRegressor:
-        return self._set(batchSize=value)
 
     def _fit(self, dataset: DataFrame) -> SparkgradRegressionModel:
         model = SparkgradRegressionModel(_train(self, dataset, REGRESSION))
