@@ -265,6 +265,8 @@ def test_estimator_params_fail_early_with_their_names(spark) -> None:
         SparkgradClassifier(networkConf=identity).fit(df)
     with pytest.raises(ValueError, match="epochs"):
         SparkgradClassifier(networkConf=_conf(4, 3), epochs=0).fit(df)
+    with pytest.raises(ValueError, match="featuresCol: no column 'features'"):
+        SparkgradClassifier(networkConf=_conf(4, 3)).fit(df)
     with pytest.raises(ValueError, match="no network"):
         SparkgradClassificationModel().transform(df)
 

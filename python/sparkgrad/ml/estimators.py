@@ -50,6 +50,7 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> MultiLayerNetwork:
         conf,
         master.rdd_data_set_num_examples,
         task,
+        ("featuresCol", "labelCol"),
     )
     with SparkMultiLayer(dataset.sparkSession, conf, master) as model:
         return model.fit(data, epochs=epochs)

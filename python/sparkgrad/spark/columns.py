@@ -224,6 +224,7 @@ def dataframe_datasets(
     conf: MultiLayerConfiguration,
     examples_per_dataset: int,
     task: str | None = None,
+    names: tuple[str, str] = ("features_col", "label_col"),
 ) -> RDD:
     """The RDD of DataSets that training on ``df`` uses: ``examples_per_dataset`` examples each.
 
@@ -241,6 +242,7 @@ def dataframe_datasets(
             ``rdd_data_set_num_examples``).
         task: :data:`CLASSIFICATION` or :data:`REGRESSION`; default classification for networks with
             several outputs, regression for one.
+        names: how messages call the features and label column arguments.
 
     Returns:
         RDD of DataSets.
@@ -259,11 +261,11 @@ def dataframe_datasets(
     n_out = int(conf.output_type.size)
     task = task or (CLASSIFICATION if n_out > 1 else REGRESSION)
     dtype = conf.dtype
-    feature_what = f"features_col {features_col!r}"
-    label_what = f"label_col {label_col!r}"
+    feature_what = f"{names[0]} {features_col!r}"
+    label_what = f"{names[1]} {label_col!r}"
     selected = df.select(
-        features_column(df, features_col, dtype, "features_col").alias("features"),
-        labels_column(df, label_col, dtype, n_out, task, "label_col").alias("labels"),
+        features_column(df, features_col, dtype, names[0]).alias("features"),
+        labels_column(df, label_col, dtype, n_out, task, names[1]).alias("labels"),
     )
 
     def batches_to_datasets(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
