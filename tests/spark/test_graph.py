@@ -35,12 +35,13 @@ from sparkgrad.spark import (
 )
 
 U64 = np.finfo(np.float64).eps / 2  # scores are accumulated in float64
+EPOCHS = 8
 
 
-def graph_conf(seed: int = 1) -> ComputationGraphConfiguration:
+def graph_conf(seed: int = 1, lr: float = 1e-2) -> ComputationGraphConfiguration:
     """Left and right halves of a digit in, its class and its mean intensity out."""
     return (
-        ComputationGraphConfiguration.builder(seed=seed, updater=Adam(1e-2))
+        ComputationGraphConfiguration.builder(seed=seed, updater=Adam(lr))
         .add_inputs("left", "right")
         .set_input_types(InputType.feed_forward(32), InputType.feed_forward(32))
         .add_layer("dl", DenseLayer(48, activation="relu"), "left")
@@ -75,7 +76,9 @@ def train_rdd(spark, data):
 
 def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd) -> None:
     train, test = data
-    start = ComputationGraph(graph_conf()).init()
+    # Adam(3e-3): with 2 asynchronous workers the larger default step of the other tests makes the test
+    # accuracy of gradient sharing swing by several percent from epoch to epoch
+    start = ComputationGraph(graph_conf(lr=3e-3)).init()
     initial = start.score(test)
     masters = {
         "shared": SharedTrainingMaster(
@@ -90,8 +93,8 @@ def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd)
     }
     for name, master in masters.items():
         with SparkComputationGraph(spark, start.clone(), master) as model:
-            net = model.fit_multi_data_set(train_rdd, epochs=6)
-            assert net is model.network and net.epoch_count == 6
+            net = model.fit_multi_data_set(train_rdd, epochs=EPOCHS)
+            assert net is model.network and net.epoch_count == EPOCHS
             accuracy = net.evaluate(test).accuracy()
             assert accuracy >= 0.9, (name, accuracy)
             # both outputs learned: the summed loss fell well below the start's
@@ -103,7 +106,7 @@ def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd)
                 if key in model.training_stats.keys()
                 for e in model.training_stats.events(key)
             )
-            assert examples == 6 * train.num_examples(), name
+            assert examples == EPOCHS * train.num_examples(), name
 
 
 def test_saved_multidatasets_train_from_a_directory_paths_and_an_export(spark, data, tmp_path) -> None:

@@ -8,6 +8,7 @@
 - :class:`AsyncDataSetIterator`: background prefetching of any iterable.
 - :class:`SerializedDataSetLoader`, :class:`SerializedMultiDataSetLoader`: path or bytes -> object,
   for data exported to files and read back through Spark.
+- :func:`read_nd4j_dataset`: DataSet files written by DL4J / ND4J ``DataSet.save`` (migration).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from sparkgrad.data.dataset import DataSet, MultiDataSet
 from sparkgrad.data.iterators import AsyncDataSetIterator, ListDataSetIterator, rebatch
 from sparkgrad.data.loaders import SerializedDataSetLoader, SerializedMultiDataSetLoader
+from sparkgrad.data.nd4j import read_nd4j_dataset
 
 __all__ = [
     "AsyncDataSetIterator",
@@ -23,5 +25,6 @@ __all__ = [
     "MultiDataSet",
     "SerializedDataSetLoader",
     "SerializedMultiDataSetLoader",
+    "read_nd4j_dataset",
     "rebatch",
 ]

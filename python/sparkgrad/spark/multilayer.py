@@ -17,6 +17,7 @@ import numpy as np
 
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedDataSetLoader, rebatch
+from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows
 from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
@@ -35,6 +36,7 @@ from sparkgrad.spark.stats import SparkTrainingStats
 
 if TYPE_CHECKING:
     from pyspark import RDD
+    from pyspark.sql import DataFrame
 
     from sparkgrad.nn import MultiLayerNetwork
 
@@ -146,6 +148,7 @@ class SparkNetwork:
         self._evaluation_data: Any = None
         self._default_eval_workers = 1
         self._broadcasts: list[Any] = []  # broadcasts behind lazy result RDDs, released by close()
+        self._frame: tuple | None = None  # (DataFrame, columns, unit size, conf JSON, its DataSet RDD)
         self._finalizer = weakref.finalize(self, _release_dropped, self._sc, self._master, self._broadcasts)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -252,7 +255,12 @@ class SparkNetwork:
 
     # -- training -----------------------------------------------------------------------------
     def fit(
-        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback | None = None
+        self,
+        data: RDD | DataFrame | str,
+        epochs: int = 1,
+        epoch_callback: EpochCallback | None = None,
+        features_col: str = "features",
+        label_col: str = "label",
     ) -> MultiLayerNetwork:
         """Train ``epochs`` passes over ``data`` (one by default) in one call.
 
@@ -262,8 +270,9 @@ class SparkNetwork:
         under ``export_directory`` once (reused by later fits of the same RDD) above it.
 
         Args:
-            data: an RDD of DataSets, or a directory (any Hadoop URI) of DataSets saved with
-                ``DataSet.save``, read through Spark's ``binaryFiles`` (never exported).
+            data: an RDD of DataSets; a DataFrame (columns ``features_col`` and ``label_col``,
+                converted as :meth:`fit_dataframe` says); or a directory (any Hadoop URI) of DataSets
+                saved with ``DataSet.save``, read through Spark's ``binaryFiles`` (never exported).
             epochs: passes over the data, a positive int.
             epoch_callback: ``epoch_callback(epoch, network)``, called on the driver after every
                 epoch: ``epoch`` is the 0-based index of the epoch that just finished in the network's
@@ -275,10 +284,14 @@ class SparkNetwork:
                 updater states are averaged into the network when the fit returns), and it should
                 evaluate locally (``network.evaluate(dataset)``), since a Spark job started from it
                 waits for task slots the training tasks hold.
+            features_col: with a DataFrame, its features column (a Vector or an array of numbers).
+            label_col: with a DataFrame, its label column (class indices, or one value per output).
 
         Returns:
             The trained network.
         """
+        if is_dataframe(data):
+            return self.fit_dataframe(data, features_col, label_col, epochs, epoch_callback)
         return self._fit_data(data, SerializedDataSetLoader(), epochs, epoch_callback)
 
     def _fit_data(
@@ -293,6 +306,46 @@ class SparkNetwork:
         self._check_rdd(data, "data")
         self._check_first(data, "data")
         return self._train(data, "dataset", saved, epochs, epoch_callback)
+
+    def fit_dataframe(
+        self,
+        df: DataFrame,
+        features_col: str = "features",
+        label_col: str = "label",
+        epochs: int = 1,
+        epoch_callback: EpochCallback | None = None,
+    ) -> MultiLayerNetwork:
+        """Train ``epochs`` passes over the rows of a DataFrame (what ``fit(df)`` does).
+
+        The columns are converted per partition on the executors, in Arrow batches, into DataSets of
+        the training master's ``rdd_data_set_num_examples`` examples (setting it to
+        ``batch_size_per_worker`` makes the conversion cheapest), which the master then trains on
+        like any RDD of DataSets; nothing is collected to the driver. Fitting the same DataFrame
+        again (same columns and network shape) reuses the conversion, so the master's persisted
+        data is reused too.
+
+        Args:
+            df: the training data.
+            features_col: a Vector or array-of-numbers column with the network's input size per row;
+                images as ``channels * height * width`` values in that order (reshaped by the
+                network's input type). Recurrent input is not supported here.
+            label_col: numbers (class indices, one-hot encoded, for networks with several outputs;
+                the target value for one output) or a Vector / array column of one value per output.
+            epochs: passes over the data, a positive int.
+            epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+
+        Returns:
+            The trained network.
+        """
+        epochs = _check_epochs(epochs, epoch_callback)
+        conf = self._network.conf
+        key = (df, features_col, label_col, self._master.rdd_data_set_num_examples, conf.to_json())
+        if self._frame is None or self._frame[0] is not df or self._frame[1:-1] != key[1:]:
+            rdd = dataframe_datasets(
+                df, features_col, label_col, conf, self._master.rdd_data_set_num_examples
+            )
+            self._frame = (*key, rdd)
+        return self._train(self._frame[-1], "dataset", None, epochs, epoch_callback)
 
     def fit_paths(
         self,
@@ -528,6 +581,25 @@ class SparkNetwork:
                 yield from flush()
 
         return pair_rdd.mapPartitions(part)
+
+    def predict(self, features: Any) -> Any:
+        """Network output for MLlib data on the driver (DL4J ``predict(Vector/Matrix)``).
+
+        Args:
+            features: a ``pyspark.ml.linalg`` or ``pyspark.mllib.linalg`` Vector (one example) or
+                Matrix (one example per row), with the network's input size per example (images as
+                ``channels * height * width`` values).
+
+        Returns:
+            For a Vector, a DenseVector of the outputs; for a Matrix, a DenseMatrix with one row of
+            outputs per example; of the same module (ml or mllib) as ``features``.
+        """
+        x, single, linalg = linalg_rows(features, self._network.conf, "features")
+        out = self._network.output(x).astype(np.float64)
+        if single:
+            return linalg.DenseVector(out[0])
+        # DenseMatrix takes its values in column-major order
+        return linalg.DenseMatrix(out.shape[0], out.shape[1], out.ravel(order="F"))
 
     # -- evaluation ---------------------------------------------------------------------------
     def _eval_rdd(self, data: Any, loader: Any) -> RDD:

@@ -1,0 +1,42 @@
+"""Spark ML integration: sparkgrad networks as ``pyspark.ml`` estimators and models.
+
+- :class:`SparkgradClassifier` -> :class:`SparkgradClassificationModel`: class probabilities,
+  raw predictions and the predicted class, for ``MulticlassClassificationEvaluator`` and
+  ``BinaryClassificationEvaluator``.
+- :class:`SparkgradRegressor` -> :class:`SparkgradRegressionModel`: the network's output as the
+  prediction, for ``RegressionEvaluator``.
+
+The estimators take the network configuration and the training master as params (stored as JSON),
+train through :class:`sparkgrad.spark.SparkMultiLayer` on DataFrames converted per partition in
+Arrow batches (:mod:`sparkgrad.spark.columns`), and fit into ``Pipeline`` and ``CrossValidator``
+like Spark's own. The models' ``transform`` runs the network on the executors over Arrow batches,
+and they save to and load from any Hadoop path (:mod:`sparkgrad.ml.persistence`).
+
+Needs the ``spark`` extra (pyspark 4.0 or later, pandas and pyarrow for the Arrow transfer).
+"""
+
+from __future__ import annotations
+
+import pyspark
+
+from sparkgrad.errors import EnvironmentNotReadyError
+
+if int(pyspark.__version__.split(".")[0]) < 4:
+    raise EnvironmentNotReadyError(
+        f"sparkgrad.ml needs pyspark 4.0 or later (its Arrow transfer carries Vector columns), "
+        f"found {pyspark.__version__}: pip install 'pyspark>=4'"
+    )
+
+from sparkgrad.ml.estimators import (  # noqa: E402 - after the version check
+    SparkgradClassificationModel,
+    SparkgradClassifier,
+    SparkgradRegressionModel,
+    SparkgradRegressor,
+)
+
+__all__ = [
+    "SparkgradClassificationModel",
+    "SparkgradClassifier",
+    "SparkgradRegressionModel",
+    "SparkgradRegressor",
+]

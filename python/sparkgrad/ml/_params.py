@@ -1,0 +1,125 @@
+"""Params shared by the sparkgrad estimators and models; configuration objects are stored as JSON text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+
+from sparkgrad._config import Config, check_int
+
+DEFAULT_EPOCHS = 1
+DEFAULT_BATCH_SIZE = 32
+
+
+def _conf_json(value: Any) -> str:
+    """Param converter: a MultiLayerConfiguration, or its JSON, as compact canonical JSON."""
+    from sparkgrad.nn import MultiLayerConfiguration
+
+    if isinstance(value, str):
+        try:
+            value = MultiLayerConfiguration.from_json(value)
+        except ValueError as exc:
+            raise TypeError(f"not a MultiLayerConfiguration JSON: {exc}") from None
+    if not isinstance(value, MultiLayerConfiguration):
+        raise TypeError(f"expected a MultiLayerConfiguration or its JSON, got {type(value).__name__}")
+    return value.to_json(indent=None)
+
+
+def _master_json(value: Any) -> str:
+    """Param converter: a training master, or its JSON, as compact canonical JSON."""
+    from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
+
+    if isinstance(value, str):
+        try:
+            value = Config.from_json(value)
+        except ValueError as exc:
+            raise TypeError(f"not a training master JSON: {exc}") from None
+    if not isinstance(value, (ParameterAveragingTrainingMaster, SharedTrainingMaster)):
+        raise TypeError(
+            "expected a ParameterAveragingTrainingMaster or SharedTrainingMaster or its JSON, "
+            f"got {type(value).__name__}"
+        )
+    try:
+        return value.to_json(indent=None)
+    except (TypeError, ValueError) as exc:  # e.g. training hooks that are not configuration objects
+        raise TypeError(f"the training master does not serialise to JSON: {exc}") from None
+
+
+class SparkgradParams(Params):
+    """Params of the sparkgrad estimators and models besides the columns (which the pyspark.ml base
+    classes, Predictor / Classifier and their models, bring).
+
+    ``networkConf`` and ``trainingMaster`` accept the configuration objects and store their JSON, so
+    that the params copy, compare and save like any other pyspark param.
+    """
+
+    networkConf: Param[str] = Param(
+        Params._dummy(),
+        "networkConf",
+        "the network: a MultiLayerConfiguration (stored as its JSON)",
+        typeConverter=_conf_json,
+    )
+    trainingMaster: Param[str] = Param(
+        Params._dummy(),
+        "trainingMaster",
+        "how to train on Spark: a ParameterAveragingTrainingMaster or SharedTrainingMaster (stored as "
+        "its JSON); its batch_size_per_worker and rdd_data_set_num_examples are set to batchSize",
+        typeConverter=_master_json,
+    )
+    epochs: Param[int] = Param(
+        Params._dummy(), "epochs", "passes over the training data (>= 1)", typeConverter=TypeConverters.toInt
+    )
+    batchSize: Param[int] = Param(
+        Params._dummy(),
+        "batchSize",
+        "examples per minibatch of each worker (>= 1)",
+        typeConverter=TypeConverters.toInt,
+    )
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from sparkgrad.spark import ParameterAveragingTrainingMaster
+
+        self._setDefault(
+            trainingMaster=ParameterAveragingTrainingMaster().to_json(indent=None),
+            epochs=DEFAULT_EPOCHS,
+            batchSize=DEFAULT_BATCH_SIZE,
+        )
+
+    def getNetworkConf(self) -> str:
+        """The network configuration's JSON."""
+        return self.getOrDefault(self.networkConf)
+
+    def getTrainingMaster(self) -> str:
+        """The training master's JSON."""
+        return self.getOrDefault(self.trainingMaster)
+
+    def getEpochs(self) -> int:
+        """Passes over the training data."""
+        return self.getOrDefault(self.epochs)
+
+    def getBatchSize(self) -> int:
+        """Examples per minibatch of each worker."""
+        return self.getOrDefault(self.batchSize)
+
+    def network_configuration(self) -> Any:
+        """The MultiLayerConfiguration of ``networkConf``.
+
+        Raises:
+            ValueError: ``networkConf`` is not set.
+        """
+        from sparkgrad.nn import MultiLayerConfiguration
+
+        if not self.isDefined(self.networkConf):
+            raise ValueError("networkConf: not set; pass networkConf=MultiLayerConfiguration(...)")
+        return MultiLayerConfiguration.from_json(self.getNetworkConf())
+
+    def training_master(self) -> Any:
+        """A fresh training master from ``trainingMaster``, with ``batchSize`` examples per minibatch
+        and per DataSet of the converted DataFrame."""
+        import dataclasses
+
+        batch = check_int("batchSize", self.getBatchSize(), minimum=1)
+        master = Config.from_json(self.getTrainingMaster())
+        return dataclasses.replace(master, batch_size_per_worker=batch, rdd_data_set_num_examples=batch)

@@ -1,0 +1,145 @@
+"""Saving and loading the sparkgrad pyspark.ml models on any Hadoop path, the way Spark ML models are.
+
+A saved model is a directory (local, ``file:``, ``hdfs:``, ``s3a:``, ... anything Spark writes)::
+
+    <path>/metadata/   one text file: Spark ML's params metadata (DefaultParamsWriter): the class, uid,
+                       Spark version, every param (the network configuration and training master as
+                       JSON) and, under "sparkgradFormat", the version of this layout (1)
+    <path>/data/       a Parquet dataset of exactly one row: format (string, "sparkgrad-network") and
+                       network (binary, the zip that MultiLayerNetwork.save writes, see
+                       sparkgrad.nn.serialization)
+
+Both are written and read through Spark's own data sources (text and Parquet), so every file system
+Spark reaches works. Loading checks everything it reads: the class and layout version in the
+metadata, that the params parse, the data's schema and row count, the network file (whose reader
+checks its zip, CRCs, sizes and arrays), and that the network's configuration is the one in the
+metadata; any failure raises :class:`~sparkgrad.errors.CorruptDataError` naming the path.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+from sparkgrad.errors import CorruptDataError
+
+FORMAT_VERSION = 1
+DATA_FORMAT = "sparkgrad-network"
+_VERSION_KEY = "sparkgradFormat"
+
+
+def _hadoop_exists(spark: Any, path: str) -> bool:
+    jvm = spark.sparkContext._jvm
+    jpath = jvm.org.apache.hadoop.fs.Path(path)
+    return bool(jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(jpath))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ModelWriter(MLWriter):
+    """Writes a sparkgrad model: params metadata, then the network as one Parquet row."""
+
+    def __init__(self, instance: Any) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        spark = self.sparkSession
+        if not self.shouldOverwrite and _hadoop_exists(spark, path):
+            raise FileExistsError(f"{path}: exists already; use model.write().overwrite().save(path)")
+        network = self.instance.network
+        DefaultParamsWriter.saveMetadata(
+            self.instance, path, spark, extraMetadata={_VERSION_KEY: FORMAT_VERSION}
+        )
+        buffer = io.BytesIO()
+        network.save(buffer)
+        row = (DATA_FORMAT, bytearray(buffer.getvalue()))
+        frame = spark.createDataFrame([row], schema="format string, network binary")
+        frame.coalesce(1).write.parquet(os.path.join(path, "data"))
+
+
+class ModelReader(MLReader):
+    """Reads a model written by :class:`ModelWriter` into an instance of ``cls``, checking every part."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        """Load the model saved at ``path``.
+
+        Raises:
+            FileNotFoundError: nothing is saved at ``path``.
+            CorruptDataError: a damaged or foreign directory (names the path and the part).
+        """
+        from pyspark.errors import AnalysisException
+
+        spark = self.sparkSession
+        if not _hadoop_exists(spark, path):
+            raise FileNotFoundError(f"{path}: no saved model there")
+        try:
+            metadata = DefaultParamsReader.loadMetadata(path, spark)
+        except (AnalysisException, ValueError, TypeError, KeyError) as exc:
+            raise CorruptDataError(f"{path}/metadata: not Spark ML metadata: {_first_line(exc)}") from None
+        instance = self._instance(path, metadata)
+        instance._attach(self._network(path, spark, instance))
+        return instance
+
+    def _instance(self, path: str, metadata: Any) -> Any:
+        where = f"{path}/metadata"
+        expected = f"{self.cls.__module__}.{self.cls.__name__}"
+        if not isinstance(metadata, dict) or metadata.get("class") != expected:
+            found = metadata.get("class") if isinstance(metadata, dict) else type(metadata).__name__
+            raise CorruptDataError(f"{where}: class {found!r}, expected {expected}")
+        if metadata.get(_VERSION_KEY) != FORMAT_VERSION:
+            raise CorruptDataError(
+                f"{where}: {_VERSION_KEY} {metadata.get(_VERSION_KEY)!r}, this release reads {FORMAT_VERSION}"
+            )
+        instance = self.cls()
+        try:
+            instance._resetUid(str(metadata["uid"]))
+            DefaultParamsReader.getAndSetParams(instance, metadata)
+        except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as exc:
+            raise CorruptDataError(f"{where}: params do not load: {_first_line(exc)}") from None
+        if not instance.isDefined(instance.networkConf):
+            raise CorruptDataError(f"{where}: no networkConf param")
+        return instance
+
+    def _network(self, path: str, spark: Any, instance: Any) -> Any:
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
+
+        from sparkgrad.nn import MultiLayerNetwork
+
+        where = os.path.join(path, "data")
+        try:
+            frame = spark.read.parquet(where)
+            rows = frame.collect()
+        except (PySparkException, Py4JJavaError) as exc:
+            raise CorruptDataError(f"{where}: cannot be read as Parquet: {_first_line(exc)}") from None
+        if frame.columns != ["format", "network"] or len(rows) != 1:
+            raise CorruptDataError(
+                f"{where}: expected one row of (format, network), found {len(rows)} rows of {frame.columns}"
+            )
+        fmt, blob = rows[0]
+        if fmt != DATA_FORMAT or not isinstance(blob, (bytes, bytearray)):
+            raise CorruptDataError(
+                f"{where}: format {fmt!r} with {type(blob).__name__} data, expected {DATA_FORMAT}"
+            )
+        source = io.BytesIO(bytes(blob))
+        source.name = where  # the network reader names the file in its errors
+        network = MultiLayerNetwork.load(source)
+        if network.conf != instance.network_configuration():
+            raise CorruptDataError(
+                f"{where}: the network's configuration differs from networkConf in the metadata"
+            )
+        return network
+
+
+__all__ = ["DATA_FORMAT", "FORMAT_VERSION", "ModelReader", "ModelWriter"]

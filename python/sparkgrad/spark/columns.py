@@ -1,0 +1,411 @@
+"""DataFrame columns and MLlib vectors/matrices as network inputs and outputs.
+
+One conversion serves ``SparkMultiLayer.fit(dataframe)``, the :mod:`sparkgrad.ml` estimators and
+their models' ``transform``: the driver checks the columns' types and turns them into numeric arrays
+on the JVM (``vector_to_array`` for Vector columns, a cast for array and number columns); the
+executors receive them as Arrow record batches (``mapInArrow``) and convert each batch with a few
+vectorised NumPy operations, never row by row. Features of one example are reshaped to what the
+network's input type takes (``(channels, height, width)`` for convolutional input); labels are class
+indices (one-hot encoded here), or a Vector/array of one value per network output.
+
+Needs pyarrow (the ``spark`` extra) and pyspark 4.0 or later, whose Arrow transfer carries Vector
+(user-defined type) columns through ``mapInArrow`` unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparkgrad.spark.partitioning import rebatch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import RDD
+    from pyspark.sql import Column, DataFrame
+
+    from sparkgrad.nn import MultiLayerConfiguration
+
+# examples per output record batch of the DataFrame -> DataSet conversion
+_RECORD_EXAMPLES = 4096
+# examples per forward pass in transform: bounds the activations' memory for large images
+PREDICT_CHUNK = 512
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+
+
+def is_dataframe(value: Any) -> bool:
+    """True for a pyspark DataFrame (without importing pyspark.sql for other values)."""
+    return type(value).__name__ == "DataFrame" and type(value).__module__.startswith("pyspark.sql")
+
+
+def example_shape(conf: MultiLayerConfiguration) -> tuple[int, ...]:
+    """Shape of one example's features as a network built from ``conf`` takes them from a column.
+
+    Raises:
+        ValueError: recurrent input (sequences of any length are not one fixed-size column).
+    """
+    it = conf.input_type
+    if it is None:
+        return (int(conf.layers[0].n_in),)
+    if it.kind == "recurrent":
+        raise ValueError(
+            f"network: recurrent input {it.describe()} does not fit a DataFrame column of one vector per "
+            "example; train on an RDD of DataSets with (batch, size, time) features instead"
+        )
+    return it.shape() if it.kind == "convolutional" else (it.size,)
+
+
+def _col(name: str) -> Column:
+    """The top-level column ``name`` (dots and backticks in the name taken literally)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _field(df: DataFrame, name: Any, what: str) -> Any:
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: expected a column name, got {type(name).__name__}")
+    for field in df.schema.fields:
+        if field.name == name:
+            return field
+    raise ValueError(f"{what}: no column {name!r} in the DataFrame (columns: {', '.join(df.columns)})")
+
+
+def _is_vector(data_type: Any) -> bool:
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.mllib.linalg import VectorUDT as MLlibVectorUDT
+
+    return isinstance(data_type, (VectorUDT, MLlibVectorUDT))
+
+
+def _spark_float(dtype: str) -> Any:
+    from pyspark.sql import types as T
+
+    return T.FloatType() if dtype == "float32" else T.DoubleType()
+
+
+def features_column(df: DataFrame, name: str, dtype: str, what: str) -> Column:
+    """Column ``name`` of ``df`` (a Vector or an array of numbers) as an array of ``dtype`` values.
+
+    Raises:
+        ValueError: no such column.
+        TypeError: the column holds something else.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import types as T
+
+    data_type = _field(df, name, what).dataType
+    if _is_vector(data_type):
+        return vector_to_array(_col(name), dtype)
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.NumericType):
+        return _col(name).cast(T.ArrayType(_spark_float(dtype)))
+    raise TypeError(
+        f"{what}: column {name!r} has type {data_type.simpleString()}, expected a Vector or an array of "
+        "numbers (VectorAssembler builds a Vector column from number columns)"
+    )
+
+
+def labels_column(df: DataFrame, name: str, dtype: str, n_out: int, task: str, what: str) -> Column:
+    """Column ``name`` as what :func:`label_matrix` reads: a double per row or an array of ``dtype``.
+
+    Args:
+        df: the DataFrame.
+        name: the label column: numbers (class indices for classification, the value for regression)
+            or a Vector / array of ``n_out`` values per row.
+        dtype: the network's dtype.
+        n_out: the network's outputs.
+        task: :data:`CLASSIFICATION` or :data:`REGRESSION`.
+        what: the argument name for messages.
+
+    Raises:
+        ValueError: no such column, or numbers for a regression with several outputs.
+        TypeError: the column holds something else.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import types as T
+
+    data_type = _field(df, name, what).dataType
+    if _is_vector(data_type):
+        return vector_to_array(_col(name), dtype)
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.NumericType):
+        return _col(name).cast(T.ArrayType(_spark_float(dtype)))
+    if isinstance(data_type, T.NumericType):
+        if task == REGRESSION and n_out != 1:
+            raise ValueError(
+                f"{what}: column {name!r} holds one number per row but the network has {n_out} outputs; "
+                f"use a Vector or array column of {n_out} values"
+            )
+        return _col(name).cast(T.DoubleType())
+    raise TypeError(
+        f"{what}: column {name!r} has type {data_type.simpleString()}, expected numbers or a Vector / "
+        "array of numbers"
+    )
+
+
+def arrow_rows(column: pa.Array | pa.ChunkedArray, width: int, dtype: str, what: str) -> np.ndarray:
+    """A list column of ``width`` numbers per row as an ``(rows, width)`` array of ``dtype``.
+
+    Raises:
+        ValueError: null rows or values, or rows of another length.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise ValueError(f"{what}: {column.null_count} rows are null")
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(lengths != width)
+    if wrong.size:
+        raise ValueError(
+            f"{what}: {wrong.size} rows do not have {width} values (one has {lengths[wrong[0]]}); "
+            f"the network takes {width} per example"
+        )
+    values = column.flatten()
+    if values.null_count:
+        raise ValueError(f"{what}: {values.null_count} values inside the arrays are null")
+    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(column), width)
+
+
+def label_matrix(
+    column: pa.Array | pa.ChunkedArray, n_out: int, task: str, dtype: str, what: str
+) -> np.ndarray:
+    """Labels of a record batch as the network's ``(rows, n_out)`` targets.
+
+    A list column is taken as is (``n_out`` values per row). Numbers are, for classification, class
+    indices, one-hot encoded (``n_out`` 1: a binary 0/1 label used as is) and, for regression, the
+    value of the single output.
+
+    Raises:
+        ValueError: nulls, rows of another length, or class indices that are not integers in range.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return arrow_rows(column, n_out, dtype, what)
+    if column.null_count:
+        raise ValueError(f"{what}: {column.null_count} labels are null")
+    values = column.to_numpy(zero_copy_only=False)
+    if task == REGRESSION:
+        if not np.isfinite(values).all():
+            raise ValueError(f"{what}: labels must be finite, found {values[~np.isfinite(values)][:5]}")
+        return values.astype(dtype).reshape(-1, 1)
+    classes = max(n_out, 2)
+    with np.errstate(invalid="ignore"):  # NaN compares False: reported below, not warned about
+        bad = ~((values >= 0) & (values < classes) & (values == np.floor(values)))
+    if bad.any():
+        raise ValueError(f"{what}: class labels must be integers in [0, {classes}), found {values[bad][:5]}")
+    if n_out == 1:
+        return values.astype(dtype).reshape(-1, 1)
+    return np.eye(n_out, dtype=dtype)[values.astype(np.int64)]
+
+
+def _map_in_arrow(df: DataFrame, fn: Callable[[Iterator[Any]], Iterator[Any]], schema: Any) -> DataFrame:
+    """``df.mapInArrow(fn, schema)``; pyspark's warning about pandas 3 is dropped: this path does not use
+    pandas (pyspark only checks that it is installed)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+        )
+        return df.mapInArrow(fn, schema)
+
+
+def dataframe_datasets(
+    df: DataFrame,
+    features_col: str,
+    label_col: str,
+    conf: MultiLayerConfiguration,
+    examples_per_dataset: int,
+    task: str | None = None,
+    names: tuple[str, str] = ("features_col", "label_col"),
+) -> RDD:
+    """The RDD of DataSets that training on ``df`` uses: ``examples_per_dataset`` examples each.
+
+    Every partition of ``df`` becomes DataSets of its rows, in order (the last one of a partition may
+    be smaller), converted per Arrow batch on the executors; nothing is collected to the driver.
+
+    Args:
+        df: the training DataFrame.
+        features_col: a Vector or array column of the features, ``prod(example_shape(conf))`` values
+            per row (an image's values in channels, height, width order).
+        label_col: class indices or values (see :func:`label_matrix`), or a Vector/array column of
+            one value per network output.
+        conf: the network's configuration.
+        examples_per_dataset: examples per DataSet of the result (the training master's
+            ``rdd_data_set_num_examples``).
+        task: :data:`CLASSIFICATION` or :data:`REGRESSION`; default classification for networks with
+            several outputs, regression for one.
+        names: how messages call the features and label column arguments.
+
+    Returns:
+        RDD of DataSets.
+
+    Raises:
+        ValueError / TypeError: missing columns, columns of the wrong type, recurrent input (names
+            the column or the network). Bad values (nulls, rows of another length, class indices out
+            of range) fail the job that first reads them, with a message naming the column.
+    """
+    from pyspark.sql import types as T
+
+    from sparkgrad.data import DataSet
+
+    shape = example_shape(conf)
+    width = math.prod(shape)
+    n_out = int(conf.output_type.size)
+    task = task or (CLASSIFICATION if n_out > 1 else REGRESSION)
+    dtype = conf.dtype
+    feature_what = f"{names[0]} {features_col!r}"
+    label_what = f"{names[1]} {label_col!r}"
+    selected = df.select(
+        features_column(df, features_col, dtype, names[0]).alias("features"),
+        labels_column(df, label_col, dtype, n_out, task, names[1]).alias("labels"),
+    )
+
+    def batches_to_datasets(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        def datasets() -> Iterator[DataSet]:
+            for batch in batches:
+                x = arrow_rows(batch.column(0), width, dtype, feature_what).reshape(-1, *shape)
+                yield DataSet(x, label_matrix(batch.column(1), n_out, task, dtype, label_what))
+
+        records: list[bytes] = []
+        for ds in rebatch(datasets(), examples_per_dataset):
+            records.append(ds.to_bytes())
+            if len(records) * examples_per_dataset >= _RECORD_EXAMPLES:
+                yield pa.record_batch([pa.array(records, pa.binary())], names=["dataset"])
+                records = []
+        if records:
+            yield pa.record_batch([pa.array(records, pa.binary())], names=["dataset"])
+
+    converted = _map_in_arrow(
+        selected, batches_to_datasets, T.StructType([T.StructField("dataset", T.BinaryType(), False)])
+    )
+    return converted.rdd.map(lambda row: DataSet.from_bytes(row[0], source="DataFrame conversion"))
+
+
+def with_network_outputs(
+    df: DataFrame,
+    features_col: str,
+    conf: MultiLayerConfiguration,
+    network_of: Callable[[], Any],
+    outputs: Callable[[np.ndarray], dict[str, np.ndarray]],
+    columns: list[tuple[str, bool]],
+) -> DataFrame:
+    """``df`` with columns computed from the network's output appended, in vectorised batches.
+
+    Args:
+        df: the input DataFrame (all its columns are kept).
+        features_col: the features column (as for :func:`dataframe_datasets`).
+        conf: the network's configuration.
+        network_of: called on an executor, returns the network (e.g. from a broadcast, cached there).
+        outputs: ``outputs(network output of a batch)`` -> ``{column name: values}``, a 1-D array per
+            number column and a 2-D array per vector column.
+        columns: ``(name, is_vector)`` of the new columns, in order; vector columns become ml Vectors.
+
+    Returns:
+        The DataFrame (lazy: computed when an action runs).
+
+    Raises:
+        ValueError: an output column exists already, or a features column problem as in
+            :func:`dataframe_datasets`.
+    """
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import types as T
+
+    for name, _ in columns:
+        if name in df.columns:
+            raise ValueError(f"output column {name!r} already exists in the DataFrame")
+    shape = example_shape(conf)
+    width = math.prod(shape)
+    dtype = conf.dtype
+    n_out = int(conf.output_type.size)
+    what = f"featuresCol {features_col!r}"
+    temp = f"__sparkgrad_features_{uuid.uuid4().hex}"
+    source = df.withColumn(temp, features_column(df, features_col, dtype, "featuresCol"))
+    kept = len(df.columns)
+    new_fields = [
+        T.StructField(name, T.ArrayType(T.DoubleType(), False) if vector else T.DoubleType(), False)
+        for name, vector in columns
+    ]
+
+    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        net = network_of()
+        for batch in batches:
+            x = arrow_rows(batch.column(kept), width, dtype, what).reshape(-1, *shape)
+            chunks = [net.output(x[i : i + PREDICT_CHUNK]) for i in range(0, len(x), PREDICT_CHUNK)]
+            values = outputs(np.concatenate(chunks) if chunks else np.empty((0, n_out)))
+            arrays = [batch.column(i) for i in range(kept)]
+            for name, vector in columns:
+                v = np.ascontiguousarray(values[name], dtype=np.float64)
+                if vector:
+                    offsets = pa.array(np.arange(0, v.size + 1, v.shape[1], dtype=np.int32))
+                    arrays.append(pa.ListArray.from_arrays(offsets, pa.array(v.ravel())))
+                else:
+                    arrays.append(pa.array(v))
+            yield pa.RecordBatch.from_arrays(
+                arrays, names=batch.schema.names[:kept] + [n for n, _ in columns]
+            )
+
+    mapped = _map_in_arrow(source, predict, T.StructType(df.schema.fields + new_fields))
+    return mapped.select(
+        *[_col(c) for c in df.columns],
+        *[array_to_vector(_col(n)).alias(n) if vector else _col(n) for n, vector in columns],
+    )
+
+
+def linalg_rows(value: Any, conf: MultiLayerConfiguration, what: str) -> tuple[np.ndarray, bool, Any]:
+    """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes.
+
+    Returns:
+        ``(batch, single, module)``: the features ``(n, *example_shape)`` in the network's dtype,
+        whether ``value`` was one example, and the linalg module (``pyspark.ml.linalg`` or
+        ``pyspark.mllib.linalg``) the result should be returned in.
+
+    Raises:
+        TypeError: not a Vector or Matrix.
+        ValueError: a length that does not fit the network.
+    """
+    from pyspark.ml import linalg as ml
+    from pyspark.mllib import linalg as mllib
+
+    module = None
+    for candidate in (ml, mllib):
+        if isinstance(value, (candidate.Vector, candidate.Matrix)):
+            module = candidate
+    if module is None:
+        raise TypeError(
+            f"{what}: expected a pyspark.ml.linalg / pyspark.mllib.linalg Vector or Matrix, "
+            f"got {type(value).__name__}"
+        )
+    single = isinstance(value, module.Vector)
+    rows = np.atleast_2d(value.toArray())
+    shape = example_shape(conf)
+    width = math.prod(shape)
+    if rows.shape[1] != width:
+        kind = "the vector has" if single else "the matrix rows have"
+        raise ValueError(f"{what}: {kind} {rows.shape[1]} values, the network takes {width} per example")
+    return rows.astype(conf.dtype).reshape(-1, *shape), single, module
+
+
+__all__ = [
+    "CLASSIFICATION",
+    "REGRESSION",
+    "dataframe_datasets",
+    "example_shape",
+    "features_column",
+    "is_dataframe",
+    "label_matrix",
+    "labels_column",
+    "linalg_rows",
+    "with_network_outputs",
+]

@@ -1,0 +1,312 @@
+"""sparkgrad.ml: the estimators in Pipelines and CrossValidator, the evaluators, transform and persistence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.ml import Pipeline
+from pyspark.ml.evaluation import (
+    BinaryClassificationEvaluator,
+    MulticlassClassificationEvaluator,
+    RegressionEvaluator,
+)
+from pyspark.ml.feature import StandardScaler, VectorAssembler
+from pyspark.ml.linalg import Vectors
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+from sparkgrad.errors import CorruptDataError
+from sparkgrad.ml import (
+    SparkgradClassificationModel,
+    SparkgradClassifier,
+    SparkgradRegressionModel,
+    SparkgradRegressor,
+)
+from sparkgrad.nn import (
+    ConvolutionLayer,
+    DenseLayer,
+    InputType,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+)
+from sparkgrad.nn.updaters import Adam
+from sparkgrad.spark import ParameterAveragingTrainingMaster
+
+# float32 network outputs compared after a different batching: a few ulps per accumulated term
+OUTPUT_TOL = 64 * float(np.finfo(np.float32).eps)
+COLUMNS = ["a", "b", "c", "d"]
+
+
+def _blobs(spark, n: int, classes: int, seed: int):
+    """Separated Gaussian blobs in 4 columns of very different scales, labels 0..classes-1."""
+    rng = np.random.default_rng(seed)
+    label = np.arange(n) % classes
+    centres = rng.normal(size=(classes, 4)) * 3
+    x = (centres[label] + rng.normal(size=(n, 4)) * 0.5) * [1, 10, 100, 0.1]
+    rows = [(*map(float, r), float(c)) for r, c in zip(x, label)]
+    return spark.createDataFrame(rows, [*COLUMNS, "label"])
+
+
+def _conf(
+    n_in: int,
+    n_out: int,
+    activation: str = "softmax",
+    loss: str = "mcxent",
+    hidden: int = 16,
+    lr: float = 5e-2,
+):
+    layers = [OutputLayer(n_out, activation=activation, loss=loss)]
+    if hidden:
+        layers.insert(0, DenseLayer(hidden, activation="tanh"))
+    return MultiLayerConfiguration(layers, input_type=InputType.feed_forward(n_in), updater=Adam(lr), seed=7)
+
+
+def _master() -> ParameterAveragingTrainingMaster:
+    # one averaging round per epoch and no repartitioning: fewer Spark jobs per fit
+    return ParameterAveragingTrainingMaster(averaging_frequency=10, repartition="never", rng_seed=3)
+
+
+def _rows(frame, *cols: str) -> list[np.ndarray]:
+    rows = frame.select(*cols).collect()
+    return [np.array([_value(r[i]) for r in rows], dtype=np.float64) for i in range(len(cols))]
+
+
+def _value(v):
+    return v.toArray() if hasattr(v, "toArray") else v
+
+
+@pytest.fixture(scope="module")
+def fitted(spark):
+    """A Pipeline (VectorAssembler, StandardScaler, SparkgradClassifier) fitted on 3 blobs."""
+    df = _blobs(spark, 240, 3, seed=0)
+    classifier = SparkgradClassifier(
+        networkConf=_conf(4, 3), trainingMaster=_master(), epochs=2, batchSize=16
+    )
+    pipeline = Pipeline(
+        stages=[
+            VectorAssembler(inputCols=COLUMNS, outputCol="raw"),
+            StandardScaler(inputCol="raw", outputCol="features", withMean=True),
+            classifier,
+        ]
+    )
+    return pipeline.fit(df), df
+
+
+def test_pipeline_classifier_columns_match_the_network_and_multiclass_evaluator(fitted) -> None:
+    model, df = fitted
+    out = model.transform(df).cache()
+    x, label, prediction, probability, raw = _rows(
+        out, "features", "label", "prediction", "probability", "rawPrediction"
+    )
+    classifier = model.stages[-1]
+    assert isinstance(classifier, SparkgradClassificationModel)
+    assert (classifier.numClasses, classifier.numFeatures) == (3, 4)
+    expected = classifier.network.output(x.astype(np.float32)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
+    np.testing.assert_array_equal(raw, probability)
+    np.testing.assert_array_equal(prediction, probability.argmax(1))
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(out)
+    assert accuracy == pytest.approx(np.mean(prediction == label), abs=1e-12)
+    assert accuracy > 0.9  # separated blobs: training worked
+    # logLoss reads probabilityCol (Spark clips probabilities at 1e-15)
+    log_loss = MulticlassClassificationEvaluator(metricName="logLoss").evaluate(out)
+    picked = np.clip(probability[np.arange(len(label)), label.astype(int)], 1e-15, 1 - 1e-15)
+    assert log_loss == pytest.approx(-np.mean(np.log(picked)), rel=1e-9)
+    one = Vectors.dense(x[0])
+    np.testing.assert_allclose(
+        classifier.predictProbability(one).toArray(), probability[0], rtol=0, atol=OUTPUT_TOL
+    )
+    assert classifier.predict(one) == prediction[0]
+    out.unpersist()
+
+
+def test_thresholds_and_disabled_columns(fitted) -> None:
+    model, df = fitted
+    features = model.stages[1].transform(model.stages[0].transform(df))
+    thresholds = [0.5, 0.3, 0.2]
+    classifier = model.stages[-1].copy().setThresholds(thresholds).setRawPredictionCol("")
+    out = classifier.transform(features)
+    assert "rawPrediction" not in out.columns
+    prediction, probability = _rows(out, "prediction", "probability")
+    np.testing.assert_array_equal(prediction, (probability / thresholds).argmax(1))
+    with pytest.raises(ValueError, match="thresholds: expected 3 finite values"):
+        classifier.setThresholds([0.5, 0.5]).transform(features)
+    with pytest.raises(ValueError, match="output column 'probability' already exists"):
+        model.stages[-1].transform(model.transform(df).drop("prediction", "rawPrediction"))
+
+
+def test_cross_validator_binary_sigmoid_classifier(spark) -> None:
+    df = _blobs(spark, 160, 2, seed=1)
+    classifier = SparkgradClassifier(
+        networkConf=_conf(4, 1, activation="sigmoid", loss="xent", hidden=0, lr=0.2),
+        trainingMaster=_master(),
+        batchSize=32,
+    )
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=COLUMNS, outputCol="features"), classifier])
+    grid = ParamGridBuilder().addGrid(classifier.batchSize, [16, 32]).build()
+    evaluator = BinaryClassificationEvaluator()  # areaUnderROC of rawPrediction[1]
+    cv = CrossValidator(estimator=pipeline, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=5)
+    cv_model = cv.fit(df)
+    assert len(cv_model.avgMetrics) == 2
+    best = int(np.argmax(cv_model.avgMetrics))
+    best_classifier = cv_model.bestModel.stages[-1]
+    assert best_classifier.getBatchSize() == grid[best][classifier.batchSize]
+    out = cv_model.transform(df)
+    x, label, probability, prediction = _rows(out, "features", "label", "probability", "prediction")
+    p = best_classifier.network.output(x.astype(np.float32))[:, 0].astype(np.float64)
+    np.testing.assert_allclose(probability, np.stack([1 - p, p], axis=1), rtol=0, atol=OUTPUT_TOL)
+    np.testing.assert_array_equal(prediction, (probability[:, 1] > probability[:, 0]).astype(float))
+    # the evaluator's AUC is the Mann-Whitney statistic (ties count half)
+    pos, neg = probability[label == 1, 1], probability[label == 0, 1]
+    wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert evaluator.evaluate(out) == pytest.approx(wins / (pos.size * neg.size), abs=1e-12)
+
+
+def test_regressor_with_regression_evaluator(spark) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(192, 3))
+    y = x @ [2.0, -1.0, 0.5] + 0.5 + rng.normal(size=192) * 0.05
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(x, y)], ["features", "label"])
+    regressor = SparkgradRegressor(
+        networkConf=_conf(3, 1, activation="identity", loss="mse", hidden=0, lr=0.1),
+        trainingMaster=_master(),
+        epochs=4,
+        batchSize=16,
+    )
+    model = regressor.fit(df)
+    assert isinstance(model, SparkgradRegressionModel)
+    out = model.transform(df)
+    label, prediction = _rows(out, "label", "prediction")
+    expected = model.network.output(x.astype(np.float32))[:, 0].astype(np.float64)
+    np.testing.assert_allclose(prediction, expected, rtol=0, atol=OUTPUT_TOL * np.abs(expected).max())
+    assert model.predict(Vectors.dense(x[0])) == pytest.approx(prediction[0], rel=OUTPUT_TOL)
+    rmse = RegressionEvaluator(metricName="rmse").evaluate(out)
+    assert rmse == pytest.approx(np.sqrt(np.mean((prediction - label) ** 2)), rel=1e-9)
+    r2 = RegressionEvaluator(metricName="r2").evaluate(out)
+    assert r2 > 0.9  # a linear target: training worked
+
+
+def test_models_and_estimators_save_and_load_on_hadoop_paths(spark, fitted, tmp_path) -> None:
+    # a PipelineModel holding a sparkgrad model saves and loads in the README snippet's test
+    model, df = fitted
+    classifier = model.stages[-1]
+    path = f"{tmp_path.as_uri()}/classifier"
+    classifier.write().save(path)
+    loaded = SparkgradClassificationModel.load(path)
+    assert loaded.uid == classifier.uid
+    assert {p.name: v for p, v in loaded.extractParamMap().items()} == {
+        p.name: v for p, v in classifier.extractParamMap().items()
+    }
+    np.testing.assert_array_equal(loaded.network.params(), classifier.network.params())
+    with pytest.raises(FileExistsError, match="overwrite"):
+        classifier.write().save(path)
+    classifier.write().overwrite().save(path)
+
+    features = model.stages[1].transform(model.stages[0].transform(df))
+    (a,) = _rows(classifier.transform(features), "probability")
+    (b,) = _rows(loaded.transform(features), "probability")
+    np.testing.assert_array_equal(a, b)
+
+    estimator_path = str(tmp_path / "estimator")
+    estimator = SparkgradClassifier(networkConf=_conf(4, 3), trainingMaster=_master(), epochs=3)
+    estimator.save(estimator_path)
+    again = SparkgradClassifier.load(estimator_path)
+    assert {p.name: v for p, v in again.extractParamMap().items()} == {
+        p.name: v for p, v in estimator.extractParamMap().items()
+    }
+
+
+def test_damaged_or_foreign_saved_models_raise_corrupt_data_error(spark, fitted, tmp_path) -> None:
+    classifier = fitted[0].stages[-1]
+    path = str(tmp_path / "m")
+    classifier.write().save(path)
+    with pytest.raises(
+        CorruptDataError, match=r"/m/metadata: class 'sparkgrad.ml.estimators.SparkgradClassificationModel'"
+    ):
+        SparkgradRegressionModel.load(path)
+    with pytest.raises(FileNotFoundError):
+        SparkgradClassificationModel.load(str(tmp_path / "missing"))
+
+    # network bytes with one byte flipped: the zip's checks name the data directory
+    row = spark.read.parquet(f"{path}/data").collect()[0]
+    blob = bytearray(row.network)
+    blob[len(blob) // 2] ^= 0xFF
+    spark.createDataFrame([(row.format, blob)], "format string, network binary").write.mode(
+        "overwrite"
+    ).parquet(f"{path}/data")
+    with pytest.raises(CorruptDataError, match="/m/data"):
+        SparkgradClassificationModel.load(path)
+    spark.createDataFrame([("x", 1)], "format string, other int").write.mode("overwrite").parquet(
+        f"{path}/data"
+    )
+    with pytest.raises(CorruptDataError, match=r"/m/data: expected one row of \(format, network\)"):
+        SparkgradClassificationModel.load(path)
+
+    # metadata naming another network than the saved one
+    other = classifier.copy()
+    other.set(other.networkConf, _conf(4, 3, hidden=5).to_json())
+    other.write().overwrite().save(path)
+    with pytest.raises(CorruptDataError, match="differs from networkConf"):
+        SparkgradClassificationModel.load(path)
+
+
+def test_estimator_params_fail_early_with_their_names(spark) -> None:
+    df = _blobs(spark, 8, 2, seed=3)
+    with pytest.raises(TypeError, match='param "networkConf"'):
+        SparkgradClassifier(networkConf=42)
+    with pytest.raises(TypeError, match='param "trainingMaster"'):
+        SparkgradClassifier(trainingMaster="{}")
+    with pytest.raises(ValueError, match="networkConf: not set"):
+        SparkgradClassifier().fit(df)
+    identity = _conf(4, 3, activation="identity", loss="mse")
+    with pytest.raises(ValueError, match="networkConf: a classifier's output layer must be softmax"):
+        SparkgradClassifier(networkConf=identity).fit(df)
+    with pytest.raises(ValueError, match="epochs"):
+        SparkgradClassifier(networkConf=_conf(4, 3), epochs=0).fit(df)
+    with pytest.raises(ValueError, match="featuresCol: no column 'features'"):
+        SparkgradClassifier(networkConf=_conf(4, 3)).fit(df)
+    with pytest.raises(ValueError, match="no network"):
+        SparkgradClassificationModel().transform(df)
+
+
+def test_image_columns_are_reshaped_by_the_input_type(spark, digits) -> None:
+    conf = MultiLayerConfiguration(
+        [ConvolutionLayer(3, kernel_size=(3, 3), activation="relu"), OutputLayer(10)],
+        input_type=InputType.convolutional(8, 8, 1),
+        seed=4,
+    )
+    network = MultiLayerNetwork(conf).init()
+    x = digits[1].features[:30]
+    df = spark.createDataFrame([(r.tolist(),) for r in x], ["pixels"])
+    model = SparkgradClassificationModel(network).setFeaturesCol("pixels")
+    (probability,) = _rows(model.transform(df), "probability")
+    expected = network.output(x.reshape(-1, 1, 8, 8)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
+    # a network changed in place is broadcast again, never served stale
+    network.set_params(network.params() * 0.5)
+    (probability,) = _rows(model.transform(df), "probability")
+    expected = network.output(x.reshape(-1, 1, 8, 8)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
+
+
+def _readme_snippet(heading: str) -> str:
+    """The first Python block of the README section ``heading``."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_readme_dataframe_snippet_runs(spark, tmp_path, capsys) -> None:
+    snippet = _readme_snippet("DataFrames and Spark ML pipelines")
+    # a relative Hadoop path resolves against the JVM's directory: save under tmp_path instead
+    assert snippet.count('"digits-pipeline"') == 2
+    snippet = snippet.replace('"digits-pipeline"', repr((tmp_path / "digits-pipeline").as_uri()))
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert namespace["accuracy"] > 0.9
+    assert f"test accuracy {namespace['accuracy']:.4f}" in capsys.readouterr().out
+    saved = namespace["reloaded"].stages[-1]
+    assert isinstance(saved, SparkgradClassificationModel)
+    np.testing.assert_array_equal(saved.network.params(), namespace["network"].params())
