@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkgrad.spark.partitioning import rebatch
+from sparkgrad.data import rebatch
 
 if TYPE_CHECKING:
     import pyarrow as pa
