@@ -15,6 +15,11 @@ Sequence runtime interface (layers whose config has ``takes_sequences``), used b
 
 Masked steps follow DL4J: a recurrent layer's output and state are multiplied by the mask, so a masked
 step outputs zero and the next present step starts from a zero state; its gradient is zero there.
+
+Both network types run every layer through :func:`layer_forward` / :func:`layer_backward` (recurrent
+layers see sequences, other layers given sequences run at every time step on (N*T, C) rows with their
+masked steps zeroed) and read sequence data through :func:`sequence_features`, :func:`sequence_mask`
+and :func:`steps_to_rows`.
 """
 
 from __future__ import annotations
@@ -305,4 +310,131 @@ def build_sequence_runtime(
     return _SEQUENCE_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
 
 
-__all__ = ["SequenceRuntime", "build_sequence_runtime"]
+class LayerTrace:
+    """What :func:`layer_forward` keeps for :func:`layer_backward`: the runtime's output shape and the
+    per-step mask (N*T, 1) of a per-step layer on masked sequences (None otherwise)."""
+
+    __slots__ = ("out_shape", "step_mask")
+
+    def __init__(self, out_shape: tuple[int, ...], step_mask: np.ndarray | None) -> None:
+        self.out_shape, self.step_mask = out_shape, step_mask
+
+
+def layer_forward(
+    rt: Any,
+    layer: L.Layer,
+    x: np.ndarray,
+    sequence: bool,
+    mask: np.ndarray | None,
+    train: bool,
+    seed: int,
+    preout: bool = False,
+    stateful: bool = False,
+    backward_steps: int | None = None,
+) -> tuple[np.ndarray, LayerTrace]:
+    """One layer's forward pass in a network (DL4J's automatic preprocessing and per-step masking).
+
+    Args:
+        rt: the layer's runtime.
+        layer: its configuration.
+        x: its input: (N, T, C) when ``sequence`` (recurrent input type), else (N, ...).
+        sequence: whether the input is recurrent.
+        mask: the features mask (N, T) of sequence input, or None.
+        train, seed: training mode and dropout seed.
+        preout: return the output layer's pre-activation (as output rows) instead of its output.
+        stateful, backward_steps: passed to recurrent layers (``rnn_time_step``, truncated BPTT).
+
+    Returns:
+        (the output: (N, T, H) for a sequence output, (N*T, H) rows for a per-step pre-activation, else
+        (N, ...); the trace :func:`layer_backward` needs).
+    """
+    if sequence and layer.takes_sequences:
+        y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
+        return y, LayerTrace(y.shape, None)
+    step_mask = None
+    if sequence:  # one row per time step
+        n, t = x.shape[:2]
+        x = x.reshape(n * t, -1)
+        step_mask = None if mask is None else mask.reshape(-1, 1)
+    elif x.ndim > 2 and layer.flattens_input:
+        x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
+    if preout:
+        return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask)
+    y = rt.forward(x, train, seed)
+    trace = LayerTrace(y.shape, step_mask)
+    if step_mask is not None:
+        y = y * step_mask  # a new array: the runtime keeps its own output for backward
+    if sequence:
+        y = y.reshape(n, t, -1)
+    return y, trace
+
+
+def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) -> np.ndarray | None:
+    """Backward pass of a layer run by :func:`layer_forward` (not an output layer).
+
+    Args:
+        rt: the layer's runtime.
+        dy: dL/d(output), any shape with the output's element count.
+        trace: what the forward kept.
+        need_dx: whether dL/d(input) is wanted.
+
+    Returns:
+        dL/d(input) in the runtime's input layout (rows for a per-step layer), or None.
+    """
+    dy = dy.reshape(trace.out_shape)
+    if trace.step_mask is not None:  # masked steps of per-step layers get no gradient
+        dy = dy * trace.step_mask
+    return rt.backward(np.ascontiguousarray(dy), need_dx=need_dx)
+
+
+def sequence_features(features: Any, input_type: Any, dtype: np.dtype, where: str) -> np.ndarray:
+    """DL4J's (batch, size, time) features -> the (N, T, C) C-contiguous layout layers see, checked.
+
+    Args:
+        features: the array.
+        input_type: its recurrent InputType (size, optional fixed time steps).
+        dtype: the network dtype.
+        where: the argument named in errors (``features``, ``features[1] (input 'a')``).
+    """
+    x = np.asarray(features, dtype=dtype)
+    if x.ndim != 3 or x.shape[1] != input_type.size or x.shape[2] < 1:
+        raise ValueError(f"{where}: expected shape (batch, {input_type.size}, time), got {x.shape}")
+    if input_type.time_steps is not None and x.shape[2] != input_type.time_steps:
+        raise ValueError(
+            f"{where}: the input type has {input_type.time_steps} time steps but the features have "
+            f"{x.shape[2]}; use InputType.recurrent(size) for variable-length sequences"
+        )
+    return np.ascontiguousarray(x.transpose(0, 2, 1))
+
+
+def sequence_mask(mask: Any, x: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """A features mask (N, T) checked against sequence features ``x`` (N, T, C), in ``dtype``."""
+    m = np.asarray(mask)
+    if m.shape != x.shape[:2]:
+        raise ValueError(f"{where}: expected shape (batch, time) = {x.shape[:2]}, got {m.shape}")
+    m = np.ascontiguousarray(m, dtype=dtype)
+    if not np.isfinite(m).all():
+        raise ValueError(f"{where}: values must be finite (1 = step present, 0 = padding)")
+    return m
+
+
+def steps_to_rows(arr: Any, dtype: np.dtype, where: str, is_mask: bool) -> np.ndarray:
+    """Per-step labels (N, C, T) -> (N*T, C) output rows; a per-step mask (N, T) -> (N*T,)."""
+    a = np.asarray(arr, dtype=dtype)
+    if a.ndim == 3:
+        return np.ascontiguousarray(a.transpose(0, 2, 1).reshape(-1, a.shape[1]))
+    if a.ndim == 2 and is_mask:
+        return np.ascontiguousarray(a.reshape(-1))
+    raise ValueError(f"{where}: expected a per-time-step array for recurrent output, got shape {a.shape}")
+
+
+__all__ = [
+    "LayerTrace",
+    "SequenceRuntime",
+    "build_sequence_runtime",
+    "layer_backward",
+    "layer_forward",
+    "sequence_features",
+    "sequence_mask",
+    "steps_to_rows",
+]

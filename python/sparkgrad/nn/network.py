@@ -16,6 +16,14 @@ import numpy as np
 
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn._recurrent import (
+    LayerTrace,
+    layer_backward,
+    layer_forward,
+    sequence_features,
+    sequence_mask,
+    steps_to_rows,
+)
 from sparkgrad.nn._runtime import OutputRuntime
 from sparkgrad.nn.conf import BackpropType, MultiLayerConfiguration
 from sparkgrad.nn.input_type import InputType
@@ -64,14 +72,7 @@ class MultiLayerNetwork(FlatNetwork):
         it = self.conf.input_type
         expected = it.shape() if it is not None else (self.conf.layers[0].n_in,)
         if it is not None and it.kind == "recurrent":
-            if x.ndim != 3 or x.shape[1] != it.size or x.shape[2] < 1:
-                raise ValueError(f"features: expected shape (batch, {it.size}, time), got {x.shape}")
-            if it.time_steps is not None and x.shape[2] != it.time_steps:
-                raise ValueError(
-                    f"features: the input type has {it.time_steps} time steps but the features have "
-                    f"{x.shape[2]}; use InputType.recurrent(size) for variable-length sequences"
-                )
-            return np.ascontiguousarray(x.transpose(0, 2, 1))
+            return sequence_features(features, it, self.dtype, "features")
         if it is not None and it.kind == "convolutional_flat":
             if x.ndim != 2 or x.shape[1] != it.size:
                 raise ValueError(
@@ -93,28 +94,16 @@ class MultiLayerNetwork(FlatNetwork):
                 "features_mask: only recurrent input (InputType.recurrent) takes a features mask, the "
                 f"network input is {self.conf.layer_input_types[0].describe()}"
             )
-        m = np.asarray(mask)
-        if m.shape != x.shape[:2]:
-            raise ValueError(f"features_mask: expected shape (batch, time) = {x.shape[:2]}, got {m.shape}")
-        m = np.ascontiguousarray(m, dtype=self.dtype)
-        if not np.isfinite(m).all():
-            raise ValueError("features_mask: values must be finite (1 = step present, 0 = padding)")
-        return m
+        return sequence_mask(mask, x, self.dtype, "features_mask")
 
     def _to_steps(self, arr: np.ndarray | None, name: str, n: int) -> np.ndarray | None:
         """Recurrent-output labels (N, C, T) -> (N*T, C); masks (N, T) -> (N*T,); ``n`` rows expected."""
         if arr is None:
             return None
-        a = np.asarray(arr, dtype=self.dtype)
         if self._recurrent_output:
-            if a.ndim == 3:
-                a = a.transpose(0, 2, 1).reshape(-1, a.shape[1])
-            elif a.ndim == 2 and name == "labels_mask":
-                a = a.reshape(-1)
-            else:
-                raise ValueError(
-                    f"{name}: expected a per-time-step array for recurrent output, got shape {a.shape}"
-                )
+            a = steps_to_rows(arr, self.dtype, name, is_mask=name == "labels_mask")
+        else:
+            a = np.asarray(arr, dtype=self.dtype)
         if a.shape[0] != n:
             raise ValueError(f"{name}: has {a.shape[0]} rows but the features give {n}")
         return np.ascontiguousarray(a)
@@ -163,34 +152,16 @@ class MultiLayerNetwork(FlatNetwork):
         """Forward pass. Recurrent activations travel as (N, T, C) with the features mask (N, T); layers
         that are not recurrent run at every step on (N*T, C) rows, their masked steps' outputs zeroed
         (DL4J's per-step masking). Returns the (folded) pre-activation or the activated output."""
-        self._out_shapes = []
-        self._step_masks: list[np.ndarray | None] = []
+        self._traces: list[LayerTrace] = []
         last = len(self._runtimes) - 1
         for i, rt in enumerate(self._runtimes):
-            layer, seq = self.conf.layers[i], self.conf.layer_input_types[i].kind == "recurrent"
-            step_mask = None
-            if seq and layer.takes_sequences:
-                x = rt.forward(
-                    x, train, self._seed(i), mask=mask, stateful=stateful, backward_steps=backward_steps
-                )
-                self._out_shapes.append(x.shape)
-                self._step_masks.append(None)
-                continue
-            if seq:  # one row per time step
-                n, t = x.shape[:2]
-                x = x.reshape(n * t, -1)
-                step_mask = None if mask is None else mask.reshape(-1, 1)
-            elif x.ndim > 2 and layer.flattens_input:
-                x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
-            self._step_masks.append(step_mask)
-            if i == last and not activate_output:
-                return rt.preout(x, train, self._seed(i))
-            x = rt.forward(x, train, self._seed(i))
-            self._out_shapes.append(x.shape)
-            if step_mask is not None:
-                x = x * step_mask  # a new array: the runtime keeps its own output for backward
-            if seq:
-                x = x.reshape(n, t, -1)
+            seq = self.conf.layer_input_types[i].kind == "recurrent"
+            preout = i == last and not activate_output
+            x, trace = layer_forward(
+                rt, self.conf.layers[i], x, seq, mask, train, self._seed(i), preout=preout,
+                stateful=stateful, backward_steps=backward_steps,
+            )  # fmt: skip
+            self._traces.append(trace)
         return x
 
     def _n_examples(self, dataset: Any) -> int:
@@ -201,10 +172,7 @@ class MultiLayerNetwork(FlatNetwork):
         out: OutputRuntime = self._runtimes[-1]
         dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1)
         for i in range(len(self._runtimes) - 2, -1, -1):
-            dy = dy.reshape(self._out_shapes[i])
-            if self._step_masks[i] is not None:  # masked steps of per-step layers get no gradient
-                dy = dy * self._step_masks[i]
-            dy = self._runtimes[i].backward(np.ascontiguousarray(dy), need_dx=i > 0)
+            dy = layer_backward(self._runtimes[i], dy, self._traces[i], need_dx=i > 0)
         for sl, _ in self._stats:
             self._grad[sl] = 0.0
 
