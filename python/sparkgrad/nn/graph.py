@@ -14,8 +14,16 @@ vector with one block per run of consecutive layers sharing an updater (as in Mu
 Data: a DataSet feeds a graph with one input (and one output); a MultiDataSet feeds one features array
 per input and one labels array per output, in the order of ``inputs`` and ``outputs``. The score is
 the sum over the outputs of each output's mean loss (DL4J), plus the l1/l2 penalty once. Each output's
-loss takes its labels mask; without one, the per-example features masks of the inputs it depends on
-(propagated through the vertices, DL4J's rules) mask its loss.
+loss takes its labels mask; without one, the features masks of the inputs it depends on (propagated
+through the vertices, DL4J's rules) mask its loss.
+
+Sequences: recurrent inputs (``InputType.recurrent``) take features (batch, size, time) and masks
+(batch, time). Layers run as in MultiLayerNetwork (:func:`~sparkgrad.nn._recurrent.layer_forward`:
+recurrent layers see the sequence and its mask, other layers run at every time step with masked steps
+zeroed); ``per_step`` vertices run at every time step. A layer passes its input's mask on, except that
+a sequence-to-vector layer (LastTimeStep) ends it; a vertex combines its inputs' masks (``forward_mask``).
+Recurrent outputs (RnnOutputLayer, RnnLossLayer) take labels (batch, n_out, time) and labels masks
+(batch, time); their loss is summed over present steps and divided by the number of sequences.
 """
 
 from __future__ import annotations
@@ -30,6 +38,14 @@ from sparkgrad._config import Config
 from sparkgrad._native import _core
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn._recurrent import (
+    LayerTrace,
+    layer_backward,
+    layer_forward,
+    sequence_features,
+    sequence_mask,
+    steps_to_rows,
+)
 from sparkgrad.nn.conf import check_network_defaults
 from sparkgrad.nn.enums import Activation, WeightInit
 from sparkgrad.nn.input_type import InputType
@@ -93,8 +109,8 @@ class ComputationGraphConfiguration(Config):
         inputs: names of the network inputs, in the order features are given.
         vertices: :class:`VertexSpec` list (any order that defines each name once).
         outputs: names of the output layers, in the order labels are given.
-        input_types: one InputType per input (feed-forward, convolutional or convolutional_flat); they
-            size every layer (``n_in``) and vertex.
+        input_types: one InputType per input (feed-forward, convolutional, convolutional_flat or
+            recurrent); they size every layer (``n_in``) and vertex.
         updater, seed, weight_init, activation, l1, l2, weight_decay, dtype: network-wide defaults.
     """
 
@@ -238,11 +254,6 @@ class ComputationGraphConfiguration(Config):
         for name, t in zip(self.inputs, self.input_types):
             if not isinstance(t, InputType):
                 raise ValueError(f"input_types: input {name!r}: expected an InputType, got {t!r}")
-            if t.kind == "recurrent":
-                raise ValueError(
-                    f"input_types: input {name!r}: ComputationGraph takes feed-forward and convolutional "
-                    "inputs, got recurrent"
-                )
 
     def _infer_types(self) -> None:
         out: dict[str, InputType] = {}
@@ -256,11 +267,31 @@ class ComputationGraphConfiguration(Config):
             types = [out[i] for i in spec.inputs]
             in_types[name] = types
             if spec.is_layer:
-                spec.vertex, out[name] = spec.vertex.infer(name, types[0])
+                spec.vertex, out[name] = L.infer_layer(name, spec.vertex, types[0])
             else:
-                out[name] = spec.vertex.infer(name, types)
+                out[name] = self._infer_vertex(spec, types)
         self.vertex_input_types = in_types
         self.output_types = out
+
+    @staticmethod
+    def _infer_vertex(spec: VertexSpec, types: list[InputType]) -> InputType:
+        """A vertex's output type; recurrent inputs run a ``per_step`` vertex at every time step."""
+        vertex = spec.vertex
+        recurrent = [t.kind == "recurrent" for t in types]
+        if not any(recurrent):
+            return vertex.infer(spec.name, types)
+        described = ", ".join(t.describe() for t in types)
+        if not vertex.per_step:
+            raise vertex_error(spec.name, vertex, f"does not take recurrent input, got {described}")
+        if not all(recurrent):
+            raise vertex_error(
+                spec.name, vertex, f"inputs must be all recurrent or all non-recurrent, got {described}"
+            )
+        steps = {t.time_steps for t in types} - {None}
+        if len(steps) > 1:
+            raise vertex_error(spec.name, vertex, f"inputs have different time steps {sorted(steps)}")
+        out = vertex.infer(spec.name, [InputType.feed_forward(t.size) for t in types])
+        return InputType.recurrent(out.size, steps.pop() if steps else None)
 
     def spec(self, name: str) -> VertexSpec:
         """The :class:`VertexSpec` named ``name`` (KeyError for an unknown name)."""
@@ -336,16 +367,27 @@ class GraphBuilder:
 class _Node:
     """Runtime of one vertex: its runtime object and where its inputs come from."""
 
-    def __init__(self, spec: VertexSpec, index: int, runtime: Any, graph_inputs: set[str]) -> None:
+    def __init__(
+        self,
+        spec: VertexSpec,
+        index: int,
+        runtime: Any,
+        graph_inputs: set[str],
+        conf: ComputationGraphConfiguration,
+    ) -> None:
         self.name = spec.name
+        self.layer = spec.vertex if spec.is_layer else None
         self.index = index  # topological position: the dropout seed's unit index
         self.inputs = spec.inputs
         self.runtime = runtime
         self.is_layer = spec.is_layer
         self.is_output = spec.is_layer and spec.vertex.is_output
-        self.flattens = spec.is_layer and spec.vertex.flattens_input
         self.need_dx = any(name not in graph_inputs for name in spec.inputs)
+        # recurrent input: a layer sees (N, T, C) and the mask, a vertex runs at every time step
+        self.sequence = conf.vertex_input_types[spec.name][0].kind == "recurrent"
+        self.recurrent_output = conf.output_types[spec.name].kind == "recurrent"
         self.input_shape: tuple[int, ...] = ()
+        self.trace: LayerTrace | None = None
 
 
 def _as_list(value: Any) -> list:
@@ -390,7 +432,7 @@ class ComputationGraph(FlatNetwork):
                 if spec.is_layer
                 else spec.vertex.build_runtime(conf.vertex_input_types[name], self.dtype)
             )
-            self._nodes.append(_Node(spec, index, runtime, graph_inputs))
+            self._nodes.append(_Node(spec, index, runtime, graph_inputs, conf))
         self._by_name = {node.name: node for node in self._nodes}
         self._sum_buffers: dict[str, np.ndarray] = {}
         return self
@@ -425,9 +467,11 @@ class ComputationGraph(FlatNetwork):
             )
         out = []
         for k, (name, raw, it) in enumerate(zip(names, features, self.conf.input_types)):
-            x = np.ascontiguousarray(raw, dtype=self.dtype)
             where = f"features[{k}] (input {name!r})"
-            if it.kind == "convolutional_flat":
+            x = np.ascontiguousarray(raw, dtype=self.dtype)
+            if it.kind == "recurrent":
+                x = sequence_features(x, it, self.dtype, where)  # (N, T, C)
+            elif it.kind == "convolutional_flat":
                 if x.ndim != 2 or x.shape[1] != it.size:
                     raise ValueError(
                         f"{where}: expected shape (batch, {it.size}) (flattened images), got {x.shape}"
@@ -453,11 +497,15 @@ class ComputationGraph(FlatNetwork):
                 )
 
     def _feature_masks(self, masks: list, xs: list[np.ndarray]) -> list[np.ndarray | None]:
-        """Per-example masks (n,) per input; None where an input has none."""
+        """Masks per input: (N, T) for recurrent inputs, per-example (N,) otherwise; None where none."""
+        if len(masks) > len(xs):
+            raise ValueError(f"features_masks: {len(masks)} masks for {len(xs)} input(s) {self.conf.inputs}")
         out: list[np.ndarray | None] = []
         for k, x in enumerate(xs):
             m = masks[k] if k < len(masks) else None
-            if m is not None:
+            if m is not None and self.conf.input_types[k].kind == "recurrent":
+                m = sequence_mask(m, x, self.dtype, f"features_masks[{k}] (input {self.conf.inputs[k]!r})")
+            elif m is not None:
                 m = np.asarray(m, dtype=self.dtype)
                 if m.shape not in ((x.shape[0],), (x.shape[0], 1)):
                     raise ValueError(
@@ -478,15 +526,23 @@ class ComputationGraph(FlatNetwork):
             )
         ys, ms = [], []
         for j, (name, raw) in enumerate(zip(names, labels)):
-            y = np.ascontiguousarray(raw, dtype=self.dtype)
+            where = f"labels[{j}] (output {name!r})"
             n_out = self.conf.output_types[name].size
+            sequence = self.conf.output_types[name].kind == "recurrent"
+            if sequence:  # per-step labels (N, n_out, T) -> (N*T, n_out) output rows
+                y = steps_to_rows(raw, self.dtype, where, is_mask=False)
+            else:
+                y = np.ascontiguousarray(raw, dtype=self.dtype)
             if y.ndim != 2 or y.shape[1] != n_out:
-                raise ValueError(
-                    f"labels[{j}] (output {name!r}): expected shape (batch, {n_out}), got {y.shape}"
-                )
+                shape = f"(batch, {n_out}, time)" if sequence else f"(batch, {n_out})"
+                raise ValueError(f"{where}: expected shape {shape}, got {np.shape(raw)}")
             m = masks[j] if j < len(masks) else None
             if m is not None:
-                m = np.ascontiguousarray(m, dtype=self.dtype)
+                m = (
+                    steps_to_rows(m, self.dtype, f"labels_masks[{j}] (output {name!r})", is_mask=True)
+                    if sequence
+                    else np.ascontiguousarray(m, dtype=self.dtype)
+                )
                 if m.shape not in ((y.shape[0],), (y.shape[0], 1), y.shape):
                     raise ValueError(
                         f"labels_masks[{j}] (output {name!r}): expected shape ({y.shape[0]},), "
@@ -497,41 +553,49 @@ class ComputationGraph(FlatNetwork):
         return ys, ms
 
     def _prepare(self, data: Any) -> tuple[list[np.ndarray], list[np.ndarray], list, list]:
-        """(inputs, labels, labels masks, per-example features masks) of a minibatch."""
+        """(inputs, labels as output rows, labels masks as rows, features masks) of a minibatch."""
         features, labels, fmasks, lmasks = self._parts(data)
         xs = self._inputs(features)
         ys, label_masks = self._labels(labels, lmasks)
         return xs, ys, label_masks, self._feature_masks(fmasks, xs)
 
-    def _loss_masks(self, label_masks: list, input_masks: list) -> list[np.ndarray | None]:
-        """Each output's loss mask: its labels mask, else the features masks pushed through the graph.
-
-        Runs after the forward pass (stack vertices need the batch sizes it saw).
-        """
-        if all(m is None for m in input_masks):
-            return label_masks
-        masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, input_masks))
-        for node in self._nodes:
-            ins = [masks[name] for name in node.inputs]
-            masks[node.name] = ins[0] if node.is_layer else node.runtime.forward_mask(ins)
-        return [m if m is not None else masks[name] for m, name in zip(label_masks, self.conf.outputs)]
+    def _loss_masks(self, label_masks: list) -> list[np.ndarray | None]:
+        """Each output's loss mask as output rows: its labels mask, else the features masks that reached
+        it through the graph in the last forward pass (DL4J)."""
+        return [
+            m if m is not None else (None if self._masks[name] is None else self._masks[name].reshape(-1))
+            for m, name in zip(label_masks, self.conf.outputs)
+        ]
 
     # -- forward / backward -------------------------------------------------------------------
-    def _forward(self, xs: list[np.ndarray], train: bool, activate_outputs: bool) -> list[np.ndarray]:
+    def _forward(
+        self, xs: list[np.ndarray], masks: list[np.ndarray | None], train: bool, activate_outputs: bool
+    ) -> list[np.ndarray]:
+        """Forward pass; keeps every vertex's mask in ``self._masks``. Outputs: activated ones as the
+        vertex produces them ((N, T, C) for sequences), pre-activations as output rows."""
         acts: dict[str, np.ndarray] = dict(zip(self.conf.inputs, xs))
+        self._masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, masks))
         for node in self._nodes:
+            ins = [acts[name] for name in node.inputs]
+            in_masks = [self._masks[name] for name in node.inputs]
             if not node.is_layer:
-                acts[node.name] = node.runtime.forward([acts[name] for name in node.inputs])
+                if node.sequence:  # at every time step: (N, T, C) -> (N*T, C) rows and back
+                    node.input_shapes = [x.shape for x in ins]
+                    n, t = ins[0].shape[:2]
+                    y = node.runtime.forward([x.reshape(n * t, -1) for x in ins])
+                    acts[node.name] = y.reshape(n, t, -1)
+                else:
+                    acts[node.name] = node.runtime.forward(ins)
+                self._masks[node.name] = node.runtime.forward_mask(in_masks)
                 continue
-            x = acts[node.inputs[0]]
+            x, mask = ins[0], in_masks[0]
             node.input_shape = x.shape
-            if x.ndim > 2 and node.flattens:
-                x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
-            seed = self._seed(node.index)
-            if node.is_output and not activate_outputs:
-                acts[node.name] = node.runtime.preout(x, train, seed)
-            else:
-                acts[node.name] = node.runtime.forward(x, train, seed)
+            acts[node.name], node.trace = layer_forward(
+                node.runtime, node.layer, x, node.sequence, mask if node.sequence else None, train,
+                self._seed(node.index), preout=node.is_output and not activate_outputs,
+            )  # fmt: skip
+            # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on
+            self._masks[node.name] = mask if node.sequence == node.recurrent_output else None
         return [acts[name] for name in self.conf.outputs]
 
     def _summed(self, name: str, grads: list[np.ndarray]) -> np.ndarray:
@@ -548,13 +612,13 @@ class ComputationGraph(FlatNetwork):
         """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
         self._require_init()
         xs, ys, label_masks, input_masks = self._prepare(dataset)
-        self._check_rows(self._forward(xs, train=True, activate_outputs=False), ys)
-        masks = self._loss_masks(label_masks, input_masks)
+        self._check_rows(self._forward(xs, input_masks, train=True, activate_outputs=False), ys)
+        masks = self._loss_masks(label_masks)
         grads: dict[str, list[np.ndarray]] = {}
         score = 0.0
         for name, y, mask in zip(self.conf.outputs, ys, masks):
             node = self._by_name[name]
-            n = y.shape[0]
+            n = node.input_shape[0]  # examples (sequences), whatever the rows of the output
             score += float(node.runtime.scores(y, mask).sum()) / n
             dx = node.runtime.backward(y, mask, n, need_dx=node.need_dx)
             if dx is not None:
@@ -564,11 +628,17 @@ class ComputationGraph(FlatNetwork):
                 continue
             dy = self._summed(node.name, grads.pop(node.name))
             if node.is_layer:
-                dx = node.runtime.backward(dy, need_dx=node.need_dx)
+                dx = layer_backward(node.runtime, dy, node.trace, need_dx=node.need_dx)
                 if dx is not None:
                     grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
             elif node.need_dx:
-                for name, dx in zip(node.inputs, node.runtime.backward(dy)):
+                if node.sequence:
+                    shapes = node.input_shapes
+                    dxs = node.runtime.backward(dy.reshape(shapes[0][0] * shapes[0][1], -1))
+                    dxs = [dx.reshape(shape) for dx, shape in zip(dxs, shapes)]
+                else:
+                    dxs = node.runtime.backward(dy)
+                for name, dx in zip(node.inputs, dxs):
                     if name in self._by_name:
                         grads.setdefault(name, []).append(dx)
         for sl, _ in self._stats:
@@ -577,22 +647,33 @@ class ComputationGraph(FlatNetwork):
         return self._last_score
 
     # -- inference and scoring ----------------------------------------------------------------
-    def output(self, *features: Any, train: bool = False) -> list[np.ndarray]:
+    def output(self, *features: Any, train: bool = False, features_masks: Any = None) -> list[np.ndarray]:
         """Activated outputs for one features array per input; new arrays.
 
         Args:
-            features: one array per input in ``conf.inputs`` order, or a single DataSet/MultiDataSet
-                whose features are used.
+            features: one array per input in ``conf.inputs`` order (recurrent: (batch, size, time)), or a
+                single DataSet/MultiDataSet whose features and features masks are used.
             train: run in training mode (dropout on, batch statistics in batch norm).
+            features_masks: one mask or None per input ((batch, time) for recurrent inputs); overrides
+                a dataset's. Outputs at masked steps are zero.
 
         Returns:
-            one (batch, n_out) array per output, in ``conf.outputs`` order.
+            one array per output, in ``conf.outputs`` order: (batch, n_out), or (batch, n_out, time) for
+            a recurrent output.
         """
         self._require_init()
+        masks: list = []
         if len(features) == 1 and hasattr(features[0], "features"):
-            features = tuple(self._parts(features[0])[0])
-        outs = self._forward(self._inputs(list(features)), train=train, activate_outputs=True)
-        return [y.copy() for y in outs]
+            parts = self._parts(features[0])
+            features, masks = tuple(parts[0]), parts[2]
+        if features_masks is not None:
+            masks = list(features_masks)
+        xs = self._inputs(list(features))
+        outs = self._forward(xs, self._feature_masks(masks, xs), train=train, activate_outputs=True)
+        return [
+            y.transpose(0, 2, 1).copy() if self._by_name[name].recurrent_output else y.copy()
+            for name, y in zip(self.conf.outputs, outs)
+        ]
 
     def output_single(self, *features: Any, train: bool = False) -> np.ndarray:
         """The output of a graph with exactly one output (as :meth:`output`)."""
@@ -606,13 +687,16 @@ class ComputationGraph(FlatNetwork):
     def _example_scores(self, dataset: Any) -> tuple[list[np.ndarray], list[int]]:
         """Per-example loss of every output (inference mode) and each output's example count."""
         xs, ys, label_masks, input_masks = self._prepare(dataset)
-        self._check_rows(self._forward(xs, train=False, activate_outputs=False), ys)
-        masks = self._loss_masks(label_masks, input_masks)
-        scores = [
-            self._by_name[name].runtime.scores(y, mask).astype(np.float64)
-            for name, y, mask in zip(self.conf.outputs, ys, masks)
-        ]
-        return scores, [y.shape[0] for y in ys]
+        self._check_rows(self._forward(xs, input_masks, train=False, activate_outputs=False), ys)
+        masks = self._loss_masks(label_masks)
+        scores, counts = [], []
+        for name, y, mask in zip(self.conf.outputs, ys, masks):
+            node = self._by_name[name]
+            n = node.input_shape[0]
+            # recurrent output: each example's loss is the sum over its (unmasked) steps
+            scores.append(node.runtime.scores(y, mask).astype(np.float64).reshape(n, -1).sum(axis=1))
+            counts.append(n)
+        return scores, counts
 
     def score(self, dataset: Any = None) -> float:
         """Sum over the outputs of the mean loss (inference mode), plus the l1/l2 penalty.
@@ -668,10 +752,15 @@ class ComputationGraph(FlatNetwork):
         self._require_init()
         for batch in self._batches(data):
             xs, ys, label_masks, input_masks = self._prepare(batch)
-            outs = self._forward(xs, train=False, activate_outputs=True)
+            outs = [
+                y.reshape(-1, y.shape[-1]) if y.ndim == 3 and self._by_name[name].recurrent_output else y
+                for name, y in zip(
+                    self.conf.outputs, self._forward(xs, input_masks, train=False, activate_outputs=True)
+                )
+            ]
             self._check_rows(outs, ys)
             out = outs[output_index]
-            masks = self._loss_masks(label_masks, input_masks)
+            masks = self._loss_masks(label_masks)
             labels, mask = ys[output_index], masks[output_index]
             for ev in evaluations:
                 ev.eval(labels, out, mask=mask) if mask is not None else ev.eval(labels, out)

@@ -11,6 +11,9 @@ copy or view.
 A runtime's ``backward`` returns one gradient per input, each an array the caller may overwrite (never
 shared between two inputs), and ``forward_mask`` maps the per-example masks of its inputs to its output's
 (DL4J: with several inputs a missing mask means "all present", so the result is None, else the OR).
+Vertices with ``per_step`` (merge, element-wise, subset, scale, shift, L2 normalize) also take recurrent
+inputs (all of them recurrent): the graph runs them at every time step, their masks (N, T) combined
+the same way.
 """
 
 from __future__ import annotations
@@ -240,6 +243,8 @@ class GraphVertex(Config):
 
     min_inputs: ClassVar[int] = 1
     max_inputs: ClassVar[int | None] = 1  # None: any number
+    # True: on recurrent inputs the vertex runs at every time step (the graph hands it (N*T, C) rows)
+    per_step: ClassVar[bool] = False
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         """Output type for ``input_types`` (already checked against min/max_inputs)."""
@@ -273,6 +278,8 @@ def _features(input_type: InputType) -> int:
 class MergeVertex(GraphVertex):
     """Concatenates its inputs along the features (dense) or channels (convolutional) axis."""
 
+    per_step: ClassVar[bool] = True
+
     max_inputs: ClassVar[int | None] = None
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
@@ -300,6 +307,8 @@ class MergeVertex(GraphVertex):
 class ElementWiseVertex(GraphVertex):
     """Element-wise add, subtract (exactly two inputs), product, average or max of same-shape inputs."""
 
+    per_step: ClassVar[bool] = True
+
     op: ElementWiseOp = ElementWiseOp.ADD
     max_inputs: ClassVar[int | None] = None
 
@@ -318,6 +327,8 @@ class ElementWiseVertex(GraphVertex):
 @dataclasses.dataclass
 class SubsetVertex(GraphVertex):
     """Features (dense) or channels (convolutional) ``from_index`` to ``to_index``, both inclusive."""
+
+    per_step: ClassVar[bool] = True
 
     from_index: int
     to_index: int
@@ -373,6 +384,8 @@ class UnstackVertex(GraphVertex):
 class ScaleVertex(GraphVertex):
     """Multiplies its input by ``scale_factor``."""
 
+    per_step: ClassVar[bool] = True
+
     scale_factor: float
 
     def __post_init__(self) -> None:
@@ -389,6 +402,8 @@ class ScaleVertex(GraphVertex):
 class ShiftVertex(GraphVertex):
     """Adds ``shift_factor`` to its input."""
 
+    per_step: ClassVar[bool] = True
+
     shift_factor: float
 
     def __post_init__(self) -> None:
@@ -404,6 +419,8 @@ class ShiftVertex(GraphVertex):
 @dataclasses.dataclass
 class L2NormalizeVertex(GraphVertex):
     """Divides every example by its L2 norm over all non-batch axes, the norm clamped below at ``eps``."""
+
+    per_step: ClassVar[bool] = True
 
     eps: float = 1e-8
 

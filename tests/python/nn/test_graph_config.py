@@ -244,8 +244,10 @@ def _out(b: GraphBuilder, source: str = "x") -> None:
         ),
         (lambda: _simple(_out).set_input_types().build(), "input_types: expected one InputType per input"),
         (
-            lambda: _simple(_out).set_input_types(InputType.recurrent(4)).build(),
-            "input 'x': ComputationGraph takes feed-forward and convolutional inputs, got recurrent",
+            lambda: _simple(lambda b: b.add_vertex("s", StackVertex(), "x"), lambda b: _out(b, "s"))
+            .set_input_types(InputType.recurrent(4))
+            .build(),
+            r"vertex 's' \(StackVertex\): does not take recurrent input",
         ),
     ],
 )
