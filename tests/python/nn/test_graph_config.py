@@ -244,9 +244,11 @@ def _out(b: GraphBuilder, source: str = "x") -> None:
         ),
         (lambda: _simple(_out).set_input_types().build(), "input_types: expected one InputType per input"),
         (
-            lambda: _simple(lambda b: b.add_vertex("s", StackVertex(), "x"), lambda b: _out(b, "s"))
-            .set_input_types(InputType.recurrent(4))
-            .build(),
+            lambda: (
+                _simple(lambda b: b.add_vertex("s", StackVertex(), "x"), lambda b: _out(b, "s"))
+                .set_input_types(InputType.recurrent(4))
+                .build()
+            ),
             r"vertex 's' \(StackVertex\): does not take recurrent input",
         ),
     ],
