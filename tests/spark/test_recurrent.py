@@ -17,6 +17,7 @@ from sparkgrad.nn import (
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    RnnOutputLayer,
 )
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark import (
@@ -135,3 +136,48 @@ def test_graph_shared_training_on_masked_sequences_reaches_95_percent(spark, dat
         assert max(accs) >= 0.95, accs
         test_rdd = spark.sparkContext.parallelize([multi(d) for d in test.split(50)], 2)
         assert sg.evaluate_multi_data_set(test_rdd).accuracy() == pytest.approx(accs[-1])
+
+
+def delayed_signs(rng: np.random.Generator, n: int) -> DataSet:
+    """Per-step task with memory: the label at step t is the sign of the input at step t-1 (step 0 is
+    labels-masked)."""
+    x = rng.choice([-1.0, 1.0], size=(n, 1, T)) + 0.3 * rng.normal(size=(n, 1, T))
+    sign = (x[:, 0, :] > 0).astype(int)
+    y = np.zeros((n, 2, T))
+    y[:, :, 1:] = np.eye(2)[sign[:, :-1]].transpose(0, 2, 1)
+    lmask = np.ones((n, T))
+    lmask[:, 0] = 0
+    return DataSet(x.astype(np.float32), y.astype(np.float32), labels_mask=lmask.astype(np.float32))
+
+
+def _tbptt_conf() -> MultiLayerConfiguration:
+    return MultiLayerConfiguration(
+        [LSTM(8), RnnOutputLayer(2)], input_type=InputType.recurrent(1), seed=1, updater=Adam(0.02),
+        backprop_type="truncated_bptt", tbptt_forward_length=4, tbptt_backward_length=3,
+    )  # fmt: skip
+
+
+def test_truncated_bptt_trains_on_spark_as_local_fit(spark) -> None:
+    """Both masters train truncated-BPTT segments (sequences of 12 steps, segments of 4): one worker
+    averaging once equals local fit exactly, and gradient sharing learns the delayed-sign task."""
+    rng = np.random.default_rng(4)
+    batches = delayed_signs(rng, 256).split(32)
+    test = delayed_signs(rng, 200)
+    rdd = spark.sparkContext.parallelize(batches, 1)
+    local = MultiLayerNetwork(_tbptt_conf()).init().fit(batches)
+    assert local.iteration_count == 3 * len(batches)  # one update per segment
+    averaging = ParameterAveragingTrainingMaster(
+        num_workers=1, batch_size_per_worker=32, averaging_frequency=len(batches), repartition="never",
+        rdd_training_approach="direct", rng_seed=3,
+    )  # fmt: skip
+    sm = SparkMultiLayer(spark, _tbptt_conf(), averaging)
+    sm.fit(rdd)
+    np.testing.assert_array_equal(sm.network.params(), local.params())
+    shared = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=32,
+        rng_seed=3,
+    )
+    with SparkMultiLayer(spark, _tbptt_conf(), shared) as ss:
+        ss.fit(spark.sparkContext.parallelize(batches, 2), epochs=2)
+        assert ss.network.evaluate(test).accuracy() >= 0.95

@@ -47,6 +47,10 @@ class TbpttSegment:
         self.labels_mask = cut(getattr(dataset, "labels_mask", None), 1)
         self.first = start == 0
 
+    def num_examples(self) -> int:
+        """Examples (sequences) in the segment."""
+        return int(self.features.shape[0])
+
 
 class MultiLayerNetwork(FlatNetwork):
     """A sequential network built from a :class:`MultiLayerConfiguration`.

@@ -153,8 +153,9 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
         with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
             for hook in job.hooks:
                 hook.pre_update(ds, net)
-            update, score = net.compute_update(ds)
-            net.apply_update(update)
+            for batch in net._training_batches([ds]):  # truncated BPTT: one update per segment
+                update, score = net.compute_update(batch)
+                net.apply_update(update)
             for hook in job.hooks:
                 hook.post_update(ds, net)
         n_batches += 1

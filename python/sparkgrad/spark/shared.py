@@ -446,7 +446,8 @@ class SharedWorker:
                         break
                     if self.stats is not None:
                         self.stats.add(WORKER_GET_DATA, event(t))
-                    self.step(ds)
+                    for batch in self.net._training_batches([ds]):  # truncated BPTT: one step a segment
+                        self.step(batch)
                 with Timer(self.stats, WORKER_SYNC):
                     stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
                 self.net.epoch_count = epoch + 1
