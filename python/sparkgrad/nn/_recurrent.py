@@ -295,11 +295,56 @@ class LastTimeStepRuntime(SequenceRuntime):
         return self.inner.backward(full, need_dx)
 
 
+class GlobalPoolingTimeRuntime(SequenceRuntime):
+    """GlobalPoolingLayer on sequences: (N, T, C) -> (N, C) over the present steps (DL4J's masked
+    time-series pooling: max over steps with a non-zero mask, sum of x * mask, sum(x * mask) / sum(mask));
+    an example with no present step pools to zero."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        self.x_shape = x.shape
+        kind = self.conf.pooling_type
+        weights = np.ones((n, t, 1), dtype=self.dtype) if mask is None else mask[:, :, None]
+        if kind is L.PoolingType.MAX:
+            present = weights != 0
+            self.argmax = np.argmax(np.where(present, x, -np.inf), axis=1)  # (N, C)
+            self.any_present = present.any(axis=1)  # (N, 1)
+            y = np.take_along_axis(x, self.argmax[:, None, :], axis=1)[:, 0] * self.any_present
+            return y.astype(self.dtype, copy=False)
+        self.scale = weights  # (N, T, 1): dy/dx of every step
+        if kind is L.PoolingType.AVG:
+            count = weights.sum(axis=1, keepdims=True)
+            self.scale = weights / np.where(count == 0, 1, count)
+        return np.einsum("ntc,nt->nc", x, self.scale[:, :, 0])
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        n, t, c = self.x_shape
+        dx = self.buf("dx", self.x_shape)
+        if self.conf.pooling_type is L.PoolingType.MAX:
+            dx.fill(0.0)
+            rows, cols = np.meshgrid(np.arange(n), np.arange(c), indexing="ij")
+            dx[rows, self.argmax, cols] = dy * self.any_present
+        else:
+            np.multiply(dy[:, None, :], self.scale, out=dx)
+        return dx
+
+
 _SEQUENCE_RUNTIMES = {
     L.LSTM: LSTMRuntime,
     L.SimpleRnn: SimpleRnnRuntime,
     L.Bidirectional: BidirectionalRuntime,
     L.LastTimeStep: LastTimeStepRuntime,
+    L.GlobalPoolingLayer: GlobalPoolingTimeRuntime,
 }
 
 
@@ -311,13 +356,20 @@ def build_sequence_runtime(
 
 
 class LayerTrace:
-    """What :func:`layer_forward` keeps for :func:`layer_backward`: the runtime's output shape and the
-    per-step mask (N*T, 1) of a per-step layer on masked sequences (None otherwise)."""
+    """What :func:`layer_forward` keeps for :func:`layer_backward`: the runtime's output shape, the
+    per-step mask (N*T, 1) of a per-step layer on masked sequences (None otherwise) and, for a layer with
+    batch statistics on masked sequences, the present rows it ran on out of ``n_rows``."""
 
-    __slots__ = ("out_shape", "step_mask")
+    __slots__ = ("out_shape", "step_mask", "rows", "n_rows")
 
-    def __init__(self, out_shape: tuple[int, ...], step_mask: np.ndarray | None) -> None:
-        self.out_shape, self.step_mask = out_shape, step_mask
+    def __init__(
+        self,
+        out_shape: tuple[int, ...],
+        step_mask: np.ndarray | None,
+        rows: np.ndarray | None = None,
+        n_rows: int = 0,
+    ) -> None:
+        self.out_shape, self.step_mask, self.rows, self.n_rows = out_shape, step_mask, rows, n_rows
 
 
 def layer_forward(
@@ -351,17 +403,26 @@ def layer_forward(
     if sequence and layer.takes_sequences:
         y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
         return y, LayerTrace(y.shape, None)
-    step_mask = None
+    step_mask = rows = None
     if sequence:  # one row per time step
         n, t = x.shape[:2]
         x = x.reshape(n * t, -1)
         step_mask = None if mask is None else mask.reshape(-1, 1)
+        if step_mask is not None and layer.batch_statistics:
+            present = np.flatnonzero(step_mask[:, 0])
+            if 0 < present.size < n * t:  # batch statistics over the present steps only
+                rows = present
+                x = x[rows]
     elif x.ndim > 2 and layer.flattens_input:
         x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
     if preout:
         return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask)
     y = rt.forward(x, train, seed)
-    trace = LayerTrace(y.shape, step_mask)
+    trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0)
+    if rows is not None:  # padded steps output zero
+        full = np.zeros((n * t, y.shape[1]), dtype=y.dtype)
+        full[rows] = y
+        y = full
     if step_mask is not None:
         y = y * step_mask  # a new array: the runtime keeps its own output for backward
     if sequence:
@@ -381,6 +442,14 @@ def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) ->
     Returns:
         dL/d(input) in the runtime's input layout (rows for a per-step layer), or None.
     """
+    if trace.rows is not None:  # the layer ran on the present steps only
+        dy = dy.reshape(trace.n_rows, -1) * trace.step_mask
+        dx = rt.backward(np.ascontiguousarray(dy[trace.rows]), need_dx=need_dx)
+        if dx is None:
+            return None
+        full = np.zeros((trace.n_rows, dx.shape[1]), dtype=dx.dtype)
+        full[trace.rows] = dx
+        return full
     dy = dy.reshape(trace.out_shape)
     if trace.step_mask is not None:  # masked steps of per-step layers get no gradient
         dy = dy * trace.step_mask

@@ -334,7 +334,7 @@ def build_runtime(
     """The runtime object for one layer config (output layers are wrapped in an OutputRuntime)."""
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None)
-    if conf.takes_sequences:  # recurrent layers: whole sequences plus the features mask
+    if conf.takes_sequences and input_type.kind == "recurrent":  # whole sequences plus the features mask
         from sparkgrad.nn._recurrent import build_sequence_runtime
 
         return build_sequence_runtime(conf, input_type, activation, dtype, params, grads)

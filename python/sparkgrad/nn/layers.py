@@ -90,8 +90,15 @@ class Layer(Config):
 
     @property
     def takes_sequences(self) -> bool:
-        """True for recurrent layers: their runtime sees whole sequences (N, T, C) plus the features mask
-        (see :mod:`sparkgrad.nn._recurrent`); other layers given recurrent input run at every time step."""
+        """True for layers whose runtime, given recurrent input, sees whole sequences (N, T, C) plus the
+        features mask (see :mod:`sparkgrad.nn._recurrent`): recurrent layers and global pooling over time;
+        other layers given recurrent input run at every time step."""
+        return False
+
+    @property
+    def batch_statistics(self) -> bool:
+        """True when the layer's training output depends on the other examples (batch normalization):
+        on masked sequences it then sees only the present steps, so padding never enters the statistics."""
         return False
 
     @property
@@ -326,21 +333,34 @@ class SubsamplingLayer(Layer):
 
 @dataclasses.dataclass
 class GlobalPoolingLayer(Layer):
-    """Pools every channel of convolutional input over its whole spatial extent: (N, C, H, W) -> (N, C)."""
+    """Pools every channel of convolutional input over its whole spatial extent: (N, C, H, W) -> (N, C);
+    pools every feature of recurrent input over time: (N, C, T) -> (N, C).
+
+    With a features mask only the present steps count (DL4J's masked time-series pooling): max over the
+    steps whose mask is non-zero, sum of ``x * mask``, average ``sum(x * mask) / sum(mask)``; an example
+    with no present step pools to zero.
+    """
 
     pooling_type: PoolingType = PoolingType.MAX
 
     def __post_init__(self) -> None:
         self.pooling_type = coerce_enum(PoolingType, self.pooling_type, "pooling_type")
 
+    @property
+    def takes_sequences(self) -> bool:
+        return True  # recurrent input: pooled over the present time steps (see the class docstring)
+
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        if input_type.kind == "recurrent":
+            return self, InputType.feed_forward(input_type.size)
         _check_conv_input(index, self, input_type)
         return self, InputType.feed_forward(input_type.channels)
 
 
 @dataclasses.dataclass
 class BatchNormalization(Layer):
-    """Batch normalization per feature (dense input) or per channel (convolutional input).
+    """Batch normalization per feature (dense input) or per channel (convolutional input); on sequences
+    per feature at every time step, the batch statistics over the present (unmasked) steps only.
 
     Running mean and variance live in the flat parameter buffer (saved and averaged with it) but are
     not trained: their change per step is carried in the update vector.
@@ -355,6 +375,10 @@ class BatchNormalization(Layer):
         self.decay = check_range("decay", self.decay, 0.0, 1.0)
         self.eps = check_positive("eps", self.eps, MAX_SCALE)
         self._common_post_init()
+
+    @property
+    def batch_statistics(self) -> bool:
+        return True
 
     def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
         channels = input_type.channels if input_type.is_convolutional else input_type.size

@@ -10,8 +10,10 @@ import pytest
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     LSTM,
+    BatchNormalization,
     Bidirectional,
     DenseLayer,
+    GlobalPoolingLayer,
     InputType,
     LastTimeStep,
     MultiLayerConfiguration,
@@ -326,3 +328,66 @@ def test_recurrent_network_saves_and_loads(tmp_path, padded) -> None:
     bool_mask = mask.astype(bool)  # any numeric or boolean mask array works
     expected = net.output(x, features_mask=mask)
     np.testing.assert_array_equal(loaded.output(x, features_mask=bool_mask), expected)
+
+
+# ---- global pooling over time and batch normalization respect the mask --------------------------------
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg", "sum"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_global_pooling_over_time_gradient(pooling: str, masked: bool) -> None:
+    rng = np.random.default_rng(21)
+    net = _net([LSTM(4), GlobalPoolingLayer(pooling), OutputLayer(2)])
+    mask = _lengths_mask([5, 2, 4]) if masked else None
+    ds = DataSet(rng.normal(size=(N, SIZE, T)), np.eye(2)[rng.integers(0, 2, N)], features_mask=mask)
+    _gradient_check(net, ds)
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg", "sum"])
+def test_global_pooling_over_time_pools_present_steps_only(padded, pooling: str) -> None:
+    """Pooling over time equals the pooling of each sequence's present steps, whatever the padding."""
+    x, noisy, mask, _ = padded
+    net = _net([DenseLayer(3, activation="identity"), GlobalPoolingLayer(pooling), OutputLayer(2)])
+    w, b = net.params()[:9].reshape(3, 3), net.params()[9:12]
+    pooled = []
+    for i, length in enumerate([5, 2, 4]):
+        steps = x[i, :, :length].T @ w + b  # (length, 3)
+        pooled.append(
+            {"max": steps.max(axis=0), "avg": steps.mean(axis=0), "sum": steps.sum(axis=0)}[pooling]
+        )
+    layer = net.conf.layers[2]
+    want = np.asarray(pooled) @ net.params()[12:18].reshape(3, 2) + net.params()[18:20]
+    want = np.exp(want - want.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    assert layer.n_in == 3
+    np.testing.assert_allclose(net.output(noisy, features_mask=mask), want, rtol=1e-12)
+    assert not np.allclose(net.output(noisy), want)  # the padding would count without the mask
+
+
+def test_batch_norm_statistics_skip_masked_steps(padded) -> None:
+    """Training-mode batch norm on sequences normalizes with the mean and variance of the present steps:
+    padding garbage changes neither the outputs at present steps, nor the gradient, nor the running
+    statistics; without the mask it changes all of them."""
+    x, noisy, mask, labels = padded
+    net = _net([BatchNormalization(), LSTM(4), RnnOutputLayer(2)])
+    present = x.transpose(0, 2, 1)[mask > 0]  # (present steps, SIZE)
+    out = net.output(DataSet(noisy, labels, features_mask=mask), train=True)
+    np.testing.assert_allclose(
+        net.output(DataSet(x, labels, features_mask=mask), train=True), out, rtol=1e-12
+    )
+    g_clean = net.compute_gradient_and_score(DataSet(x, labels, features_mask=mask))[0]
+    g_dirty = net.compute_gradient_and_score(DataSet(noisy, labels, features_mask=mask))[0]
+    np.testing.assert_allclose(g_dirty, g_clean, rtol=1e-10, atol=1e-12)
+    assert not np.allclose(net.compute_gradient_and_score(DataSet(noisy, labels))[0], g_clean)
+    update, _ = net.compute_update(DataSet(noisy, labels, features_mask=mask))
+    decay = net.conf.layers[0].decay
+    running_mean = net.params()[2 * SIZE : 3 * SIZE] - update[2 * SIZE : 3 * SIZE]
+    np.testing.assert_allclose(running_mean, (1 - decay) * present.mean(axis=0), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_batch_norm_on_sequences_gradient(masked: bool) -> None:
+    rng = np.random.default_rng(22)
+    net = _net([LSTM(4), BatchNormalization(), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)])
+    mask = _lengths_mask([5, 2, 4]) if masked else None
+    _gradient_check(net, DataSet(rng.normal(size=(N, SIZE, T)), _seq_labels(rng), features_mask=mask))
