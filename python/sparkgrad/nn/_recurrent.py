@@ -375,8 +375,8 @@ class LayerTrace:
 def layer_forward(
     rt: Any,
     layer: L.Layer,
+    input_type: Any,
     x: np.ndarray,
-    sequence: bool,
     mask: np.ndarray | None,
     train: bool,
     seed: int,
@@ -389,9 +389,9 @@ def layer_forward(
     Args:
         rt: the layer's runtime.
         layer: its configuration.
-        x: its input: (N, T, C) when ``sequence`` (recurrent input type), else (N, ...).
-        sequence: whether the input is recurrent.
-        mask: the features mask (N, T) of sequence input, or None.
+        input_type: the type of its input.
+        x: its input: (N, T, C) for a recurrent input type (images flattened per step), else (N, ...).
+        mask: the features mask (N, T) of recurrent input, or None.
         train, seed: training mode and dropout seed.
         preout: return the output layer's pre-activation (as output rows) instead of its output.
         stateful, backward_steps: passed to recurrent layers (``rnn_time_step``, truncated BPTT).
@@ -400,13 +400,15 @@ def layer_forward(
         (the output: (N, T, H) for a sequence output, (N*T, H) rows for a per-step pre-activation, else
         (N, ...); the trace :func:`layer_backward` needs).
     """
+    sequence = input_type.kind == "recurrent"
     if sequence and layer.takes_sequences:
         y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
         return y, LayerTrace(y.shape, None)
     step_mask = rows = None
-    if sequence:  # one row per time step
+    if sequence:  # one row (or image) per time step
         n, t = x.shape[:2]
-        x = x.reshape(n * t, -1)
+        step = (-1,) if layer.flattens_input else input_type.step_type().shape()
+        x = x.reshape((n * t, *step))
         step_mask = None if mask is None else mask.reshape(-1, 1)
         if step_mask is not None and layer.batch_statistics:
             present = np.flatnonzero(step_mask[:, 0])
@@ -420,13 +422,13 @@ def layer_forward(
     y = rt.forward(x, train, seed)
     trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0)
     if rows is not None:  # padded steps output zero
-        full = np.zeros((n * t, y.shape[1]), dtype=y.dtype)
+        full = np.zeros((n * t, *y.shape[1:]), dtype=y.dtype)
         full[rows] = y
         y = full
-    if step_mask is not None:
-        y = y * step_mask  # a new array: the runtime keeps its own output for backward
     if sequence:
         y = y.reshape(n, t, -1)
+    if step_mask is not None:
+        y = y * mask[:, :, None]  # a new array: the runtime keeps its own output for backward
     return y, trace
 
 
@@ -442,18 +444,16 @@ def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) ->
     Returns:
         dL/d(input) in the runtime's input layout (rows for a per-step layer), or None.
     """
+    if trace.step_mask is not None:  # masked steps of per-step layers get no gradient
+        dy = dy.reshape(trace.step_mask.shape[0], -1) * trace.step_mask
     if trace.rows is not None:  # the layer ran on the present steps only
-        dy = dy.reshape(trace.n_rows, -1) * trace.step_mask
-        dx = rt.backward(np.ascontiguousarray(dy[trace.rows]), need_dx=need_dx)
+        dx = rt.backward(np.ascontiguousarray(dy[trace.rows].reshape(trace.out_shape)), need_dx=need_dx)
         if dx is None:
             return None
-        full = np.zeros((trace.n_rows, dx.shape[1]), dtype=dx.dtype)
+        full = np.zeros((trace.n_rows, *dx.shape[1:]), dtype=dx.dtype)
         full[trace.rows] = dx
         return full
-    dy = dy.reshape(trace.out_shape)
-    if trace.step_mask is not None:  # masked steps of per-step layers get no gradient
-        dy = dy * trace.step_mask
-    return rt.backward(np.ascontiguousarray(dy), need_dx=need_dx)
+    return rt.backward(np.ascontiguousarray(dy.reshape(trace.out_shape)), need_dx=need_dx)
 
 
 def sequence_features(features: Any, input_type: Any, dtype: np.dtype, where: str) -> np.ndarray:

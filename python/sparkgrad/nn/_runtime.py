@@ -334,10 +334,12 @@ def build_runtime(
     """The runtime object for one layer config (output layers are wrapped in an OutputRuntime)."""
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None)
-    if conf.takes_sequences and input_type.kind == "recurrent":  # whole sequences plus the features mask
-        from sparkgrad.nn._recurrent import build_sequence_runtime
+    if input_type.kind == "recurrent":
+        if conf.takes_sequences:  # whole sequences plus the features mask
+            from sparkgrad.nn._recurrent import build_sequence_runtime
 
-        return build_sequence_runtime(conf, input_type, activation, dtype, params, grads)
+            return build_sequence_runtime(conf, input_type, activation, dtype, params, grads)
+        input_type = input_type.step_type()  # the layer runs at every time step
     runtime = _RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
     return OutputRuntime(conf, runtime) if isinstance(conf, L.OutputLayer) else runtime
 

@@ -384,7 +384,8 @@ class _Node:
         self.is_output = spec.is_layer and spec.vertex.is_output
         self.need_dx = any(name not in graph_inputs for name in spec.inputs)
         # recurrent input: a layer sees (N, T, C) and the mask, a vertex runs at every time step
-        self.sequence = conf.vertex_input_types[spec.name][0].kind == "recurrent"
+        self.input_type = conf.vertex_input_types[spec.name][0]
+        self.sequence = self.input_type.kind == "recurrent"
         self.recurrent_output = conf.output_types[spec.name].kind == "recurrent"
         self.input_shape: tuple[int, ...] = ()
         self.trace: LayerTrace | None = None
@@ -591,7 +592,7 @@ class ComputationGraph(FlatNetwork):
             x, mask = ins[0], in_masks[0]
             node.input_shape = x.shape
             acts[node.name], node.trace = layer_forward(
-                node.runtime, node.layer, x, node.sequence, mask if node.sequence else None, train,
+                node.runtime, node.layer, node.input_type, x, mask if node.sequence else None, train,
                 self._seed(node.index), preout=node.is_output and not activate_outputs,
             )  # fmt: skip
             # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on

@@ -15,7 +15,9 @@ class InputType(Config):
 
     Feed-forward examples are vectors of ``size``; convolutional ones are ``(channels, height, width)``
     (NCHW batches); convolutional_flat ones are vectors of ``height * width * channels`` reshaped to NCHW
-    by the network; recurrent ones are ``(size, time_steps)`` (batches ``(N, size, T)``).
+    by the network; recurrent ones are ``(size, time_steps)`` (batches ``(N, size, T)``). A sequence of
+    images is recurrent with ``height``, ``width`` and ``channels`` set: each step is an image flattened
+    in (channels, height, width) order, ``size = channels * height * width``.
     """
 
     kind: str
@@ -28,7 +30,8 @@ class InputType(Config):
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"kind: expected one of {', '.join(_KINDS)}, got {self.kind!r}")
-        if self.kind in ("feed_forward", "recurrent"):
+        images = self.kind == "recurrent" and (self.height or self.width or self.channels)
+        if self.kind == "feed_forward" or (self.kind == "recurrent" and not images):
             self.size = check_int("size", self.size, minimum=1)
         else:
             self.height = check_int("height", self.height, minimum=1)
@@ -59,6 +62,22 @@ class InputType(Config):
         every time step. ``time_steps`` None accepts any length (pad variable-length data and mask it)."""
         return InputType("recurrent", size=size, time_steps=time_steps)
 
+    @staticmethod
+    def recurrent_images(height: int, width: int, channels: int, time_steps: int | None = None) -> InputType:
+        """Sequences of images: features ``(batch, channels * height * width, time)``, every step an image
+        flattened in (channels, height, width) order (DL4J's RnnToCnnPreProcessor layout); convolutional
+        layers run at every step and recurrent layers see each step's flattened activations (DL4J's
+        automatic CnnToRnnPreProcessor)."""
+        return InputType("recurrent", height=height, width=width, channels=channels, time_steps=time_steps)
+
+    def step_type(self) -> InputType:
+        """The type of one time step of recurrent input: its image, or a feed-forward vector."""
+        if self.kind != "recurrent":
+            raise ValueError(f"step_type: {self.describe()} is not recurrent")
+        if self.channels:
+            return InputType.convolutional(self.height, self.width, self.channels)
+        return InputType.feed_forward(self.size)
+
     @property
     def is_convolutional(self) -> bool:
         return self.kind in ("convolutional", "convolutional_flat")
@@ -72,7 +91,7 @@ class InputType(Config):
 
     def describe(self) -> str:
         """Short human-readable form used in summaries and error messages."""
-        if self.is_convolutional:
+        if self.is_convolutional or self.channels:
             return f"{self.kind}({self.channels}x{self.height}x{self.width})"
         return f"{self.kind}({self.size})"
 

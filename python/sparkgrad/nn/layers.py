@@ -430,18 +430,22 @@ def infer_layer(index: int, layer: Layer, input_type: InputType) -> tuple[Layer,
     """``layer.infer`` with the automatic preprocessing between recurrent and feed-forward layers.
 
     A layer that is not recurrent-aware, given recurrent input, runs at every time step (DL4J's
-    RnnToFeedForward / FeedForwardToRnn preprocessors): it is inferred on the per-step feed-forward type
-    and its feed-forward output becomes recurrent again with the same number of time steps.
-    Convolutional layers cannot take recurrent input (their ``infer`` names the layer).
+    RnnToFeedForward / FeedForwardToRnn preprocessors): it is inferred on the per-step type (a vector,
+    or the image of ``InputType.recurrent_images``: RnnToCnn) and its output becomes recurrent again with
+    the same number of time steps (images stay images; a recurrent layer after them sees every step's
+    flattened activations: CnnToRnn). Convolutional layers need image steps (their ``infer`` names the
+    layer otherwise).
 
     Returns:
         (the layer with ``n_in`` filled, its output type).
     """
     if input_type.kind != "recurrent" or layer.recurrent_aware:
         return layer.infer(index, input_type)
-    layer, out = layer.infer(index, InputType.feed_forward(input_type.size))
+    layer, out = layer.infer(index, input_type.step_type())
     if out.kind == "feed_forward":
         out = InputType.recurrent(out.size, input_type.time_steps)
+    elif out.is_convolutional:  # a sequence of images stays one (RnnToCnn / CnnToRnn)
+        out = InputType.recurrent_images(out.height, out.width, out.channels, input_type.time_steps)
     return layer, out
 
 

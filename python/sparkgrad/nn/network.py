@@ -159,11 +159,10 @@ class MultiLayerNetwork(FlatNetwork):
         self._traces: list[LayerTrace] = []
         last = len(self._runtimes) - 1
         for i, rt in enumerate(self._runtimes):
-            seq = self.conf.layer_input_types[i].kind == "recurrent"
             preout = i == last and not activate_output
             x, trace = layer_forward(
-                rt, self.conf.layers[i], x, seq, mask, train, self._seed(i), preout=preout,
-                stateful=stateful, backward_steps=backward_steps,
+                rt, self.conf.layers[i], self.conf.layer_input_types[i], x, mask, train, self._seed(i),
+                preout=preout, stateful=stateful, backward_steps=backward_steps,
             )  # fmt: skip
             self._traces.append(trace)
         return x
