@@ -12,6 +12,7 @@ from sparkgrad.nn import (
     LSTM,
     BatchNormalization,
     Bidirectional,
+    ConvolutionLayer,
     DenseLayer,
     GlobalPoolingLayer,
     InputType,
@@ -22,6 +23,7 @@ from sparkgrad.nn import (
     RnnLossLayer,
     RnnOutputLayer,
     SimpleRnn,
+    SubsamplingLayer,
 )
 from sparkgrad.nn.updaters import Adam
 
@@ -391,3 +393,52 @@ def test_batch_norm_on_sequences_gradient(masked: bool) -> None:
     net = _net([LSTM(4), BatchNormalization(), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)])
     mask = _lengths_mask([5, 2, 4]) if masked else None
     _gradient_check(net, DataSet(rng.normal(size=(N, SIZE, T)), _seq_labels(rng), features_mask=mask))
+
+
+# ---- sequences of images: convolutions at every step (RnnToCnn), recurrent layers after them (CnnToRnn) --
+
+
+def _image_net(layers, dtype="float64") -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        layers, input_type=InputType.recurrent_images(4, 4, 2), seed=3, dtype=dtype
+    )
+    return MultiLayerNetwork(conf).init()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_convolutions_over_image_sequences_gradient(masked: bool) -> None:
+    rng = np.random.default_rng(23)
+    net = _image_net(
+        [
+            ConvolutionLayer(2, kernel_size=(2, 2), activation="tanh"),
+            BatchNormalization(),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(1, 1)),
+            LSTM(3),
+            RnnOutputLayer(2),
+        ]
+    )
+    assert [t.describe() for t in net.conf.layer_input_types] == [
+        "recurrent(2x4x4)", "recurrent(2x3x3)", "recurrent(2x3x3)", "recurrent(2x2x2)", "recurrent(3)",
+    ]  # fmt: skip
+    mask = _lengths_mask([5, 2, 4]) if masked else None
+    _gradient_check(net, DataSet(rng.normal(size=(N, 32, T)), _seq_labels(rng), features_mask=mask))
+
+
+def test_image_sequence_steps_are_the_images_of_a_convolutional_network() -> None:
+    """Step t of (batch, C*H*W, time) features is the image x[:, :, t] in (C, H, W) order, and the layer
+    after the convolution sees its activations flattened in (C, H, W) order, as DL4J's preprocessors."""
+    rng = np.random.default_rng(24)
+    layers = [ConvolutionLayer(3, kernel_size=(2, 2), activation="relu"), DenseLayer(4, activation="tanh")]
+    seq = _image_net([*layers, RnnOutputLayer(2, activation="identity", loss="mse")])
+    conf = MultiLayerConfiguration(
+        [*layers, OutputLayer(2, activation="identity", loss="mse")],
+        input_type=InputType.convolutional(4, 4, 2), dtype="float64",
+    )  # fmt: skip
+    frames = MultiLayerNetwork(conf).init(seq.params())
+    x = rng.normal(size=(N, 32, T))
+    out = seq.output(x)
+    for t in range(T):
+        np.testing.assert_allclose(out[:, :, t], frames.output(x[:, :, t].reshape(N, 2, 4, 4)), rtol=1e-12)
+    assert InputType.from_json(InputType.recurrent_images(4, 4, 2, 6).to_json()).step_type() == (
+        InputType.convolutional(4, 4, 2)
+    )
