@@ -31,6 +31,7 @@ from sparkgrad.nn.listeners import ScoreIterationListener, TrainingListener
 from sparkgrad.nn.network import MultiLayerNetwork
 from sparkgrad.nn.vertices import (
     CnnToFeedForwardPreProcessor,
+    DuplicateToTimeSeriesVertex,
     ElementWiseOp,
     ElementWiseVertex,
     FeedForwardToCnnPreProcessor,
@@ -38,6 +39,7 @@ from sparkgrad.nn.vertices import (
     InputPreProcessor,
     L2NormalizeVertex,
     L2Vertex,
+    LastTimeStepVertex,
     MergeVertex,
     PreprocessorVertex,
     ReshapeVertex,
@@ -58,6 +60,7 @@ __all__ = [
     "ComputationGraph",
     "ComputationGraphConfiguration",
     "ConvolutionLayer",
+    "DuplicateToTimeSeriesVertex",
     "ConvolutionMode",
     "DenseLayer",
     "DropoutLayer",
@@ -73,6 +76,7 @@ __all__ = [
     "L2Vertex",
     "LSTM",
     "LastTimeStep",
+    "LastTimeStepVertex",
     "Layer",
     "LossFunction",
     "LossLayer",

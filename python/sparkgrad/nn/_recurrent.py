@@ -190,6 +190,15 @@ class SimpleRnnRuntime(SequenceRuntime):
         return self._input_dropout_backward(dx)
 
 
+def last_present_steps(mask: np.ndarray | None, n: int, t: int) -> np.ndarray:
+    """Each example's last present time step: the last non-zero mask entry (0 when a row has none), or
+    the last step without a mask."""
+    if mask is None:
+        return np.full(n, t - 1)
+    present = mask != 0
+    return np.where(present.any(axis=1), t - 1 - np.argmax(present[:, ::-1], axis=1), 0)
+
+
 def _first_step(steps: int, backward_steps: int | None) -> int:
     """The first time step gradients reach: all of them, or the last ``backward_steps`` (truncated BPTT)."""
     return 0 if backward_steps is None else max(0, steps - backward_steps)
@@ -279,12 +288,8 @@ class LastTimeStepRuntime(SequenceRuntime):
         backward_steps: int | None = None,
     ) -> np.ndarray:
         y = self.inner.forward(x, train, seed, mask, stateful, backward_steps)
-        n, t, _ = y.shape
-        if mask is None:
-            self.last = np.full(n, t - 1)
-        else:  # index of the last non-zero mask entry; 0 when a row has none
-            present = mask != 0
-            self.last = np.where(present.any(axis=1), t - 1 - np.argmax(present[:, ::-1], axis=1), 0)
+        self.last = last_present_steps(mask, *y.shape[:2])
+        n = y.shape[0]
         self.y_shape = y.shape
         return y[np.arange(n), self.last]
 
@@ -501,6 +506,7 @@ __all__ = [
     "LayerTrace",
     "SequenceRuntime",
     "build_sequence_runtime",
+    "last_present_steps",
     "layer_backward",
     "layer_forward",
     "sequence_features",

@@ -273,10 +273,18 @@ class ComputationGraphConfiguration(Config):
         self.vertex_input_types = in_types
         self.output_types = out
 
-    @staticmethod
-    def _infer_vertex(spec: VertexSpec, types: list[InputType]) -> InputType:
+    def _infer_vertex(self, spec: VertexSpec, types: list[InputType]) -> InputType:
         """A vertex's output type; recurrent inputs run a ``per_step`` vertex at every time step."""
         vertex = spec.vertex
+        if vertex.time_series:
+            reference = vertex.reference
+            ref_type = dict(zip(self.inputs, self.input_types)).get(reference)
+            if reference is not None and (ref_type is None or ref_type.kind != "recurrent"):
+                raise vertex_error(spec.name, vertex, f"{reference!r} is not a recurrent network input")
+            out = vertex.infer(spec.name, types)
+            if out.kind == "recurrent" and ref_type is not None:
+                out = InputType.recurrent(out.size, ref_type.time_steps)
+            return out
         recurrent = [t.kind == "recurrent" for t in types]
         if not any(recurrent):
             return vertex.infer(spec.name, types)
@@ -386,6 +394,9 @@ class _Node:
         # recurrent input: a layer sees (N, T, C) and the mask, a vertex runs at every time step
         self.input_type = conf.vertex_input_types[spec.name][0]
         self.sequence = self.input_type.kind == "recurrent"
+        self.per_step = self.sequence and not spec.is_layer and spec.vertex.per_step
+        self.time_series = not spec.is_layer and spec.vertex.time_series
+        self.reference = spec.vertex.reference if self.time_series else None
         self.recurrent_output = conf.output_types[spec.name].kind == "recurrent"
         self.input_shape: tuple[int, ...] = ()
         self.trace: LayerTrace | None = None
@@ -579,8 +590,14 @@ class ComputationGraph(FlatNetwork):
         for node in self._nodes:
             ins = [acts[name] for name in node.inputs]
             in_masks = [self._masks[name] for name in node.inputs]
+            if node.time_series:  # LastTimeStepVertex, DuplicateToTimeSeriesVertex
+                ref = node.reference
+                acts[node.name], self._masks[node.name] = node.runtime.forward_time_series(
+                    ins[0], in_masks[0], acts.get(ref), self._masks.get(ref)
+                )
+                continue
             if not node.is_layer:
-                if node.sequence:  # at every time step: (N, T, C) -> (N*T, C) rows and back
+                if node.per_step:  # at every time step: (N, T, C) -> (N*T, C) rows and back
                     node.input_shapes = [x.shape for x in ins]
                     n, t = ins[0].shape[:2]
                     y = node.runtime.forward([x.reshape(n * t, -1) for x in ins])
@@ -633,7 +650,7 @@ class ComputationGraph(FlatNetwork):
                 if dx is not None:
                     grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
             elif node.need_dx:
-                if node.sequence:
+                if node.per_step:
                     shapes = node.input_shapes
                     dxs = node.runtime.backward(dy.reshape(shapes[0][0] * shapes[0][1], -1))
                     dxs = [dx.reshape(shape) for dx, shape in zip(dxs, shapes)]

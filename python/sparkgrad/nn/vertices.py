@@ -237,6 +237,52 @@ class _ReshapeRuntime(VertexRuntime):
         return [np.ascontiguousarray(dy).reshape(self.shape)]
 
 
+class _LastTimeStepRuntime(VertexRuntime):
+    def forward_time_series(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        reference: np.ndarray | None,
+        ref_mask: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(N, T, C) -> (N, C) at each example's last present step (the reference input's mask when the
+        vertex names one, else its input's); the output has no mask."""
+        from sparkgrad.nn._recurrent import last_present_steps
+
+        n, t = x.shape[:2]
+        self.shape = x.shape
+        self.last = last_present_steps(ref_mask if self.conf.mask_input else mask, n, t)
+        return x[np.arange(n), self.last], None
+
+    def backward(self, dy: np.ndarray) -> list[np.ndarray]:
+        dx = self.buf("dx", self.shape)
+        dx.fill(0.0)
+        dx[np.arange(self.shape[0]), self.last] = dy
+        return [dx]
+
+
+class _DuplicateToTimeSeriesRuntime(VertexRuntime):
+    def forward_time_series(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray | None,
+        reference: np.ndarray | None,
+        ref_mask: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(N, C) -> (N, T, C) with T and the mask of the reference input."""
+        if reference.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"DuplicateToTimeSeriesVertex: input {self.conf.input_name!r} has {reference.shape[0]} "
+                f"examples, the vertex input {x.shape[0]}"
+            )
+        y = self.buf("y", (x.shape[0], reference.shape[1], x.shape[1]))
+        np.copyto(y, x[:, None, :])
+        return y, ref_mask
+
+    def backward(self, dy: np.ndarray) -> list[np.ndarray]:
+        return [dy.sum(axis=1)]
+
+
 # -- configurations ----------------------------------------------------------------------------------
 class GraphVertex(Config):
     """Base of the vertex configurations."""
@@ -245,6 +291,9 @@ class GraphVertex(Config):
     max_inputs: ClassVar[int | None] = 1  # None: any number
     # True: on recurrent inputs the vertex runs at every time step (the graph hands it (N*T, C) rows)
     per_step: ClassVar[bool] = False
+    # True: the vertex moves between sequences and vectors, reading the time axis or mask of a named
+    # network input (``reference``); its runtime implements ``forward_time_series``
+    time_series: ClassVar[bool] = False
 
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         """Output type for ``input_types`` (already checked against min/max_inputs)."""
@@ -542,8 +591,68 @@ class PreprocessorVertex(GraphVertex):
         return _ReshapeRuntime(self, input_types, dtype, out.shape())
 
 
+@dataclasses.dataclass
+class LastTimeStepVertex(GraphVertex):
+    """A sequence's activations at each example's last present step: (batch, size, time) -> (batch, size)
+    (DL4J's LastTimeStepVertex).
+
+    Args:
+        mask_input: a recurrent network input whose features mask decides the last present step; None
+            uses the mask that reaches the vertex with its input.
+    """
+
+    mask_input: str | None = None
+    time_series: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.mask_input is not None and (not isinstance(self.mask_input, str) or not self.mask_input):
+            raise ValueError(f"mask_input: expected a network input name or None, got {self.mask_input!r}")
+
+    @property
+    def reference(self) -> str | None:
+        return self.mask_input
+
+    def infer(self, name: str, input_types: list[InputType]) -> InputType:
+        if input_types[0].kind != "recurrent":
+            raise vertex_error(name, self, f"needs recurrent input, got {input_types[0].describe()}")
+        return InputType.feed_forward(input_types[0].size)
+
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
+        return _LastTimeStepRuntime(self, input_types, dtype)
+
+
+@dataclasses.dataclass
+class DuplicateToTimeSeriesVertex(GraphVertex):
+    """A vector per example repeated at every time step of a recurrent network input: (batch, size) ->
+    (batch, size, time), with that input's length and features mask (DL4J's DuplicateToTimeSeriesVertex).
+
+    Args:
+        input_name: the recurrent network input giving the time steps and the mask.
+    """
+
+    input_name: str
+    time_series: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.input_name, str) or not self.input_name:
+            raise ValueError(f"input_name: expected a network input name, got {self.input_name!r}")
+
+    @property
+    def reference(self) -> str | None:
+        return self.input_name
+
+    def infer(self, name: str, input_types: list[InputType]) -> InputType:
+        if input_types[0].kind != "feed_forward":
+            raise vertex_error(name, self, f"needs feed-forward input, got {input_types[0].describe()}")
+        return InputType.recurrent(input_types[0].size)
+
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
+        return _DuplicateToTimeSeriesRuntime(self, input_types, dtype)
+
+
 __all__ = [
     "CnnToFeedForwardPreProcessor",
+    "DuplicateToTimeSeriesVertex",
     "ElementWiseOp",
     "ElementWiseVertex",
     "FeedForwardToCnnPreProcessor",
@@ -551,6 +660,7 @@ __all__ = [
     "InputPreProcessor",
     "L2NormalizeVertex",
     "L2Vertex",
+    "LastTimeStepVertex",
     "MergeVertex",
     "PreprocessorVertex",
     "ReshapeVertex",

@@ -15,9 +15,11 @@ from sparkgrad.nn import (
     ComputationGraph,
     ComputationGraphConfiguration,
     DenseLayer,
+    DuplicateToTimeSeriesVertex,
     ElementWiseVertex,
     InputType,
     LastTimeStep,
+    LastTimeStepVertex,
     MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
@@ -218,3 +220,56 @@ def test_recurrent_graph_configuration_errors_name_the_vertex() -> None:
         net.output(x, np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match=r"labels\[0\] \(output 'o'\): expected a per-time-step array"):
         net.score(MultiDataSet([x, x], [np.zeros((2, 2))]))
+
+
+def _time_series_vertex_graph(mask_input: str | None = "seq") -> ComputationGraph:
+    conf = (
+        ComputationGraphConfiguration.builder(seed=6, dtype="float64")
+        .add_inputs("seq", "ctx")
+        .set_input_types(InputType.recurrent(3), InputType.feed_forward(2))
+        .add_vertex("dup", DuplicateToTimeSeriesVertex("seq"), "ctx")
+        .add_layer("lstm", LSTM(4), "seq", "dup")  # implicit per-step MergeVertex
+        .add_layer("steps", RnnOutputLayer(2), "lstm")
+        .add_vertex("last", LastTimeStepVertex(mask_input), "lstm")
+        .add_layer("vec", OutputLayer(2), "last")
+        .set_outputs("steps", "vec")
+        .build()
+    )
+    return ComputationGraph(conf).init()
+
+
+def _time_series_data(rng: np.random.Generator, masked: bool) -> MultiDataSet:
+    fmasks = [_mask([6, 2, 4], TA), None] if masked else None
+    labels = [np.eye(2)[rng.integers(0, 2, (N, TA))].transpose(0, 2, 1), np.eye(2)[rng.integers(0, 2, N)]]
+    return MultiDataSet([rng.normal(size=(N, 3, TA)), rng.normal(size=(N, 2))], labels, features_masks=fmasks)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_time_series_vertices_gradient(masked: bool) -> None:
+    net = _time_series_vertex_graph()
+    assert net.conf.output_types["dup"] == InputType.recurrent(2)
+    _gradient_check(net, _time_series_data(np.random.default_rng(12), masked))
+
+
+@pytest.mark.parametrize("mask_input", ["seq", None])
+def test_time_series_vertices_match_the_layers(mask_input: str | None) -> None:
+    """DuplicateToTimeSeriesVertex equals feeding the context at every step; LastTimeStepVertex equals
+    the last present step of the per-step output (the LastTimeStep layer's rule)."""
+    rng = np.random.default_rng(13)
+    net = _time_series_vertex_graph(mask_input)
+    data = _time_series_data(rng, masked=True)
+    steps, vec = net.output(data)
+    seq, ctx = data.features
+    mask = data.features_masks[0]
+    repeated = np.concatenate([seq, np.repeat(ctx[:, :, None], TA, axis=2)], axis=1)
+    conf = MultiLayerConfiguration(
+        [LSTM(4), RnnOutputLayer(2)], input_type=InputType.recurrent(5), dtype="float64"
+    )
+    mln = MultiLayerNetwork(conf).init(net.params()[: 5 * 16 + 4 * 16 + 16 + 4 * 2 + 2])
+    np.testing.assert_allclose(steps, mln.output(repeated, features_mask=mask), rtol=1e-12)
+    last = np.array([5, 1, 3])
+    lstm_out = net._by_name["lstm"].runtime.hs  # (N, T, 4): the LSTM's activations of this forward
+    w, b = net.params()[-10:-2].reshape(4, 2), net.params()[-2:]
+    logits = lstm_out[np.arange(N), last] @ w + b
+    want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(vec, want, rtol=1e-12)
