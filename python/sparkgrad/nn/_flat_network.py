@@ -343,6 +343,13 @@ class FlatNetwork:
                 listener.on_epoch_end(self)
         return self
 
+    def rnn_clear_previous_state(self) -> None:
+        """Forget the state kept by ``rnn_time_step`` in every recurrent layer."""
+        self._require_init()
+        for rt in self._runtimes:
+            if hasattr(rt, "clear_state"):
+                rt.clear_state()
+
     def get_score(self, dataset: Any = None) -> float:
         """DL4J-style alias of ``score``."""
         return self.score(dataset)

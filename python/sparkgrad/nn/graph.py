@@ -581,10 +581,16 @@ class ComputationGraph(FlatNetwork):
 
     # -- forward / backward -------------------------------------------------------------------
     def _forward(
-        self, xs: list[np.ndarray], masks: list[np.ndarray | None], train: bool, activate_outputs: bool
+        self,
+        xs: list[np.ndarray],
+        masks: list[np.ndarray | None],
+        train: bool,
+        activate_outputs: bool,
+        stateful: bool = False,
     ) -> list[np.ndarray]:
         """Forward pass; keeps every vertex's mask in ``self._masks``. Outputs: activated ones as the
-        vertex produces them ((N, T, C) for sequences), pre-activations as output rows."""
+        vertex produces them ((N, T, C) for sequences), pre-activations as output rows. ``stateful``:
+        recurrent layers continue from the state their previous stateful forward ended in."""
         acts: dict[str, np.ndarray] = dict(zip(self.conf.inputs, xs))
         self._masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, masks))
         for node in self._nodes:
@@ -610,7 +616,7 @@ class ComputationGraph(FlatNetwork):
             node.input_shape = x.shape
             acts[node.name], node.trace = layer_forward(
                 node.runtime, node.layer, node.input_type, x, mask if node.sequence else None, train,
-                self._seed(node.index), preout=node.is_output and not activate_outputs,
+                self._seed(node.index), preout=node.is_output and not activate_outputs, stateful=stateful,
             )  # fmt: skip
             # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on
             self._masks[node.name] = mask if node.sequence == node.recurrent_output else None
@@ -692,6 +698,43 @@ class ComputationGraph(FlatNetwork):
             y.transpose(0, 2, 1).copy() if self._by_name[name].recurrent_output else y.copy()
             for name, y in zip(self.conf.outputs, outs)
         ]
+
+    def rnn_time_step(self, *features: Any, features_masks: Any = None) -> list[np.ndarray]:
+        """Stateful inference: every recurrent layer continues from the state the previous call ended in
+        (:meth:`rnn_clear_previous_state` forgets it).
+
+        Args:
+            features: one array per input; a recurrent input takes (batch, size) for one time step or
+                (batch, size, time) for several.
+            features_masks: optional mask per input ((batch, time), or (batch, 1) for one step).
+
+        Returns:
+            as :meth:`output`; when every recurrent input was given one step as 2-D, recurrent outputs
+            are (batch, n_out).
+        """
+        self._require_init()
+        kinds = [t.kind for t in self.conf.input_types]
+        if "recurrent" not in kinds:
+            raise ValueError("features: rnn_time_step needs a graph with a recurrent input")
+        arrays = [np.asarray(f) for f in features]
+        single = len(arrays) == len(kinds) and all(
+            a.ndim == 2 for a, kind in zip(arrays, kinds) if kind == "recurrent"
+        )
+        if single:
+            arrays = [a[:, :, None] if kind == "recurrent" else a for a, kind in zip(arrays, kinds)]
+        masks = list(features_masks or [])
+        if single:
+            masks = [None if m is None else np.asarray(m).reshape(-1, 1) for m in masks]
+        xs = self._inputs(arrays)
+        outs = self._forward(
+            xs, self._feature_masks(masks, xs), train=False, activate_outputs=True, stateful=True
+        )
+        result = []
+        for name, y in zip(self.conf.outputs, outs):
+            if self._by_name[name].recurrent_output:
+                y = y[:, 0] if single else y.transpose(0, 2, 1)
+            result.append(y.copy())
+        return result
 
     def output_single(self, *features: Any, train: bool = False) -> np.ndarray:
         """The output of a graph with exactly one output (as :meth:`output`)."""

@@ -282,13 +282,6 @@ class MultiLayerNetwork(FlatNetwork):
         y = self._external(y, x.shape[0])
         return y[:, :, 0] if single and self._recurrent_output else y
 
-    def rnn_clear_previous_state(self) -> None:
-        """Forget the state kept by :meth:`rnn_time_step` in every recurrent layer."""
-        self._require_init()
-        for rt in self._runtimes:
-            if hasattr(rt, "clear_state"):
-                rt.clear_state()
-
     def _example_scores(self, dataset: Any) -> np.ndarray:
         x, fmask = self._inputs(dataset)
         labels, mask = self._labels(dataset, x, fmask)

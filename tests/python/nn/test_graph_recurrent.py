@@ -273,3 +273,31 @@ def test_time_series_vertices_match_the_layers(mask_input: str | None) -> None:
     logits = lstm_out[np.arange(N), last] @ w + b
     want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(vec, want, rtol=1e-12)
+
+
+def test_graph_rnn_time_step_matches_the_whole_sequence() -> None:
+    conf = (
+        ComputationGraphConfiguration.builder(seed=8, dtype="float64")
+        .add_inputs("a", "b")
+        .set_input_types(InputType.recurrent(3), InputType.recurrent(2))
+        .add_layer("la", LSTM(4), "a")
+        .add_layer("lb", SimpleRnn(3, activation="tanh"), "b")
+        .add_layer("out", RnnOutputLayer(2), "la", "lb")
+        .add_layer("last", LastTimeStep(LSTM(2)), "la")
+        .add_layer("vec", OutputLayer(2), "last")
+        .set_outputs("out", "vec")
+        .build()
+    )
+    net = ComputationGraph(conf).init()
+    rng = np.random.default_rng(14)
+    a, b = rng.normal(size=(N, 3, TA)), rng.normal(size=(N, 2, TA))
+    whole = net.output(a, b)
+    steps = [net.rnn_time_step(a[:, :, t], b[:, :, t]) for t in range(TA)]
+    np.testing.assert_allclose(np.stack([s[0] for s in steps], axis=2), whole[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(steps[-1][1], whole[1], rtol=1e-12)  # the last step's vector output
+    net.rnn_clear_previous_state()
+    first = net.rnn_time_step(a[:, :, :2], b[:, :, :2])
+    rest = net.rnn_time_step(a[:, :, 2:], b[:, :, 2:])
+    np.testing.assert_allclose(np.concatenate([first[0], rest[0]], axis=2), whole[0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="rnn_clear_previous_state"):
+        net.rnn_time_step(a[:1, :, 0], b[:1, :, 0])
