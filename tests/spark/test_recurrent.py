@@ -138,6 +138,32 @@ def test_graph_shared_training_on_masked_sequences_reaches_95_percent(spark, dat
         assert sg.evaluate_multi_data_set(test_rdd).accuracy() == pytest.approx(accs[-1])
 
 
+def test_graph_feed_forward_with_key_uses_the_features_masks(spark, data) -> None:
+    _, test = data
+    conf = (
+        ComputationGraphConfiguration.builder(seed=2)
+        .add_inputs("x")
+        .set_input_types(InputType.recurrent(1))
+        .add_layer("last", LastTimeStep(LSTM(8)), "x")
+        .add_layer("out", OutputLayer(2), "last")
+        .set_outputs("out")
+        .build()
+    )
+    with SparkComputationGraph(spark, conf) as sg:
+        x, mask = test.features[:12], test.features_mask[:12]
+        # MultiDataSet values carry masks; plain tuples have none
+        values = [(i, MultiDataSet([x[i : i + 1]], [], features_masks=[mask[i : i + 1]])) for i in range(8)]
+        values += [(i, (x[i],)) for i in range(8, 12)]
+        rdd = spark.sparkContext.parallelize(values, 2)
+        out = dict(sg.feed_forward_with_key(rdd, batch_size=3).collect())
+        (masked,) = sg.network.output(x, features_masks=[mask])
+        (unmasked,) = sg.network.output(x)
+    for i in range(12):
+        got = out[i][0][0] if i < 8 else out[i][0]  # a MultiDataSet value is a batch of one
+        np.testing.assert_allclose(got, masked[i] if i < 8 else unmasked[i], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(masked[:8], unmasked[:8], atol=1e-3)
+
+
 def delayed_signs(rng: np.random.Generator, n: int) -> DataSet:
     """Per-step task with memory: the label at step t is the sign of the input at step t-1 (step 0 is
     labels-masked)."""

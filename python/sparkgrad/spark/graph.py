@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkgrad._config import check_int
-from sparkgrad.data import SerializedMultiDataSetLoader
+from sparkgrad.data import MultiDataSet, SerializedMultiDataSetLoader
 from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, example_ndim
 
 if TYPE_CHECKING:
@@ -147,9 +147,11 @@ class SparkComputationGraph(SparkNetwork):
 
         Args:
             pair_rdd: RDD of ``(key, inputs)``: ``inputs`` is a tuple (or list) with one array per
-                graph input, each one example or a batch of the same number of examples; a
-                single-input graph also takes the bare array.
-            batch_size: examples per forward pass (values are grouped up to this size).
+                graph input, each one example or a batch of the same number of examples (a single-input
+                graph also takes the bare array), or a MultiDataSet whose features and features masks
+                are used (masks of recurrent inputs: (batch, time)).
+            batch_size: examples per forward pass (values of the same shapes and mask presence are
+                grouped up to this size).
 
         Returns:
             RDD of ``(key, outputs)``: a tuple with one array per graph output, holding one example's
@@ -162,44 +164,61 @@ class SparkComputationGraph(SparkNetwork):
         def part(it: Iterable[Any]) -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:
             net = bc.value.networks(1)[0]
             ndims = [example_ndim(t) for t in net.conf.input_types]
-            pending: list[tuple[Any, list[np.ndarray], bool]] = []
+            pending: list[tuple[Any, list[np.ndarray], list[np.ndarray | None], bool]] = []
 
             def flush() -> Iterator[tuple[Any, tuple[np.ndarray, ...]]]:
                 inputs = [np.concatenate([p[1][i] for p in pending]) for i in range(len(ndims))]
-                outputs = net.output(*inputs)
+                masks = [
+                    None if pending[0][2][i] is None else np.concatenate([p[2][i] for p in pending])
+                    for i in range(len(ndims))
+                ]
+                outputs = net.output(*inputs, features_masks=masks)
                 offset = 0
-                for key, arrays, single in pending:
+                for key, arrays, _, single in pending:
                     n = arrays[0].shape[0]
                     rows = slice(offset, offset + n)
                     yield key, tuple(out[offset] if single else out[rows] for out in outputs)
                     offset += n
                 pending.clear()
 
+            def groups_with(arrays: list[np.ndarray], masks: list[np.ndarray | None]) -> bool:
+                first_arrays, first_masks = pending[0][1], pending[0][2]
+                return all(a.shape[1:] == b.shape[1:] for a, b in zip(arrays, first_arrays)) and all(
+                    (m is None) == (f is None) for m, f in zip(masks, first_masks)
+                )
+
             for key, value in it:
-                arrays, single = _graph_inputs(key, value, ndims)
+                arrays, masks, single = _graph_inputs(key, value, ndims)
                 if pending and (
-                    any(a.shape[1:] != b.shape[1:] for a, b in zip(arrays, pending[0][1]))
+                    not groups_with(arrays, masks)
                     or sum(p[1][0].shape[0] for p in pending) + arrays[0].shape[0] > size
                 ):
                     yield from flush()
-                pending.append((key, arrays, single))
+                pending.append((key, arrays, masks, single))
             if pending:
                 yield from flush()
 
         return pair_rdd.mapPartitions(part)
 
 
-def _graph_inputs(key: Any, value: Any, ndims: list[int]) -> tuple[list[np.ndarray], bool]:
-    """One keyed value as a batch per graph input, and whether it was a single example."""
-    values = list(value) if isinstance(value, (tuple, list)) else [value]
+def _graph_inputs(
+    key: Any, value: Any, ndims: list[int]
+) -> tuple[list[np.ndarray], list[np.ndarray | None], bool]:
+    """One keyed value as a batch per graph input, a mask (or None) per input, and whether it was a
+    single example."""
+    if isinstance(value, MultiDataSet):
+        values, masks = list(value.features), list(value.features_masks or [None] * len(value.features))
+    else:
+        values = list(value) if isinstance(value, (tuple, list)) else [value]
+        masks = [None] * len(values)
     if len(values) != len(ndims):
         raise ValueError(
             f"pair_rdd: value of key {key!r} has {len(values)} arrays, the graph has {len(ndims)} inputs"
         )
     arrays = [np.asarray(v) for v in values]
     single = arrays[0].ndim == ndims[0]
-    batched = []
-    for i, (a, ndim) in enumerate(zip(arrays, ndims)):
+    batched, batched_masks = [], []
+    for i, (a, m, ndim) in enumerate(zip(arrays, masks, ndims)):
         a = a[None] if single else a
         if a.ndim != ndim + 1 or a.shape[0] != (1 if single else arrays[0].shape[0]):
             raise ValueError(
@@ -207,7 +226,8 @@ def _graph_inputs(key: Any, value: Any, ndims: list[int]) -> tuple[list[np.ndarr
                 f"{'one example' if single else 'a batch'} of {ndim} dimensions per example, like input 0"
             )
         batched.append(a)
-    return batched, single
+        batched_masks.append(None if m is None else (np.asarray(m)[None] if single else np.asarray(m)))
+    return batched, batched_masks, single
 
 
 __all__ = ["SparkComputationGraph"]
