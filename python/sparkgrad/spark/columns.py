@@ -320,16 +320,11 @@ def with_network_outputs(
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf  # pyspark 4.1+ (sparkgrad.ml checks it)
 
     for name, _ in columns:
         if name in df.columns:
             raise ValueError(f"output column {name!r} already exists in the DataFrame")
-    try:
-        from pyspark.sql.functions import ArrowUDFType, arrow_udf
-    except ImportError as exc:  # pyspark < 4.1
-        raise ImportError(
-            "transform needs pyspark 4.1 or later (its arrow_udf); pip install -U pyspark"
-        ) from exc
     shape = example_shape(conf)
     width = math.prod(shape)
     dtype = conf.dtype
