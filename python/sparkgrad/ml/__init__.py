@@ -9,10 +9,10 @@
 The estimators take the network configuration and the training master as params (stored as JSON),
 train through :class:`sparkgrad.spark.SparkMultiLayer` on DataFrames converted per partition in
 Arrow batches (:mod:`sparkgrad.spark.columns`), and fit into ``Pipeline`` and ``CrossValidator``
-like Spark's own. The models' ``transform`` runs the network on the executors over Arrow batches,
-and they save to and load from any Hadoop path (:mod:`sparkgrad.ml.persistence`).
+like Spark's own. The models' ``transform`` runs the network on the executors over Arrow batches
+of the features alone, and they save to and load from any Hadoop path (:mod:`sparkgrad.ml.persistence`).
 
-Needs the ``spark`` extra (pyspark 4.0 or later, pandas and pyarrow for the Arrow transfer).
+Needs the ``spark`` extra (pyspark 4.1 or later, pandas and pyarrow for the Arrow transfer).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import pyspark
 
 from sparkgrad.errors import EnvironmentNotReadyError
 
-if int(pyspark.__version__.split(".")[0]) < 4:
+if tuple(int(part) for part in pyspark.__version__.split(".")[:2]) < (4, 1):
     raise EnvironmentNotReadyError(
-        f"sparkgrad.ml needs pyspark 4.0 or later (its Arrow transfer carries Vector columns), "
-        f"found {pyspark.__version__}: pip install 'pyspark>=4'"
+        f"sparkgrad.ml needs pyspark 4.1 or later (its Arrow transfer of Vector columns, and arrow_udf "
+        f"for transform), found {pyspark.__version__}: pip install 'pyspark>=4.1'"
     )
 
 from sparkgrad.ml.estimators import (  # noqa: E402 - after the version check

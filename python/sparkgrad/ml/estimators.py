@@ -219,7 +219,8 @@ class SparkgradClassificationModel(_ModelBase, ProbabilisticClassificationModel)
     """A trained sparkgrad classifier: ``transform(df)`` adds the prediction columns.
 
     ``transform`` runs the network on the executors over Arrow batches of the features column
-    (``mapInArrow``; the network is broadcast once per model). Saved with ``write().save(path)``
+    (a scalar ``arrow_udf``: only the features go to Python, the other columns stay in the JVM; the
+    network is broadcast once per model). Saved with ``write().save(path)``
     and read back with ``SparkgradClassificationModel.load(path)`` on any Hadoop path.
     """
 

@@ -3,13 +3,13 @@
 One conversion serves ``SparkMultiLayer.fit(dataframe)``, the :mod:`sparkgrad.ml` estimators and
 their models' ``transform``: the driver checks the columns' types and turns them into numeric arrays
 on the JVM (``vector_to_array`` for Vector columns, a cast for array and number columns); the
-executors receive them as Arrow record batches (``mapInArrow``) and convert each batch with a few
-vectorised NumPy operations, never row by row. Features of one example are reshaped to what the
+executors receive them as Arrow record batches (``mapInArrow`` for training, a scalar ``arrow_udf`` of
+the features alone for ``transform``) and convert each batch with a few vectorised NumPy operations,
+never row by row. Features of one example are reshaped to what the
 network's input type takes (``(channels, height, width)`` for convolutional input); labels are class
 indices (one-hot encoded here), or a Vector/array of one value per network output.
 
-Needs pyarrow (the ``spark`` extra) and pyspark 4.0 or later, whose Arrow transfer carries Vector
-(user-defined type) columns through ``mapInArrow`` unchanged.
+Needs pyarrow (the ``spark`` extra) and pyspark 4.0 or later (4.1 for ``transform``'s ``arrow_udf``).
 """
 
 from __future__ import annotations
@@ -318,7 +318,9 @@ def with_network_outputs(
             :func:`dataframe_datasets`.
     """
     from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf  # pyspark 4.1+ (sparkgrad.ml checks it)
 
     for name, _ in columns:
         if name in df.columns:
@@ -328,23 +330,22 @@ def with_network_outputs(
     dtype = conf.dtype
     n_out = int(conf.output_type.size)
     what = f"featuresCol {features_col!r}"
-    temp = f"__sparkgrad_features_{uuid.uuid4().hex}"
-    source = df.withColumn(temp, features_column(df, features_col, dtype, "featuresCol"))
-    kept = len(df.columns)
-    new_fields = [
-        T.StructField(name, T.ArrayType(T.DoubleType(), False) if vector else T.DoubleType(), False)
-        for name, vector in columns
-    ]
+    result_type = T.StructType(
+        [
+            T.StructField(name, T.ArrayType(T.DoubleType(), False) if vector else T.DoubleType(), False)
+            for name, vector in columns
+        ]
+    )
 
-    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
         import pyarrow as pa
 
         net = network_of()
-        for batch in batches:
-            x = arrow_rows(batch.column(kept), width, dtype, what).reshape(-1, *shape)
+        for features in batches:
+            x = arrow_rows(features, width, dtype, what).reshape(-1, *shape)
             chunks = [net.output(x[i : i + PREDICT_CHUNK]) for i in range(0, len(x), PREDICT_CHUNK)]
             values = outputs(np.concatenate(chunks) if chunks else np.empty((0, n_out)))
-            arrays = [batch.column(i) for i in range(kept)]
+            arrays = []
             for name, vector in columns:
                 v = np.ascontiguousarray(values[name], dtype=np.float64)
                 if vector:
@@ -352,14 +353,21 @@ def with_network_outputs(
                     arrays.append(pa.ListArray.from_arrays(offsets, pa.array(v.ravel())))
                 else:
                     arrays.append(pa.array(v))
-            yield pa.RecordBatch.from_arrays(
-                arrays, names=batch.schema.names[:kept] + [n for n, _ in columns]
-            )
+            yield pa.StructArray.from_arrays(arrays, names=[n for n, _ in columns])
 
-    mapped = _map_in_arrow(source, predict, T.StructType(df.schema.fields + new_fields))
-    return mapped.select(
+    # a scalar UDF: Spark sends only its argument (the features as an array) to Python and zips the
+    # result back to the rows in the JVM, so the other columns never leave it and nothing is shuffled
+    with warnings.catch_warnings():  # the function type is given, not read from (string) type hints
+        warnings.filterwarnings(
+            "ignore", message="It is preferred to specify type hints", category=UserWarning
+        )
+        network_udf = arrow_udf(predict, result_type, ArrowUDFType.SCALAR_ITER)
+    temp = f"__sparkgrad_outputs_{uuid.uuid4().hex}"
+    with_outputs = df.withColumn(temp, network_udf(features_column(df, features_col, dtype, "featuresCol")))
+    field = F.col(temp)
+    return with_outputs.select(
         *[_col(c) for c in df.columns],
-        *[array_to_vector(_col(n)).alias(n) if vector else _col(n) for n, vector in columns],
+        *[(array_to_vector(field[n]) if vector else field[n]).alias(n) for n, vector in columns],
     )
 
 

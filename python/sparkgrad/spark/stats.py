@@ -192,18 +192,21 @@ def _esc(text: object) -> str:
 
 
 def _num(value: float) -> str:
-    if value == 0 or 1e-3 <= abs(value) < 1e6:
-        return f"{value:,.4g}" if abs(value) >= 1000 else f"{value:.4g}"
-    return f"{value:.3g}"
+    """Whole numbers and values from 1000 up in full with thousands separators (328,700 bytes, not
+    3.287e+05), smaller values to 4 significant digits."""
+    if abs(value) < 1e15 and (float(value).is_integer() or abs(value) >= 1000):
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if abs(value) >= 1e-3 else f"{value:.3g}"
 
 
-def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering [lo, hi]."""
+def _ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
+    """About ``count`` round tick values covering [lo, hi]; whole numbers only with ``integer``."""
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / count
+    raw = max((hi - lo) / count, 1.0) if integer else (hi - lo) / count
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    steps = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)  # 2.5 is no whole number
+    step = next(m * mag for m in steps if m * mag >= raw)
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
@@ -216,7 +219,8 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
-    """One line chart in a <figure>; lines with one point are drawn as dots."""
+    """One line chart in a <figure>; lines with one point are drawn as dots. x values are counts
+    (iterations, epochs, events): the x axis has whole-number ticks."""
     lines = {k: _thin(v) for k, v in lines.items() if v}
     pts = [p for ps in lines.values() for p in ps]
     if not pts:
@@ -247,7 +251,7 @@ def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str,
         y = sy(t)
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
         out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(t)}</text>')
-    for t in _ticks(x0, x1):
+    for t in _ticks(x0, x1, integer=True):
         x = sx(t)
         out.append(f'<text x="{x:.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{_num(t)}</text>')
     out.append(f'<text x="{_LEFT + pw / 2:.0f}" y="{_H - 6}" text-anchor="middle">{_esc(xlabel)}</text>')
@@ -376,7 +380,11 @@ def _render_html(stats: SparkTrainingStats) -> str:
         f'<p class="note">Generated {time.strftime("%Y-%m-%d %H:%M:%S")}; times from each machine\'s '
         "system clock (worker clocks are not synchronised).</p>",
         _section(
-            "Learning", ['<div class="charts">' + "".join(learning) + "</div>"] if any(learning) else []
+            "Learning",
+            [
+                '<div class="charts">' + "".join(learning) + "</div>" if any(learning) else "",
+                _table(other_counters, ("counter", "total")) if other_counters else "",
+            ],
         ),
         _section(
             "Traffic",
@@ -393,7 +401,6 @@ def _render_html(stats: SparkTrainingStats) -> str:
                 else "",
                 '<div class="charts">' + "".join(timing_charts) + "</div>" if timing_charts else "",
                 _timeline(stats),
-                _table(other_counters, ("counter", "total")) if other_counters else "",
             ],
         ),
     ]
