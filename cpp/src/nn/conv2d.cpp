@@ -144,6 +144,20 @@ void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr c
         std::fill(col_rows + row_hi * q, col_rows + g.p * q, T(0));
       }
       auto in_row = [&](std::int64_t oh) { return image + (c * g.h + oh * g.stride_h - g.pad_top + r) * w; };
+      if constexpr (ToColumns) {
+        if (g.stride_h == 1 && stride_w == 1 && q == w && row_hi > row_lo && hi > lo) {
+          // Stride 1 and output rows as wide as input rows ("same"): column j of this row reads image
+          // element j + constant, so the in-bounds run is one long copy (rows of 8-28 values would
+          // each pay loop overhead); the columns that wrapped into a neighbouring input row are zeroed.
+          const T* base = in_row(row_lo) + offset - row_lo * q;
+          std::copy(base + row_lo * q + lo, base + (row_hi - 1) * q + hi, col_rows + row_lo * q + lo);
+          for (std::int64_t oh = row_lo; oh < row_hi; ++oh) {
+            std::fill(col_rows + oh * q, col_rows + oh * q + lo, T(0));
+            std::fill(col_rows + oh * q + hi, col_rows + (oh + 1) * q, T(0));
+          }
+          continue;
+        }
+      }
       if (stride_w == 1 && lo == 0 && hi == q && row_hi > row_lo) {
         move_block<ToColumns>(in_row(row_lo) + offset, g.stride_h * w, col_rows + row_lo * q,
                               row_hi - row_lo, q);
@@ -199,10 +213,12 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
 // dy_group, col2im per image.
 template <typename T>
 void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
-  if (g.stride_h == 1 && g.stride_w == 1 && g.pad_top < g.r && g.pad_left < g.s) {
+  if (g.stride_h == 1 && g.stride_w == 1 && g.pad_top < g.r && g.pad_left < g.s && g.k <= g.c) {
     // With stride 1, dx is the forward convolution of dy with the kernel flipped in space and transposed
     // in channels, over r - 1 - pad of padding: its GEMM reduces over k*r*s (the forward's shape)
-    // instead of over k alone, and no col2im scatter is needed.
+    // instead of over k alone, and no col2im scatter is needed. It gathers k*r*s rows where col2im
+    // scatters c*r*s, so it pays when k <= c (measured: 12% faster at k = c = 32, 48% slower at
+    // k = 32, c = 16).
     std::vector<T> flipped(static_cast<std::size_t>(g.k * g.c * g.r * g.s));
     for (std::int64_t kk = 0; kk < g.k; ++kk) {
       for (std::int64_t cc = 0; cc < g.c; ++cc) {
