@@ -41,6 +41,34 @@ def test_bias_add_and_grad_match_reference(shape, dtype, seed):
 
 
 @given(
+    n=st.integers(1, 300),
+    c=st.integers(1, 130),
+    inner=st.sampled_from([1, 1, 7, 64]),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_bias_grad_of_large_batches_matches_reference_for_any_thread_count(n, c, inner, dtype, seed):
+    # Large enough for the blocked, parallel reduction (n * c * inner >= 2^15 for most draws).
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal((n, c, inner, 1) if inner > 1 else (n, c)).astype(dtype)
+    before = sparkgrad.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            sparkgrad.set_num_threads(threads)
+            db = np.full(c, np.nan, dtype)
+            _core.bias_grad(dy, db)
+            results.append(db)
+    finally:
+        sparkgrad.set_num_threads(before)
+    np.testing.assert_array_equal(results[0], results[1])
+    # Sums in double of exact inputs: one final rounding to dtype, plus the double additions.
+    magnitude = np.abs(dy.astype(np.float64)).sum(axis=tuple(a for a in range(dy.ndim) if a != 1))
+    bound = np.finfo(dtype).eps * np.abs(ref.bias_grad(dy)) + dy.size * np.finfo(np.float64).eps * magnitude
+    assert np.all(np.abs(results[0] - ref.bias_grad(dy)) <= bound)
+
+
+@given(
     name=st.sampled_from(ref.ACTIVATIONS),
     rows=st.integers(0, 6),
     cols=st.integers(1, 7),

@@ -240,6 +240,40 @@ def test_conv2d_matches_reference(geo, n, c, k, with_bias, dtype, seed):
     np.testing.assert_allclose(dw, ref.conv2d_backward_weight(x, dy, wt.shape, stride, pad), **tol(dtype))
 
 
+@given(
+    geo=geometries(max_size=9),
+    n=st.integers(16, 41),
+    c=st.integers(1, 4),
+    k=st.integers(1, 4),
+    with_bias=st.booleans(),
+    dtype=DTYPES,
+    seed=SEEDS,
+)
+def test_conv2d_groups_images_of_small_planes_like_the_reference(geo, n, c, k, with_bias, dtype, seed):
+    # Batches of >= 16 images with small output planes share one GEMM per group of images (n / 8 per
+    # group at most, the last group shorter when n is not a multiple): every pass against the reference.
+    h, w, kernel, stride, pad, (p, q) = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((k, c, *kernel)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype) if with_bias else None
+    dy = rng.standard_normal((n, k, p, q)).astype(dtype)
+    kw = conv_kwargs(stride, pad)
+    y, dx, dw = (
+        np.full((n, k, p, q), np.nan, dtype),
+        np.full(x.shape, np.nan, dtype),
+        np.full(wt.shape, np.nan, dtype),
+    )
+    _core.conv2d_forward(x, wt, b, y, **kw)
+    _core.conv2d_backward_input(dy, wt, dx, **kw)
+    _core.conv2d_backward_weight(x, dy, dw, **kw)
+    np.testing.assert_allclose(y, ref.conv2d_forward(x, wt, b, (p, q), stride, pad), **tol(dtype))
+    np.testing.assert_allclose(dx, ref.conv2d_backward_input(dy, wt, x.shape, stride, pad), **tol(dtype))
+    # dw sums n * p * q products per entry: the float32 tolerance grows with that reduction length.
+    scale = {"rtol": 1e-4, "atol": 1e-6 * n * p * q} if dtype == np.float32 else tol(dtype)
+    np.testing.assert_allclose(dw, ref.conv2d_backward_weight(x, dy, wt.shape, stride, pad), **scale)
+
+
 def test_conv2d_chunks_large_batches_like_small_ones():
     # 1x1 kernels over a 64x64 image: the column matrix of 300 images exceeds one chunk (2^22 elements).
     rng = np.random.default_rng(2)
