@@ -101,9 +101,11 @@ def test_organizer_random_joins_and_leaves(fuzz_examples: int) -> None:
     settings(max_examples=fuzz_examples, deadline=None)(inner)()
 
 
-def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, out) -> None:
+def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, left, out) -> None:
     """Join, send UPDATES updates of index range [index*UPDATES, (index+1)*UPDATES), relay and apply
-    the others', pass the epoch barriers and report the parameters (or leave half way through)."""
+    the others', pass the epoch barriers and report the parameters (or leave half way through). The
+    others wait past the leaver's half until the controller has taken it out of the tree (``left``), so
+    that its departure always happens while they still train, however the processes are scheduled."""
     size = WORKERS * UPDATES
     state = {"params": np.zeros(size, np.float32), "applied": 0}
     scratch = np.zeros(size, np.float32)
@@ -136,6 +138,8 @@ def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, out) -> 
             if wid == leaver.value and j == UPDATES // 2:
                 out.put((wid, None, 0, 0))
                 return
+            if j == UPDATES // 2:
+                assert left.wait(60)
         conn.end_epoch(1, on_update)
         conn.end_epoch(2, on_update)
         out.put((wid, state["params"], state["applied"], conn.resyncs))
@@ -145,12 +149,12 @@ def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, out) -> 
 
 def _run_mesh(port: int, job: int, leave: bool) -> tuple[dict, np.ndarray, dict, dict, int, object]:
     ctx = mp.get_context("spawn")
-    out, go, leaver = ctx.Queue(), ctx.Event(), ctx.Value("q", 0)
+    out, go, leaver, left = ctx.Queue(), ctx.Event(), ctx.Value("q", 0), ctx.Event()
     wids = [1000 + i for i in range(WORKERS)]
     with controller(np.zeros(WORKERS * UPDATES, np.float32), job, port, config=MESH_CONFIG, mesh=True) as ctl:
         ctl.expect_workers(WORKERS - 1 if leave else WORKERS)
         procs = [
-            ctx.Process(target=_mesh_worker, args=(port, job, w, i, go, leaver, out))
+            ctx.Process(target=_mesh_worker, args=(port, job, w, i, go, leaver, left, out))
             for i, w in enumerate(wids)
         ]
         for p in procs:
@@ -166,6 +170,10 @@ def _run_mesh(port: int, job: int, leave: bool) -> tuple[dict, np.ndarray, dict,
                 if epoch == 1:
                     tree_after = ctl.mesh_tree()
                 ctl.release_epoch(epoch, False)
+                if epoch == 0:  # updates flow now; the leaver leaves half way through its own
+                    if leave:
+                        assert wait_until(lambda: leaver.value not in ctl.mesh_tree(), 60)
+                    left.set()
             results = {}
             for _ in wids:
                 wid, params, applied, resyncs = out.get(timeout=60)
