@@ -193,9 +193,19 @@ def test_executor_python_without_the_packages_says_how_to_ship(spark, digits, tm
     bare = tmp_path / "bare"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    # The workers inherit a PYTHONPATH naming the driver's site-packages when sparkgrad is installed (see
+    # conftest.py), which would lend the bare interpreter every package: it runs without those entries
+    # (pyspark's own zips stay).
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'PYTHONPATH=$(printf %s "$PYTHONPATH" | tr : "\\n" | grep -v "site-packages/*$" | paste -sd: -)\n'
+        f'export PYTHONPATH\nexec "{bare / "bin" / "python"}" "$@"\n'
+    )
+    python.chmod(0o755)
     sc = spark.sparkContext
-    monkeypatch.setattr(sc, "pythonExec", str(bare / "bin" / "python"))
-    monkeypatch.setenv("PYSPARK_PYTHON", str(bare / "bin" / "python"))  # the user's choice: kept
+    monkeypatch.setattr(sc, "pythonExec", str(python))
+    monkeypatch.setenv("PYSPARK_PYTHON", str(python))  # the user's choice: kept
     rdd = sc.parallelize(subset(digits[0], 32).split(16), 2)
     with pytest.raises(TrainingError) as info:
         SparkMultiLayer(spark, mlp_conf(hidden=8), ParameterAveragingTrainingMaster(progress=False)).fit(rdd)
