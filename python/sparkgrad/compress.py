@@ -718,7 +718,22 @@ class EncodingHandler:
         return self._post
 
 
+# The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper): it reaches
+# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README); DL4J's default is
+# AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
+DEFAULT_INITIAL_THRESHOLD = 2e-2
+DEFAULT_SPARSITY_TARGET = 1e-3
+
+
+def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:
+    """A fresh ``TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)``."""
+    return TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)
+
+
 __all__ = [
+    "DEFAULT_INITIAL_THRESHOLD",
+    "DEFAULT_SPARSITY_TARGET",
+    "default_threshold_algorithm",
     "AdaptiveThresholdAlgorithm",
     "EncodingHandler",
     "FixedThresholdAlgorithm",

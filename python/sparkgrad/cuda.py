@@ -327,6 +327,12 @@ def _conv_shape(op: str, x: tuple, w: tuple, y: tuple, strides: tuple[int, int, 
     return [n, c, h, wd, k, r, s, y[2], y[3], stride_h, stride_w, pad_top, pad_left]
 
 
+def _conv_geometry(op: str, v: dict, names: tuple[str, str, str], strides_pads: tuple[int, ...]) -> list[int]:
+    """``_conv_shape`` of the image, kernel and output arrays ``names`` (each checked 4-D) of ``v``."""
+    image, kernel, out = (_nchw(op, name, v[name]) for name in names)
+    return _conv_shape(op, image, kernel, out, strides_pads)
+
+
 def conv2d_forward(
     x: Any, w: Any, b: Any, y: Any, stride_h: int, stride_w: int, pad_top: int, pad_left: int
 ) -> None:
@@ -336,13 +342,7 @@ def conv2d_forward(
     if b is not None:
         arrays["b"] = (b, False)
     v, dtype = _floats(op, **arrays)
-    g = _conv_shape(
-        op,
-        _nchw(op, "x", v["x"]),
-        _nchw(op, "w", v["w"]),
-        _nchw(op, "y", v["y"]),
-        (stride_h, stride_w, pad_top, pad_left),
-    )
+    g = _conv_geometry(op, v, ("x", "w", "y"), (stride_h, stride_w, pad_top, pad_left))
     if b is not None:
         _shape(op, "b", v["b"], (g[4],))
     _core.cuda_conv2d(0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype)
@@ -354,13 +354,7 @@ def conv2d_backward_input(
     """``dx (N, C, H, W)`` from dy (N, K, P, Q) and w (K, C, R, S)."""
     op = "conv2d_backward_input"
     v, dtype = _floats(op, dy=(dy, False), w=(w, False), dx=(dx, True))
-    g = _conv_shape(
-        op,
-        _nchw(op, "dx", v["dx"]),
-        _nchw(op, "w", v["w"]),
-        _nchw(op, "dy", v["dy"]),
-        (stride_h, stride_w, pad_top, pad_left),
-    )
+    g = _conv_geometry(op, v, ("dx", "w", "dy"), (stride_h, stride_w, pad_top, pad_left))
     _core.cuda_conv2d(1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, dtype)
 
 
@@ -370,13 +364,7 @@ def conv2d_backward_weight(
     """``dw (K, C, R, S)`` from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch."""
     op = "conv2d_backward_weight"
     v, dtype = _floats(op, x=(x, False), dy=(dy, False), dw=(dw, True))
-    g = _conv_shape(
-        op,
-        _nchw(op, "x", v["x"]),
-        _nchw(op, "dw", v["dw"]),
-        _nchw(op, "dy", v["dy"]),
-        (stride_h, stride_w, pad_top, pad_left),
-    )
+    g = _conv_geometry(op, v, ("x", "dw", "dy"), (stride_h, stride_w, pad_top, pad_left))
     _core.cuda_conv2d(2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, dtype)
 
 

@@ -45,15 +45,10 @@ from sparkgrad.compress import (
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
-    TargetSparsityThresholdAlgorithm,
     ThresholdAlgorithm,
     decode,
+    default_threshold_algorithm,
 )
-
-# SharedTrainingMaster's defaults (sparkgrad.spark.shared, which needs pyzmq to import): they reach
-# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README).
-DEFAULT_INITIAL_THRESHOLD = 2e-2
-DEFAULT_SPARSITY_TARGET = 1e-3
 
 _FLAT_API = (
     "params",
@@ -162,9 +157,7 @@ class ParallelWrapper:
             raise ValueError(
                 f"residual_post_processor: expected a ResidualPostProcessor, got {residual_post_processor!r}"
             )
-        self.threshold_algorithm = threshold_algorithm or TargetSparsityThresholdAlgorithm(
-            DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET
-        )
+        self.threshold_algorithm = threshold_algorithm or default_threshold_algorithm()
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
         self._workers: list[_Worker] = []

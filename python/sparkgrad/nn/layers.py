@@ -462,8 +462,24 @@ def _check_elementwise(field: str, value: Activation) -> Activation:
     return value
 
 
+class _RecurrentCell(Layer):
+    """Base of the recurrent layers with ``n_in`` / ``n_out``: whole sequences in, sequences of n_out out."""
+
+    n_in: int | None
+    n_out: int
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        layer = _infer_n_in(index, self, input_type.size)
+        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
+
+
 @dataclasses.dataclass
-class LSTM(Layer):
+class LSTM(_RecurrentCell):
     """DL4J's LSTM (no peepholes). Input (batch, n_in, time) -> output (batch, n_out, time).
 
     Parameters, in flat-buffer order (DL4J's layout): ``W`` (n_in, 4 n_out), ``RW`` (n_out, 4 n_out),
@@ -502,15 +518,6 @@ class LSTM(Layer):
             "forget_gate_bias_init", self.forget_gate_bias_init, MAX_SCALE
         )
 
-    @property
-    def takes_sequences(self) -> bool:
-        return True
-
-    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
-        _check_recurrent_input(index, self, input_type)
-        layer = _infer_n_in(index, self, input_type.size)
-        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
-
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
         # fan-in / fan-out as DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices
         h, fan_in, fan_out = self.n_out, self.n_out, self.n_in + self.n_out
@@ -522,7 +529,7 @@ class LSTM(Layer):
 
 
 @dataclasses.dataclass
-class SimpleRnn(Layer):
+class SimpleRnn(_RecurrentCell):
     """DL4J's SimpleRnn: ``h_t = activation(x_t W + h_{t-1} RW + b)``; a masked step outputs zero and the
     next step starts from a zero state. Parameters: ``W`` (n_in, n_out), ``RW`` (n_out, n_out), ``b``.
 
@@ -543,15 +550,6 @@ class SimpleRnn(Layer):
         self._common_post_init()
         if self.activation is not None:
             _check_elementwise("activation", self.activation)
-
-    @property
-    def takes_sequences(self) -> bool:
-        return True
-
-    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
-        _check_recurrent_input(index, self, input_type)
-        layer = _infer_n_in(index, self, input_type.size)
-        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
         h = self.n_out

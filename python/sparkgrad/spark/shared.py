@@ -64,8 +64,8 @@ from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
-    TargetSparsityThresholdAlgorithm,
     ThresholdAlgorithm,
+    default_threshold_algorithm,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
@@ -114,11 +114,6 @@ WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
 WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
-
-# Defaults that reach DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README);
-# DL4J's are AdaptiveThresholdAlgorithm() and ResidualClippingPostProcessor(5.0, 5).
-DEFAULT_INITIAL_THRESHOLD = 2e-2
-DEFAULT_SPARSITY_TARGET = 1e-3
 
 SECRET_BYTES = 32  # 256-bit per-fit secret
 _MAX_REJOINS_PER_SYNC = 5
@@ -811,11 +806,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     @property
     def current_threshold_algorithm(self) -> ThresholdAlgorithm:
         """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
-        return (
-            self._threshold_state
-            or self.threshold_algorithm
-            or TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)
-        )
+        return self._threshold_state or self.threshold_algorithm or default_threshold_algorithm()
 
     def execute_training(
         self,
