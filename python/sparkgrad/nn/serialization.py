@@ -127,11 +127,23 @@ def write_model(
         "updater_state": save_state,
     }
     with _output(target) as out, zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr(META_MEMBER, json.dumps(meta))
-        zf.writestr(CONF_MEMBER, conf_json)
-        zf.writestr(COEFF_MEMBER, _npy_bytes(params))
+        _write_member(zf, META_MEMBER, json.dumps(meta))
+        _write_member(zf, CONF_MEMBER, conf_json)
+        _write_member(zf, COEFF_MEMBER, _npy_bytes(params))
         if save_state:
-            zf.writestr(STATE_MEMBER, _npy_bytes(updater_state))  # type: ignore[arg-type]
+            _write_member(zf, STATE_MEMBER, _npy_bytes(updater_state))  # type: ignore[arg-type]
+
+
+# Members carry a fixed timestamp so that the same network always saves to the same bytes (checksums,
+# caches and content-addressed stores see one file, not one per second of the clock).
+_MEMBER_TIMESTAMP = (1980, 1, 1, 0, 0, 0)
+
+
+def _write_member(zf: zipfile.ZipFile, name: str, data: str | bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=_MEMBER_TIMESTAMP)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    zf.writestr(info, data)
 
 
 @contextmanager

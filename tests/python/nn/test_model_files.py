@@ -7,6 +7,7 @@ import io
 import json
 import re
 import struct
+import time
 import zipfile
 from pathlib import Path
 
@@ -116,6 +117,16 @@ def test_round_trip_records_whether_the_updater_state_was_saved(
     sgd = trained(updaters.Sgd(0.1), dtype="float64")
     assert set(members(saved(sgd))) == {META, CONF, COEFF}
     assert_identical(load(saved(sgd), tmp_path / "m.zip"), sgd)
+
+
+def test_the_same_network_saves_to_the_same_bytes_at_any_time(
+    net: MultiLayerNetwork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = saved(net)
+    # two saves a day apart (zip members carry a modification time unless the writer fixes it)
+    tomorrow = time.time() + 86_400.0
+    monkeypatch.setattr(time, "time", lambda: tomorrow)
+    assert saved(net) == first
 
 
 def version_1(net: MultiLayerNetwork, save_updater: bool = True) -> bytes:
