@@ -26,7 +26,7 @@ from sparkgrad.spark import (
 )
 
 EPOCHS = 5
-SHARED_EPOCHS = 10  # asynchronous runs dip now and then: judge the best of the last 4 epochs
+SHARED_EPOCHS = 10  # asynchronous runs differ by 1-3% from epoch to epoch: judge the best of the last 4
 BATCH = 16
 WORKERS = 2
 FAULT_EPOCHS = 20  # long enough for both runs of a fault test to spend 8 epochs on their plateau
@@ -151,9 +151,9 @@ def test_shared_fit_survives_a_killed_executor(cluster_spark, cluster, train_rdd
     faulty, faulty_curve = fit(kill=True)
     traffic = faulty.training_master.last_traffic
     assert killed and faulty.network.epoch_count == FAULT_EPOCHS and len(faulty_curve) == FAULT_EPOCHS
-    # Asynchronous runs differ by about a percent from epoch to epoch, and now and then (more often on a
-    # loaded machine, clean runs too) dip for a few epochs before recovering: compare the best accuracy
-    # of the last 8 epochs, which the fault may lower by at most 1%.
+    # Asynchronous runs differ by 1-3% from epoch to epoch (bench/cluster/bench_staleness.py: at most
+    # 0.033 below an earlier epoch with the default staleness bound): compare the best accuracy of the
+    # last 8 epochs, which the fault may lower by at most 1%.
     plateau = slice(-8, None)
     faulty_best, clean_best = max(faulty_curve[plateau]), max(clean_curve[plateau])
     assert faulty_best >= clean_best - 0.01, (faulty_curve, clean_curve, traffic)

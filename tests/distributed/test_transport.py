@@ -573,3 +573,43 @@ def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port
         np.testing.assert_array_equal(ctl.params(), expected)
         assert ctl.updates_applied == sent + 1 and set(relayed) == {1}
         assert ctl.counters.rejected_reasons == {"not_joined": 1}
+
+
+def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(free_port: int) -> None:
+    n, job, window, steps = 6, 77, 2, 9
+    gate = threading.Event()  # the controller stalls on its first update until the gate opens
+
+    def stalling_decode(message: np.ndarray, target: np.ndarray) -> None:
+        gate.wait(20)
+        sparse_decode(message, target)
+
+    started: list[int] = []  # minibatches the worker began
+    failure: list[BaseException] = []
+
+    def paced_worker() -> None:
+        conn = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, n, FAST)
+        try:
+            conn.hello({})
+            for step in range(steps):
+                started.append(step)
+                conn.send_update(sparse_message([step % n], [1], n, 0.5), step, 0)
+                conn.pace(lambda h, m: None, window)
+            conn.sync(lambda h, m: None)
+            started.append(conn.counters.paced_waits)
+        except BaseException as exc:  # reported to the test thread
+            failure.append(exc)
+        finally:
+            conn.close()
+
+    with controller(np.zeros(n, np.float32), job, free_port, decode=stalling_decode) as ctl:
+        thread = threading.Thread(target=paced_worker)
+        thread.start()
+        # the SYNC after minibatch 2 is not acknowledged while update 1 is stuck: minibatch 5 must wait
+        assert wait_until(lambda: len(started) == 2 * window)
+        thread.join(0.3)
+        assert started == list(range(2 * window)) and ctl.updates_applied == 0
+        gate.set()
+        thread.join(20)
+        assert not failure, failure
+        assert ctl.updates_applied == steps
+        assert started[:steps] == list(range(steps)) and started[steps] >= 1  # it waited at least once

@@ -246,6 +246,8 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"workers_per_node": 0}, "workers_per_node"),
         (SharedTrainingMaster, {"batch_size_per_worker": -1}, "batch_size_per_worker"),
         (SharedTrainingMaster, {"mesh_build_mode": "ring"}, "mesh_build_mode"),
+        (SharedTrainingMaster, {"staleness_bound": 1}, "staleness_bound"),
+        (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
     ],

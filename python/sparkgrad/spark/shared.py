@@ -146,6 +146,7 @@ class SharedJob:
     shuffle_seed: int
     mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
+    staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
 
 
 @dataclass
@@ -347,6 +348,9 @@ class SharedWorker:
             sent = self.conn.send_update(message, iteration, epoch)
             self._apply_message(message)
         self.minibatches += 1
+        if self.job.staleness_window:
+            with Timer(stats, WORKER_PEERS):
+                self._rejoining(lambda: self.conn.pace(self._on_peer, self.job.staleness_window))
         interval = self.job.progress_interval_s
         if interval > 0 and time.monotonic() - self._loss_reported >= interval:
             # a report without "partition" counts nothing: it only carries the loss to the progress line
@@ -461,6 +465,8 @@ class SharedWorker:
             "messages_received": c.messages_received,
             "frames_rejected": c.frames_rejected,
             "rejoins": self.rejoins,
+            "paced_waits": c.paced_waits,
+            "paced_wait_ms": c.paced_wait_ms,
         }
         if self.stats is not None:
             self.stats.add(WORKER_TOTAL, event(start))
@@ -709,6 +715,11 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
             (a relay tree of ``transport.mesh_fan_out``, see :mod:`sparkgrad.transport.mesh`).
+        staleness_bound: 0 or >= 2 (default 4): every minibatch a worker trains starts from parameters
+            that include every update the controller applied more than this many of the worker's
+            minibatches earlier; a worker ahead of that waits (``last_traffic["worker_paced_waits"]``).
+            0 is DL4J's unbounded asynchrony, under which updates arriving tens of minibatches late
+            (a busy driver, small fast minibatches) can cost accuracy for several epochs.
         rdd_training_approach: ``"auto"`` (default: train from the persisted RDD while its DataSets'
             arrays total at most ``direct_memory_budget_mb``, export above), ``"export"`` (DL4J's
             default: write batches of ``batch_size_per_worker`` once and train from the files) or
@@ -738,6 +749,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     threshold_algorithm: ThresholdAlgorithm | None = None
     residual_post_processor: ResidualPostProcessor | None = None
     mesh_build_mode: MeshBuildMode = MeshBuildMode.PLAIN
+    staleness_bound: int = 4
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
@@ -777,6 +789,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 f"{self.residual_post_processor!r}"
             )
         self.mesh_build_mode = coerce_enum(MeshBuildMode, self.mesh_build_mode, "mesh_build_mode")
+        self.staleness_bound = check_int("staleness_bound", self.staleness_bound, minimum=0)
+        if self.staleness_bound == 1:
+            raise ValueError("staleness_bound: must be 0 (unbounded) or >= 2, got 1")
         self.rdd_training_approach = coerce_enum(
             RDDTrainingApproach, self.rdd_training_approach, "rdd_training_approach"
         )
@@ -937,6 +952,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
                 self.mesh_build_mode == MeshBuildMode.MESH,
                 PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
+                self.staleness_bound // 2,
             )
             bc = sc.broadcast(job)
             try:

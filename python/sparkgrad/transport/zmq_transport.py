@@ -158,6 +158,8 @@ class TrafficCounters:
     frames_rejected: int = 0  # received frames dropped by a check (authentication, size, sanity, ...)
     rejected_reasons: dict[str, int] = field(default_factory=dict)
     peers_dropped: int = 0  # controller: workers dropped because their queue was full
+    paced_waits: int = 0  # worker: minibatches held back by the staleness bound
+    paced_wait_ms: float = 0.0  # worker: time spent held back by the staleness bound
 
     def reject(self, reason: str) -> None:
         """Count one rejected frame."""
@@ -895,6 +897,11 @@ class WorkerConnection:
         # frames read while waiting for PARAMS: (header, payload, frame, from parent, replay-checked)
         self._stash: deque[tuple[Header, memoryview, bytes, bool, bool]] = deque()
         self.resyncs = 0
+        # staleness bound (:meth:`pace`): SYNCs sent and acknowledged since the last HELLO, the broadcast
+        # number the latest acknowledgement covers, and minibatches since the last paced SYNC
+        self._syncs_sent = self._syncs_acked = 0
+        self._acked_broadcast = 0
+        self._paced_steps = 0
         self.relay_endpoint: str | None = None
         if relay_host is not None:
             self._router = _socket(self._ctx, zmq.ROUTER, self._config, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT)
@@ -1017,6 +1024,10 @@ class WorkerConnection:
             replay.commit(header)
         if kind == MessageType.ERROR:
             self._raise_error(payload, peer)
+        if kind == MessageType.SYNC_ACK and not from_parent and self._syncs_acked < self._syncs_sent:
+            # counted here, whoever waits: a paced SYNC's acknowledgement may arrive during any wait
+            self._syncs_acked += 1
+            self._acked_broadcast = max(self._acked_broadcast, header.broadcast)
         if kind == MessageType.MESH_PARENT and self.mesh and not from_parent:
             if not self._closed:
                 self._set_parent(payload, resync=True)
@@ -1285,6 +1296,8 @@ class WorkerConnection:
             self._joined = False
             self._stash.clear()
         self._send(MessageType.HELLO, json_payload(info))
+        # a controller that dropped this worker never acknowledges the SYNCs it sent before
+        self._syncs_sent = self._syncs_acked = self._paced_steps = 0
         self.updater_state: np.ndarray | None = None
         self.updater_state_iteration = 0
         wanted = (MessageType.PARAMS, MessageType.UPDATER_STATE)
@@ -1347,8 +1360,38 @@ class WorkerConnection:
         dropped this worker.
         """
         self._send(MessageType.SYNC, json_payload(report or {}), epoch=epoch)
-        header, _ = self._wait_for((MessageType.SYNC_ACK,), self._config.sync_timeout_ms, on_update, "SYNC")
-        self._catch_up(header.broadcast, on_update)
+        self._syncs_sent += 1
+        self._await_acks(on_update)
+
+    def pace(self, on_update: Callable[[Header, np.ndarray], None], window: int) -> None:
+        """Bound this worker's staleness after each of its minibatches (``window`` >= 1).
+
+        Every ``window`` minibatches the worker sends a SYNC without waiting for it, after waiting for
+        the acknowledgement of the previous one. An acknowledgement follows every update the controller
+        applied before it, so the parameters a minibatch starts from include every update the controller
+        applied more than ``2 * window`` of this worker's minibatches earlier (in MESH too). A worker
+        runs ahead of a slow controller (or a slow network) by at most that much; asynchronous training
+        with unbounded staleness loses accuracy when updates arrive tens of minibatches late.
+        Raises :class:`RejoinRequired` when the controller dropped this worker.
+        """
+        self._paced_steps += 1
+        if self._paced_steps < window:
+            return
+        if self._syncs_acked < self._syncs_sent:
+            start = time.monotonic()
+            self._await_acks(on_update)
+            self.counters.paced_waits += 1
+            self.counters.paced_wait_ms += (time.monotonic() - start) * 1000
+        self._paced_steps = 0
+        self._send(MessageType.SYNC, json_payload({}))
+        self._syncs_sent += 1
+
+    def _await_acks(self, on_update: Callable[[Header, np.ndarray], None]) -> None:
+        """Apply arriving updates until every SYNC sent is acknowledged; in MESH, then until the
+        parameters include every update the acknowledgements cover."""
+        while self._syncs_acked < self._syncs_sent:  # at most two: a paced SYNC and a blocking one
+            self._wait_for((MessageType.SYNC_ACK,), self._config.sync_timeout_ms, on_update, "SYNC")
+        self._catch_up(self._acked_broadcast, on_update)
 
     def end_epoch(
         self,
