@@ -145,7 +145,8 @@ def gpu_decoders(cupy: Any, message: np.ndarray) -> tuple[Callable[[Any], object
 
 
 def handler_step(dtype: type) -> Callable[[Any], object]:
-    """One EncodingHandler step on a GPU vector (a fresh handler bound to the GPU, its residual zero)."""
+    """One EncodingHandler step on a GPU vector: a fresh handler, so the time includes binding it to the
+    GPU (allocating and zeroing its residual) before the accumulate, count, encode and copy to host."""
 
     def step(update: Any) -> object:
         handler = EncodingHandler(
