@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -204,6 +205,8 @@ _GPU_JOB = textwrap.dedent(
 
 def test_task_resolves_the_gpu_spark_assigned(tmp_path) -> None:
     pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java 17+ is required for the Spark tests")
     discovery = tmp_path / "gpus.sh"
     discovery.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     discovery.chmod(0o755)
