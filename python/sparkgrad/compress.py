@@ -83,6 +83,20 @@ def _cupy() -> Any:
     return cupy
 
 
+def _array_gpu(arr: Any) -> int:
+    """The ordinal of the GPU holding a device array (CuPy reads it from the pointer for foreign arrays)."""
+    return int(_cupy().asarray(arr).device.id)
+
+
+def _device_name(gpu: int | None) -> str:
+    return "cpu" if gpu is None else f"cuda:{gpu}"
+
+
+def _bitmap_words(n: int) -> int:
+    """Length of a bitmap message for ``n`` elements (``bitmap_length`` in compress.h)."""
+    return n // 16 + 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Codecs
 # ---------------------------------------------------------------------------------------------
@@ -109,9 +123,13 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
     count = _core.cuda_threshold_count(ptr, n, dtype, t)
-    entries = count if limit < 0 else min(count, limit)
+    return _device_sparse(ptr, n, dtype, t, count if limit < 0 else min(count, limit))
+
+
+def _device_sparse(ptr: int, n: int, dtype: np.dtype, threshold: float, entries: int) -> Array:
+    """The sparse message of the first ``entries`` qualifying elements of a device residual."""
     out = _cupy().empty(HEADER_WORDS + entries, dtype=np.int32)
-    _core.cuda_threshold_encode(ptr, n, dtype, t, entries, out.data.ptr)
+    _core.cuda_threshold_encode(ptr, n, dtype, threshold, entries, out.data.ptr)
     return out
 
 
@@ -134,7 +152,7 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
         message, count = _core.bitmap_encode(residual, t)
         return message, int(count)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
-    out = _cupy().empty(n // 16 + 5, dtype=np.int32)
+    out = _cupy().empty(_bitmap_words(n), dtype=np.int32)
     count = _core.cuda_bitmap_encode(ptr, n, dtype, t, out.data.ptr)
     return out, int(count)
 
@@ -181,6 +199,42 @@ def decode(message: Array, target: Array) -> None:
         target: 1-D float32/float64 array of the encoded length.
     """
     _decode(message, target, _FLAG_ANY, "decode")
+
+
+def decode_host_message(message: np.ndarray, target: Array) -> None:
+    """Adds a host message (as it came off the network) into ``target`` in host or GPU memory.
+
+    For a GPU target the message is copied to the target's GPU and decoded there, so a GPU worker
+    applies received messages without moving its parameters; validation (malformed messages raise
+    ``ValueError`` and leave ``target`` untouched) is :func:`decode`'s.
+
+    Args:
+        message: 1-D int32 numpy message.
+        target: 1-D float32/float64 numpy or CuPy array of the encoded length.
+    """
+    if not isinstance(message, np.ndarray):
+        raise TypeError(f"[decode] message must be a host numpy array, got {type(message).__name__}")
+    if not _is_device_array(target):
+        decode(message, target)
+        return
+    cupy = _cupy()
+    with cupy.cuda.Device(_array_gpu(target)):
+        decode(cupy.asarray(message), target)
+
+
+def _device_encode_smaller(residual: Array, threshold: float) -> tuple[np.ndarray | None, bool]:
+    """The GPU twin of ``_core.encode_smaller`` for the handler: counts on the device, picks the smaller
+    format by ``sparse_is_smaller``'s rule (compress.h), encodes once and copies only the message to the
+    host. Returns ``(message, is_bitmap)``; ``(None, False)`` with the residual untouched when nothing
+    qualifies."""
+    ptr, n, dtype = _device_vector("encode", "residual", residual, writable=True)
+    count = _core.cuda_threshold_count(ptr, n, dtype, threshold)
+    if HEADER_WORDS + count > _bitmap_words(n):
+        message, _ = bitmap_encode(residual, threshold)
+        return message.get(), True
+    if count == 0:
+        return None, False
+    return _device_sparse(ptr, n, dtype, threshold, count).get(), False
 
 
 def _header(op: str, message: Array) -> np.ndarray:
@@ -259,7 +313,9 @@ class ThresholdAlgorithm(Config, abc.ABC):
             last_was_dense: whether the previous message was a bitmap (None on the first step).
             last_sparsity_ratio: previous sparse message length (header included) / N; None when the
                 previous step was dense or is unknown.
-            updates: the residual with this step's update already added (read only).
+            updates: the residual with this step's update already added (read only), on the
+                handler's device: a CuPy array for a GPU handler, so a statistic over it is computed
+                with the array's own module (a device reduction, one scalar to the host).
 
         Returns:
             The threshold (> 0).
@@ -609,6 +665,12 @@ class EncodingHandler:
     residual exactly once, so no residual mass is lost. Use one handler per thread; the native passes
     release the GIL.
 
+    Device: the residual lives where the updates live, decided by the first :meth:`encode`. NumPy
+    updates keep it in host memory; CuPy updates (anything with ``__cuda_array_interface__``) on GPU
+    ``k`` move it to GPU ``k``, where every later step runs (accumulate, threshold count, format choice,
+    encode, post-processing) and only the finished int32 message is copied to the host. The messages
+    are byte-identical to the CPU handler's. Every later update must be on the same device.
+
     Args:
         num_params: length of the flat update vector (>= 1).
         threshold_algorithm: cloned; default ``AdaptiveThresholdAlgorithm()``.
@@ -642,31 +704,74 @@ class EncodingHandler:
             )
         self._algorithm = algorithm.clone()
         self._post = post.clone()
-        self._residual = np.zeros(self._n, dtype=self._dtype)
+        self._residual: Array = np.zeros(self._n, dtype=self._dtype)
+        self._gpu: int | None = None  # the residual's GPU once a device update bound it there
+        self._bound = False
         self._last_threshold: float | None = None
         self._last_sparsity: float | None = None
         self._last_was_dense: bool | None = None
 
-    def encode(self, update: np.ndarray, iteration: int, epoch: int) -> np.ndarray | None:
+    def encode(self, update: Array, iteration: int, epoch: int) -> np.ndarray | None:
         """Adds ``update`` to the residual and encodes it.
 
         Args:
-            update: 1-D array of ``num_params`` elements of the handler's dtype.
+            update: 1-D array of ``num_params`` elements of the handler's dtype: numpy, or a CuPy array
+                on the GPU the residual lives on (the first update decides; see the class docstring).
             iteration: global iteration count (drives the post-processor).
             epoch: epoch count.
 
         Returns:
-            The int32 message (sparse or bitmap, whichever is smaller), or None when no element reaches
-            the threshold.
+            The int32 message as a host numpy array (sparse or bitmap, whichever is smaller), or None
+            when no element reaches the threshold.
         """
-        if not isinstance(update, np.ndarray) or update.dtype != self._dtype or update.shape != (self._n,):
-            raise ValueError(
-                f"update: expected a numpy {self._dtype} array of shape ({self._n},), got "
-                f"{getattr(update, 'dtype', type(update).__name__)} {getattr(update, 'shape', '')}"
-            )
+        on_device = self._check_update(update)
         iteration = check_int("iteration", iteration, minimum=0)
         epoch = check_int("epoch", epoch, minimum=0)
-        _core.accumulate(self._residual, np.ascontiguousarray(update))
+        if not on_device:
+            return self._step(update, iteration, epoch)
+        with _cupy().cuda.Device(self._gpu):  # the native kernels launch on the current device
+            return self._step(update, iteration, epoch)
+
+    def _check_update(self, update: Any) -> bool:
+        """Validates ``update`` against the handler (binding the residual's device on the first call);
+        returns whether it is a device array."""
+        on_device = _is_device_array(update)
+        if on_device:
+            _, n, dtype = _device_vector("encode", "update", update, writable=False)
+            shape: tuple[int, ...] = (n,)
+            gpu: int | None = _array_gpu(update)
+        else:
+            if not isinstance(update, np.ndarray):
+                raise ValueError(
+                    f"update: expected a numpy or CuPy {self._dtype} array of shape ({self._n},), got "
+                    f"{type(update).__name__}"
+                )
+            shape, dtype, gpu = update.shape, update.dtype, None
+        if dtype != self._dtype or shape != (self._n,):
+            raise ValueError(
+                f"update: expected a {self._dtype} array of shape ({self._n},), got {dtype} {shape}"
+            )
+        if not self._bound:
+            if gpu is not None:
+                with _cupy().cuda.Device(gpu):
+                    self._residual = _cupy().zeros(self._n, dtype=self._dtype)
+            self._gpu, self._bound = gpu, True
+        elif gpu != self._gpu:
+            raise ValueError(
+                f"update: the handler's residual is on {_device_name(self._gpu)}, got an update on "
+                f"{_device_name(gpu)} (use one handler per device)"
+            )
+        return on_device
+
+    def _step(self, update: Array, iteration: int, epoch: int) -> np.ndarray | None:
+        """One encoding step on the residual's device (the current device for a GPU residual)."""
+        on_device = self._gpu is not None
+        if on_device:
+            rptr, n, dtype = _device_vector("encode", "residual", self._residual, writable=True)
+            uptr, _, _ = _device_vector("encode", "update", update, writable=False)
+            _core.cuda_accumulate(rptr, uptr, n, dtype)
+        else:
+            _core.accumulate(self._residual, np.ascontiguousarray(update))
         threshold = self._algorithm.calculate_threshold(
             iteration,
             epoch,
@@ -675,10 +780,13 @@ class EncodingHandler:
             None if self._last_was_dense else self._last_sparsity,
             self._residual,
         )
-        message, dense = _core.encode_smaller(self._residual, float(threshold))
+        if on_device:
+            message, dense = _device_encode_smaller(self._residual, float(threshold))
+        else:
+            message, dense = _core.encode_smaller(self._residual, float(threshold))
         self._last_threshold = float(threshold)
         self._last_was_dense = bool(dense)
-        if not dense and message[0] == 0:
+        if message is None or (not dense and message[0] == 0):
             self._last_sparsity = 0.0
             return None
         self._last_sparsity = None if dense else message.shape[0] / self._n
@@ -686,11 +794,19 @@ class EncodingHandler:
         return message
 
     @property
-    def residual(self) -> np.ndarray:
-        """The residual (read-only view)."""
+    def residual(self) -> Array:
+        """The residual: a read-only view of the host residual, or a copy of a GPU residual (on its GPU)."""
+        if self._gpu is not None:
+            with _cupy().cuda.Device(self._gpu):
+                return self._residual.copy()
         view = self._residual.view()
         view.flags.writeable = False
         return view
+
+    @property
+    def device(self) -> str | None:
+        """Where the residual lives: ``"cpu"``, ``"cuda:N"``, or None before the first update."""
+        return _device_name(self._gpu) if self._bound else None
 
     @property
     def last_threshold(self) -> float | None:
@@ -748,6 +864,7 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "decode",
+    "decode_host_message",
     "message_length",
     "message_threshold",
     "threshold_decode",

@@ -56,14 +56,25 @@ class NetworkSnapshot:
             int(network.epoch_count),
         )
 
-    def build(self, params: np.ndarray | None = None) -> Any:
-        """A fresh network from this snapshot (``params`` overrides the snapshot's parameters)."""
+    def build(self, params: np.ndarray | None = None, device: str = "cpu") -> Any:
+        """A fresh network from this snapshot.
+
+        Args:
+            params: overrides the snapshot's parameters.
+            device: ``"cpu"`` or ``"cuda:N"`` (see :mod:`sparkgrad.spark.devices`): the network is built
+                in host memory and moved there, parameters, gradients and updater state.
+
+        Returns:
+            The network.
+        """
         network_cls, conf_cls = network_classes(self.network_type)
         net = network_cls(conf_cls.from_json(self.conf_json))
         net.init(np.array(self.params if params is None else params, copy=True))
         if self.updater_state is not None and self.updater_state.size:
             net.set_updater_state(self.updater_state.copy())
         net.iteration_count, net.epoch_count = self.iteration, self.epoch
+        if device != "cpu":
+            net.to(device)
         return net
 
 

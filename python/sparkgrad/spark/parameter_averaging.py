@@ -38,6 +38,7 @@ from sparkgrad.spark.config import (
     TrainingHook,
     check_storage_level,
 )
+from sparkgrad.spark.devices import check_worker_device, device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partitioning import (
     balanced_random_split,
     repartition,
@@ -118,6 +119,7 @@ class _SplitJob:
     save_updater: bool
     hooks: tuple
     collect_stats: bool
+    worker_device: str
 
 
 def _train_partition(job_bc: Any) -> Any:
@@ -148,8 +150,9 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
         if stats is not None:
             stats.add(WORKER_GET_DATA, event(t))
         if net is None:
-            with Timer(stats, WORKER_INIT):
-                net = job.snapshot.build()
+            device = resolve_worker_device(job.worker_device)
+            with Timer(stats, WORKER_INIT, gpu=device_index(device)):
+                net = job.snapshot.build(device=device)
         with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
             for hook in job.hooks:
                 hook.pre_update(ds, net)
@@ -163,8 +166,8 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
         return
     if stats is not None:
         stats.add(WORKER_TOTAL, event(start))
-    updater = net.updater_state().copy() if job.save_updater else None
-    yield _Sum(net.params().copy(), updater, float(score), 1, n_batches, stats, n_batches)
+    updater = to_host(net.updater_state()) if job.save_updater else None
+    yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
 
 
 @dataclass
@@ -195,6 +198,10 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             cloudpickle, so hooks defined locally or in ``__main__`` work.
         progress: show a live progress line on the driver during fits (:mod:`sparkgrad.spark.progress`):
             epoch, minibatches, the workers' mean loss and examples/s, updated after every averaging round.
+        worker_device: where the workers train: ``"auto"`` (default: the GPU Spark assigned to the task,
+            else ``SPARKGRAD_DEVICE`` on the executor, else the CPU), ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"`` (:mod:`sparkgrad.spark.devices`); the driver's network stays on the CPU. The
+            ``ParameterAveragingWorkerInitTimeMs`` stats events record it as ``gpu`` (-1: CPU).
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
@@ -218,8 +225,10 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
     collect_training_stats: bool = False
     training_hooks: tuple = field(default_factory=tuple)
     progress: bool = True
+    worker_device: str = "auto"
 
     def __post_init__(self) -> None:
+        self.worker_device = check_worker_device("worker_device", self.worker_device)
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -392,6 +401,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 self.save_updater,
                 tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
                 self.collect_training_stats,
+                self.worker_device,
             )
             bc = sc.broadcast(job)
         try:

@@ -84,6 +84,13 @@ from sparkgrad.spark.config import (
     VoidConfiguration,
     check_storage_level,
 )
+from sparkgrad.spark.devices import (
+    check_worker_device,
+    device_index,
+    resolve_worker_device,
+    to_device,
+    to_host,
+)
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 from sparkgrad.transport import (
@@ -147,6 +154,7 @@ class SharedJob:
     mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
+    worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
 
 
 @dataclass
@@ -221,18 +229,24 @@ def _relay_host(host: str, port: int) -> str:
 
 
 class SharedWorker:
-    """One executor process's training replica for one job; reused across that job's tasks."""
+    """One executor process's training replica for one job; reused across that job's tasks.
 
-    def __init__(self, job: SharedJob) -> None:
-        from sparkgrad.compress import EncodingHandler, decode
+    The replica, its updates and the encoding residual live on ``device`` (resolved by the task that
+    creates the worker, kept for the whole fit); only messages, parameters from the controller and
+    reported state cross between host and GPU.
+    """
+
+    def __init__(self, job: SharedJob, device: str) -> None:
+        from sparkgrad.compress import EncodingHandler, decode_host_message
 
         self.job = job
+        self.device = device
         self.worker_id = random.SystemRandom().randrange(1, 2**32)
         self.tag = f"{process_tag()}#{self.worker_id:08x}"
         self.tasks = 0
         self.minibatches = 0
         self.last_score = float("nan")
-        self._decode = decode
+        self._decode = decode_host_message
         start = now_ms()
         self.rejoins = 0
         self.conn = WorkerConnection(
@@ -265,7 +279,7 @@ class SharedWorker:
                 snap.updater_state if latest is None else latest,
                 iteration if latest is not None else max(iteration, snap.iteration),
                 max(epoch, snap.epoch),
-            ).build()
+            ).build(device=device)
         except BaseException:
             self.conn.close()
             raise
@@ -275,9 +289,9 @@ class SharedWorker:
             job.residual_post_processor,
             dtype=self.net.params().dtype,
         )
-        self._scratch = np.zeros_like(self.net.params())
+        self._scratch = to_device(np.zeros(self.net.num_params(), self.net.params().dtype), device)
         self.stats: SparkTrainingStats | None = None
-        self._init_event = event(start) if job.collect_stats else None
+        self._init_event = event(start, gpu=device_index(device)) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
         self._loss_sum, self._loss_count = 0.0, 0  # training loss since the last progress report
         self._steps_epoch, self._epoch_steps = -1, 0  # minibatches this worker trained in that epoch
@@ -285,7 +299,7 @@ class SharedWorker:
 
     def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
         """MESH resynchronisation: the controller's parameters replace this replica's."""
-        self.net.set_params(params)
+        self.net.set_params(to_device(params, self.device))
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
 
     def _apply_message(self, message: np.ndarray) -> None:
@@ -304,7 +318,7 @@ class SharedWorker:
         )
         if params is None:
             raise TrainingError(f"worker {self.tag}: the controller sent no parameters on re-join")
-        self.net.set_params(params)
+        self.net.set_params(to_device(params, self.device))
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
         self.net.epoch_count = max(int(self.net.epoch_count), epoch)
         self.rejoins += 1
@@ -474,7 +488,7 @@ class SharedWorker:
             self.worker_id,
             self.tasks,
             self.last_score,
-            self.net.updater_state().copy(),
+            to_host(self.net.updater_state()),
             self.handler.threshold_algorithm.clone(),
             self.minibatches,
             counters,
@@ -502,7 +516,7 @@ class SharedWorker:
         last = self._state_reported
         if partition != 0 or (last is not None and time.monotonic() - last < interval_s):
             return
-        state = self.net.updater_state()
+        state = to_host(self.net.updater_state())
         if state.size:
             self.conn.send_updater_state(state, int(self.net.iteration_count))
         self._state_reported = time.monotonic()
@@ -520,7 +534,7 @@ def _worker_for(job: SharedJob) -> SharedWorker:
     if worker is None:
         for old in list(_WORKERS):
             _WORKERS.pop(old).close()
-        worker = SharedWorker(job)
+        worker = SharedWorker(job, resolve_worker_device(job.worker_device))
         _WORKERS[job.job_id] = worker
     return worker
 
@@ -740,6 +754,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         transport: :class:`~sparkgrad.transport.ZmqTransportConfiguration` (timeouts); None = defaults.
         progress: show a live progress line on the driver during fits (:mod:`sparkgrad.spark.progress`):
             epoch, minibatches, loss, examples/s, bytes on the wire, update density and threshold.
+        worker_device: where the workers train: ``"auto"`` (default: the GPU Spark assigned to the task,
+            else ``SPARKGRAD_DEVICE`` on the executor, else the CPU), ``"cpu"``, ``"cuda"`` or
+            ``"cuda:N"`` (:mod:`sparkgrad.spark.devices`). The controller stays on the driver's CPU; a
+            GPU worker encodes on its GPU and only the messages cross to the host, so GPU and CPU
+            workers can share one fit. The ``SharedWorkerGetInitialModelTimeMs`` stats events record
+            each worker's device as ``gpu`` (-1: CPU).
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -762,6 +782,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     rng_seed: int | None = None
     transport: ZmqTransportConfiguration | None = None
     progress: bool = True
+    worker_device: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -814,6 +835,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             self.rng_seed = check_int("rng_seed", self.rng_seed, minimum=0)
         if self.transport is not None and not isinstance(self.transport, ZmqTransportConfiguration):
             raise ValueError(f"transport: expected a ZmqTransportConfiguration, got {self.transport!r}")
+        self.worker_device = check_worker_device("worker_device", self.worker_device)
         self._runtime_init()
         self._threshold_state: ThresholdAlgorithm | None = None
         self.last_traffic: dict[str, float] = {}
@@ -953,6 +975,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 self.mesh_build_mode == MeshBuildMode.MESH,
                 PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
                 self.staleness_bound // 2,
+                self.worker_device,
             )
             bc = sc.broadcast(job)
             try:
