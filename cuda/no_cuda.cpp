@@ -117,6 +117,38 @@ template <typename T>
 void dropout_forward(const T*, T*, T*, std::int64_t, double, std::uint64_t) { no_cuda("dropout_forward"); }
 template <typename T>
 void dropout_backward(const T*, const T*, T*, std::int64_t) { no_cuda("dropout_backward"); }
+template <typename T>
+void lstm_forward(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*, const T*, const T*,
+                  const T*, T*, T*, T*, T*) {
+  no_cuda("lstm_forward");
+}
+template <typename T>
+void lstm_backward(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*, const T*, const T*,
+                   const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*, std::int64_t) {
+  no_cuda("lstm_backward");
+}
+template <typename T>
+void elementwise_forward(ElementWiseOp, const T* const*, std::int64_t, T*, std::int64_t) {
+  no_cuda("elementwise_forward");
+}
+template <typename T>
+void elementwise_backward(ElementWiseOp, const T* const*, std::int64_t, const T*, T* const*, std::int64_t) {
+  no_cuda("elementwise_backward");
+}
+template <typename T>
+void scale_shift(const T*, T*, std::int64_t, double, double) { no_cuda("scale_shift"); }
+template <typename T>
+void l2_normalize_forward(const T*, T*, T*, std::int64_t, std::int64_t, double) { no_cuda("l2_normalize_forward"); }
+template <typename T>
+void l2_normalize_backward(const T*, const T*, const T*, T*, std::int64_t, std::int64_t, double) {
+  no_cuda("l2_normalize_backward");
+}
+template <typename T>
+void l2_distance_forward(const T*, const T*, T*, std::int64_t, std::int64_t) { no_cuda("l2_distance_forward"); }
+template <typename T>
+void l2_distance_backward(const T*, const T*, const T*, const T*, T*, T*, std::int64_t, std::int64_t, double) {
+  no_cuda("l2_distance_backward");
+}
 
 #define SPARKGRAD_NO_CUDA_NN(T)                                                                                   \
   template void bias_add<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t);                            \
@@ -143,7 +175,22 @@ void dropout_backward(const T*, const T*, T*, std::int64_t) { no_cuda("dropout_b
   template void batchnorm_backward<T>(const BatchNormShape&, const T*, const T*, const T*, const T*, const T*, \
                                       T*, T*, T*, double);                                                     \
   template void dropout_forward<T>(const T*, T*, T*, std::int64_t, double, std::uint64_t);                    \
-  template void dropout_backward<T>(const T*, const T*, T*, std::int64_t);
+  template void dropout_backward<T>(const T*, const T*, T*, std::int64_t);                                    \
+  template void lstm_forward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,      \
+                                const T*, const T*, const T*, T*, T*, T*, T*);                                  \
+  template void lstm_backward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,     \
+                                 const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*,  \
+                                 T*, T*, T*, std::int64_t);                                                    \
+  template void elementwise_forward<T>(ElementWiseOp, const T* const*, std::int64_t, T*, std::int64_t);       \
+  template void elementwise_backward<T>(ElementWiseOp, const T* const*, std::int64_t, const T*, T* const*,   \
+                                        std::int64_t);                                                        \
+  template void scale_shift<T>(const T*, T*, std::int64_t, double, double);                                  \
+  template void l2_normalize_forward<T>(const T*, T*, T*, std::int64_t, std::int64_t, double);               \
+  template void l2_normalize_backward<T>(const T*, const T*, const T*, T*, std::int64_t, std::int64_t,       \
+                                         double);                                                             \
+  template void l2_distance_forward<T>(const T*, const T*, T*, std::int64_t, std::int64_t);                  \
+  template void l2_distance_backward<T>(const T*, const T*, const T*, const T*, T*, T*, std::int64_t,        \
+                                        std::int64_t, double);
 SPARKGRAD_NO_CUDA_NN(float)
 SPARKGRAD_NO_CUDA_NN(double)
 #undef SPARKGRAD_NO_CUDA_NN

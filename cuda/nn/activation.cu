@@ -1,5 +1,6 @@
 // CUDA twin of cpp/src/nn/activation.cpp: elementwise kinds one thread per value, softmax one thread per
 // row (max-subtracted, as on the CPU).
+#include "activation.cuh"
 #include "kernel_util.cuh"
 #include "sparkgrad/nn.h"
 
@@ -7,32 +8,7 @@ namespace sparkgrad::nn::cuda {
 
 namespace {
 using namespace sparkgrad::detail::cuda;
-
-// Overflow-free logistic and log(1 + e^x), as on the CPU.
-template <typename T>
-__device__ T sigmoid(T x) {
-  if (x >= T(0)) return T(1) / (T(1) + exp(-x));
-  const T e = exp(x);
-  return e / (T(1) + e);
-}
-template <typename T>
-__device__ T softplus(T x) {
-  return x > T(0) ? x + log1p(exp(-x)) : log1p(exp(x));
-}
-
-template <typename T>
-__device__ T forward_value(Activation kind, T alpha, T x) {
-  switch (kind) {
-    case Activation::Relu: return x > T(0) ? x : T(0);
-    case Activation::LeakyRelu: return x > T(0) ? x : alpha * x;
-    case Activation::Elu: return x > T(0) ? x : alpha * expm1(x);
-    case Activation::Tanh: return tanh(x);
-    case Activation::Sigmoid: return sigmoid(x);
-    case Activation::Softplus: return softplus(x);
-    case Activation::HardTanh: return fmin(T(1), fmax(T(-1), x));
-    default: return x;  // Identity (softmax has its own kernel)
-  }
-}
+using namespace sparkgrad::nn::cuda::device;
 
 template <typename T>
 __device__ T backward_value(Activation kind, T alpha, T x, T y, T dy) {

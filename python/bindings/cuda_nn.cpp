@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
@@ -38,6 +39,33 @@ auto with_dtype(const char* op, const std::string& dtype, Fn&& fn) {
 nn::MaskLayout mask_layout(const char* op, int layout) {
   if (layout < 0 || layout > 2) throw_invalid(op, "mask layout must be 0, 1 or 2, got ", layout);
   return static_cast<nn::MaskLayout>(layout);
+}
+
+// The LSTM's activations; the fused gate kernels compute elementwise kinds only (as the CPU binding checks).
+nn::LstmSpec lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
+                       double gate_alpha) {
+  const nn::LstmSpec spec{nn::parse_activation(op, activation), alpha, nn::parse_activation(op, gate), gate_alpha};
+  if (spec.activation == nn::Activation::Softmax || spec.gate == nn::Activation::Softmax) {
+    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
+  }
+  return spec;
+}
+
+// The element-wise op of a vertex with k inputs (k >= 1; subtract takes exactly 2).
+nn::ElementWiseOp elementwise_op(const char* op, const std::string& name, std::size_t k) {
+  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, name);
+  if (k == 0) throw_invalid(op, "inputs must hold at least one array");
+  if (kind == nn::ElementWiseOp::Subtract && k != 2) throw_invalid(op, "subtract needs exactly 2 inputs, got ", k);
+  return kind;
+}
+
+// Typed device pointers from the raw addresses.
+template <typename T>
+std::vector<T*> dev_list(const std::vector<Ptr>& ptrs) {
+  std::vector<T*> out;
+  out.reserve(ptrs.size());
+  for (Ptr p : ptrs) out.push_back(dev<T>(p));
+  return out;
 }
 
 }  // namespace
@@ -235,6 +263,123 @@ void init_cuda(py::module_& m) {
           nn::cuda::batchnorm_backward(nn::BatchNormShape{s[0], s[1], s[2]}, dev<const T>(x), dev<const T>(dy),
                                        dev<const T>(gamma), dev<const T>(batch_mean), dev<const T>(batch_var),
                                        dev<T>(dx), dev<T>(dgamma), dev<T>(dbeta), eps);
+        });
+      },
+      Release());
+  // s: (n, t, c, h); mask, h0, c0 are 0 when absent.
+  m.def(
+      "cuda_lstm_forward",
+      [](const std::array<std::int64_t, 4>& s, Ptr x, Ptr w, Ptr rw, Ptr b, Ptr mask, Ptr h0, Ptr c0, Ptr hs, Ptr cs,
+         Ptr gates, Ptr act_c, const std::string& activation, const std::string& gate_activation, double alpha,
+         double gate_alpha, const std::string& dtype) {
+        const char* op = "lstm_forward";
+        const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+        with_dtype(op, dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::lstm_forward(spec, nn::LstmShape{s[0], s[1], s[2], s[3]}, dev<const T>(x), dev<const T>(w),
+                                 dev<const T>(rw), dev<const T>(b), dev<const T>(mask), dev<const T>(h0),
+                                 dev<const T>(c0), dev<T>(hs), dev<T>(cs), dev<T>(gates), dev<T>(act_c));
+        });
+      },
+      Release());
+  // s: (n, t, c, h); dx, mask, h0, c0 are 0 when absent.
+  m.def(
+      "cuda_lstm_backward",
+      [](const std::array<std::int64_t, 4>& s, Ptr x, Ptr w, Ptr rw, Ptr mask, Ptr h0, Ptr c0, Ptr hs, Ptr cs,
+         Ptr gates, Ptr act_c, Ptr dh, Ptr dgates, Ptr dx, Ptr dw, Ptr drw, Ptr db, std::int64_t first_step,
+         const std::string& activation, const std::string& gate_activation, double alpha, double gate_alpha,
+         const std::string& dtype) {
+        const char* op = "lstm_backward";
+        const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+        if (first_step < 0 || first_step >= s[1]) {
+          throw_invalid(op, "first_step must be in [0, ", s[1], "), got ", first_step);
+        }
+        with_dtype(op, dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::lstm_backward(spec, nn::LstmShape{s[0], s[1], s[2], s[3]}, dev<const T>(x), dev<const T>(w),
+                                  dev<const T>(rw), dev<const T>(mask), dev<const T>(h0), dev<const T>(c0),
+                                  dev<const T>(hs), dev<const T>(cs), dev<const T>(gates), dev<const T>(act_c),
+                                  dev<const T>(dh), dev<T>(dgates), dev<T>(dx), dev<T>(dw), dev<T>(drw), dev<T>(db),
+                                  first_step);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_elementwise_forward",
+      [](const std::string& kind, const std::vector<Ptr>& inputs, Ptr y, std::int64_t size,
+         const std::string& dtype) {
+        const char* op = "elementwise_forward";
+        const nn::ElementWiseOp k = elementwise_op(op, kind, inputs.size());
+        with_dtype(op, dtype, [&](auto tag) {
+          using T = decltype(tag);
+          const auto in = dev_list<const T>(inputs);
+          nn::cuda::elementwise_forward(k, in.data(), static_cast<std::int64_t>(in.size()), dev<T>(y), size);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_elementwise_backward",
+      [](const std::string& kind, const std::vector<Ptr>& inputs, Ptr dy, const std::vector<Ptr>& dx,
+         std::int64_t size, const std::string& dtype) {
+        const char* op = "elementwise_backward";
+        const nn::ElementWiseOp k = elementwise_op(op, kind, inputs.size());
+        if (dx.size() != inputs.size()) {
+          throw_invalid(op, "dx must hold one array per input (", inputs.size(), "), got ", dx.size());
+        }
+        with_dtype(op, dtype, [&](auto tag) {
+          using T = decltype(tag);
+          const auto in = dev_list<const T>(inputs);
+          const auto out = dev_list<T>(dx);
+          nn::cuda::elementwise_backward(k, in.data(), static_cast<std::int64_t>(in.size()), dev<const T>(dy),
+                                         out.data(), size);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_scale_shift",
+      [](Ptr x, Ptr y, std::int64_t size, double scale, double shift, const std::string& dtype) {
+        with_dtype("scale_shift", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::scale_shift(dev<const T>(x), dev<T>(y), size, scale, shift);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_l2_normalize_forward",
+      [](Ptr x, Ptr y, Ptr norms, std::int64_t n, std::int64_t d, double eps, const std::string& dtype) {
+        with_dtype("l2_normalize_forward", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::l2_normalize_forward(dev<const T>(x), dev<T>(y), dev<T>(norms), n, d, eps);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_l2_normalize_backward",
+      [](Ptr y, Ptr norms, Ptr dy, Ptr dx, std::int64_t n, std::int64_t d, double eps, const std::string& dtype) {
+        with_dtype("l2_normalize_backward", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::l2_normalize_backward(dev<const T>(y), dev<const T>(norms), dev<const T>(dy), dev<T>(dx), n, d,
+                                          eps);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_l2_distance_forward",
+      [](Ptr a, Ptr b, Ptr y, std::int64_t n, std::int64_t d, const std::string& dtype) {
+        with_dtype("l2_distance_forward", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::l2_distance_forward(dev<const T>(a), dev<const T>(b), dev<T>(y), n, d);
+        });
+      },
+      Release());
+  m.def(
+      "cuda_l2_distance_backward",
+      [](Ptr a, Ptr b, Ptr y, Ptr dy, Ptr da, Ptr db, std::int64_t n, std::int64_t d, double eps,
+         const std::string& dtype) {
+        with_dtype("l2_distance_backward", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          nn::cuda::l2_distance_backward(dev<const T>(a), dev<const T>(b), dev<const T>(y), dev<const T>(dy),
+                                         dev<T>(da), dev<T>(db), n, d, eps);
         });
       },
       Release());

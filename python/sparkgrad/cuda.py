@@ -11,6 +11,8 @@ after its arguments are checked.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -601,6 +603,308 @@ def apply_weight_decay(params: Any, update: Any, coeff: float) -> None:
     _core.cuda_apply_weight_decay(v["params"].ptr, v["update"].ptr, n, coeff, dtype)
 
 
+# -- recurrent and graph-vertex kernels (same names and arguments as the CPU twins) ---------------
+
+
+def _overlaps(a: _View, b: _View) -> bool:
+    """Whether two device arrays share memory."""
+    size_a = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+    size_b = int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
+    return size_a > 0 and size_b > 0 and a.ptr < b.ptr + size_b and b.ptr < a.ptr + size_a
+
+
+def _size(view: _View) -> int:
+    return int(np.prod(view.shape, dtype=np.int64))
+
+
+def _check_finite_eps(op: str, eps: float) -> None:
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"[{op}] eps must be a finite number > 0, got {eps}")
+
+
+def _rows(op: str, name: str, view: _View) -> tuple[int, int]:
+    """(n, d) of an (N, ...) array viewed as N rows."""
+    if not view.shape:
+        raise ValueError(f"[{op}] {name} must have a batch axis, got a 0-d array")
+    n = view.shape[0]
+    return n, 0 if n == 0 else _size(view) // n
+
+
+def _with_optional(arrays: dict[str, tuple[Any, bool]], **optional: Any) -> dict[str, tuple[Any, bool]]:
+    """``arrays`` plus the read-only optional arrays that are not None."""
+    return {**arrays, **{name: (arr, False) for name, arr in optional.items() if arr is not None}}
+
+
+def _lstm_shape(op: str, v: dict[str, _View]) -> tuple[int, int, int, int]:
+    """(n, t, c, h) from x (N, T, C) and w (C, 4H); checks rw and the optional mask, h0, c0."""
+    x, w = v["x"].shape, v["w"].shape
+    if len(x) != 3:
+        raise ValueError(f"[{op}] x must be 3-D (N, T, C), got shape {x}")
+    if len(w) != 2:
+        raise ValueError(f"[{op}] w must be 2-D (C, 4H), got shape {w}")
+    n, t, c = x
+    if n < 1:
+        raise ValueError(f"[{op}] x.shape[0] (examples) must be >= 1, got {n}")
+    if t < 1:
+        raise ValueError(f"[{op}] x.shape[1] (time steps) must be >= 1, got {t}")
+    if w[0] != c or w[1] % 4 != 0 or w[1] == 0:
+        raise ValueError(f"[{op}] w must have shape ({c}, 4H) with H >= 1, got {w}")
+    h = w[1] // 4
+    _shape(op, "rw", v["rw"], (h, 4 * h))
+    for name, shape in (("mask", (n, t)), ("h0", (n, h)), ("c0", (n, h))):
+        if name in v:
+            _shape(op, name, v[name], shape)
+    return n, t, c, h
+
+
+def _ptr(v: dict[str, _View], name: str) -> int:
+    """The device pointer of an optional array, 0 when absent."""
+    return v[name].ptr if name in v else 0
+
+
+def lstm_forward(
+    x: Any,
+    w: Any,
+    rw: Any,
+    b: Any,
+    hs: Any,
+    cs: Any,
+    gates: Any,
+    act_c: Any,
+    mask: Any = None,
+    h0: Any = None,
+    c0: Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: float = 0.0,
+    gate_alpha: float = 0.0,
+) -> None:
+    """LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J).
+
+    Args:
+        x, w, rw, b: input sequence, input weights, recurrent weights and bias.
+        hs, cs, act_c: (N, T, H) outputs: hidden states, cell states and activation(cell) before masking.
+        gates: (N, T, 4H) output: the activated gate values.
+        mask: (N, T) or None; multiplies h and c per step.
+        h0, c0: (N, H) initial state or None (zeros).
+        activation, gate_activation, alpha, gate_alpha: elementwise activations and their alphas.
+    """
+    op = "lstm_forward"
+    arrays = {
+        "x": (x, False),
+        "w": (w, False),
+        "rw": (rw, False),
+        "b": (b, False),
+        "hs": (hs, True),
+        "cs": (cs, True),
+        "gates": (gates, True),
+        "act_c": (act_c, True),
+    }
+    v, dtype = _floats(op, **_with_optional(arrays, mask=mask, h0=h0, c0=c0))
+    n, t, c, h = _lstm_shape(op, v)
+    _shape(op, "b", v["b"], (4 * h,))
+    for name in ("hs", "cs", "act_c"):
+        _shape(op, name, v[name], (n, t, h))
+    _shape(op, "gates", v["gates"], (n, t, 4 * h))
+    _core.cuda_lstm_forward(
+        [n, t, c, h],
+        *(v[k].ptr for k in ("x", "w", "rw", "b")),
+        *(_ptr(v, k) for k in ("mask", "h0", "c0")),
+        *(v[k].ptr for k in ("hs", "cs", "gates", "act_c")),
+        activation,
+        gate_activation,
+        alpha,
+        gate_alpha,
+        dtype,
+    )
+
+
+def lstm_backward(
+    x: Any,
+    w: Any,
+    rw: Any,
+    hs: Any,
+    cs: Any,
+    gates: Any,
+    act_c: Any,
+    dh: Any,
+    dgates: Any,
+    dw: Any,
+    drw: Any,
+    db: Any,
+    dx: Any = None,
+    mask: Any = None,
+    h0: Any = None,
+    c0: Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: float = 0.0,
+    gate_alpha: float = 0.0,
+    first_step: int = 0,
+) -> None:
+    """Backward of :func:`lstm_forward` given dh = dL/dhs (N, T, H).
+
+    Args:
+        x, w, rw, hs, cs, gates, act_c, mask, h0, c0: the forward's inputs and outputs.
+        dh: (N, T, H) gradient of the loss with respect to hs.
+        dgates: (N, T, 4H) output: dL/d(pre-activations).
+        dw, drw, db: outputs shaped like w, rw and the bias (4H).
+        dx: (N, T, C) output or None.
+        first_step: steps before it get no gradient (truncated BPTT), 0 <= first_step < T.
+    """
+    op = "lstm_backward"
+    arrays = {
+        "x": (x, False),
+        "w": (w, False),
+        "rw": (rw, False),
+        "hs": (hs, False),
+        "cs": (cs, False),
+        "gates": (gates, False),
+        "act_c": (act_c, False),
+        "dh": (dh, False),
+        "dgates": (dgates, True),
+        "dw": (dw, True),
+        "drw": (drw, True),
+        "db": (db, True),
+    }
+    if dx is not None:
+        arrays["dx"] = (dx, True)
+    v, dtype = _floats(op, **_with_optional(arrays, mask=mask, h0=h0, c0=c0))
+    n, t, c, h = _lstm_shape(op, v)
+    if not 0 <= first_step < t:
+        raise ValueError(f"[{op}] first_step must be in [0, {t}), got {first_step}")
+    for name in ("hs", "cs", "act_c", "dh"):
+        _shape(op, name, v[name], (n, t, h))
+    for name in ("gates", "dgates"):
+        _shape(op, name, v[name], (n, t, 4 * h))
+    _shape(op, "dw", v["dw"], (c, 4 * h))
+    _shape(op, "drw", v["drw"], (h, 4 * h))
+    _shape(op, "db", v["db"], (4 * h,))
+    if dx is not None:
+        _shape(op, "dx", v["dx"], (n, t, c))
+    _core.cuda_lstm_backward(
+        [n, t, c, h],
+        *(v[k].ptr for k in ("x", "w", "rw")),
+        *(_ptr(v, k) for k in ("mask", "h0", "c0")),
+        *(v[k].ptr for k in ("hs", "cs", "gates", "act_c", "dh", "dgates")),
+        _ptr(v, "dx"),
+        *(v[k].ptr for k in ("dw", "drw", "db")),
+        first_step,
+        activation,
+        gate_activation,
+        alpha,
+        gate_alpha,
+        dtype,
+    )
+
+
+def _array_list(op: str, name: str, arrays: Sequence[Any], writable: bool) -> dict[str, tuple[Any, bool]]:
+    """``name[i]`` -> (array, writable) for a list of arrays."""
+    if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
+        raise TypeError(f"[{op}] {name} must be a list of GPU arrays, got {type(arrays).__name__}")
+    return {f"{name}[{i}]": (arr, writable) for i, arr in enumerate(arrays)}
+
+
+def elementwise_forward(kind: str, inputs: Sequence[Any], y: Any) -> None:
+    """``y`` = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2)."""
+    op = "elementwise_forward"
+    v, dtype = _floats(op, y=(y, True), **_array_list(op, "inputs", inputs, False))
+    names = [f"inputs[{i}]" for i in range(len(inputs))]
+    for name in names:
+        _shape(op, name, v[name], v["y"].shape)
+    _core.cuda_elementwise_forward(kind, [v[name].ptr for name in names], v["y"].ptr, _size(v["y"]), dtype)
+
+
+def elementwise_backward(kind: str, inputs: Sequence[Any], dy: Any, dx: Sequence[Any]) -> None:
+    """``dx[i] = dL/d inputs[i]`` from dy; max routes dy to the first maximal input."""
+    op = "elementwise_backward"
+    v, dtype = _floats(
+        op,
+        dy=(dy, False),
+        **_array_list(op, "inputs", inputs, False),
+        **_array_list(op, "dx", dx, True),
+    )
+    if len(dx) != len(inputs):
+        raise ValueError(f"[{op}] dx must hold one array per input ({len(inputs)}), got {len(dx)}")
+    names_in = [f"inputs[{i}]" for i in range(len(inputs))]
+    names_dx = [f"dx[{i}]" for i in range(len(dx))]
+    for name in names_in + names_dx:
+        _shape(op, name, v[name], v["dy"].shape)
+    for i, name in enumerate(names_dx):
+        others = ["dy", *names_in, *names_dx[:i]]
+        if any(_overlaps(v[name], v[other]) for other in others):
+            raise ValueError(f"[{op}] {name} must not overlap dy, an input or another dx")
+    _core.cuda_elementwise_backward(
+        kind,
+        [v[name].ptr for name in names_in],
+        v["dy"].ptr,
+        [v[name].ptr for name in names_dx],
+        _size(v["dy"]),
+        dtype,
+    )
+
+
+def scale_shift(x: Any, y: Any, scale: float = 1.0, shift: float = 0.0) -> None:
+    """``y = x * scale + shift``; y may be x."""
+    op = "scale_shift"
+    v, dtype = _floats(op, x=(x, False), y=(y, True))
+    _shape(op, "y", v["y"], v["x"].shape)
+    _core.cuda_scale_shift(v["x"].ptr, v["y"].ptr, _size(v["x"]), scale, shift, dtype)
+
+
+def l2_normalize_forward(x: Any, y: Any, norms: Any, eps: float) -> None:
+    """``y = x / max(||x_i||, eps)`` per example (row of the (N, ...) array); norms (N,). y may not be x."""
+    op = "l2_normalize_forward"
+    _check_finite_eps(op, eps)
+    v, dtype = _floats(op, x=(x, False), y=(y, True), norms=(norms, True))
+    _shape(op, "y", v["y"], v["x"].shape)
+    n, d = _rows(op, "x", v["x"])
+    _shape(op, "norms", v["norms"], (n,))
+    if _overlaps(v["x"], v["y"]):
+        raise ValueError(f"[{op}] y must not overlap x")
+    _core.cuda_l2_normalize_forward(v["x"].ptr, v["y"].ptr, v["norms"].ptr, n, d, eps, dtype)
+
+
+def l2_normalize_backward(y: Any, norms: Any, dy: Any, dx: Any, eps: float) -> None:
+    """``dx`` from y, norms and dy of :func:`l2_normalize_forward`; dx may be dy."""
+    op = "l2_normalize_backward"
+    _check_finite_eps(op, eps)
+    v, dtype = _floats(op, y=(y, False), norms=(norms, False), dy=(dy, False), dx=(dx, True))
+    _shape(op, "dy", v["dy"], v["y"].shape)
+    _shape(op, "dx", v["dx"], v["y"].shape)
+    n, d = _rows(op, "y", v["y"])
+    _shape(op, "norms", v["norms"], (n,))
+    _core.cuda_l2_normalize_backward(v["y"].ptr, v["norms"].ptr, v["dy"].ptr, v["dx"].ptr, n, d, eps, dtype)
+
+
+def l2_distance_forward(a: Any, b: Any, y: Any) -> None:
+    """``y (N,) = ||a_i - b_i||_2`` per example of the (N, ...) arrays a and b."""
+    op = "l2_distance_forward"
+    v, dtype = _floats(op, a=(a, False), b=(b, False), y=(y, True))
+    _shape(op, "b", v["b"], v["a"].shape)
+    n, d = _rows(op, "a", v["a"])
+    _shape(op, "y", v["y"], (n,))
+    _core.cuda_l2_distance_forward(v["a"].ptr, v["b"].ptr, v["y"].ptr, n, d, dtype)
+
+
+def l2_distance_backward(a: Any, b: Any, y: Any, dy: Any, da: Any, db: Any, eps: float) -> None:
+    """``da = dy (a - b) / max(y, eps)``, ``db = -da``."""
+    op = "l2_distance_backward"
+    _check_finite_eps(op, eps)
+    v, dtype = _floats(
+        op, a=(a, False), b=(b, False), y=(y, False), dy=(dy, False), da=(da, True), db=(db, True)
+    )
+    for name in ("b", "da", "db"):
+        _shape(op, name, v[name], v["a"].shape)
+    n, d = _rows(op, "a", v["a"])
+    _shape(op, "y", v["y"], (n,))
+    _shape(op, "dy", v["dy"], (n,))
+    pairs = (("da", "db"), ("da", "a"), ("da", "b"), ("db", "a"), ("db", "b"))
+    if any(_overlaps(v[p], v[q]) for p, q in pairs):
+        raise ValueError(f"[{op}] da and db must not overlap each other, a or b")
+    _core.cuda_l2_distance_backward(*(v[k].ptr for k in ("a", "b", "y", "dy", "da", "db")), n, d, eps, dtype)
+
+
 __all__ = [
     "GpuInfo",
     "activation_backward",
@@ -618,16 +922,25 @@ __all__ = [
     "devices",
     "dropout_backward",
     "dropout_forward",
+    "elementwise_backward",
+    "elementwise_forward",
     "gemm",
     "global_pool_backward",
     "global_pool_forward",
     "is_device_array",
     "kernels_for",
+    "l2_distance_backward",
+    "l2_distance_forward",
+    "l2_normalize_backward",
+    "l2_normalize_forward",
     "loss_gradient",
     "loss_score",
+    "lstm_backward",
+    "lstm_forward",
     "pool2d_backward",
     "pool2d_forward",
     "regularize_gradient",
+    "scale_shift",
     "summary",
     "updater_apply",
 ]

@@ -1,7 +1,9 @@
 """The CUDA build links and loads: SPARKGRAD_ENABLE_CUDA=ON builds the wheel (cuBLAS from NVIDIA's PyPI
 wheel), and the built module imports on this GPU-less machine, reports itself built with CUDA and sees no
-GPU. Needs nvcc and `pip install nvidia-cublas`; skips otherwise. One architecture (CUDAARCHS=80) keeps
-the compile to a few minutes on 2 cores; the default list is compiled by the same sources."""
+GPU. The same build compiles the C++ benchmarks against the CUDA twins; without a GPU, `bench_nn --device
+cuda` must say so. Needs nvcc and `pip install nvidia-cublas`; skips otherwise. One architecture
+(CUDAARCHS=80) keeps the compile to a few minutes on 2 cores; the default list is compiled by the same
+sources."""
 
 from __future__ import annotations
 
@@ -34,14 +36,15 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
     }
     cmd = [
         sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
-        f"--config-settings=build-dir={tmp_path / 'build'}", str(ROOT),
+        f"--config-settings=build-dir={tmp_path / 'build'}",
+        "--config-settings=cmake.define.SPARKGRAD_BUILD_BENCH=ON", str(ROOT),
     ]  # fmt: skip
     built = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
     (wheel,) = (tmp_path / "dist").glob("sparkgrad-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(tmp_path / "site")
-    probe = "from sparkgrad import cuda; print(cuda.built(), len(cuda.devices()) >= 0, cuda.summary()[0])"
+    probe = "from sparkgrad import cuda; print(cuda.built(), len(cuda.devices()), cuda.summary()[0])"
     loaded = subprocess.run(
         [sys.executable, "-c", probe],
         # the unpacked wheel has no site-packages/nvidia beside it: point the loader at the cuBLAS wheel
@@ -51,4 +54,17 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert loaded.returncode == 0, loaded.stderr[-4000:]
-    assert loaded.stdout.startswith("True True CUDA: built"), loaded.stdout
+    built_flag, gpus, summary = loaded.stdout.split(" ", 2)
+    assert (built_flag, summary.startswith("CUDA: built")) == ("True", True), loaded.stdout
+    if int(gpus) == 0:  # with a GPU the benchmark would run for minutes: only the GPU-less answer is checked
+        import scipy_openblas32  # a runtime dependency: the build's isolated copy is gone by now
+
+        libs = f"{CUBLAS_ROOT}/lib:{scipy_openblas32.get_lib_dir()}"
+        bench = subprocess.run(
+            [str(tmp_path / "build" / "bench" / "cpp" / "bench_nn"), "--device", "cuda"],
+            env={**os.environ, "LD_LIBRARY_PATH": libs},
+            capture_output=True,
+            text=True,
+        )
+        assert (bench.returncode, bench.stdout) == (1, ""), bench.stdout + bench.stderr
+        assert "sees no GPU" in bench.stderr, bench.stderr

@@ -250,6 +250,34 @@ void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain
 template <typename T>
 void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size);
 
+// Input projection of every step in one cuBLAS GEMM, one recurrent GEMM and one fused gate kernel per step.
+template <typename T>
+void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                  const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c);
+template <typename T>
+void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                   const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
+// inputs and dx are host arrays of k device pointers.
+template <typename T>
+void elementwise_forward(ElementWiseOp kind, const T* const* inputs, std::int64_t k, T* y, std::int64_t size);
+template <typename T>
+void elementwise_backward(ElementWiseOp kind, const T* const* inputs, std::int64_t k, const T* dy, T* const* dx,
+                          std::int64_t size);
+template <typename T>
+void scale_shift(const T* x, T* y, std::int64_t size, double scale, double shift);
+template <typename T>
+void l2_normalize_forward(const T* x, T* y, T* norms, std::int64_t n, std::int64_t d, double eps);
+template <typename T>
+void l2_normalize_backward(const T* y, const T* norms, const T* dy, T* dx, std::int64_t n, std::int64_t d,
+                           double eps);
+template <typename T>
+void l2_distance_forward(const T* a, const T* b, T* y, std::int64_t n, std::int64_t d);
+template <typename T>
+void l2_distance_backward(const T* a, const T* b, const T* y, const T* dy, T* da, T* db, std::int64_t n,
+                          std::int64_t d, double eps);
+
 }  // namespace cuda
 
 }  // namespace sparkgrad::nn

@@ -8,6 +8,8 @@ The interop checks (views, shapes, dtypes, dispatch, errors) run on any machine 
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 import numpy as np
@@ -48,12 +50,17 @@ class FakeDeviceArray:
     """Only a __cuda_array_interface__: what the front door sees of a GPU array, without a GPU."""
 
     def __init__(
-        self, shape: tuple, dtype: Any = np.float32, strides: tuple | None = None, readonly: bool = False
+        self,
+        shape: tuple,
+        dtype: Any = np.float32,
+        strides: tuple | None = None,
+        readonly: bool = False,
+        ptr: int = 0x10000,
     ):
         self.__cuda_array_interface__ = {
             "shape": shape,
             "typestr": np.dtype(dtype).str,
-            "data": (0x10000, readonly),
+            "data": (ptr, readonly),
             "strides": strides,
             "version": 3,
         }
@@ -423,3 +430,352 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
     c = cp.empty((17, 23), dtype)
     cuda.gemm(cp.asarray(a), cp.asarray(b), c, trans_b=True)
     _close(c, a @ b.T, 40, scale=np.abs(a) @ np.abs(b).T)
+
+
+# -- recurrent and graph-vertex kernels ----------------------------------------------------------
+
+KERNEL_FRONT_DOORS = [
+    name
+    for name in cuda.__all__
+    if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for", "gemm")
+]
+
+
+@pytest.mark.parametrize("name", KERNEL_FRONT_DOORS)
+def test_front_door_has_the_cpu_twins_arguments(name: str) -> None:
+    """Callers swap the module by device (kernels_for), so names, order and defaults must agree."""
+    doc = getattr(_core, name).__doc__.splitlines()[0]  # pybind11: "name(x: type, ..., alpha: float = 0.0)"
+    cpu_names = re.findall(r"(?:\(|, )(\w+): ", doc)
+    cpu_defaults = {}
+    for arg in cpu_names:
+        match = re.search(rf"(?:\(|, ){arg}: [^=,]*? = ([^,)]+)", doc)
+        if match:
+            cpu_defaults[arg] = match.group(1)
+    params = inspect.signature(getattr(cuda, name)).parameters
+    assert list(params) == cpu_names
+    defaults = {k: repr(p.default) for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert defaults == cpu_defaults
+
+
+def _fakes(shapes: dict[str, tuple], dtype: Any = np.float32) -> dict[str, FakeDeviceArray]:
+    """Fake device arrays at disjoint addresses (16 MiB apart), one per name."""
+    return {
+        name: FakeDeviceArray(shape, dtype, ptr=(i + 1) << 24)
+        for i, (name, shape) in enumerate(shapes.items())
+    }
+
+
+# n, t, c, h = 2, 3, 4, 5
+LSTM_FORWARD = {
+    "x": (2, 3, 4),
+    "w": (4, 20),
+    "rw": (5, 20),
+    "b": (20,),
+    "hs": (2, 3, 5),
+    "cs": (2, 3, 5),
+    "gates": (2, 3, 20),
+    "act_c": (2, 3, 5),
+}
+LSTM_BACKWARD = {
+    **{k: v for k, v in LSTM_FORWARD.items() if k != "b"},
+    "dh": (2, 3, 5),
+    "dgates": (2, 3, 20),
+    "dw": (4, 20),
+    "drw": (5, 20),
+    "db": (20,),
+}
+
+
+def _lstm_forward(shapes: dict[str, tuple] = LSTM_FORWARD, **kwargs: Any) -> None:
+    cuda.lstm_forward(**_fakes(shapes), **kwargs)
+
+
+def _lstm_backward(shapes: dict[str, tuple] = LSTM_BACKWARD, **kwargs: Any) -> None:
+    cuda.lstm_backward(**_fakes(shapes), **kwargs)
+
+
+def _with(shapes: dict[str, tuple], **changes: tuple) -> dict[str, tuple]:
+    return {**shapes, **changes}
+
+
+def _elementwise(kind: str, shapes: list[tuple], y: tuple = (4, 3)) -> None:
+    f = _fakes({"y": y, **{f"in{i}": s for i, s in enumerate(shapes)}})
+    cuda.elementwise_forward(kind, [f[f"in{i}"] for i in range(len(shapes))], f["y"])
+
+
+def _elementwise_backward(n_inputs: int, n_dx: int, dx0_is_dy: bool = False) -> None:
+    f = _fakes(
+        {
+            "dy": (4, 3),
+            **{f"in{i}": (4, 3) for i in range(n_inputs)},
+            **{f"dx{i}": (4, 3) for i in range(n_dx)},
+        }
+    )
+    dx = [f["dy"] if (i == 0 and dx0_is_dy) else f[f"dx{i}"] for i in range(n_dx)]
+    cuda.elementwise_backward("add", [f[f"in{i}"] for i in range(n_inputs)], f["dy"], dx)
+
+
+def _l2_normalize(
+    x: tuple = (4, 3), y: tuple = (4, 3), norms: tuple = (4,), eps: float = 1e-8, alias: bool = False
+) -> None:
+    f = _fakes({"x": x, "y": y, "norms": norms})
+    cuda.l2_normalize_forward(f["x"], f["x"] if alias else f["y"], f["norms"], eps)
+
+
+def _l2_distance_backward(alias: bool) -> None:
+    f = _fakes({"a": (4, 3), "b": (4, 3), "y": (4,), "dy": (4,), "da": (4, 3), "db": (4, 3)})
+    cuda.l2_distance_backward(f["a"], f["b"], f["y"], f["dy"], f["da"], f["da"] if alias else f["db"], 1e-8)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, x=(6, 4))), ValueError, r"x must be 3-D \(N, T, C\)"),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, x=(0, 3, 4))), ValueError, r"x.shape\[0\] \(examples\)"),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, w=(4, 18))), ValueError, r"w must have shape \(4, 4H\)"),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, rw=(5, 16))), ValueError, r"rw must have shape \(5, 20\)"),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, b=(5,))), ValueError, r"b must have shape \(20,\)"),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, gates=(2, 3, 5))), ValueError, "gates must have shape"),
+        (
+            lambda: _lstm_forward(_with(LSTM_FORWARD, mask=(3, 2))),
+            ValueError,
+            r"mask must have shape \(2, 3\)",
+        ),
+        (lambda: _lstm_forward(_with(LSTM_FORWARD, h0=(2, 4))), ValueError, r"h0 must have shape \(2, 5\)"),
+        (lambda: _lstm_forward(activation="softmax"), ValueError, "softmax is not an elementwise activation"),
+        (lambda: _lstm_forward(gate_activation="swish"), ValueError, "unknown activation"),
+        (
+            lambda: cuda.lstm_forward(
+                **_fakes(LSTM_FORWARD), h0=FakeDeviceArray((2, 5), np.float64, ptr=1 << 30)
+            ),
+            ValueError,
+            "share one dtype",
+        ),
+        (lambda: _lstm_backward(first_step=3), ValueError, r"first_step must be in \[0, 3\), got 3"),
+        (lambda: _lstm_backward(first_step=-1), ValueError, r"first_step must be in \[0, 3\)"),
+        (
+            lambda: _lstm_backward(_with(LSTM_BACKWARD, dx=(2, 3, 5))),
+            ValueError,
+            r"dx must have shape \(2, 3, 4\)",
+        ),
+        (
+            lambda: _lstm_backward(_with(LSTM_BACKWARD, drw=(4, 20))),
+            ValueError,
+            r"drw must have shape \(5, 20\)",
+        ),
+        (lambda: _elementwise("add", [(4, 3), (3, 4)]), ValueError, r"inputs\[1\] must have shape \(4, 3\)"),
+        (
+            lambda: _elementwise("subtract", [(4, 3)] * 3),
+            ValueError,
+            "subtract needs exactly 2 inputs, got 3",
+        ),
+        (lambda: _elementwise("median", [(4, 3)]), ValueError, "unknown element-wise op 'median'"),
+        (lambda: _elementwise("add", []), ValueError, "at least one array"),
+        (
+            lambda: cuda.elementwise_forward(
+                "add", FakeDeviceArray((4, 3)), FakeDeviceArray((4, 3), ptr=1 << 30)
+            ),
+            TypeError,
+            "inputs must be a list",
+        ),
+        (lambda: _elementwise_backward(2, 1), ValueError, r"dx must hold one array per input \(2\), got 1"),
+        (lambda: _elementwise_backward(2, 2, dx0_is_dy=True), ValueError, r"dx\[0\] must not overlap"),
+        (
+            lambda: cuda.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((3, 4), ptr=1 << 30), 2.0),
+            ValueError,
+            r"y must have shape \(4, 3\)",
+        ),
+        (lambda: _l2_normalize(eps=0.0), ValueError, "eps must be a finite number > 0, got 0.0"),
+        (lambda: _l2_normalize(eps=float("inf")), ValueError, "eps must be a finite number > 0"),
+        (lambda: _l2_normalize(norms=(3,)), ValueError, r"norms must have shape \(4,\)"),
+        (lambda: _l2_normalize(x=(), y=()), ValueError, "x must have a batch axis"),
+        (lambda: _l2_normalize(alias=True), ValueError, "y must not overlap x"),
+        (lambda: _l2_distance_backward(alias=True), ValueError, "da and db must not overlap"),
+        (
+            lambda: cuda.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4, 1)})),
+            ValueError,
+            r"y must have shape \(4,\)",
+        ),
+    ],
+)
+def test_recurrent_and_vertex_front_doors_reject_bad_arguments(call: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+VALID_CALLS = {
+    "lstm_forward": lambda: cuda.lstm_forward(
+        **_fakes({**LSTM_FORWARD, "mask": (2, 3), "h0": (2, 5), "c0": (2, 5)})
+    ),
+    "lstm_backward": lambda: cuda.lstm_backward(
+        **_fakes({**LSTM_BACKWARD, "dx": (2, 3, 4), "mask": (2, 3)}), first_step=2
+    ),
+    "elementwise_forward": lambda: _elementwise("max", [(4, 3)] * 3),
+    "elementwise_backward": lambda: _elementwise_backward(2, 2),
+    "scale_shift": lambda: cuda.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((4, 3)), 2.0, 1.0),
+    "l2_normalize_forward": lambda: _l2_normalize(),
+    "l2_normalize_backward": lambda: cuda.l2_normalize_backward(
+        **_fakes({"y": (4, 3), "norms": (4,), "dy": (4, 3), "dx": (4, 3)}), eps=1e-8
+    ),
+    "l2_distance_forward": lambda: cuda.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4,)})),
+    "l2_distance_backward": lambda: _l2_distance_backward(alias=False),
+}
+
+
+@pytest.mark.skipif(cuda.built(), reason="the CPU build's stand-ins")
+@pytest.mark.parametrize("op", sorted(VALID_CALLS))
+def test_cpu_build_recurrent_and_vertex_kernels_report_cuda_absent(op: str) -> None:
+    # valid arguments pass every front-door check and reach the native stand-in
+    with pytest.raises(RuntimeError, match=rf"\[{op}\] sparkgrad was built without CUDA"):
+        VALID_CALLS[op]()
+
+
+LSTM_CASES = [  # (case, activation, gate activation, alpha)
+    ("plain", "tanh", "sigmoid", 0.0),
+    ("state_mask_truncated", "tanh", "sigmoid", 0.0),
+    ("softplus", "softplus", "sigmoid", 0.0),
+    ("elu_hardtanh", "elu", "hardtanh", 1.0),
+]
+
+
+def _within(gpu: Any, cpu: np.ndarray, tol: np.ndarray | float) -> None:
+    got = gpu.get()
+    assert np.all(np.abs(got - cpu) <= tol), float(np.max(np.abs(got - cpu) - tol))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("case", "activation", "gate", "alpha"), LSTM_CASES)
+def test_lstm_matches_cpu(cp: Any, dtype: Any, case: str, activation: str, gate: str, alpha: float) -> None:
+    rng = np.random.default_rng(9)
+    n, t, c, h = 3, 7, 5, 6
+    x, dh = _rand(rng, (n, t, c), dtype), _rand(rng, (n, t, h), dtype)
+    w, b = _rand(rng, (c, 4 * h), dtype) * 0.5, _rand(rng, (4 * h,), dtype) * 0.5
+    rw = _rand(rng, (h, 4 * h), dtype) * 0.03
+    # every row and column of |rw| sums below 1 and every activation is 1-Lipschitz: the recurrence does
+    # not amplify errors, which then add up over the t steps (the bounds below rely on it)
+    assert np.abs(rw).sum(axis=1).max() < 1 and np.abs(rw).sum(axis=0).max() < 1
+    opts: dict[str, np.ndarray] = {}
+    first_step = 0
+    if case == "state_mask_truncated":
+        mask = (rng.random((n, t)) > 0.3).astype(dtype)
+        opts = {"mask": mask, "h0": _rand(rng, (n, h), dtype), "c0": _rand(rng, (n, h), dtype)}
+        first_step = 3
+    kw = {"activation": activation, "gate_activation": gate, "alpha": alpha}
+    dev_opts = {k: cp.asarray(v) for k, v in opts.items()}
+    fwd = {k: np.empty((n, t, h), dtype) for k in ("hs", "cs", "gates", "act_c")}
+    fwd["gates"] = np.empty((n, t, 4 * h), dtype)
+    _core.lstm_forward(x, w, rw, b, **fwd, **opts, **kw)
+    gfwd = {k: cp.empty(v.shape, dtype) for k, v in fwd.items()}
+    gx, gw, grw = cp.asarray(x), cp.asarray(w), cp.asarray(rw)
+    cuda.lstm_forward(gx, gw, grw, cp.asarray(b), **gfwd, **dev_opts, **kw)
+
+    eps = ELEMENTWISE_ULPS * np.finfo(dtype).eps
+    h_prev = np.concatenate([opts.get("h0", np.zeros((n, h), dtype))[:, None], fwd["hs"][:, :-1]], axis=1)
+    z_bound = (np.abs(x) @ np.abs(w) + np.abs(b) + np.abs(h_prev) @ np.abs(rw)).max()
+    s_f = max(1.0, z_bound, np.abs(fwd["cs"]).max(), np.abs(opts.get("c0", 0)).max())
+    # per step: a (c + h)-term pre-activation plus a few roundings, relative to s_f; o * act(c) multiplies
+    # an error by up to s_f again; the steps add up
+    err_f = eps * t * (c + h + 2) * s_f * (1 + s_f)
+    for key, value in fwd.items():
+        _within(gfwd[key], value, err_f)
+
+    dx = np.empty_like(x) if case != "state_mask_truncated" else None
+    grads = {"dgates": np.empty((n, t, 4 * h), dtype), "dw": np.empty_like(w), "drw": np.empty_like(rw)}
+    grads["db"] = np.empty_like(b)
+    bwd_kw = {**opts, **kw, "first_step": first_step}
+    _core.lstm_backward(x, w, rw, *fwd.values(), dh, **grads, dx=dx, **bwd_kw)
+    ggrads = {k: cp.empty(v.shape, dtype) for k, v in grads.items()}
+    gdx = None if dx is None else cp.empty(x.shape, dtype)
+    cuda.lstm_backward(
+        gx, gw, grw, *gfwd.values(), cp.asarray(dh), **ggrads, dx=gdx, **{**bwd_kw, **dev_opts}
+    )
+
+    dg = grads["dgates"]
+    rows = n * t
+    s_b = max(1.0, np.abs(dg).max(), np.abs(dh).max())
+    # dgates: the forward's error (relative to s_b) plus a 4h-term dz RW^T product and a few roundings a step
+    err_z = eps * s_b * (1 + s_f) * t * (c + 5 * h + 10)
+    _within(ggrads["dgates"], dg, err_z)
+    flat_dg, flat_x = np.abs(dg.reshape(rows, 4 * h)), np.abs(x.reshape(rows, c))
+    flat_h = np.abs(h_prev.reshape(rows, h))
+    # weight gradients sum `rows` products: their own rounding plus every row's dgates error
+    _within(
+        ggrads["dw"], grads["dw"], eps * rows * (flat_x.T @ flat_dg) + flat_x.sum(axis=0)[:, None] * err_z
+    )
+    _within(
+        ggrads["drw"], grads["drw"], eps * rows * (flat_h.T @ flat_dg) + flat_h.sum(axis=0)[:, None] * err_z
+    )
+    _within(ggrads["db"], grads["db"], eps * rows * flat_dg.sum(axis=0) + rows * err_z)
+    if dx is not None:
+        dx_tol = eps * 4 * h * (flat_dg @ np.abs(w).T) + np.abs(w).sum(axis=1)[None, :] * err_z
+        _within(gdx, dx, dx_tol.reshape(n, t, c))
+    if first_step:
+        assert not ggrads["dgates"][:, :first_step].get().any()  # truncated steps get exactly zero
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["add", "subtract", "product", "average", "max"])
+def test_elementwise_vertex_matches_cpu_exactly(cp: Any, dtype: Any, kind: str) -> None:
+    rng = np.random.default_rng(10)
+    k = 2 if kind == "subtract" else 3
+    inputs = [_rand(rng, (37, 11), dtype) for _ in range(k)]
+    for i in range(1, k):  # ties, so max's rule (the first maximal input takes dy) decides
+        tie = rng.random((37, 11)) < 0.3
+        inputs[i][tie] = inputs[i - 1][tie]
+    dy = _rand(rng, (37, 11), dtype)
+    y, dx = np.empty_like(dy), [np.empty_like(dy) for _ in range(k)]
+    _core.elementwise_forward(kind, inputs, y)
+    _core.elementwise_backward(kind, inputs, dy, dx)
+    ginputs = [cp.asarray(a) for a in inputs]
+    gy, gdx = cp.empty(y.shape, dtype), [cp.empty(y.shape, dtype) for _ in range(k)]
+    cuda.elementwise_forward(kind, ginputs, gy)
+    cuda.elementwise_backward(kind, ginputs, cp.asarray(dy), gdx)
+    # the same additions and multiplications in the same order, none a multiply-add pair the GPU could
+    # fuse: every rounding is the CPU's
+    np.testing.assert_array_equal(gy.get(), y)
+    for got, want in zip(gdx, dx):
+        np.testing.assert_array_equal(got.get(), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_shift_and_l2_vertices_match_cpu(cp: Any, dtype: Any) -> None:
+    rng = np.random.default_rng(11)
+    n, d, eps = 9, 13, 1e-8
+    x, dy = _rand(rng, (n, d), dtype), _rand(rng, (n, d), dtype)
+    x[3] = 0  # norm clamped to eps
+    x[5] *= 1e-12  # norm below eps
+    y = np.empty_like(x)
+    _core.scale_shift(x, y, 1.7, -0.3)
+    gy = cp.empty(x.shape, dtype)
+    cuda.scale_shift(cp.asarray(x), gy, 1.7, -0.3)
+    _close(gy, y, 1, scale=np.abs(x * 1.7) + 0.3)  # the GPU may fuse x * scale + shift
+
+    norms, gnorms = np.empty(n, dtype), cp.empty(n, dtype)
+    _core.l2_normalize_forward(x, y, norms, eps)
+    cuda.l2_normalize_forward(cp.asarray(x), gy, gnorms, eps)
+    _close(gnorms, norms, d)  # a d-term sum of squares in double, rounded once
+    _close(gy, y, d)
+    dx, gdx = np.empty_like(x), cp.empty(x.shape, dtype)
+    _core.l2_normalize_backward(y, norms, dy, dx, eps)  # the CPU's forward outputs for both
+    cuda.l2_normalize_backward(cp.asarray(y), cp.asarray(norms), cp.asarray(dy), gdx, eps)
+    dot = np.abs(dy * y).sum(axis=1, keepdims=True)
+    _close(gdx, dx, d, scale=(np.abs(dy) + np.abs(y) * dot) / norms[:, None])
+
+    a, b = x, _rand(rng, (n, d), dtype)
+    b[4] = a[4]  # distance 0: the backward divides by eps
+    dist, gdist = np.empty(n, dtype), cp.empty(n, dtype)
+    _core.l2_distance_forward(a, b, dist)
+    cuda.l2_distance_forward(cp.asarray(a), cp.asarray(b), gdist)
+    _close(gdist, dist, d)
+    ddist = _rand(rng, (n,), dtype)
+    da, db = np.empty_like(a), np.empty_like(a)
+    gda, gdb = cp.empty(a.shape, dtype), cp.empty(a.shape, dtype)
+    _core.l2_distance_backward(a, b, dist, ddist, da, db, eps)
+    cuda.l2_distance_backward(
+        cp.asarray(a), cp.asarray(b), cp.asarray(dist), cp.asarray(ddist), gda, gdb, eps
+    )
+    _close(gda, da, 1)  # (a - b) * dy / max(y, eps) in double, rounded once
+    _close(gdb, db, 1)

@@ -1,0 +1,219 @@
+// CUDA twin of cpp/src/nn/lstm.cpp (DL4J's LSTM without peepholes, gate blocks [a, f, o, i]). Forward:
+// the bias broadcast into every row, the input projection of all steps in one cuBLAS GEMM, then per step
+// one recurrent GEMM and one fused kernel for the gate nonlinearities, cell, output and mask. Backward: per
+// step one GEMM (dz_{t+1} RW^T) and one fused kernel, then one GEMM per weight gradient over all steps; db
+// sums the rows in double in the CPU's order. The kernels and GEMMs of one call queue on the default
+// stream; launches are checked as they go and the call waits once at the end.
+#include "activation.cuh"
+#include "kernel_util.cuh"
+#include "sparkgrad/common.h"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn::cuda {
+
+namespace {
+using namespace sparkgrad::detail::cuda;
+using device::forward_value;
+
+// f'(z) written in terms of y = f(z), as the CPU's act_grad_block (every elementwise kind allows it).
+template <typename T>
+__device__ T grad_from_output(Activation kind, T alpha, T y) {
+  switch (kind) {
+    case Activation::Relu: return y > T(0) ? T(1) : T(0);
+    case Activation::LeakyRelu: return y > T(0) ? T(1) : alpha;
+    case Activation::Elu: return y > T(0) ? T(1) : y + alpha;
+    case Activation::Tanh: return T(1) - y * y;
+    case Activation::Sigmoid: return y * (T(1) - y);
+    case Activation::Softplus: return -expm1(-y);
+    case Activation::HardTanh: return (y > T(-1) && y < T(1)) ? T(1) : T(0);
+    default: return T(1);  // Identity (softmax is rejected by the binding)
+  }
+}
+
+// The activation kinds and their alphas in T, passed by value to the step kernels.
+template <typename T>
+struct StepSpec {
+  Activation act, gate;
+  T alpha, gate_alpha;
+};
+
+template <typename T>
+StepSpec<T> step_spec(const LstmSpec& spec) {
+  return {spec.activation, spec.gate, static_cast<T>(spec.alpha), static_cast<T>(spec.gate_alpha)};
+}
+
+// gates: (rows, g4), every row set to b: (g4).
+template <typename T>
+__global__ void broadcast_bias_kernel(const T* b, T* gates, std::int64_t rows, std::int64_t g4) {
+  for (std::int64_t e = first_index(); e < rows * g4; e += grid_stride()) gates[e] = b[e % g4];
+}
+
+// Step t, one thread per (example i, unit j): activates z = gates[i, t] in place, then c, act(c), h.
+// hs, cs, act_c: (n, t, h); gates: (n, t, 4h); mask: (n, t) or null; c0: (n, h) or null.
+template <typename T>
+__global__ void forward_step_kernel(StepSpec<T> sp, LstmShape s, std::int64_t t, const T* mask, const T* c0,
+                                    T* hs, T* cs, T* gates, T* act_c) {
+  const std::int64_t h = s.h;
+  for (std::int64_t e = first_index(); e < s.n * h; e += grid_stride()) {
+    const std::int64_t i = e / h, j = e % h, row = i * s.t + t;
+    T* z = gates + row * 4 * h;
+    const T a = forward_value(sp.act, sp.alpha, z[j]);
+    const T f = forward_value(sp.gate, sp.gate_alpha, z[h + j]);
+    const T o = forward_value(sp.gate, sp.gate_alpha, z[2 * h + j]);
+    const T ig = forward_value(sp.gate, sp.gate_alpha, z[3 * h + j]);
+    z[j] = a;
+    z[h + j] = f;
+    z[2 * h + j] = o;
+    z[3 * h + j] = ig;
+    T c;
+    if (t > 0) {
+      c = f * cs[(row - 1) * h + j] + ig * a;
+    } else if (c0 != nullptr) {
+      c = f * c0[e] + ig * a;
+    } else {
+      c = ig * a;
+    }
+    const T ac = forward_value(sp.act, sp.alpha, c);
+    const T m = mask != nullptr ? mask[row] : T(1);
+    act_c[row * h + j] = ac;
+    hs[row * h + j] = m * o * ac;
+    cs[row * h + j] = c * m;
+  }
+}
+
+// Backward of step t, one thread per (i, j): dgates[i, t] from dh (n, t, h) plus dh_rec = dz_{t+1} RW^T
+// (n, h), and dc: (n, h) = dL/dc_t through step t+1, replaced by dL/dc_{t-1}.
+template <typename T>
+__global__ void backward_step_kernel(StepSpec<T> sp, LstmShape s, std::int64_t t, const T* mask, const T* c0,
+                                     const T* cs, const T* gates, const T* act_c, const T* dh, const T* dh_rec,
+                                     T* dc, T* dgates) {
+  const std::int64_t h = s.h;
+  for (std::int64_t e = first_index(); e < s.n * h; e += grid_stride()) {
+    const std::int64_t i = e / h, j = e % h, row = i * s.t + t;
+    const T* g = gates + row * 4 * h;
+    const T a = g[j], f = g[h + j], o = g[2 * h + j], ig = g[3 * h + j];
+    const T ac = act_c[row * h + j];
+    const T m = mask != nullptr ? mask[row] : T(1);
+    const T dh_t = m * (dh[row * h + j] + dh_rec[e]);
+    const T dc_t = m * dc[e] + dh_t * o * grad_from_output(sp.act, sp.alpha, ac);
+    T* dz = dgates + row * 4 * h;
+    dz[j] = dc_t * ig * grad_from_output(sp.act, sp.alpha, a);
+    if (t > 0 || c0 != nullptr) {
+      const T c_prev = t > 0 ? cs[(row - 1) * h + j] : c0[e];
+      dz[h + j] = dc_t * c_prev * grad_from_output(sp.gate, sp.gate_alpha, f);
+    } else {
+      dz[h + j] = T(0);
+    }
+    dz[2 * h + j] = dh_t * ac * grad_from_output(sp.gate, sp.gate_alpha, o);
+    dz[3 * h + j] = dc_t * a * grad_from_output(sp.gate, sp.gate_alpha, ig);
+    dc[e] = dc_t * f;
+  }
+}
+
+// h_prev: (n, t, h), row (i, t) = h_{t-1} of example i (h0 or zero at t = 0).
+template <typename T>
+__global__ void previous_h_kernel(LstmShape s, const T* hs, const T* h0, T* h_prev) {
+  const std::int64_t h = s.h, total = s.n * s.t * h;
+  for (std::int64_t e = first_index(); e < total; e += grid_stride()) {
+    const std::int64_t row = e / h, t = row % s.t;
+    if (t > 0) {
+      h_prev[e] = hs[e - h];
+    } else {
+      h_prev[e] = h0 != nullptr ? h0[(row / s.t) * h + e % h] : T(0);
+    }
+  }
+}
+
+// db: (g4) = column sums of dz: (rows, g4), one thread per column adding the rows in order in double.
+template <typename T>
+__global__ void column_sum_kernel(const T* dz, T* db, std::int64_t rows, std::int64_t g4) {
+  for (std::int64_t j = first_index(); j < g4; j += grid_stride()) {
+    double acc = 0.0;
+    for (std::int64_t row = 0; row < rows; ++row) acc += dz[row * g4 + j];
+    db[j] = static_cast<T>(acc);
+  }
+}
+
+}  // namespace
+
+// x: (n, t, c); w: (c, 4h); rw: (h, 4h); b: (4h); mask: (n, t) or null; h0, c0: (n, h) or null;
+// hs, cs, act_c: (n, t, h); gates: (n, t, 4h).
+template <typename T>
+void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                  const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c) {
+  const char* op = "lstm_forward";
+  const std::int64_t rows = s.n * s.t, h = s.h, g4 = 4 * s.h;
+  if (rows == 0 || h == 0) return;
+  const StepSpec<T> sp = step_spec<T>(spec);
+  broadcast_bias_kernel<<<blocks_for(rows * g4), kThreads>>>(b, gates, rows, g4);
+  check_cuda(op, cudaGetLastError());
+  if (s.c > 0) {
+    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, rows, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
+  }
+  for (std::int64_t t = 0; t < s.t; ++t) {
+    // z[:, t] += h_{t-1} RW; rows of step t are strided by t * (row length) in the (n, t, .) layout.
+    const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
+    if (h_prev != nullptr) {
+      sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, s.n, g4, h, T(1), h_prev, t > 0 ? s.t * h : h, rw, g4,
+                              T(1), gates + t * g4, s.t * g4);
+    }
+    forward_step_kernel<<<blocks_for(s.n * h), kThreads>>>(sp, s, t, mask, c0, hs, cs, gates, act_c);
+    check_cuda(op, cudaGetLastError());
+  }
+  check_kernels(op);
+}
+
+// Outputs of lstm_forward plus dh: (n, t, h) -> dgates: (n, t, 4h), dx: (n, t, c) or null, dw: (c, 4h),
+// drw: (h, 4h), db: (4h); steps before first_step get no gradient.
+template <typename T>
+void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                   const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
+                   T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step) {
+  const char* op = "lstm_backward";
+  const std::int64_t rows = s.n * s.t, h = s.h, g4 = 4 * s.h;
+  if (rows == 0 || h == 0) return;
+  const StepSpec<T> sp = step_spec<T>(spec);
+  if (first_step > 0) {  // truncated steps: the first first_step rows of every example
+    const std::size_t row_bytes = sizeof(T) * static_cast<std::size_t>(g4);
+    check_cuda(op, cudaMemset2D(dgates, row_bytes * static_cast<std::size_t>(s.t), 0,
+                                row_bytes * static_cast<std::size_t>(first_step), static_cast<std::size_t>(s.n)));
+  }
+  DeviceBuffer<T> dh_rec(op, s.n * h), dc_next(op, s.n * h);
+  check_cuda(op, cudaMemset(dh_rec.get(), 0, sizeof(T) * static_cast<std::size_t>(s.n * h)));
+  check_cuda(op, cudaMemset(dc_next.get(), 0, sizeof(T) * static_cast<std::size_t>(s.n * h)));
+  for (std::int64_t t = s.t - 1; t >= first_step; --t) {
+    if (t < s.t - 1) {
+      sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, s.n, h, g4, T(1), dgates + (t + 1) * g4, s.t * g4, rw,
+                              g4, T(0), dh_rec.get(), h);
+    }
+    backward_step_kernel<<<blocks_for(s.n * h), kThreads>>>(sp, s, t, mask, c0, cs, gates, act_c, dh,
+                                                            dh_rec.get(), dc_next.get(), dgates);
+    check_cuda(op, cudaGetLastError());
+  }
+  // Weight gradients with one GEMM each over all steps: dW = x^T dZ, dRW = h_prev^T dZ.
+  if (s.c > 0) {
+    sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, rows, T(1), x, s.c, dgates, g4, T(0), dw, g4);
+  }
+  DeviceBuffer<T> h_prev(op, rows * h);
+  previous_h_kernel<<<blocks_for(rows * h), kThreads>>>(s, hs, h0, h_prev.get());
+  check_cuda(op, cudaGetLastError());
+  sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, h, g4, rows, T(1), h_prev.get(), h, dgates, g4, T(0), drw,
+                          g4);
+  column_sum_kernel<<<blocks_for(g4), kThreads>>>(dgates, db, rows, g4);
+  check_cuda(op, cudaGetLastError());
+  if (dx != nullptr && s.c > 0) {
+    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, rows, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
+  }
+  check_kernels(op);  // also keeps the scratch buffers alive until the queued work has read them
+}
+
+#define SPARKGRAD_LSTM(T)                                                                                          \
+  template void lstm_forward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,        \
+                                const T*, const T*, const T*, T*, T*, T*, T*);                                    \
+  template void lstm_backward<T>(const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,       \
+                                 const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, \
+                                 T*, T*, std::int64_t);
+SPARKGRAD_LSTM(float)
+SPARKGRAD_LSTM(double)
+
+}  // namespace sparkgrad::nn::cuda
