@@ -41,16 +41,6 @@ nn::MaskLayout mask_layout(const char* op, int layout) {
   return static_cast<nn::MaskLayout>(layout);
 }
 
-// The LSTM's activations; the fused gate kernels compute elementwise kinds only (as the CPU binding checks).
-nn::LstmSpec lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
-                       double gate_alpha) {
-  const nn::LstmSpec spec{nn::parse_activation(op, activation), alpha, nn::parse_activation(op, gate), gate_alpha};
-  if (spec.activation == nn::Activation::Softmax || spec.gate == nn::Activation::Softmax) {
-    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
-  }
-  return spec;
-}
-
 // The element-wise op of a vertex with k inputs (k >= 1; subtract takes exactly 2).
 nn::ElementWiseOp elementwise_op(const char* op, const std::string& name, std::size_t k) {
   const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, name);
@@ -273,7 +263,7 @@ void init_cuda(py::module_& m) {
          Ptr gates, Ptr act_c, const std::string& activation, const std::string& gate_activation, double alpha,
          double gate_alpha, const std::string& dtype) {
         const char* op = "lstm_forward";
-        const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+        const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
         with_dtype(op, dtype, [&](auto tag) {
           using T = decltype(tag);
           nn::cuda::lstm_forward(spec, nn::LstmShape{s[0], s[1], s[2], s[3]}, dev<const T>(x), dev<const T>(w),
@@ -290,7 +280,7 @@ void init_cuda(py::module_& m) {
          const std::string& activation, const std::string& gate_activation, double alpha, double gate_alpha,
          const std::string& dtype) {
         const char* op = "lstm_backward";
-        const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+        const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
         if (first_step < 0 || first_step >= s[1]) {
           throw_invalid(op, "first_step must be in [0, ", s[1], "), got ", first_step);
         }

@@ -605,15 +605,6 @@ void l2_distance_backward(const py::array& a_in, const py::array& b_in, const py
 }
 
 // ---- LSTM ------------------------------------------------------------------------------------------
-nn::LstmSpec lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
-                       double gate_alpha) {
-  const nn::LstmSpec spec{nn::parse_activation(op, activation), alpha, nn::parse_activation(op, gate), gate_alpha};
-  if (spec.activation == nn::Activation::Softmax || spec.gate == nn::Activation::Softmax) {
-    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
-  }
-  return spec;
-}
-
 // (n, t, c, h) from x: (n, t, c) and w: (c, 4h); checks rw: (h, 4h).
 template <typename A>
 nn::LstmShape lstm_shape(const char* op, const A& x, const A& w, const A& rw) {
@@ -652,7 +643,7 @@ void lstm_forward(const py::array& x_in, const py::array& w_in, const py::array&
                   const py::object& c0_in, const std::string& activation, const std::string& gate_activation,
                   double alpha, double gate_alpha) {
   const char* op = "lstm_forward";
-  const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
   dispatch_float(op, "x", x_in, [&](auto tag) {
     using T = decltype(tag);
     auto x = checked_array<T>(op, "x", x_in);
@@ -684,7 +675,7 @@ void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array
                    const std::string& activation, const std::string& gate_activation, double alpha,
                    double gate_alpha, std::int64_t first_step) {
   const char* op = "lstm_backward";
-  const nn::LstmSpec spec = lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
   dispatch_float(op, "x", x_in, [&](auto tag) {
     using T = decltype(tag);
     auto x = checked_array<T>(op, "x", x_in);

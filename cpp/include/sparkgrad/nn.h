@@ -140,6 +140,10 @@ struct LstmSpec {
   Activation gate;  // forget, output and input gates (DL4J default sigmoid); elementwise kinds only
   double gate_alpha;
 };
+// The spec of the named activations; throws "[op] ..." (ValueError) for an unknown name or softmax, which
+// is not elementwise and so not allowed inside an LSTM.
+LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
+                         double gate_alpha);
 // x: (n, t, c); w: (c, 4h); rw: (h, 4h); b: (4h); mask: (n, t) or null (all ones); h0, c0: (n, h) or null
 // (zero initial state). Writes hs, cs, act_c = activation(c before masking): (n, t, h) and gates:
 // (n, t, 4h) activated gate values.

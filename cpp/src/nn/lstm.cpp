@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -14,6 +15,15 @@
 #include "sparkgrad/nn.h"
 
 namespace sparkgrad::nn {
+
+LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
+                         double gate_alpha) {
+  const LstmSpec spec{parse_activation(op, activation), alpha, parse_activation(op, gate), gate_alpha};
+  if (spec.activation == Activation::Softmax || spec.gate == Activation::Softmax) {
+    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
+  }
+  return spec;
+}
 
 namespace {
 
