@@ -31,14 +31,14 @@ class Updater(Config):
         """Length of the flat state this updater keeps for ``n`` parameters."""
         return int(_core.updater_state_size(self.kind, n))
 
-    def apply(self, gradient: Any, state: Any, iteration: int, kernels: Any = _core) -> None:
+    def apply(self, gradient: Any, state: Any, iteration: int, kernels: Any) -> None:
         """Turn ``gradient`` into the update in place, advancing ``state`` (0-based ``iteration``).
 
         Args:
             gradient: flat gradient slice (overwritten with the update).
             state: this updater's flat state slice.
             iteration: 0-based iteration.
-            kernels: the kernel namespace of the arrays' device (``_core`` for NumPy arrays).
+            kernels: the kernel namespace of the arrays' device (``Device.kernels``).
         """
         kernels.updater_apply(self.kind, gradient, state, iteration, **self.kernel_kwargs())
 
