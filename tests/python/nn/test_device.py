@@ -499,7 +499,15 @@ def test_a_cpu_network_refuses_gpu_arrays_clearly() -> None:
     class GpuArray:  # what a network sees of a CuPy array without a GPU
         __cuda_array_interface__ = {"shape": (2, 7), "typestr": "<f4", "data": (0x10000, False), "version": 3}
 
+    class DlpackGpuArray:  # a DLPack producer on a CUDA device (kDLCUDA = 2)
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (2, 0)
+
+    assert devices.is_gpu_array(GpuArray()) and devices.is_gpu_array(DlpackGpuArray())
+    assert not devices.is_gpu_array(np.ones(2)) and not devices.is_gpu_array([1.0])
     net = _mlp().init()
+    with pytest.raises(TypeError, match=r"GPU array \(DlpackGpuArray\) was given to a network on cpu"):
+        net.set_params(DlpackGpuArray())
     with pytest.raises(
         TypeError, match=r"GPU array \(GpuArray\) was given to a network on cpu.*\.to\('cuda:N'\)"
     ):
