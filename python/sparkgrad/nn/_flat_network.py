@@ -310,7 +310,7 @@ class FlatNetwork:
         grad = self._grad
         xp, kernels = self._device.xp, self._device.kernels
         # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
-        # On a GPU the check reads back one boolean, besides the score.
+        # On a GPU this check and the one after the updater each read back one boolean.
         if not (np.isfinite(score) and bool(xp.isfinite(grad).all())):
             self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
         for w, g, key in self._weights:
