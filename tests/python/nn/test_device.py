@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import pickle
 import re
 import types
 from pathlib import Path
@@ -512,6 +513,20 @@ def test_a_cpu_network_refuses_gpu_arrays_clearly() -> None:
         TypeError, match=r"GPU array \(GpuArray\) was given to a network on cpu.*\.to\('cuda:N'\)"
     ):
         net.output(GpuArray())
+
+
+@pytest.mark.parametrize("name", ["lstm_tbptt", "cnn"])
+def test_unpickled_and_strided_inputs_train_like_the_originals(name: str) -> None:
+    """An unpickled array (what a Spark worker gets) has a dtype object of its own, which a copy keeps
+    (truncated BPTT cuts strided time windows); the kernels still get the network dtype."""
+    batches = _batches(name)
+    reference = NETWORKS[name]().init().fit(batches)
+    unpickled = pickle.loads(pickle.dumps(batches))
+    assert unpickled[0].features.dtype is not np.dtype(np.float32)
+    net = NETWORKS[name]().init().fit(unpickled)
+    np.testing.assert_array_equal(net.params(), reference.params())
+    wide = pickle.loads(pickle.dumps(np.repeat(batches[0].features, 2, axis=-1)))
+    np.testing.assert_array_equal(net.output(wide[..., ::2]), net.output(batches[0].features))
 
 
 def test_layers_reach_the_kernels_only_through_their_device() -> None:
