@@ -1,4 +1,4 @@
-"""Training-step time of sparkgrad vs PyTorch (CPU) on the same thread count, in the same run.
+"""Training-step time of sparkgrad vs PyTorch, on the CPU (same thread count) or on a GPU, in the same run.
 
 Configurations (Adam, softmax + cross-entropy, random data):
   mlp:   784-1024-512-10 (relu), batch 128
@@ -14,8 +14,14 @@ minimum process CPU time (all threads), each as ms/step for both and the ratio s
 frameworks so that machine load hits both; on a shared machine the minima, and the CPU time most of all
 (it does not count time spent descheduled), estimate each framework's unloaded speed.
 
-    PYTHONPATH=python python bench/python/bench_train_step.py [--threads N] [--steps 20] [--rounds 5] \
-        [--models mlp,lenet,resnet]
+``--device cuda`` trains both on GPU 0 (sparkgrad: ``device="cuda:0"``; PyTorch: ``.cuda()``): each step
+copies the host minibatch to the GPU in both, and every timed round ends with a device synchronisation.
+Only the wall-time lines are printed there (the CPU time of a GPU step says nothing). It stops with a
+message saying what is missing when there is no usable GPU (sparkgrad built without CUDA, no CuPy, no
+GPU, or a CPU-only PyTorch).
+
+    PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
+        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 
 import sparkgrad
 from sparkgrad.data import DataSet
+from sparkgrad.device import Device, resolve_device
 from sparkgrad.nn import (
     ActivationLayer,
     ComputationGraph,
@@ -56,7 +63,7 @@ def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> s
     return f"{name}relu"
 
 
-def _residual_graph() -> ComputationGraph:
+def _residual_graph(device: Device) -> ComputationGraph:
     same = {"kernel_size": (3, 3), "convolution_mode": "same"}
     b = ComputationGraphConfiguration.builder(updater=updaters.Adam(1e-3), weight_init="relu", seed=0)
     b.add_inputs("image").set_input_types(InputType.convolutional(28, 28, 1))
@@ -67,12 +74,12 @@ def _residual_graph() -> ComputationGraph:
     block = _residual_block(b, "block2", "widen", 32)
     b.add_layer("pool2", SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)), block)
     b.add_layer("out", OutputLayer(10), "pool2")
-    return ComputationGraph(b.set_outputs("out").build()).init()
+    return ComputationGraph(b.set_outputs("out").build(), device=device).init()
 
 
-def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray, device: Device) -> Callable[[], None]:
     if name == "resnet":
-        graph = _residual_graph()
+        graph = _residual_graph(device)
         ds = DataSet(x, y)
         return lambda: graph.fit(ds)
     if name == "mlp":
@@ -89,12 +96,12 @@ def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], Non
         ]
         input_type = InputType.convolutional(28, 28, 1)
     conf = MultiLayerConfiguration(layers, input_type=input_type, updater=updaters.Adam(1e-3), seed=0)
-    net = MultiLayerNetwork(conf).init()
+    net = MultiLayerNetwork(conf, device=device).init()
     ds = DataSet(x, y)
     return lambda: net.fit(ds)
 
 
-def _torch_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callable[[], None]:
     import torch
     from torch import nn
 
@@ -116,13 +123,14 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
             nn.ReLU(),
             nn.Linear(500, 10),
         )
+    model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
 
-    def step() -> None:
+    def step() -> None:  # the host minibatch goes to the device every step, as in sparkgrad's fit
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(xt), yt).backward()
+        loss_fn(model(xt.to(device)), yt.to(device)).backward()
         opt.step()
 
     return step
@@ -160,12 +168,26 @@ def _torch_residual_cnn():
     )
 
 
-def _time(step: Callable[[], None], steps: int) -> tuple[float, float]:
-    """(wall, process CPU) milliseconds per step."""
+def _time(step: Callable[[], None], steps: int, sync: Callable[[], None]) -> tuple[float, float]:
+    """(wall, process CPU) milliseconds per step; ``sync`` waits for the device's queued work."""
+    sync()
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
+    sync()
     return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
+
+
+def _gpu(torch: object) -> Device:
+    """sparkgrad's GPU 0, after checking that PyTorch has one too; SystemExit saying what is missing."""
+    try:
+        device = resolve_device("cuda:0")
+    except RuntimeError as e:
+        raise SystemExit(f"--device cuda: {e}") from None
+    if not torch.cuda.is_available():  # type: ignore[attr-defined]
+        version = torch.__version__  # type: ignore[attr-defined]
+        raise SystemExit(f"--device cuda: PyTorch {version} sees no GPU (a CPU-only build?)")
+    return device
 
 
 def main() -> None:
@@ -176,26 +198,40 @@ def main() -> None:
         "--rounds", type=int, default=5, help="alternating timed rounds; median and minimum are reported"
     )
     parser.add_argument("--models", default="mlp,lenet,resnet")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where both frameworks train"
+    )
     args = parser.parse_args()
 
     import torch
 
     sparkgrad.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    print(f"threads={args.threads} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
+    device = resolve_device("cpu")
+    syncs: dict[str, Callable[[], None]] = {"sparkgrad": lambda: None, "torch": lambda: None}
+    where = f"threads={args.threads}"
+    if args.device == "cuda":
+        device = _gpu(torch)
+        syncs = {"sparkgrad": device.xp.cuda.Device(0).synchronize, "torch": torch.cuda.synchronize}
+        where = f"gpu={torch.cuda.get_device_name(0)}"
+    print(f"device={device.name} {where} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
     rng = np.random.default_rng(0)
     for name in args.models.split(","):
         batch, shape = (128, (784,)) if name == "mlp" else (64, (1, 28, 28))  # lenet, resnet: images
         x = rng.random((batch, *shape), dtype=np.float32)
         y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
-        steps = {"sparkgrad": _sparkgrad_step(name, x, y), "torch": _torch_step(name, x, y)}
+        steps = {
+            "sparkgrad": _sparkgrad_step(name, x, y, device),
+            "torch": _torch_step(name, x, y, args.device),
+        }
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
-        for step in steps.values():  # warm-up: buffer allocation, BLAS/oneDNN initialisation
-            _time(step, 3)
+        for key, step in steps.items():  # warm-up: buffer allocation, BLAS/oneDNN/cuBLAS initialisation
+            _time(step, 3, syncs[key])
         for _ in range(args.rounds):
             for key, step in steps.items():
-                times[key].append(_time(step, args.steps))
-        for label, pick in (("median", 0), ("min", 0), ("cpu min", 1)):
+                times[key].append(_time(step, args.steps, syncs[key]))
+        stats = [("median", 0), ("min", 0)] + ([("cpu min", 1)] if args.device == "cpu" else [])
+        for label, pick in stats:
             stat = statistics.median if label == "median" else min
             sg, pt = (stat(t[pick] for t in times[k]) for k in ("sparkgrad", "torch"))
             line = (

@@ -7,6 +7,13 @@ the input type it sees); this base lays the units' parameters out one after the 
 consecutive units sharing an updater into blocks with one slice of the flat updater state each
 (``state_size`` entries, laid out as the kernel defines).
 
+Devices: the buffers live on the network's :class:`~sparkgrad.device.Device` (``device=`` at
+construction, :meth:`FlatNetwork.to` later) in the same layout, and every runtime allocates and computes
+through that device's array module and kernel namespace. Host data crosses to the device once per
+minibatch where it enters (features, labels, masks); parameters, gradients, updater state and
+activations stay on the device. Every public entry point runs inside the device's ``scope`` (the
+current GPU).
+
 On top of the subclass's ``_gradient`` (flat gradient, score) it implements the training step
 (regularization, updater, weight decay, batch-norm running statistics, the non-finite check), ``fit``
 with listeners, the parameter/updater-state accessors, persistence through
@@ -17,13 +24,14 @@ is whatever the configuration's ``setting(key, name)`` takes: a layer index or a
 from __future__ import annotations
 
 import copy
+import functools
 import math
-from typing import Any, ClassVar, Iterable, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
 import numpy as np
 
-from sparkgrad._native import _core
 from sparkgrad.data.inputs import training_batches
+from sparkgrad.device import Device, is_gpu_array, resolve_device
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
@@ -34,6 +42,18 @@ from sparkgrad.nn.serialization import PathOrFile
 from sparkgrad.nn.weight_init import init_weights
 
 N = TypeVar("N", bound="FlatNetwork")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def on_device(method: F) -> F:
+    """Runs a network method inside its device's scope (where GPU allocations and kernels go)."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._device.scope():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 class _UpdaterBlock:
@@ -49,13 +69,16 @@ class FlatNetwork:
 
     Args:
         conf: the configuration (not copied; treat it as immutable once the network exists).
+        device: where the buffers live and the kernels run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
+            :class:`~sparkgrad.device.Device` (see :func:`~sparkgrad.device.resolve_device`).
     """
 
     _conf_class: ClassVar[type]  # the configuration type this network takes (and ``load`` parses)
 
-    def __init__(self, conf: Any) -> None:
+    def __init__(self, conf: Any, device: Any = "cpu") -> None:
         if not isinstance(conf, self._conf_class):
             raise TypeError(f"conf: expected a {self._conf_class.__name__}, got {type(conf).__name__}")
+        self._device = resolve_device(device)
         self.conf = conf
         self.dtype = np.dtype(conf.dtype)
         self.iteration_count = 0
@@ -75,8 +98,10 @@ class FlatNetwork:
         raise NotImplementedError  # every network type overrides this
 
     # -- construction -------------------------------------------------------------------------
-    def init(self: N, params: np.ndarray | None = None) -> N:
-        """Allocate the flat buffers and initialise parameters (seeded by ``conf.seed``).
+    @on_device
+    def init(self: N, params: Any = None) -> N:
+        """Allocate the flat buffers on the network's device and initialise parameters (seeded by
+        ``conf.seed``; drawn on the host, then copied to the device once).
 
         Args:
             params: optional flat parameter vector copied in instead of the random initialisation.
@@ -95,36 +120,75 @@ class FlatNetwork:
                 entries.append((spec, offset, offset + size))
                 offset += size
             layouts.append(entries)
+        self._units, self._layouts = units, layouts
         self._n_params = offset
-        self._params = np.zeros(offset, dtype=self.dtype)
-        self._grad = np.zeros(offset, dtype=self.dtype)
+        host = np.zeros(offset, dtype=self.dtype)
         rng = np.random.default_rng(conf.seed)
         # dropout seeds derive from this, the iteration and the unit index: reproducible, thread-free
         self._dropout_seed = int(rng.integers(0, 2**62)) if conf.seed is None else conf.seed
-        self._runtimes: list[Any] = []
-        self._weights: list[tuple[np.ndarray, np.ndarray, Any]] = []  # (param view, grad view, key)
-        self._stats: list[tuple[slice, Any]] = []  # batch-norm running statistics
-        self._layer_ranges: list[tuple[int, int]] = []
+        for (key, _, _), entries in zip(units, layouts):
+            for spec, start, stop in entries:
+                self._init_param(key, spec, host[start:stop].reshape(spec.shape), rng)
         self._layer_keys = [key for key, _, _ in units]
-        for (key, layer, input_type), entries in zip(units, layouts):
+        self._layer_ranges = [(e[0][1], e[-1][2]) if e else (0, 0) for e in layouts]
+        self._build_updater_blocks()
+        xp = self._device.xp
+        self._params = self._device.from_host(host)
+        self._grad = xp.zeros(offset, dtype=self.dtype)
+        self._state = xp.zeros(self._blocks[-1].state_stop if self._blocks else 0, dtype=self.dtype)
+        self._build_runtimes()
+        if params is not None:
+            self.set_params(params)
+        return self
+
+    def _build_runtimes(self) -> None:
+        """Every unit's runtime over views of the current buffers, on the network's device."""
+        self._runtimes: list[Any] = []
+        self._weights: list[tuple[Any, Any, Any]] = []  # (param view, grad view, key)
+        self._stats: list[tuple[slice, Any]] = []  # batch-norm running statistics
+        for (key, layer, input_type), entries in zip(self._units, self._layouts):
             pviews, gviews = {}, {}
             for spec, start, stop in entries:
                 pviews[spec.name] = self._params[start:stop].reshape(spec.shape)
                 gviews[spec.name] = self._grad[start:stop].reshape(spec.shape)
-                self._init_param(key, spec, pviews[spec.name], rng)
                 if spec.role == L.WEIGHT:
                     self._weights.append((pviews[spec.name], gviews[spec.name], key))
-            start = entries[0][1] if entries else 0
-            stop = entries[-1][2] if entries else 0
-            self._layer_ranges.append((start, stop))
-            activation = conf.setting(key, "activation") if hasattr(layer, "activation") else None
-            runtime = build_runtime(layer, input_type, activation, self.dtype, pviews, gviews)
+            activation = self.conf.setting(key, "activation") if hasattr(layer, "activation") else None
+            runtime = build_runtime(layer, input_type, activation, self.dtype, pviews, gviews, self._device)
             self._runtimes.append(runtime)
             if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
-                self._stats.append((slice(entries[2][1], stop), runtime))
-        self._build_updater_blocks()
-        if params is not None:
-            self.set_params(params)
+                self._stats.append((slice(entries[2][1], entries[-1][2]), runtime))
+
+    @property
+    def device(self) -> Device:
+        """The :class:`~sparkgrad.device.Device` holding the buffers (``.name``: "cpu", "cuda:N")."""
+        return self._device
+
+    def to(self: N, device: Any) -> N:
+        """Move the network, in place, to ``device``: parameters, gradients and updater state are copied
+        there in the same flat layout, and the layers compute there from now on (their work buffers
+        are allocated there; state kept by ``rnn_time_step`` is cleared).
+
+        Args:
+            device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`.
+
+        Returns:
+            self
+        """
+        target = resolve_device(device)
+        if target is self._device:
+            return self
+        if self._params is not None:
+            source = self._device
+            with target.scope():
+                buffers = [
+                    target.from_host(source.to_host(b)) for b in (self._params, self._grad, self._state)
+                ]
+            self._params, self._grad, self._state = buffers
+        self._device = target
+        if self._params is not None:
+            with target.scope():
+                self._build_runtimes()
         return self
 
     @classmethod
@@ -160,7 +224,6 @@ class FlatNetwork:
             state += block.updater.state_size(block.stop - block.start)
             block.state_stop = state
         self._blocks = blocks
-        self._state = np.zeros(state, dtype=self.dtype)
 
     def _require_init(self) -> None:
         if self._params is None:
@@ -171,95 +234,117 @@ class FlatNetwork:
         return (self._dropout_seed * 1_000_003 + self.iteration_count * 1_009 + index) % (2**63)
 
     # -- parameters and updater state --------------------------------------------------------
+    @on_device
     def params(self) -> np.ndarray:
-        """The live flat parameter buffer (every layer's weights are views of it)."""
+        """The flat parameter vector as a NumPy array: on the CPU the live buffer (every layer's weights
+        are views of it); on a GPU a host copy (a host array is what checkpoints, averaging and Spark
+        exchange), written back with :meth:`set_params`."""
         self._require_init()
-        return self._params
+        return self._device.to_host(self._params)
 
     def num_params(self) -> int:
         """Total number of parameters (including batch-norm running statistics)."""
         self._require_init()
         return self._n_params
 
-    def set_params(self, flat: np.ndarray) -> None:
-        """Copy ``flat`` (length ``num_params()``) into the parameter buffer."""
+    @on_device
+    def set_params(self, flat: Any) -> None:
+        """Copy ``flat`` (length ``num_params()``; a host or device array) into the parameter buffer."""
         self._require_init()
         self._copy_into(self._params, flat, "params")
 
+    @on_device
     def updater_state(self) -> np.ndarray:
-        """The live flat updater state (empty for stateless updaters such as Sgd)."""
+        """The flat updater state (empty for stateless updaters such as Sgd) as a NumPy array: the live
+        buffer on the CPU, a host copy on a GPU (written back with :meth:`set_updater_state`)."""
         self._require_init()
-        return self._state
+        return self._device.to_host(self._state)
 
-    def set_updater_state(self, flat: np.ndarray) -> None:
-        """Copy ``flat`` (length ``len(updater_state())``) into the updater state."""
+    @on_device
+    def set_updater_state(self, flat: Any) -> None:
+        """Copy ``flat`` (length ``len(updater_state())``; a host or device array) into the updater state."""
         self._require_init()
         self._copy_into(self._state, flat, "updater state")
 
-    @staticmethod
-    def _copy_into(dest: np.ndarray, flat: Any, name: str) -> None:
-        arr = np.asarray(flat)
+    def _copy_into(self, dest: Any, flat: Any, name: str) -> None:
+        device = self._device
+        arr = device.asarray(flat) if device.owns(flat) or is_gpu_array(flat) else np.asarray(flat)
         if arr.ndim != 1 or arr.shape[0] != dest.shape[0]:
             raise ValueError(
                 f"{name}: expected a flat vector of length {dest.shape[0]}, got shape {arr.shape}"
             )
         if not np.issubdtype(arr.dtype, np.floating):
             raise TypeError(f"{name}: expected a floating-point vector, got dtype {arr.dtype}")
-        np.copyto(dest, arr)
+        device.xp.copyto(dest, device.asarray(arr))
 
     # -- training step ------------------------------------------------------------------------
     def _penalty(self) -> float:
         """DL4J's regularization score: sum over weights of l1 |w| + l2 / 2 w^2."""
+        xp = self._device.xp
         total = 0.0
         for w, _, key in self._weights:
             l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
             if l1 > 0:
-                total += l1 * float(np.abs(w).sum())
+                total += l1 * float(xp.abs(w).sum())
             if l2 > 0:
-                total += 0.5 * l2 * float(np.dot(w.ravel(), w.ravel()))
+                total += 0.5 * l2 * float(xp.dot(w.ravel(), w.ravel()))
         return total
 
-    def compute_gradient_and_score(self, dataset: Any) -> tuple[np.ndarray, float]:
+    @on_device
+    def compute_gradient_and_score(self, dataset: Any) -> tuple[Any, float]:
         """Gradient of the mean loss over the minibatch (training mode) and the score.
 
         Args:
-            dataset: a minibatch with features and labels (and optional masks).
+            dataset: a minibatch with features and labels (and optional masks): host arrays (copied to
+                the device once) or arrays of the network's device.
 
         Returns:
-            (a copy of the flat gradient, without regularization terms; the score including the l1/l2
-            penalty). Batch-norm running statistics have zero gradient.
+            (a copy of the flat gradient, without regularization terms, on the network's device; the
+            score including the l1/l2 penalty). Batch-norm running statistics have zero gradient.
         """
         score = self._gradient(dataset)
         return self._grad.copy(), score
 
-    def _compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
+    def _compute_update(self, dataset: Any) -> tuple[Any, float]:
         score = self._gradient(dataset)
         grad = self._grad
+        xp, kernels = self._device.xp, self._device.kernels
         # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
-        if not (np.isfinite(score) and np.isfinite(grad).all()):
+        # On a GPU this check and the one after the updater each read back one boolean.
+        if not (np.isfinite(score) and bool(xp.isfinite(grad).all())):
             self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
         for w, g, key in self._weights:
             l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
             if l1 > 0 or l2 > 0:
-                _core.regularize_gradient(w, g, l1, l2)
+                kernels.regularize_gradient(w, g, l1, l2)
         for block in self._blocks:
             block.updater.apply(
                 grad[block.start : block.stop],
                 self._state[block.state_start : block.state_stop],
                 self.iteration_count,
+                kernels,
             )
         for w, g, key in self._weights:
             wd = self.conf.setting(key, "weight_decay")
             if wd > 0:
-                _core.apply_weight_decay(w, g, wd * self.conf.setting(key, "updater").learning_rate)
+                kernels.apply_weight_decay(w, g, wd * self.conf.setting(key, "updater").learning_rate)
         for sl, rt in self._stats:  # running statistics: params -= (old - new) sets them to new
             c = rt.new_mean.shape[0]
             grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
             grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
-        if not np.isfinite(grad).all():
+        if not bool(xp.isfinite(grad).all()):
             self._raise_non_finite("update", score, dataset)
         self.iteration_count += 1
         return grad, score
+
+    def _result(self, y: Any, given: Any) -> Any:
+        """A new array holding ``y`` (an array of the device): on the device when ``given`` (the
+        caller's input) is one of its arrays, else on the host (NumPy in, NumPy out)."""
+        device = self._device
+        if device.owns(given):
+            return y.copy()
+        host = device.to_host(y)
+        return host.copy() if host is y else host
 
     def _raise_non_finite(self, what: str, score: float, dataset: Any) -> None:
         """TrainingError naming the iteration and the first non-finite input, if any input is."""
@@ -271,11 +356,12 @@ class FlatNetwork:
             else:
                 inputs.append((name, value))
         inputs.append(("parameters", self._params))
+        device = self._device
         cause = "every input is finite: the computation overflowed (learning rate or inputs too large?)"
         for name, value in inputs:
             if value is None:
                 continue
-            arr = np.asarray(value)
+            arr = device.to_host(device.asarray(value))
             if not np.issubdtype(arr.dtype, np.floating):
                 continue
             bad = np.argwhere(~np.isfinite(arr))
@@ -289,31 +375,34 @@ class FlatNetwork:
             f"{kept} left unchanged"
         )
 
-    def compute_update(self, dataset: Any) -> tuple[np.ndarray, float]:
+    @on_device
+    def compute_update(self, dataset: Any) -> tuple[Any, float]:
         """gradient -> l1/l2 -> updater -> weight decay: the flat vector that ``fit`` subtracts.
 
         Advances the updater state and ``iteration_count``; parameters are unchanged.
 
         Args:
-            dataset: a minibatch with features and labels.
+            dataset: a minibatch with features and labels (host arrays, or arrays of the device).
 
         Returns:
-            (a copy of the flat update, the minibatch score).
+            (a copy of the flat update on the network's device, the minibatch score).
         """
         update, score = self._compute_update(dataset)
         return update.copy(), score
 
-    def apply_update(self, update: np.ndarray) -> None:
-        """``params -= update`` in place."""
+    @on_device
+    def apply_update(self, update: Any) -> None:
+        """``params -= update`` in place (``update``: a device array, or a host array copied across)."""
         self._require_init()
-        u = np.asarray(update)
+        u = self._device.asarray(update)
         if u.shape != self._params.shape:
             raise ValueError(
                 f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
             )
-        np.subtract(self._params, u, out=self._params, casting="same_kind")
+        self._device.xp.subtract(self._params, u, out=self._params, casting="same_kind")
 
     # -- training -----------------------------------------------------------------------------
+    @on_device
     def fit(self: N, data: Any, labels: Any = None, epochs: int = 1, batch_size: int | None = None) -> N:
         """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
 
@@ -324,6 +413,7 @@ class FlatNetwork:
             labels: the label array when ``data`` is a feature array.
             epochs: number of passes over ``data``; ``epoch_count`` grows by one per pass.
             batch_size: examples per minibatch (default 32 for arrays; batches as given otherwise).
+                Each minibatch's host arrays are copied to the network's device once.
 
         Returns:
             self
@@ -373,6 +463,7 @@ class FlatNetwork:
         self.set_listeners(*self.listeners, *listeners)
 
     # -- persistence --------------------------------------------------------------------------
+    @on_device
     def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True) -> None:
         """Write the model as a zip (format documented in :mod:`sparkgrad.nn.serialization`).
 
@@ -389,14 +480,16 @@ class FlatNetwork:
             path_or_binary_file,
             type(self).__name__,
             self.conf.to_json(),
-            self._params,
-            self._state if save_updater else None,
+            self._device.to_host(self._params),
+            self._device.to_host(self._state) if save_updater else None,
             self.iteration_count,
             self.epoch_count,
         )
 
     @classmethod
-    def load(cls: type[N], path_or_binary_file: PathOrFile, load_updater: bool = True) -> N:
+    def load(
+        cls: type[N], path_or_binary_file: PathOrFile, load_updater: bool = True, device: Any = "cpu"
+    ) -> N:
         """Read a model written by :meth:`save` (format versions 1 and 2).
 
         Args:
@@ -404,6 +497,7 @@ class FlatNetwork:
             load_updater: restore the updater state. A file saved with ``save_updater=False`` (or by a
                 stateless updater) has none and loads with a fresh (zero) state; a state the file
                 says was saved but that is missing or damaged is an error either way.
+            device: the device of the loaded network (as for the constructor).
 
         Returns:
             The network, with parameters, updater state and iteration/epoch counts as saved.
@@ -418,7 +512,7 @@ class FlatNetwork:
             conf = reader.configuration(cls._conf_class.from_json)
             dtype = np.dtype(conf.dtype)
             params = reader.vector(model_files.COEFF_MEMBER, cls._configured_num_params(conf), dtype)
-            net = cls(conf).init(params)
+            net = cls(conf, device=device).init(params)
             if reader.has_updater_state:
                 state = reader.vector(model_files.STATE_MEMBER, net._state.size, dtype)
                 if load_updater:
@@ -427,10 +521,11 @@ class FlatNetwork:
             net.epoch_count = reader.epoch_count
         return net
 
+    @on_device
     def clone(self: N) -> N:
-        """An independent copy: configuration, parameters, updater state and counters."""
+        """An independent copy on the same device: configuration, parameters, updater state and counters."""
         self._require_init()
-        net = type(self)(copy.deepcopy(self.conf)).init(self._params)
+        net = type(self)(copy.deepcopy(self.conf), device=self._device).init(self._params)
         net.set_updater_state(self._state)
         net.iteration_count, net.epoch_count = self.iteration_count, self.epoch_count
         net._dropout_seed = self._dropout_seed

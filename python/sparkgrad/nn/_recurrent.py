@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad._native import _core
+from sparkgrad.device import Device
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._runtime import LayerRuntime, activation_alpha
 
@@ -90,7 +90,7 @@ class LSTMRuntime(SequenceRuntime):
         self.mask = mask
         self.first_step = _first_step(t, backward_steps)
         p = self.params
-        _core.lstm_forward(
+        self.k.lstm_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, cs, gates, act_c,
             mask=mask, h0=self.h0, c0=self.c0, **self.kernel_args,
         )  # fmt: skip
@@ -102,9 +102,9 @@ class LSTMRuntime(SequenceRuntime):
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         g, p = self.grads, self.params
         dx = self.buf("dx", self.x.shape) if need_dx else None
-        _core.lstm_backward(
+        self.k.lstm_backward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.cs, self.gates, self.act_c,
-            np.ascontiguousarray(dy), self.buf("dgates", self.gates.shape),
+            self.xp.ascontiguousarray(dy), self.buf("dgates", self.gates.shape),
             g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
             dx=dx, mask=self.mask, h0=self.h0, c0=self.c0, first_step=self.first_step, **self.kernel_args,
         )  # fmt: skip
@@ -129,74 +129,74 @@ class SimpleRnnRuntime(SequenceRuntime):
         self.x = self._input_dropout(x, train, seed)
         n, t, c = x.shape
         h = self.conf.n_out
-        p = self.params
+        p, xp = self.params, self.xp
         zx = self.buf("zx", (n * t, h))
-        _core.gemm(self.x.reshape(n * t, c), p[L.WEIGHT], out=zx)
-        _core.bias_add(zx, p[L.BIAS])
+        self.k.gemm(self.x.reshape(n * t, c), p[L.WEIGHT], out=zx)
+        self.k.bias_add(zx, p[L.BIAS])
         z = self.buf("z", (t, n, h))
-        np.copyto(z, zx.reshape(n, t, h).transpose(1, 0, 2))
+        xp.copyto(z, zx.reshape(n, t, h).transpose(1, 0, 2))
         raw, out = self.buf("raw", (t, n, h)), self.buf("out", (t, n, h))
-        self.mask_tn = None if mask is None else np.ascontiguousarray(mask.T)[:, :, None]
+        self.mask_tn = None if mask is None else xp.ascontiguousarray(mask.T)[:, :, None]
         (self.h0,) = self._initial_state(n, stateful)
         self.first_step = _first_step(t, backward_steps)
         rec = self.buf("rec", (n, h))
         for step in range(t):
             prev = out[step - 1] if step > 0 else self.h0
             if prev is not None:
-                _core.gemm(prev, p[L.RECURRENT_WEIGHT], out=rec)
+                self.k.gemm(prev, p[L.RECURRENT_WEIGHT], out=rec)
                 z[step] += rec
-            _core.activation_forward(self.activation.value, z[step], raw[step], alpha=self.alpha)
+            self.k.activation_forward(self.activation.value, z[step], raw[step], alpha=self.alpha)
             if self.mask_tn is None:
                 out[step] = raw[step]
             else:
-                np.multiply(raw[step], self.mask_tn[step], out=out[step])
+                xp.multiply(raw[step], self.mask_tn[step], out=out[step])
         if stateful:
             self.state = (out[-1].copy(),)
         self.z, self.raw, self.out = z, raw, out
         y = self.buf("y", (n, t, h))
-        np.copyto(y, out.transpose(1, 0, 2))
+        xp.copyto(y, out.transpose(1, 0, 2))
         return y
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         t, n, h = self.z.shape
-        c = self.x.shape[2]
+        c, xp = self.x.shape[2], self.xp
         dz = self.buf("dz", (t, n, h))
-        np.copyto(dz, dy.reshape(n, t, h).transpose(1, 0, 2))
+        xp.copyto(dz, dy.reshape(n, t, h).transpose(1, 0, 2))
         rw = self.params[L.RECURRENT_WEIGHT]
         rec = self.buf("rec", (n, h))
         dz[: self.first_step] = 0.0  # truncated BPTT: no gradient before the backward window
         for step in range(t - 1, self.first_step - 1, -1):
             if step < t - 1:
-                _core.gemm(dz[step + 1], rw, trans_b=True, out=rec)
+                self.k.gemm(dz[step + 1], rw, trans_b=True, out=rec)
                 dz[step] += rec
             if self.mask_tn is not None:
                 dz[step] *= self.mask_tn[step]
-            _core.activation_backward(
+            self.k.activation_backward(
                 self.activation.value, self.z[step], self.raw[step], dz[step], dz[step], alpha=self.alpha
             )
         prev = self.buf("prev", (t, n, h))  # the h_{t-1} each step used
         prev[0] = 0.0 if self.h0 is None else self.h0
         prev[1:] = self.out[:-1]
         g = self.grads
-        _core.gemm(prev.reshape(t * n, h), dz.reshape(t * n, h), trans_a=True, out=g[L.RECURRENT_WEIGHT])
-        _core.bias_grad(dz.reshape(t * n, h), g[L.BIAS])
+        self.k.gemm(prev.reshape(t * n, h), dz.reshape(t * n, h), trans_a=True, out=g[L.RECURRENT_WEIGHT])
+        self.k.bias_grad(dz.reshape(t * n, h), g[L.BIAS])
         dz_nt = self.buf("dz_nt", (n * t, h))
-        np.copyto(dz_nt.reshape(n, t, h), dz.transpose(1, 0, 2))
-        _core.gemm(self.x.reshape(n * t, c), dz_nt, trans_a=True, out=g[L.WEIGHT])
+        xp.copyto(dz_nt.reshape(n, t, h), dz.transpose(1, 0, 2))
+        self.k.gemm(self.x.reshape(n * t, c), dz_nt, trans_a=True, out=g[L.WEIGHT])
         if not need_dx:
             return None
         dx = self.buf("dx", self.x.shape)
-        _core.gemm(dz_nt, self.params[L.WEIGHT], trans_b=True, out=dx.reshape(n * t, c))
+        self.k.gemm(dz_nt, self.params[L.WEIGHT], trans_b=True, out=dx.reshape(n * t, c))
         return self._input_dropout_backward(dx)
 
 
-def last_present_steps(mask: np.ndarray | None, n: int, t: int) -> np.ndarray:
+def last_present_steps(mask: Any, n: int, t: int, xp: Any) -> Any:
     """Each example's last present time step: the last non-zero mask entry (0 when a row has none), or
-    the last step without a mask."""
+    the last step without a mask; an index array of the array module ``xp``."""
     if mask is None:
-        return np.full(n, t - 1)
+        return xp.full(n, t - 1)
     present = mask != 0
-    return np.where(present.any(axis=1), t - 1 - np.argmax(present[:, ::-1], axis=1), 0)
+    return xp.where(present.any(axis=1), t - 1 - xp.argmax(present[:, ::-1], axis=1), 0)
 
 
 def _first_step(steps: int, backward_steps: int | None) -> int:
@@ -204,15 +204,14 @@ def _first_step(steps: int, backward_steps: int | None) -> int:
     return 0 if backward_steps is None else max(0, steps - backward_steps)
 
 
-def _inner(
-    conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict, prefix: str = ""
-) -> SequenceRuntime:
-    """The runtime of a wrapped LSTM / SimpleRnn over the parameters named ``prefix + name``."""
-    names = [s.name for s in conf.param_specs(input_type)]
-    p = {name: params[prefix + name] for name in names}
-    g = {name: grads[prefix + name] for name in names}
+def _inner(outer: LayerRuntime, conf: Any, prefix: str = "") -> SequenceRuntime:
+    """The runtime of the LSTM / SimpleRnn ``conf`` wrapped by ``outer``, over its parameters named
+    ``prefix + name``, on its device."""
+    names = [s.name for s in conf.param_specs(outer.input_type)]
+    p = {name: outer.params[prefix + name] for name in names}
+    g = {name: outer.grads[prefix + name] for name in names}
     cls = LSTMRuntime if isinstance(conf, L.LSTM) else SimpleRnnRuntime
-    return cls(conf, input_type, activation, dtype, p, g)
+    return cls(conf, outer.input_type, outer.activation, outer.dtype, p, g, outer.device)
 
 
 class BidirectionalRuntime(SequenceRuntime):
@@ -220,9 +219,8 @@ class BidirectionalRuntime(SequenceRuntime):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        c, it, act, dtype = self.conf, self.input_type, self.activation, self.dtype
-        self.fwd = _inner(c.layer, it, act, dtype, self.params, self.grads, "f")
-        self.bwd = _inner(c.layer, it, act, dtype, self.params, self.grads, "b")
+        self.fwd = _inner(self, self.conf.layer, "f")
+        self.bwd = _inner(self, self.conf.layer, "b")
 
     def forward(
         self,
@@ -237,13 +235,14 @@ class BidirectionalRuntime(SequenceRuntime):
             raise ValueError(
                 "features: Bidirectional layers need the whole sequence: no rnn_time_step or truncated BPTT"
             )
+        xp = self.xp
         self.yf = self.fwd.forward(x, train, seed, mask)
-        x_rev = np.ascontiguousarray(x[:, ::-1])
-        m_rev = None if mask is None else np.ascontiguousarray(mask[:, ::-1])
+        x_rev = xp.ascontiguousarray(x[:, ::-1])
+        m_rev = None if mask is None else xp.ascontiguousarray(mask[:, ::-1])
         self.yb = self.bwd.forward(x_rev, train, seed + 1, m_rev)[:, ::-1]
         mode = self.conf.mode
         if mode is L.BidirectionalMode.CONCAT:
-            return np.concatenate([self.yf, self.yb], axis=2)
+            return xp.concatenate([self.yf, self.yb], axis=2)
         if mode is L.BidirectionalMode.ADD:
             return self.yf + self.yb
         if mode is L.BidirectionalMode.MUL:
@@ -260,8 +259,8 @@ class BidirectionalRuntime(SequenceRuntime):
             df, db = dy * self.yb, dy * self.yf
         else:
             df = db = 0.5 * dy
-        dxf = self.fwd.backward(np.ascontiguousarray(df), need_dx)
-        dxb = self.bwd.backward(np.ascontiguousarray(db[:, ::-1]), need_dx)
+        dxf = self.fwd.backward(self.xp.ascontiguousarray(df), need_dx)
+        dxb = self.bwd.backward(self.xp.ascontiguousarray(db[:, ::-1]), need_dx)
         if not need_dx:
             return None
         return dxf + dxb[:, ::-1]
@@ -272,8 +271,7 @@ class LastTimeStepRuntime(SequenceRuntime):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        c = self.conf
-        self.inner = _inner(c.layer, self.input_type, self.activation, self.dtype, self.params, self.grads)
+        self.inner = _inner(self, self.conf.layer)
 
     def clear_state(self) -> None:
         self.inner.clear_state()
@@ -288,15 +286,15 @@ class LastTimeStepRuntime(SequenceRuntime):
         backward_steps: int | None = None,
     ) -> np.ndarray:
         y = self.inner.forward(x, train, seed, mask, stateful, backward_steps)
-        self.last = last_present_steps(mask, *y.shape[:2])
+        self.last = last_present_steps(mask, *y.shape[:2], self.xp)
         n = y.shape[0]
         self.y_shape = y.shape
-        return y[np.arange(n), self.last]
+        return y[self.xp.arange(n), self.last]
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         full = self.buf("dy_full", self.y_shape)
         full.fill(0.0)
-        full[np.arange(self.y_shape[0]), self.last] = dy
+        full[self.xp.arange(self.y_shape[0]), self.last] = dy
         return self.inner.backward(full, need_dx)
 
 
@@ -316,31 +314,31 @@ class GlobalPoolingTimeRuntime(SequenceRuntime):
     ) -> np.ndarray:
         n, t, c = x.shape
         self.x_shape = x.shape
-        kind = self.conf.pooling_type
-        weights = np.ones((n, t, 1), dtype=self.dtype) if mask is None else mask[:, :, None]
+        kind, xp = self.conf.pooling_type, self.xp
+        weights = xp.ones((n, t, 1), dtype=self.dtype) if mask is None else mask[:, :, None]
         if kind is L.PoolingType.MAX:
             present = weights != 0
-            self.argmax = np.argmax(np.where(present, x, -np.inf), axis=1)  # (N, C)
+            self.argmax = xp.argmax(xp.where(present, x, -np.inf), axis=1)  # (N, C)
             self.any_present = present.any(axis=1)  # (N, 1)
-            y = np.take_along_axis(x, self.argmax[:, None, :], axis=1)[:, 0] * self.any_present
+            y = xp.take_along_axis(x, self.argmax[:, None, :], axis=1)[:, 0] * self.any_present
             return y.astype(self.dtype, copy=False)
         self.scale = weights  # (N, T, 1): dy/dx of every step
         if kind is L.PoolingType.AVG:
             count = weights.sum(axis=1, keepdims=True)
-            self.scale = weights / np.where(count == 0, 1, count)
-        return np.einsum("ntc,nt->nc", x, self.scale[:, :, 0])
+            self.scale = weights / xp.where(count == 0, 1, count)
+        return xp.einsum("ntc,nt->nc", x, self.scale[:, :, 0])
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         if not need_dx:
             return None
         n, t, c = self.x_shape
-        dx = self.buf("dx", self.x_shape)
+        dx, xp = self.buf("dx", self.x_shape), self.xp
         if self.conf.pooling_type is L.PoolingType.MAX:
             dx.fill(0.0)
-            rows, cols = np.meshgrid(np.arange(n), np.arange(c), indexing="ij")
+            rows, cols = xp.meshgrid(xp.arange(n), xp.arange(c), indexing="ij")
             dx[rows, self.argmax, cols] = dy * self.any_present
         else:
-            np.multiply(dy[:, None, :], self.scale, out=dx)
+            xp.multiply(dy[:, None, :], self.scale, out=dx)
         return dx
 
 
@@ -354,10 +352,10 @@ _SEQUENCE_RUNTIMES = {
 
 
 def build_sequence_runtime(
-    conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict
+    conf: Any, input_type: Any, activation: Any, dtype: np.dtype, params: dict, grads: dict, device: Device
 ) -> SequenceRuntime:
     """The runtime of a layer whose config ``takes_sequences`` (interface in the module docstring)."""
-    return _SEQUENCE_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
+    return _SEQUENCE_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads, device)
 
 
 class LayerTrace:
@@ -406,6 +404,7 @@ def layer_forward(
         (N, ...); the trace :func:`layer_backward` needs).
     """
     sequence = input_type.kind == "recurrent"
+    xp = rt.xp
     if sequence and layer.takes_sequences:
         y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
         return y, LayerTrace(y.shape, None)
@@ -416,7 +415,7 @@ def layer_forward(
         x = x.reshape((n * t, *step))
         step_mask = None if mask is None else mask.reshape(-1, 1)
         if step_mask is not None and layer.batch_statistics:
-            present = np.flatnonzero(step_mask[:, 0])
+            present = xp.flatnonzero(step_mask[:, 0])
             if 0 < present.size < n * t:  # batch statistics over the present steps only
                 rows = present
                 x = x[rows]
@@ -427,7 +426,7 @@ def layer_forward(
     y = rt.forward(x, train, seed)
     trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0)
     if rows is not None:  # padded steps output zero
-        full = np.zeros((n * t, *y.shape[1:]), dtype=y.dtype)
+        full = xp.zeros((n * t, *y.shape[1:]), dtype=y.dtype)
         full[rows] = y
         y = full
     if sequence:
@@ -449,28 +448,28 @@ def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) ->
     Returns:
         dL/d(input) in the runtime's input layout (rows for a per-step layer), or None.
     """
+    xp = rt.xp
     if trace.step_mask is not None:  # masked steps of per-step layers get no gradient
         dy = dy.reshape(trace.step_mask.shape[0], -1) * trace.step_mask
     if trace.rows is not None:  # the layer ran on the present steps only
-        dx = rt.backward(np.ascontiguousarray(dy[trace.rows].reshape(trace.out_shape)), need_dx=need_dx)
+        dx = rt.backward(xp.ascontiguousarray(dy[trace.rows].reshape(trace.out_shape)), need_dx=need_dx)
         if dx is None:
             return None
-        full = np.zeros((trace.n_rows, *dx.shape[1:]), dtype=dx.dtype)
+        full = xp.zeros((trace.n_rows, *dx.shape[1:]), dtype=dx.dtype)
         full[trace.rows] = dx
         return full
-    return rt.backward(np.ascontiguousarray(dy.reshape(trace.out_shape)), need_dx=need_dx)
+    return rt.backward(xp.ascontiguousarray(dy.reshape(trace.out_shape)), need_dx=need_dx)
 
 
-def sequence_features(features: Any, input_type: Any, dtype: np.dtype, where: str) -> np.ndarray:
+def sequence_features(x: Any, input_type: Any, device: Device, where: str) -> Any:
     """DL4J's (batch, size, time) features -> the (N, T, C) C-contiguous layout layers see, checked.
 
     Args:
-        features: the array.
+        x: the features, already an array of ``device`` in the network dtype.
         input_type: its recurrent InputType (size, optional fixed time steps).
-        dtype: the network dtype.
+        device: the network's device.
         where: the argument named in errors (``features``, ``features[1] (input 'a')``).
     """
-    x = np.asarray(features, dtype=dtype)
     if x.ndim != 3 or x.shape[1] != input_type.size or x.shape[2] < 1:
         raise ValueError(f"{where}: expected shape (batch, {input_type.size}, time), got {x.shape}")
     if input_type.time_steps is not None and x.shape[2] != input_type.time_steps:
@@ -478,27 +477,28 @@ def sequence_features(features: Any, input_type: Any, dtype: np.dtype, where: st
             f"{where}: the input type has {input_type.time_steps} time steps but the features have "
             f"{x.shape[2]}; use InputType.recurrent(size) for variable-length sequences"
         )
-    return np.ascontiguousarray(x.transpose(0, 2, 1))
+    return device.xp.ascontiguousarray(x.transpose(0, 2, 1))
 
 
-def sequence_mask(mask: Any, x: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
-    """A features mask (N, T) checked against sequence features ``x`` (N, T, C), in ``dtype``."""
-    m = np.asarray(mask)
+def sequence_mask(mask: Any, x: Any, device: Device, dtype: np.dtype, where: str) -> Any:
+    """A features mask (N, T) checked against sequence features ``x`` (N, T, C): an array of ``device``
+    in ``dtype`` (host masks are copied there once)."""
+    m = device.asarray(mask, dtype)
     if m.shape != x.shape[:2]:
         raise ValueError(f"{where}: expected shape (batch, time) = {x.shape[:2]}, got {m.shape}")
-    m = np.ascontiguousarray(m, dtype=dtype)
-    if not np.isfinite(m).all():
+    if not bool(device.xp.isfinite(m).all()):
         raise ValueError(f"{where}: values must be finite (1 = step present, 0 = padding)")
     return m
 
 
-def steps_to_rows(arr: Any, dtype: np.dtype, where: str, is_mask: bool) -> np.ndarray:
-    """Per-step labels (N, C, T) -> (N*T, C) output rows; a per-step mask (N, T) -> (N*T,)."""
-    a = np.asarray(arr, dtype=dtype)
+def steps_to_rows(arr: Any, device: Device, dtype: np.dtype, where: str, is_mask: bool) -> Any:
+    """Per-step labels (N, C, T) -> (N*T, C) output rows; a per-step mask (N, T) -> (N*T,); arrays of
+    ``device`` in ``dtype`` (host arrays are copied there once)."""
+    a, xp = device.asarray(arr, dtype), device.xp
     if a.ndim == 3:
-        return np.ascontiguousarray(a.transpose(0, 2, 1).reshape(-1, a.shape[1]))
+        return xp.ascontiguousarray(a.transpose(0, 2, 1).reshape(-1, a.shape[1]))
     if a.ndim == 2 and is_mask:
-        return np.ascontiguousarray(a.reshape(-1))
+        return a.reshape(-1)
     raise ValueError(f"{where}: expected a per-time-step array for recurrent output, got shape {a.shape}")
 
 

@@ -1,9 +1,10 @@
-"""Runtime of each layer type: forward/backward over preallocated buffers through sparkgrad._core.
+"""Runtime of each layer type: forward/backward over preallocated buffers through the native kernels.
 
 A runtime object owns the views of its parameters and gradients into the network's flat buffers and
 a cache of work buffers keyed by name (reallocated only when the batch shape changes), so a training
 step allocates nothing large. Returned arrays are work buffers: valid until the next forward pass.
-Gradients are written (not accumulated) into the flat gradient views.
+Gradients are written (not accumulated) into the flat gradient views. A runtime computes on the
+network's :class:`~sparkgrad.device.Device`: ``self.xp`` allocates and ``self.k`` holds the kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad._native import _core
+from sparkgrad.device import Device
 from sparkgrad.nn import layers as L
 from sparkgrad.nn.enums import Activation
 from sparkgrad.nn.input_type import InputType
@@ -36,8 +37,10 @@ class LayerRuntime:
         dtype: np.dtype,
         params: dict[str, np.ndarray],
         grads: dict[str, np.ndarray],
+        device: Device,
     ) -> None:
         self.conf = conf
+        self.device, self.xp, self.k = device, device.xp, device.kernels
         self.input_type = input_type
         self.activation = activation
         self.alpha = activation_alpha(activation) if activation is not None else 0.0
@@ -50,7 +53,7 @@ class LayerRuntime:
         """A cached work array of ``shape`` (contents undefined)."""
         arr = self._buffers.get(name)
         if arr is None or arr.shape != shape:
-            arr = np.empty(shape, dtype=dtype or self.dtype)
+            arr = self.xp.empty(shape, dtype=dtype or self.dtype)
             self._buffers[name] = arr
         return arr
 
@@ -69,24 +72,24 @@ class LayerRuntime:
         if not self._dropped:
             return x
         out, mask = self.buf("drop_x", x.shape), self.buf("drop_mask", x.shape)
-        _core.dropout_forward(x, out, mask, retain, seed)
+        self.k.dropout_forward(x, out, mask, retain, seed)
         return out
 
     def _input_dropout_backward(self, dx: np.ndarray) -> np.ndarray:
         if self._dropped:
-            _core.dropout_backward(dx, self._buffers["drop_mask"], dx)
+            self.k.dropout_backward(dx, self._buffers["drop_mask"], dx)
         return dx
 
     def _activate(self, z: np.ndarray) -> np.ndarray:
         if self.activation is Activation.IDENTITY:
             return z
         y = self.buf("y", z.shape)
-        _core.activation_forward(self.activation.value, z, y, alpha=self.alpha)
+        self.k.activation_forward(self.activation.value, z, y, alpha=self.alpha)
         return y
 
     def _activation_backward(self, z: np.ndarray, y: np.ndarray, dy: np.ndarray) -> np.ndarray:
         if self.activation is not Activation.IDENTITY:
-            _core.activation_backward(self.activation.value, z, y, dy, dy, alpha=self.alpha)
+            self.k.activation_backward(self.activation.value, z, y, dy, dy, alpha=self.alpha)
         return dy
 
 
@@ -96,9 +99,9 @@ class DenseRuntime(LayerRuntime):
     def preout(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
         self.z = self.buf("z", (x.shape[0], self.conf.n_out))
-        _core.gemm(self.x, self.params[L.WEIGHT], out=self.z)
+        self.k.gemm(self.x, self.params[L.WEIGHT], out=self.z)
         if self.conf.has_bias:
-            _core.bias_add(self.z, self.params[L.BIAS])
+            self.k.bias_add(self.z, self.params[L.BIAS])
         return self.z
 
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
@@ -107,13 +110,13 @@ class DenseRuntime(LayerRuntime):
 
     def backward_preout(self, dz: np.ndarray, need_dx: bool) -> np.ndarray | None:
         """Gradients given dL/dz."""
-        _core.gemm(self.x, dz, trans_a=True, out=self.grads[L.WEIGHT])
+        self.k.gemm(self.x, dz, trans_a=True, out=self.grads[L.WEIGHT])
         if self.conf.has_bias:
-            _core.bias_grad(dz, self.grads[L.BIAS])
+            self.k.bias_grad(dz, self.grads[L.BIAS])
         if not need_dx:
             return None
         dx = self.buf("dx", self.x.shape)
-        _core.gemm(dz, self.params[L.WEIGHT], trans_b=True, out=dx)
+        self.k.gemm(dz, self.params[L.WEIGHT], trans_b=True, out=dx)
         return self._input_dropout_backward(dx)
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
@@ -127,8 +130,9 @@ class OutputRuntime:
     divided by ``n_examples`` (DL4J: the score is the mean over the minibatch).
     """
 
-    def __init__(self, conf: Any, dense: DenseRuntime | None) -> None:
+    def __init__(self, conf: Any, dense: DenseRuntime | None, device: Device) -> None:
         self.conf = conf
+        self.xp, self.k = device.xp, device.kernels
         self.dense = dense
         self.activation = conf.activation
         self.alpha = activation_alpha(conf.activation)
@@ -137,7 +141,7 @@ class OutputRuntime:
     def buf(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         arr = self._buffers.get(name)
         if arr is None or arr.shape != shape:
-            arr = np.empty(shape, dtype=dtype)
+            arr = self.xp.empty(shape, dtype=dtype)
             self._buffers[name] = arr
         return arr
 
@@ -148,13 +152,13 @@ class OutputRuntime:
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         z = self.preout(x, train, seed)
         y = self.buf("y", z.shape, z.dtype)
-        _core.activation_forward(self.activation.value, z, y, alpha=self.alpha)
+        self.k.activation_forward(self.activation.value, z, y, alpha=self.alpha)
         return y
 
     def scores(self, labels: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Per-example loss of the last ``preout`` (sum over columns, masked)."""
         out = self.buf("scores", (self.z.shape[0],), self.z.dtype)
-        _core.loss_score(
+        self.k.loss_score(
             self.conf.loss.value, self.activation.value, labels, self.z, out, mask=mask, alpha=self.alpha
         )
         return out
@@ -162,7 +166,7 @@ class OutputRuntime:
     def backward(self, labels: np.ndarray, mask: np.ndarray | None, n_examples: int, need_dx: bool):
         """dL/dpreout of the mean loss, pushed through the dense part; returns dL/dx or None."""
         dz = self.buf("dz", self.z.shape, self.z.dtype)
-        _core.loss_gradient(
+        self.k.loss_gradient(
             self.conf.loss.value, self.activation.value, labels, self.z, dz, mask=mask, alpha=self.alpha
         )
         dz *= 1.0 / n_examples
@@ -184,7 +188,7 @@ class ConvolutionRuntime(LayerRuntime):
         self.x = self._input_dropout(x, train, seed)
         self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
         bias = self.params[L.BIAS] if self.conf.has_bias else None
-        _core.conv2d_forward(
+        self.k.conv2d_forward(
             self.x, self.params[L.WEIGHT], bias, self.z, *self.stride, self.pad_top, self.pad_left
         )
         self.y = self._activate(self.z)
@@ -193,13 +197,13 @@ class ConvolutionRuntime(LayerRuntime):
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         dz = self._activation_backward(self.z, self.y, dy)
         geometry = (*self.stride, self.pad_top, self.pad_left)
-        _core.conv2d_backward_weight(self.x, dz, self.grads[L.WEIGHT], *geometry)
+        self.k.conv2d_backward_weight(self.x, dz, self.grads[L.WEIGHT], *geometry)
         if self.conf.has_bias:
-            _core.bias_grad(dz, self.grads[L.BIAS])
+            self.k.bias_grad(dz, self.grads[L.BIAS])
         if not need_dx:
             return None
         dx = self.buf("dx", self.x.shape)
-        _core.conv2d_backward_input(dz, self.params[L.WEIGHT], dx, *geometry)
+        self.k.conv2d_backward_input(dz, self.params[L.WEIGHT], dx, *geometry)
         return self._input_dropout_backward(dx)
 
 
@@ -219,14 +223,14 @@ class SubsamplingRuntime(LayerRuntime):
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x_shape = x.shape
         y = self.buf("y", (x.shape[0], x.shape[1], self.p, self.q))
-        _core.pool2d_forward(self.kind, x, y, *self.geometry, argmax=self._argmax(y.shape))
+        self.k.pool2d_forward(self.kind, x, y, *self.geometry, argmax=self._argmax(y.shape))
         return y
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         if not need_dx:
             return None
         dx = self.buf("dx", self.x_shape)
-        _core.pool2d_backward(self.kind, dy, dx, *self.geometry, argmax=self._argmax(dy.shape))
+        self.k.pool2d_backward(self.kind, dy, dx, *self.geometry, argmax=self._argmax(dy.shape))
         return dx
 
 
@@ -239,14 +243,14 @@ class GlobalPoolingRuntime(LayerRuntime):
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x_shape = x.shape
         y = self.buf("y", x.shape[:2])
-        _core.global_pool_forward(self.conf.pooling_type.value, x, y, argmax=self._argmax(y.shape))
+        self.k.global_pool_forward(self.conf.pooling_type.value, x, y, argmax=self._argmax(y.shape))
         return y
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         if not need_dx:
             return None
         dx = self.buf("dx", self.x_shape)
-        _core.global_pool_backward(self.conf.pooling_type.value, dy, dx, argmax=self._argmax(dy.shape))
+        self.k.global_pool_backward(self.conf.pooling_type.value, dy, dx, argmax=self._argmax(dy.shape))
         return dx
 
 
@@ -256,32 +260,32 @@ class BatchNormRuntime(LayerRuntime):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        c = (self.conf.n_in,)
-        self.new_mean = np.empty(c, dtype=self.dtype)
-        self.new_var = np.empty(c, dtype=self.dtype)
-        self.batch_mean = np.empty(c, dtype=self.dtype)
-        self.batch_var = np.empty(c, dtype=self.dtype)
+        c, xp = (self.conf.n_in,), self.xp
+        self.new_mean = xp.empty(c, dtype=self.dtype)
+        self.new_var = xp.empty(c, dtype=self.dtype)
+        self.batch_mean = xp.empty(c, dtype=self.dtype)
+        self.batch_var = xp.empty(c, dtype=self.dtype)
 
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         p, eps = self.params, self.conf.eps
         self.x = x
         y = self.buf("y", x.shape)
         if train:
-            np.copyto(self.new_mean, p[L.RUNNING_MEAN])
-            np.copyto(self.new_var, p[L.RUNNING_VAR])
-            _core.batchnorm_forward_train(
+            self.xp.copyto(self.new_mean, p[L.RUNNING_MEAN])
+            self.xp.copyto(self.new_var, p[L.RUNNING_VAR])
+            self.k.batchnorm_forward_train(
                 x, p[L.GAMMA], p[L.BETA], y, self.batch_mean, self.batch_var,
                 self.new_mean, self.new_var, self.conf.decay, eps,
             )  # fmt: skip
         else:
-            _core.batchnorm_forward_inference(
+            self.k.batchnorm_forward_inference(
                 x, p[L.GAMMA], p[L.BETA], p[L.RUNNING_MEAN], p[L.RUNNING_VAR], y, eps
             )
         return y
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         dx = self.buf("dx", self.x.shape)
-        _core.batchnorm_backward(
+        self.k.batchnorm_backward(
             self.x, dy, self.params[L.GAMMA], self.batch_mean, self.batch_var,
             dx, self.grads[L.GAMMA], self.grads[L.BETA], self.conf.eps,
         )  # fmt: skip
@@ -330,18 +334,20 @@ def build_runtime(
     dtype: np.dtype,
     params: dict[str, np.ndarray],
     grads: dict[str, np.ndarray],
+    device: Device,
 ) -> Any:
-    """The runtime object for one layer config (output layers are wrapped in an OutputRuntime)."""
+    """The runtime object for one layer config (output layers are wrapped in an OutputRuntime), computing
+    on ``device`` over the parameter and gradient views (arrays of that device)."""
     if isinstance(conf, L.LossLayer):
-        return OutputRuntime(conf, None)
+        return OutputRuntime(conf, None, device)
     if input_type.kind == "recurrent":
         if conf.takes_sequences:  # whole sequences plus the features mask
             from sparkgrad.nn._recurrent import build_sequence_runtime
 
-            return build_sequence_runtime(conf, input_type, activation, dtype, params, grads)
+            return build_sequence_runtime(conf, input_type, activation, dtype, params, grads, device)
         input_type = input_type.step_type()  # the layer runs at every time step
-    runtime = _RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads)
-    return OutputRuntime(conf, runtime) if isinstance(conf, L.OutputLayer) else runtime
+    runtime = _RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads, device)
+    return OutputRuntime(conf, runtime, device) if isinstance(conf, L.OutputLayer) else runtime
 
 
 __all__ = ["OutputRuntime", "activation_alpha", "build_runtime"]

@@ -35,9 +35,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from sparkgrad._config import Config
-from sparkgrad._native import _core
 from sparkgrad.nn import layers as L
-from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn._flat_network import FlatNetwork, on_device
 from sparkgrad.nn._recurrent import (
     LayerTrace,
     layer_backward,
@@ -411,6 +410,8 @@ class ComputationGraph(FlatNetwork):
 
     Args:
         conf: the configuration (not copied; treat it as immutable once the network exists).
+        device: where parameters, gradients, updater state and activations live and the kernels run:
+            ``"cpu"`` (default), ``"cuda"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`.
     """
 
     _conf_class = ComputationGraphConfiguration
@@ -423,16 +424,9 @@ class ComputationGraph(FlatNetwork):
             if conf.spec(name).is_layer
         ]
 
-    def init(self, params: np.ndarray | None = None) -> ComputationGraph:
-        """Allocate the flat buffers and initialise parameters (seeded by ``conf.seed``).
-
-        Args:
-            params: optional flat parameter vector copied in instead of the random initialisation.
-
-        Returns:
-            self
-        """
-        super().init(params)
+    def _build_runtimes(self) -> None:
+        """The layers' runtimes (FlatNetwork's) plus the vertices' and the graph nodes over them."""
+        super()._build_runtimes()
         conf = self.conf
         layer_runtimes = dict(zip(self._layer_keys, self._runtimes))
         graph_inputs = set(conf.inputs)
@@ -442,12 +436,11 @@ class ComputationGraph(FlatNetwork):
             runtime = (
                 layer_runtimes[name]
                 if spec.is_layer
-                else spec.vertex.build_runtime(conf.vertex_input_types[name], self.dtype)
+                else spec.vertex.build_runtime(conf.vertex_input_types[name], self.dtype, self._device)
             )
             self._nodes.append(_Node(spec, index, runtime, graph_inputs, conf))
         self._by_name = {node.name: node for node in self._nodes}
-        self._sum_buffers: dict[str, np.ndarray] = {}
-        return self
+        self._sum_buffers: dict[str, Any] = {}
 
     # -- data preparation -----------------------------------------------------------------------
     @staticmethod
@@ -480,9 +473,9 @@ class ComputationGraph(FlatNetwork):
         out = []
         for k, (name, raw, it) in enumerate(zip(names, features, self.conf.input_types)):
             where = f"features[{k}] (input {name!r})"
-            x = np.ascontiguousarray(raw, dtype=self.dtype)
+            x = self._device.asarray(raw, self.dtype)
             if it.kind == "recurrent":
-                x = sequence_features(x, it, self.dtype, where)  # (N, T, C)
+                x = sequence_features(x, it, self._device, where)  # (N, T, C)
             elif it.kind == "convolutional_flat":
                 if x.ndim != 2 or x.shape[1] != it.size:
                     raise ValueError(
@@ -516,15 +509,16 @@ class ComputationGraph(FlatNetwork):
         for k, x in enumerate(xs):
             m = masks[k] if k < len(masks) else None
             if m is not None and self.conf.input_types[k].kind == "recurrent":
-                m = sequence_mask(m, x, self.dtype, f"features_masks[{k}] (input {self.conf.inputs[k]!r})")
+                where = f"features_masks[{k}] (input {self.conf.inputs[k]!r})"
+                m = sequence_mask(m, x, self._device, self.dtype, where)
             elif m is not None:
-                m = np.asarray(m, dtype=self.dtype)
+                m = self._device.asarray(m, self.dtype)
                 if m.shape not in ((x.shape[0],), (x.shape[0], 1)):
                     raise ValueError(
                         f"features_masks[{k}]: expected a per-example mask of shape ({x.shape[0]},) or "
                         f"({x.shape[0]}, 1) for input {self.conf.inputs[k]!r}, got {m.shape}"
                     )
-                m = np.ascontiguousarray(m.reshape(-1))
+                m = m.reshape(-1)
             out.append(m)
         return out
 
@@ -542,18 +536,18 @@ class ComputationGraph(FlatNetwork):
             n_out = self.conf.output_types[name].size
             sequence = self.conf.output_types[name].kind == "recurrent"
             if sequence:  # per-step labels (N, n_out, T) -> (N*T, n_out) output rows
-                y = steps_to_rows(raw, self.dtype, where, is_mask=False)
+                y = steps_to_rows(raw, self._device, self.dtype, where, is_mask=False)
             else:
-                y = np.ascontiguousarray(raw, dtype=self.dtype)
+                y = self._device.asarray(raw, self.dtype)
             if y.ndim != 2 or y.shape[1] != n_out:
                 shape = f"(batch, {n_out}, time)" if sequence else f"(batch, {n_out})"
                 raise ValueError(f"{where}: expected shape {shape}, got {np.shape(raw)}")
             m = masks[j] if j < len(masks) else None
             if m is not None:
                 m = (
-                    steps_to_rows(m, self.dtype, f"labels_masks[{j}] (output {name!r})", is_mask=True)
+                    steps_to_rows(m, self._device, self.dtype, f"labels_masks[{j}] (output {name!r})", True)
                     if sequence
-                    else np.ascontiguousarray(m, dtype=self.dtype)
+                    else self._device.asarray(m, self.dtype)
                 )
                 if m.shape not in ((y.shape[0],), (y.shape[0], 1), y.shape):
                     raise ValueError(
@@ -628,8 +622,9 @@ class ComputationGraph(FlatNetwork):
             return grads[0]
         out = self._sum_buffers.get(name)
         if out is None or out.shape != grads[0].shape:
-            out = self._sum_buffers[name] = np.empty(grads[0].shape, dtype=self.dtype)
-        _core.elementwise_forward("add", [np.ascontiguousarray(g) for g in grads], out)
+            out = self._sum_buffers[name] = self._device.xp.empty(grads[0].shape, dtype=self.dtype)
+        xp = self._device.xp
+        self._device.kernels.elementwise_forward("add", [xp.ascontiguousarray(g) for g in grads], out)
         return out
 
     def _gradient(self, dataset: Any) -> float:
@@ -671,12 +666,14 @@ class ComputationGraph(FlatNetwork):
         return self._last_score
 
     # -- inference and scoring ----------------------------------------------------------------
-    def output(self, *features: Any, train: bool = False, features_masks: Any = None) -> list[np.ndarray]:
+    @on_device
+    def output(self, *features: Any, train: bool = False, features_masks: Any = None) -> list[Any]:
         """Activated outputs for one features array per input; new arrays.
 
         Args:
             features: one array per input in ``conf.inputs`` order (recurrent: (batch, size, time)), or a
-                single DataSet/MultiDataSet whose features and features masks are used.
+                single DataSet/MultiDataSet whose features and features masks are used. Outputs are
+                arrays of the network's device when the first features array is one, else NumPy.
             train: run in training mode (dropout on, batch statistics in batch norm).
             features_masks: one mask or None per input ((batch, time) for recurrent inputs); overrides
                 a dataset's. Outputs at masked steps are zero.
@@ -694,12 +691,14 @@ class ComputationGraph(FlatNetwork):
             masks = list(features_masks)
         xs = self._inputs(list(features))
         outs = self._forward(xs, self._feature_masks(masks, xs), train=train, activate_outputs=True)
+        given = features[0] if features else None
         return [
-            y.transpose(0, 2, 1).copy() if self._by_name[name].recurrent_output else y.copy()
+            self._result(y.transpose(0, 2, 1) if self._by_name[name].recurrent_output else y, given)
             for name, y in zip(self.conf.outputs, outs)
         ]
 
-    def rnn_time_step(self, *features: Any, features_masks: Any = None) -> list[np.ndarray]:
+    @on_device
+    def rnn_time_step(self, *features: Any, features_masks: Any = None) -> list[Any]:
         """Stateful inference: every recurrent layer continues from the state the previous call ended in
         (:meth:`rnn_clear_previous_state` forgets it).
 
@@ -716,7 +715,7 @@ class ComputationGraph(FlatNetwork):
         kinds = [t.kind for t in self.conf.input_types]
         if "recurrent" not in kinds:
             raise ValueError("features: rnn_time_step needs a graph with a recurrent input")
-        arrays = [np.asarray(f) for f in features]
+        arrays = [self._device.asarray(f, self.dtype) for f in features]
         single = len(arrays) == len(kinds) and all(
             a.ndim == 2 for a, kind in zip(arrays, kinds) if kind == "recurrent"
         )
@@ -724,16 +723,17 @@ class ComputationGraph(FlatNetwork):
             arrays = [a[:, :, None] if kind == "recurrent" else a for a, kind in zip(arrays, kinds)]
         masks = list(features_masks or [])
         if single:
-            masks = [None if m is None else np.asarray(m).reshape(-1, 1) for m in masks]
+            masks = [None if m is None else self._device.asarray(m).reshape(-1, 1) for m in masks]
         xs = self._inputs(arrays)
         outs = self._forward(
             xs, self._feature_masks(masks, xs), train=False, activate_outputs=True, stateful=True
         )
         result = []
+        given = features[0] if features else None
         for name, y in zip(self.conf.outputs, outs):
             if self._by_name[name].recurrent_output:
                 y = y[:, 0] if single else y.transpose(0, 2, 1)
-            result.append(y.copy())
+            result.append(self._result(y, given))
         return result
 
     def output_single(self, *features: Any, train: bool = False) -> np.ndarray:
@@ -759,6 +759,7 @@ class ComputationGraph(FlatNetwork):
             counts.append(n)
         return scores, counts
 
+    @on_device
     def score(self, dataset: Any = None) -> float:
         """Sum over the outputs of the mean loss (inference mode), plus the l1/l2 penalty.
 
@@ -773,10 +774,13 @@ class ComputationGraph(FlatNetwork):
         scores, counts = self._example_scores(dataset)
         return sum(float(s.sum()) / n for s, n in zip(scores, counts)) + self._penalty()
 
+    @on_device
     def score_examples(self, dataset: Any, include_regularization_terms: bool = False) -> np.ndarray:
-        """Per-example loss summed over the outputs (inference mode), optionally each plus the penalty."""
+        """Per-example loss summed over the outputs (inference mode), optionally each plus the penalty;
+        a NumPy array."""
         self._require_init()
         scores, counts = self._example_scores(dataset)
+        scores = [self._device.to_host(s) for s in scores]
         if len(set(counts)) != 1:
             raise ValueError(f"dataset: the outputs have different example counts {counts}")
         total = np.sum(scores, axis=0)
@@ -788,8 +792,10 @@ class ComputationGraph(FlatNetwork):
     def _batches(self, data: Any) -> Iterable[Any]:
         return [data] if hasattr(data, "features") else data
 
+    @on_device
     def do_evaluation(self, data: Any, *evaluations: Any, output_index: int = 0) -> list:
-        """Feed every batch of ``data`` through the graph into each evaluation (``.eval``).
+        """Feed every batch of ``data`` through the graph into each evaluation (``.eval``); on a GPU each
+        batch's output, labels and mask are copied to the host (evaluations count on the host).
 
         Args:
             data: a DataSet / MultiDataSet or an iterable of them.
@@ -822,7 +828,9 @@ class ComputationGraph(FlatNetwork):
             self._check_rows(outs, ys)
             out = outs[output_index]
             masks = self._loss_masks(label_masks)
-            labels, mask = ys[output_index], masks[output_index]
+            to_host = self._device.to_host
+            out, labels, mask = to_host(out), to_host(ys[output_index]), masks[output_index]
+            mask = None if mask is None else to_host(mask)
             for ev in evaluations:
                 ev.eval(labels, out, mask=mask) if mask is not None else ev.eval(labels, out)
         return list(evaluations)

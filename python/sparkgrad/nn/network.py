@@ -14,8 +14,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from sparkgrad.device import is_gpu_array
 from sparkgrad.nn import layers as L
-from sparkgrad.nn._flat_network import FlatNetwork
+from sparkgrad.nn._flat_network import FlatNetwork, on_device
 from sparkgrad.nn._recurrent import (
     LayerTrace,
     layer_backward,
@@ -37,8 +38,11 @@ class TbpttSegment:
     """
 
     def __init__(self, dataset: Any, start: int, stop: int) -> None:
-        def cut(arr: Any, axis: int) -> Any:
-            return None if arr is None else np.take(np.asarray(arr), np.arange(start, stop), axis=axis)
+        def cut(arr: Any, axis: int) -> Any:  # a view (of a host or device array) along time
+            if arr is None:
+                return None
+            a = arr if is_gpu_array(arr) or isinstance(arr, np.ndarray) else np.asarray(arr)
+            return a[(slice(None),) * axis + (slice(start, stop),)]
 
         self.features = cut(dataset.features, 2)
         labels = getattr(dataset, "labels", None)
@@ -57,6 +61,8 @@ class MultiLayerNetwork(FlatNetwork):
 
     Args:
         conf: the configuration (not copied; treat it as immutable once the network exists).
+        device: where parameters, gradients, updater state and activations live and the kernels run:
+            ``"cpu"`` (default), ``"cuda"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`.
     """
 
     _conf_class = MultiLayerConfiguration
@@ -70,13 +76,14 @@ class MultiLayerNetwork(FlatNetwork):
     def _recurrent_output(self) -> bool:
         return self.conf.output_type.kind == "recurrent"
 
-    def _features(self, features: Any) -> np.ndarray:
-        """Features as the first layer sees them: contiguous, network dtype, NCHW; recurrent (N, T, C)."""
-        x = np.ascontiguousarray(features, dtype=self.dtype)
+    def _features(self, features: Any) -> Any:
+        """Features as the first layer sees them: on the device, contiguous, network dtype, NCHW;
+        recurrent (N, T, C)."""
+        x = self._device.asarray(features, self.dtype)
         it = self.conf.input_type
         expected = it.shape() if it is not None else (self.conf.layers[0].n_in,)
         if it is not None and it.kind == "recurrent":
-            return sequence_features(features, it, self.dtype, "features")
+            return sequence_features(x, it, self._device, "features")
         if it is not None and it.kind == "convolutional_flat":
             if x.ndim != 2 or x.shape[1] != it.size:
                 raise ValueError(
@@ -98,19 +105,19 @@ class MultiLayerNetwork(FlatNetwork):
                 "features_mask: only recurrent input (InputType.recurrent) takes a features mask, the "
                 f"network input is {self.conf.layer_input_types[0].describe()}"
             )
-        return sequence_mask(mask, x, self.dtype, "features_mask")
+        return sequence_mask(mask, x, self._device, self.dtype, "features_mask")
 
     def _to_steps(self, arr: np.ndarray | None, name: str, n: int) -> np.ndarray | None:
         """Recurrent-output labels (N, C, T) -> (N*T, C); masks (N, T) -> (N*T,); ``n`` rows expected."""
         if arr is None:
             return None
         if self._recurrent_output:
-            a = steps_to_rows(arr, self.dtype, name, is_mask=name == "labels_mask")
+            a = steps_to_rows(arr, self._device, self.dtype, name, is_mask=name == "labels_mask")
         else:
-            a = np.asarray(arr, dtype=self.dtype)
+            a = self._device.asarray(arr, self.dtype)
         if a.shape[0] != n:
             raise ValueError(f"{name}: has {a.shape[0]} rows but the features give {n}")
-        return np.ascontiguousarray(a)
+        return a
 
     def _output_rows(self, x: np.ndarray) -> int:
         """Rows of the output layer: examples, or examples times time steps for recurrent output."""
@@ -232,12 +239,14 @@ class MultiLayerNetwork(FlatNetwork):
             self.rnn_clear_previous_state()  # DL4J: no state carries over to the next minibatch
 
     # -- inference and scoring ----------------------------------------------------------------
-    def output(self, features: Any, train: bool = False, features_mask: Any = None) -> np.ndarray:
+    @on_device
+    def output(self, features: Any, train: bool = False, features_mask: Any = None) -> Any:
         """Network output (activated) for ``features``; a new array.
 
         Args:
             features: a batch shaped as the input type says (recurrent: (batch, size, time)), or a
-                DataSet, whose features and features mask are used.
+                DataSet, whose features and features mask are used. A host array (NumPy) gives a
+                NumPy output; an array of the network's device gives one of that device.
             train: run in training mode (dropout on, batch statistics in batch norm).
             features_mask: (batch, time) mask of recurrent input (1 = present, 0 = padding); overrides
                 a DataSet's. Outputs at masked steps are zero.
@@ -250,15 +259,17 @@ class MultiLayerNetwork(FlatNetwork):
         if features_mask is not None:
             mask = self._features_mask(features_mask, x)
         y = self._forward(x, train=train, activate_output=True, mask=mask)
-        return self._external(y, x.shape[0])
+        return self._external(y, x.shape[0], getattr(features, "features", features))
 
-    def _external(self, y: np.ndarray, n: int) -> np.ndarray:
-        """Output rows -> DL4J's layout: (N, C), or (N, C, T) for recurrent output; a new array."""
+    def _external(self, y: Any, n: int, given: Any) -> Any:
+        """Output rows -> DL4J's layout: (N, C), or (N, C, T) for recurrent output; a new array of the
+        kind ``given`` is (see ``_result``)."""
         if self._recurrent_output:
-            return y.reshape(n, -1, y.shape[-1]).transpose(0, 2, 1).copy()
-        return y.copy()
+            y = y.reshape(n, -1, y.shape[-1]).transpose(0, 2, 1)
+        return self._result(y, given)
 
-    def rnn_time_step(self, features: Any, features_mask: Any = None) -> np.ndarray:
+    @on_device
+    def rnn_time_step(self, features: Any, features_mask: Any = None) -> Any:
         """Stateful inference: continue every recurrent layer from the state the previous call ended in.
 
         Args:
@@ -266,23 +277,25 @@ class MultiLayerNetwork(FlatNetwork):
             features_mask: optional (batch, time) mask ((batch, 1) or (batch,) for one step).
 
         Returns:
-            (batch, n_out) for a single step given as 2-D, else as :meth:`output`.
+            (batch, n_out) for a single step given as 2-D, else as :meth:`output` (the same kind of
+            array as ``features``).
         """
         self._require_init()
         if not self.conf.is_recurrent:
             raise ValueError("features: rnn_time_step needs a network with recurrent input")
-        arr = np.asarray(features)
+        arr = self._device.asarray(features, self.dtype)
         single = arr.ndim == 2
         x = self._features(arr[:, :, None] if single else arr)
         m = features_mask
         if m is not None and single:
-            m = np.asarray(m).reshape(-1, 1)
+            m = self._device.asarray(m).reshape(-1, 1)
         mask = self._features_mask(m, x)
         y = self._forward(x, train=False, activate_output=True, mask=mask, stateful=True)
-        y = self._external(y, x.shape[0])
-        return y[:, :, 0] if single and self._recurrent_output else y
+        if single and self._recurrent_output:
+            return self._result(y.reshape(x.shape[0], -1), features)  # one step: (N, C)
+        return self._external(y, x.shape[0], features)
 
-    def _example_scores(self, dataset: Any) -> np.ndarray:
+    def _example_scores(self, dataset: Any) -> Any:
         x, fmask = self._inputs(dataset)
         labels, mask = self._labels(dataset, x, fmask)
         self._forward(x, train=False, activate_output=False, mask=fmask)
@@ -291,6 +304,7 @@ class MultiLayerNetwork(FlatNetwork):
             scores = scores.reshape(self._n_examples(dataset), -1).sum(axis=1)
         return scores
 
+    @on_device
     def score(self, dataset: Any = None) -> float:
         """Mean loss over the examples (inference mode) plus the l1/l2 penalty.
 
@@ -306,8 +320,9 @@ class MultiLayerNetwork(FlatNetwork):
             return self._last_score
         return float(self._example_scores(dataset).sum()) / self._n_examples(dataset) + self._penalty()
 
+    @on_device
     def score_examples(self, dataset: Any, include_regularization_terms: bool = False) -> np.ndarray:
-        """Per-example loss (inference mode), optionally each plus the l1/l2 penalty.
+        """Per-example loss (inference mode), optionally each plus the l1/l2 penalty; a NumPy array.
 
         Recurrent output: the sum over each example's present (unmasked) time steps.
         """
@@ -315,17 +330,19 @@ class MultiLayerNetwork(FlatNetwork):
         scores = self._example_scores(dataset)
         if include_regularization_terms:
             scores += self._penalty()
-        return scores
+        return self._device.to_host(scores)
 
     # -- evaluation ---------------------------------------------------------------------------
     def _batches(self, data: Any) -> Iterable[Any]:
         return [data] if hasattr(data, "features") else data
 
+    @on_device
     def do_evaluation(self, data: Any, *evaluations: Any) -> list:
         """Feed every batch of ``data`` through the network into each evaluation (``.eval``).
 
         Recurrent output is evaluated per time step; masked steps (labels mask, else features mask)
-        are not counted.
+        are not counted. On a GPU the outputs, labels and masks of each batch are copied to the host
+        (evaluations count on the host).
 
         Returns:
             the evaluations, in order.
@@ -337,6 +354,8 @@ class MultiLayerNetwork(FlatNetwork):
             x, fmask = self._inputs(batch)
             labels, mask = self._labels(batch, x, fmask)
             out = self._forward(x, train=False, activate_output=True, mask=fmask).reshape(labels.shape[0], -1)
+            labels, out = self._device.to_host(labels), self._device.to_host(out)
+            mask = None if mask is None else self._device.to_host(mask)
             for ev in evaluations:
                 ev.eval(labels, out, mask=mask) if mask is not None else ev.eval(labels, out)
         return list(evaluations)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import numpy as np
-
 from sparkgrad._config import MAX_SCALE, Config, check_positive, check_range
 from sparkgrad._native import _core
 
@@ -33,9 +31,16 @@ class Updater(Config):
         """Length of the flat state this updater keeps for ``n`` parameters."""
         return int(_core.updater_state_size(self.kind, n))
 
-    def apply(self, gradient: np.ndarray, state: np.ndarray, iteration: int) -> None:
-        """Turn ``gradient`` into the update in place, advancing ``state`` (0-based ``iteration``)."""
-        _core.updater_apply(self.kind, gradient, state, iteration, **self.kernel_kwargs())
+    def apply(self, gradient: Any, state: Any, iteration: int, kernels: Any) -> None:
+        """Turn ``gradient`` into the update in place, advancing ``state`` (0-based ``iteration``).
+
+        Args:
+            gradient: flat gradient slice (overwritten with the update).
+            state: this updater's flat state slice.
+            iteration: 0-based iteration.
+            kernels: the kernel namespace of the arrays' device (``Device.kernels``).
+        """
+        kernels.updater_apply(self.kind, gradient, state, iteration, **self.kernel_kwargs())
 
 
 def _check_lr(updater: Any) -> None:

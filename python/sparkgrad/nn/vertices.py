@@ -6,7 +6,8 @@ vertex on a mismatch) and how to build its runtime. Runtimes take and return bat
 ``(N, size)`` and convolutional ones ``(N, C, H, W)``; "features" means axis 1 (the size of dense input,
 the channels of convolutional input). Arithmetic runs in native kernels (``elementwise_*``,
 ``scale_shift``, ``l2_normalize_*``, ``l2_distance_*``); merge, subset, stack, unstack and reshape only
-copy or view.
+copy or view. A runtime computes on the network's device (``self.xp`` allocates, ``self.k`` holds
+the kernels).
 
 A runtime's ``backward`` returns one gradient per input, each an array the caller may overwrite (never
 shared between two inputs), and ``forward_mask`` maps the per-example masks of its inputs to its output's
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_positive, check_range, coerce_enum
-from sparkgrad._native import _core
+from sparkgrad.device import Device
 from sparkgrad.nn.input_type import InputType
 
 
@@ -49,8 +50,9 @@ class ElementWiseOp(enum.Enum):
 class VertexRuntime:
     """Base of the vertex runtimes: a cache of work buffers (reallocated when the batch shape changes)."""
 
-    def __init__(self, conf: Any, input_types: list[InputType], dtype: np.dtype) -> None:
+    def __init__(self, conf: Any, input_types: list[InputType], dtype: np.dtype, device: Device) -> None:
         self.conf = conf
+        self.xp, self.k = device.xp, device.kernels
         self.input_types = input_types
         self.dtype = dtype
         self._buffers: dict[str, np.ndarray] = {}
@@ -59,7 +61,7 @@ class VertexRuntime:
         """A cached work array of ``shape`` (contents undefined)."""
         arr = self._buffers.get(name)
         if arr is None or arr.shape != shape:
-            arr = np.empty(shape, dtype=self.dtype)
+            arr = self.xp.empty(shape, dtype=self.dtype)
             self._buffers[name] = arr
         return arr
 
@@ -77,7 +79,7 @@ class VertexRuntime:
             return None
         out = masks[0]
         for m in masks[1:]:
-            out = np.maximum(out, m)
+            out = self.xp.maximum(out, m)
         return out
 
 
@@ -87,7 +89,7 @@ class _MergeRuntime(VertexRuntime):
         y = self.buf("y", (inputs[0].shape[0], sum(s[1] for s in self.shapes), *inputs[0].shape[2:]))
         offset = 0
         for x in inputs:
-            np.copyto(y[:, offset : offset + x.shape[1]], x)
+            self.xp.copyto(y[:, offset : offset + x.shape[1]], x)
             offset += x.shape[1]
         return y
 
@@ -95,7 +97,7 @@ class _MergeRuntime(VertexRuntime):
         grads, offset = [], 0
         for i, shape in enumerate(self.shapes):
             dx = self.buf(f"dx{i}", shape)
-            np.copyto(dx, dy[:, offset : offset + shape[1]])
+            self.xp.copyto(dx, dy[:, offset : offset + shape[1]])
             grads.append(dx)
             offset += shape[1]
         return grads
@@ -103,14 +105,14 @@ class _MergeRuntime(VertexRuntime):
 
 class _ElementWiseRuntime(VertexRuntime):
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
-        self.inputs = [np.ascontiguousarray(x) for x in inputs]
+        self.inputs = [self.xp.ascontiguousarray(x) for x in inputs]
         y = self.buf("y", inputs[0].shape)
-        _core.elementwise_forward(self.conf.op.value, self.inputs, y)
+        self.k.elementwise_forward(self.conf.op.value, self.inputs, y)
         return y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
         grads = [self.buf(f"dx{i}", dy.shape) for i in range(len(self.inputs))]
-        _core.elementwise_backward(self.conf.op.value, self.inputs, np.ascontiguousarray(dy), grads)
+        self.k.elementwise_backward(self.conf.op.value, self.inputs, self.xp.ascontiguousarray(dy), grads)
         return grads
 
 
@@ -120,7 +122,7 @@ class _SubsetRuntime(VertexRuntime):
         self.shape = x.shape
         lo, hi = self.conf.from_index, self.conf.to_index + 1
         y = self.buf("y", (x.shape[0], hi - lo, *x.shape[2:]))
-        np.copyto(y, x[:, lo:hi])
+        self.xp.copyto(y, x[:, lo:hi])
         return y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
@@ -134,14 +136,14 @@ class _StackRuntime(VertexRuntime):
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
         self.rows = [x.shape[0] for x in inputs]
         y = self.buf("y", (sum(self.rows), *inputs[0].shape[1:]))
-        np.concatenate(inputs, axis=0, out=y)
+        self.xp.concatenate(inputs, axis=0, out=y)
         return y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
         grads, start = [], 0
         for i, rows in enumerate(self.rows):
             dx = self.buf(f"dx{i}", (rows, *dy.shape[1:]))
-            np.copyto(dx, dy[start : start + rows])
+            self.xp.copyto(dx, dy[start : start + rows])
             grads.append(dx)
             start += rows
         return grads
@@ -149,8 +151,8 @@ class _StackRuntime(VertexRuntime):
     def forward_mask(self, masks: list[np.ndarray | None]) -> np.ndarray | None:
         if all(m is None for m in masks):
             return None
-        filled = [np.ones(rows, self.dtype) if m is None else m for m, rows in zip(masks, self.rows)]
-        return np.concatenate(filled)
+        filled = [self.xp.ones(rows, self.dtype) if m is None else m for m, rows in zip(masks, self.rows)]
+        return self.xp.concatenate(filled)
 
 
 class _UnstackRuntime(VertexRuntime):
@@ -183,58 +185,60 @@ class _ScaleShiftRuntime(VertexRuntime):
         self.shift = getattr(self.conf, "shift_factor", 0.0)
 
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
-        x = np.ascontiguousarray(inputs[0])
+        x = self.xp.ascontiguousarray(inputs[0])
         y = self.buf("y", x.shape)
-        _core.scale_shift(x, y, self.scale, self.shift)
+        self.k.scale_shift(x, y, self.scale, self.shift)
         return y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
         if self.scale != 1.0:  # a shift passes the gradient through unchanged
-            dy = np.ascontiguousarray(dy)
-            _core.scale_shift(dy, dy, self.scale, 0.0)
+            dy = self.xp.ascontiguousarray(dy)
+            self.k.scale_shift(dy, dy, self.scale, 0.0)
         return [dy]
 
 
 class _L2NormalizeRuntime(VertexRuntime):
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
-        x = np.ascontiguousarray(inputs[0])
+        x = self.xp.ascontiguousarray(inputs[0])
         self.y = self.buf("y", x.shape)
         self.norms = self.buf("norms", (x.shape[0],))
-        _core.l2_normalize_forward(x, self.y, self.norms, self.conf.eps)
+        self.k.l2_normalize_forward(x, self.y, self.norms, self.conf.eps)
         return self.y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
-        dy = np.ascontiguousarray(dy)
-        _core.l2_normalize_backward(self.y, self.norms, dy, dy, self.conf.eps)
+        dy = self.xp.ascontiguousarray(dy)
+        self.k.l2_normalize_backward(self.y, self.norms, dy, dy, self.conf.eps)
         return [dy]
 
 
 class _L2Runtime(VertexRuntime):
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
-        self.a, self.b = (np.ascontiguousarray(x) for x in inputs)
+        self.a, self.b = (self.xp.ascontiguousarray(x) for x in inputs)
         self.y = self.buf("y", (self.a.shape[0], 1))
-        _core.l2_distance_forward(self.a, self.b, self.y.reshape(-1))
+        self.k.l2_distance_forward(self.a, self.b, self.y.reshape(-1))
         return self.y
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
         da, db = self.buf("da", self.a.shape), self.buf("db", self.b.shape)
-        dy = np.ascontiguousarray(dy).reshape(-1)
-        _core.l2_distance_backward(self.a, self.b, self.y.reshape(-1), dy, da, db, self.conf.eps)
+        dy = self.xp.ascontiguousarray(dy).reshape(-1)
+        self.k.l2_distance_backward(self.a, self.b, self.y.reshape(-1), dy, da, db, self.conf.eps)
         return [da, db]
 
 
 class _ReshapeRuntime(VertexRuntime):
-    def __init__(self, conf: Any, input_types: list[InputType], dtype: np.dtype, shape: tuple) -> None:
-        super().__init__(conf, input_types, dtype)
+    def __init__(
+        self, conf: Any, input_types: list[InputType], dtype: np.dtype, device: Device, shape: tuple
+    ) -> None:
+        super().__init__(conf, input_types, dtype, device)
         self.out_shape = shape
 
     def forward(self, inputs: list[np.ndarray]) -> np.ndarray:
-        x = np.ascontiguousarray(inputs[0])
+        x = self.xp.ascontiguousarray(inputs[0])
         self.shape = x.shape
         return x.reshape((x.shape[0], *self.out_shape))
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
-        return [np.ascontiguousarray(dy).reshape(self.shape)]
+        return [self.xp.ascontiguousarray(dy).reshape(self.shape)]
 
 
 class _LastTimeStepRuntime(VertexRuntime):
@@ -251,13 +255,13 @@ class _LastTimeStepRuntime(VertexRuntime):
 
         n, t = x.shape[:2]
         self.shape = x.shape
-        self.last = last_present_steps(ref_mask if self.conf.mask_input else mask, n, t)
-        return x[np.arange(n), self.last], None
+        self.last = last_present_steps(ref_mask if self.conf.mask_input else mask, n, t, self.xp)
+        return x[self.xp.arange(n), self.last], None
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
         dx = self.buf("dx", self.shape)
         dx.fill(0.0)
-        dx[np.arange(self.shape[0]), self.last] = dy
+        dx[self.xp.arange(self.shape[0]), self.last] = dy
         return [dx]
 
 
@@ -276,7 +280,7 @@ class _DuplicateToTimeSeriesRuntime(VertexRuntime):
                 f"examples, the vertex input {x.shape[0]}"
             )
         y = self.buf("y", (x.shape[0], reference.shape[1], x.shape[1]))
-        np.copyto(y, x[:, None, :])
+        self.xp.copyto(y, x[:, None, :])
         return y, ref_mask
 
     def backward(self, dy: np.ndarray) -> list[np.ndarray]:
@@ -299,8 +303,8 @@ class GraphVertex(Config):
         """Output type for ``input_types`` (already checked against min/max_inputs)."""
         raise NotImplementedError  # every concrete vertex overrides this
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        """The runtime over ``input_types`` computing in ``dtype``."""
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        """The runtime over ``input_types`` computing in ``dtype`` on ``device``."""
         raise NotImplementedError  # every concrete vertex overrides this
 
     def _same_types(self, name: str, input_types: list[InputType]) -> InputType:
@@ -348,8 +352,8 @@ class MergeVertex(GraphVertex):
                 )
         return _with_features(first, sum(_features(t) for t in input_types))
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _MergeRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _MergeRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -369,8 +373,8 @@ class ElementWiseVertex(GraphVertex):
             raise vertex_error(name, self, f"subtract takes exactly 2 inputs, got {len(input_types)}")
         return self._same_types(name, input_types)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _ElementWiseRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _ElementWiseRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -394,8 +398,8 @@ class SubsetVertex(GraphVertex):
             )
         return _with_features(input_types[0], self.to_index - self.from_index + 1)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _SubsetRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _SubsetRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -407,8 +411,8 @@ class StackVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return self._same_types(name, input_types)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _StackRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _StackRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -425,8 +429,8 @@ class UnstackVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _UnstackRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _UnstackRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -443,8 +447,8 @@ class ScaleVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _ScaleShiftRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _ScaleShiftRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -461,8 +465,8 @@ class ShiftVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _ScaleShiftRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _ScaleShiftRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -479,8 +483,8 @@ class L2NormalizeVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return input_types[0]
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _L2NormalizeRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _L2NormalizeRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -499,8 +503,8 @@ class L2Vertex(GraphVertex):
         self._same_types(name, input_types)
         return InputType.feed_forward(1)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _L2Runtime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _L2Runtime(self, input_types, dtype, device)
 
 
 def _type_of_shape(shape: tuple[int, ...]) -> InputType:
@@ -530,8 +534,8 @@ class ReshapeVertex(GraphVertex):
             )
         return _type_of_shape(self.shape)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _ReshapeRuntime(self, input_types, dtype, self.shape)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _ReshapeRuntime(self, input_types, dtype, device, self.shape)
 
 
 class InputPreProcessor(Config):
@@ -586,9 +590,9 @@ class PreprocessorVertex(GraphVertex):
     def infer(self, name: str, input_types: list[InputType]) -> InputType:
         return self.preprocessor.output_type(name, self, input_types[0])
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
         out = self.preprocessor.output_type("", self, input_types[0])
-        return _ReshapeRuntime(self, input_types, dtype, out.shape())
+        return _ReshapeRuntime(self, input_types, dtype, device, out.shape())
 
 
 @dataclasses.dataclass
@@ -617,8 +621,8 @@ class LastTimeStepVertex(GraphVertex):
             raise vertex_error(name, self, f"needs recurrent input, got {input_types[0].describe()}")
         return InputType.feed_forward(input_types[0].size)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _LastTimeStepRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _LastTimeStepRuntime(self, input_types, dtype, device)
 
 
 @dataclasses.dataclass
@@ -646,8 +650,8 @@ class DuplicateToTimeSeriesVertex(GraphVertex):
             raise vertex_error(name, self, f"needs feed-forward input, got {input_types[0].describe()}")
         return InputType.recurrent(input_types[0].size)
 
-    def build_runtime(self, input_types: list[InputType], dtype: np.dtype) -> VertexRuntime:
-        return _DuplicateToTimeSeriesRuntime(self, input_types, dtype)
+    def build_runtime(self, input_types: list[InputType], dtype: np.dtype, device: Device) -> VertexRuntime:
+        return _DuplicateToTimeSeriesRuntime(self, input_types, dtype, device)
 
 
 __all__ = [
