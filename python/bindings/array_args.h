@@ -26,6 +26,13 @@ const char* dtype_name() {
 
 // Checks that `arr` holds T in C order (and is writable when asked), without copying: kernels that
 // modify arrays in place must never work on a silent copy.
+// Whether dt is T's dtype: equivalence, not identity, since an unpickled array carries its own descriptor
+// object for float32; a non-native byte order is not equivalent.
+template <typename T>
+bool has_dtype(const py::dtype& dt) {
+  return py::detail::npy_api::get().PyArray_EquivTypes_(dt.ptr(), py::dtype::of<T>().ptr());
+}
+
 template <typename T>
 py::array_t<T, py::array::c_style> checked_array(const char* op, const char* name, const py::handle& arr,
                                                   bool writable = false) {
@@ -33,7 +40,7 @@ py::array_t<T, py::array::c_style> checked_array(const char* op, const char* nam
     throw_invalid(op, name, " must be a numpy array, got ", std::string(py::str(py::type::of(arr))));
   }
   auto a = py::reinterpret_borrow<py::array>(arr);
-  if (!a.dtype().is(py::dtype::of<T>())) {
+  if (!has_dtype<T>(a.dtype())) {
     throw_invalid(op, name, " must have dtype ", dtype_name<T>(), ", got ", std::string(py::str(a.dtype())));
   }
   if (!(a.flags() & py::array::c_style)) throw_invalid(op, name, " must be C-contiguous");

@@ -6,6 +6,7 @@
 namespace py = pybind11;
 using namespace sparkgrad;
 using sparkgrad::bindings::checked_array;
+using sparkgrad::bindings::has_dtype;
 
 namespace {
 
@@ -56,8 +57,8 @@ void init_common(py::module_& m) {
       "gemm",
       [](const py::array& a, const py::array& b, bool trans_a, bool trans_b, double alpha, double beta,
          const py::object& out) -> py::array {
-        if (py::dtype::of<float>().is(a.dtype())) return gemm_typed<float>(a, b, trans_a, trans_b, alpha, beta, out);
-        if (py::dtype::of<double>().is(a.dtype())) return gemm_typed<double>(a, b, trans_a, trans_b, alpha, beta, out);
+        if (has_dtype<float>(a.dtype())) return gemm_typed<float>(a, b, trans_a, trans_b, alpha, beta, out);
+        if (has_dtype<double>(a.dtype())) return gemm_typed<double>(a, b, trans_a, trans_b, alpha, beta, out);
         throw_invalid("gemm", "a must be float32 or float64, got ", std::string(py::str(a.dtype())));
       },
       py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false, py::arg("alpha") = 1.0,

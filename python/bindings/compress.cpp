@@ -10,6 +10,7 @@ namespace py = pybind11;
 using namespace sparkgrad;
 using namespace sparkgrad::compress;
 using sparkgrad::bindings::checked_vector;
+using sparkgrad::bindings::has_dtype;
 
 namespace {
 
@@ -18,8 +19,8 @@ using Message = py::array_t<std::int32_t, py::array::c_style>;
 // Calls fn(T{}) with T = float or double according to the dtype of `arr` (a numpy array or a dtype name).
 template <typename Fn>
 auto with_float_dtype(const char* op, const char* name, const py::dtype& dtype, Fn&& fn) {
-  if (dtype.is(py::dtype::of<float>())) return fn(float{});
-  if (dtype.is(py::dtype::of<double>())) return fn(double{});
+  if (has_dtype<float>(dtype)) return fn(float{});
+  if (has_dtype<double>(dtype)) return fn(double{});
   throw_invalid(op, name, " must have dtype float32 or float64, got ", std::string(py::str(dtype)));
 }
 

@@ -34,8 +34,8 @@ decltype(auto) dispatch_float(const char* op, const char* name, const py::handle
     throw_invalid(op, name, " must be a numpy array, got ", std::string(py::str(py::type::of(ref))));
   }
   const py::dtype dtype = py::reinterpret_borrow<py::array>(ref).dtype();
-  if (dtype.is(py::dtype::of<float>())) return fn(float{});
-  if (dtype.is(py::dtype::of<double>())) return fn(double{});
+  if (has_dtype<float>(dtype)) return fn(float{});
+  if (has_dtype<double>(dtype)) return fn(double{});
   throw_invalid(op, name, " must be float32 or float64, got ", std::string(py::str(dtype)));
 }
 

@@ -96,15 +96,10 @@ class Device:
             an array of this device.
         """
         if self.owns(arr):
-            out = self.xp.ascontiguousarray(arr, dtype=dtype)
-        elif is_gpu_array(arr):
-            out = self.xp.ascontiguousarray(self.from_gpu(arr), dtype=dtype)
-        else:
-            out = self.from_host(np.ascontiguousarray(arr, dtype=dtype))
-        # A copy keeps its source's dtype object (an unpickled array has its own); the native kernels
-        # compare dtype identity, so they get the canonical one (a view, no copy).
-        dtype = None if dtype is None else np.dtype(dtype)
-        return out if dtype is None or out.dtype is dtype else out.view(dtype)
+            return self.xp.ascontiguousarray(arr, dtype=dtype)
+        if is_gpu_array(arr):
+            return self.xp.ascontiguousarray(self.from_gpu(arr), dtype=dtype)
+        return self.from_host(np.ascontiguousarray(arr, dtype=dtype))
 
 
 class _CpuDevice(Device):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -80,3 +82,18 @@ def test_info_reports_build_facts(capsys):
     assert cli_main(["info"]) == 0
     printed = capsys.readouterr().out
     assert "OpenBLAS" in printed and "cuda_available" in printed
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernels_take_arrays_whose_dtype_object_is_not_numpys_own(dtype):
+    # an unpickled array (a Spark task's data) carries its own, equal dtype descriptor object
+    a = pickle.loads(pickle.dumps(np.arange(6, dtype=dtype).reshape(2, 3)))
+    b = pickle.loads(pickle.dumps(np.ones((3, 2), dtype=dtype)))
+    assert a.dtype is not np.dtype(dtype) and a.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(_core.gemm(a, b), a @ b)
+    update = pickle.loads(pickle.dumps(np.array([0.5, -2.0, 0.1], dtype=dtype)))
+    residual = np.zeros(3, dtype=dtype)
+    _core.accumulate(residual, update)
+    np.testing.assert_array_equal(residual, update)
+    with pytest.raises(ValueError, match="float32 or float64"):  # a byte-swapped dtype is not the same
+        _core.gemm(a.astype(a.dtype.newbyteorder()), b)
