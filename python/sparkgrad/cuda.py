@@ -155,23 +155,31 @@ def _planes(op: str, name: str, view: _View) -> tuple[int, int, int]:
 def gemm(
     a: Any,
     b: Any,
-    c: Any,
     trans_a: bool = False,
     trans_b: bool = False,
     alpha: float = 1.0,
     beta: float = 0.0,
-) -> None:
-    """``c = alpha * op(a) @ op(b) + beta * c`` for 2-D device arrays (cuBLAS)."""
+    out: Any = None,
+) -> Any:
+    """``out = alpha * op(a) @ op(b) + beta * out`` for 2-D device arrays (cuBLAS), as the CPU twin:
+    without ``out`` (only with ``beta == 0``) a new CuPy array is returned."""
     op = "gemm"
-    v, dtype = _floats(op, a=(a, False), b=(b, False), c=(c, True))
-    for name in "abc":
+    v, dtype = _floats(op, a=(a, False), b=(b, False))
+    for name in "ab":
         if len(v[name].shape) != 2:
             raise ValueError(f"[{op}] {name} must be 2-D, got shape {v[name].shape}")
     m, k = v["a"].shape[::-1] if trans_a else v["a"].shape
     kb, n = v["b"].shape[::-1] if trans_b else v["b"].shape
     if kb != k:
         raise ValueError(f"[{op}] inner dimensions differ: op(a) is {(m, k)}, op(b) is {(kb, n)}")
-    _shape(op, "c", v["c"], (m, n))
+    if out is None:
+        if beta != 0.0:
+            raise ValueError(f"[{op}] beta != 0 needs an `out` array to accumulate into")
+        import cupy
+
+        out = cupy.empty((m, n), dtype=dtype)
+    v.update(_floats(op, a=(a, False), out=(out, True))[0])
+    _shape(op, "out", v["out"], (m, n))
     _core.cuda_gemm(
         trans_a,
         trans_b,
@@ -184,10 +192,11 @@ def gemm(
         v["b"].ptr,
         v["b"].shape[1],
         beta,
-        v["c"].ptr,
+        v["out"].ptr,
         n,
         dtype,
     )
+    return out
 
 
 def bias_add(x: Any, b: Any) -> None:

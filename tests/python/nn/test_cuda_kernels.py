@@ -75,7 +75,7 @@ def test_kernels_for_dispatches_by_device() -> None:
     assert cuda.is_device_array(FakeDeviceArray((3,)))
     assert not cuda.is_device_array(np.zeros(3))
     for name in cuda.__all__:  # every CUDA kernel front door has the CPU twin's name
-        if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for", "gemm"):
+        if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for"):
             assert hasattr(_core, name), name
 
 
@@ -172,7 +172,7 @@ def test_kernels_for_dispatches_by_device() -> None:
             "eps must be > 0",
         ),
         (
-            lambda: cuda.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), FakeDeviceArray((2, 5))),
+            lambda: cuda.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), out=FakeDeviceArray((2, 5))),
             ValueError,
             "inner dimensions differ",
         ),
@@ -428,8 +428,14 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
     _close(gu, u, 2, scale=np.abs(u) + np.abs(w) * 0.05)
     a, b = _rand(rng, (17, 40), dtype), _rand(rng, (23, 40), dtype)
     c = cp.empty((17, 23), dtype)
-    cuda.gemm(cp.asarray(a), cp.asarray(b), c, trans_b=True)
+    assert cuda.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, out=c) is c
     _close(c, a @ b.T, 40, scale=np.abs(a) @ np.abs(b).T)
+    _close(
+        cuda.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, alpha=0.5),
+        0.5 * a @ b.T,
+        40,
+        scale=np.abs(a) @ np.abs(b).T,
+    )
 
 
 # -- recurrent and graph-vertex kernels ----------------------------------------------------------
@@ -437,7 +443,7 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
 KERNEL_FRONT_DOORS = [
     name
     for name in cuda.__all__
-    if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for", "gemm")
+    if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for")
 ]
 
 

@@ -538,14 +538,6 @@ def test_layers_reach_the_kernels_only_through_their_device() -> None:
     assert calls == {"updater_state_size"}
 
 
-_GEMM_TAKES_OUT = "out" in inspect.signature(cuda.gemm).parameters
-
-
-@pytest.mark.xfail(
-    not _GEMM_TAKES_OUT,
-    strict=True,
-    reason="sparkgrad.cuda.gemm takes its output as the positional `c`, the CPU twin as the keyword `out`",
-)
 def test_every_kernel_call_binds_to_the_gpu_front_door(emu: EmulatedDevice) -> None:
     """The layers call each kernel with arguments the GPU front door of the same name accepts (the
     emulated device runs the CPU twins, so only this check sees a signature the two do not share).
