@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkgrad.device import resolve_device
 from sparkgrad.errors import TrainingError
 
 DEVICE_ENV = "SPARKGRAD_DEVICE"
@@ -78,16 +79,6 @@ def to_host(arr: Any) -> np.ndarray:
     return np.array(arr, copy=True)
 
 
-def to_device(arr: np.ndarray, device: str) -> Any:
-    """``arr`` itself for ``"cpu"``, else a copy on GPU ``cuda:N`` (host data arriving at a GPU worker)."""
-    if device == "cpu":
-        return arr
-    import cupy
-
-    with cupy.cuda.Device(device_index(device)):
-        return cupy.asarray(arr)
-
-
 def resolve_worker_device(
     option: str = "auto", task_context: Any = None, environ: Mapping[str, str] | None = None
 ) -> str:
@@ -136,36 +127,18 @@ def resolve_worker_device(
     return _usable("cuda:0", "worker_device='cuda'")
 
 
-def _cuda_problem(ordinal: int) -> str | None:
-    """Why this process cannot train on GPU ``ordinal`` (None: it can)."""
-    from sparkgrad import cuda
-
-    if not cuda.built():
-        return "its sparkgrad was built without CUDA"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "CuPy is not installed in its Python"
-    visible = len(cuda.devices())
-    if ordinal >= visible:
-        mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-        seen = f"{visible} GPU{'s' if visible != 1 else ''}"
-        return f"it sees only {seen}" + (f" (CUDA_VISIBLE_DEVICES={mask})" if mask is not None else "")
-    return None
-
-
 def _usable(device: str, source: str) -> str:
     """``device`` if this process can train on it, else a TrainingError naming the executor and the fix."""
-    problem = _cuda_problem(device_index(device))
-    if problem is None:
-        return device
-    from sparkgrad.spark.common import process_tag
+    try:
+        resolve_device(device)
+    except RuntimeError as exc:  # no CUDA build, no CuPy or no such GPU: the message says which
+        from sparkgrad.spark.common import process_tag
 
-    raise TrainingError(
-        f"executor {process_tag()} cannot train on {device} ({source}): {problem}; install a CUDA build "
-        "of sparkgrad and CuPy on the executors (SPARKGRAD_ENABLE_CUDA=ON pip install . and "
-        "pip install cupy-cuda12x), or set worker_device='cpu' on the training master"
-    )
+        raise TrainingError(
+            f"executor {process_tag()} cannot train on {device} ({source}): {exc}; or set "
+            "worker_device='cpu' on the training master"
+        ) from exc
+    return device
 
 
 __all__ = [
@@ -175,6 +148,5 @@ __all__ = [
     "check_worker_device",
     "device_index",
     "resolve_worker_device",
-    "to_device",
     "to_host",
 ]

@@ -88,7 +88,6 @@ from sparkgrad.spark.devices import (
     check_worker_device,
     device_index,
     resolve_worker_device,
-    to_device,
     to_host,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
@@ -289,7 +288,8 @@ class SharedWorker:
             job.residual_post_processor,
             dtype=self.net.params().dtype,
         )
-        self._scratch = to_device(np.zeros(self.net.num_params(), self.net.params().dtype), device)
+        with self.net.device.scope():  # the decode target of messages, on the replica's device
+            self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start, gpu=device_index(device)) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
@@ -299,7 +299,7 @@ class SharedWorker:
 
     def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
         """MESH resynchronisation: the controller's parameters replace this replica's."""
-        self.net.set_params(to_device(params, self.device))
+        self.net.set_params(params)
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
 
     def _apply_message(self, message: np.ndarray) -> None:
@@ -318,7 +318,7 @@ class SharedWorker:
         )
         if params is None:
             raise TrainingError(f"worker {self.tag}: the controller sent no parameters on re-join")
-        self.net.set_params(to_device(params, self.device))
+        self.net.set_params(params)
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
         self.net.epoch_count = max(int(self.net.epoch_count), epoch)
         self.rejoins += 1
