@@ -14,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,10 +46,17 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(tmp_path / "site")
     probe = "from sparkgrad import cuda; print(cuda.built(), len(cuda.devices()), cuda.summary()[0])"
+    # -S: no site hooks, so an editable install of sparkgrad cannot shadow the unpacked wheel; the
+    # dependencies come from this environment's site-packages after it
+    site_packages = Path(np.__file__).resolve().parents[1]
     loaded = subprocess.run(
-        [sys.executable, "-c", probe],
+        [sys.executable, "-S", "-c", probe],
         # the unpacked wheel has no site-packages/nvidia beside it: point the loader at the cuBLAS wheel
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LD_LIBRARY_PATH": f"{CUBLAS_ROOT}/lib"},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(site_packages)]),
+            "LD_LIBRARY_PATH": f"{CUBLAS_ROOT}/lib",
+        },
         capture_output=True,
         text=True,
         cwd=tmp_path,
