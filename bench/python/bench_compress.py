@@ -110,7 +110,7 @@ def gpu_or_exit() -> Any:
     try:
         import cupy
     except ImportError:
-        sys.exit("bench_compress.py --device cuda: CuPy is not installed (pip install cupy-cuda12x)")
+        sys.exit("bench_compress.py --device cuda: CuPy is not installed (pip install cupy-cuda13x)")
     if not cuda.devices():
         sys.exit("bench_compress.py --device cuda: sparkgrad is built with CUDA but no GPU is visible")
     return cupy

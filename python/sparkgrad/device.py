@@ -194,7 +194,7 @@ def _cuda_device(index: int) -> Device:
         import cupy
     except ImportError as e:
         raise RuntimeError(
-            f"device {name!r}: GPU arrays need CuPy, which is not installed; pip install cupy-cuda12x "
+            f"device {name!r}: GPU arrays need CuPy, which is not installed; pip install cupy-cuda13x "
             "(the package matching your CUDA major version)"
         ) from e
     count = len(cuda.devices())

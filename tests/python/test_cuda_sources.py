@@ -24,9 +24,11 @@ def test_cuda_source_compiles(source: Path, tmp_path: Path) -> None:
     if CUBLAS_INCLUDE is None and "cublas_v2.h" in source.read_text():
         pytest.skip("cuBLAS headers are not installed (pip install nvidia-cublas)")
     # CUDA sources see only the public C++ headers (no pybind11, no Python): the same flags CMake uses.
+    # sm_90 here and sm_80 in test_cuda_build.py: both architectures of the default list are compiled.
     cmd = [
         "nvcc",
         "-std=c++17",
+        "-arch=sm_90",
         "-c",
         str(source),
         "-o",

@@ -339,9 +339,10 @@ class FlatNetwork:
 
     def _result(self, y: Any, given: Any) -> Any:
         """A new array holding ``y`` (an array of the device): on the device when ``given`` (the
-        caller's input) is one of its arrays, else on the host (NumPy in, NumPy out)."""
+        caller's input) is a GPU array of any kind (CuPy, ``__cuda_array_interface__``, DLPack) or one
+        of the device's own arrays, else on the host (NumPy in, NumPy out)."""
         device = self._device
-        if device.owns(given):
+        if device.owns(given) or is_gpu_array(given):
             return y.copy()
         host = device.to_host(y)
         return host.copy() if host is y else host
