@@ -9,7 +9,8 @@ never row by row. Features of one example are reshaped to what the
 network's input type takes (``(channels, height, width)`` for convolutional input); labels are class
 indices (one-hot encoded here), or a Vector/array of one value per network output.
 
-Needs pyarrow (the ``spark`` extra) and pyspark 4.0 or later (4.1 for ``transform``'s ``arrow_udf``).
+Needs pyarrow and pyspark 4.1 or later, as the ``spark`` extra pins them (``transform`` uses
+``arrow_udf``, new in pyspark 4.1; :mod:`sparkgrad.ml` checks the version when imported).
 """
 
 from __future__ import annotations
