@@ -11,6 +11,7 @@ from helpers import port
 from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.nn import (
     LSTM,
+    ComputationGraph,
     ComputationGraphConfiguration,
     InputType,
     LastTimeStep,
@@ -206,4 +207,48 @@ def test_truncated_bptt_trains_on_spark_as_local_fit(spark) -> None:
     )
     with SparkMultiLayer(spark, _tbptt_conf(), shared) as ss:
         ss.fit(spark.sparkContext.parallelize(batches, 2), epochs=2)
+        assert ss.network.evaluate(test).accuracy() >= 0.95
+
+
+def test_truncated_bptt_graph_trains_on_spark_as_local_fit(spark) -> None:
+    """The graph twin of the test above, fed MultiDataSets: the workers cut them into the same segments
+    through the graph's own segmenting (one worker averaging once equals local fit, which equals the
+    MultiLayerNetwork's), and gradient sharing learns the delayed-sign task."""
+    conf = (
+        ComputationGraphConfiguration.builder(
+            seed=1,
+            updater=Adam(0.02),
+            backprop_type="truncated_bptt",
+            tbptt_forward_length=4,
+            tbptt_backward_length=3,
+        )
+        .add_inputs("x")
+        .set_input_types(InputType.recurrent(1))
+        .add_layer("lstm", LSTM(8), "x")
+        .add_layer("out", RnnOutputLayer(2), "lstm")
+        .set_outputs("out")
+        .build()
+    )
+    rng = np.random.default_rng(4)
+    datasets = delayed_signs(rng, 256).split(32)
+    batches = [MultiDataSet([d.features], [d.labels], labels_masks=[d.labels_mask]) for d in datasets]
+    test = delayed_signs(rng, 200)
+    local = ComputationGraph(conf).init().fit(batches)
+    assert local.iteration_count == 3 * len(batches)  # one update per segment
+    mln = MultiLayerNetwork(_tbptt_conf()).init().fit(datasets)
+    np.testing.assert_array_equal(local.params(), mln.params())  # the same segments, the same updates
+    averaging = ParameterAveragingTrainingMaster(
+        num_workers=1, batch_size_per_worker=32, averaging_frequency=len(batches), repartition="never",
+        rdd_training_approach="direct", rng_seed=3,
+    )  # fmt: skip
+    sg = SparkComputationGraph(spark, conf, averaging)
+    sg.fit_multi_data_set(spark.sparkContext.parallelize(batches, 1))
+    np.testing.assert_array_equal(sg.network.params(), local.params())
+    shared = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=32,
+        rng_seed=3,
+    )
+    with SparkComputationGraph(spark, conf, shared) as ss:
+        ss.fit_multi_data_set(spark.sparkContext.parallelize(batches, 2), epochs=2)
         assert ss.network.evaluate(test).accuracy() >= 0.95

@@ -16,7 +16,8 @@ current GPU).
 
 On top of the subclass's ``_gradient`` (flat gradient, score) it implements the training step
 (regularization, updater, weight decay, batch-norm running statistics, the non-finite check), ``fit``
-with listeners, the parameter/updater-state accessors, persistence through
+with listeners, truncated BPTT (cutting minibatches into :class:`~sparkgrad.nn._recurrent.TbpttSegment`
+for ``fit`` and the Spark workers alike), the parameter/updater-state accessors, persistence through
 :mod:`sparkgrad.nn.serialization` (the file's model name is the class name) and ``clone``. A unit's key
 is whatever the configuration's ``setting(key, name)`` takes: a layer index or a vertex name.
 """
@@ -35,7 +36,9 @@ from sparkgrad.device import Device, is_gpu_array, resolve_device
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
+from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
 from sparkgrad.nn._runtime import build_runtime
+from sparkgrad.nn.conf import BackpropType
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.listeners import TrainingListener
 from sparkgrad.nn.serialization import PathOrFile
@@ -445,10 +448,49 @@ class FlatNetwork:
         """DL4J-style alias of ``score``."""
         return self.score(dataset)
 
+    # -- truncated BPTT -----------------------------------------------------------------------
+    def tbptt_segments(self, dataset: Any) -> list[TbpttSegment]:
+        """A minibatch cut into the truncated-BPTT segments ``fit`` trains one update each.
+
+        Args:
+            dataset: a DataSet or MultiDataSet whose sequences (features (batch, size, time) and labels
+                (batch, n_out, time)) all have the same number of time steps; its other arrays (a
+                graph's non-recurrent inputs and outputs) go whole into every segment (DL4J).
+
+        Returns:
+            segments of ``conf.tbptt_forward_length`` time steps (the last may be shorter); the first
+            clears the recurrent state, the others continue from the state the previous one ended in.
+        """
+        length = self.conf.tbptt_forward_length
+        steps = sequence_steps(dataset)
+        return [TbpttSegment(dataset, start, min(start + length, steps)) for start in range(0, steps, length)]
+
     def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
-        """The minibatches ``fit`` trains, one update each (a subclass may cut them, e.g. into
-        truncated-BPTT segments)."""
-        return batches
+        """The minibatches ``fit`` and the Spark workers train, one update each: as given, or cut into
+        truncated-BPTT segments."""
+        if self.conf.backprop_type is not BackpropType.TRUNCATED_BPTT:
+            yield from batches
+            return
+        for batch in batches:
+            yield from self.tbptt_segments(batch)
+            self.rnn_clear_previous_state()  # DL4J: no state carries over to the next minibatch
+
+    def _tbptt_backward_steps(self, dataset: Any, steps: int) -> int | None:
+        """How far the backward of a training pass over ``dataset`` reaches back in time (None: all the
+        way, a non-stateful pass). A segment clears the recurrent state if it starts its minibatch and
+        runs statefully; a whole minibatch of a truncated-BPTT network (``steps``: its longest input
+        sequence) may be no longer than one segment."""
+        if isinstance(dataset, TbpttSegment):
+            if dataset.first:
+                self.rnn_clear_previous_state()
+            return self.conf.tbptt_backward_length
+        if self.conf.backprop_type is BackpropType.TRUNCATED_BPTT and steps > self.conf.tbptt_forward_length:
+            raise ValueError(
+                f"dataset: {steps} time steps exceed tbptt_forward_length "
+                f"{self.conf.tbptt_forward_length}; with truncated BPTT train through fit(), or pass the "
+                "segments of tbptt_segments(dataset)"
+            )
+        return None
 
     def set_listeners(self, *listeners: TrainingListener) -> None:
         """Replace the training listeners."""

@@ -19,7 +19,7 @@ step outputs zero and the next present step starts from a zero state; its gradie
 Both network types run every layer through :func:`layer_forward` / :func:`layer_backward` (recurrent
 layers see sequences, other layers given sequences run at every time step on (N*T, C) rows with their
 masked steps zeroed) and read sequence data through :func:`sequence_features`, :func:`sequence_mask`
-and :func:`steps_to_rows`.
+and :func:`steps_to_rows`; truncated BPTT cuts their minibatches with :class:`TbpttSegment`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.device import Device
+from sparkgrad.device import Device, is_gpu_array
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._runtime import LayerRuntime, activation_alpha
 
@@ -502,14 +502,90 @@ def steps_to_rows(arr: Any, device: Device, dtype: np.dtype, where: str, is_mask
     raise ValueError(f"{where}: expected a per-time-step array for recurrent output, got shape {a.shape}")
 
 
+class TbpttSegment:
+    """Time steps [start, stop) of a recurrent minibatch: one truncated-BPTT training step.
+
+    Cuts a DataSet or a MultiDataSet the way DL4J does: sequences (features and labels (N, C, T)) are
+    sliced along time, each with its mask ((N, T), or per-output (N, C, T)); every other array and its
+    mask (a graph's feed-forward or convolutional input, a vector output) goes whole into every segment.
+    A segment has the attributes of what it cuts (``features``, ``labels``, ``features_mask``,
+    ``labels_mask`` of a DataSet; the lists ``features``, ``labels``, ``features_masks``,
+    ``labels_masks`` of a MultiDataSet), all views. ``first`` marks the segment that starts a minibatch
+    (the recurrent state is cleared before it).
+    """
+
+    def __init__(self, data: Any, start: int, stop: int) -> None:
+        def cut(arr: Any, mask: Any) -> tuple[Any, Any]:
+            if arr is None or len(np.shape(arr)) != 3:
+                return arr, mask
+            return _time_window(arr, start, stop), _time_window(mask, start, stop)
+
+        self._multi = hasattr(data, "features_masks")
+        for name in ("features", "labels"):
+            if self._multi:
+                arrays, masks = _as_list(getattr(data, name, None)), getattr(data, f"{name}_masks", None)
+                given = _as_list(masks)
+                pairs = [cut(a, given[k] if k < len(given) else None) for k, a in enumerate(arrays)]
+                setattr(self, name, [a for a, _ in pairs])
+                setattr(self, f"{name}_masks", None if masks is None else [m for _, m in pairs])
+            else:
+                arr, mask = cut(getattr(data, name, None), getattr(data, f"{name}_mask", None))
+                setattr(self, name, arr)
+                setattr(self, f"{name}_mask", mask)
+        self.first = start == 0
+
+    def num_examples(self) -> int:
+        """Examples (sequences) in the segment."""
+        return int(np.shape(self.features[0] if self._multi else self.features)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else list(value)
+
+
+def _time_window(arr: Any, start: int, stop: int) -> Any:
+    """A view of steps [start, stop) along the last (time) axis of a host or device array; a mask with
+    no time axis, or None, as it is."""
+    if arr is None:
+        return None
+    a = arr if is_gpu_array(arr) or isinstance(arr, np.ndarray) else np.asarray(arr)
+    return a[..., start:stop] if a.ndim >= 2 else a
+
+
+def sequence_steps(data: Any) -> int:
+    """The number of time steps of a minibatch's sequences (features and labels (N, C, T) of a DataSet or
+    MultiDataSet), which truncated BPTT needs to be the same for all of them (DL4J)."""
+    steps: dict[str, int] = {}
+    multi = hasattr(data, "features_masks")
+    for name in ("features", "labels"):
+        arrays = _as_list(getattr(data, name, None)) if multi else [getattr(data, name, None)]
+        for k, arr in enumerate(arrays):
+            shape = np.shape(arr) if arr is not None else ()
+            if len(shape) == 3:
+                steps[f"{name}[{k}]" if multi else name] = int(shape[2])
+    if not steps:
+        raise ValueError(
+            "dataset: truncated BPTT needs sequences (features or labels shaped (batch, size, time)), "
+            "got none"
+        )
+    if len(set(steps.values())) > 1:
+        found = ", ".join(f"{name} {t}" for name, t in steps.items())
+        raise ValueError(
+            f"dataset: truncated BPTT needs every sequence to have the same number of time steps, got {found}"
+        )
+    return next(iter(steps.values()))
+
+
 __all__ = [
     "LayerTrace",
     "SequenceRuntime",
+    "TbpttSegment",
     "build_sequence_runtime",
     "last_present_steps",
     "layer_backward",
     "layer_forward",
     "sequence_features",
     "sequence_mask",
+    "sequence_steps",
     "steps_to_rows",
 ]

@@ -38,6 +38,21 @@ def check_network_defaults(conf: Any) -> None:
         raise ValueError(f"dtype: expected float32 or float64, got {conf.dtype!r}")
 
 
+def check_backprop(conf: Any, sequences: bool, described: str) -> None:
+    """Validate (and coerce) backprop_type, tbptt_forward_length and tbptt_backward_length, the settings
+    every network configuration has. ``sequences``: the network has the recurrent input and per-time-step
+    output truncated BPTT needs; ``described``: its inputs and outputs, for the error."""
+    conf.backprop_type = coerce_enum(BackpropType, conf.backprop_type, "backprop_type")
+    conf.tbptt_forward_length = check_int("tbptt_forward_length", conf.tbptt_forward_length, minimum=1)
+    conf.tbptt_backward_length = check_int(
+        "tbptt_backward_length", conf.tbptt_backward_length, minimum=1, maximum=conf.tbptt_forward_length
+    )
+    if conf.backprop_type is BackpropType.TRUNCATED_BPTT and not sequences:
+        raise ValueError(
+            f"backprop_type: truncated_bptt needs recurrent input and per-time-step output, got {described}"
+        )
+
+
 @dataclasses.dataclass
 class MultiLayerConfiguration(Config):
     """A sequential network: layers in order, the input type and defaults for every layer.
@@ -94,21 +109,11 @@ class MultiLayerConfiguration(Config):
                 "the last layer must be an OutputLayer or LossLayer",
             )
         self._infer_types()
-        self._check_backprop()
-
-    def _check_backprop(self) -> None:
-        self.backprop_type = coerce_enum(BackpropType, self.backprop_type, "backprop_type")
-        self.tbptt_forward_length = check_int("tbptt_forward_length", self.tbptt_forward_length, minimum=1)
-        self.tbptt_backward_length = check_int(
-            "tbptt_backward_length", self.tbptt_backward_length, minimum=1, maximum=self.tbptt_forward_length
+        check_backprop(
+            self,
+            self.is_recurrent and self.output_type.kind == "recurrent",
+            f"{self.layer_input_types[0].describe()} -> {self.output_type.describe()}",
         )
-        if self.backprop_type is BackpropType.TRUNCATED_BPTT and not (
-            self.is_recurrent and self.output_type.kind == "recurrent"
-        ):
-            raise ValueError(
-                "backprop_type: truncated_bptt needs recurrent input and per-time-step output, got "
-                f"{self.layer_input_types[0].describe()} -> {self.output_type.describe()}"
-            )
 
     def _infer_types(self) -> None:
         current = self.input_type

@@ -24,6 +24,13 @@ zeroed); ``per_step`` vertices run at every time step. A layer passes its input'
 a sequence-to-vector layer (LastTimeStep) ends it; a vertex combines its inputs' masks (``forward_mask``).
 Recurrent outputs (RnnOutputLayer, RnnLossLayer) take labels (batch, n_out, time) and labels masks
 (batch, time); their loss is summed over present steps and divided by the number of sequences.
+
+Truncated BPTT (``backprop_type="truncated_bptt"``) works as in MultiLayerNetwork (the segmenting is
+:class:`~sparkgrad.nn._flat_network.FlatNetwork`'s): ``fit`` cuts each minibatch into segments of
+``tbptt_forward_length`` steps, one update each, every recurrent layer carrying its state from segment to
+segment. As in DL4J, every sequence of the minibatch (recurrent inputs, recurrent outputs' labels and
+their masks) is cut and must have the same length; a non-recurrent input or output (and its mask) goes
+whole into every segment, so a vector output learns from each segment's last state.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from sparkgrad.nn._recurrent import (
     sequence_mask,
     steps_to_rows,
 )
-from sparkgrad.nn.conf import check_network_defaults
+from sparkgrad.nn.conf import BackpropType, check_backprop, check_network_defaults
 from sparkgrad.nn.enums import Activation, WeightInit
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.updaters import Sgd, Updater
@@ -111,6 +118,10 @@ class ComputationGraphConfiguration(Config):
         input_types: one InputType per input (feed-forward, convolutional, convolutional_flat or
             recurrent); they size every layer (``n_in``) and vertex.
         updater, seed, weight_init, activation, l1, l2, weight_decay, dtype: network-wide defaults.
+        backprop_type, tbptt_forward_length, tbptt_backward_length: as in MultiLayerConfiguration;
+            truncated BPTT needs a recurrent input and a per-time-step output. ``fit`` cuts every
+            sequence (recurrent inputs and outputs, with their masks) into segments and passes the other
+            inputs and labels whole to every segment (DL4J's ComputationGraph).
     """
 
     inputs: list
@@ -125,6 +136,9 @@ class ComputationGraphConfiguration(Config):
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
+    backprop_type: BackpropType = BackpropType.STANDARD
+    tbptt_forward_length: int = 20
+    tbptt_backward_length: int = 20
     # Derived: vertex names in topological order, each vertex's input types and every name's output type.
     topological_order: list = dataclasses.field(init=False, repr=False, compare=False)
     vertex_input_types: dict = dataclasses.field(init=False, repr=False, compare=False)
@@ -156,6 +170,16 @@ class ComputationGraphConfiguration(Config):
         self._check_reachability()
         self._check_input_types()
         self._infer_types()
+        types = self.output_types
+        check_backprop(
+            self,
+            any(types[n].kind == "recurrent" for n in self.inputs)
+            and any(types[n].kind == "recurrent" for n in self.outputs),
+            " -> ".join(
+                ", ".join(f"{n!r} {types[n].describe()}" for n in names)
+                for names in (self.inputs, self.outputs)
+            ),
+        )
 
     def _check_structure(self) -> None:
         known = set(self.inputs) | set(self._specs)
@@ -315,7 +339,8 @@ class GraphBuilder:
 
     Args:
         defaults: network-wide settings passed to the configuration (updater, seed, weight_init,
-            activation, l1, l2, weight_decay, dtype).
+            activation, l1, l2, weight_decay, dtype, backprop_type, tbptt_forward_length,
+            tbptt_backward_length).
     """
 
     def __init__(self, **defaults: Any) -> None:
@@ -581,10 +606,12 @@ class ComputationGraph(FlatNetwork):
         train: bool,
         activate_outputs: bool,
         stateful: bool = False,
+        backward_steps: int | None = None,
     ) -> list[np.ndarray]:
         """Forward pass; keeps every vertex's mask in ``self._masks``. Outputs: activated ones as the
         vertex produces them ((N, T, C) for sequences), pre-activations as output rows. ``stateful``:
-        recurrent layers continue from the state their previous stateful forward ended in."""
+        recurrent layers continue from the state their previous stateful forward ended in;
+        ``backward_steps`` (truncated BPTT) limits their backward to the last that many steps."""
         acts: dict[str, np.ndarray] = dict(zip(self.conf.inputs, xs))
         self._masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, masks))
         for node in self._nodes:
@@ -611,6 +638,7 @@ class ComputationGraph(FlatNetwork):
             acts[node.name], node.trace = layer_forward(
                 node.runtime, node.layer, node.input_type, x, mask if node.sequence else None, train,
                 self._seed(node.index), preout=node.is_output and not activate_outputs, stateful=stateful,
+                backward_steps=backward_steps,
             )  # fmt: skip
             # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on
             self._masks[node.name] = mask if node.sequence == node.recurrent_output else None
@@ -631,7 +659,13 @@ class ComputationGraph(FlatNetwork):
         """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
         self._require_init()
         xs, ys, label_masks, input_masks = self._prepare(dataset)
-        self._check_rows(self._forward(xs, input_masks, train=True, activate_outputs=False), ys)
+        sequences = [x.shape[1] for x, t in zip(xs, self.conf.input_types) if t.kind == "recurrent"]
+        steps = self._tbptt_backward_steps(dataset, max(sequences, default=0))
+        outs = self._forward(
+            xs, input_masks, train=True, activate_outputs=False, stateful=steps is not None,
+            backward_steps=steps,
+        )  # fmt: skip
+        self._check_rows(outs, ys)
         masks = self._loss_masks(label_masks)
         grads: dict[str, list[np.ndarray]] = {}
         score = 0.0

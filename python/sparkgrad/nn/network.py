@@ -14,11 +14,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from sparkgrad.device import is_gpu_array
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._flat_network import FlatNetwork, on_device
 from sparkgrad.nn._recurrent import (
     LayerTrace,
+    TbpttSegment,
     layer_backward,
     layer_forward,
     sequence_features,
@@ -26,34 +26,8 @@ from sparkgrad.nn._recurrent import (
     steps_to_rows,
 )
 from sparkgrad.nn._runtime import OutputRuntime
-from sparkgrad.nn.conf import BackpropType, MultiLayerConfiguration
+from sparkgrad.nn.conf import MultiLayerConfiguration
 from sparkgrad.nn.input_type import InputType
-
-
-class TbpttSegment:
-    """Time steps [start, stop) of a recurrent minibatch: one truncated-BPTT training step.
-
-    Features (N, C, T), per-step labels (N, C, T) and masks (N, T) are sliced along time; ``first`` marks
-    the segment that starts a minibatch (the recurrent state is cleared before it).
-    """
-
-    def __init__(self, dataset: Any, start: int, stop: int) -> None:
-        def cut(arr: Any, axis: int) -> Any:  # a view (of a host or device array) along time
-            if arr is None:
-                return None
-            a = arr if is_gpu_array(arr) or isinstance(arr, np.ndarray) else np.asarray(arr)
-            return a[(slice(None),) * axis + (slice(start, stop),)]
-
-        self.features = cut(dataset.features, 2)
-        labels = getattr(dataset, "labels", None)
-        self.labels = cut(labels, 2)
-        self.features_mask = cut(getattr(dataset, "features_mask", None), 1)
-        self.labels_mask = cut(getattr(dataset, "labels_mask", None), 1)
-        self.first = start == 0
-
-    def num_examples(self) -> int:
-        """Examples (sequences) in the segment."""
-        return int(self.features.shape[0])
 
 
 class MultiLayerNetwork(FlatNetwork):
@@ -192,51 +166,14 @@ class MultiLayerNetwork(FlatNetwork):
         x, fmask = self._inputs(dataset)
         labels, mask = self._labels(dataset, x, fmask)
         n = self._n_examples(dataset)
-        segment = isinstance(dataset, TbpttSegment)
-        if segment:
-            if dataset.first:
-                self.rnn_clear_previous_state()
-        elif (
-            self.conf.backprop_type is BackpropType.TRUNCATED_BPTT
-            and x.shape[1] > self.conf.tbptt_forward_length
-        ):
-            raise ValueError(
-                f"dataset: {x.shape[1]} time steps exceed tbptt_forward_length "
-                f"{self.conf.tbptt_forward_length}; with truncated BPTT train through fit(), or pass the "
-                "segments of tbptt_segments(dataset)"
-            )
+        steps = self._tbptt_backward_steps(dataset, x.shape[1] if self.conf.is_recurrent else 0)
         self._forward(
-            x, train=True, activate_output=False, mask=fmask, stateful=segment,
-            backward_steps=self.conf.tbptt_backward_length if segment else None,
-        )  # fmt: skip
+            x, train=True, activate_output=False, mask=fmask, stateful=steps is not None, backward_steps=steps
+        )
         score = float(self._runtimes[-1].scores(labels, mask).sum()) / n
         self._backward(labels, mask, n)
         self._last_score = score + self._penalty()
         return self._last_score
-
-    # -- truncated BPTT -----------------------------------------------------------------------
-    def tbptt_segments(self, dataset: Any) -> list[TbpttSegment]:
-        """A minibatch cut into the truncated-BPTT segments ``fit`` trains one update each.
-
-        Args:
-            dataset: a DataSet with recurrent features (batch, size, time) and labels (batch, n_out, time).
-
-        Returns:
-            segments of ``conf.tbptt_forward_length`` time steps (the last may be shorter); the first
-            clears the recurrent state, the others continue from the state the previous one ended in.
-        """
-        length = self.conf.tbptt_forward_length
-        steps = int(np.shape(dataset.features)[2])
-        return [TbpttSegment(dataset, start, min(start + length, steps)) for start in range(0, steps, length)]
-
-    def _training_batches(self, batches: Iterable[Any]) -> Iterable[Any]:
-        """The minibatches ``fit`` trains: as given, or cut into truncated-BPTT segments."""
-        if self.conf.backprop_type is not BackpropType.TRUNCATED_BPTT:
-            yield from batches
-            return
-        for batch in batches:
-            yield from self.tbptt_segments(batch)
-            self.rnn_clear_previous_state()  # DL4J: no state carries over to the next minibatch
 
     # -- inference and scoring ----------------------------------------------------------------
     @on_device
