@@ -1,6 +1,7 @@
 """Recurrent networks on Spark: variable-length masked sequences train to 95% with gradient sharing (a
-MultiLayerNetwork and a ComputationGraph) and run with parameter averaging; distributed evaluation,
-scoring and keyed inference honour the masks."""
+MultiLayerNetwork and a ComputationGraph) and run with parameter averaging, also when the RDD holds
+sequences of different lengths unpadded; distributed evaluation, scoring and keyed inference honour the
+masks."""
 
 from __future__ import annotations
 
@@ -84,6 +85,48 @@ def test_parameter_averaging_trains_masked_sequences(spark, data) -> None:
     rdd, test = data
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=2, rng_seed=3)
     sm = SparkMultiLayer(spark, _conf(), master)
+    before = sm.network.score(test)
+    sm.fit(rdd)
+    assert sm.network.score(test) < before
+    assert np.isfinite(sm.network.params()).all()
+
+
+def by_length(ds: DataSet, chunk: int, rng: np.random.Generator) -> list[DataSet]:
+    """The examples cut to their own lengths (no padding, no mask): chunks of at most ``chunk``
+    examples of one length each, in random order, so that every worker batch merges several lengths."""
+    lengths = ds.features_mask.sum(axis=1).astype(int)
+    parts = [
+        DataSet(ds.features[rows, :, :length], ds.labels[rows])[i : i + chunk]
+        for length in np.unique(lengths)
+        for rows in [np.flatnonzero(lengths == length)]
+        for i in range(0, rows.size, chunk)
+    ]
+    return [parts[i] for i in rng.permutation(len(parts))]
+
+
+def test_sequences_of_different_lengths_train_without_padding(spark, data) -> None:
+    """An RDD whose DataSets each hold sequences of their own length: worker batches merge them (end
+    padding, masks marking the padded steps) and train to the same 95% as the pre-padded data."""
+    _, test = data
+    rng = np.random.default_rng(0)
+    parts = by_length(sign_sequences(rng, 1024), 8, rng)  # the fixture's training examples
+    assert len({p.features.shape[2] for p in parts}) == T - 3 and all(p.features_mask is None for p in parts)
+    rdd = spark.sparkContext.parallelize(parts, 2)
+    master = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=32,
+        rng_seed=3,
+    )
+    with SparkMultiLayer(spark, _conf(), master) as sm:
+        accs = []
+        for _ in range(6):
+            sm.fit(rdd)
+            accs.append(sm.network.evaluate(test).accuracy())
+            if accs[-1] >= 0.95:
+                break
+        assert max(accs) >= 0.95, accs
+    averaging = ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=2, rng_seed=3)
+    sm = SparkMultiLayer(spark, _conf(), averaging)
     before = sm.network.score(test)
     sm.fit(rdd)
     assert sm.network.score(test) < before

@@ -48,6 +48,13 @@ def _arrays_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     )
 
 
+def _loss_mask_fill(groups: Sequence[Sequence[np.ndarray | None]]) -> np.ndarray | None:
+    """The mask a network masks an unmasked labels array's loss with: the only features mask, when
+    there is exactly one and it is ``(n, time)``; merge fills a padded labels mask with it."""
+    given = [m for m in groups[2] if m is not None]
+    return given[0] if len(given) == 1 and given[0].ndim == 2 else None
+
+
 def _describe(array: np.ndarray | None) -> str:
     return "None" if array is None else f"{array.dtype}{array.shape}"
 
@@ -167,6 +174,15 @@ class _Examples:
         A mask present in some inputs and absent in others is filled with ones (nothing masked) for
         the latter. Every other array must be present in all inputs or in none.
 
+        Time series of different lengths merge as in DL4J: rank-3 ``(n, size, time)`` arrays (each
+        features or labels slot separately) whose sizes agree are padded with zeros at the end to the
+        longest length, and the slot's mask becomes ``(n, longest)``: each input's own mask (padded
+        along its last axis like the data when it is a per-output ``(n, size, time)`` mask), else
+        ones, over its steps and zeros over the padding. An input without a labels mask whose only
+        features mask is ``(n, time)`` of the labels' length gets that features mask instead of ones,
+        as the network would have masked its loss with it. Masks take the dtype of the given masks,
+        else the data's floating dtype, else float32. Equal lengths merge exactly as other arrays.
+
         Args:
             datasets: non-empty sequence of objects of this class.
 
@@ -176,7 +192,8 @@ class _Examples:
         Raises:
             TypeError: an element is not of this class.
             ValueError: empty input, or arrays whose count, presence or trailing shape disagree
-                (the message names the offending index).
+                other than by time series lengths, or a mask whose time axis disagrees with its
+                padded array's (the message names the offending index).
         """
         datasets = list(datasets)
         if not datasets:
@@ -193,12 +210,18 @@ class _Examples:
                     f"labels masks) arrays, datasets[0] has {counts}"
                 )
         sizes = [ds.num_examples() for ds in datasets]
-        return cls._from_groups(
-            [
-                [cls._merge_slot([dg[g][s] for dg in groups], sizes, g, s) for s in range(c)]
-                for g, c in enumerate(counts)
-            ]
-        )
+        merged: list[list[np.ndarray | None]] = [[None] * c for c in counts]
+        for g in (0, 1):
+            for s in range(counts[g]):
+                arrays = [dg[g][s] for dg in groups]
+                masks = [dg[g + 2][s] for dg in groups]
+                if cls._needs_padding(arrays):
+                    fills = [None] * len(groups) if g == 0 else [_loss_mask_fill(dg) for dg in groups]
+                    merged[g][s], merged[g + 2][s] = cls._merge_padded(arrays, masks, fills, sizes, g, s)
+                else:
+                    merged[g][s] = cls._merge_slot(arrays, sizes, g, s)
+                    merged[g + 2][s] = cls._merge_slot(masks, sizes, g + 2, s)
+        return cls._from_groups(merged)
 
     def _padded_groups(self) -> list[tuple[np.ndarray | None, ...]]:
         """The groups with an absent masks list expanded to one None per array, for merging."""
@@ -227,6 +250,58 @@ class _Examples:
                     f"{', '.join(map(str, ref.shape[1:]))}) as in datasets[{ref_index}]"
                 )
         return np.concatenate(arrays, axis=0)
+
+    @staticmethod
+    def _needs_padding(arrays: list[np.ndarray | None]) -> bool:
+        """Whether the slot holds time series (all rank 3, equal sizes) of different lengths."""
+        if any(a is None or a.ndim != 3 for a in arrays):
+            return False
+        return len({a.shape[1] for a in arrays}) == 1 and len({a.shape[2] for a in arrays}) > 1
+
+    @classmethod
+    def _merge_padded(
+        cls,
+        arrays: list[np.ndarray],
+        masks: list[np.ndarray | None],
+        fills: list[np.ndarray | None],
+        sizes: list[int],
+        g: int,
+        s: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Time series padded at the end to the longest length, and their mask marking the padding.
+
+        ``fills``: per input, an ``(n, time)`` mask to use where ``masks`` has None (else ones)."""
+        lengths = [a.shape[2] for a in arrays]
+        rows = np.cumsum([0, *sizes])
+        data = np.zeros((rows[-1], arrays[0].shape[1], max(lengths)), np.result_type(*arrays))
+        for i, a in enumerate(arrays):
+            data[rows[i] : rows[i + 1], :, : lengths[i]] = a
+        name = cls._slot_name(g + 2, s)
+        ref = next((m for m in masks if m is not None), None)
+        middle = () if ref is None else ref.shape[1:-1]  # per-output masks: (n, size, time)
+        for i, m in enumerate(masks):
+            if m is not None and m.shape[1:] != (*middle, lengths[i]):
+                raise ValueError(
+                    f"datasets[{i}]: {name} has shape {m.shape}, expected (n, "
+                    f"{', '.join(map(str, (*middle, lengths[i])))}) for {cls._slot_name(g, s)} of "
+                    f"shape {arrays[i].shape}"
+                )
+        used = [
+            m if m is not None else f if f is not None and f.shape[1] == t else None
+            for m, f, t in zip(masks, fills, lengths)
+        ]
+        present = [m for m in used if m is not None]
+        dtype = np.result_type(*present) if present else data.dtype if data.dtype.kind == "f" else np.float32
+        mask = np.zeros((rows[-1], *middle, max(lengths)), dtype)
+        for i, m in enumerate(used):
+            steps = mask[rows[i] : rows[i + 1], ..., : lengths[i]]
+            if m is None:
+                steps[...] = 1
+            elif m.ndim < steps.ndim:  # an (n, time) fill on every output of per-output masks
+                steps[...] = m.reshape(m.shape[0], *(1,) * (steps.ndim - 2), m.shape[1])
+            else:
+                steps[...] = m
+        return data, mask
 
     # -- comparison, display, pickling -----------------------------------------------------------
     def __eq__(self, other: object) -> bool:
