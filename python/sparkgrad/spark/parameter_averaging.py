@@ -10,6 +10,7 @@ broadcast parameters and updater state, train each partition, ``treeAggregate`` 
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ from sparkgrad.spark.partitioning import (
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -82,6 +85,8 @@ class _Sum:
     max_batches: int = 0
     stats: SparkTrainingStats | None = None
     batches: int = 0  # minibatches trained by all workers (the progress line)
+    retried_tasks: int = 0  # results of task re-runs (Spark retries after a failure or a lost executor)
+    retrained_minibatches: int = 0  # minibatches those re-runs trained (a failed attempt trained some)
 
 
 def _add(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
@@ -104,6 +109,8 @@ def _combine(x: _Sum, y: _Sum) -> _Sum:
         max(x.max_batches, y.max_batches),
         stats,
         x.batches + y.batches,
+        x.retried_tasks + y.retried_tasks,
+        x.retrained_minibatches + y.retrained_minibatches,
     )
 
 
@@ -124,8 +131,15 @@ class _SplitJob:
 
 def _train_partition(job_bc: Any) -> Any:
     def run(index: int, units: Iterable[Any]) -> Iterator[_Sum]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        rerun = task is not None and task.attemptNumber() > 0  # PySpark has no stage attempt number
         try:
-            yield from _train_worker(job_bc, units)
+            for result in _train_worker(job_bc, units):
+                if rerun:  # counted, not hidden: the failed attempt trained some of these already
+                    result.retried_tasks, result.retrained_minibatches = 1, result.batches
+                yield result
         except TrainingError as exc:
             # name the worker: the driver quotes this last "TrainingError: ..." line to the user
             raise TrainingError(f"worker {index} ({process_tag()}): {exc}") from exc
@@ -205,6 +219,12 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
+
+    A task that fails or loses its executor is re-run by Spark from the round's broadcast parameters;
+    only the re-run's result is averaged. ``last_retries`` counts them for the last fit:
+    ``retried_tasks`` (re-run results averaged) and ``retrained_minibatches`` (the minibatches those
+    re-runs trained, some of which the failed attempt had trained before), and each round with re-runs
+    logs a warning.
     """
 
     rdd_data_set_num_examples: int = 1
@@ -268,6 +288,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             self._check_hook(hook)
         self._runtime_init()
         self._rng = random.Random(self.rng_seed)
+        # per fit: Spark task re-runs whose results were averaged (after a failed task or lost executor)
+        self.last_retries: dict[str, int] = {"retried_tasks": 0, "retrained_minibatches": 0}
 
     @staticmethod
     def _check_hook(hook: Any) -> None:
@@ -323,6 +345,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         score, trained = float("nan"), 0
+        self.last_retries = {"retried_tasks": 0, "retrained_minibatches": 0}
         progress: FitProgress | None = None
         try:
             data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
@@ -416,6 +439,16 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             bc.unpersist()
         if total.count == 0:
             return None
+        if total.retried_tasks:
+            self.last_retries["retried_tasks"] += total.retried_tasks
+            self.last_retries["retrained_minibatches"] += total.retrained_minibatches
+            log.warning(
+                "averaging round at iteration %d: %d re-run task(s) (a task failed or its executor was "
+                "lost) trained %d minibatches again",
+                network.iteration_count,
+                total.retried_tasks,
+                total.retrained_minibatches,
+            )
         with Timer(stats, PROCESS_PARAMS):
             network.set_params((total.params / total.count).astype(network.params().dtype, copy=False))
             updater = mean_or_none(total.updater, total.count)
