@@ -184,8 +184,14 @@ def unavailable_reason() -> str | None:
         return "the cluster harness needs root (it creates network namespaces, veths and a bridge)"
     if not (shutil.which("ip") or shutil.which("apt-get")):
         return "the cluster harness needs iproute2 (`ip`) and apt-get is not available to install it"
-    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-        return "the cluster harness needs Java 17 (java on PATH or JAVA_HOME)"
+    try:
+        from sparkgrad.spark.demo import MIN_JAVA, java_major_version
+    except ImportError as exc:
+        return f"the cluster harness needs sparkgrad importable by this interpreter ({exc})"
+    java = java_major_version()
+    if java is None or java < MIN_JAVA:
+        found = "none found (JAVA_HOME / PATH)" if java is None else f"found Java {java}"
+        return f"the cluster harness needs Java {MIN_JAVA}+ for Spark: {found}"
     try:
         spark_class = os.path.join(_spark_home(), "bin", "spark-class")
     except ImportError:
