@@ -1,5 +1,5 @@
-"""SparkMultiLayer.fit(DataFrame) and predict(Vector/Matrix): the column conversion and its errors; DL4J
-DataSet files read through Spark."""
+"""SparkMultiLayer / SparkComputationGraph .fit(DataFrame) and predict(Vector/Matrix): the column
+conversion and its errors; DL4J DataSet files read through Spark."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from helpers import mlp_conf, subset
+from helpers import mlp_conf, port, subset
 from pyspark.ml import linalg as ml
 from pyspark.mllib import linalg as mllib
 from pyspark.sql import types as T
@@ -15,14 +15,24 @@ from pyspark.sql import types as T
 from sparkgrad.data import DataSet, read_nd4j_dataset
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn import (
+    ComputationGraph,
+    ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
     InputType,
+    MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
 )
-from sparkgrad.spark import ParameterAveragingTrainingMaster, SparkMultiLayer
+from sparkgrad.nn.updaters import Adam
+from sparkgrad.spark import (
+    ParameterAveragingTrainingMaster,
+    SharedTrainingMaster,
+    SparkComputationGraph,
+    SparkMultiLayer,
+    VoidConfiguration,
+)
 from sparkgrad.spark.columns import REGRESSION, dataframe_datasets
 
 # float32 outputs of the same network on the same rows, possibly in batches of other sizes
@@ -118,6 +128,13 @@ def test_column_errors_name_the_column(spark, digits) -> None:
     recurrent = MultiLayerConfiguration([OutputLayer(2)], input_type=InputType.recurrent(3))
     with pytest.raises(ValueError, match="recurrent input"):
         SparkMultiLayer(spark, recurrent).fit(df)
+    # df.rdd holds Rows: the message says to pass the DataFrame itself
+    with pytest.raises(
+        TypeError,
+        match=r"found elements of type Row; to train on a DataFrame, pass the DataFrame itself: "
+        r"fit\(df, features_col=\.\.\., label_col=\.\.\.\)",
+    ):
+        sm.fit(df.rdd)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +178,101 @@ def test_predict_vectors_and_matrices_of_both_linalg_modules(spark, digits) -> N
         sm.predict(ml.Vectors.dense([1.0, 2.0, 3.0]))
     with pytest.raises(TypeError, match="features: expected a pyspark.ml.linalg"):
         sm.predict(x)
+
+
+def _digit_frame(spark, ds: DataSet, features_col: str, label_col: str):
+    """``ds`` as a DataFrame of an ml Vector and a class index per row, in 2 contiguous partitions."""
+    rows = [(ml.Vectors.dense(r), float(c)) for r, c in zip(ds.features, ds.labels.argmax(1))]
+    df = spark.createDataFrame(rows, [features_col, label_col])
+    assert df.rdd.getNumPartitions() == 2
+    return df
+
+
+def test_shared_training_fits_a_dataframe_with_other_column_names(spark, digits) -> None:
+    train = subset(digits[0], 256)
+    df = _digit_frame(spark, train, "x", "y")
+    master = SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
+        batch_size_per_worker=16,
+        rdd_data_set_num_examples=16,
+        collect_training_stats=True,
+        rng_seed=3,
+    )
+    with SparkMultiLayer(spark, mlp_conf(hidden=32), master) as sm:
+        before = sm.network.score(train)
+        net = sm.fit(df, features_col="x", label_col="y", epochs=2)
+        examples = sum(
+            e.extra["examples"] for e in sm.training_stats.events("SharedWorkerComputeUpdateTimesMs")
+        )
+    assert net.epoch_count == 2 and examples == 2 * train.num_examples()
+    assert net.score(train) < 0.8 * before
+
+
+def _single_graph_conf() -> ComputationGraphConfiguration:
+    return (
+        ComputationGraphConfiguration.builder(seed=6, updater=Adam(1e-2))
+        .add_inputs("pixels")
+        .set_input_types(InputType.feed_forward(64))
+        .add_layer("hidden", DenseLayer(16, activation="relu"), "pixels")
+        .add_layer("digit", OutputLayer(10), "hidden")
+        .set_outputs("digit")
+        .build()
+    )
+
+
+def test_single_input_graph_fits_a_dataframe_like_its_datasets_and_predicts_vectors(spark, digits) -> None:
+    train = subset(digits[0], 128)
+    master = {
+        "batch_size_per_worker": 16,
+        "rdd_data_set_num_examples": 16,
+        "averaging_frequency": 4,
+        "rng_seed": 5,
+    }
+    df = _digit_frame(spark, train, "x", "y")
+    rdd = spark.sparkContext.parallelize(train.split(16), 2)
+    start = ComputationGraph(_single_graph_conf()).init()
+    with SparkComputationGraph(spark, start.clone(), ParameterAveragingTrainingMaster(**master)) as a:
+        a.fit(df, features_col="x", label_col="y", epochs=2)
+    with SparkComputationGraph(spark, start.clone(), ParameterAveragingTrainingMaster(**master)) as b:
+        b.fit(rdd, epochs=2)
+    assert a.network.iteration_count == b.network.iteration_count > 0
+    np.testing.assert_array_equal(a.network.params(), b.network.params())
+    assert not np.array_equal(a.network.params(), start.params())
+    # predict: the graph's own output of the same rows (one example, or the matrix's batch)
+    net = a.network
+    x = digits[1].features[:5]
+    (batch,) = net.output(x)
+    (first,) = net.output(x[:1])
+    for linalg in (ml, mllib):
+        one = a.predict(linalg.Vectors.dense(x[0].astype(np.float64)))
+        assert isinstance(one, linalg.DenseVector)
+        np.testing.assert_array_equal(one.toArray(), first[0].astype(np.float64))
+        matrix = a.predict(linalg.DenseMatrix(5, 64, x.astype(np.float64).ravel(order="F")))
+        assert isinstance(matrix, linalg.DenseMatrix) and (matrix.numRows, matrix.numCols) == (5, 10)
+        np.testing.assert_array_equal(matrix.toArray(), batch.astype(np.float64))
+
+
+def test_graphs_with_several_inputs_name_them_for_dataframes(spark, digits) -> None:
+    conf = (
+        ComputationGraphConfiguration.builder(seed=1)
+        .add_inputs("left", "right")
+        .set_input_types(InputType.feed_forward(32), InputType.feed_forward(32))
+        .add_vertex("merge", MergeVertex(), "left", "right")
+        .add_layer("digit", OutputLayer(10), "merge")
+        .set_outputs("digit")
+        .build()
+    )
+    df = _digit_frame(spark, subset(digits[0], 20), "features", "label")
+    message = (
+        r"network: the graph has inputs \['left', 'right'\] and outputs \['digit'\].*one features column"
+    )
+    with SparkComputationGraph(spark, conf) as model:
+        with pytest.raises(ValueError, match=message):
+            model.fit(df)
+        with pytest.raises(ValueError, match=message):
+            model.fit_dataframe(df)
+        with pytest.raises(ValueError, match=message):
+            model.predict(ml.Vectors.dense([0.0] * 64))
 
 
 def test_dense_network_over_image_vectors_and_regression_targets(spark) -> None:

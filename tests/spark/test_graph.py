@@ -1,6 +1,7 @@
-"""SparkComputationGraph on local[2]: a two-input, two-output graph with a merge and a skip connection,
-trained with both masters from every data source, and distributed scoring, evaluation and inference equal
-to the local results on the same parameters.
+"""SparkComputationGraph on local[2]: a two-input, two-output graph with a merge and a skip connection
+(MultiDataSets) and a single-input graph (DataSets), trained with both masters from every data source,
+and distributed scoring, evaluation (of either output) and inference equal to the local results on the
+same parameters.
 
 Equality: the distributed methods here see exactly the batches of the local reference (one partition per
 batch, batch sizes at least the partition size), so every per-example number comes from the same kernels
@@ -11,12 +12,14 @@ sum of the absolute per-example values (recursive summation, Higham, Accuracy an
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 from helpers import port
 
-from sparkgrad.data import MultiDataSet
-from sparkgrad.eval import RegressionEvaluation, ROCMultiClass
+from sparkgrad.data import DataSet, MultiDataSet
+from sparkgrad.eval import ROC, Evaluation, RegressionEvaluation, ROCMultiClass
 from sparkgrad.nn import (
     ComputationGraph,
     ComputationGraphConfiguration,
@@ -31,6 +34,7 @@ from sparkgrad.spark import (
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
     SparkComputationGraph,
+    SparkMultiLayer,
     VoidConfiguration,
 )
 
@@ -61,10 +65,55 @@ def two_way(ds) -> MultiDataSet:
     return MultiDataSet([x[:, :32], x[:, 32:]], [ds.labels, x.mean(axis=1, keepdims=True)])
 
 
+def parity_conf(seed: int = 3) -> ComputationGraphConfiguration:
+    """A single-input graph: a digit in, whether it is odd out (two classes, so binary ROC applies)."""
+    return (
+        ComputationGraphConfiguration.builder(seed=seed, updater=Adam(1e-2))
+        .add_inputs("pixels")
+        .set_input_types(InputType.feed_forward(64))
+        .add_layer("hidden", DenseLayer(32, activation="relu"), "pixels")
+        .add_layer("odd", OutputLayer(2), "hidden")
+        .set_outputs("odd")
+        .build()
+    )
+
+
+def odd_or_even(ds: DataSet) -> DataSet:
+    return DataSet(ds.features, np.eye(2, dtype=ds.labels.dtype)[ds.labels.argmax(1) % 2])
+
+
+def halves(ds):
+    """``ds`` as two batches: one per partition of the distributed runs."""
+    half = ds.num_examples() // 2
+    return [ds[:half], ds[half:]]
+
+
+def worker_examples(model) -> int:
+    """Examples the workers of the model's fits trained on, from its training stats."""
+    return sum(
+        e.extra["examples"]
+        for key in ("SharedWorkerComputeUpdateTimesMs", "ParameterAveragingWorkerFitTimesMs")
+        if key in model.training_stats.keys()
+        for e in model.training_stats.events(key)
+    )
+
+
+def shared_master(**options) -> SharedTrainingMaster:
+    return SharedTrainingMaster(
+        VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"), **options
+    )
+
+
 @pytest.fixture(scope="module")
 def data(digits):
     """(train, test) MultiDataSets of the digits."""
     return two_way(digits[0]), two_way(digits[1])
+
+
+@pytest.fixture(scope="module")
+def parity(digits):
+    """(train, test) DataSets of the digits labelled odd / even."""
+    return odd_or_even(digits[0]), odd_or_even(digits[1])
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +130,7 @@ def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd)
     start = ComputationGraph(graph_conf(lr=3e-3)).init()
     initial = start.score(test)
     masters = {
-        "shared": SharedTrainingMaster(
-            VoidConfiguration(unicast_port=port(), controller_address="127.0.0.1"),
-            batch_size_per_worker=16,
-            collect_training_stats=True,
-            rng_seed=2,
-        ),
+        "shared": shared_master(batch_size_per_worker=16, collect_training_stats=True, rng_seed=2),
         "averaging": ParameterAveragingTrainingMaster(
             batch_size_per_worker=16, averaging_frequency=5, rng_seed=2, collect_training_stats=True
         ),
@@ -100,13 +144,7 @@ def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd)
             # both outputs learned: the summed loss fell well below the start's
             assert net.score(test) < 0.5 * initial, name
             assert np.isfinite(model.score())
-            examples = sum(
-                e.extra["examples"]
-                for key in ("SharedWorkerComputeUpdateTimesMs", "ParameterAveragingWorkerFitTimesMs")
-                if key in model.training_stats.keys()
-                for e in model.training_stats.events(key)
-            )
-            assert examples == EPOCHS * train.num_examples(), name
+            assert worker_examples(model) == EPOCHS * train.num_examples(), name
 
 
 def test_saved_multidatasets_train_from_a_directory_paths_and_an_export(spark, data, tmp_path) -> None:
@@ -139,6 +177,31 @@ def test_saved_multidatasets_train_from_a_directory_paths_and_an_export(spark, d
     for name, net in results.items():
         assert net.epoch_count == 2 and net.iteration_count > 0, name
         assert net.score(train) < start.score(train), name
+
+
+@pytest.mark.parametrize("master_name", ["averaging", "shared"])
+def test_saved_datasets_train_from_a_directory_and_paths(spark, parity, tmp_path, master_name) -> None:
+    train = parity[0]
+    paths = []
+    for i, part in enumerate(train.split(200)):
+        paths.append(str(tmp_path / f"part-{i}.bin"))
+        part.save(paths[-1])
+    start = ComputationGraph(parity_conf(seed=4)).init()
+    for source in ("directory", "paths"):
+        if master_name == "shared":
+            master = shared_master(batch_size_per_worker=16, collect_training_stats=True, rng_seed=1)
+        else:
+            master = ParameterAveragingTrainingMaster(
+                batch_size_per_worker=16, averaging_frequency=3, rng_seed=1, collect_training_stats=True
+            )
+        with SparkComputationGraph(spark, start.clone(), master) as model:
+            if source == "directory":
+                net = model.fit(str(tmp_path), epochs=2)
+            else:
+                net = model.fit_paths(spark.sparkContext.parallelize(paths, 2), epochs=2)
+            assert worker_examples(model) == 2 * train.num_examples(), source
+        assert net.epoch_count == 2 and net.iteration_count > 0, source
+        assert net.score(train) < 0.8 * start.score(train), source
 
 
 def test_single_input_graphs_train_on_datasets(spark, digits) -> None:
@@ -184,9 +247,19 @@ def trained(spark, data):
 @pytest.fixture(scope="module")
 def test_parts(data):
     """The test set as two batches: one per partition of the distributed runs."""
-    test = data[1]
-    half = test.num_examples() // 2
-    return [test[:half], test[half:]]
+    return halves(data[1])
+
+
+@pytest.fixture(scope="module")
+def trained_parity(parity):
+    net = ComputationGraph(parity_conf(seed=8)).init()
+    net.fit(parity[0].split(32), epochs=2)
+    return net
+
+
+@pytest.fixture(scope="module")
+def parity_parts(parity):
+    return halves(parity[1])
 
 
 def test_distributed_evaluations_equal_local(spark, trained, test_parts) -> None:
@@ -207,28 +280,91 @@ def test_distributed_evaluations_equal_local(spark, trained, test_parts) -> None
     assert both[1].mean_squared_error(0) == trained.evaluate_regression(test_parts).mean_squared_error(0)
 
 
-def test_distributed_scores_equal_local(spark, trained, test_parts) -> None:
+@pytest.mark.parametrize("multi", [False, True], ids=["DataSet", "MultiDataSet"])
+def test_distributed_evaluations_of_a_single_input_graph_equal_local(
+    spark, trained_parity, parity_parts, multi
+) -> None:
+    parts = [MultiDataSet([p.features], [p.labels]) for p in parity_parts] if multi else parity_parts
+    rdd = spark.sparkContext.parallelize(parts, 2)
+    size = max(p.num_examples() for p in parts)
+    suffix = "_multi_data_set" if multi else ""
+    with SparkComputationGraph(spark, trained_parity.clone()) as model:
+
+        def method(name):
+            return getattr(model, name + suffix)
+
+        ev = method("evaluate")(rdd, eval_batch_size=size)
+        roc = method("evaluate_roc")(rdd, eval_batch_size=size)
+        roc_classes = method("evaluate_roc_multi_class")(rdd, eval_batch_size=size)
+        regression = method("evaluate_regression")(rdd, eval_batch_size=size)
+        both = method("do_evaluation")(rdd, 2, size, ROC(), Evaluation())
+    local = trained_parity.do_evaluation(
+        parity_parts, Evaluation(), ROC(), ROCMultiClass(), RegressionEvaluation()
+    )
+    assert local[0].accuracy() >= 0.8 and local[1].calculate_auc() >= 0.9  # a trained classifier
+    for got in (ev, both[1]):
+        assert np.array_equal(got.confusion_matrix(), local[0].confusion_matrix())
+    assert roc.calculate_auc() == both[0].calculate_auc() == local[1].calculate_auc()
+    for c in range(2):
+        assert roc_classes.calculate_auc(c) == local[2].calculate_auc(c)
+        assert regression.mean_squared_error(c) == local[3].mean_squared_error(c)
+        assert regression.r_squared(c) == local[3].r_squared(c)
+
+
+def test_evaluations_of_a_chosen_output_equal_local(spark, trained, test_parts) -> None:
     rdd = spark.sparkContext.parallelize(test_parts, 2)
     size = max(p.num_examples() for p in test_parts)
     with SparkComputationGraph(spark, trained.clone()) as model:
-        examples = np.array(model.score_examples_multi_data_set(rdd, batch_size=size).collect())
-        with_penalty = np.array(model.score_examples_multi_data_set(rdd, True, size).collect())
-        total = model.calculate_score_multi_data_set(rdd, average=False, minibatch_size=size)
-        mean = model.calculate_score_multi_data_set(rdd, minibatch_size=size)
+        first = model.evaluate_regression(rdd, eval_batch_size=size)  # the default: output 0
+        second = model.evaluate_regression_multi_data_set(rdd, eval_batch_size=size, output_index=1)
+        (chosen,) = model.do_evaluation(rdd, 1, size, RegressionEvaluation(), output_index=1)
+        for bad in (2, -1, True):
+            with pytest.raises(
+                ValueError, match=r"output_index: expected 0\.\.1 for outputs \['digit', 'intensity'\]"
+            ):
+                model.evaluate(rdd, output_index=bad)
+    local_first = trained.evaluate_regression(test_parts)
+    local_second = trained.evaluate_regression(test_parts, output_index=1)
+    assert first.num_columns == 10 and second.num_columns == chosen.num_columns == 1
+    assert first.mean_squared_error(0) == local_first.mean_squared_error(0)
+    for got in (second, chosen):
+        assert got.mean_squared_error(0) == local_second.mean_squared_error(0)
+        assert got.r_squared(0) == local_second.r_squared(0)
+    assert second.mean_squared_error(0) != first.mean_squared_error(0)
+    # the output choice is the graph's: a MultiLayerNetwork has one output and no such parameter
+    assert "output_index" not in inspect.signature(SparkMultiLayer.evaluate).parameters
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["DataSet", "MultiDataSet"])
+def test_distributed_scores_equal_local(spark, request, multi) -> None:
+    if multi:
+        trained, parts = request.getfixturevalue("trained"), request.getfixturevalue("test_parts")
+    else:
+        trained, parts = request.getfixturevalue("trained_parity"), request.getfixturevalue("parity_parts")
+    suffix = "_multi_data_set" if multi else ""
+    rdd = spark.sparkContext.parallelize(parts, 2)
+    size = max(p.num_examples() for p in parts)
+    with SparkComputationGraph(spark, trained.clone()) as model:
+        score_examples = getattr(model, f"score_examples{suffix}")
+        calculate_score = getattr(model, f"calculate_score{suffix}")
+        examples = np.array(score_examples(rdd, batch_size=size).collect())
+        with_penalty = np.array(score_examples(rdd, True, size).collect())
+        total = calculate_score(rdd, average=False, minibatch_size=size)
+        mean = calculate_score(rdd, minibatch_size=size)
         keyed_rdd = spark.sparkContext.parallelize(
-            [(f"{p}-{i}", part[i : i + 1]) for p, part in enumerate(test_parts) for i in range(len(part))], 2
+            [(f"{p}-{i}", part[i : i + 1]) for p, part in enumerate(parts) for i in range(len(part))], 2
         )
-        keyed = dict(model.score_examples_multi_data_set_with_key(keyed_rdd, batch_size=size).collect())
-    local = np.concatenate([trained.score_examples(p) for p in test_parts])
+        keyed = dict(getattr(model, f"score_examples{suffix}_with_key")(keyed_rdd, batch_size=size).collect())
+    local = np.concatenate([trained.score_examples(p) for p in parts])
     assert np.array_equal(examples, local)
-    assert np.array_equal(with_penalty, np.concatenate([trained.score_examples(p, True) for p in test_parts]))
-    # parallelize slices the pairs at the same position as test_parts: the keyed batches are the same rows
-    for p, part in enumerate(test_parts):
+    assert np.array_equal(with_penalty, np.concatenate([trained.score_examples(p, True) for p in parts]))
+    # parallelize slices the pairs at the same position as the parts: the keyed batches are the same rows
+    for p, part in enumerate(parts):
         for i in range(len(part)):
-            assert keyed[f"{p}-{i}"] == local[p * len(test_parts[0]) + i]
+            assert keyed[f"{p}-{i}"] == local[p * len(parts[0]) + i]
     # the totals: per-batch scores are identical, only the order of the final summation differs
     n = len(local)
-    batch_totals = np.array([trained.score(p) * p.num_examples() for p in test_parts])
+    batch_totals = np.array([trained.score(p) * p.num_examples() for p in parts])
     expected = float(batch_totals.sum())
     gamma = (n - 1) * U64 / (1 - (n - 1) * U64)
     bound = gamma * float(np.abs(batch_totals).sum()) + 4 * U64 * abs(expected)

@@ -7,7 +7,8 @@ executors receive them as Arrow record batches (``mapInArrow`` for training, a s
 the features alone for ``transform``) and convert each batch with a few vectorised NumPy operations,
 never row by row. Features of one example are reshaped to what the
 network's input type takes (``(channels, height, width)`` for convolutional input); labels are class
-indices (one-hot encoded here), or a Vector/array of one value per network output.
+indices (one-hot encoded here), or a Vector/array of one value per network output. A ComputationGraph
+takes part when it has one input and one output (one features column, one label column).
 
 Needs pyarrow and pyspark 4.1 or later, as the ``spark`` extra pins them (``transform`` uses
 ``arrow_udf``, new in pyspark 4.1; :mod:`sparkgrad.ml` checks the version when imported).
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import Column, DataFrame
 
-    from sparkgrad.nn import MultiLayerConfiguration
+    from sparkgrad.nn import ComputationGraphConfiguration, InputType, MultiLayerConfiguration
+
+    NetworkConfiguration = MultiLayerConfiguration | ComputationGraphConfiguration
 
 # examples per output record batch of the DataFrame -> DataSet conversion
 _RECORD_EXAMPLES = 4096
@@ -45,13 +48,32 @@ def is_dataframe(value: Any) -> bool:
     return type(value).__name__ == "DataFrame" and type(value).__module__.startswith("pyspark.sql")
 
 
-def example_shape(conf: MultiLayerConfiguration) -> tuple[int, ...]:
+def _single_io(conf: NetworkConfiguration) -> tuple[InputType | None, int]:
+    """The input type (None: a MultiLayerConfiguration sized by its first layer's ``n_in``) and the
+    output size of the network built from ``conf``, which must have one input and one output.
+
+    Raises:
+        ValueError: a graph with several inputs or outputs (names them).
+    """
+    if not hasattr(conf, "input_types"):  # a MultiLayerConfiguration: one input, one output
+        return conf.input_type, int(conf.output_type.size)
+    if len(conf.inputs) != 1 or len(conf.outputs) != 1:
+        raise ValueError(
+            f"network: the graph has inputs {conf.inputs} and outputs {conf.outputs}, but DataFrame and "
+            "MLlib data map to one features column and one label column (one input, one output); train "
+            "a graph with several on an RDD of MultiDataSets"
+        )
+    return conf.input_types[0], int(conf.output_types[conf.outputs[0]].size)
+
+
+def example_shape(conf: NetworkConfiguration) -> tuple[int, ...]:
     """Shape of one example's features as a network built from ``conf`` takes them from a column.
 
     Raises:
-        ValueError: recurrent input (sequences of any length are not one fixed-size column).
+        ValueError: recurrent input (sequences of any length are not one fixed-size column), or a graph
+            with several inputs or outputs.
     """
-    it = conf.input_type
+    it, _ = _single_io(conf)
     if it is None:
         return (int(conf.layers[0].n_in),)
     if it.kind == "recurrent":
@@ -60,6 +82,21 @@ def example_shape(conf: MultiLayerConfiguration) -> tuple[int, ...]:
             "example; train on an RDD of DataSets with (batch, size, time) features instead"
         )
     return it.shape() if it.kind == "convolutional" else (it.size,)
+
+
+def output_size(conf: NetworkConfiguration) -> int:
+    """Values per example of the output of a network built from ``conf`` (one input, one output).
+
+    Raises:
+        ValueError: a graph with several inputs or outputs.
+    """
+    return _single_io(conf)[1]
+
+
+def network_output(network: Any, x: np.ndarray) -> Any:
+    """Output of a network with one output (a MultiLayerNetwork, or a graph's only output) for ``x``."""
+    out = network.output(x)
+    return out[0] if isinstance(out, list) else out
 
 
 def _col(name: str) -> Column:
@@ -222,7 +259,7 @@ def dataframe_datasets(
     df: DataFrame,
     features_col: str,
     label_col: str,
-    conf: MultiLayerConfiguration,
+    conf: NetworkConfiguration,
     examples_per_dataset: int,
     task: str | None = None,
     names: tuple[str, str] = ("features_col", "label_col"),
@@ -259,7 +296,7 @@ def dataframe_datasets(
 
     shape = example_shape(conf)
     width = math.prod(shape)
-    n_out = int(conf.output_type.size)
+    n_out = output_size(conf)
     task = task or (CLASSIFICATION if n_out > 1 else REGRESSION)
     dtype = conf.dtype
     feature_what = f"{names[0]} {features_col!r}"
@@ -295,7 +332,7 @@ def dataframe_datasets(
 def with_network_outputs(
     df: DataFrame,
     features_col: str,
-    conf: MultiLayerConfiguration,
+    conf: NetworkConfiguration,
     network_of: Callable[[], Any],
     outputs: Callable[[np.ndarray], dict[str, np.ndarray]],
     columns: list[tuple[str, bool]],
@@ -329,7 +366,7 @@ def with_network_outputs(
     shape = example_shape(conf)
     width = math.prod(shape)
     dtype = conf.dtype
-    n_out = int(conf.output_type.size)
+    n_out = output_size(conf)
     what = f"featuresCol {features_col!r}"
     result_type = T.StructType(
         [
@@ -344,7 +381,7 @@ def with_network_outputs(
         net = network_of()
         for features in batches:
             x = arrow_rows(features, width, dtype, what).reshape(-1, *shape)
-            chunks = [net.output(x[i : i + PREDICT_CHUNK]) for i in range(0, len(x), PREDICT_CHUNK)]
+            chunks = [network_output(net, x[i : i + PREDICT_CHUNK]) for i in range(0, len(x), PREDICT_CHUNK)]
             values = outputs(np.concatenate(chunks) if chunks else np.empty((0, n_out)))
             arrays = []
             for name, vector in columns:
@@ -372,7 +409,7 @@ def with_network_outputs(
     )
 
 
-def linalg_rows(value: Any, conf: MultiLayerConfiguration, what: str) -> tuple[np.ndarray, bool, Any]:
+def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.ndarray, bool, Any]:
     """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes.
 
     Returns:
@@ -416,5 +453,7 @@ __all__ = [
     "label_matrix",
     "labels_column",
     "linalg_rows",
+    "network_output",
+    "output_size",
     "with_network_outputs",
 ]

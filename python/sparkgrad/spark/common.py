@@ -379,8 +379,18 @@ def check_dataset_matches(network: Any, sample: Any, what: str) -> None:
 
     accepted = (DataSet, MultiDataSet) if type(network).__name__ == "ComputationGraph" else (DataSet,)
     if not isinstance(sample, accepted):
+        from pyspark.sql import Row
+
         names = " or ".join(f"sparkgrad.data.{c.__name__}" for c in accepted)
-        raise TypeError(f"{what}: expected an RDD of {names}, found elements of type {type(sample).__name__}")
+        # df.rdd holds Rows: the DataFrame itself is what fit converts
+        hint = (
+            "; to train on a DataFrame, pass the DataFrame itself: fit(df, features_col=..., label_col=...)"
+            if isinstance(sample, Row)
+            else ""
+        )
+        raise TypeError(
+            f"{what}: expected an RDD of {names}, found elements of type {type(sample).__name__}{hint}"
+        )
     multi = isinstance(sample, MultiDataSet)
     features = sample.features if multi else [sample.features]
     labels = (sample.labels if multi else [sample.labels]) if sample.labels is not None else []

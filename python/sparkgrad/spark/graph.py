@@ -3,8 +3,9 @@
 Everything runs through :class:`~sparkgrad.spark.multilayer.SparkNetwork`, the code path every network
 type shares: both training masters, Export/Direct data preparation, epochs per job, authentication and
 MESH apply to graphs exactly as to MultiLayerNetworks. A graph trains on DataSets (one input and one
-output) and on MultiDataSets; the ``*_multi_data_set`` methods are the DL4J names of the same
-operations for RDDs of MultiDataSets.
+output), on DataFrames (one input and one output, as ``SparkMultiLayer.fit(df)``) and on
+MultiDataSets; the ``*_multi_data_set`` methods are the DL4J names of the same operations for RDDs of
+MultiDataSets. Every evaluation method takes ``output_index``, as ``ComputationGraph.evaluate`` does.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ if TYPE_CHECKING:
 class SparkComputationGraph(SparkNetwork):
     """A ComputationGraph trained and used on Spark; see :class:`SparkNetwork` for the methods shared
     with :class:`~sparkgrad.spark.SparkMultiLayer` (``fit``, ``fit_paths``, ``calculate_score``,
-    ``score_examples``, ``evaluate*``, ``do_evaluation``, training stats, ``close``), which accept RDDs
-    of DataSets (single-input, single-output graphs) or of MultiDataSets. Evaluations use the graph's
-    first output.
+    ``score_examples``, ``predict``, training stats, ``close``), which accept RDDs of DataSets
+    (single-input, single-output graphs) or of MultiDataSets, and DataFrames (``fit(df, features_col=,
+    label_col=)``, single-input, single-output graphs). The evaluation methods are those of
+    :class:`SparkNetwork` plus a keyword ``output_index``: the position in ``conf.outputs`` of the output
+    evaluated (default 0, the first), as in ``ComputationGraph.evaluate``.
 
     Args:
         spark: SparkSession or SparkContext.
@@ -43,6 +46,95 @@ class SparkComputationGraph(SparkNetwork):
 
     def __init__(self, spark: Any, graph_or_conf: Any, training_master: Any = None) -> None:
         super().__init__(spark, graph_or_conf, training_master)
+
+    # -- evaluation of one chosen output --------------------------------------------------------
+    def _output_keywords(self, output_index: Any) -> dict[str, int]:
+        """The graph's ``do_evaluation`` keywords that evaluate output ``output_index``, checked here on
+        the driver (before any Spark job) as ``ComputationGraph.do_evaluation`` checks them."""
+        outputs = self._network.conf.outputs
+        if (
+            isinstance(output_index, bool)
+            or not isinstance(output_index, int)
+            or not 0 <= output_index < len(outputs)
+        ):
+            raise ValueError(
+                f"output_index: expected 0..{len(outputs) - 1} for outputs {outputs}, got {output_index!r}"
+            )
+        return {"output_index": output_index}
+
+    def evaluate(
+        self,
+        data: RDD | str,
+        labels_list: list[str] | None = None,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        loader: Any = None,
+        *,
+        output_index: int = 0,
+    ) -> Any:
+        """Classification evaluation of output ``output_index`` over ``data``; otherwise as
+        :meth:`SparkNetwork.evaluate`."""
+        keywords = self._output_keywords(output_index)
+        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, keywords)
+
+    def evaluate_roc(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
+    ) -> Any:
+        """Binary ROC of output ``output_index`` (exact when ``threshold_steps`` is 0) over ``rdd``."""
+        from sparkgrad.eval import ROC
+
+        keywords = self._output_keywords(output_index)
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [ROC(threshold_steps)], keywords)[0]
+
+    def evaluate_roc_multi_class(
+        self,
+        rdd: RDD,
+        threshold_steps: int = 0,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
+    ) -> Any:
+        """One-vs-all ROC per class of output ``output_index`` over ``rdd``."""
+        from sparkgrad.eval import ROCMultiClass
+
+        keywords = self._output_keywords(output_index)
+        roc = ROCMultiClass(threshold_steps)
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [roc], keywords)[0]
+
+    def evaluate_regression(
+        self,
+        rdd: RDD,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
+    ) -> Any:
+        """Regression metrics per column of output ``output_index`` over ``rdd``."""
+        from sparkgrad.eval import RegressionEvaluation
+
+        keywords = self._output_keywords(output_index)
+        regression = RegressionEvaluation()
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [regression], keywords)[0]
+
+    def do_evaluation(
+        self,
+        rdd: RDD,
+        eval_num_workers: int | None,
+        eval_batch_size: int | None,
+        *evaluations: Any,
+        output_index: int = 0,
+    ) -> list:
+        """Several evaluations of output ``output_index`` in one pass over ``rdd``; otherwise as
+        :meth:`SparkNetwork.do_evaluation`."""
+        keywords = self._output_keywords(output_index)
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, evaluations, keywords)
 
     # -- MultiDataSet variants (DL4J names) -----------------------------------------------------
     def fit_multi_data_set(
@@ -102,12 +194,16 @@ class SparkComputationGraph(SparkNetwork):
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
         loader: Any = None,
+        *,
+        output_index: int = 0,
     ) -> Any:
-        """Classification evaluation of the first output over MultiDataSets (a directory is read with
-        ``SerializedMultiDataSetLoader()`` unless ``loader`` says otherwise); as :meth:`evaluate`."""
+        """Classification evaluation of output ``output_index`` over MultiDataSets (a directory is read
+        with ``SerializedMultiDataSetLoader()`` unless ``loader`` says otherwise); as :meth:`evaluate`."""
         if isinstance(data, str) and loader is None:
             loader = SerializedMultiDataSetLoader()
-        return self.evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader)
+        return self.evaluate(
+            data, labels_list, eval_num_workers, eval_batch_size, loader, output_index=output_index
+        )
 
     def evaluate_roc_multi_data_set(
         self,
@@ -115,9 +211,13 @@ class SparkComputationGraph(SparkNetwork):
         threshold_steps: int = 0,
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
     ) -> Any:
-        """Binary ROC of the first output over an RDD of MultiDataSets."""
-        return self.evaluate_roc(rdd, threshold_steps, eval_num_workers, eval_batch_size)
+        """Binary ROC of output ``output_index`` over an RDD of MultiDataSets."""
+        return self.evaluate_roc(
+            rdd, threshold_steps, eval_num_workers, eval_batch_size, output_index=output_index
+        )
 
     def evaluate_roc_multi_class_multi_data_set(
         self,
@@ -125,21 +225,37 @@ class SparkComputationGraph(SparkNetwork):
         threshold_steps: int = 0,
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
     ) -> Any:
-        """One-vs-all ROC of the first output over an RDD of MultiDataSets."""
-        return self.evaluate_roc_multi_class(rdd, threshold_steps, eval_num_workers, eval_batch_size)
+        """One-vs-all ROC of output ``output_index`` over an RDD of MultiDataSets."""
+        return self.evaluate_roc_multi_class(
+            rdd, threshold_steps, eval_num_workers, eval_batch_size, output_index=output_index
+        )
 
     def evaluate_regression_multi_data_set(
-        self, rdd: RDD, eval_num_workers: int | None = None, eval_batch_size: int | None = None
+        self,
+        rdd: RDD,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        *,
+        output_index: int = 0,
     ) -> Any:
-        """Regression metrics of the first output over an RDD of MultiDataSets."""
-        return self.evaluate_regression(rdd, eval_num_workers, eval_batch_size)
+        """Regression metrics of output ``output_index`` over an RDD of MultiDataSets."""
+        return self.evaluate_regression(rdd, eval_num_workers, eval_batch_size, output_index=output_index)
 
     def do_evaluation_multi_data_set(
-        self, rdd: RDD, eval_num_workers: int | None, eval_batch_size: int | None, *evaluations: Any
+        self,
+        rdd: RDD,
+        eval_num_workers: int | None,
+        eval_batch_size: int | None,
+        *evaluations: Any,
+        output_index: int = 0,
     ) -> list:
-        """Several evaluations of the first output in one pass over an RDD of MultiDataSets."""
-        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, *evaluations)
+        """Several evaluations of output ``output_index`` in one pass over an RDD of MultiDataSets."""
+        return self.do_evaluation(
+            rdd, eval_num_workers, eval_batch_size, *evaluations, output_index=output_index
+        )
 
     # -- inference ------------------------------------------------------------------------------
     def feed_forward_with_key(self, pair_rdd: RDD, batch_size: int = 64) -> RDD:

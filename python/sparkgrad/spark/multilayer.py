@@ -17,7 +17,7 @@ import numpy as np
 
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedDataSetLoader, rebatch
-from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows
+from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows, network_output
 from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
@@ -322,7 +322,8 @@ class SparkNetwork:
         ``batch_size_per_worker`` makes the conversion cheapest), which the master then trains on
         like any RDD of DataSets; nothing is collected to the driver. Fitting the same DataFrame
         again (same columns and network shape) reuses the conversion, so the master's persisted
-        data is reused too.
+        data is reused too. A ComputationGraph trains this way when it has one input and one output
+        (the columns map to them); one with several raises ValueError naming them.
 
         Args:
             df: the training data.
@@ -588,14 +589,14 @@ class SparkNetwork:
         Args:
             features: a ``pyspark.ml.linalg`` or ``pyspark.mllib.linalg`` Vector (one example) or
                 Matrix (one example per row), with the network's input size per example (images as
-                ``channels * height * width`` values).
+                ``channels * height * width`` values). A graph needs one input and one output.
 
         Returns:
             For a Vector, a DenseVector of the outputs; for a Matrix, a DenseMatrix with one row of
             outputs per example; of the same module (ml or mllib) as ``features``.
         """
         x, single, linalg = linalg_rows(features, self._network.conf, "features")
-        out = self._network.output(x).astype(np.float64)
+        out = network_output(self._network, x).astype(np.float64)
         if single:
             return linalg.DenseVector(out[0])
         # DenseMatrix takes its values in column-major order
@@ -631,10 +632,23 @@ class SparkNetwork:
         Returns:
             An :class:`sparkgrad.eval.Evaluation`.
         """
+        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, {})
+
+    def _evaluate(
+        self,
+        data: RDD | str,
+        labels_list: list[str] | None,
+        eval_num_workers: int | None,
+        eval_batch_size: int | None,
+        loader: Any,
+        network_keywords: dict[str, Any],
+    ) -> Any:
+        """:meth:`evaluate` passing ``network_keywords`` to the network (see :meth:`_evaluations`)."""
         from sparkgrad.eval import Evaluation
 
         ev = Evaluation(labels=labels_list) if labels_list is not None else Evaluation()
-        return self.do_evaluation(self._eval_rdd(data, loader), eval_num_workers, eval_batch_size, ev)[0]
+        rdd = self._eval_rdd(data, loader)
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [ev], network_keywords)[0]
 
     def evaluate_roc(
         self,
@@ -646,7 +660,7 @@ class SparkNetwork:
         """Binary ROC (exact when ``threshold_steps`` is 0) over ``rdd``."""
         from sparkgrad.eval import ROC
 
-        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, ROC(threshold_steps))[0]
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [ROC(threshold_steps)], {})[0]
 
     def evaluate_roc_multi_class(
         self,
@@ -658,7 +672,8 @@ class SparkNetwork:
         """One-vs-all ROC per class over ``rdd``."""
         from sparkgrad.eval import ROCMultiClass
 
-        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, ROCMultiClass(threshold_steps))[0]
+        roc = ROCMultiClass(threshold_steps)
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [roc], {})[0]
 
     def evaluate_regression(
         self, rdd: RDD, eval_num_workers: int | None = None, eval_batch_size: int | None = None
@@ -666,7 +681,7 @@ class SparkNetwork:
         """Regression metrics per output column over ``rdd``."""
         from sparkgrad.eval import RegressionEvaluation
 
-        return self.do_evaluation(rdd, eval_num_workers, eval_batch_size, RegressionEvaluation())[0]
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [RegressionEvaluation()], {})[0]
 
     def do_evaluation(
         self, rdd: RDD, eval_num_workers: int | None, eval_batch_size: int | None, *evaluations: Any
@@ -684,6 +699,23 @@ class SparkNetwork:
 
         Returns:
             The merged evaluations, in order.
+        """
+        return self._evaluations(rdd, eval_num_workers, eval_batch_size, evaluations, {})
+
+    def _evaluations(
+        self,
+        rdd: RDD,
+        eval_num_workers: int | None,
+        eval_batch_size: int | None,
+        evaluations: Iterable[Any],
+        network_keywords: dict[str, Any],
+    ) -> list:
+        """The distributed evaluation behind every evaluation method (see :meth:`do_evaluation`).
+
+        Args:
+            network_keywords: keyword arguments of the network's own ``do_evaluation`` on the
+                executors, checked on the driver by the caller: a graph's ``output_index``; none for a
+                MultiLayerNetwork, whose only output is evaluated.
         """
         self._check_rdd(rdd, "rdd")
         if not evaluations:
@@ -708,8 +740,10 @@ class SparkNetwork:
                 return
             shards = [batches[i::workers] for i in range(workers)]
 
-            def run(i: int) -> list:
-                return nets[i].do_evaluation(shards[i], *copy.deepcopy(templates)) if shards[i] else None
+            def run(i: int) -> list | None:
+                if not shards[i]:
+                    return None
+                return nets[i].do_evaluation(shards[i], *copy.deepcopy(templates), **network_keywords)
 
             with ThreadPoolExecutor(workers) as pool:
                 parts = list(pool.map(run, range(workers)))
