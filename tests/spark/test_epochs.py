@@ -1,9 +1,12 @@
-"""fit(data, epochs=N, epoch_callback=...): epochs trained, the callback's arguments, early stop, errors.
+"""fit(data, epochs=N, epoch_callback=...): epochs trained, the callback's arguments, early stop, the
+metrics it returns, errors.
 
-Every test runs for both training masters.
+The tests of training behaviour run for both training masters.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from sparkgrad.spark import (
     VoidConfiguration,
     ZmqTransportConfiguration,
 )
+from sparkgrad.spark.stats import epoch_callback_result
 
 EXAMPLES, BATCH = 192, 16
 MASTERS = ["pa", "shared"]
@@ -123,6 +127,85 @@ def test_callback_returning_true_stops_after_that_epoch(spark, rdd, master) -> N
         stats = sm.training_stats
         assert sum(e.extra["examples"] for e in stats.events(worker_key)) == 2 * EXAMPLES
         assert len(stats.events(fit_key)) == 1
+
+
+@pytest.mark.parametrize("master", MASTERS)
+def test_callback_metrics_are_recorded_per_epoch_across_fits(spark, data, rdd, master) -> None:
+    returned: dict[int, dict[str, float]] = {}
+
+    def callback(epoch: int, network) -> dict:
+        accuracy = float(network.evaluate(data).accuracy())
+        returned[epoch] = {"accuracy": accuracy, "weight_norm": float(np.linalg.norm(network.params()))}
+        return {**returned[epoch], "stop": epoch >= 2}
+
+    with SparkMultiLayer(spark, mlp_conf(hidden=8), _master(master, collect_training_stats=True)) as sm:
+        sm.fit(rdd, epochs=2, epoch_callback=callback)
+        assert sm.training_stats.epoch_metrics() == returned and list(returned) == [0, 1]
+        sm.fit(rdd, epochs=5, epoch_callback=callback)  # "stop" is True after epoch 2
+        assert sm.network.epoch_count == 3 and list(returned) == [0, 1, 2]
+        # exactly what the callback returned, epoch by epoch, accumulated over both fits
+        assert sm.training_stats.epoch_metrics() == returned
+        assert returned[2]["accuracy"] == sm.network.evaluate(data).accuracy()
+        assert returned[0]["weight_norm"] != returned[2]["weight_norm"]
+        sm.reset_training_stats()
+        sm.fit(rdd, epoch_callback=lambda epoch, network: {"accuracy": 0.25})  # no "stop": go on
+        assert sm.network.epoch_count == 4
+        assert sm.training_stats.epoch_metrics() == {3: {"accuracy": 0.25}}
+
+
+@pytest.mark.parametrize("master", MASTERS)
+def test_bad_callback_metrics_reach_the_caller_naming_the_returned_value(spark, rdd, master) -> None:
+    with SparkMultiLayer(spark, mlp_conf(hidden=8), _master(master)) as sm:
+        message = (
+            r"^epoch_callback returned \{'accuracy': 'high'\}: metric 'accuracy' must be a number, got str$"
+        )
+        with pytest.raises(TypeError, match=message):
+            sm.fit(rdd, epochs=3, epoch_callback=lambda epoch, network: {"accuracy": "high"})
+        assert sm.network.epoch_count == 1
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        ({"stop": "yes"}, TypeError, r"'stop' must be a bool, got str$"),
+        ({"stop": 1}, TypeError, r"'stop' must be a bool, got int$"),
+        ({"accuracy": True}, TypeError, r"metric 'accuracy' must be a number, got bool$"),
+        ({"accuracy": None}, TypeError, r"metric 'accuracy' must be a number, got NoneType$"),
+        ({"accuracy": float("nan")}, ValueError, r"metric 'accuracy' must be finite, got nan$"),
+        ({"loss": float("inf")}, ValueError, r"metric 'loss' must be finite, got inf$"),
+        ({1: 0.5}, TypeError, r"metric names must be non-empty strings, got 1$"),
+        ({"": 0.5}, TypeError, r"metric names must be non-empty strings, got ''$"),
+    ],
+)
+def test_bad_callback_results_raise_clearly(value, error, message) -> None:
+    with pytest.raises(error, match=r"^epoch_callback returned " + re.escape(repr(value)) + ": " + message):
+        epoch_callback_result(value)
+
+
+def test_callback_results_mean_stop_and_metrics() -> None:
+    assert epoch_callback_result(True) == (True, {})
+    assert epoch_callback_result(None) == (False, {})
+    assert epoch_callback_result(0) == (False, {})
+    assert epoch_callback_result({}) == (False, {})
+    assert epoch_callback_result({"stop": True}) == (True, {})
+    result = epoch_callback_result(
+        {"accuracy": np.float32(0.5), "examples": np.int64(3), "stop": np.bool_(0)}
+    )
+    assert result == (False, {"accuracy": 0.5, "examples": 3.0})
+    assert all(type(v) is float for v in result[1].values())
+
+
+def test_callback_metrics_may_not_replace_evaluation_data_metrics(spark, digits, rdd) -> None:
+    with SparkMultiLayer(spark, mlp_conf(hidden=8), _master("pa", collect_training_stats=True)) as sm:
+        sm.evaluation_data = subset(digits[1], 50)
+        with pytest.raises(ValueError, match="metric 'accuracy' is already recorded from evaluation_data"):
+            sm.fit(rdd, epoch_callback=lambda epoch, network: {"accuracy": 0.5})
+        sm.fit(rdd, epochs=2, epoch_callback=lambda epoch, network: {"train_accuracy": 0.5 + epoch / 8})
+        metrics = sm.training_stats.epoch_metrics()  # the failed fit (epoch 0) recorded nothing
+        assert list(metrics) == [1, 2]
+        assert (metrics[1]["train_accuracy"], metrics[2]["train_accuracy"]) == (0.625, 0.75)
+        assert metrics[2]["accuracy"] == sm.network.evaluate(sm.evaluation_data).accuracy()
+        assert set(metrics[1]) == {"accuracy", "evaluation_score", "train_accuracy"}
 
 
 class StopTraining(Exception):

@@ -32,7 +32,7 @@ from sparkgrad.spark.common import (
 )
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
-from sparkgrad.spark.stats import SparkTrainingStats
+from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 DEFAULT_EVAL_BATCH_SIZE = 64
 _log = logging.getLogger(__name__)
 
-# epoch_callback(epoch, network) -> truthy to stop after that epoch
+# epoch_callback(epoch, network) -> truthy to stop after that epoch, or a mapping of metrics to record
+# ({"accuracy": 0.95, "stop": False}); see sparkgrad.spark.stats.epoch_callback_result
 EpochCallback = Callable[[int, "MultiLayerNetwork"], Any]
 
 # Per executor process: network copies of the latest evaluation/inference broadcast.
@@ -216,7 +217,8 @@ class SparkNetwork:
     def training_stats(self) -> SparkTrainingStats | None:
         """Stats of every fit (with collect_training_stats on) since this model was created or
         :meth:`reset_training_stats` was called; None before any. They include the training score per
-        iteration and, with :attr:`evaluation_data`, the accuracy and score per epoch."""
+        iteration and per epoch the accuracy and score of :attr:`evaluation_data` (when set) and the
+        metrics an epoch callback returned."""
         return self._stats
 
     def reset_training_stats(self) -> None:
@@ -278,12 +280,16 @@ class SparkNetwork:
                 epoch: ``epoch`` is the 0-based index of the epoch that just finished in the network's
                 own count (``network.epoch_count - 1``), ``network`` is this model's network holding
                 the parameters trained so far. Returning True stops training after that epoch (the fit
-                returns normally); an exception it raises ends the fit and reaches the caller. With
-                SharedTrainingMaster every epoch runs inside one Spark job whose training tasks wait at
-                each epoch end for the callback: it holds the controller's parameters (the workers'
-                updater states are averaged into the network when the fit returns), and it should
-                evaluate locally (``network.evaluate(dataset)``), since a Spark job started from it
-                waits for task slots the training tasks hold.
+                returns normally), a falsy value goes on. It may instead return a mapping of this
+                epoch's metrics, e.g. ``{"accuracy": 0.95, "stop": False}``: every entry but ``stop``
+                is a finite number, logged with the progress and recorded per epoch in
+                :attr:`training_stats` (charted under its name in the report); ``stop`` (a bool,
+                False when left out) says whether to stop. An exception it raises ends the fit and
+                reaches the caller. With SharedTrainingMaster every epoch runs inside one Spark job
+                whose training tasks wait at each epoch end for the callback: it holds the
+                controller's parameters (the workers' updater states are averaged into the network
+                when the fit returns), and it should evaluate locally (``network.evaluate(dataset)``),
+                since a Spark job started from it waits for task slots the training tasks hold.
             features_col: with a DataFrame, its features column (a Vector or an array of numbers).
             label_col: with a DataFrame, its label column (class indices, or one value per output).
 
@@ -380,14 +386,28 @@ class SparkNetwork:
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
     ) -> MultiLayerNetwork:
-        metrics: dict[int, dict[str, float]] = {}
-        callback = epoch_callback
-        if self._evaluation_data is not None:
+        callback = None
+        if self._evaluation_data is not None or epoch_callback is not None:
             first = int(self._network.epoch_count)
 
-            def callback(epoch: int, network: MultiLayerNetwork) -> Any:
-                metrics[epoch] = self._evaluate_epoch(f"epoch {epoch - first + 1}/{epochs}", network)
-                return epoch_callback(epoch, network) if epoch_callback is not None else False
+            def callback(epoch: int, network: MultiLayerNetwork) -> dict[str, Any]:
+                """The metrics of :attr:`evaluation_data` and those ``epoch_callback`` returned, logged,
+                and its decision to stop, for the master to record and act on."""
+                values = self._evaluate_epoch(network) if self._evaluation_data is not None else {}
+                stop = False
+                if epoch_callback is not None:
+                    returned = epoch_callback(epoch, network)
+                    stop, metrics = epoch_callback_result(returned)
+                    for name in metrics.keys() & values.keys():
+                        raise ValueError(
+                            f"epoch_callback returned {returned!r}: metric {name!r} is already recorded "
+                            "from evaluation_data; give it another name"
+                        )
+                    values.update(metrics)
+                if values:
+                    described = ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items())
+                    _log.info("epoch %d/%d: %s", epoch - first + 1, epochs, described)
+                return {**values, "stop": stop}
 
         # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
         self._score = self._master.execute_training(
@@ -401,18 +421,15 @@ class SparkNetwork:
         )
         fit_stats = self._master.last_stats
         if fit_stats is not None:
-            for epoch, values in metrics.items():
-                fit_stats.add_epoch_metrics(epoch, **values)
             self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
         return self._network
 
-    def _evaluate_epoch(self, label: str, network: MultiLayerNetwork) -> dict[str, float]:
-        """Score (and accuracy, for a classifier) of :attr:`evaluation_data`; logged after ``label``."""
+    def _evaluate_epoch(self, network: MultiLayerNetwork) -> dict[str, float]:
+        """Score (and accuracy, for a classifier) of :attr:`evaluation_data`."""
         data = self._evaluation_data
         values = {"evaluation_score": float(network.score(data))}
         if data.labels.ndim == 2 and data.labels.shape[1] > 1:
             values["accuracy"] = float(network.evaluate(data).accuracy())
-        _log.info("%s: %s", label, ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items()))
         return values
 
     @staticmethod
@@ -829,7 +846,7 @@ def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
         raise ValueError(f"epochs: must be >= 1, got {epochs}")
     if epoch_callback is not None and not callable(epoch_callback):
         raise TypeError(
-            f"epoch_callback: expected a callable (epoch, network) -> bool or None, "
+            f"epoch_callback: expected a callable (epoch, network) -> bool or a metrics mapping, or None, "
             f"got {type(epoch_callback).__name__}"
         )
     return int(epochs)

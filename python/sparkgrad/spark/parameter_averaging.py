@@ -46,7 +46,7 @@ from sparkgrad.spark.partitioning import (
     split_partition_counts,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +340,8 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             epochs: passes over the data (validated by the caller).
             epoch_callback: called on the driver after every epoch as ``epoch_callback(epoch, network)``
                 with the epoch's index in ``network.epoch_count`` and ``network`` holding the averaged
-                parameters and updater state; a truthy return stops training after that epoch.
+                parameters and updater state; a truthy return stops training after that epoch, a
+                mapping of metrics is recorded (see :func:`~sparkgrad.spark.stats.run_epoch_callback`).
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
@@ -367,7 +368,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 trained += 1
                 if stats is not None:
                     stats.add(EPOCH, event(epoch_start, examples=examples, epoch=network.epoch_count - 1))
-                if epoch_callback is not None and epoch_callback(network.epoch_count - 1, network):
+                if run_epoch_callback(epoch_callback, network.epoch_count - 1, network, stats):
                     break
         finally:
             if progress is not None:

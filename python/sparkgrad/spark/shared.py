@@ -91,7 +91,7 @@ from sparkgrad.spark.devices import (
     to_host,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.transport import (
     Controller,
     Header,
@@ -867,7 +867,8 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             epochs: number of passes.
             epoch_callback: ``epoch_callback(epoch, network)`` after each epoch, on the driver, with
                 ``network`` holding the controller's parameters and ``epoch`` the index of the epoch
-                that just finished (``network.epoch_count - 1``); a true result stops training.
+                that just finished (``network.epoch_count - 1``); a true result stops training, a
+                mapping of metrics is recorded (see :func:`~sparkgrad.spark.stats.run_epoch_callback`).
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
@@ -946,7 +947,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             network.set_params(controller.params())
             network.epoch_count = finished
             network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
-            stop = bool(epoch_callback(epoch, network)) if epoch_callback is not None else False
+            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
             return stop or finished >= first_epoch + epochs
 
         results: dict[int, WorkerResult] = {}

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from sparkgrad._io import write_text
 
@@ -181,9 +184,13 @@ class SparkTrainingStats:
 # -- HTML ---------------------------------------------------------------------------------------------
 # Charts are inline SVG drawn in a fixed 600x300 coordinate box and scaled by the page (width 100% of a
 # grid cell), legends are HTML below the plot, so nothing overlaps or leaves the page at any width from
-# 1280 px down; at most _MAX_POINTS points per line are drawn.
+# 1280 px down; at most _MAX_POINTS points per line are drawn. The left margin grows with the widest
+# y tick label (bytes in the millions), so the labels never run into the rotated y-axis title.
 _W, _H = 600, 300
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 12, 40
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 24, 12, 40  # _RIGHT: half of a "100,000" tick label
+_FONT = 11  # px: the SVG text size (CSS below), one unit of the 600-wide box at 100% scale
+_TITLE_X = 14  # baseline of the rotated y-axis title; its glyphs reach 0.8 em left, 0.25 em right
+_GAP = 6  # between the y-axis title and the tick labels, and between the labels and the plot
 _MAX_POINTS = 1500
 
 
@@ -197,6 +204,18 @@ def _num(value: float) -> str:
     if abs(value) < 1e15 and (float(value).is_integer() or abs(value) >= 1000):
         return f"{value:,.0f}"
     return f"{value:.4g}" if abs(value) >= 1e-3 else f"{value:.3g}"
+
+
+def _text_width(text: str) -> float:
+    """Width in px of ``text`` at :data:`_FONT`, an upper bound for the sans-serif fonts browsers pick
+    (DejaVu Sans digits are 0.64 em wide; separators and points are half that)."""
+    return sum((0.33 if c in ",. " else 0.66) * _FONT for c in text)
+
+
+def _plot_left(labels: list[str]) -> float:
+    """The plot's left edge: room for the y-axis title, then the widest tick label."""
+    title_right = _TITLE_X + 0.25 * _FONT
+    return max(_LEFT, title_right + _GAP + max(map(_text_width, labels), default=0.0) + _GAP)
 
 
 def _ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
@@ -218,13 +237,30 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [points[int(i * stride)] for i in range(_MAX_POINTS)] + [points[-1]]
 
 
+def _is_number(lines: dict[str, list[tuple[float, float]]]) -> bool:
+    """The rule for every series of the report: one point (one epoch, iteration or event) per line is
+    shown as a number, not as a chart of single dots."""
+    return all(len(points) <= 1 for points in lines.values())
+
+
+def _number(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
+    """Series of one point each as numbers in a <figure class="number">: value, unit, line and x."""
+    rows = []
+    for name, ((x, y),) in sorted((k, v) for k, v in lines.items() if v):
+        where = f"{xlabel} {_num(x)}" if name == ylabel else f"{name}, {xlabel} {_num(x)}"
+        rows.append(f"<p><b>{_num(y)}</b> {_esc(ylabel)} <span>({_esc(where)})</span></p>")
+    return f'<figure class="number"><figcaption>{_esc(title)}</figcaption>{"".join(rows)}</figure>'
+
+
 def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
-    """One line chart in a <figure>; lines with one point are drawn as dots. x values are counts
-    (iterations, epochs, events): the x axis has whole-number ticks."""
+    """One line chart in a <figure>, or numbers when every line has one point (:func:`_is_number`). x
+    values are counts (iterations, epochs, events): the x axis has whole-number ticks."""
     lines = {k: _thin(v) for k, v in lines.items() if v}
-    pts = [p for ps in lines.values() for p in ps]
-    if not pts:
+    if not lines:
         return ""
+    if _is_number(lines):
+        return _number(title, lines, xlabel, ylabel)
+    pts = [p for ps in lines.values() for p in ps]
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -234,10 +270,12 @@ def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str,
         y0, y1 = y0 - (abs(y0) or 1) * 0.5, y1 + (abs(y1) or 1) * 0.5
     if x1 == x0:
         x0, x1 = x0 - 0.5, x1 + 0.5
-    pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
+    y_ticks = [(t, _num(t)) for t in _ticks(y0, y1)]
+    left = _plot_left([label for _, label in y_ticks])
+    pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
 
     def sx(x: float) -> float:
-        return _LEFT + (x - x0) / (x1 - x0) * pw
+        return left + (x - x0) / (x1 - x0) * pw
 
     def sy(y: float) -> float:
         return _TOP + ph - (y - y0) / (y1 - y0) * ph
@@ -245,18 +283,18 @@ def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str,
     out = [
         f'<svg viewBox="0 0 {_W} {_H}" xmlns="http://www.w3.org/2000/svg" role="img" '
         f'aria-label="{_esc(title)}">',
-        f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#bbb"/>',
+        f'<rect x="{left:.1f}" y="{_TOP}" width="{pw:.1f}" height="{ph}" fill="#fff" stroke="#bbb"/>',
     ]
-    for t in _ticks(y0, y1):
+    for t, label in y_ticks:
         y = sy(t)
-        out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(t)}</text>')
+        out.append(f'<line x1="{left:.1f}" x2="{left + pw:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - _GAP:.1f}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     for t in _ticks(x0, x1, integer=True):
         x = sx(t)
         out.append(f'<text x="{x:.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{_num(t)}</text>')
-    out.append(f'<text x="{_LEFT + pw / 2:.0f}" y="{_H - 6}" text-anchor="middle">{_esc(xlabel)}</text>')
+    out.append(f'<text x="{left + pw / 2:.0f}" y="{_H - 6}" text-anchor="middle">{_esc(xlabel)}</text>')
     out.append(
-        f'<text transform="translate(14 {_TOP + ph / 2:.0f}) rotate(-90)" text-anchor="middle">'
+        f'<text transform="translate({_TITLE_X} {_TOP + ph / 2:.0f}) rotate(-90)" text-anchor="middle">'
         f"{_esc(ylabel)}</text>"
     )
     legend = []
@@ -275,6 +313,15 @@ def _chart(title: str, lines: dict[str, list[tuple[float, float]]], xlabel: str,
     )
 
 
+def _figures(figures: list[str]) -> str:
+    """Numbers in a row of their own, then the charts in a grid."""
+    numbers = [f for f in figures if f.startswith('<figure class="number">')]
+    charts = [f for f in figures if f and f not in numbers]
+    return (f'<div class="numbers">{"".join(numbers)}</div>' if numbers else "") + (
+        f'<div class="charts">{"".join(charts)}</div>' if charts else ""
+    )
+
+
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
@@ -290,15 +337,20 @@ def _timeline(stats: SparkTrainingStats) -> str:
     colour = {k: _PALETTE[i % len(_PALETTE)] for i, k in enumerate(stats.keys())}
     t0 = min(e.start_ms for _, e in evs)
     span = max(max(e.start_ms + e.duration_ms for _, e in evs) - t0, 1e-3)
-    width, left, lane_h = 1200, 170, 22
-    height = lane_h * len(lanes) + 30
-    scale = (width - left - 10) / span
     machines = sorted({lane[0] for lane in lanes})
+    labels = {
+        lane: f"host {machines.index(lane[0])} pid {lane[1]} thread {lane[2] % 10000}" for lane in lanes
+    }
+    ticks = [(t, f"{_num(t)} ms") for t in _ticks(0, span)]
+    # lane labels left of the bars; room on the right for half of the last tick label, centred on its tick
+    width, lane_h = 1200, 22
+    left = max(170.0, 4 + max(map(_text_width, labels.values())) + _GAP)
+    right = max(10.0, _text_width(ticks[-1][1]) / 2 + 2)
+    height = lane_h * len(lanes) + 30
+    scale = (width - left - right) / span
     parts = [f'<svg viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
     for lane, i in lane_of.items():
-        y = i * lane_h
-        label = f"host {machines.index(lane[0])} pid {lane[1]} thread {lane[2] % 10000}"
-        parts.append(f'<text x="4" y="{y + 15}">{_esc(label)}</text>')
+        parts.append(f'<text x="4" y="{i * lane_h + 15}">{_esc(labels[lane])}</text>')
     for key, e in evs:
         y = lane_of[(e.machine, e.process, e.thread)] * lane_h + 3
         x = left + (e.start_ms - t0) * scale
@@ -306,9 +358,9 @@ def _timeline(stats: SparkTrainingStats) -> str:
             f'<rect x="{x:.1f}" y="{y}" width="{max(e.duration_ms * scale, 1.0):.1f}" height="{lane_h - 6}" '
             f'fill="{colour[key]}"><title>{_esc(key)}: {e.duration_ms:.1f} ms</title></rect>'
         )
-    for t in _ticks(0, span):
+    for t, label in ticks:
         x = left + t * scale
-        parts.append(f'<text x="{x:.1f}" y="{height - 8}" text-anchor="middle">{_num(t)} ms</text>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 8}" text-anchor="middle">{label}</text>')
     parts.append("</svg>")
     legend = "".join(f'<span><i style="background:{c}"></i>{_esc(k)}</span>' for k, c in colour.items())
     return (
@@ -339,9 +391,8 @@ def _render_html(stats: SparkTrainingStats) -> str:
     ]
     for metric in sorted({m for ms in epochs.values() for m in ms}):
         points = [(float(e), ms[metric]) for e, ms in epochs.items() if metric in ms]
-        learning.append(
-            _chart(f"{metric.replace('_', ' ').capitalize()} per epoch", {metric: points}, "epoch", metric)
-        )
+        name = metric.replace("_", " ")
+        learning.append(_chart(f"{name.capitalize()} per epoch", {name: points}, "epoch", name))
     series = stats.series()
     traffic = (
         [
@@ -370,11 +421,9 @@ def _render_html(stats: SparkTrainingStats) -> str:
         timing_rows.append(
             (key, str(len(d)), _num(sum(d) / len(d)), _num(min(d)), _num(max(d)), _num(sum(d)))
         )
-        if len(d) > 1:  # a single event is a number in the table, not a chart
-            evs = stats.events(key)
-            timing_charts.append(
-                _chart(key, {"ms": [(i, e.duration_ms) for i, e in enumerate(evs)]}, "event", "ms")
-            )
+        lines = {"ms": [(float(i), e.duration_ms) for i, e in enumerate(stats.events(key))]}
+        if not _is_number(lines):  # a single event's number is in the table already
+            timing_charts.append(_chart(key, lines, "event", "ms"))
     body = [
         "<h1>sparkgrad training report</h1>",
         f'<p class="note">Generated {time.strftime("%Y-%m-%d %H:%M:%S")}; times from each machine\'s '
@@ -382,14 +431,14 @@ def _render_html(stats: SparkTrainingStats) -> str:
         _section(
             "Learning",
             [
-                '<div class="charts">' + "".join(learning) + "</div>" if any(learning) else "",
+                _figures(learning),
                 _table(other_counters, ("counter", "total")) if other_counters else "",
             ],
         ),
         _section(
             "Traffic",
             [
-                '<div class="charts">' + "".join(traffic) + "</div>" if any(traffic) else "",
+                _figures(traffic),
                 _table(traffic_counters, ("counter", "total")) if traffic_counters else "",
             ],
         ),
@@ -399,7 +448,7 @@ def _render_html(stats: SparkTrainingStats) -> str:
                 _table(timing_rows, ("phase", "events", "mean ms", "min ms", "max ms", "total ms"))
                 if timing_rows
                 else "",
-                '<div class="charts">' + "".join(timing_charts) + "</div>" if timing_charts else "",
+                _figures(timing_charts),
                 _timeline(stats),
             ],
         ),
@@ -421,6 +470,8 @@ _CSS = (
     "body{font-family:system-ui,sans-serif;margin:0 auto;padding:16px 24px;max-width:1232px;color:#222}"
     "h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}.note{color:#666}"
     ".charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:16px}"
+    ".numbers{display:flex;flex-wrap:wrap;gap:12px 40px;margin:8px 0 16px}.numbers p{margin:2px 0}"
+    ".numbers b{font-size:20px;margin-right:4px}.numbers span{color:#666;overflow-wrap:anywhere}"
     "figure{margin:0;min-width:0}figure.wide{margin-top:16px}figcaption{font-weight:600;margin-bottom:4px}"
     "svg{display:block;width:100%;height:auto;font-size:11px}"
     ".legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;margin-top:4px;overflow-wrap:anywhere}"
@@ -429,6 +480,51 @@ _CSS = (
     "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child"
     "{text-align:left;overflow-wrap:anywhere}"
 )
+
+
+def epoch_callback_result(value: Any) -> tuple[bool, dict[str, float]]:
+    """What an epoch callback's return value says: (stop, metrics of the epoch).
+
+    A mapping holds metrics, finite numbers under non-empty names (``{"accuracy": 0.95}``), and an
+    optional bool under ``stop`` (False when left out); any other value stops when truthy and has no
+    metrics.
+
+    Raises:
+        TypeError: a mapping with a non-bool ``stop``, a name that is no string or a value that is no
+            number; the message shows the returned value.
+        ValueError: a metric that is NaN or infinite.
+    """
+    if not isinstance(value, Mapping):
+        return bool(value), {}
+    where = f"epoch_callback returned {value!r}"
+    stop = value.get("stop", False)
+    if not isinstance(stop, (bool, np.bool_)):
+        raise TypeError(f"{where}: 'stop' must be a bool, got {type(stop).__name__}")
+    metrics: dict[str, float] = {}
+    for name, number in value.items():
+        if name == "stop":
+            continue
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: metric names must be non-empty strings, got {name!r}")
+        if isinstance(number, (bool, np.bool_)) or not isinstance(number, numbers.Real):
+            raise TypeError(f"{where}: metric {name!r} must be a number, got {type(number).__name__}")
+        if not math.isfinite(number):
+            raise ValueError(f"{where}: metric {name!r} must be finite, got {number}")
+        metrics[name] = float(number)
+    return bool(stop), metrics
+
+
+def run_epoch_callback(
+    callback: Callable[[int, Any], Any] | None, epoch: int, network: Any, stats: SparkTrainingStats | None
+) -> bool:
+    """A training master's end of ``epoch``: ``callback(epoch, network)``, the metrics it returns
+    recorded in ``stats`` (when collected); returns whether to stop (see :func:`epoch_callback_result`)."""
+    if callback is None:
+        return False
+    stop, metrics = epoch_callback_result(callback(epoch, network))
+    if stats is not None and metrics:
+        stats.add_epoch_metrics(epoch, **metrics)
+    return stop
 
 
 def merge_all(parts: Iterable[SparkTrainingStats | None]) -> SparkTrainingStats:
@@ -440,4 +536,13 @@ def merge_all(parts: Iterable[SparkTrainingStats | None]) -> SparkTrainingStats:
     return out
 
 
-__all__ = ["EventStats", "SparkTrainingStats", "Timer", "event", "merge_all", "now_ms"]
+__all__ = [
+    "EventStats",
+    "SparkTrainingStats",
+    "Timer",
+    "epoch_callback_result",
+    "event",
+    "merge_all",
+    "now_ms",
+    "run_epoch_callback",
+]
