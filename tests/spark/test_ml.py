@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,59 @@ def test_regressor_with_regression_evaluator(spark) -> None:
     assert r2 > 0.9  # a linear target: training worked
 
 
+def _cross_validate(estimator, evaluator, df, grid):
+    """CrossValidator over ``grid`` (2 folds); checks the choice and the metrics, returns the model."""
+    cv = CrossValidator(estimator=estimator, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=4)
+    cv_model = cv.fit(df)
+    metrics = np.array(cv_model.avgMetrics)
+    assert metrics.shape == (len(grid),) and np.all(np.isfinite(metrics))
+    assert len(set(metrics.tolist())) == len(grid)  # the grid's settings train different networks
+    best = int(np.argmax(metrics) if evaluator.isLargerBetter() else np.argmin(metrics))
+    for param, value in grid[best].items():
+        assert cv_model.bestModel.getOrDefault(param.name) == value
+    return cv_model
+
+
+def test_cross_validator_multiclass_classifier_log_loss(spark) -> None:
+    df = VectorAssembler(inputCols=COLUMNS, outputCol="features").transform(_blobs(spark, 160, 3, seed=6))
+    classifier = SparkgradClassifier(networkConf=_conf(4, 3, hidden=0), trainingMaster=_master(), epochs=1)
+    grid = ParamGridBuilder().addGrid(classifier.batchSize, [8, 32]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="logLoss")  # smaller is better
+    cv_model = _cross_validate(classifier, evaluator, df, grid)
+    best = cv_model.bestModel
+    assert isinstance(best, SparkgradClassificationModel)
+    out = best.transform(df)
+    x, label, probability = _rows(out, "features", "label", "probability")
+    expected = best.network.output(x.astype(np.float32)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
+    picked = np.clip(probability[np.arange(len(label)), label.astype(int)], 1e-15, 1 - 1e-15)
+    assert evaluator.evaluate(out) == pytest.approx(-np.mean(np.log(picked)), rel=1e-9)
+    assert evaluator.evaluate(cv_model.transform(df)) == evaluator.evaluate(out)
+
+
+def test_cross_validator_regressor_rmse(spark) -> None:
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(128, 3))
+    y = x @ [1.0, -2.0, 0.5] + 0.25
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(x, y)], ["features", "label"])
+    regressor = SparkgradRegressor(
+        networkConf=_conf(3, 1, activation="identity", loss="mse", hidden=0, lr=0.1),
+        trainingMaster=_master(),
+        epochs=1,
+    )
+    grid = ParamGridBuilder().addGrid(regressor.batchSize, [8, 32]).build()
+    evaluator = RegressionEvaluator(metricName="rmse")  # smaller is better
+    cv_model = _cross_validate(regressor, evaluator, df, grid)
+    best = cv_model.bestModel
+    assert isinstance(best, SparkgradRegressionModel)
+    out = best.transform(df)
+    label, prediction = _rows(out, "label", "prediction")
+    expected = best.network.output(x.astype(np.float32))[:, 0].astype(np.float64)
+    np.testing.assert_allclose(prediction, expected, rtol=0, atol=OUTPUT_TOL * np.abs(expected).max())
+    assert evaluator.evaluate(out) == pytest.approx(np.sqrt(np.mean((prediction - label) ** 2)), rel=1e-9)
+    assert evaluator.evaluate(cv_model.transform(df)) == evaluator.evaluate(out)
+
+
 def test_models_and_estimators_save_and_load_on_hadoop_paths(spark, fitted, tmp_path) -> None:
     # a PipelineModel holding a sparkgrad model saves and loads in the README snippet's test
     model, df = fitted
@@ -216,6 +270,26 @@ def test_models_and_estimators_save_and_load_on_hadoop_paths(spark, fitted, tmp_
     assert {p.name: v for p, v in again.extractParamMap().items()} == {
         p.name: v for p, v in estimator.extractParamMap().items()
     }
+
+
+def test_loaded_model_transform_runs_workers_with_the_driver_interpreter(
+    spark, fitted, tmp_path, monkeypatch
+) -> None:
+    # a fresh session of a driver started as venv/bin/python without PYSPARK_PYTHON: python3 from PATH
+    model, df = fitted
+    classifier = model.stages[-1]
+    path = str(tmp_path / "classifier")
+    classifier.write().save(path)
+    sc = spark.sparkContext
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setattr(sc, "pythonExec", "python3")
+    loaded = SparkgradClassificationModel.load(path)
+    features = model.stages[1].transform(model.stages[0].transform(df))
+    out = loaded.transform(features)
+    assert sc.pythonExec == sys.executable
+    x, probability = _rows(out, "features", "probability")
+    expected = classifier.network.output(x.astype(np.float32)).astype(np.float64)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
 
 
 def test_damaged_or_foreign_saved_models_raise_corrupt_data_error(spark, fitted, tmp_path) -> None:

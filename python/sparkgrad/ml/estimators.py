@@ -125,12 +125,14 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         """A picklable function returning the network on an executor.
 
         The network is broadcast once and again only when its parameters change (a network trained
-        further in place), which the CRC-32 of the parameters detects.
+        further in place), which the CRC-32 of the parameters detects. With a local master the Python
+        workers run the driver's interpreter, as for a fit (a model loaded in a fresh session included).
         """
-        from sparkgrad.spark.common import NetworkSnapshot
+        from sparkgrad.spark.common import NetworkSnapshot, use_driver_interpreter
         from sparkgrad.spark.multilayer import _InferenceJob
 
         sc = dataset.sparkSession.sparkContext
+        use_driver_interpreter(sc)
         checksum = zlib.crc32(np.ascontiguousarray(self.network.params()).view(np.uint8))
         if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
