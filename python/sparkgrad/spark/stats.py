@@ -75,7 +75,8 @@ class SparkTrainingStats:
     Series (gradient sharing): for each worker, one record per iteration with ``iteration``,
     ``threshold``, ``density`` (encoded fraction of the vector), ``bytes_sent`` and ``time_ms``.
     Scores: for each source (a worker, or ``"average"`` of an averaging round), ``(iteration, score)``
-    pairs. Epoch metrics: per epoch, e.g. ``accuracy`` and ``score`` on the evaluation data.
+    pairs. Epoch metrics: per epoch, the metrics an epoch callback returned and the ``accuracy`` and
+    ``evaluation_score`` of the evaluation data.
     """
 
     def __init__(self) -> None:
