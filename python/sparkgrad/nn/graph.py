@@ -324,6 +324,18 @@ class ComputationGraphConfiguration(Config):
         out = vertex.infer(spec.name, [InputType.feed_forward(t.size) for t in types])
         return InputType.recurrent(out.size, steps.pop() if steps else None)
 
+    def check_output_index(self, output_index: Any) -> None:
+        """ValueError unless ``output_index`` is a position in ``outputs`` (an int, not a bool)."""
+        outputs = self.outputs
+        if (
+            isinstance(output_index, bool)
+            or not isinstance(output_index, int)
+            or not 0 <= output_index < len(outputs)
+        ):
+            raise ValueError(
+                f"output_index: expected 0..{len(outputs) - 1} for outputs {outputs}, got {output_index!r}"
+            )
+
     def spec(self, name: str) -> VertexSpec:
         """The :class:`VertexSpec` named ``name`` (KeyError for an unknown name)."""
         return self._specs[name]
@@ -841,15 +853,7 @@ class ComputationGraph(FlatNetwork):
         """
         if not evaluations:
             raise ValueError("evaluations: pass at least one evaluation object")
-        outputs = self.conf.outputs
-        if (
-            isinstance(output_index, bool)
-            or not isinstance(output_index, int)
-            or not 0 <= output_index < len(outputs)
-        ):
-            raise ValueError(
-                f"output_index: expected 0..{len(outputs) - 1} for outputs {outputs}, got {output_index!r}"
-            )
+        self.conf.check_output_index(output_index)
         self._require_init()
         for batch in self._batches(data):
             xs, ys, label_masks, input_masks = self._prepare(batch)

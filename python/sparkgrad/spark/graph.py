@@ -51,15 +51,7 @@ class SparkComputationGraph(SparkNetwork):
     def _output_keywords(self, output_index: Any) -> dict[str, int]:
         """The graph's ``do_evaluation`` keywords that evaluate output ``output_index``, checked here on
         the driver (before any Spark job) as ``ComputationGraph.do_evaluation`` checks them."""
-        outputs = self._network.conf.outputs
-        if (
-            isinstance(output_index, bool)
-            or not isinstance(output_index, int)
-            or not 0 <= output_index < len(outputs)
-        ):
-            raise ValueError(
-                f"output_index: expected 0..{len(outputs) - 1} for outputs {outputs}, got {output_index!r}"
-            )
+        self._network.conf.check_output_index(output_index)
         return {"output_index": output_index}
 
     def evaluate(
