@@ -1,7 +1,9 @@
 // GEMM and library information through the scipy-openblas32 build of OpenBLAS (scipy_-prefixed symbols).
 #include <omp.h>
 
+#include <algorithm>
 #include <climits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -86,5 +88,57 @@ void gemm<double>(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, st
                     static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
                     static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
+
+namespace {
+
+// Whether OpenBLAS picked a core with small-matrix GEMM kernels (SMALL_MATRIX_OPT: SkylakeX and the
+// AVX-512 cores after it, reported under their own names).
+bool blas_has_small_kernels() {
+  static const bool has = [] {
+    const std::string core = scipy_openblas_get_corename();
+    for (const char* name : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+      if (core.find(name) != std::string::npos) return true;
+    }
+    return false;
+  }();
+  return has;
+}
+
+// Equal pieces of `length`, each at most `fit` long: their length, or 0 when they would be thinner
+// than kMinPiece.
+std::int64_t piece_length(std::int64_t length, std::int64_t fit) {
+  constexpr std::int64_t kMinPiece = 48;
+  if (fit < kMinPiece) return 0;
+  const std::int64_t pieces = (length + fit - 1) / fit;
+  return (length + pieces - 1) / pieces;
+}
+
+}  // namespace
+
+template <typename T>
+void gemm_in_small_pieces(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                          std::int64_t ldc) {
+  constexpr std::int64_t kSmallGemm = 1000000;  // OpenBLAS's bound for its small-matrix kernels
+  if (!blas_has_small_kernels() || m == 0 || n == 0 || k == 0 || m * n * k <= kSmallGemm) {
+    gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (const std::int64_t piece = piece_length(n, kSmallGemm / (m * k)); piece > 0) {
+    for (std::int64_t j = 0; j < n; j += piece) {  // columns j.. of op(b) and c
+      const T* b_piece = tb == Transpose::No ? b + j : b + j * ldb;
+      gemm<T>(ta, tb, m, std::min(piece, n - j), k, alpha, a, lda, b_piece, ldb, beta, c + j, ldc);
+    }
+    return;
+  }
+  gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template void gemm_in_small_pieces<float>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, float,
+                                          const float*, std::int64_t, const float*, std::int64_t, float, float*,
+                                          std::int64_t);
+template void gemm_in_small_pieces<double>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t,
+                                           double, const double*, std::int64_t, const double*, std::int64_t,
+                                           double, double*, std::int64_t);
 
 }  // namespace sparkgrad

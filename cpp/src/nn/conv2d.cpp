@@ -84,33 +84,6 @@ void for_each_group(const Conv2dShape& g, std::int64_t group, std::int64_t block
   guard.rethrow();
 }
 
-// OpenBLAS multiplies small products (m*n*k up to about 1e6 where it has small-matrix kernels, as on
-// AVX-512 machines) reading the operands in place; larger ones are first packed into blocks. A
-// convolution GEMM has a short side (the output channels) and a long one (a group's columns), so it is
-// run in pieces of the long side that stay under that size: 16x144x784 ran at 81 GFLOP/s in one call
-// and at 106 in two pieces of 392 columns on the development machine. The pieces are of equal length
-// (no short remainder) and at least 64 columns, where a BLAS without such kernels would lose to its
-// per-call cost.
-constexpr std::int64_t kSmallGemm = 1000000;
-std::int64_t gemm_piece(std::int64_t short_sides, std::int64_t long_side) {
-  if (long_side <= 0) return 1;
-  const std::int64_t fit = std::max<std::int64_t>(64, kSmallGemm / std::max<std::int64_t>(1, short_sides));
-  const std::int64_t pieces = (long_side + fit - 1) / fit;
-  return (long_side + pieces - 1) / pieces;
-}
-
-// c (m, cols) = op(a) (m, k) @ b (k, cols), b and c row-major with leading dimension cols, in pieces of
-// columns (see kSmallGemm).
-template <typename T>
-void gemm_by_columns(Transpose trans_a, std::int64_t m, std::int64_t cols, std::int64_t k, const T* a,
-                     std::int64_t lda, const T* b, T* c) {
-  const std::int64_t piece = gemm_piece(m * k, cols);
-  for (std::int64_t j = 0; j < cols; j += piece) {
-    gemm<T>(trans_a, Transpose::No, m, std::min(piece, cols - j), k, T(1), a, lda, b + j, cols, T(0), c + j,
-            cols);
-  }
-}
-
 // Copies images [first, last) of a batch tensor (n, k, p*q) into a group's GEMM layout
 // (k, (last - first) * p*q), where each image is a column block (ToGroup), or back.
 template <bool ToGroup, typename T>
@@ -230,7 +203,8 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
     const std::int64_t cols = (last - first) * pq;
     T* out = group == 1 ? y + first * g.k * pq : workspace<T, 1>(g.k * cols);
     for (std::int64_t i = first; i < last; ++i) im2col(g, x + i * chw, col + (i - first) * pq, cols);
-    gemm_by_columns<T>(Transpose::No, g.k, cols, crs, weights, crs, col, out);
+    gemm_in_small_pieces<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
+                            out, cols);
     if (b) bias_add(out, b, 1, g.k, cols);
     if (group > 1) regroup<false>(g, first, last, out, y);
   });
@@ -272,7 +246,8 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
       regroup<true>(g, first, last, dy, grouped);
       grad = grouped;
     }
-    gemm_by_columns<T>(Transpose::Yes, crs, cols, g.k, weights, crs, grad, col);
+    gemm_in_small_pieces<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, grad, cols, T(0),
+                            col, cols);
     for (std::int64_t i = first; i < last; ++i) col2im(g, col + (i - first) * pq, cols, dx + i * chw);
   });
 }

@@ -436,3 +436,42 @@ def test_conv2d_from_concurrent_python_threads():
     assert not errors and len(results) == 60
     for y in results:
         np.testing.assert_allclose(y, expected, **tol(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("c", "k", "hw"), [(16, 16, 28), (16, 32, 14), (32, 16, 14)])
+def test_conv2d_on_shapes_whose_gemms_run_in_pieces(dtype, c, k, hw) -> None:
+    """16-32 channels over 14x14-28x28 planes: GEMMs of more than 1e6 multiply-adds, which the kernels cut
+    into column pieces (gemm_in_small_pieces); the hypothesis tests' small planes never reach that size.
+    Each result is a sum of K products, so |error| <= gamma_K * (sum of |products|) (Higham), doubled for
+    the float64 reference's own rounding; the sums of |products| are the same passes on |inputs|."""
+    rng = np.random.default_rng(c * k + hw)
+    n, same = 3, ((1, 1), (1, 1))
+    x, wt = rng.standard_normal((n, c, hw, hw)).astype(dtype), rng.standard_normal((k, c, 3, 3)).astype(dtype)
+    dy = rng.standard_normal((n, k, hw, hw)).astype(dtype)
+    unit = np.finfo(dtype).eps / 2
+
+    def bound(terms: int, magnitudes: np.ndarray) -> np.ndarray:
+        return 2 * terms * unit / (1 - terms * unit) * magnitudes
+
+    y, dx, dw = (
+        np.full(dy.shape, np.nan, dtype),
+        np.full(x.shape, np.nan, dtype),
+        np.full(wt.shape, np.nan, dtype),
+    )
+    _core.conv2d_forward(x, wt, None, y, 1, 1, 1, 1)
+    _core.conv2d_backward_input(dy, wt, dx, 1, 1, 1, 1)
+    _core.conv2d_backward_weight(x, dy, dw, 1, 1, 1, 1)
+    ax, aw, ady = np.abs(x), np.abs(wt), np.abs(dy)
+    assert np.all(
+        np.abs(y - ref.conv2d_forward(x, wt, None, (hw, hw), *same))
+        <= bound(c * 9, ref.conv2d_forward(ax, aw, None, (hw, hw), *same))
+    )
+    assert np.all(
+        np.abs(dx - ref.conv2d_backward_input(dy, wt, x.shape, *same))
+        <= bound(k * 9, ref.conv2d_backward_input(ady, aw, x.shape, *same))
+    )
+    assert np.all(
+        np.abs(dw - ref.conv2d_backward_weight(x, dy, wt.shape, *same))
+        <= bound(n * hw * hw, ref.conv2d_backward_weight(ax, ady, wt.shape, *same))
+    )
