@@ -6,11 +6,13 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wire_helpers import SECRET, controller, sparse_decode, sparse_message, wait_until
+from wire_helpers import SECRET, controller, raw_dealer, sparse_decode, sparse_message, wait_until
 
 from sparkgrad.transport import WorkerConnection, ZmqTransportConfiguration
+from sparkgrad.transport.frame import FrameKey, MessageType, encode_frame
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 pytestmark = pytest.mark.distributed
@@ -224,3 +226,54 @@ def test_mesh_relay_leaving_reparents_its_children(free_port: int) -> None:
         if wid != leaver:
             np.testing.assert_array_equal(params, final, err_msg=f"worker {wid}")
     assert all(results[n][2] >= 1 for n in orphans)  # a re-parented node takes the parameters
+
+
+def test_a_worker_relay_registers_only_authenticated_children_of_its_job(free_port: int) -> None:
+    """A stranger reaching a worker's relay socket can neither register as a child (and so receive the
+    job's updates) nor push anything else through it: each forged frame is counted under its reason."""
+    size, job = 8, 41
+    key = FrameKey(SECRET)
+    with controller(np.zeros(size, np.float32), job, free_port, config=MESH_CONFIG, mesh=True):
+        conn = WorkerConnection(
+            "127.0.0.1",
+            free_port,
+            job,
+            500,
+            SECRET,
+            size,
+            MESH_CONFIG,
+            relay_host="127.0.0.1",
+            on_params=lambda params, iteration, epoch: None,
+        )
+        ctx = zmq.Context()
+        stranger = raw_dealer(ctx, int(conn.relay_endpoint.rsplit(":", 1)[1]))
+        try:
+            conn.hello({})
+
+            def rejected(reason: str) -> int:
+                conn.drain(lambda header, message: None)  # the worker reads its relay socket here
+                return conn.counters.rejected_reasons.get(reason, 0)
+
+            update = memoryview(sparse_message([0], [1], size, 0.25))
+            forged = [
+                (b"not a sparkgrad frame", "malformed"),
+                (
+                    encode_frame(FrameKey(bytes(32)), MessageType.MESH_JOIN, job, 900, 0, b"{}"),
+                    "unauthenticated",
+                ),
+                (encode_frame(key, MessageType.MESH_JOIN, job + 1, 901, 0, b"{}"), "wrong_job"),
+                (encode_frame(key, MessageType.UPDATE, job, 902, 0, update), "unexpected"),
+            ]
+            for frame, reason in forged:
+                before = rejected(reason)
+                stranger.send(bytes(frame))
+                assert wait_until(lambda reason=reason, before=before: rejected(reason) == before + 1)
+            assert conn._children == {}
+            stranger.send(
+                bytes(encode_frame(key, MessageType.MESH_JOIN, job, 903, 0, b"{}"))
+            )  # the real thing
+            assert wait_until(lambda: (conn.drain(lambda header, message: None), 903 in conn._children)[1])
+        finally:
+            stranger.close()
+            conn.close()
+            ctx.term()
