@@ -1,12 +1,15 @@
 // CUDA twin of cpp/src/common/blas.cpp: row-major GEMM through cuBLAS. cuBLAS is column-major, and a
 // row-major (m, n) matrix is its column-major transpose, so c = op(a) op(b) is computed as
-// c^T = op(b)^T op(a)^T with the operands swapped. One handle per host thread (cuBLAS handles are not
-// meant to be shared between threads), created on first use.
+// c^T = op(b)^T op(a)^T with the operands swapped. One handle per host thread and device (cuBLAS handles
+// are not meant to be shared between threads, and a handle is bound to the device current when it was
+// created), created on first use.
 #include <cublas_v2.h>
+#include <cuda_runtime.h>
 
 #include <climits>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "sparkgrad/common.h"
 
@@ -18,17 +21,25 @@ void check_cublas(cublasStatus_t status) {
   if (status != CUBLAS_STATUS_SUCCESS) throw_runtime("gemm", "cuBLAS error ", static_cast<int>(status));
 }
 
+// The calling thread's handle for the current device: a handle made on another device would run the
+// GEMM there (or fail) when a thread works on several GPUs (networks on cuda:0 and cuda:1, reused pool
+// threads).
 cublasHandle_t handle() {
   struct Destroy {
     void operator()(cublasContext* h) const { cublasDestroy(h); }
   };
-  thread_local std::unique_ptr<cublasContext, Destroy> owned;
-  if (!owned) {
+  thread_local std::vector<std::unique_ptr<cublasContext, Destroy>> owned;  // indexed by device ordinal
+  int device = 0;
+  const cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) throw_runtime("gemm", "CUDA error: ", cudaGetErrorString(status));
+  if (owned.size() <= static_cast<std::size_t>(device)) owned.resize(static_cast<std::size_t>(device) + 1);
+  auto& slot = owned[static_cast<std::size_t>(device)];
+  if (!slot) {
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h));
-    owned.reset(h);
+    slot.reset(h);
   }
-  return owned.get();
+  return slot.get();
 }
 
 cublasOperation_t to_cublas(Transpose t) { return t == Transpose::Yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
