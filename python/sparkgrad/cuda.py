@@ -445,6 +445,8 @@ def _global_pool(backward: bool, kind: str, big: Any, small: Any, argmax: Any) -
     names = ("dx", "dy") if backward else ("x", "y")
     v, dtype = _floats(op, **{names[0]: (big, backward), names[1]: (small, not backward)})
     n, c, h, w = _nchw(op, names[0], v[names[0]])
+    if h * w == 0:  # as the CPU twin: max would read past an empty plane, avg would divide by zero
+        raise ValueError(f"[{op}] {names[0]} must have a non-empty (H, W) plane")
     _shape(op, names[1], v[names[1]], (n, c))
     ptr = _argmax(op, argmax, (n, c), kind == "max")
     src, dst = (v[names[1]], v[names[0]]) if backward else (v[names[0]], v[names[1]])
@@ -589,6 +591,13 @@ def updater_apply(
 ) -> None:
     """Turns the flat gradient (in place) into the update to subtract and advances the flat state."""
     op = "updater_apply"
+    # the CPU twin's checks (beta = 1 would divide by a zero bias correction)
+    if not 0.0 <= beta1 < 1.0:
+        raise ValueError(f"[{op}] beta1 must be in [0, 1), got {beta1}")
+    if not 0.0 <= beta2 < 1.0:
+        raise ValueError(f"[{op}] beta2 must be in [0, 1), got {beta2}")
+    if not epsilon >= 0.0:
+        raise ValueError(f"[{op}] epsilon must be >= 0, got {epsilon}")
     v, dtype = _floats(op, gradient=(gradient, True), state=(state, True))
     n = _flat(op, v, ("gradient",))
     _shape(op, "state", v["state"], (_core.updater_state_size(kind, n),))

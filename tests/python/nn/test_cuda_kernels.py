@@ -164,6 +164,21 @@ def test_kernels_for_dispatches_by_device() -> None:
             ValueError,
             r"state must have shape \(10,\)",
         ),
+        (  # the CPU twin's check: beta1 = 1 makes the bias correction 1 - beta1^t zero
+            lambda: cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, beta1=1.0),
+            ValueError,
+            r"beta1 must be in \[0, 1\)",
+        ),
+        (  # the CPU twin's check: max pooling would read past an empty plane
+            lambda: cuda.global_pool_forward(
+                "max",
+                FakeDeviceArray((2, 3, 0, 4)),
+                FakeDeviceArray((2, 3)),
+                FakeDeviceArray((2, 3), np.int64),
+            ),
+            ValueError,
+            r"x must have a non-empty \(H, W\) plane",
+        ),
         (
             lambda: cuda.batchnorm_forward_inference(
                 *(FakeDeviceArray(s) for s in [(2, 3), (3,), (3,), (3,), (3,), (2, 3)]), eps=0.0
