@@ -6,7 +6,12 @@ cores; the baseline is one worker (the same code path) and plain ``MultiLayerNet
 Rounds alternate between the configurations so that machine load hits all of them; the median is
 printed, one line per configuration, with the speed-up over one worker.
 
-    PYTHONPATH=python python bench/python/bench_parallel.py [--workers 2] [--batches 64] [--rounds 3]
+With ``--devices cuda:0,cuda:1`` (or a mix such as ``cuda:0,cpu``) the parallel runs put one worker on each
+listed device, the one-worker runs use the first device and the plain fit runs there too; the wrapped
+network stays on the CPU (the authoritative copy every message is applied to).
+
+    PYTHONPATH=python python bench/python/bench_parallel.py [--workers 2 | --devices D1,D2] [--batches 64]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def _data(batches: int, batch_size: int) -> list[DataSet]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="worker threads of the parallel runs")
+    parser.add_argument("--devices", help="comma-separated devices, one worker each (e.g. cuda:0,cuda:1)")
     parser.add_argument("--batches", type=int, default=64, help="minibatches per timed epoch")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -63,12 +69,15 @@ def main() -> None:
     data = _data(args.batches, args.batch_size)
     examples = args.batches * args.batch_size
 
-    plain_net = _network()
-    runs: dict[str, Callable[[], object]] = {"plain fit, 1 thread": lambda: plain_net.fit(data)}
+    devices = args.devices.split(",") if args.devices else ["cpu"] * args.workers
+    plain_net = _network().to(devices[0])
+    runs: dict[str, Callable[[], object]] = {f"plain fit, {devices[0]}": lambda: plain_net.fit(data)}
     for mode in ("shared_gradients", "averaging"):
-        for n in (1, args.workers):
-            wrapper = ParallelWrapper(_network(), workers=n, training_mode=mode, averaging_frequency=4)
+        for on in (devices[:1], devices):
+            wrapper = ParallelWrapper(_network(), training_mode=mode, averaging_frequency=4, devices=on)
+            n = len(on)
             runs[f"{mode}, {n} worker{'s' if n > 1 else ''}"] = lambda w=wrapper, d=data: w.fit(d)
+    print(f"workers on {', '.join(devices)}")
     for run in runs.values():  # warm-up: page in buffers, build worker replicas
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}

@@ -222,6 +222,25 @@ def decode_host_message(message: np.ndarray, target: Array) -> None:
         decode(cupy.asarray(message), target)
 
 
+def apply_message(message: np.ndarray, network: Any, scratch: Array) -> None:
+    """Applies a host message (from a peer or off the network) to a replica: ``scratch`` is zeroed and
+    receives the decoded message on its device, then ``network.apply_update(scratch)``. The step every
+    gradient-sharing replica takes for each message; ``scratch`` keeps the decoded message afterwards.
+
+    Args:
+        message: 1-D int32 numpy message.
+        network: anything with ``apply_update`` taking an array of ``scratch``'s device.
+        scratch: 1-D float32/float64 numpy or CuPy array of the network's parameter length.
+    """
+    if _is_device_array(scratch):
+        with _cupy().cuda.Device(_array_gpu(scratch)):  # CuPy kernels expect their array's GPU current
+            scratch.fill(0)
+    else:
+        scratch.fill(0)
+    decode_host_message(message, scratch)
+    network.apply_update(scratch)
+
+
 def _device_encode_smaller(residual: Array, threshold: float) -> tuple[np.ndarray | None, bool]:
     """The GPU twin of ``_core.encode_smaller`` for the handler: counts on the device, picks the smaller
     format by ``sparse_is_smaller``'s rule (compress.h), encodes once and copies only the message to the
@@ -861,6 +880,7 @@ __all__ = [
     "TargetSparsityThresholdAlgorithm",
     "ThresholdAlgorithm",
     "ThresholdAlgorithmReducer",
+    "apply_message",
     "bitmap_decode",
     "bitmap_encode",
     "decode",

@@ -1,7 +1,10 @@
 """ParallelWrapper: several training workers on one machine, as threads (DL4J ``ParallelWrapper``).
 
 Each worker is a ``network.clone()`` trained by its own thread; the native kernels release the GIL, so
-the workers' forward and backward passes run concurrently. The workers (with their residuals and
+the workers' forward and backward passes run concurrently. Workers run on the wrapped network's device,
+or one per entry of ``devices`` (``["cuda:0", "cuda:1"]``: one worker per GPU; CPU and GPU workers may
+be mixed): each replica keeps its parameters, updates and residual on its device, and only messages and
+parameters cross between devices. The workers (with their residuals and
 threshold state) live as long as the wrapper: every ``fit`` starts them from the wrapped network's
 parameters, updater state and counters, so fitting epoch by epoch keeps the residuals, as one fit of
 several epochs does. Minibatches are dealt round-robin (minibatch
@@ -10,9 +13,10 @@ several epochs does. Minibatches are dealt round-robin (minibatch
 
 - ``"shared_gradients"`` (default): the in-process form of :class:`~sparkgrad.spark.SharedTrainingMaster`'s
   worker loop. A worker applies the messages its peers sent since its last step, computes its update,
-  adds it to its own :class:`~sparkgrad.compress.EncodingHandler` residual and encodes it, then applies
-  the decoded message to itself and to the wrapped network (the controller's role: the authoritative
-  copy) and queues the message for every peer. Every replica thus applies every message exactly once.
+  adds it to its own :class:`~sparkgrad.compress.EncodingHandler` residual and encodes it (on its
+  device: a GPU worker copies only the finished message to the host), then applies the decoded message
+  to itself and to the wrapped network (the controller's role: the authoritative copy) and queues the
+  message for every peer. Every replica thus applies every message exactly once.
   At each epoch end the replicas take the wrapped network's parameters (identical up to the rounding of
   the order the messages were applied in); at the end of ``fit`` the wrapped network gets the workers'
   mean updater state, as in SharedTrainingMaster.
@@ -24,10 +28,11 @@ several epochs does. Minibatches are dealt round-robin (minibatch
 
 The wrapped network may be anything exposing the flat-buffer API: ``params``, ``set_params``,
 ``compute_update``, ``apply_update``, ``updater_state``, ``set_updater_state``, ``clone``,
-``iteration_count`` and ``epoch_count`` (MultiLayerNetwork, ComputationGraph). Each worker thread runs
-the native kernels with ``get_num_threads() // workers`` threads (at least 1). Its listeners'
-``on_epoch_end`` runs on the calling thread after every epoch; ``iteration_done`` is not called, since
-the iterations of several workers interleave.
+``iteration_count`` and ``epoch_count`` (MultiLayerNetwork, ComputationGraph), plus ``device`` and ``to``
+when ``devices`` is given. The CPU workers share the caller's ``get_num_threads()`` threads equally, after
+one core for each GPU worker (which launches its kernels from its own thread); at least 1 each. Its
+listeners' ``on_epoch_end`` runs on the calling thread after every epoch; ``iteration_done`` is not
+called, since the iterations of several workers interleave.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import enum
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,9 +52,10 @@ from sparkgrad.compress import (
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
-    decode,
+    apply_message,
     default_threshold_algorithm,
 )
+from sparkgrad.device import CPU, Device, resolve_device
 
 _FLAT_API = (
     "params",
@@ -97,7 +104,7 @@ class _Worker:
         self.handler = handler
         self.batches: queue.Queue = queue.Queue(maxsize=prefetch)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.scratch = np.zeros_like(net.params()) if handler is not None else None
+        self.scratch = _zeros(net) if handler is not None else None  # decoded messages, on its device
         self.round_batches = 0
         self.last_score = float("nan")
 
@@ -107,8 +114,8 @@ class ParallelWrapper:
 
     Args:
         network: an initialised network exposing the flat-buffer API (module docstring); it is trained
-            in place.
-        workers: number of worker threads (>= 1).
+            in place, on its own device.
+        workers: number of worker threads (>= 1); default ``len(devices)``, or 2 without ``devices``.
         prefetch_buffer: minibatches queued ahead per worker (>= 1).
         averaging_frequency: ``"averaging"`` mode: minibatches each worker trains between averagings
             (>= 1); unused by ``"shared_gradients"``.
@@ -117,30 +124,44 @@ class ParallelWrapper:
         threshold_algorithm: ``"shared_gradients"`` mode: default ``TargetSparsityThresholdAlgorithm(2e-2,
             1e-3)`` (SharedTrainingMaster's default); each worker encodes with its own clone.
         residual_post_processor: ``"shared_gradients"`` mode: default ``NoOpResidualPostProcessor()``.
+        devices: one device per worker (``"cpu"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`;
+            a device may repeat); default: every worker on the wrapped network's device. For one worker
+            per GPU: ``[f"cuda:{gpu.index}" for gpu in sparkgrad.cuda.devices()]``.
 
     Raises:
         TypeError: ``network`` lacks part of the flat-buffer API.
-        ValueError: an argument out of range, naming it.
+        ValueError: an argument out of range, naming it (``devices[i]`` for a malformed device).
+        RuntimeError: a GPU in ``devices`` cannot be used (no CUDA build, no CuPy, no such GPU).
     """
 
     def __init__(
         self,
         network: Any,
-        workers: int = 2,
+        workers: int | None = None,
         prefetch_buffer: int = 2,
         averaging_frequency: int = 1,
         training_mode: TrainingMode | str = TrainingMode.SHARED_GRADIENTS,
         average_updaters: bool = True,
         threshold_algorithm: ThresholdAlgorithm | None = None,
         residual_post_processor: ResidualPostProcessor | None = None,
+        devices: Sequence[Any] | None = None,
     ) -> None:
-        missing = [name for name in _FLAT_API if not hasattr(network, name)]
+        required = _FLAT_API + (("device", "to") if devices is not None else ())
+        missing = [name for name in required if not hasattr(network, name)]
         if missing:
             raise TypeError(
                 f"network: {type(network).__name__} lacks the flat-buffer API ({', '.join(missing)})"
             )
         self.network = network
+        self.devices = _resolve_devices(devices)
+        if workers is None:
+            workers = len(self.devices) if self.devices is not None else 2
         self.workers = check_int("workers", workers, minimum=1)
+        if self.devices is not None and self.workers != len(self.devices):
+            raise ValueError(
+                f"workers: {self.workers} workers for {len(self.devices)} devices; give one device per "
+                "worker (or leave workers out)"
+            )
         self.prefetch_buffer = check_int("prefetch_buffer", prefetch_buffer, minimum=1)
         self.averaging_frequency = check_int("averaging_frequency", averaging_frequency, minimum=1)
         self.training_mode = coerce_enum(TrainingMode, training_mode, "training_mode")
@@ -161,6 +182,7 @@ class ParallelWrapper:
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
         self._workers: list[_Worker] = []
+        self._master_scratch: Any = None  # shared_gradients: messages decoded for the wrapped network
         self._master_lock = threading.Lock()
 
     # -- training -----------------------------------------------------------------------------
@@ -188,30 +210,20 @@ class ParallelWrapper:
         master = self.network
         shared = self.training_mode is TrainingMode.SHARED_GRADIENTS
         if not self._workers:
-            dtype = master.params().dtype
-            self._workers = [
-                _Worker(
-                    i,
-                    master.clone(),
-                    EncodingHandler(
-                        master.params().size, self.threshold_algorithm, self.residual_post_processor, dtype
-                    )
-                    if shared
-                    else None,
-                    self.prefetch_buffer,
-                )
-                for i in range(self.workers)
-            ]
+            self._workers = [self._new_worker(i, shared) for i in range(self.workers)]
+            if shared:
+                self._master_scratch = _zeros(master)
+        params, state = master.params(), master.updater_state()
         for w in self._workers:  # the wrapped network may have changed since the last fit
-            w.net.set_params(master.params())
-            w.net.set_updater_state(master.updater_state())
+            w.net.set_params(params)
+            w.net.set_updater_state(state)
             w.net.iteration_count, w.net.epoch_count = int(master.iteration_count), int(master.epoch_count)
-        # OpenMP thread counts are per thread (a new thread starts from the default): each worker gets an
-        # equal share of the caller's; the OpenBLAS count is process-wide, restored afterwards.
+        # OpenMP thread counts are per thread (a new thread starts from the default): each worker gets its
+        # share of the caller's; the OpenBLAS count is process-wide, restored afterwards.
         threads = _core.max_threads()
         try:
             for _ in range(epochs):
-                self._epoch([data] if single else data, max(1, threads // self.workers))
+                self._epoch([data] if single else data, self._threads_per_worker(threads))
                 for listener in getattr(master, "listeners", []):
                     listener.on_epoch_end(master)
         finally:
@@ -219,6 +231,34 @@ class ParallelWrapper:
         if shared:
             self._finish_shared()
         return self
+
+    def _new_worker(self, index: int, shared: bool) -> _Worker:
+        """Worker ``index``: a clone of the wrapped network on its device, with its own encoder."""
+        master = self.network
+        net = master.clone()
+        if self.devices is not None:
+            net.to(self.devices[index])
+        handler = (
+            EncodingHandler(
+                master.params().size,
+                self.threshold_algorithm,
+                self.residual_post_processor,
+                master.params().dtype,
+            )
+            if shared
+            else None
+        )
+        return _Worker(index, net, handler, self.prefetch_buffer)
+
+    def _threads_per_worker(self, threads: int) -> int:
+        """The OpenMP/OpenBLAS threads of each worker thread: the CPU workers share ``threads`` after one
+        core per GPU worker (its kernel launches); every worker thread sets the same count, since the
+        OpenBLAS one is process-wide."""
+        devices = self.devices or [_device(self.network)] * self.workers
+        on_cpu = sum(1 for d in devices if d is CPU)
+        if on_cpu == 0:
+            return 1
+        return max(1, (threads - (self.workers - on_cpu)) // on_cpu)
 
     def _epoch(self, batches: Any, threads: int) -> None:
         """One pass: the calling thread deals the minibatches, one thread per worker trains them."""
@@ -333,14 +373,16 @@ class ParallelWrapper:
             if peer is not worker:
                 peer.inbox.put(message)
         self._apply_message(worker, message)
+        master = self.network
         with self._master_lock:
-            self.network.apply_update(worker.scratch)
+            if _device(master) is _device(net):  # the worker's decoded message serves as it is
+                master.apply_update(worker.scratch)
+            else:
+                apply_message(message, master, self._master_scratch)
 
     @staticmethod
     def _apply_message(worker: _Worker, message: np.ndarray) -> None:
-        worker.scratch.fill(0)
-        decode(message, worker.scratch)
-        worker.net.apply_update(worker.scratch)
+        apply_message(message, worker.net, worker.scratch)
 
     def _average(self) -> None:
         """Barrier action (one thread, the others waiting): average the workers that trained this round."""
@@ -348,22 +390,26 @@ class ParallelWrapper:
         if not trained:
             return
         master = self.network
-        master.set_params(_mean([w.net.params() for w in trained]))
-        if self.average_updaters and master.updater_state().size:
-            master.set_updater_state(_mean([w.net.updater_state() for w in trained]))
+        params = _mean([w.net.params() for w in trained])
+        master.set_params(params)
+        state = master.updater_state()
+        if self.average_updaters and state.size:
+            state = _mean([w.net.updater_state() for w in trained])
+            master.set_updater_state(state)
         master.iteration_count = max(int(w.net.iteration_count) for w in self._workers)
         for w in self._workers:
-            w.net.set_params(master.params())
+            w.net.set_params(params)
             if self.average_updaters:
-                w.net.set_updater_state(master.updater_state())
+                w.net.set_updater_state(state)
             w.round_batches = 0
 
     def _end_epoch(self) -> None:
         master = self.network
+        params = master.params() if self.training_mode is TrainingMode.SHARED_GRADIENTS else None
         for w in self._workers:
             if w.handler is not None:  # every message is in the master: drop the queued copies
                 _drain(w.inbox)
-                w.net.set_params(master.params())
+                w.net.set_params(params)
             w.net.epoch_count = int(w.net.epoch_count) + 1
         master.epoch_count = int(master.epoch_count) + 1
         master.iteration_count = max(int(w.net.iteration_count) for w in self._workers)
@@ -375,6 +421,38 @@ class ParallelWrapper:
         master = self.network
         if master.updater_state().size:
             master.set_updater_state(_mean([w.net.updater_state() for w in self._workers]))
+
+
+def _resolve_devices(devices: Any) -> list[Device] | None:
+    """``devices`` as a list of Devices (None stays None), each entry checked and named on error."""
+    if devices is None:
+        return None
+    if isinstance(devices, (str, Device)) or not isinstance(devices, Sequence) or not devices:
+        raise ValueError(
+            "devices: expected a non-empty list of devices ('cpu', 'cuda:N'), one per worker, got "
+            f"{devices!r}"
+        )
+    resolved = []
+    for i, spec in enumerate(devices):
+        try:
+            resolved.append(resolve_device(spec))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"devices[{i}]: {exc}") from exc
+        except RuntimeError as exc:
+            raise RuntimeError(f"devices[{i}]: {exc}") from exc
+    return resolved
+
+
+def _device(net: Any) -> Device:
+    """The device of a network (a network without one is on the CPU)."""
+    return getattr(net, "device", CPU)
+
+
+def _zeros(net: Any) -> Any:
+    """A zero vector of the network's parameter length and dtype, on its device."""
+    device, params = _device(net), net.params()
+    with device.scope():
+        return device.xp.zeros(params.size, params.dtype)
 
 
 def _drain(q: queue.Queue | queue.SimpleQueue) -> None:

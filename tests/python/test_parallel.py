@@ -1,4 +1,6 @@
-"""ParallelWrapper: equivalences with hand-computed training, digits accuracy, errors and thread hygiene."""
+"""ParallelWrapper: equivalences with hand-computed training, workers on several devices (the emulated
+device of emulated_device.py on any machine, GPUs in the ``cuda`` cases), digits accuracy, errors and
+thread hygiene."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from emulated_device import DeviceArray, EmulatedDevice
 
+import sparkgrad
 from sparkgrad.compress import FixedThresholdAlgorithm, NoOpResidualPostProcessor
 from sparkgrad.data import DataSet, ListDataSetIterator
+from sparkgrad.device import CPU, resolve_device
 from sparkgrad.nn import (
     DenseLayer,
     InputType,
@@ -44,6 +49,17 @@ def _batches(n: int, dtype: str = "float32", rows: int = 8) -> list[DataSet]:
     return out
 
 
+def _host(arr: Any) -> np.ndarray:
+    """A host copy of a NumPy, emulated-device or CuPy array."""
+    return arr.get() if hasattr(arr, "get") else np.array(arr)
+
+
+_GPU = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not sparkgrad.cuda_available(), reason="CUDA build with a visible GPU is required"),
+]
+
+
 def _no_worker_threads() -> bool:
     return not any(t.name.startswith("sparkgrad-parallel-") for t in threading.enumerate())
 
@@ -54,6 +70,7 @@ class _Recorder:
     def __init__(self, net: Any, log: list, fail_at: int | None = None, error: BaseException | None = None):
         self.net, self.log, self.fail_at, self.error = net, log, fail_at, error
         self.applied = 0
+        self.update_types: set[type] = set()  # the array types apply_update was given
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.net, name)
@@ -78,11 +95,12 @@ class _Recorder:
         if self.fail_at is not None and len(self.log) >= self.fail_at:
             raise self.error
         update, score = self.net.compute_update(ds)
-        self.log.append(update.copy())
+        self.log.append(_host(update))
         return update, score
 
     def apply_update(self, update: np.ndarray) -> None:
         self.applied += 1
+        self.update_types.add(type(update))
         self.net.apply_update(update)
 
     def clone(self) -> _Recorder:
@@ -133,23 +151,42 @@ def test_two_workers_averaging_equals_hand_computed_average() -> None:
     assert wrapped.epoch_count == 1
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_shared_gradients_loses_no_update_mass(workers: int) -> None:
+@pytest.mark.parametrize(
+    ("workers", "devices", "master_on_device"),
+    [
+        (1, None, False),
+        (3, None, False),
+        (3, ["emulated", "cpu", "emulated"], False),  # a device worker's messages reach the CPU network
+        (2, ["cpu", "cpu"], True),  # the wrapped network on a device, the workers on the CPU
+        pytest.param(3, ["cuda:0", "cpu", "cuda:0"], False, marks=_GPU),
+    ],
+    ids=["one", "three", "mixed_devices", "master_on_device", "gpu_and_cpu"],
+)
+def test_shared_gradients_loses_no_update_mass(
+    workers: int, devices: list[str] | None, master_on_device: bool
+) -> None:
     """Every computed update is either in the wrapped network (each message applied exactly once) or
-    still in some worker's residual: sum(updates) == (initial - final params) + sum(residuals)."""
+    still in some worker's residual: sum(updates) == (initial - final params) + sum(residuals), also
+    when the workers and the wrapped network are on different devices."""
     log: list[np.ndarray] = []
-    master = _Recorder(_net("float64", updaters.Sgd(0.1)), log)
+    net = _net("float64", updaters.Sgd(0.1))
+    if master_on_device:
+        net.to(EmulatedDevice())
+    master = _Recorder(net, log)
     initial = master.params().copy()
+    # one emulated device per worker: a device's scope counter is not shared between threads
+    on = None if devices is None else [EmulatedDevice() if d == "emulated" else d for d in devices]
     wrapper = ParallelWrapper(
         master,
         workers=workers,
         training_mode=TrainingMode.SHARED_GRADIENTS,
         threshold_algorithm=FixedThresholdAlgorithm(1e-3),
         residual_post_processor=NoOpResidualPostProcessor(),
+        devices=on,
     )
     wrapper.fit(_batches(10, dtype="float64"), epochs=2)
     assert len(log) == 20
-    residuals = sum(w.handler.residual for w in wrapper._workers)
+    residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
     applied = initial - master.params()
     total = sum(log)
     # each element is a sum of <= 20 updates and messages: a few float64 roundings of the largest term
@@ -161,54 +198,72 @@ def test_shared_gradients_loses_no_update_mass(workers: int) -> None:
         np.testing.assert_array_equal(w.net.params(), master.params())
     assert master.epoch_count == 2 and master.iteration_count == 2 * math.ceil(10 / workers)
     assert wrapper.last_score is not None and np.isfinite(wrapper.last_score)
+    if on is not None:
+        for w, device in zip(wrapper._workers, on):  # each replica stayed on its device
+            assert w.net.device is resolve_device(device) and w.net.device.owns(w.net._params)
+            assert not isinstance(device, EmulatedDevice) or device.calls  # its kernels ran there
+    # the wrapped network got its updates on its own device, never a worker's array from another device
+    assert master.update_types == {type(net._params)}
+    assert type(net._params) is (DeviceArray if master_on_device else np.ndarray)
 
 
-def test_shared_gradients_averages_updater_state() -> None:
-    net = _net()
-    wrapper = ParallelWrapper(net, workers=2)
-    wrapper.fit(_batches(6))
-    states = [w.net.updater_state() for w in wrapper._workers]
-    eps = np.finfo(np.float32).eps
-    np.testing.assert_allclose(net.updater_state(), (states[0] + states[1]) / 2, rtol=2 * eps, atol=0)
+@pytest.mark.parametrize("frequency", [1, 3])
+def test_averaging_across_devices_is_bitwise_the_averaging_on_the_cpu(frequency: int) -> None:
+    """A worker on the emulated device runs the CPU kernels: averaging (deterministic: in worker order)
+    with it must give exactly what two CPU workers give."""
+    data = _batches(9)
+    threads = sparkgrad.get_num_threads()
+    # both runs then give each worker thread 1 thread (2 CPU workers; or 1 CPU worker after a core for
+    # the device worker): the same kernels with the same thread counts, so the same bits on any machine
+    sparkgrad.set_num_threads(2)
+    try:
+        on_cpu, mixed = _net(), _net()
+        kwargs = {"averaging_frequency": frequency, "training_mode": "averaging"}
+        ParallelWrapper(on_cpu, workers=2, **kwargs).fit(data, epochs=2)
+        device = EmulatedDevice()
+        wrapper = ParallelWrapper(mixed, devices=[device, "cpu"], **kwargs)
+        wrapper.fit(data, epochs=2)
+    finally:
+        sparkgrad.set_num_threads(threads)
+    np.testing.assert_array_equal(mixed.params(), on_cpu.params())
+    np.testing.assert_array_equal(mixed.updater_state(), on_cpu.updater_state())
+    assert (mixed.iteration_count, mixed.epoch_count) == (on_cpu.iteration_count, on_cpu.epoch_count)
+    assert wrapper._workers[0].net.device is device and device.calls
+    assert type(wrapper._workers[0].net._params) is DeviceArray and mixed.device is CPU
 
 
-def test_shared_gradients_fits_epoch_by_epoch_like_one_fit() -> None:
-    """Workers (residuals, threshold state) outlive a fit: with one worker (deterministic) two fits of
-    one epoch equal one fit of two epochs exactly."""
-    data = _batches(5)
-    once, twice = _net(), _net()
-    ParallelWrapper(once, workers=1).fit(data, epochs=2)
-    wrapper = ParallelWrapper(twice, workers=1)
-    wrapper.fit(data)
-    wrapper.fit(data)
-    np.testing.assert_array_equal(twice.params(), once.params())
-    np.testing.assert_array_equal(twice.updater_state(), once.updater_state())
-    assert (twice.iteration_count, twice.epoch_count) == (once.iteration_count, once.epoch_count) == (10, 2)
+class _ThreadCounter(_Recorder):
+    """Records the native thread count each minibatch is computed with."""
+
+    def compute_update(self, ds: Any) -> tuple[np.ndarray, float]:
+        self.log.append(sparkgrad.get_num_threads())
+        return self.net.compute_update(ds)
+
+    def clone(self) -> _ThreadCounter:
+        return _ThreadCounter(self.net.clone(), self.log)
 
 
-def test_epoch_listeners_run_once_per_epoch() -> None:
-    class Counter(TrainingListener):
-        def __init__(self) -> None:
-            self.epochs: list[int] = []
-
-        def on_epoch_end(self, model: Any) -> None:
-            self.epochs.append(model.epoch_count)
-
-    net = _net()
-    counter = Counter()
-    net.set_listeners(counter)
-    ParallelWrapper(net, workers=2, training_mode="averaging").fit(_batches(4), epochs=3)
-    assert counter.epochs == [1, 2, 3]
-
-
-def test_single_dataset_and_empty_data() -> None:
-    net = _net()
-    before = net.params().copy()
-    ParallelWrapper(net, workers=2, training_mode="averaging").fit([])
-    np.testing.assert_array_equal(net.params(), before)
-    assert net.epoch_count == 1
-    ParallelWrapper(net, workers=2, training_mode="averaging").fit(_batches(1)[0], epochs=2)
-    assert net.iteration_count == 2 and net.epoch_count == 3
+@pytest.mark.parametrize(
+    ("devices", "workers", "expected"),
+    [
+        (None, 3, 2),  # 7 threads // 3 CPU workers
+        (["emulated", "cpu", "cpu"], 3, 3),  # a core for the device worker, 6 // 2 for each CPU worker
+        (["emulated", "emulated"], 2, 1),  # no CPU worker: one thread each
+    ],
+)
+def test_cpu_workers_share_the_threads_after_a_core_per_device_worker(
+    devices: list[str] | None, workers: int, expected: int
+) -> None:
+    log: list[int] = []
+    on = None if devices is None else [EmulatedDevice() if d == "emulated" else d for d in devices]
+    threads = sparkgrad.get_num_threads()
+    sparkgrad.set_num_threads(7)
+    try:
+        ParallelWrapper(_ThreadCounter(_net(), log), workers=workers, devices=on).fit(_batches(6))
+        assert sparkgrad.get_num_threads() == 7  # the caller's count is restored
+    finally:
+        sparkgrad.set_num_threads(threads)
+    assert log == [expected] * 6
 
 
 @pytest.mark.parametrize("mode", ["shared_gradients", "averaging"])
@@ -270,6 +325,45 @@ def test_bad_configuration_names_the_argument(kwargs: dict, match: str) -> None:
         ParallelWrapper(_net(), **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"devices": []}, r"devices: expected a non-empty list"),
+        ({"devices": "cpu"}, r"devices: expected a non-empty list .* got 'cpu'"),
+        ({"devices": ["cpu", "tpu"]}, r"devices\[1\]: device: expected 'cpu', 'cuda' or 'cuda:N'"),
+        ({"devices": ["cpu", 3]}, r"devices\[1\]: device: expected 'cpu', 'cuda', 'cuda:N' or a Device"),
+        ({"devices": ["cpu", "cpu"], "workers": 3}, r"workers: 3 workers for 2 devices"),
+    ],
+)
+def test_bad_devices_name_the_argument(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ParallelWrapper(_net(), **kwargs)
+
+
+@pytest.mark.skipif(sparkgrad.cuda_available(), reason="needs a machine where cuda:0 cannot be used")
+def test_an_unusable_gpu_is_named_before_training() -> None:
+    net = _net()
+    before = net.params().copy()
+    with pytest.raises(RuntimeError, match=r"devices\[1\]: device 'cuda:0': "):
+        ParallelWrapper(net, devices=["cpu", "cuda:0"])
+    np.testing.assert_array_equal(net.params(), before)
+
+
+def test_devices_need_a_network_that_moves() -> None:
+    class Unmovable:  # the flat-buffer API without device and to
+        def __init__(self, net: Any) -> None:
+            self.net = net
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("device", "to"):
+                raise AttributeError(name)
+            return getattr(self.net, name)
+
+    ParallelWrapper(Unmovable(_net()))  # fine without devices
+    with pytest.raises(TypeError, match=r"network: Unmovable lacks the flat-buffer API \(device, to\)"):
+        ParallelWrapper(Unmovable(_net()), devices=["cpu"])
+
+
 def test_bad_network_and_fit_arguments() -> None:
     with pytest.raises(TypeError, match="network: list lacks the flat-buffer API"):
         ParallelWrapper([])
@@ -289,7 +383,16 @@ class _Accuracy(TrainingListener):
 
 
 @pytest.mark.slow
-def test_two_workers_match_single_worker_accuracy_on_digits() -> None:
+@pytest.mark.parametrize(
+    "devices",
+    [
+        None,  # two CPU workers
+        pytest.param(["cuda:0", "cpu"], marks=_GPU),  # a GPU and a CPU worker sharing one fit
+        pytest.param(["cuda:0", "cuda:0"], marks=_GPU),
+    ],
+    ids=["cpu", "gpu_and_cpu", "gpu"],
+)
+def test_two_workers_match_single_worker_accuracy_on_digits(devices: list[str] | None) -> None:
     pytest.importorskip("sklearn")
     from sparkgrad.datasets import load_digits
 
@@ -308,11 +411,12 @@ def test_two_workers_match_single_worker_accuracy_on_digits() -> None:
         listener = _Accuracy(test)
         net.set_listeners(listener)
         data = ListDataSetIterator(train, batch_size=32, shuffle=True, seed=0)
-        (ParallelWrapper(net, workers=2, training_mode=mode) if mode else net).fit(data, epochs=epochs)
+        trainer = ParallelWrapper(net, workers=2, training_mode=mode, devices=devices) if mode else net
+        trainer.fit(data, epochs=epochs)
         assert len(listener.history) == epochs
         return max(listener.history[-4:])
 
-    single = best_of_last_epochs(None)
+    single = best_of_last_epochs(None)  # one CPU worker
     assert single >= 0.95
     # n = 359 test digits; at p ~ 0.96 one standard error of an accuracy is sqrt(p(1-p)/n) ~ 1 point.
     # Thread timing makes the shared-gradient run nondeterministic and a different trajectory is noise
@@ -321,5 +425,5 @@ def test_two_workers_match_single_worker_accuracy_on_digits() -> None:
     bound = 3 * math.sqrt(single * (1 - single) / test.num_examples())
     for mode in ("shared_gradients", "averaging"):
         parallel = best_of_last_epochs(mode)
-        print(f"single {single:.4f} {mode} x2 {parallel:.4f} bound {bound:.4f}")
+        print(f"single {single:.4f} {mode} x2 on {devices or 'cpu'} {parallel:.4f} bound {bound:.4f}")
         assert parallel >= single - bound, mode

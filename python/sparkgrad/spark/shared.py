@@ -62,9 +62,11 @@ import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
+    EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
+    apply_message,
     default_threshold_algorithm,
 )
 from sparkgrad.errors import TrainingError, TransportError
@@ -236,8 +238,6 @@ class SharedWorker:
     """
 
     def __init__(self, job: SharedJob, device: str) -> None:
-        from sparkgrad.compress import EncodingHandler, decode_host_message
-
         self.job = job
         self.device = device
         self.worker_id = random.SystemRandom().randrange(1, 2**32)
@@ -245,7 +245,6 @@ class SharedWorker:
         self.tasks = 0
         self.minibatches = 0
         self.last_score = float("nan")
-        self._decode = decode_host_message
         start = now_ms()
         self.rejoins = 0
         self.conn = WorkerConnection(
@@ -303,9 +302,7 @@ class SharedWorker:
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
 
     def _apply_message(self, message: np.ndarray) -> None:
-        self._scratch.fill(0)
-        self._decode(message, self._scratch)
-        self.net.apply_update(self._scratch)
+        apply_message(message, self.net, self._scratch)
 
     def _on_peer(self, header: Header, message: np.ndarray) -> None:
         self._apply_message(message)

@@ -1,4 +1,4 @@
-"""EncodingHandler on GPU arrays and decode_host_message.
+"""EncodingHandler on GPU arrays, decode_host_message and apply_message.
 
 The device logic (binding the residual to the first update's GPU, format choice, host-only messages,
 errors) runs on this CPU machine against a stand-in GPU: arrays that expose ``__cuda_array_interface__``
@@ -46,6 +46,10 @@ class _StandInArray:
 
     def copy(self) -> _StandInArray:
         return _StandInArray(self.host.copy(), self._backend.current, self._backend)
+
+    def fill(self, value: float) -> None:  # a CuPy kernel: it runs on the current GPU
+        self._backend.kernel_devices.append(self._backend.current)
+        self.host.fill(value)
 
 
 class _StandInGpu:
@@ -241,6 +245,29 @@ def test_decode_host_message_into_host_target_is_decode() -> None:
     target = np.zeros(3, np.float32)
     compress.decode_host_message(message, target)
     np.testing.assert_array_equal(target, [0.0, 0.5, -0.5])
+
+
+def test_apply_message_zeroes_decodes_and_applies_on_the_scratch_gpu(gpu) -> None:
+    n = 100
+    message = compress.threshold_encode(np.random.default_rng(1).normal(size=n).astype(np.float32), 0.5)
+    expected = np.zeros(n, np.float32)
+    compress.decode(message, expected)
+    with gpu.cuda.Device(3):
+        scratch = gpu.asarray(np.full(n, 9.0, np.float32))  # the previous message's leftovers
+    applied: list[np.ndarray] = []
+    compress.apply_message(message, SimpleNamespace(apply_update=lambda u: applied.append(u.get())), scratch)
+    assert len(applied) == 1
+    np.testing.assert_array_equal(applied[0], expected)
+    np.testing.assert_array_equal(scratch.get(), expected)  # the decoded message stays in the scratch
+    assert set(gpu.kernel_devices) == {3}  # zeroing and decoding both ran on the scratch's GPU
+
+
+def test_apply_message_on_the_host() -> None:
+    message = compress.threshold_encode(np.array([0.0, 1.0, -1.0], np.float32), 0.5)
+    scratch = np.full(3, 9.0, np.float32)
+    applied: list[np.ndarray] = []
+    compress.apply_message(message, SimpleNamespace(apply_update=lambda u: applied.append(u.copy())), scratch)
+    np.testing.assert_array_equal(applied[0], [0.0, 0.5, -0.5])
 
 
 # -- real GPU ---------------------------------------------------------------------------------------
