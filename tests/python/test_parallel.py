@@ -17,8 +17,11 @@ from sparkgrad.compress import FixedThresholdAlgorithm, NoOpResidualPostProcesso
 from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.device import CPU, resolve_device
 from sparkgrad.nn import (
+    ComputationGraph,
+    ComputationGraphConfiguration,
     DenseLayer,
     InputType,
+    MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
@@ -37,6 +40,22 @@ def _net(dtype: str = "float32", updater: Any = None, seed: int = 0) -> MultiLay
         dtype=dtype,
     )
     return MultiLayerNetwork(conf).init()
+
+
+def _graph() -> ComputationGraph:
+    """Two branches of the same input merged: a graph over the MLP's data."""
+    conf = (
+        ComputationGraphConfiguration.builder(seed=0, updater=updaters.Adam(1e-2))
+        .add_inputs("x")
+        .set_input_types(InputType.feed_forward(5))
+        .add_layer("a", DenseLayer(8, activation="tanh"), "x")
+        .add_layer("b", DenseLayer(8, activation="relu"), "x")
+        .add_vertex("merge", MergeVertex(), "a", "b")
+        .add_layer("out", OutputLayer(3), "merge")
+        .set_outputs("out")
+        .build()
+    )
+    return ComputationGraph(conf).init()
 
 
 def _batches(n: int, dtype: str = "float32", rows: int = 8) -> list[DataSet]:
@@ -208,7 +227,8 @@ def test_shared_gradients_loses_no_update_mass(
 
 
 @pytest.mark.parametrize("frequency", [1, 3])
-def test_averaging_across_devices_is_bitwise_the_averaging_on_the_cpu(frequency: int) -> None:
+@pytest.mark.parametrize("make", [_net, _graph], ids=["multilayer", "graph"])
+def test_averaging_across_devices_is_bitwise_the_averaging_on_the_cpu(frequency: int, make: Any) -> None:
     """A worker on the emulated device runs the CPU kernels: averaging (deterministic: in worker order)
     with it must give exactly what two CPU workers give."""
     data = _batches(9)
@@ -217,7 +237,7 @@ def test_averaging_across_devices_is_bitwise_the_averaging_on_the_cpu(frequency:
     # the device worker): the same kernels with the same thread counts, so the same bits on any machine
     sparkgrad.set_num_threads(2)
     try:
-        on_cpu, mixed = _net(), _net()
+        on_cpu, mixed = make(), make()
         kwargs = {"averaging_frequency": frequency, "training_mode": "averaging"}
         ParallelWrapper(on_cpu, workers=2, **kwargs).fit(data, epochs=2)
         device = EmulatedDevice()
