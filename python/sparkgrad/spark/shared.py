@@ -371,7 +371,8 @@ class SharedWorker:
             return self._pause()
         encoded = 0
         if message is not None:  # the scratch buffer still holds the message decoded
-            encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
+            with self.net.device.scope():  # a count over a GPU array runs on that GPU
+                encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         density = encoded / self.net.num_params()
         threshold = float(self.handler.last_threshold or 0.0)
         if stats is not None:
@@ -388,7 +389,9 @@ class SharedWorker:
                 },
             )
         if self.job.encoding_debug_mode:
-            r = np.abs(self.handler.residual)
+            with self.net.device.scope():
+                r = np.abs(self.handler.residual)
+                mean_r, max_r = float(r.mean()), float(r.max())
             log.warning(
                 "sparkgrad worker %s iteration %d: threshold %.3g, density %.3g (%d of %d), "
                 "residual mean|r| %.3g max|r| %.3g, %d bytes",
@@ -398,8 +401,8 @@ class SharedWorker:
                 density,
                 encoded,
                 r.size,
-                float(r.mean()),
-                float(r.max()),
+                mean_r,
+                max_r,
                 sent,
             )
         self._pause()
