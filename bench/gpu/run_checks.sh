@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU checks in one place, for a machine with an NVIDIA GPU, nvcc, CuPy and PyTorch (CUDA), and no
+# network: build the CUDA extension, run every test marked `cuda`, run the GPU benchmarks. Each stage is
+# a separate command so that a session with a few minutes per command can run them one after another
+# (the build stays in build/gpu between them):
+#
+#   bash bench/gpu/run_checks.sh build    # CUDA build of sparkgrad + bench binaries (a few minutes)
+#   bash bench/gpu/run_checks.sh test     # pytest -m cuda over the kernel, device and wrapper tests
+#   bash bench/gpu/run_checks.sh bench    # bench_nn, bench_train_step, bench_compress, bench_parallel
+#
+# Logs go to $OUT (default build/gpu/logs). Packages the machine lacks (scipy-openblas32, pyzmq) travel
+# as wheels in .whl/ (bash bench/gpu/fetch_wheels.sh on a machine with the package index) and are
+# installed from there into build/gpu/site. CUDAARCHS defaults to the visible GPU's architecture.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+stage="${1:?usage: run_checks.sh build|test|bench}"
+root="$PWD"
+work="$root/build/gpu"
+site="$work/site"
+logs="${OUT:-$work/logs}"
+mkdir -p "$work" "$logs"
+python="${PYTHON:-python3}"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+# the extension finds libcublas through an RPATH relative to an installed wheel; under --target it is
+# elsewhere, so the loader is told where the nvidia-cublas wheel keeps it
+cublas="$("$python" cuda/find_cublas.py)" || { echo "run_checks.sh: no cuBLAS (nvidia-cublas)" >&2; exit 1; }
+export LD_LIBRARY_PATH="$cublas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# the checks must run the CUDA build in $site, not another sparkgrad (an editable install's import hook
+# takes precedence over PYTHONPATH)
+check_import() {
+    "$python" -c "import sparkgrad, sys; p = sparkgrad.__file__
+sys.exit(0 if p.startswith('$site/') else f'run_checks.sh: sparkgrad comes from {p}, not $site: use an '
+         'environment without another sparkgrad installed (PYTHON=...)')"
+}
+
+case "$stage" in
+build)
+    command -v nvcc >/dev/null || { echo "run_checks.sh: nvcc is not on PATH" >&2; exit 1; }
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        "$python" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
+    fi
+    arch="${CUDAARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)}"
+    echo "building for sm_$arch with cuBLAS from $cublas"
+    # --target replaces the previous build's package; the carried wheels installed above stay beside it
+    SPARKGRAD_ENABLE_CUDA=ON SPARKGRAD_BUILD_BENCH=ON SPARKGRAD_CUBLAS_ROOT="$cublas" CUDAARCHS="$arch" \
+        CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+        "$python" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$site" \
+        --config-settings=build-dir="$work/build" . 2>&1 | tee "$logs/build.log"
+    check_import
+    "$python" -c "import sparkgrad; from sparkgrad import cuda; print(sparkgrad.info(), *cuda.summary())" \
+        | tee -a "$logs/build.log"
+    ;;
+test)
+    check_import
+    # the modules holding `cuda` cases; the Spark ones need Java and pyspark, which a GPU machine may lack
+    modules=(
+        tests/python/nn/test_cuda_kernels.py
+        tests/python/nn/test_device.py
+        tests/python/compress/test_cuda_threshold.py
+        tests/python/compress/test_compress_device.py
+        tests/python/compress/test_encoding_device.py
+        tests/python/test_parallel.py
+    )
+    if "$python" -c "import pyspark" 2>/dev/null && command -v java >/dev/null; then
+        modules+=(tests/spark/test_worker_device_cuda.py)
+    fi
+    set -o pipefail
+    "$python" -m pytest -p no:cacheprovider -m cuda -v "${modules[@]}" 2>&1 | tee "$logs/cuda_tests.log"
+    ;;
+bench)
+    check_import
+    openblas="$("$python" -c "import scipy_openblas32; print(scipy_openblas32.get_lib_dir())")"
+    failed=()
+    # each benchmark runs whatever the others do; the stage fails at the end if any did
+    run_bench() {  # run_bench NAME COMMAND...
+        local name="$1"
+        shift
+        echo "== $name: $*" | tee -a "$logs/gpu_bench.log"
+        "$@" 2>&1 | tee -a "$logs/gpu_bench.log" || failed+=("$name")
+    }
+    : >"$logs/gpu_bench.log"
+    set -o pipefail
+    run_bench bench_nn env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$openblas" "$work/build/bench/cpp/bench_nn" --device cuda
+    run_bench train_step "$python" bench/python/bench_train_step.py --device cuda --rounds 5
+    run_bench compress "$python" bench/python/bench_compress.py --device cuda
+    run_bench parallel_gpu_gpu "$python" bench/python/bench_parallel.py --devices cuda:0,cuda:0 --batches 64 --rounds 3
+    run_bench parallel_gpu_cpu "$python" bench/python/bench_parallel.py --devices cuda:0,cpu --batches 64 --rounds 3
+    if ((${#failed[@]})); then
+        echo "run_checks.sh: failed: ${failed[*]} (see $logs/gpu_bench.log)" >&2
+        exit 1
+    fi
+    ;;
+*)
+    echo "run_checks.sh: unknown stage '$stage' (build, test or bench)" >&2
+    exit 2
+    ;;
+esac
