@@ -20,6 +20,7 @@ Needs root, iproute2 (installed with apt-get when missing) and Java 17.
 Usage (as root; the workers import the sparkgrad this interpreter imports, e.g. ``PYTHONPATH=python``)::
 
     python bench/cluster/cluster.py up --workers 2 --rate 1gbit --delay 0.2ms   # --delay none without netem
+    python bench/cluster/cluster.py up --worker-env 0:SPARKGRAD_DEVICE=cuda:0      # a GPU host and a CPU host
     python bench/cluster/cluster.py status
     python bench/cluster/cluster.py down
 
@@ -32,6 +33,14 @@ From Python (the driver runs in the root namespace; ``sys.path`` must hold bench
         # SharedTrainingMaster: VoidConfiguration(network_mask="198.18.0.0/24") finds the bridge address
         ...
         spark.stop()
+
+Per-host environment: ``up(worker_env={0: {"SPARKGRAD_DEVICE": "cuda:0"}})`` (``--worker-env
+0:SPARKGRAD_DEVICE=cuda:0``, repeatable) starts the Worker daemon of host 0 (namespace ``sgc-w1``) with
+that variable. A standalone Worker launches its executors with its own environment (plus the application's
+``spark.executorEnv.*``, which wins), and PySpark's Python workers inherit the executor's: the variable
+reaches every Python worker on that host and on no other, as ``spark-env.sh`` on one real host would. Every
+Worker also inherits the environment of the process that runs ``up`` (``SPARKGRAD_DEVICE`` included: unset
+it there for hosts that must not have it).
 
 ``unavailable_reason()`` says why a cluster cannot be built here (not root, no ``ip netns``, no Java);
 ``up`` raises ``ClusterUnavailable`` with such a message, which the test fixture turns into a skip.
@@ -51,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +83,18 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
 _DELAY = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# set by the harness for every daemon (_spark_env, up): a worker_env entry may not replace them
+_HARNESS_ENV = (
+    "SPARK_HOME",
+    "SPARK_CONF_DIR",
+    "SPARK_LOCAL_IP",
+    "SPARK_LOCAL_DIRS",
+    "SPARK_DAEMON_MEMORY",
+    "SPARK_MASTER_OPTS",
+    "PYSPARK_PYTHON",
+    "PYTHONPATH",
+)
 # Requests to the master's UI must never go through a proxy from the environment: they stay on the bridge.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -84,12 +105,14 @@ class ClusterUnavailable(RuntimeError):
 
 @dataclass
 class WorkerHost:
-    """One worker host: a namespace, its veth pair and address."""
+    """One worker host: a namespace, its veth pair and address, and the extra environment of its Worker
+    daemon (which its executors and their Python workers inherit)."""
 
     namespace: str
     host_link: str
     ns_link: str
     address: str
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -280,12 +303,101 @@ def _check_subnet_free() -> None:
 # -- up / down / status ----------------------------------------------------------------------------------
 
 
-def _worker_hosts(workers: int) -> list[WorkerHost]:
+def _worker_hosts(workers: int, worker_env: Mapping[int, Mapping[str, str]]) -> list[WorkerHost]:
     hosts = []
     for i in range(1, workers + 1):
         ns = f"{PREFIX}w{i}"
-        hosts.append(WorkerHost(ns, f"{ns}-h", f"{ns}-n", str(SUBNET[FIRST_WORKER_HOST + i - 1])))
+        env = dict(worker_env.get(i - 1, {}))
+        hosts.append(WorkerHost(ns, f"{ns}-h", f"{ns}-n", str(SUBNET[FIRST_WORKER_HOST + i - 1]), env))
     return hosts
+
+
+def _index_problem(index: Any, workers: int) -> str | None:
+    """What is wrong with a worker_env index (None: nothing)."""
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < workers:
+        return (
+            f"worker index {index!r} is not one of 0..{workers - 1} (there are {workers} workers; "
+            f"index 0 is the first host, namespace {PREFIX}w1)"
+        )
+    return None
+
+
+def _variable_problem(name: Any, value: Any) -> str | None:
+    """What is wrong with one worker_env variable (None: nothing)."""
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        return f"{name!r} is not an environment variable name (letters, digits, _; not starting with a digit)"
+    if name in _HARNESS_ENV:
+        return (
+            f"{name} is set by the harness itself and cannot be overridden (reserved: "
+            f"{', '.join(_HARNESS_ENV)})"
+        )
+    if not isinstance(value, str) or "\0" in value:
+        return f"the value of {name} must be a string without NUL, got {value!r}"
+    return None
+
+
+def check_worker_env(
+    worker_env: Mapping[int, Mapping[str, str]] | None, workers: int
+) -> dict[int, dict[str, str]]:
+    """A validated copy of ``up``'s ``worker_env``: worker index (0-based) -> {variable: value}.
+
+    Args:
+        worker_env: the mapping to check (None: empty).
+        workers: the number of worker hosts (indexes run 0 .. workers - 1).
+
+    Raises:
+        ValueError: not a mapping, an index that is not an int in range, a variable name that is not a
+            shell name or that the harness sets itself, or a value that is not a string without NUL; the
+            message starts with ``worker_env``.
+    """
+    if worker_env is None:
+        return {}
+    if not isinstance(worker_env, Mapping):
+        raise ValueError(
+            f"worker_env: expected a mapping of worker index -> {{name: value}}, got {worker_env!r}"
+        )
+    checked: dict[int, dict[str, str]] = {}
+    for index, env in worker_env.items():
+        problem = _index_problem(index, workers)
+        if problem:
+            raise ValueError(f"worker_env: {problem}")
+        if not isinstance(env, Mapping):
+            raise ValueError(f"worker_env[{index!r}]: expected a mapping of name -> value, got {env!r}")
+        for name, value in env.items():
+            problem = _variable_problem(name, value)
+            if problem:
+                raise ValueError(f"worker_env[{index!r}]: {problem}")
+        checked[index] = dict(env)
+    return checked
+
+
+def parse_worker_env(items: Sequence[str] | None, workers: int) -> dict[int, dict[str, str]]:
+    """``--worker-env INDEX:NAME=VALUE`` items (the CLI's, repeatable) as ``up``'s ``worker_env``.
+
+    The value is everything after the first ``=`` (it may hold ``:`` and ``=``, or be empty).
+
+    Raises:
+        ValueError: a malformed item, a bad index or name (as ``check_worker_env``), or the same variable
+            given twice for one worker; the message names ``--worker-env`` and the item.
+    """
+    parsed: dict[int, dict[str, str]] = {}
+    for item in items or ():
+        index, colon, assignment = item.partition(":")
+        name, equals, value = assignment.partition("=")
+        if not colon or not equals:
+            raise ValueError(
+                f"--worker-env {item!r}: expected INDEX:NAME=VALUE, e.g. 0:SPARKGRAD_DEVICE=cuda:0"
+            )
+        if not index.isdigit():
+            raise ValueError(f"--worker-env {item!r}: the worker index {index!r} is not a number 0, 1, ...")
+        problem = _index_problem(int(index), workers) or _variable_problem(name, value)
+        if problem:
+            raise ValueError(f"--worker-env {item!r}: {problem}")
+        env = parsed.setdefault(int(index), {})
+        if name in env:
+            raise ValueError(f"--worker-env {item!r}: {name} is given twice for worker {int(index)}")
+        env[name] = value
+    return parsed
 
 
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -420,6 +532,7 @@ def up(
     state_dir: str = DEFAULT_STATE_DIR,
     python_path: Sequence[str] | None = None,
     timeout_s: float = 120.0,
+    worker_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> ClusterInfo:
     """Build the namespaces and links, start the Master and one Worker per namespace, wait until all register.
 
@@ -431,6 +544,10 @@ def up(
         python_path: entries put first on the workers' (and so the executors') PYTHONPATH; None: the
             directory this process imports sparkgrad from, when it can import it.
         timeout_s: how long to wait for every worker to register with the master.
+        worker_env: extra environment variables for the Worker daemon of each host, by 0-based host
+            index: ``{0: {"SPARKGRAD_DEVICE": "cuda:0"}}`` sets it on the first host (namespace sgc-w1)
+            only. The host's executors and their Python workers inherit it (an application's
+            ``spark.executorEnv.*`` still wins). Every Worker also inherits this process's environment.
 
     Returns:
         The cluster's description (also saved in ``<state_dir>/state.json``).
@@ -446,6 +563,7 @@ def up(
         raise ValueError(f"rate: expected a tc rate such as '1gbit' or '100mbit', got {rate!r}")
     if delay is not None and not _DELAY.match(delay):
         raise ValueError(f"delay: expected a tc time such as '0.2ms', got {delay!r}")
+    worker_env = check_worker_env(worker_env, workers)
     reason = unavailable_reason()
     if reason:
         raise ClusterUnavailable(reason)
@@ -465,7 +583,7 @@ def up(
         )
     os.makedirs(state_dir, exist_ok=True)
     (Path(state_dir) / MARKER).touch()
-    info = ClusterInfo(os.path.abspath(state_dir), rate, delay, _worker_hosts(workers))
+    info = ClusterInfo(os.path.abspath(state_dir), rate, delay, _worker_hosts(workers, worker_env))
     info.save()
     try:
         _build_network(info)
@@ -479,6 +597,7 @@ def up(
             os.makedirs(work)
             os.makedirs(local)
             env = _spark_env(info.state_dir, host.address, python_path)
+            env.update(host.env)
             env["SPARK_LOCAL_DIRS"] = local
             worker = ["ip", "netns", "exec", host.namespace, spark_class, WORKER_CLASS]
             worker += [
@@ -605,6 +724,10 @@ def status(state_dir: str = DEFAULT_STATE_DIR) -> str:
         )
         for role, pid in info.processes.items():
             lines.append(f"  {role}: pid {pid} {'running' if _alive(pid) else 'NOT running'}")
+        for host in info.hosts:
+            if host.env:
+                env = " ".join(f"{name}={value}" for name, value in sorted(host.env.items()))
+                lines.append(f"  {host.namespace} ({host.address}) worker environment: {env}")
         lines.append(f"  workers alive at the master: {sorted(alive_workers())}")
     for ns in _namespaces():
         procs = [f"{pid} {_role(_cmdline(pid))}" for pid in _namespace_pids(ns)]
@@ -626,6 +749,16 @@ def executor_pids(host: WorkerHost) -> list[int]:
     return [pid for pid in _namespace_pids(host.namespace) if EXECUTOR_CLASS in _cmdline(pid)]
 
 
+def executor_log(info: ClusterInfo, host: WorkerHost) -> str:
+    """The stderr of every executor the Worker on ``host`` has launched so far, in one string.
+
+    Spark's default log4j profile logs a failed task's exception there (``ERROR Executor: Exception in
+    task ...``), with the Python traceback of a PySpark task: which host a failure happened on.
+    """
+    work = Path(info.state_dir, "work", host.namespace)
+    return "\n".join(p.read_text(errors="replace") for p in sorted(work.glob("*/*/stderr")))
+
+
 @contextmanager
 def cluster(
     workers: int = 2,
@@ -634,13 +767,14 @@ def cluster(
     state_dir: str = DEFAULT_STATE_DIR,
     python_path: Sequence[str] | None = None,
     timeout_s: float = 120.0,
+    worker_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> Iterator[ClusterInfo]:
     """``up`` on entry, ``down`` on exit, also when the body raises (arguments as for ``up``).
 
     Yields:
         The running cluster's description.
     """
-    info = up(workers, rate, delay, state_dir, python_path, timeout_s)
+    info = up(workers, rate, delay, state_dir, python_path, timeout_s, worker_env)
     try:
         yield info
     finally:
@@ -719,10 +853,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--rate", default="1gbit", help="tc rate per link, 'none' for unlimited")
     p_up.add_argument("--delay", default="0.2ms", help="tc delay per link, 'none' for no added delay")
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the workers")
+    p_up.add_argument(
+        "--worker-env",
+        action="append",
+        metavar="INDEX:NAME=VALUE",
+        help="an environment variable for the Worker daemon of host INDEX (0-based) and so for its "
+        "executors' Python workers, e.g. 0:SPARKGRAD_DEVICE=cuda:0; repeatable",
+    )
     sub.add_parser("down", help="end every process by PID and delete the namespaces, veths and bridge")
     sub.add_parser("status", help="print what exists")
     args = parser.parse_args(argv)
     if args.command == "up":
+        try:
+            worker_env = parse_worker_env(args.worker_env, args.workers)
+        except ValueError as exc:
+            p_up.error(str(exc))  # exits with status 2 and the usage line
         try:
             info = up(
                 args.workers,
@@ -730,6 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 None if args.delay == "none" else args.delay,
                 args.state_dir,
                 timeout_s=args.timeout,
+                worker_env=worker_env,
             )
         except ClusterUnavailable as exc:
             print(f"cluster unavailable: {exc}", file=sys.stderr)
