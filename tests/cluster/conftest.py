@@ -3,11 +3,16 @@
 The cluster and its SparkSession live for the module that uses them. Only one SparkContext can exist per
 process, so the session fixture stops any active session first and stops its own at teardown, after which
 tests/spark's local[2] session can start.
+
+A test module sets the environment of its cluster's Worker daemons (and so of their executors' Python
+workers) with a module-level ``CLUSTER_WORKER_ENV``, passed to ``harness.up(worker_env=...)``: e.g.
+``CLUSTER_WORKER_ENV = {0: {"SPARKGRAD_DEVICE": "cuda:0"}}`` gives only the first host a GPU device.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "spark"))
 import cluster as harness  # noqa: E402
 
 WORKERS = 2
+BATCH = 16
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,16 +38,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ClusterInfo]:
-    """A running 2-worker cluster, links shaped to 1 Gbit/s; always torn down, also when a test fails."""
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[harness.ClusterInfo]:
+    """A running 2-worker cluster, links shaped to 1 Gbit/s, Worker environments from the module's
+    ``CLUSTER_WORKER_ENV`` (none by default); always torn down, also when a test fails."""
     pytest.importorskip("pyspark")
     reason = harness.unavailable_reason()
     if reason:
         pytest.skip(reason)
     state_dir = str(tmp_path_factory.mktemp("cluster") / "state")
     try:
-        # no added delay: it needs netem, which not every kernel has; the rate works with netem or tbf
-        info = harness.up(WORKERS, rate="1gbit", delay=None, state_dir=state_dir)
+        # The Workers inherit this process's environment: a SPARKGRAD_DEVICE of the machine running the
+        # tests must not put executors on a device the module did not ask for.
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("SPARKGRAD_DEVICE", raising=False)
+            # no added delay: it needs netem, which not every kernel has; the rate works with netem or tbf
+            info = harness.up(
+                WORKERS,
+                rate="1gbit",
+                delay=None,
+                state_dir=state_dir,
+                worker_env=getattr(request.module, "CLUSTER_WORKER_ENV", None),
+            )
     except harness.ClusterUnavailable as exc:
         pytest.skip(str(exc))
     try:
@@ -83,3 +102,21 @@ def digits():
     from sparkgrad.datasets import load_digits
 
     return load_digits(test_fraction=0.2, seed=0, shape="flat")
+
+
+@pytest.fixture(scope="module")
+def shared_master(cluster: harness.ClusterInfo):
+    """``shared_master(**kwargs)``: a SharedTrainingMaster whose controller listens on a free port of the
+    bridge address (found through the bridge's network mask), minibatches of 16, training stats on."""
+    from sparkgrad.spark import SharedTrainingMaster, VoidConfiguration
+
+    def make(**kwargs):
+        with socket.socket() as s:
+            s.bind((cluster.driver_host, 0))
+            port = int(s.getsockname()[1])
+        options = {"batch_size_per_worker": BATCH, "collect_training_stats": True, "rng_seed": 3, **kwargs}
+        return SharedTrainingMaster(
+            VoidConfiguration(unicast_port=port, network_mask=str(harness.SUBNET)), **options
+        )
+
+    return make

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 
 import numpy as np
 import pytest
@@ -20,9 +19,7 @@ from sparkgrad.nn import MultiLayerConfiguration
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark import (
     ParameterAveragingTrainingMaster,
-    SharedTrainingMaster,
     SparkMultiLayer,
-    VoidConfiguration,
     progress,
 )
 
@@ -47,19 +44,10 @@ def train_rdd(cluster_spark, digits):
 
 
 @pytest.fixture(scope="module")
-def shared_model(cluster_spark, cluster, train_rdd, digits):
+def shared_model(cluster_spark, shared_master, train_rdd, digits):
     """A SharedTrainingMaster fit whose controller address comes from the bridge's network mask, with the
     test accuracy after every epoch (``sm.accuracies``)."""
-    with socket.socket() as s:
-        s.bind((cluster.driver_host, 0))
-        port = int(s.getsockname()[1])
-    master = SharedTrainingMaster(
-        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
-        batch_size_per_worker=BATCH,
-        collect_training_stats=True,
-        rng_seed=3,
-    )
-    sm = SparkMultiLayer(cluster_spark, conf(), master)
+    sm = SparkMultiLayer(cluster_spark, conf(), shared_master())
     sm.accuracies = []
     sm.fit(
         train_rdd,
@@ -118,21 +106,8 @@ def test_distributed_evaluation_equals_local(shared_model, cluster_spark, digits
 # -- faults: one executor JVM killed by PID mid-fit (these run last: they cost the cluster an executor) ----
 
 
-def _cluster_master(cluster, **kwargs) -> SharedTrainingMaster:
-    with socket.socket() as s:
-        s.bind((cluster.driver_host, 0))
-        port = int(s.getsockname()[1])
-    return SharedTrainingMaster(
-        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
-        batch_size_per_worker=BATCH,
-        collect_training_stats=True,
-        rng_seed=3,
-        **kwargs,
-    )
-
-
 def test_shared_fit_survives_a_killed_executor(
-    cluster_spark, cluster, train_rdd, digits, monkeypatch: pytest.MonkeyPatch
+    cluster_spark, cluster, shared_master, train_rdd, digits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     killed: list[int] = []
     kill_in_epoch, kill_after_updates = 2, 10  # mid-epoch: about 90 minibatches make an epoch here
@@ -159,7 +134,7 @@ def test_shared_fit_survives_a_killed_executor(
         def callback(epoch, network) -> None:
             accuracies.append(accuracy(network, digits[1]))
 
-        sm = SparkMultiLayer(cluster_spark, conf(), _cluster_master(cluster))
+        sm = SparkMultiLayer(cluster_spark, conf(), shared_master())
         sm.fit(train_rdd, epochs=FAULT_EPOCHS, epoch_callback=callback)
         return sm, accuracies
 
