@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from pyspark.ml import Pipeline
+from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import (
     BinaryClassificationEvaluator,
     MulticlassClassificationEvaluator,
@@ -25,9 +26,13 @@ from sparkgrad.ml import (
     SparkgradRegressor,
 )
 from sparkgrad.nn import (
+    ComputationGraph,
+    ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
+    ElementWiseVertex,
     InputType,
+    MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
@@ -365,11 +370,11 @@ def test_image_columns_are_reshaped_by_the_input_type(spark, digits) -> None:
     np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
 
 
-def _readme_snippet(heading: str) -> str:
-    """The first Python block of the README section ``heading``."""
+def _readme_snippet(heading: str, index: int = 0) -> str:
+    """Python block ``index`` (0: the first) of the README section ``heading``."""
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text.split(f"\n## {heading}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n")[1 + index].split("\n```", 1)[0]
 
 
 def test_readme_dataframe_snippet_runs(spark, tmp_path, capsys) -> None:
@@ -384,3 +389,201 @@ def test_readme_dataframe_snippet_runs(spark, tmp_path, capsys) -> None:
     saved = namespace["reloaded"].stages[-1]
     assert isinstance(saved, SparkgradClassificationModel)
     np.testing.assert_array_equal(saved.network.params(), namespace["network"].params())
+
+
+# -- ComputationGraph networks (one input, one output) ----------------------------------------------------
+def _residual_graph(n_in: int, n_out: int, activation: str = "softmax", loss: str = "mcxent"):
+    """input -> dense -> dense, added back to the first dense (a skip connection) -> output; for 64
+    inputs and 10 outputs the README's graph example."""
+    return (
+        ComputationGraphConfiguration.builder(updater=Adam(5e-3), seed=42)
+        .add_inputs("pixels")
+        .set_input_types(InputType.feed_forward(n_in))
+        .add_layer("d1", DenseLayer(128, activation="relu"), "pixels")
+        .add_layer("d2", DenseLayer(128, activation="relu"), "d1")
+        .add_vertex("skip", ElementWiseVertex("add"), "d1", "d2")
+        .add_layer("digit", OutputLayer(n_out, activation=activation, loss=loss), "skip")
+        .set_outputs("digit")
+        .build()
+    )
+
+
+def _digits_frame(spark, ds):
+    rows = [(Vectors.dense(x), float(y.argmax())) for x, y in zip(ds.features, ds.labels)]
+    return spark.createDataFrame(rows, ["pixels", "label"])
+
+
+def _metadata(spark, path: str) -> dict:
+    return json.loads(spark.read.text(f"{path}/metadata").first()[0])
+
+
+def _rewrite_metadata(spark, path: str, metadata: dict) -> None:
+    frame = spark.createDataFrame([(json.dumps(metadata),)], "value string")
+    frame.coalesce(1).write.mode("overwrite").text(f"{path}/metadata")
+
+
+@pytest.fixture(scope="module")
+def graph_fitted(spark, digits):
+    """A Pipeline (StandardScaler, SparkgradClassifier of a residual graph) fitted on digits, and the
+    scaled test frame."""
+    train, test = digits
+    classifier = SparkgradClassifier(
+        networkConf=_residual_graph(64, 10), trainingMaster=_master(), epochs=6, batchSize=32
+    )
+    scaler = StandardScaler(inputCol="pixels", outputCol="features")
+    model = Pipeline(stages=[scaler, classifier]).fit(_digits_frame(spark, train))
+    return model, model.stages[0].transform(_digits_frame(spark, test))
+
+
+def test_graph_classifier_in_a_pipeline_learns_digits(graph_fitted) -> None:
+    model, test = graph_fitted
+    classifier = model.stages[-1]
+    assert isinstance(classifier.network, ComputationGraph)
+    assert (classifier.numClasses, classifier.numFeatures) == (10, 64)
+    out = classifier.transform(test).cache()
+    x, label, probability, raw, prediction = _rows(
+        out, "features", "label", "probability", "rawPrediction", "prediction"
+    )
+    (expected,) = classifier.network.output(x.astype(np.float32))
+    np.testing.assert_allclose(probability, expected.astype(np.float64), rtol=0, atol=OUTPUT_TOL)
+    np.testing.assert_array_equal(raw, probability)
+    np.testing.assert_array_equal(prediction, probability.argmax(1))
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(out)
+    assert accuracy == pytest.approx(np.mean(prediction == label), abs=1e-12)
+    assert accuracy > 0.9  # held-out digits (0.94 here; an untrained network scores about 0.1)
+    one = Vectors.dense(x[0])
+    np.testing.assert_allclose(
+        classifier.predictProbability(one).toArray(), probability[0], rtol=0, atol=OUTPUT_TOL
+    )
+    assert classifier.predict(one) == prediction[0]
+    out.unpersist()
+
+
+def test_graph_model_saves_and_loads_with_identical_predictions(spark, graph_fitted, tmp_path) -> None:
+    model, test = graph_fitted
+    path = f"{tmp_path.as_uri()}/graph-pipeline"
+    model.write().save(path)
+    assert (
+        _metadata(spark, f"{path}/stages/1_{model.stages[-1].uid}")["sparkgradNetwork"] == "ComputationGraph"
+    )
+    loaded = PipelineModel.load(path).stages[-1]
+    assert isinstance(loaded, SparkgradClassificationModel)
+    assert isinstance(loaded.network, ComputationGraph)
+    assert loaded.network.conf == model.stages[-1].network.conf
+    np.testing.assert_array_equal(loaded.network.params(), model.stages[-1].network.params())
+    (a,) = _rows(model.stages[-1].transform(test), "probability")
+    (b,) = _rows(loaded.transform(test), "probability")
+    np.testing.assert_array_equal(a, b)
+    assert np.isfinite(a).all() and a.shape == (test.count(), 10)
+    # an estimator holding a graph configuration saves and loads as any other
+    estimator = SparkgradRegressor(networkConf=_residual_graph(4, 1, "identity", "mse"), epochs=2)
+    estimator.save(str(tmp_path / "graph-estimator"))
+    again = SparkgradRegressor.load(str(tmp_path / "graph-estimator"))
+    assert again.network_configuration() == estimator.network_configuration()
+    assert isinstance(again.network_configuration(), ComputationGraphConfiguration)
+
+
+def test_graph_regressor(spark) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(192, 3))
+    y = x @ [1.5, -1.0, 0.5] + 0.25 + rng.normal(size=192) * 0.05
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(x, y)], ["features", "label"])
+    # a linear path around a nonlinear one: the output layer sees the inputs and a tanh layer
+    conf = (
+        ComputationGraphConfiguration.builder(seed=3, updater=Adam(0.1))
+        .add_inputs("x")
+        .set_input_types(InputType.feed_forward(3))
+        .add_layer("h", DenseLayer(4, activation="tanh"), "x")
+        .add_vertex("both", MergeVertex(), "x", "h")
+        .add_layer("y", OutputLayer(1, activation="identity", loss="mse"), "both")
+        .set_outputs("y")
+        .build()
+    )
+    model = SparkgradRegressor(networkConf=conf, trainingMaster=_master(), epochs=4, batchSize=16).fit(df)
+    assert isinstance(model, SparkgradRegressionModel) and isinstance(model.network, ComputationGraph)
+    assert model.numFeatures == 3
+    out = model.transform(df)
+    label, prediction = _rows(out, "label", "prediction")
+    expected = model.network.output(x.astype(np.float32))[0][:, 0].astype(np.float64)
+    np.testing.assert_allclose(prediction, expected, rtol=0, atol=OUTPUT_TOL * np.abs(expected).max())
+    assert model.predict(Vectors.dense(x[0])) == pytest.approx(prediction[0], rel=OUTPUT_TOL)
+    assert RegressionEvaluator(metricName="r2").evaluate(out) > 0.9  # a linear target: training worked
+
+
+def test_graphs_with_several_inputs_or_outputs_are_rejected_naming_network_conf(spark) -> None:
+    two_inputs = (
+        ComputationGraphConfiguration.builder(seed=1)
+        .add_inputs("left", "right")
+        .set_input_types(InputType.feed_forward(2), InputType.feed_forward(2))
+        .add_vertex("merge", MergeVertex(), "left", "right")
+        .add_layer("out", OutputLayer(3), "merge")
+        .set_outputs("out")
+        .build()
+    )
+    two_outputs = (
+        ComputationGraphConfiguration.builder(seed=1)
+        .add_inputs("x")
+        .set_input_types(InputType.feed_forward(4))
+        .add_layer("a", OutputLayer(3), "x")
+        .add_layer("b", OutputLayer(1, activation="identity", loss="mse"), "x")
+        .set_outputs("a", "b")
+        .build()
+    )
+    inputs = r"networkConf: the graph has inputs \['left', 'right'\] and outputs \['out'\].*one input"
+    with pytest.raises(ValueError, match=inputs):
+        SparkgradClassifier(networkConf=two_inputs)
+    with pytest.raises(ValueError, match=inputs):
+        SparkgradRegressor().setNetworkConf(two_inputs.to_json())
+    with pytest.raises(
+        ValueError, match=r"networkConf: the graph has inputs \['x'\] and outputs \['a', 'b'\]"
+    ):
+        SparkgradRegressor(networkConf=two_outputs)
+    with pytest.raises(ValueError, match="networkConf: the graph has inputs"):
+        SparkgradClassificationModel(ComputationGraph(two_inputs).init())
+    # the classifier's output check reads the graph's output layer
+    identity = _residual_graph(4, 3, activation="identity", loss="mse")
+    with pytest.raises(ValueError, match="networkConf: a classifier's output layer must be softmax"):
+        SparkgradClassifier(networkConf=identity).fit(_blobs(spark, 8, 3, seed=3))
+
+
+def test_version_1_model_directories_still_load(spark, fitted, graph_fitted, tmp_path) -> None:
+    # version 1 (MultiLayerNetwork only) wrote sparkgradFormat 1 and no sparkgradNetwork
+    model, df = fitted
+    classifier = model.stages[-1]
+    path = str(tmp_path / "v1")
+    classifier.write().save(path)
+    metadata = _metadata(spark, path)
+    assert (metadata["sparkgradFormat"], metadata["sparkgradNetwork"]) == (2, "MultiLayerNetwork")
+    del metadata["sparkgradNetwork"]
+    _rewrite_metadata(spark, path, {**metadata, "sparkgradFormat": 1})
+    loaded = SparkgradClassificationModel.load(path)
+    assert isinstance(loaded.network, MultiLayerNetwork)
+    np.testing.assert_array_equal(loaded.network.params(), classifier.network.params())
+    features = model.stages[1].transform(model.stages[0].transform(df))
+    (a,) = _rows(classifier.transform(features), "probability")
+    (b,) = _rows(loaded.transform(features), "probability")
+    np.testing.assert_array_equal(a, b)
+
+    # the recorded type builds the network: a graph read as version 1 (a MultiLayerNetwork) fails
+    graph_path = str(tmp_path / "graph")
+    graph_fitted[0].stages[-1].write().save(graph_path)
+    metadata = _metadata(spark, graph_path)
+    for changed, message in [
+        ({"sparkgradFormat": 1}, r"/graph/data: .*holds a 'ComputationGraph', not a 'MultiLayerNetwork'"),
+        ({"sparkgradNetwork": "Perceptron"}, "sparkgradNetwork 'Perceptron', expected"),
+        ({"sparkgradFormat": 3}, "sparkgradFormat 3, this release reads 1 and 2"),
+    ]:
+        _rewrite_metadata(spark, graph_path, {**metadata, **changed})
+        with pytest.raises(CorruptDataError, match=message):
+            SparkgradClassificationModel.load(graph_path)
+
+
+def test_readme_graph_snippet_is_the_tested_graph() -> None:
+    # test_graph_classifier_in_a_pipeline_learns_digits trains this very configuration
+    namespace: dict = {}
+    snippet = _readme_snippet("DataFrames and Spark ML pipelines", 1)
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert namespace["graph"] == _residual_graph(64, 10)
+    classifier = namespace["classifier"]
+    assert classifier.network_configuration() == namespace["graph"]
+    assert (classifier.getEpochs(), classifier.getBatchSize()) == (6, 32)

@@ -6,10 +6,12 @@
 - :class:`SparkgradRegressor` -> :class:`SparkgradRegressionModel`: the network's output as the
   prediction, for ``RegressionEvaluator``.
 
-The estimators take the network configuration and the training master as params (stored as JSON),
-train through :class:`sparkgrad.spark.SparkMultiLayer` on DataFrames converted per partition in
-Arrow batches (:mod:`sparkgrad.spark.columns`), and fit into ``Pipeline`` and ``CrossValidator``
-like Spark's own. The models' ``transform`` runs the network on the executors over Arrow batches
+The estimators take the network configuration (a MultiLayerConfiguration, or a
+ComputationGraphConfiguration with one input and one output) and the training master as params
+(stored as JSON), train through :class:`sparkgrad.spark.SparkMultiLayer` or
+:class:`sparkgrad.spark.SparkComputationGraph` on DataFrames converted per partition in Arrow
+batches (:mod:`sparkgrad.spark.columns`), and fit into ``Pipeline`` and ``CrossValidator`` like
+Spark's own. The models' ``transform`` runs the network on the executors over Arrow batches
 of the features alone, and they save to and load from any Hadoop path (:mod:`sparkgrad.ml.persistence`).
 
 Needs the ``spark`` extra (pyspark 4.1 or later, pandas and pyarrow for the Arrow transfer).

@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
 from sparkgrad._config import Config, check_int
+
+if TYPE_CHECKING:
+    from sparkgrad.nn import ComputationGraphConfiguration, MultiLayerConfiguration
 
 DEFAULT_EPOCHS = 1
 DEFAULT_BATCH_SIZE = 32
 
 
 def _conf_json(value: Any) -> str:
-    """Param converter: a MultiLayerConfiguration, or its JSON, as compact canonical JSON."""
-    from sparkgrad.nn import MultiLayerConfiguration
+    """Param converter: a MultiLayerConfiguration or a ComputationGraphConfiguration with one input and
+    one output, or its JSON, as compact canonical JSON.
+
+    Raises:
+        TypeError: anything else (pyspark names the param).
+        ValueError: a graph with several inputs or outputs (names ``networkConf``).
+    """
+    from sparkgrad.nn import ComputationGraphConfiguration, MultiLayerConfiguration
 
     if isinstance(value, str):
         try:
-            value = MultiLayerConfiguration.from_json(value)
+            value = Config.from_json(value)
         except ValueError as exc:
-            raise TypeError(f"not a MultiLayerConfiguration JSON: {exc}") from None
-    if not isinstance(value, MultiLayerConfiguration):
-        raise TypeError(f"expected a MultiLayerConfiguration or its JSON, got {type(value).__name__}")
+            raise TypeError(f"not a network configuration JSON: {exc}") from None
+    if not isinstance(value, (MultiLayerConfiguration, ComputationGraphConfiguration)):
+        raise TypeError(
+            "expected a MultiLayerConfiguration or ComputationGraphConfiguration or its JSON, got "
+            f"{type(value).__name__}"
+        )
+    if isinstance(value, ComputationGraphConfiguration) and (len(value.inputs), len(value.outputs)) != (1, 1):
+        raise ValueError(
+            f"networkConf: the graph has inputs {value.inputs} and outputs {value.outputs}, but an "
+            "estimator maps one features column to one input and one label column to one output; use a "
+            "graph with exactly one of each, or train this one with SparkComputationGraph on an RDD of "
+            "MultiDataSets"
+        )
     return value.to_json(indent=None)
 
 
@@ -57,7 +76,8 @@ class SparkgradParams(Params):
     networkConf: Param[str] = Param(
         Params._dummy(),
         "networkConf",
-        "the network: a MultiLayerConfiguration (stored as its JSON)",
+        "the network: a MultiLayerConfiguration, or a ComputationGraphConfiguration with one input and one "
+        "output (stored as its JSON)",
         typeConverter=_conf_json,
     )
     trainingMaster: Param[str] = Param(
@@ -103,17 +123,19 @@ class SparkgradParams(Params):
         """Examples per minibatch of each worker."""
         return self.getOrDefault(self.batchSize)
 
-    def network_configuration(self) -> Any:
-        """The MultiLayerConfiguration of ``networkConf``.
+    def network_configuration(self) -> MultiLayerConfiguration | ComputationGraphConfiguration:
+        """The configuration of ``networkConf``: a MultiLayerConfiguration, or a
+        ComputationGraphConfiguration with one input and one output.
 
         Raises:
             ValueError: ``networkConf`` is not set.
         """
-        from sparkgrad.nn import MultiLayerConfiguration
-
         if not self.isDefined(self.networkConf):
-            raise ValueError("networkConf: not set; pass networkConf=MultiLayerConfiguration(...)")
-        return MultiLayerConfiguration.from_json(self.getNetworkConf())
+            raise ValueError(
+                "networkConf: not set; pass networkConf=MultiLayerConfiguration(...) or a "
+                "ComputationGraphConfiguration with one input and one output"
+            )
+        return Config.from_json(self.getNetworkConf())
 
     def training_master(self) -> Any:
         """A fresh training master from ``trainingMaster``, with ``batchSize`` examples per minibatch

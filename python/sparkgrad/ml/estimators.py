@@ -22,21 +22,32 @@ from sparkgrad.spark.columns import (
     dataframe_datasets,
     example_shape,
     linalg_rows,
+    network_output,
+    output_size,
     with_network_outputs,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from sparkgrad.nn import MultiLayerConfiguration, MultiLayerNetwork
+    from sparkgrad.nn import (
+        ComputationGraph,
+        ComputationGraphConfiguration,
+        MultiLayerConfiguration,
+        MultiLayerNetwork,
+    )
+
+    Network = MultiLayerNetwork | ComputationGraph
 
 
 P = TypeVar("P", bound=SparkgradParams)
 
 
-def _train(estimator: Any, dataset: DataFrame, task: str) -> MultiLayerNetwork:
-    """Train a network from the estimator's params on ``dataset`` through SparkMultiLayer."""
-    from sparkgrad.spark import SparkMultiLayer
+def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
+    """Train a network from the estimator's params on ``dataset``: SparkComputationGraph for a graph
+    configuration, SparkMultiLayer otherwise (one code path for both from here on)."""
+    from sparkgrad.nn import ComputationGraphConfiguration
+    from sparkgrad.spark import SparkComputationGraph, SparkMultiLayer
 
     conf = estimator.network_configuration()
     if task == CLASSIFICATION:
@@ -52,16 +63,23 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> MultiLayerNetwork:
         task,
         ("featuresCol", "labelCol"),
     )
-    with SparkMultiLayer(dataset.sparkSession, conf, master) as model:
+    spark_network = (
+        SparkComputationGraph if isinstance(conf, ComputationGraphConfiguration) else SparkMultiLayer
+    )
+    with spark_network(dataset.sparkSession, conf, master) as model:
         return model.fit(data, epochs=epochs)
 
 
-def _check_classifier_output(conf: MultiLayerConfiguration) -> None:
+def _check_classifier_output(conf: MultiLayerConfiguration | ComputationGraphConfiguration) -> None:
     """A classifier's network outputs class probabilities: softmax over classes, or one sigmoid."""
+    from sparkgrad.nn import ComputationGraphConfiguration
     from sparkgrad.nn.enums import Activation
 
-    n_out = int(conf.output_type.size)
-    activation = conf.setting(len(conf.layers) - 1, "activation")
+    n_out = output_size(conf)
+    if isinstance(conf, ComputationGraphConfiguration):
+        activation = conf.setting(conf.outputs[0], "activation")
+    else:
+        activation = conf.setting(len(conf.layers) - 1, "activation")
     expected = Activation.SOFTMAX if n_out > 1 else Activation.SIGMOID
     if activation != expected:
         raise ValueError(
@@ -79,7 +97,8 @@ class _EstimatorParams(SparkgradParams):
         return self._set(**self._input_kwargs)
 
     def setNetworkConf(self: P, value: Any) -> P:
-        """Sets ``networkConf`` (a MultiLayerConfiguration or its JSON)."""
+        """Sets ``networkConf`` (a MultiLayerConfiguration, or a ComputationGraphConfiguration with one
+        input and one output, or its JSON)."""
         return self._set(networkConf=value)
 
     def setTrainingMaster(self: P, value: Any) -> P:
@@ -98,11 +117,11 @@ class _EstimatorParams(SparkgradParams):
 class _ModelBase(SparkgradParams, MLWritable, MLReadable):
     """The trained network, its broadcast for ``transform`` and persistence (MLWritable/MLReadable)."""
 
-    _network: MultiLayerNetwork | None = None
+    _network: Network | None = None
     # (SparkContext, checksum of the parameters, broadcast of the network)
     _broadcast: tuple[Any, int, Any] | None = None
 
-    def _attach(self, network: MultiLayerNetwork | None) -> None:
+    def _attach(self, network: Network | None) -> None:
         """Hold ``network`` (its configuration becomes ``networkConf``)."""
         self._network = network
         self._broadcast = None
@@ -110,15 +129,16 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
             self._set(networkConf=network.conf)
 
     @property
-    def network(self) -> MultiLayerNetwork:
-        """The trained network (a MultiLayerNetwork on the driver)."""
+    def network(self) -> Network:
+        """The trained network on the driver: a MultiLayerNetwork, or a ComputationGraph (one input,
+        one output) when ``networkConf`` is a ComputationGraphConfiguration."""
         if self._network is None:
             raise ValueError(f"{type(self).__name__}: no network; build the model with fit() or load()")
         return self._network
 
     @property
     def numFeatures(self) -> int:
-        """Number of feature values per example the network takes."""
+        """Number of feature values per example the network (a graph: its only input) takes."""
         return int(np.prod(example_shape(self.network.conf)))
 
     def _network_getter(self, dataset: DataFrame) -> Any:
@@ -144,7 +164,7 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         x, single, _ = linalg_rows(value, self.network.conf, "value")
         if not single:
             raise TypeError("value: expected one Vector (a single example)")
-        return self.network.output(x)[0].astype(np.float64)
+        return network_output(self.network, x)[0].astype(np.float64)
 
     def write(self) -> Any:
         """An MLWriter saving the params and the network (``model.write().save(path)``)."""
@@ -160,7 +180,7 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         return ModelReader(cls)
 
 
-def _first_network(broadcast: Any) -> MultiLayerNetwork:
+def _first_network(broadcast: Any) -> Network:
     return broadcast.value.networks(1)[0]
 
 
@@ -172,12 +192,14 @@ class SparkgradClassifier(
 
     The network's output layer gives the class probabilities: softmax with one output per class, or
     one sigmoid output for two classes. Training goes through :class:`sparkgrad.spark.SparkMultiLayer`
-    with the training master of ``trainingMaster``: the DataFrame is converted per partition, in
+    (:class:`~sparkgrad.spark.SparkComputationGraph` for a graph) with the training master of
+    ``trainingMaster``: the DataFrame is converted per partition, in
     Arrow batches, into DataSets of ``batchSize`` examples, and nothing is collected to the driver.
     Works in a ``Pipeline`` and with ``CrossValidator`` / ``TrainValidationSplit``.
 
     Args:
-        networkConf: the network, a MultiLayerConfiguration (or its JSON); required.
+        networkConf: the network, a MultiLayerConfiguration or a ComputationGraphConfiguration with one
+            input and one output (or its JSON); required.
         trainingMaster: a ParameterAveragingTrainingMaster (default) or SharedTrainingMaster (or its
             JSON); its ``batch_size_per_worker`` and ``rdd_data_set_num_examples`` become
             ``batchSize``.
@@ -226,14 +248,14 @@ class SparkgradClassificationModel(_ModelBase, ProbabilisticClassificationModel)
     and read back with ``SparkgradClassificationModel.load(path)`` on any Hadoop path.
     """
 
-    def __init__(self, network: MultiLayerNetwork | None = None) -> None:
+    def __init__(self, network: Network | None = None) -> None:
         super().__init__()
         self._attach(network)
 
     @property
     def numClasses(self) -> int:
         """Number of classes (2 for a single sigmoid output)."""
-        return max(int(self.network.conf.output_type.size), 2)
+        return max(output_size(self.network.conf), 2)
 
     def _thresholds(self) -> np.ndarray | None:
         if not self.isDefined(self.thresholds) or self.getThresholds() is None:
@@ -304,7 +326,8 @@ class SparkgradRegressor(Regressor, _EstimatorParams, DefaultParamsWritable, Def
     label is a Vector / array column of one value per output and the prediction a Vector.
 
     Args:
-        networkConf: the network, a MultiLayerConfiguration (or its JSON); required.
+        networkConf: the network, a MultiLayerConfiguration or a ComputationGraphConfiguration with one
+            input and one output (or its JSON); required.
         trainingMaster: as for :class:`SparkgradClassifier`.
         featuresCol: as for :class:`SparkgradClassifier`.
         labelCol: the target: a number per row (one output) or a Vector / array of one value per
@@ -341,7 +364,7 @@ class SparkgradRegressionModel(_ModelBase, RegressionModel):
     Inference, saving and loading work as for :class:`SparkgradClassificationModel`.
     """
 
-    def __init__(self, network: MultiLayerNetwork | None = None) -> None:
+    def __init__(self, network: Network | None = None) -> None:
         super().__init__()
         self._attach(network)
 
@@ -354,7 +377,7 @@ class SparkgradRegressionModel(_ModelBase, RegressionModel):
         name = self.getPredictionCol()
         if not name:
             return dataset
-        vector = int(self.network.conf.output_type.size) > 1
+        vector = output_size(self.network.conf) > 1
         outputs = functools.partial(_regression_column, name=name, vector=vector)
         return with_network_outputs(
             dataset,

@@ -4,16 +4,21 @@ A saved model is a directory (local, ``file:``, ``hdfs:``, ``s3a:``, ... anythin
 
     <path>/metadata/   one text file: Spark ML's params metadata (DefaultParamsWriter): the class, uid,
                        Spark version, every param (the network configuration and training master as
-                       JSON) and, under "sparkgradFormat", the version of this layout (1)
+                       JSON), under "sparkgradFormat" the version of this layout (2) and under
+                       "sparkgradNetwork" the network type ("MultiLayerNetwork" or "ComputationGraph")
     <path>/data/       a Parquet dataset of exactly one row: format (string, "sparkgrad-network") and
-                       network (binary, the zip that MultiLayerNetwork.save writes, see
+                       network (binary, the zip that the network's save writes, see
                        sparkgrad.nn.serialization)
 
+Version 1 (before ComputationGraph models) had no "sparkgradNetwork": its network is a
+MultiLayerNetwork. This release writes version 2 and reads both.
+
 Both are written and read through Spark's own data sources (text and Parquet), so every file system
-Spark reaches works. Loading checks everything it reads: the class and layout version in the
-metadata, that the params parse, the data's schema and row count, the network file (whose reader
-checks its zip, CRCs, sizes and arrays), and that the network's configuration is the one in the
-metadata; any failure raises :class:`~sparkgrad.errors.CorruptDataError` naming the path.
+Spark reaches works. Loading checks everything it reads: the class, layout version and network type in
+the metadata, that the params parse, the data's schema and row count, the network file (whose reader
+checks its zip, CRCs, sizes and arrays, and that it holds the recorded network type), and that the
+network's configuration is the one in the metadata; any failure raises
+:class:`~sparkgrad.errors.CorruptDataError` naming the path.
 """
 
 from __future__ import annotations
@@ -26,9 +31,13 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, 
 
 from sparkgrad.errors import CorruptDataError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 DATA_FORMAT = "sparkgrad-network"
 _VERSION_KEY = "sparkgradFormat"
+_NETWORK_KEY = "sparkgradNetwork"
+# the network type of a version 1 directory, which did not record it
+_VERSION_1_NETWORK = "MultiLayerNetwork"
 
 
 def _hadoop_exists(spark: Any, path: str) -> bool:
@@ -54,9 +63,8 @@ class ModelWriter(MLWriter):
         if not self.shouldOverwrite and _hadoop_exists(spark, path):
             raise FileExistsError(f"{path}: exists already; use model.write().overwrite().save(path)")
         network = self.instance.network
-        DefaultParamsWriter.saveMetadata(
-            self.instance, path, spark, extraMetadata={_VERSION_KEY: FORMAT_VERSION}
-        )
+        extra = {_VERSION_KEY: FORMAT_VERSION, _NETWORK_KEY: type(network).__name__}
+        DefaultParamsWriter.saveMetadata(self.instance, path, spark, extraMetadata=extra)
         buffer = io.BytesIO()
         network.save(buffer)
         row = (DATA_FORMAT, bytearray(buffer.getvalue()))
@@ -88,7 +96,7 @@ class ModelReader(MLReader):
         except (AnalysisException, ValueError, TypeError, KeyError) as exc:
             raise CorruptDataError(f"{path}/metadata: not Spark ML metadata: {_first_line(exc)}") from None
         instance = self._instance(path, metadata)
-        instance._attach(self._network(path, spark, instance))
+        instance._attach(self._network(path, spark, instance, self._network_class(path, metadata)))
         return instance
 
     def _instance(self, path: str, metadata: Any) -> Any:
@@ -97,9 +105,11 @@ class ModelReader(MLReader):
         if not isinstance(metadata, dict) or metadata.get("class") != expected:
             found = metadata.get("class") if isinstance(metadata, dict) else type(metadata).__name__
             raise CorruptDataError(f"{where}: class {found!r}, expected {expected}")
-        if metadata.get(_VERSION_KEY) != FORMAT_VERSION:
+        version = metadata.get(_VERSION_KEY)
+        if type(version) is not int or version not in READABLE_VERSIONS:
             raise CorruptDataError(
-                f"{where}: {_VERSION_KEY} {metadata.get(_VERSION_KEY)!r}, this release reads {FORMAT_VERSION}"
+                f"{where}: {_VERSION_KEY} {version!r}, this release reads "
+                f"{' and '.join(map(str, READABLE_VERSIONS))}"
             )
         instance = self.cls()
         try:
@@ -111,11 +121,22 @@ class ModelReader(MLReader):
             raise CorruptDataError(f"{where}: no networkConf param")
         return instance
 
-    def _network(self, path: str, spark: Any, instance: Any) -> Any:
+    @staticmethod
+    def _network_class(path: str, metadata: dict) -> type:
+        """The network class the metadata records (version 1: MultiLayerNetwork)."""
+        from sparkgrad.spark.common import network_classes
+
+        name = metadata.get(_NETWORK_KEY) if metadata[_VERSION_KEY] > 1 else _VERSION_1_NETWORK
+        try:
+            return network_classes(name)[0]
+        except (ValueError, TypeError):
+            raise CorruptDataError(
+                f"{path}/metadata: {_NETWORK_KEY} {name!r}, expected MultiLayerNetwork or ComputationGraph"
+            ) from None
+
+    def _network(self, path: str, spark: Any, instance: Any, network_cls: type) -> Any:
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
-
-        from sparkgrad.nn import MultiLayerNetwork
 
         where = os.path.join(path, "data")
         try:
@@ -134,7 +155,7 @@ class ModelReader(MLReader):
             )
         source = io.BytesIO(bytes(blob))
         source.name = where  # the network reader names the file in its errors
-        network = MultiLayerNetwork.load(source)
+        network = network_cls.load(source)
         if network.conf != instance.network_configuration():
             raise CorruptDataError(
                 f"{where}: the network's configuration differs from networkConf in the metadata"
@@ -142,4 +163,4 @@ class ModelReader(MLReader):
         return network
 
 
-__all__ = ["DATA_FORMAT", "FORMAT_VERSION", "ModelReader", "ModelWriter"]
+__all__ = ["DATA_FORMAT", "FORMAT_VERSION", "READABLE_VERSIONS", "ModelReader", "ModelWriter"]
