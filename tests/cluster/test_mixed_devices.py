@@ -92,11 +92,17 @@ def test_only_the_gpu_host_resolves_cuda_and_fails_without_a_gpu(
     )
     cpu_failures = _task_exceptions(harness.executor_log(cluster, cpu_host))
     assert not [e for e in cpu_failures if "cannot train on" in e], cpu_failures
-    # The driver's network stays usable. Not necessarily unchanged: the CPU host's worker may have trained
-    # its partition, and the controller applied its updates, before the failure cancelled the barrier stage.
+    # The driver's network holds the epochs every partition finished, and nothing else. Spark re-runs the
+    # failed barrier stage and may place the partitions on the other hosts, so across attempts the CPU host
+    # may train both partitions of an epoch; an epoch whose partitions did not all report stays out
+    # (a re-run worker reporting a partition again counts once).
     params = sm.network.params()
-    assert params.shape == before.shape and np.isfinite(params).all()
-    assert 0.0 <= accuracy(sm.network, digits[1]) <= 1.0
+    if sm.network.epoch_count == 0:
+        np.testing.assert_array_equal(params, before)
+        assert sm.network.iteration_count == 0
+    else:
+        assert np.isfinite(params).all() and not np.array_equal(params, before)
+        assert sm.network.iteration_count > 0
 
 
 @pytest.mark.cuda

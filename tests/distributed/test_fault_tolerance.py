@@ -97,10 +97,12 @@ def test_a_malformed_training_report_is_rejected_with_an_error(free_port: int, r
         assert ctl.retrained_minibatches == 0 and ctl.counters.rejected_reasons == {"malformed": 1}
 
 
-def _end_epoch_in_thread(conn: WorkerConnection, epoch: int, out: dict) -> threading.Thread:
+def _end_epoch_in_thread(
+    conn: WorkerConnection, epoch: int, out: dict, report: dict | None = None
+) -> threading.Thread:
     def run() -> None:
         try:
-            out[conn.worker_id] = conn.end_epoch(epoch, lambda h, m: None)
+            out[conn.worker_id] = conn.end_epoch(epoch, lambda h, m: None, report)
         except TransportError as exc:
             out[conn.worker_id] = exc
 
@@ -155,3 +157,43 @@ def test_pending_epoch_reports_of_a_worker_that_left_do_not_count(free_port: int
         finally:
             for conn in (a, b, c):
                 conn.close()
+
+
+def test_a_partition_reported_again_by_a_rerun_task_counts_once(free_port: int) -> None:
+    """A task killed after its EPOCH_END (no BYE) and its re-run, a new worker on the same partition, must
+    not make two of two: the epoch waits for the other partition, which nobody has trained yet."""
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        ctl.expect_workers(2)
+        killed, rerun, other = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        try:
+            for conn in (killed, rerun, other):
+                conn.hello({})
+            out: dict = {}
+            first = _end_epoch_in_thread(killed, 0, out, {"partition": 0, "minibatches": 4})
+            assert ctl.next_finished_epoch(0.3) is None
+            again = _end_epoch_in_thread(rerun, 0, out, {"partition": 0, "minibatches": 4})
+            assert ctl.next_finished_epoch(0.5) is None  # partition 0 twice: still one of two
+            assert ctl.retrained_minibatches == 4
+            last = _end_epoch_in_thread(other, 0, out, {"partition": 1, "minibatches": 3})
+            assert ctl.next_finished_epoch(20) == 0
+            ctl.release_epoch(0, stop=False)
+            for thread in (first, again, last):
+                thread.join(20)
+            assert out == {1: False, 2: False, 3: False}  # every worker that reported is released
+        finally:
+            for conn in (killed, rerun, other):
+                conn.close()
+
+
+def test_a_partition_beyond_the_expected_ones_is_rejected(free_port: int) -> None:
+    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+        ctl.expect_workers(2)
+        conn = _worker(free_port, 1)
+        try:
+            conn.hello({})
+            with pytest.raises(TransportError, match="bad training report"):
+                conn.end_epoch(0, lambda h, m: None, {"partition": 2, "minibatches": 1})
+            assert ctl.next_finished_epoch(0.3) is None
+        finally:
+            conn.close()
+        assert ctl.counters.rejected_reasons == {"malformed": 1}

@@ -101,7 +101,7 @@ from sparkgrad.transport import (
     WorkerConnection,
     ZmqTransportConfiguration,
 )
-from sparkgrad.transport.frame import parse_json_payload, update_payload
+from sparkgrad.transport.frame import update_payload
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -583,16 +583,15 @@ class _ProgressController(Controller):
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
 
-    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> bool:
-        accepted = super()._count_trained(identity, sender, epoch, payload)
-        if accepted:
-            report = parse_json_payload(payload)  # accepted: the payload parses
+    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
+        report = super()._count_trained(identity, sender, epoch, payload)
+        if report is not None:
             loss, trained = report.get("loss"), report.get("epoch_minibatches")
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
                 self.progress.loss(float(loss), sender)
             if isinstance(trained, int) and not isinstance(trained, bool) and trained >= 0:
                 self.progress.trained(sender, epoch, trained)
-        return accepted
+        return report
 
 
 def _reference_threshold(algorithm: ThresholdAlgorithm) -> float:

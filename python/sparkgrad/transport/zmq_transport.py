@@ -323,9 +323,10 @@ class Controller:
         self._broadcast = 0  # MESH: updates relayed down the tree so far (stamped on every frame down)
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        # epoch barrier: EPOCH_END reports per epoch, the driver's decisions, epochs every worker finished
+        # epoch barrier: EPOCH_END reports per epoch (by the partition they trained, each partition's
+        # reporting workers by id), the driver's decisions, epochs every partition finished
         self._expected_workers = 0
-        self._epoch_reports: dict[int, dict[int, bytes]] = {}
+        self._epoch_reports: dict[int, dict[tuple[str, int], dict[int, bytes]]] = {}
         self._epoch_decisions: dict[int, bool] = {}
         self._finished_epochs: queue.Queue[int] = queue.Queue()
         self._releases: queue.Queue[tuple[int, bool]] = queue.Queue()
@@ -611,13 +612,14 @@ class Controller:
         elif kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
-            if self._count_trained(identity, sender, header.epoch, payload):
+            if self._count_trained(identity, sender, header.epoch, payload) is not None:
                 self._send(identity, self._control_frame(MessageType.SYNC_ACK))
         elif kind == MessageType.PARAMS_REQUEST:
             self._params_request(identity, sender, payload)
         elif kind == MessageType.EPOCH_END:
-            if self._count_trained(identity, sender, header.epoch, payload):
-                self._epoch_end(identity, sender, header.epoch)
+            report = self._count_trained(identity, sender, header.epoch, payload)
+            if report is not None:
+                self._epoch_end(identity, sender, header.epoch, report.get("partition"))
         elif kind == MessageType.UPDATER_STATE:
             self._store_updater_state(identity, header, payload)
         else:
@@ -637,25 +639,27 @@ class Controller:
         self._reject(exc.reason, str(exc))
         self._error_reply(identity, str(exc))
 
-    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> bool:
-        """Record a worker's {"partition", "minibatches"} report; a malformed one is rejected, counted and
-        answered with an ERROR (False)."""
+    def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
+        """Record a worker's {"partition", "minibatches"} report and return it; a malformed one (or, with
+        an epoch barrier, a partition beyond the expected ones) is rejected, counted and answered with an
+        ERROR (None)."""
         report = self._control_body(identity, sender, payload)
         if report is None:
-            return False
+            return None
         partition, minibatches = report.get("partition"), report.get("minibatches", 0)
         if partition is None:
-            return True
-        if not all(_count(v) for v in (partition, minibatches)):
+            return report
+        expected = self._expected_workers
+        if not all(_count(v) for v in (partition, minibatches)) or (expected and partition >= expected):
             self._refuse(
                 identity, FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
             )
-            return False
+            return None
         key = (partition, epoch)
         if key in self._trained:  # this partition's epoch was trained before: a re-run task
             self.retrained_minibatches += minibatches
         self._trained[key] = self._trained.get(key, 0) + minibatches
-        return True
+        return report
 
     def _state_frame(self) -> bytearray:
         state = self._updater_state
@@ -693,7 +697,9 @@ class Controller:
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
         del self._peers[sender]
         for reports in self._epoch_reports.values():
-            reports.pop(sender, None)
+            for slot in [slot for slot, workers in reports.items() if workers.pop(sender, None) is not None]:
+                if not reports[slot]:
+                    del reports[slot]
         if self._mesh is not None and sender in self._mesh:
             self._mesh_leave(sender)
 
@@ -749,13 +755,18 @@ class Controller:
             self._log.warning(f"dropped worker {silent} (its MESH child {sender} got nothing from it)")
         self._send(identity, self._params_frame())
 
-    def _epoch_end(self, identity: bytes, sender: int, epoch: int) -> None:
-        """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order)."""
+    def _epoch_end(self, identity: bytes, sender: int, epoch: int, partition: int | None) -> None:
+        """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order) on
+        ``partition``. The epoch is finished once every expected partition reported: a re-run task's new
+        worker reporting a partition again (its killed predecessor may have reported it and never said
+        BYE) counts once, so no epoch ends with a partition untrained. A report without a partition
+        counts for its worker."""
         if epoch in self._epoch_decisions:  # a late or re-joined worker: the decision stands
             self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch]))
             return
         reports = self._epoch_reports.setdefault(epoch, {})
-        reports[sender] = identity
+        slot = ("partition", partition) if partition is not None else ("worker", sender)
+        reports.setdefault(slot, {})[sender] = identity
         if len(reports) == self._expected_workers:
             self._finished_epochs.put(epoch)
 
@@ -770,8 +781,9 @@ class Controller:
                 return
             self._epoch_decisions[epoch] = stop
             self.epoch = max(self.epoch, epoch + 1)
-            for identity in self._epoch_reports.pop(epoch, {}).values():
-                self._send(identity, self._go_frame(epoch, stop))
+            for workers in self._epoch_reports.pop(epoch, {}).values():
+                for identity in workers.values():
+                    self._send(identity, self._go_frame(epoch, stop))
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
