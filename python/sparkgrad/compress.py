@@ -14,6 +14,7 @@ every vector pass (accumulate, count, encode, clip) is native.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -232,10 +233,9 @@ def apply_message(message: np.ndarray, network: Any, scratch: Array) -> None:
         network: anything with ``apply_update`` taking an array of ``scratch``'s device.
         scratch: 1-D float32/float64 numpy or CuPy array of the network's parameter length.
     """
-    if _is_device_array(scratch):
-        with _cupy().cuda.Device(_array_gpu(scratch)):  # CuPy kernels expect their array's GPU current
-            scratch.fill(0)
-    else:
+    on_device = _is_device_array(scratch)
+    # CuPy kernels expect their array's GPU to be the current one
+    with _cupy().cuda.Device(_array_gpu(scratch)) if on_device else contextlib.nullcontext():
         scratch.fill(0)
     decode_host_message(message, scratch)
     network.apply_update(scratch)

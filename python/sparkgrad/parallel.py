@@ -98,13 +98,16 @@ class _Failure:
 class _Worker:
     """One thread's replica: the cloned network, its inbox of peer messages and its encoding state."""
 
-    def __init__(self, index: int, net: Any, handler: EncodingHandler | None, prefetch: int) -> None:
+    def __init__(
+        self, index: int, net: Any, handler: EncodingHandler | None, prefetch: int, params: np.ndarray
+    ) -> None:
         self.index = index
         self.net = net
         self.handler = handler
         self.batches: queue.Queue = queue.Queue(maxsize=prefetch)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.scratch = _zeros(net) if handler is not None else None  # decoded messages, on its device
+        # decoded messages, on the replica's device
+        self.scratch = _zeros(_device(net), params) if handler is not None else None
         self.round_batches = 0
         self.last_score = float("nan")
 
@@ -209,11 +212,11 @@ class ParallelWrapper:
             raise ValueError("data: a one-shot iterator cannot be trained for several epochs; pass a list")
         master = self.network
         shared = self.training_mode is TrainingMode.SHARED_GRADIENTS
-        if not self._workers:
-            self._workers = [self._new_worker(i, shared) for i in range(self.workers)]
-            if shared:
-                self._master_scratch = _zeros(master)
         params, state = master.params(), master.updater_state()
+        if not self._workers:
+            self._workers = [self._new_worker(i, shared, params) for i in range(self.workers)]
+            if shared:
+                self._master_scratch = _zeros(_device(master), params)
         for w in self._workers:  # the wrapped network may have changed since the last fit
             w.net.set_params(params)
             w.net.set_updater_state(state)
@@ -232,23 +235,18 @@ class ParallelWrapper:
             self._finish_shared()
         return self
 
-    def _new_worker(self, index: int, shared: bool) -> _Worker:
-        """Worker ``index``: a clone of the wrapped network on its device, with its own encoder."""
-        master = self.network
-        net = master.clone()
+    def _new_worker(self, index: int, shared: bool, params: np.ndarray) -> _Worker:
+        """Worker ``index``: a clone of the wrapped network (whose parameters are ``params``) on its
+        device, with its own encoder."""
+        net = self.network.clone()
         if self.devices is not None:
             net.to(self.devices[index])
         handler = (
-            EncodingHandler(
-                master.params().size,
-                self.threshold_algorithm,
-                self.residual_post_processor,
-                master.params().dtype,
-            )
+            EncodingHandler(params.size, self.threshold_algorithm, self.residual_post_processor, params.dtype)
             if shared
             else None
         )
-        return _Worker(index, net, handler, self.prefetch_buffer)
+        return _Worker(index, net, handler, self.prefetch_buffer, params)
 
     def _threads_per_worker(self, threads: int) -> int:
         """The OpenMP/OpenBLAS threads of each worker thread: the CPU workers share ``threads`` after one
@@ -448,11 +446,10 @@ def _device(net: Any) -> Device:
     return getattr(net, "device", CPU)
 
 
-def _zeros(net: Any) -> Any:
-    """A zero vector of the network's parameter length and dtype, on its device."""
-    device, params = _device(net), net.params()
+def _zeros(device: Device, like: np.ndarray) -> Any:
+    """A zero vector of ``like``'s length and dtype on ``device``."""
     with device.scope():
-        return device.xp.zeros(params.size, params.dtype)
+        return device.xp.zeros(like.size, like.dtype)
 
 
 def _drain(q: queue.Queue | queue.SimpleQueue) -> None:

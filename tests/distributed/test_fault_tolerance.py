@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,89 +114,75 @@ def _end_epoch_in_thread(
     return thread
 
 
-def test_the_epoch_barrier_waits_for_every_worker_and_forgets_one_that_left(free_port: int) -> None:
-    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
+@contextlib.contextmanager
+def _barrier_of_two(port: int) -> Iterator[tuple[Any, list[WorkerConnection]]]:
+    """A controller whose epoch barrier expects two workers (partitions), and three registered workers
+    (ids 1, 2, 3), closed afterwards."""
+    with controller(np.ones(N, np.float32), 7, port) as ctl:
         ctl.expect_workers(2)
-        a, b, c = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        conns = [_worker(port, wid) for wid in (1, 2, 3)]
         try:
-            for conn in (a, b, c):
+            for conn in conns:
                 conn.hello({})
-            out: dict = {}
-            waiting = _end_epoch_in_thread(a, 0, out)
-            assert ctl.next_finished_epoch(0.3) is None  # one of two workers: not finished
-            b.close()  # a worker that never reported leaves: still one of two
-            assert ctl.next_finished_epoch(0.3) is None
-            late = _end_epoch_in_thread(c, 0, out)
-            assert ctl.next_finished_epoch(20) == 0
-            ctl.release_epoch(0, stop=True)
-            waiting.join(20)
-            late.join(20)
-            assert out == {1: True, 3: True}
-            # a worker reporting an epoch already decided gets the decision at once
-            assert c.end_epoch(0, lambda h, m: None) is True
+            yield ctl, conns
         finally:
-            for conn in (a, b, c):
+            for conn in conns:
                 conn.close()
+
+
+def test_the_epoch_barrier_waits_for_every_worker_and_forgets_one_that_left(free_port: int) -> None:
+    with _barrier_of_two(free_port) as (ctl, (a, b, c)):
+        out: dict = {}
+        waiting = _end_epoch_in_thread(a, 0, out)
+        assert ctl.next_finished_epoch(0.3) is None  # one of two workers: not finished
+        b.close()  # a worker that never reported leaves: still one of two
+        assert ctl.next_finished_epoch(0.3) is None
+        late = _end_epoch_in_thread(c, 0, out)
+        assert ctl.next_finished_epoch(20) == 0
+        ctl.release_epoch(0, stop=True)
+        waiting.join(20)
+        late.join(20)
+        assert out == {1: True, 3: True}
+        # a worker reporting an epoch already decided gets the decision at once
+        assert c.end_epoch(0, lambda h, m: None) is True
 
 
 def test_pending_epoch_reports_of_a_worker_that_left_do_not_count(free_port: int) -> None:
-    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
-        ctl.expect_workers(2)
-        a, b, c = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
-        try:
-            for conn in (a, b, c):
-                conn.hello({})
-            a._send(MessageType.EPOCH_END, epoch=5)  # reports epoch 5, then its task is killed
-            a.close()
-            out: dict = {}
-            second = _end_epoch_in_thread(b, 5, out)
-            assert ctl.next_finished_epoch(0.5) is None  # a's report no longer counts
-            third = _end_epoch_in_thread(c, 5, out)
-            assert ctl.next_finished_epoch(20) == 5
-            ctl.release_epoch(5, stop=False)
-            second.join(20)
-            third.join(20)
-            assert out == {2: False, 3: False}
-        finally:
-            for conn in (a, b, c):
-                conn.close()
+    with _barrier_of_two(free_port) as (ctl, (a, b, c)):
+        a._send(MessageType.EPOCH_END, epoch=5)  # reports epoch 5, then its task is killed
+        a.close()
+        out: dict = {}
+        second = _end_epoch_in_thread(b, 5, out)
+        assert ctl.next_finished_epoch(0.5) is None  # a's report no longer counts
+        third = _end_epoch_in_thread(c, 5, out)
+        assert ctl.next_finished_epoch(20) == 5
+        ctl.release_epoch(5, stop=False)
+        second.join(20)
+        third.join(20)
+        assert out == {2: False, 3: False}
 
 
 def test_a_partition_reported_again_by_a_rerun_task_counts_once(free_port: int) -> None:
     """A task killed after its EPOCH_END (no BYE) and its re-run, a new worker on the same partition, must
     not make two of two: the epoch waits for the other partition, which nobody has trained yet."""
-    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
-        ctl.expect_workers(2)
-        killed, rerun, other = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
-        try:
-            for conn in (killed, rerun, other):
-                conn.hello({})
-            out: dict = {}
-            first = _end_epoch_in_thread(killed, 0, out, {"partition": 0, "minibatches": 4})
-            assert ctl.next_finished_epoch(0.3) is None
-            again = _end_epoch_in_thread(rerun, 0, out, {"partition": 0, "minibatches": 4})
-            assert ctl.next_finished_epoch(0.5) is None  # partition 0 twice: still one of two
-            assert ctl.retrained_minibatches == 4
-            last = _end_epoch_in_thread(other, 0, out, {"partition": 1, "minibatches": 3})
-            assert ctl.next_finished_epoch(20) == 0
-            ctl.release_epoch(0, stop=False)
-            for thread in (first, again, last):
-                thread.join(20)
-            assert out == {1: False, 2: False, 3: False}  # every worker that reported is released
-        finally:
-            for conn in (killed, rerun, other):
-                conn.close()
+    with _barrier_of_two(free_port) as (ctl, (killed, rerun, other)):
+        out: dict = {}
+        first = _end_epoch_in_thread(killed, 0, out, {"partition": 0, "minibatches": 4})
+        assert ctl.next_finished_epoch(0.3) is None
+        again = _end_epoch_in_thread(rerun, 0, out, {"partition": 0, "minibatches": 4})
+        assert ctl.next_finished_epoch(0.5) is None  # partition 0 twice: still one of two
+        assert ctl.retrained_minibatches == 4
+        last = _end_epoch_in_thread(other, 0, out, {"partition": 1, "minibatches": 3})
+        assert ctl.next_finished_epoch(20) == 0
+        ctl.release_epoch(0, stop=False)
+        for thread in (first, again, last):
+            thread.join(20)
+        assert out == {1: False, 2: False, 3: False}  # every worker that reported is released
 
 
 def test_a_partition_beyond_the_expected_ones_is_rejected(free_port: int) -> None:
-    with controller(np.ones(N, np.float32), 7, free_port) as ctl:
-        ctl.expect_workers(2)
-        conn = _worker(free_port, 1)
-        try:
-            conn.hello({})
-            with pytest.raises(TransportError, match="bad training report"):
-                conn.end_epoch(0, lambda h, m: None, {"partition": 2, "minibatches": 1})
-            assert ctl.next_finished_epoch(0.3) is None
-        finally:
-            conn.close()
+    with _barrier_of_two(free_port) as (ctl, (conn, _, _)):
+        with pytest.raises(TransportError, match="bad training report"):
+            conn.end_epoch(0, lambda h, m: None, {"partition": 2, "minibatches": 1})
+        assert ctl.next_finished_epoch(0.3) is None
         assert ctl.counters.rejected_reasons == {"malformed": 1}

@@ -697,8 +697,9 @@ class Controller:
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
         del self._peers[sender]
         for reports in self._epoch_reports.values():
-            for slot in [slot for slot, workers in reports.items() if workers.pop(sender, None) is not None]:
-                if not reports[slot]:
+            for slot, workers in list(reports.items()):
+                workers.pop(sender, None)
+                if not workers:
                     del reports[slot]
         if self._mesh is not None and sender in self._mesh:
             self._mesh_leave(sender)
