@@ -22,6 +22,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from sparkgrad import cuda
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_range
 from sparkgrad._native import _core
 
@@ -84,6 +85,12 @@ def _cupy() -> Any:
     return cupy
 
 
+def _require_cuda_build(op: str) -> None:
+    """Raises the native kernels' error of a CPU build before a device path allocates with CuPy."""
+    if not _core.cuda_built():
+        raise RuntimeError(f"[{op}] sparkgrad was built without CUDA")
+
+
 def _array_gpu(arr: Any) -> int:
     """The ordinal of the GPU holding a device array (CuPy reads it from the pointer for foreign arrays)."""
     return int(_cupy().asarray(arr).device.id)
@@ -123,15 +130,25 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     if not _is_device_array(residual):
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
-    count = _core.cuda_threshold_count(ptr, n, dtype, t)
-    return _device_sparse(ptr, n, dtype, t, count if limit < 0 else min(count, limit))
+    selected, count = _device_select(ptr, n, dtype, t)
+    message = _device_commit(ptr, n, dtype, t, selected, count if limit < 0 else min(count, limit))
+    return message.copy()  # a view would keep the worst-case buffer of n entries alive
 
 
-def _device_sparse(ptr: int, n: int, dtype: np.dtype, threshold: float, entries: int) -> Array:
-    """The sparse message of the first ``entries`` qualifying elements of a device residual."""
-    out = _cupy().empty(HEADER_WORDS + entries, dtype=np.int32)
-    _core.cuda_threshold_encode(ptr, n, dtype, threshold, entries, out.data.ptr)
-    return out
+def _device_select(ptr: int, n: int, dtype: np.dtype, threshold: float) -> tuple[Array, int]:
+    """One pass over a device residual: a buffer of ``HEADER_WORDS + n`` words whose payload starts with the
+    entries of every qualifying element (ascending), and their count. The residual is not modified."""
+    _require_cuda_build("threshold_encode")
+    buffer = _cupy().empty(HEADER_WORDS + n, dtype=np.int32)
+    count = cuda.launch(_core.cuda_threshold_select, ptr, n, dtype, threshold, buffer.data.ptr)
+    return buffer, int(count)
+
+
+def _device_commit(ptr: int, n: int, dtype: np.dtype, threshold: float, buffer: Array, entries: int) -> Array:
+    """The sparse message of the first ``entries`` selected elements (a view of ``buffer``); moves those
+    elements of the residual toward zero by the threshold."""
+    cuda.launch(_core.cuda_threshold_commit, ptr, n, dtype, threshold, entries, buffer.data.ptr)
+    return buffer[: HEADER_WORDS + entries]
 
 
 def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
@@ -153,8 +170,9 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
         message, count = _core.bitmap_encode(residual, t)
         return message, int(count)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
+    _require_cuda_build(op)
     out = _cupy().empty(_bitmap_words(n), dtype=np.int32)
-    count = _core.cuda_bitmap_encode(ptr, n, dtype, t, out.data.ptr)
+    count = cuda.launch(_core.cuda_bitmap_encode, ptr, n, dtype, t, out.data.ptr)
     return out, int(count)
 
 
@@ -166,7 +184,7 @@ def _decode(message: Array, target: Array, flag: int, op: str) -> None:
         return
     mptr, length = _device_message(op, message)
     tptr, n, dtype = _device_vector(op, "target", target, writable=True)
-    _core.cuda_decode(mptr, length, tptr, n, dtype, flag)
+    cuda.launch(_core.cuda_decode, mptr, length, tptr, n, dtype, flag)
 
 
 def threshold_decode(message: Array, target: Array) -> None:
@@ -247,13 +265,13 @@ def _device_encode_smaller(residual: Array, threshold: float) -> tuple[np.ndarra
     host. Returns ``(message, is_bitmap)``; ``(None, False)`` with the residual untouched when nothing
     qualifies."""
     ptr, n, dtype = _device_vector("encode", "residual", residual, writable=True)
-    count = _core.cuda_threshold_count(ptr, n, dtype, threshold)
+    selected, count = _device_select(ptr, n, dtype, threshold)
     if HEADER_WORDS + count > _bitmap_words(n):
         message, _ = bitmap_encode(residual, threshold)
         return message.get(), True
     if count == 0:
         return None, False
-    return _device_sparse(ptr, n, dtype, threshold, count).get(), False
+    return _device_commit(ptr, n, dtype, threshold, selected, count).get(), False
 
 
 def _header(op: str, message: Array) -> np.ndarray:
@@ -660,7 +678,7 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
             _core.clip(residual, limit)
             return
         ptr, n, dtype = _device_vector("clip", "residual", residual, writable=True)
-        _core.cuda_clip(ptr, n, dtype, limit)
+        cuda.launch(_core.cuda_clip, ptr, n, dtype, limit)
 
 
 @dataclasses.dataclass
@@ -788,7 +806,7 @@ class EncodingHandler:
         if on_device:
             rptr, n, dtype = _device_vector("encode", "residual", self._residual, writable=True)
             uptr, _, _ = _device_vector("encode", "update", update, writable=False)
-            _core.cuda_accumulate(rptr, uptr, n, dtype)
+            cuda.launch(_core.cuda_accumulate, rptr, uptr, n, dtype)
         else:
             _core.accumulate(self._residual, np.ascontiguousarray(update))
         threshold = self._algorithm.calculate_threshold(
