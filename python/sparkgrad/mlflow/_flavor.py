@@ -66,19 +66,28 @@ def get_default_conda_env() -> dict[str, Any]:
 
 
 def signature_of(network: Any) -> ModelSignature | None:
-    """The signature of a network with one input and one output, from its input type: a tensor of
-    ``(-1, *example shape)`` in the network's dtype in, ``(-1, outputs)`` out. None for a graph with
-    several inputs or outputs, or recurrent input (no fixed example shape)."""
-    from mlflow.models import infer_signature
+    """The signature of a network with one input and one output, from its input type.
 
-    from sparkgrad.spark.columns import example_shape, network_output
+    Input: a tensor of ``(-1, *example shape)`` in the network's dtype (pyfunc also takes it as a pandas
+    DataFrame of that many numeric columns or of one array column, ``spark_udf`` as one array column).
+    Output: one array of the network's outputs per example, so ``spark_udf`` returns an array column
+    by default. None for a graph with several inputs or outputs, or recurrent input (no fixed example
+    shape).
+    """
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, DataType, Schema, TensorSpec
+
+    from sparkgrad.spark.columns import example_shape
 
     try:
         shape = example_shape(network.conf)
     except ValueError:
         return None
-    sample = np.zeros((1, *shape), dtype=network.conf.dtype)
-    return infer_signature(sample, network_output(network, sample))
+    dtype = np.dtype(network.conf.dtype)
+    return ModelSignature(
+        inputs=Schema([TensorSpec(dtype, (-1, *shape))]),
+        outputs=Schema([ColSpec(Array(DataType.from_numpy_type(dtype)))]),
+    )
 
 
 def save_model(
@@ -104,10 +113,8 @@ def save_model(
         conda_env: a conda environment (dict or YAML path) replacing the default one.
         code_paths: local Python files or directories the model needs, copied next to it.
         mlflow_model: the :class:`mlflow.models.Model` this flavor is added to (new by default).
-        signature: the model signature; None infers it from the network's input type (a tensor of
-            ``(-1, *example shape)``, which pyfunc also accepts as a pandas DataFrame of that many
-            numeric columns or of one array column, and ``spark_udf`` as one array column); False saves
-            none.
+        signature: the model signature; None infers it from the network's input type
+            (:func:`signature_of`); False saves none.
         input_example: an example input (a NumPy array of examples, or a pandas DataFrame), saved with
             the model.
         pip_requirements: pip requirements replacing the default ones (:func:`get_default_pip_requirements`).
