@@ -853,6 +853,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         loader: Any = None,
         epochs: int = 1,
         epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
 
@@ -868,6 +869,10 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 ``network`` holding the controller's parameters and ``epoch`` the index of the epoch
                 that just finished (``network.epoch_count - 1``); a true result stops training, a
                 mapping of metrics is recorded (see :func:`~sparkgrad.spark.stats.run_epoch_callback`).
+            epoch_progress: called on the driver at every epoch end, before ``epoch_callback``, as
+                ``epoch_progress(epoch, figures)`` with the epoch's progress figures (loss, examples/s,
+                bytes on the wire, update density, threshold: see
+                :meth:`~sparkgrad.spark.progress.FitProgress.end_epoch`); experiment tracking uses it.
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
@@ -880,7 +885,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
             units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
-        results = self._run_job(sc, network, units, data, stats, epochs, epoch_callback, slots)
+        results = self._run_job(
+            sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
+        )
         with Timer(stats, MASTER_PROCESS):
             score = self._process_results(network, results, stats)
         if stats is not None:
@@ -899,6 +906,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         epochs: int,
         epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
         slots: int,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> dict[int, WorkerResult]:
         transport = self.transport or ZmqTransportConfiguration()
         void = self.void_configuration
@@ -921,6 +929,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             self.batch_size_per_worker,
             enabled=self.progress,
             traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
+            on_epoch=epoch_progress,
         )
         controller = _ProgressController(
             network.params(),
