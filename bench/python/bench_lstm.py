@@ -1,11 +1,14 @@
-"""LSTM training-step time of sparkgrad vs PyTorch (CPU) on the same thread count, in the same process.
+"""Recurrent training-step time of sparkgrad vs PyTorch (CPU) on the same thread count, in the same process.
 
-Configuration: one LSTM layer (input 64, hidden 256) over sequences of 50 steps, batch 64, a softmax
-output at the last time step (10 classes, cross-entropy), Adam; random data. Each step is forward,
-backward and the Adam update. Rounds alternate between the two frameworks so that machine load hits both.
-Prints ms/step for both and the ratio sparkgrad / PyTorch (target <= 1.0).
+Configuration: one recurrent layer (LSTM by default, or SimpleRnn with tanh against torch.nn.RNN; input 64,
+hidden 256) over sequences of 50 steps, batch 64, a softmax output at the last time step (10 classes,
+cross-entropy), Adam; random data. Each step is forward, backward and the Adam update. Rounds alternate
+between the two frameworks so that machine load hits both. Prints ms/step for both and the ratio
+sparkgrad / PyTorch (target <= 0.8). Small recurrent GEMMs show per-step overheads: try
+``--hidden 128 --seq 40 --batch 32``.
 
-    PYTHONPATH=python python bench/python/bench_lstm.py [--threads N] [--steps 10] [--rounds 5]
+    PYTHONPATH=python python bench/python/bench_lstm.py [--cell lstm|simplernn] [--threads N] [--steps 10] \
+        [--rounds 5] [--n-in 64] [--hidden 256] [--seq 50] [--batch 64]
 """
 
 from __future__ import annotations
@@ -26,16 +29,18 @@ from sparkgrad.nn import (
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    SimpleRnn,
 )
 from sparkgrad.nn.updaters import Adam
 
-N_IN, HIDDEN, STEPS, BATCH, CLASSES = 64, 256, 50, 64, 10
+CLASSES = 10
 
 
-def _sparkgrad_step(x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+def _sparkgrad_step(cell: str, hidden: int, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+    layer = LSTM(hidden) if cell == "lstm" else SimpleRnn(hidden, activation="tanh")
     conf = MultiLayerConfiguration(
-        [LastTimeStep(LSTM(HIDDEN)), OutputLayer(CLASSES)],
-        input_type=InputType.recurrent(N_IN),
+        [LastTimeStep(layer), OutputLayer(CLASSES)],
+        input_type=InputType.recurrent(x.shape[1]),
         updater=Adam(1e-3),
         seed=0,
     )
@@ -44,20 +49,22 @@ def _sparkgrad_step(x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
     return lambda: net.fit(ds)
 
 
-def _torch_step(x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
+def _torch_step(cell: str, hidden: int, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    lstm, head = nn.LSTM(N_IN, HIDDEN, batch_first=True), nn.Linear(HIDDEN, CLASSES)
-    opt = torch.optim.Adam([*lstm.parameters(), *head.parameters()], lr=1e-3)
+    n_in = x.shape[1]
+    rnn = (nn.LSTM if cell == "lstm" else nn.RNN)(n_in, hidden, batch_first=True)
+    head = nn.Linear(hidden, CLASSES)
+    opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)))  # (batch, time, size)
     yt = torch.from_numpy(y.argmax(axis=1))
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        out, _ = lstm(xt)
+        out, _ = rnn(xt)
         loss_fn(head(out[:, -1]), yt).backward()
         opt.step()
 
@@ -78,6 +85,11 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating timed rounds; the median is reported"
     )
+    parser.add_argument("--cell", choices=["lstm", "simplernn"], default="lstm")
+    parser.add_argument("--n-in", type=int, default=64, help="input size")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=50, help="time steps per sequence")
+    parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
 
     import torch
@@ -86,9 +98,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, N_IN, STEPS), dtype=np.float32)
-    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, BATCH)]
-    steps = {"sparkgrad": _sparkgrad_step(x, y), "torch": _torch_step(x, y)}
+    x = rng.standard_normal((args.batch, args.n_in, args.seq), dtype=np.float32)
+    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, args.batch)]
+    steps = {
+        "sparkgrad": _sparkgrad_step(args.cell, args.hidden, x, y),
+        "torch": _torch_step(args.cell, args.hidden, x, y),
+    }
     times: dict[str, list[float]] = {k: [] for k in steps}
     for step in steps.values():  # warm-up: buffer allocation, BLAS/oneDNN initialisation
         _time(step, 2)
@@ -96,7 +111,8 @@ def main() -> None:
         for key, step in steps.items():
             times[key].append(_time(step, args.steps))
     sg, pt = statistics.median(times["sparkgrad"]), statistics.median(times["torch"])
-    line = f"lstm in={N_IN} hidden={HIDDEN} seq={STEPS} batch={BATCH} sparkgrad {sg:8.2f} ms/step"
+    shape = f"in={args.n_in} hidden={args.hidden} seq={args.seq} batch={args.batch}"
+    line = f"{args.cell} {shape} sparkgrad {sg:8.2f} ms/step"
     print(f"{line}  torch {pt:8.2f} ms/step  ratio {sg / pt:5.2f}x")
 
 
