@@ -718,6 +718,93 @@ void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array
   });
 }
 
+// ---- SimpleRnn -------------------------------------------------------------------------------------
+// (n, t, c, h) from x: (n, t, c) and w: (c, h); checks rw: (h, h).
+template <typename A>
+nn::LstmShape simple_rnn_shape(const char* op, const A& x, const A& w, const A& rw) {
+  require_ndim(op, "x", x, {3}, "3-D (N, T, C)");
+  require_ndim(op, "w", w, {2}, "2-D (C, H)");
+  const std::int64_t n = x.shape(0), t = x.shape(1), c = x.shape(2), h = w.shape(1);
+  require_positive(op, "x.shape[0] (examples)", n);
+  require_positive(op, "x.shape[1] (time steps)", t);
+  if (w.shape(0) != c || h == 0) {
+    throw_invalid(op, "w must have shape (", c, ", H) with H >= 1, got ", shape_text(shape_of(w)));
+  }
+  require_shape(op, "rw", rw, {h, h});
+  return {n, t, c, h};
+}
+
+void simple_rnn_forward(const py::array& x_in, const py::array& w_in, const py::array& rw_in,
+                        const py::array& b_in, const py::array& hs_in, const py::array& act_in,
+                        const py::object& mask_in, const py::object& h0_in, const std::string& activation,
+                        double alpha) {
+  const char* op = "simple_rnn_forward";
+  const nn::Activation kind = nn::parse_activation(op, activation);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto rw = checked_array<T>(op, "rw", rw_in);
+    auto b = checked_array<T>(op, "b", b_in);
+    const nn::LstmShape s = simple_rnn_shape(op, x, w, rw);
+    require_shape(op, "b", b, {s.h});
+    auto hs = checked_array<T>(op, "hs", hs_in, true);
+    auto act = checked_array<T>(op, "act", act_in, true);
+    require_shape(op, "hs", hs, {s.n, s.t, s.h});
+    require_shape(op, "act", act, {s.n, s.t, s.h});
+    const LstmOptional<T> opt(op, s, mask_in, h0_in, py::none());
+    py::gil_scoped_release release;
+    nn::simple_rnn_forward<T>(kind, alpha, s, x.data(), w.data(), rw.data(), b.data(), opt.mask, opt.h0,
+                              hs.mutable_data(), act.mutable_data());
+  });
+}
+
+void simple_rnn_backward(const py::array& x_in, const py::array& w_in, const py::array& rw_in,
+                         const py::array& hs_in, const py::array& act_in, const py::array& dh_in,
+                         const py::array& dz_in, const py::array& dw_in, const py::array& drw_in,
+                         const py::array& db_in, const py::object& dx_in, const py::object& mask_in,
+                         const py::object& h0_in, const std::string& activation, double alpha,
+                         std::int64_t first_step) {
+  const char* op = "simple_rnn_backward";
+  const nn::Activation kind = nn::parse_activation(op, activation);
+  dispatch_float(op, "x", x_in, [&](auto tag) {
+    using T = decltype(tag);
+    auto x = checked_array<T>(op, "x", x_in);
+    auto w = checked_array<T>(op, "w", w_in);
+    auto rw = checked_array<T>(op, "rw", rw_in);
+    const nn::LstmShape s = simple_rnn_shape(op, x, w, rw);
+    if (first_step < 0 || first_step >= s.t) {
+      throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
+    }
+    const Shape seq{s.n, s.t, s.h};
+    auto hs = checked_array<T>(op, "hs", hs_in);
+    auto act = checked_array<T>(op, "act", act_in);
+    auto dh = checked_array<T>(op, "dh", dh_in);
+    require_shape(op, "hs", hs, seq);
+    require_shape(op, "act", act, seq);
+    require_shape(op, "dh", dh, seq);
+    auto dz = checked_array<T>(op, "dz", dz_in, true);
+    auto dw = checked_array<T>(op, "dw", dw_in, true);
+    auto drw = checked_array<T>(op, "drw", drw_in, true);
+    auto db = checked_array<T>(op, "db", db_in, true);
+    require_shape(op, "dz", dz, seq);
+    require_shape(op, "dw", dw, shape_of(w));
+    require_shape(op, "drw", drw, shape_of(rw));
+    require_shape(op, "db", db, {s.h});
+    py::array_t<T, py::array::c_style> dx;
+    if (!dx_in.is_none()) {
+      dx = checked_array<T>(op, "dx", dx_in, true);
+      require_shape(op, "dx", dx, shape_of(x));
+    }
+    T* dx_data = dx_in.is_none() ? nullptr : dx.mutable_data();
+    const LstmOptional<T> opt(op, s, mask_in, h0_in, py::none());
+    py::gil_scoped_release release;
+    nn::simple_rnn_backward<T>(kind, alpha, s, x.data(), w.data(), rw.data(), opt.mask, opt.h0, hs.data(),
+                               act.data(), dh.data(), dz.mutable_data(), dx_data, dw.mutable_data(),
+                               drw.mutable_data(), db.mutable_data(), first_step);
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -795,6 +882,17 @@ void init_nn(py::module_& m) {
         py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
         "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
         "steps before first_step get no gradient (truncated BPTT).");
+  m.def("simple_rnn_forward", &simple_rnn_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"),
+        py::arg("hs"), py::arg("act"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("activation") = "tanh", py::arg("alpha") = 0.0,
+        "SimpleRnn over x (N, T, C) with w (C, H), rw (H, H), b (H): writes the outputs hs and act = the "
+        "activations before the mask, both (N, T, H). mask (N, T) multiplies each step's output.");
+  m.def("simple_rnn_backward", &simple_rnn_backward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("hs"),
+        py::arg("act"), py::arg("dh"), py::arg("dz"), py::arg("dw"), py::arg("drw"), py::arg("db"),
+        py::arg("dx") = py::none(), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
+        py::arg("activation") = "tanh", py::arg("alpha") = 0.0, py::arg("first_step") = 0,
+        "Backward of simple_rnn_forward given dh = dL/dhs (N, T, H): writes dz = dL/d(pre-activations), dw, drw, "
+        "db and dx (if given); steps before first_step get no gradient (truncated BPTT).");
   m.def("elementwise_forward", &elementwise_forward, py::arg("kind"), py::arg("inputs"), py::arg("y"),
         "y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).");
   m.def("elementwise_backward", &elementwise_backward, py::arg("kind"), py::arg("inputs"), py::arg("dy"),

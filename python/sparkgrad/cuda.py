@@ -876,6 +876,184 @@ def lstm_backward(
     )
 
 
+def _simple_rnn_shape(op: str, v: dict[str, _View]) -> tuple[int, int, int, int]:
+    """(n, t, c, h) from x (N, T, C) and w (C, H); checks rw and the optional mask and h0."""
+    x, w = v["x"].shape, v["w"].shape
+    if len(x) != 3:
+        raise ValueError(f"[{op}] x must be 3-D (N, T, C), got shape {x}")
+    if len(w) != 2:
+        raise ValueError(f"[{op}] w must be 2-D (C, H), got shape {w}")
+    n, t, c = x
+    if n < 1:
+        raise ValueError(f"[{op}] x.shape[0] (examples) must be >= 1, got {n}")
+    if t < 1:
+        raise ValueError(f"[{op}] x.shape[1] (time steps) must be >= 1, got {t}")
+    if w[0] != c or w[1] == 0:
+        raise ValueError(f"[{op}] w must have shape ({c}, H) with H >= 1, got {w}")
+    h = w[1]
+    _shape(op, "rw", v["rw"], (h, h))
+    for name, shape in (("mask", (n, t)), ("h0", (n, h))):
+        if name in v:
+            _shape(op, name, v[name], shape)
+    return n, t, c, h
+
+
+def _times_derivative(activation: str, alpha: float, y: Any, d: Any) -> None:
+    """``d *= f'(z)`` in place for the (N, H) activations ``y = f(z)`` of one step, written in terms of y
+    as the CPU kernel does (the backward keeps no pre-activations)."""
+    if activation == "softmax":
+        d -= (d * y).sum(axis=1, keepdims=True)
+        d *= y
+    elif activation in ("relu", "leakyrelu", "elu"):
+        low = {"relu": 0.0, "leakyrelu": alpha, "elu": y + alpha}[activation]
+        d *= (y > 0) + (y <= 0) * low
+    elif activation == "tanh":
+        d *= 1.0 - y * y
+    elif activation == "sigmoid":
+        d *= y * (1.0 - y)
+    elif activation == "softplus":
+        import cupy
+
+        d *= -cupy.expm1(-y)
+    elif activation == "hardtanh":
+        d *= (y > -1) & (y < 1)
+    elif activation != "identity":
+        raise ValueError(f"[simple_rnn_backward] unknown activation {activation!r}")
+
+
+def simple_rnn_forward(
+    x: Any,
+    w: Any,
+    rw: Any,
+    b: Any,
+    hs: Any,
+    act: Any,
+    mask: Any = None,
+    h0: Any = None,
+    activation: str = "tanh",
+    alpha: float = 0.0,
+) -> None:
+    """SimpleRnn over x (N, T, C) with w (C, H), rw (H, H), b (H), as the CPU twin.
+
+    There is no fused CUDA kernel: one GEMM projects the input of every step, then each step is one GEMM
+    and one activation op over time-major (T, N, H) work arrays.
+
+    Args:
+        x, w, rw, b: input sequence, input weights, recurrent weights and bias.
+        hs, act: (N, T, H) outputs: the step outputs and the activations before the mask.
+        mask: (N, T) or None; multiplies each step's output.
+        h0: (N, H) initial state or None (zeros).
+        activation, alpha: the activation and its alpha.
+    """
+    op = "simple_rnn_forward"
+    arrays = {"x": (x, False), "w": (w, False), "rw": (rw, False), "b": (b, False), "hs": (hs, True)}
+    v, _ = _floats(op, **_with_optional({**arrays, "act": (act, True)}, mask=mask, h0=h0))
+    n, t, c, h = _simple_rnn_shape(op, v)
+    _shape(op, "b", v["b"], (h,))
+    for name in ("hs", "act"):
+        _shape(op, name, v[name], (n, t, h))
+    import cupy
+
+    zx = gemm(x.reshape(n * t, c), w)
+    bias_add(zx, b)
+    z = cupy.ascontiguousarray(zx.reshape(n, t, h).transpose(1, 0, 2))
+    a, out, rec = cupy.empty_like(z), cupy.empty_like(z), cupy.empty((n, h), z.dtype)
+    m = None if mask is None else cupy.ascontiguousarray(mask.T)[:, :, None]
+    for step in range(t):
+        prev = out[step - 1] if step > 0 else h0
+        if prev is not None:
+            gemm(prev, rw, out=rec)
+            z[step] += rec
+        activation_forward(activation, z[step], a[step], alpha=alpha)
+        if m is None:
+            out[step] = a[step]
+        else:
+            cupy.multiply(a[step], m[step], out=out[step])
+    hs[...] = out.transpose(1, 0, 2)
+    act[...] = a.transpose(1, 0, 2)
+
+
+def simple_rnn_backward(
+    x: Any,
+    w: Any,
+    rw: Any,
+    hs: Any,
+    act: Any,
+    dh: Any,
+    dz: Any,
+    dw: Any,
+    drw: Any,
+    db: Any,
+    dx: Any = None,
+    mask: Any = None,
+    h0: Any = None,
+    activation: str = "tanh",
+    alpha: float = 0.0,
+    first_step: int = 0,
+) -> None:
+    """Backward of :func:`simple_rnn_forward` given dh = dL/dhs (N, T, H), as the CPU twin: one GEMM per
+    step back through time, then one GEMM per weight gradient.
+
+    Args:
+        x, w, rw, hs, act, mask, h0, activation, alpha: the forward's inputs and outputs.
+        dh: (N, T, H) gradient of the loss with respect to hs.
+        dz: (N, T, H) output: dL/d(pre-activations).
+        dw, drw, db: outputs shaped like w, rw and the bias (H).
+        dx: (N, T, C) output or None.
+        first_step: steps before it get no gradient (truncated BPTT), 0 <= first_step < T.
+    """
+    op = "simple_rnn_backward"
+    arrays = {
+        "x": (x, False),
+        "w": (w, False),
+        "rw": (rw, False),
+        "hs": (hs, False),
+        "act": (act, False),
+        "dh": (dh, False),
+        "dz": (dz, True),
+        "dw": (dw, True),
+        "drw": (drw, True),
+        "db": (db, True),
+    }
+    if dx is not None:
+        arrays["dx"] = (dx, True)
+    v, _ = _floats(op, **_with_optional(arrays, mask=mask, h0=h0))
+    n, t, c, h = _simple_rnn_shape(op, v)
+    if not 0 <= first_step < t:
+        raise ValueError(f"[{op}] first_step must be in [0, {t}), got {first_step}")
+    for name in ("hs", "act", "dh", "dz"):
+        _shape(op, name, v[name], (n, t, h))
+    _shape(op, "dw", v["dw"], (c, h))
+    _shape(op, "drw", v["drw"], (h, h))
+    _shape(op, "db", v["db"], (h,))
+    if dx is not None:
+        _shape(op, "dx", v["dx"], (n, t, c))
+    import cupy
+
+    h_prev = cupy.empty((n, t, h), hs.dtype)  # the state each step started from
+    h_prev[:, 0] = 0.0 if h0 is None else h0
+    h_prev[:, 1:] = hs[:, :-1]
+    a = cupy.ascontiguousarray(act.transpose(1, 0, 2))
+    d = cupy.ascontiguousarray(dh.transpose(1, 0, 2))
+    m = None if mask is None else cupy.ascontiguousarray(mask.T)[:, :, None]
+    rec = cupy.empty((n, h), d.dtype)
+    d[:first_step] = 0.0  # truncated BPTT: no gradient before the backward window
+    for step in range(t - 1, first_step - 1, -1):
+        if step < t - 1:
+            gemm(d[step + 1], rw, trans_b=True, out=rec)
+            d[step] += rec
+        if m is not None:
+            d[step] *= m[step]
+        _times_derivative(activation, alpha, a[step], d[step])
+    dz[...] = d.transpose(1, 0, 2)
+    dz_rows = dz.reshape(n * t, h)
+    gemm(x.reshape(n * t, c), dz_rows, trans_a=True, out=dw)
+    gemm(h_prev.reshape(n * t, h), dz_rows, trans_a=True, out=drw)
+    bias_grad(dz_rows, db)
+    if dx is not None:
+        gemm(dz_rows, w, trans_b=True, out=dx.reshape(n * t, c))
+
+
 def _array_list(op: str, name: str, arrays: Sequence[Any], writable: bool) -> dict[str, tuple[Any, bool]]:
     """``name[i]`` -> (array, writable) for a list of arrays."""
     if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
@@ -1045,6 +1223,8 @@ __all__ = [
     "regularize_gradient",
     "scale_shift",
     "set_sync_each_op",
+    "simple_rnn_backward",
+    "simple_rnn_forward",
     "summary",
     "sync_each_op",
     "updater_apply",

@@ -159,6 +159,23 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
 
+// ---- SimpleRnn over a whole sequence (cpp/src/nn/simple_rnn.cpp) ---------------------------------
+// DL4J's SimpleRnn: h_t = m * activation(x_t W + h_{t-1} RW + b) with m the mask value at (example,
+// step) (0: the step outputs zero and the next step starts from a zero state). Shapes as LstmShape
+// (n, t, c, h). Softmax (an activation inherited from the network) normalizes each row of h values.
+// x: (n, t, c); w: (c, h); rw: (h, h); b: (h); mask: (n, t) or null (all ones); h0: (n, h) or null (zero
+// initial state). Writes hs: (n, t, h) the outputs and act: (n, t, h) = activation(...) before the mask.
+template <typename T>
+void simple_rnn_forward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w, const T* rw,
+                        const T* b, const T* mask, const T* h0, T* hs, T* act);
+// Backward of simple_rnn_forward (same x, w, rw, mask, h0 and its outputs) given dh = dL/dhs: (n, t, h).
+// Writes dz: (n, t, h) = dL/d(pre-activations), dw: (c, h), drw: (h, h), db: (h) and dx: (n, t, c) unless
+// null. No gradient flows into h0, nor through the steps before first_step (0 <= first_step < t).
+template <typename T>
+void simple_rnn_backward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w,
+                         const T* rw, const T* mask, const T* h0, const T* hs, const T* act, const T* dh, T* dz,
+                         T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
 // ---- graph vertices (cpp/src/nn/vertex.cpp) -------------------------------------------------------
 enum class ElementWiseOp : std::uint8_t { Add, Subtract, Product, Average, Max };
 // Parses "add", "subtract", "product", "average" or "max"; throws std::invalid_argument otherwise.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernel_util.h"
+#include "recurrent_util.h"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
 
@@ -24,119 +25,6 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
   }
   return spec;
 }
-
-namespace {
-
-// Gate arithmetic is a few transcendental calls per hidden unit: worth forking well below kParallelMin.
-constexpr std::int64_t kGateParallelMin = 1 << 12;
-
-// Horner form of the Taylor polynomial 1 + r (1 + r/2 (1 + r/3 (...))) from term I up to K.
-template <typename T, int I, int K>
-inline T exp_taylor(T r) {
-  if constexpr (I > K) {
-    return T(1);
-  } else {
-    return T(1) + r * (T(1) / T(I)) * exp_taylor<T, I + 1, K>(r);
-  }
-}
-
-// exp(x) with Cody-Waite reduction and a Taylor polynomial on |r| <= ln2/2 (7 terms: float, 13:
-// double, each within an ulp or two); branch-free so the gate loops vectorize, which libm calls do not
-// (with -fno-trapping-math, set for this file in cpp/CMakeLists.txt, the clamps become min/max).
-template <typename T>
-inline T exp_poly(T x) {
-  using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
-  constexpr int kMantissa = sizeof(T) == 4 ? 23 : 52;
-  constexpr Bits kBias = sizeof(T) == 4 ? 127 : 1023;
-  constexpr T kMax = sizeof(T) == 4 ? T(87.0) : T(708.0);  // 2^k stays a normal number
-  x = std::max(std::min(x, kMax), -kMax);
-  // round to nearest by truncating x log2(e) +- 1/2: a plain conversion, unlike floor, vectorizes
-  const Bits ki = static_cast<Bits>(x * T(1.4426950408889634) + std::copysign(T(0.5), x));
-  const T k = static_cast<T>(ki);
-  const T r = (x - k * T(0.693145751953125)) - k * T(1.428606820309417232e-06);
-  const T p = exp_taylor<T, 1, sizeof(T) == 4 ? 7 : 13>(r);
-  const Bits bits = (ki + kBias) << kMantissa;
-  T scale;
-  std::memcpy(&scale, &bits, sizeof(T));
-  return p * scale;
-}
-
-// y[j] = f(z[j]) over one contiguous block; the switch sits outside the loops so each loop vectorizes.
-template <typename T>
-void act_block(Activation kind, T alpha, const T* z, T* y, std::int64_t len) {
-  switch (kind) {
-    case Activation::Relu:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : T(0);
-      return;
-    case Activation::LeakyRelu:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : alpha * z[j];
-      return;
-    case Activation::Elu:
-      for (std::int64_t j = 0; j < len; ++j) y[j] = z[j] > T(0) ? z[j] : alpha * std::expm1(z[j]);
-      return;
-    case Activation::Tanh:  // 1 - 2 / (1 + e^{2z}): exact at +-inf, absolute error ~eps near 0
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) y[j] = T(1) - T(2) / (T(1) + exp_poly(T(2) * z[j]));
-      return;
-    case Activation::Sigmoid:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) y[j] = T(1) / (T(1) + exp_poly(-z[j]));
-      return;
-    case Activation::Softplus:
-      for (std::int64_t j = 0; j < len; ++j) {
-        y[j] = z[j] > T(0) ? z[j] + std::log1p(std::exp(-z[j])) : std::log1p(std::exp(z[j]));
-      }
-      return;
-    case Activation::HardTanh:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) y[j] = std::min(T(1), std::max(T(-1), z[j]));
-      return;
-    default:  // identity (softmax is rejected by the binding)
-      if (y != z) std::copy(z, z + len, y);
-      return;
-  }
-}
-
-// g[j] = f'(z[j]) written in terms of y = f(z): every elementwise kind allows it, so only outputs are kept.
-template <typename T>
-void act_grad_block(Activation kind, T alpha, const T* y, T* g, std::int64_t len) {
-  switch (kind) {
-    case Activation::Relu:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : T(0);
-      return;
-    case Activation::LeakyRelu:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : alpha;
-      return;
-    case Activation::Elu:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] > T(0) ? T(1) : y[j] + alpha;
-      return;
-    case Activation::Tanh:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = T(1) - y[j] * y[j];
-      return;
-    case Activation::Sigmoid:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = y[j] * (T(1) - y[j]);
-      return;
-    case Activation::Softplus:
-      for (std::int64_t j = 0; j < len; ++j) g[j] = -std::expm1(-y[j]);
-      return;
-    case Activation::HardTanh:
-#pragma omp simd
-      for (std::int64_t j = 0; j < len; ++j) g[j] = (y[j] > T(-1) && y[j] < T(1)) ? T(1) : T(0);
-      return;
-    default:
-      std::fill(g, g + len, T(1));
-      return;
-  }
-}
-
-}  // namespace
 
 template <typename T>
 void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,

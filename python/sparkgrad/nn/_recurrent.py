@@ -112,10 +112,7 @@ class LSTMRuntime(SequenceRuntime):
 
 
 class SimpleRnnRuntime(SequenceRuntime):
-    """SimpleRnn: one GEMM for the input projection of every step, then one small GEMM per step.
-
-    Work buffers are time-major (T, N, H) so that every step is a contiguous block.
-    """
+    """SimpleRnn through the native whole-sequence kernels (cpp/src/nn/simple_rnn.cpp)."""
 
     def forward(
         self,
@@ -127,67 +124,32 @@ class SimpleRnnRuntime(SequenceRuntime):
         backward_steps: int | None = None,
     ) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
-        n, t, c = x.shape
+        n, t, _ = x.shape
         h = self.conf.n_out
-        p, xp = self.params, self.xp
-        zx = self.buf("zx", (n * t, h))
-        self.k.gemm(self.x.reshape(n * t, c), p[L.WEIGHT], out=zx)
-        self.k.bias_add(zx, p[L.BIAS])
-        z = self.buf("z", (t, n, h))
-        xp.copyto(z, zx.reshape(n, t, h).transpose(1, 0, 2))
-        raw, out = self.buf("raw", (t, n, h)), self.buf("out", (t, n, h))
-        self.mask_tn = None if mask is None else xp.ascontiguousarray(mask.T)[:, :, None]
+        hs, act = self.buf("hs", (n, t, h)), self.buf("act", (n, t, h))
         (self.h0,) = self._initial_state(n, stateful)
+        self.mask = mask
         self.first_step = _first_step(t, backward_steps)
-        rec = self.buf("rec", (n, h))
-        for step in range(t):
-            prev = out[step - 1] if step > 0 else self.h0
-            if prev is not None:
-                self.k.gemm(prev, p[L.RECURRENT_WEIGHT], out=rec)
-                z[step] += rec
-            self.k.activation_forward(self.activation.value, z[step], raw[step], alpha=self.alpha)
-            if self.mask_tn is None:
-                out[step] = raw[step]
-            else:
-                xp.multiply(raw[step], self.mask_tn[step], out=out[step])
+        p = self.params
+        self.k.simple_rnn_forward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, act,
+            mask=mask, h0=self.h0, activation=self.activation.value, alpha=self.alpha,
+        )  # fmt: skip
         if stateful:
-            self.state = (out[-1].copy(),)
-        self.z, self.raw, self.out = z, raw, out
-        y = self.buf("y", (n, t, h))
-        xp.copyto(y, out.transpose(1, 0, 2))
-        return y
+            self.state = (hs[:, -1].copy(),)
+        self.hs, self.act = hs, act
+        return hs
 
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
-        t, n, h = self.z.shape
-        c, xp = self.x.shape[2], self.xp
-        dz = self.buf("dz", (t, n, h))
-        xp.copyto(dz, dy.reshape(n, t, h).transpose(1, 0, 2))
-        rw = self.params[L.RECURRENT_WEIGHT]
-        rec = self.buf("rec", (n, h))
-        dz[: self.first_step] = 0.0  # truncated BPTT: no gradient before the backward window
-        for step in range(t - 1, self.first_step - 1, -1):
-            if step < t - 1:
-                self.k.gemm(dz[step + 1], rw, trans_b=True, out=rec)
-                dz[step] += rec
-            if self.mask_tn is not None:
-                dz[step] *= self.mask_tn[step]
-            self.k.activation_backward(
-                self.activation.value, self.z[step], self.raw[step], dz[step], dz[step], alpha=self.alpha
-            )
-        prev = self.buf("prev", (t, n, h))  # the h_{t-1} each step used
-        prev[0] = 0.0 if self.h0 is None else self.h0
-        prev[1:] = self.out[:-1]
-        g = self.grads
-        self.k.gemm(prev.reshape(t * n, h), dz.reshape(t * n, h), trans_a=True, out=g[L.RECURRENT_WEIGHT])
-        self.k.bias_grad(dz.reshape(t * n, h), g[L.BIAS])
-        dz_nt = self.buf("dz_nt", (n * t, h))
-        xp.copyto(dz_nt.reshape(n, t, h), dz.transpose(1, 0, 2))
-        self.k.gemm(self.x.reshape(n * t, c), dz_nt, trans_a=True, out=g[L.WEIGHT])
-        if not need_dx:
-            return None
-        dx = self.buf("dx", self.x.shape)
-        self.k.gemm(dz_nt, self.params[L.WEIGHT], trans_b=True, out=dx.reshape(n * t, c))
-        return self._input_dropout_backward(dx)
+        g, p = self.grads, self.params
+        dx = self.buf("dx", self.x.shape) if need_dx else None
+        self.k.simple_rnn_backward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.act, self.xp.ascontiguousarray(dy),
+            self.buf("dz", self.hs.shape), g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
+            dx=dx, mask=self.mask, h0=self.h0, activation=self.activation.value, alpha=self.alpha,
+            first_step=self.first_step,
+        )  # fmt: skip
+        return self._input_dropout_backward(dx) if need_dx else None
 
 
 def last_present_steps(mask: Any, n: int, t: int, xp: Any) -> Any:

@@ -822,6 +822,50 @@ def test_lstm_matches_cpu(cp: Any, dtype: Any, case: str, activation: str, gate:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["tanh", "relu", "softplus", "elu", "hardtanh", "softmax"])
+@pytest.mark.parametrize("state_mask_truncated", [False, True])
+def test_simple_rnn_matches_cpu(cp: Any, dtype: Any, activation: str, state_mask_truncated: bool) -> None:
+    rng = np.random.default_rng(12)
+    n, t, c, h = 3, 7, 5, 6
+    x, dh = _rand(rng, (n, t, c), dtype), _rand(rng, (n, t, h), dtype)
+    w, rw, b = (_rand(rng, s, dtype) * 0.4 for s in ((c, h), (h, h), (h,)))
+    opt = {"activation": activation, "alpha": 0.7}
+    first_step = 0
+    if state_mask_truncated:
+        opt["mask"] = (rng.random((n, t)) < 0.7).astype(dtype)
+        opt["h0"] = _rand(rng, (n, h), dtype)
+        first_step = 2
+    hs, act = np.empty((n, t, h), dtype), np.empty((n, t, h), dtype)
+    _core.simple_rnn_forward(x, w, rw, b, hs, act, **opt)
+    grads = {
+        k: np.empty(s, dtype)
+        for k, s in (("dz", hs.shape), ("dw", w.shape), ("drw", rw.shape), ("db", b.shape))
+    }
+    dx = np.empty_like(x)
+    _core.simple_rnn_backward(x, w, rw, hs, act, dh, **grads, dx=dx, first_step=first_step, **opt)
+    g = {k: cp.asarray(v) for k, v in opt.items() if k in ("mask", "h0")}
+    gx, gw, grw, gdh = (cp.asarray(a) for a in (x, w, rw, dh))
+    ghs, gact = cp.empty(hs.shape, dtype), cp.empty(hs.shape, dtype)
+    cuda.simple_rnn_forward(gx, gw, grw, cp.asarray(b), ghs, gact, activation=activation, alpha=0.7, **g)
+    ggrads = {k: cp.empty(v.shape, dtype) for k, v in grads.items()}
+    gdx = cp.empty(x.shape, dtype)
+    cuda.simple_rnn_backward(
+        gx, gw, grw, ghs, gact, gdh, **ggrads, dx=gdx, first_step=first_step, activation=activation,
+        alpha=0.7, **g,
+    )  # fmt: skip
+    # a step sums c + h products and carries its error through t steps
+    tol = 16 * float(np.finfo(dtype).eps) * t * (c + h)
+    np.testing.assert_allclose(ghs.get(), hs, rtol=tol, atol=tol)
+    for k in grads:
+        scale = 1 + np.abs(grads[k]).max()
+        np.testing.assert_allclose(ggrads[k].get(), grads[k], rtol=0, atol=tol * scale, err_msg=k)
+    np.testing.assert_allclose(gdx.get(), dx, rtol=0, atol=tol * (1 + np.abs(dx).max()))
+    if first_step:
+        assert not ggrads["dz"][:, :first_step].get().any()  # truncated steps get exactly zero
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["add", "subtract", "product", "average", "max"])
 def test_elementwise_vertex_matches_cpu_exactly(cp: Any, dtype: Any, kind: str) -> None:
     rng = np.random.default_rng(10)

@@ -1,4 +1,5 @@
-"""Native LSTM kernels (cpp/src/nn/lstm.cpp) against the step-by-step NumPy reference."""
+"""Native LSTM and SimpleRnn kernels (cpp/src/nn/lstm.cpp, simple_rnn.cpp) against the step-by-step NumPy
+references."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import nn as ref
 
+import sparkgrad
 from sparkgrad import _core
 
 ELEMENTWISE = ["tanh", "sigmoid", "identity", "softplus", "hardtanh"]
@@ -128,3 +130,124 @@ def test_lstm_backward_first_step_truncates_like_a_sequence_starting_there(dtype
         _core.lstm_backward(
             x, w, rw, hs, cs, gates, act_c, dh, np.empty_like(gates), *grads[1:], first_step=6
         )
+
+
+# ---- SimpleRnn -----------------------------------------------------------------------------------
+
+
+def _run_rnn(x, w, rw, b, dh, mask, h0, act, first_step=0):
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hs, act_out = (np.full((n, t, h), np.nan, x.dtype) for _ in range(2))
+    kw = {"mask": mask, "h0": h0, "activation": act, "alpha": 0.3}
+    _core.simple_rnn_forward(x, w, rw, b, hs, act_out, **kw)
+    grads = [np.full(a.shape, np.nan, x.dtype) for a in (x, w, rw, b)]
+    dz = np.full_like(hs, np.nan)
+    _core.simple_rnn_backward(
+        x, w, rw, hs, act_out, dh, dz, *grads[1:], dx=grads[0], first_step=first_step, **kw
+    )
+    return hs, act_out, grads
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    t=st.integers(1, 5),
+    c=st.integers(1, 4),
+    h=st.integers(1, 4),
+    masked=st.booleans(),
+    state=st.booleans(),
+    act=st.sampled_from([*ELEMENTWISE, "relu", "leakyrelu", "elu", "softmax"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_simple_rnn_forward_backward_match_reference(n, t, c, h, masked, state, act, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x, w, rw = rng.normal(size=(n, t, c)), 0.5 * rng.normal(size=(c, h)), 0.5 * rng.normal(size=(h, h))
+    b, dh = 0.5 * rng.normal(size=h), rng.normal(size=(n, t, h))
+    mask = rng.integers(0, 2, (n, t)).astype(np.float64) if masked else None
+    h0 = rng.normal(size=(n, h)) if state else None
+    cast = [None if a is None else a.astype(dtype) for a in (x, w, rw, b, dh, mask, h0)]
+    x, w, rw, b, dh, mask, h0 = [None if a is None else a.astype(np.float64) for a in cast]
+    hs, act_out, grads = _run_rnn(*cast, act)
+    ref_hs = ref.simple_rnn_forward(x, w, rw, b, mask, h0, act, 0.3)
+    tol = _tol(dtype, t, c + h)
+    np.testing.assert_allclose(hs, ref_hs, **tol)
+    if mask is not None:  # act is the activation before the mask: equal to hs on present steps
+        present = mask[:, :, None] != 0
+        np.testing.assert_array_equal(np.where(present, act_out, 0), hs)
+    if act in ("hardtanh", "relu", "leakyrelu", "elu"):
+        return  # central differences are not exact at the kinks; the network gradient checks cover them
+    expected = ref.simple_rnn_backward(x, w, rw, b, dh, mask, h0, act, 0.3)
+    fd = 1e-6 * (1 + np.abs(dh).sum())
+    for name, got, want in zip(("dx", "dw", "drw", "db"), grads, expected):
+        bound = tol["atol"] * (1 + np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound + fd, err_msg=name)
+
+
+def test_simple_rnn_masked_steps_output_zero_and_restart_state():
+    rng = np.random.default_rng(4)
+    x, w, rw, b = (
+        rng.normal(size=(1, 4, 2)),
+        rng.normal(size=(2, 3)),
+        rng.normal(size=(3, 3)),
+        rng.normal(size=3),
+    )
+    mask = np.array([[1.0, 0.0, 1.0, 1.0]])
+    hs, _, grads = _run_rnn(x, w, rw, b, np.ones((1, 4, 3)), mask, None, "tanh")
+    assert np.all(hs[0, 1] == 0) and np.all(grads[0][0, 1] == 0)
+    tail, _, _ = _run_rnn(x[:, 2:].copy(), w, rw, b, np.ones((1, 2, 3)), None, None, "tanh")
+    np.testing.assert_allclose(hs[:, 2:], tail, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_simple_rnn_backward_first_step_truncates_like_a_sequence_starting_there(dtype):
+    """Gradients from first_step on equal those of the tail run from the state the head ended in."""
+    rng = np.random.default_rng(9)
+    n, t, c, h, k = 3, 6, 2, 3, 4
+    x, w, rw = (0.5 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, h), (h, h)))
+    b, dh = rng.normal(size=h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    hs, _, grads = _run_rnn(x, w, rw, b, dh, None, None, "tanh", first_step=k)
+    tail = _run_rnn(x[:, k:].copy(), w, rw, b, dh[:, k:].copy(), None, hs[:, k - 1].copy(), "tanh")[2]
+    tol = _tol(dtype, t, c + h)
+    assert np.all(grads[0][:, :k] == 0)
+    np.testing.assert_allclose(grads[0][:, k:], tail[0], **tol)
+    for got, want in zip(grads[1:], tail[1:]):
+        np.testing.assert_allclose(got, want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_simple_rnn_is_bit_identical_for_any_thread_count(dtype):
+    """Rows of a step are split over threads above the fork threshold (n * h >= 4096): same bits."""
+    rng = np.random.default_rng(5)
+    n, t, c, h = 40, 3, 5, 128
+    x, w, rw = (0.3 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, h), (h, h)))
+    b, dh = rng.normal(size=h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    mask = rng.integers(0, 2, (n, t)).astype(dtype)
+    before = sparkgrad.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            sparkgrad.set_num_threads(threads)
+            hs, act_out, grads = _run_rnn(x, w, rw, b, dh, mask, None, "tanh")
+            results.append([hs, act_out, *grads])
+    finally:
+        sparkgrad.set_num_threads(before)
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+
+
+def test_simple_rnn_kernel_errors_name_the_argument():
+    x, w, rw, b = np.zeros((2, 3, 4)), np.zeros((4, 2)), np.zeros((2, 2)), np.zeros(2)
+    out = [np.zeros((2, 3, 2)), np.zeros((2, 3, 2))]
+    with pytest.raises(ValueError, match=r"\[simple_rnn_forward\] rw must have shape \(2, 2\)"):
+        _core.simple_rnn_forward(x, w, np.zeros((3, 2)), b, *out)
+    with pytest.raises(ValueError, match=r"\[simple_rnn_forward\] mask must have shape \(2, 3\)"):
+        _core.simple_rnn_forward(x, w, rw, b, *out, mask=np.ones((3, 2)))
+    with pytest.raises(ValueError, match=r"\[simple_rnn_forward\] act must have dtype float64"):
+        _core.simple_rnn_forward(x, w, rw, b, out[0], out[1].astype(np.float32))
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        _core.simple_rnn_forward(x, w, rw, b, *out, activation="swish")
+    grads = [np.zeros_like(a) for a in (w, rw, b)]
+    with pytest.raises(ValueError, match=r"\[simple_rnn_backward\] first_step must be in \[0, 3\)"):
+        _core.simple_rnn_backward(x, w, rw, *out, out[0], np.zeros_like(out[0]), *grads, first_step=3)

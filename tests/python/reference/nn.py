@@ -569,3 +569,28 @@ def lstm_backward(x, w, rw, b, dh, mask=None, h0=None, c0=None, act="tanh", gate
         return float((lstm_forward(x, w, rw, b, mask, h0, c0, act, gate)[0] * dh).sum())
 
     return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))
+
+
+# ---- SimpleRnn -----------------------------------------------------------------------------------
+
+
+def simple_rnn_forward(x, w, rw, b, mask=None, h0=None, act="tanh", alpha=0.0):
+    """DL4J SimpleRnn, step by step: h_t = m_t * act(x_t W + h_{t-1} RW + b). x: (N, T, C); returns
+    hs (N, T, H)."""
+    n, t, _ = x.shape
+    hp = np.zeros((n, rw.shape[0])) if h0 is None else np.asarray(h0, np.float64)
+    hs = np.zeros((n, t, rw.shape[0]))
+    for s in range(t):
+        m = np.ones((n, 1)) if mask is None else mask[:, s : s + 1]
+        hp = m * activation(act, x[:, s].astype(np.float64) @ w + hp @ rw + b, alpha)
+        hs[:, s] = hp
+    return hs
+
+
+def simple_rnn_backward(x, w, rw, b, dh, mask=None, h0=None, act="tanh", alpha=0.0):
+    """Gradients (dx, dw, drw, db) of sum(simple_rnn_forward(...) * dh) by central differences."""
+
+    def loss() -> float:
+        return float((simple_rnn_forward(x, w, rw, b, mask, h0, act, alpha) * dh).sum())
+
+    return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))

@@ -1,0 +1,133 @@
+// SimpleRnn (DL4J's SimpleRnn layer) forward and backward over a whole sequence:
+// h_t = m_t * activation(x_t W + h_{t-1} RW + b), with m_t the step's mask value (DL4J: a masked step
+// outputs zero and the next step starts from a zero state). One GEMM projects the input of every step,
+// then each step is one recurrent GEMM and one fused pass over its rows.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "recurrent_util.h"
+#include "sparkgrad/common.h"
+#include "sparkgrad/nn.h"
+
+namespace sparkgrad::nn {
+
+namespace {
+
+// y = activation(z) over one row of h values, in place (z == y) or not; softmax normalizes the row.
+template <typename T>
+void activate_row(Activation kind, T alpha, const T* z, T* y, std::int64_t h) {
+  if (kind == Activation::Softmax) {
+    activation_forward<T>(kind, alpha, z, y, 1, h);
+  } else {
+    act_block(kind, alpha, z, y, h);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void simple_rnn_forward(Activation kind, double alpha_in, const LstmShape& s, const T* x, const T* w, const T* rw,
+                        const T* b, const T* mask, const T* h0, T* hs, T* act) {
+  const std::int64_t n = s.n, t_len = s.t, h = s.h, ld = s.t * s.h;
+  const T alpha = static_cast<T>(alpha_in);
+  // x W for every step, parked in hs: step t reads its rows before it overwrites them with its output.
+  gemm<T>(Transpose::No, Transpose::No, n * t_len, h, s.c, T(1), x, s.c, w, h, T(0), hs, h);
+  for (std::int64_t t = 0; t < t_len; ++t) {
+    // act[:, t] = h_{t-1} RW; rows of step t are strided by ld in the (n, t, h) layout.
+    const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
+    if (h_prev != nullptr) {
+      gemm<T>(Transpose::No, Transpose::No, n, h, h, T(1), h_prev, t > 0 ? ld : h, rw, h, T(0), act + t * h, ld);
+    }
+#pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
+    for (std::int64_t i = 0; i < n; ++i) {
+      T* a = act + i * ld + t * h;
+      T* out = hs + i * ld + t * h;  // holds x_t W until written below
+      if (h_prev != nullptr) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) a[j] += out[j] + b[j];
+      } else {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) a[j] = out[j] + b[j];
+      }
+      activate_row(kind, alpha, a, a, h);
+      const T m = mask != nullptr ? mask[i * t_len + t] : T(1);
+#pragma omp simd
+      for (std::int64_t j = 0; j < h; ++j) out[j] = m * a[j];
+    }
+  }
+}
+
+template <typename T>
+void simple_rnn_backward(Activation kind, double alpha_in, const LstmShape& s, const T* x, const T* w,
+                         const T* rw, const T* mask, const T* h0, const T* hs, const T* act, const T* dh, T* dz,
+                         T* dx, T* dw, T* drw, T* db, std::int64_t first_step) {
+  const std::int64_t n = s.n, t_len = s.t, h = s.h, ld = s.t * s.h;
+  const T alpha = static_cast<T>(alpha_in);
+  for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
+    std::fill(dz + i * ld, dz + i * ld + first_step * h, T(0));
+  }
+  for (std::int64_t t = t_len - 1; t >= first_step; --t) {
+    const bool has_next = t < t_len - 1;
+    if (has_next) {  // dz[:, t] = dz[:, t+1] RW^T: the gradient reaching h_t through step t+1
+      gemm<T>(Transpose::No, Transpose::Yes, n, h, h, T(1), dz + (t + 1) * h, ld, rw, h, T(0), dz + t * h, ld);
+    }
+#pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t off = i * ld + t * h;
+      T* d = dz + off;
+      const T* g = dh + off;
+      const T m = mask != nullptr ? mask[i * t_len + t] : T(1);
+      if (has_next) {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) d[j] = m * (d[j] + g[j]);
+      } else {
+#pragma omp simd
+        for (std::int64_t j = 0; j < h; ++j) d[j] = m * g[j];
+      }
+      if (kind == Activation::Softmax) {
+        activation_backward<T>(kind, alpha, act + off, act + off, d, d, 1, h);
+      } else {
+        act_grad_mul(kind, alpha, act + off, d, h);
+      }
+    }
+  }
+  // Weight gradients with one GEMM each over all steps: dW = x^T dZ, dRW = h_prev^T dZ.
+  gemm<T>(Transpose::Yes, Transpose::No, s.c, h, n * t_len, T(1), x, s.c, dz, h, T(0), dw, h);
+  // h_prev (n, t, h): the state each step started from (h0 or zero at step 0); uninitialized storage,
+  // every value is written below.
+  std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * ld)]);
+  for (std::int64_t i = 0; i < n; ++i) {
+    T* dst = h_prev.get() + i * ld;
+    if (h0 != nullptr) {
+      std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
+    } else {
+      std::fill(dst, dst + h, T(0));
+    }
+    std::copy(hs + i * ld, hs + (i + 1) * ld - h, dst + h);
+  }
+  gemm<T>(Transpose::Yes, Transpose::No, h, h, n * t_len, T(1), h_prev.get(), h, dz, h, T(0), drw, h);
+  // db = column sums of dZ, accumulated row by row (contiguous) in double: the same for any thread count
+  std::vector<double> db_sum(static_cast<std::size_t>(h), 0.0);
+  for (std::int64_t row = 0; row < n * t_len; ++row) {
+    const T* d = dz + row * h;
+    double* acc = db_sum.data();
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) acc[j] += d[j];
+  }
+  for (std::int64_t j = 0; j < h; ++j) db[j] = static_cast<T>(db_sum[j]);
+  if (dx != nullptr) {
+    gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, h, T(1), dz, h, w, h, T(0), dx, s.c);
+  }
+}
+
+#define SPARKGRAD_SIMPLE_RNN(T)                                                                                 \
+  template void simple_rnn_forward<T>(Activation, double, const LstmShape&, const T*, const T*, const T*,        \
+                                      const T*, const T*, const T*, T*, T*);                                     \
+  template void simple_rnn_backward<T>(Activation, double, const LstmShape&, const T*, const T*, const T*,       \
+                                       const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*,     \
+                                       std::int64_t);
+SPARKGRAD_SIMPLE_RNN(float)
+SPARKGRAD_SIMPLE_RNN(double)
+
+}  // namespace sparkgrad::nn
