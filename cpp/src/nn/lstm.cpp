@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,11 +27,85 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
   return spec;
 }
 
+namespace {
+
+// One example's step of the forward: activates z = [a | f | o | i] (4h) in place, writes c (masked),
+// act(c) (before the mask) and h.
+template <typename T>
+SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* z, const T* c_prev,
+                                                  T* c_out, T* h_out, T* ac, T m) {
+  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
+  act_block(spec.activation, alpha, z, z, h);
+  act_block(spec.gate, gate_alpha, z + h, z + h, 3 * h);
+  const T *a = z, *f = z + h, *o = z + 2 * h, *ig = z + 3 * h;
+  if (c_prev != nullptr) {
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) c_out[j] = f[j] * c_prev[j] + ig[j] * a[j];
+  } else {
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) c_out[j] = ig[j] * a[j];
+  }
+  act_block(spec.activation, alpha, c_out, ac, h);
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    h_out[j] = m * o[j] * ac[j];
+    c_out[j] *= m;
+  }
+}
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, float* z, const float* c_prev,
+                                            float* c_out, float* h_out, float* ac, float m) {
+  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+}
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, double* z, const double* c_prev,
+                                            double* c_out, double* h_out, double* ac, double m) {
+  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+}
+
+// One example's step of the backward: from the activated gates g (4h), act(c) and c_prev (null: zero),
+// the output gradient dh_out and the gradients reaching h_t (dh_r) and c_t (dc) through step t+1,
+// writes dz (4h) and replaces dc with the gradient reaching c_{t-1}. deriv: 5h scratch.
+template <typename T>
+SPARKGRAD_FORCE_INLINE void lstm_backward_row_impl(const LstmSpec& spec, std::int64_t h, const T* g, const T* ac,
+                                                   const T* c_prev, const T* dh_out, T m, T* dz, const T* dh_r,
+                                                   T* dc, T* deriv) {
+  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
+  T* d_a = deriv;
+  T* d_ac = d_a + h;
+  T* d_f = d_ac + h;
+  T* d_o = d_f + h;
+  T* d_i = d_o + h;
+  act_grad_block(spec.activation, alpha, g, d_a, h);
+  act_grad_block(spec.activation, alpha, ac, d_ac, h);
+  act_grad_block(spec.gate, gate_alpha, g + h, d_f, 3 * h);
+  const T *a = g, *f = g + h, *o = g + 2 * h, *ig = g + 3 * h;
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    const T dh_t = m * (dh_out[j] + dh_r[j]);
+    const T dc_t = m * dc[j] + dh_t * o[j] * d_ac[j];
+    dz[j] = dc_t * ig[j] * d_a[j];
+    dz[h + j] = c_prev != nullptr ? dc_t * c_prev[j] * d_f[j] : T(0);
+    dz[2 * h + j] = dh_t * ac[j] * d_o[j];
+    dz[3 * h + j] = dc_t * a[j] * d_i[j];
+    dc[j] = dc_t * f[j];
+  }
+}
+SPARKGRAD_SIMD_CLONES void lstm_backward_row(const LstmSpec& spec, std::int64_t h, const float* g, const float* ac,
+                                             const float* c_prev, const float* dh_out, float m, float* dz,
+                                             const float* dh_r, float* dc, float* deriv) {
+  lstm_backward_row_impl(spec, h, g, ac, c_prev, dh_out, m, dz, dh_r, dc, deriv);
+}
+SPARKGRAD_SIMD_CLONES void lstm_backward_row(const LstmSpec& spec, std::int64_t h, const double* g,
+                                             const double* ac, const double* c_prev, const double* dh_out,
+                                             double m, double* dz, const double* dh_r, double* dc, double* deriv) {
+  lstm_backward_row_impl(spec, h, g, ac, c_prev, dh_out, m, dz, dh_r, dc, deriv);
+}
+
+}  // namespace
+
 template <typename T>
 void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
                   const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c) {
   const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
-  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
   // Every row starts as the bias, then one GEMM adds the input projection of every time step.
   for (std::int64_t row = 0; row < n * t_len; ++row) std::copy(b, b + g4, gates + row * g4);
   gemm<T>(Transpose::No, Transpose::No, n * t_len, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
@@ -47,27 +122,8 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
       const std::int64_t row = i * t_len + t;
       T* z = gates + row * g4;  // activated in place: [a | f | o | i]
       const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
-      T* c_out = cs + row * h;
-      T* h_out = hs + row * h;
-      T* ac = act_c + row * h;
-      const T m = mask != nullptr ? mask[row] : T(1);
-      act_block(spec.activation, alpha, z, z, h);
-      act_block(spec.gate, gate_alpha, z + h, z + h, 3 * h);
-      const T *a = z, *f = z + h, *ig = z + 3 * h;
-      if (c_prev != nullptr) {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) c_out[j] = f[j] * c_prev[j] + ig[j] * a[j];
-      } else {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) c_out[j] = ig[j] * a[j];
-      }
-      act_block(spec.activation, alpha, c_out, ac, h);
-      const T* o = z + 2 * h;
-#pragma omp simd
-      for (std::int64_t j = 0; j < h; ++j) {
-        h_out[j] = m * o[j] * ac[j];
-        c_out[j] *= m;
-      }
+      lstm_forward_row(spec, h, z, c_prev, cs + row * h, hs + row * h, act_c + row * h,
+                       mask != nullptr ? mask[row] : T(1));
     }
   }
 }
@@ -77,7 +133,6 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step) {
   const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
-  const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
   std::vector<T> dh_rec(static_cast<std::size_t>(n * h), T(0));  // dL/dh_t through step t+1
   std::vector<T> dc_next(static_cast<std::size_t>(n * h), T(0));  // dL/dc_t through step t+1
   for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
@@ -94,44 +149,22 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
 #pragma omp parallel if (n * h >= kGateParallelMin)
     {
       std::vector<T> deriv(static_cast<std::size_t>(5 * h));  // f'(a), f'(act_c), gate'(f, o, i)
-      T* d_a = deriv.data();
-      T* d_ac = d_a + h;
-      T* d_f = d_ac + h;
-      T* d_o = d_f + h;
-      T* d_i = d_o + h;
 #pragma omp for schedule(static)
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t row = i * t_len + t;
-        const T* g = gates + row * g4;
-        const T* ac = act_c + row * h;
         const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
-        const T* dh_out = dh + row * h;
-        T* dz = dgates + row * g4;
-        T* dh_r = dh_rec_p + i * h;
-        T* dc = dc_p + i * h;
-        const T m = mask != nullptr ? mask[row] : T(1);
-        act_grad_block(spec.activation, alpha, g, d_a, h);
-        act_grad_block(spec.activation, alpha, ac, d_ac, h);
-        act_grad_block(spec.gate, gate_alpha, g + h, d_f, 3 * h);
-        const T *a = g, *f = g + h, *o = g + 2 * h, *ig = g + 3 * h;
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) {
-          const T dh_t = m * (dh_out[j] + dh_r[j]);
-          const T dc_t = m * dc[j] + dh_t * o[j] * d_ac[j];
-          dz[j] = dc_t * ig[j] * d_a[j];
-          dz[h + j] = c_prev != nullptr ? dc_t * c_prev[j] * d_f[j] : T(0);
-          dz[2 * h + j] = dh_t * ac[j] * d_o[j];
-          dz[3 * h + j] = dc_t * a[j] * d_i[j];
-          dc[j] = dc_t * f[j];
-        }
+        lstm_backward_row(spec, h, gates + row * g4, act_c + row * h, c_prev, dh + row * h,
+                          mask != nullptr ? mask[row] : T(1), dgates + row * g4, dh_rec_p + i * h, dc_p + i * h,
+                          deriv.data());
       }
     }
   }
   // Weight gradients with one GEMM each over all time steps: dW = x^T dZ, dRW = h_prev^T dZ.
   gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), x, s.c, dgates, g4, T(0), dw, g4);
-  std::vector<T> h_prev(static_cast<std::size_t>(n * t_len * h));
+  // h_prev (n, t, h): the state each step started from; uninitialized storage, every value is written below.
+  std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * t_len * h)]);
   for (std::int64_t i = 0; i < n; ++i) {
-    T* dst = h_prev.data() + i * t_len * h;
+    T* dst = h_prev.get() + i * t_len * h;
     if (h0 != nullptr) {
       std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
     } else {
@@ -139,7 +172,7 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
     }
     std::copy(hs + i * t_len * h, hs + ((i + 1) * t_len - 1) * h, dst + h);
   }
-  gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.data(), h, dgates, g4, T(0), drw, g4);
+  gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.get(), h, dgates, g4, T(0), drw, g4);
   // db = column sums of dZ, accumulated row by row (contiguous) in double
   std::vector<double> db_sum(static_cast<std::size_t>(g4), 0.0);
   for (std::int64_t row = 0; row < n * t_len; ++row) {

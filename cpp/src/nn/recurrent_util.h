@@ -3,6 +3,21 @@
 // with that file's flags (both set -fno-trapping-math in cpp/CMakeLists.txt so the clamps vectorize).
 #pragma once
 
+// The library is built for the baseline ISA (no -march), so the per-row step functions are compiled
+// three times, for AVX-512 (x86-64-v4), AVX2 + FMA (v3) and the baseline, and the loader picks the
+// widest the CPU has (GCC target_clones, an ifunc). The helpers they call are forced inline so that
+// their loops get the clone's instructions. Other compilers and targets get the portable build.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define SPARKGRAD_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SPARKGRAD_SIMD_CLONES
+#endif
+#if defined(__GNUC__)
+#define SPARKGRAD_FORCE_INLINE inline __attribute__((always_inline))
+#else
+#define SPARKGRAD_FORCE_INLINE inline
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,7 +35,7 @@ constexpr std::int64_t kGateParallelMin = 1 << 12;
 
 // Horner form of the Taylor polynomial 1 + r (1 + r/2 (1 + r/3 (...))) from term I up to K.
 template <typename T, int I, int K>
-inline T exp_taylor(T r) {
+SPARKGRAD_FORCE_INLINE T exp_taylor(T r) {
   if constexpr (I > K) {
     return T(1);
   } else {
@@ -32,7 +47,7 @@ inline T exp_taylor(T r) {
 // double, each within an ulp or two); branch-free so the gate loops vectorize, which libm calls do not
 // (with -fno-trapping-math, set for this file in cpp/CMakeLists.txt, the clamps become min/max).
 template <typename T>
-inline T exp_poly(T x) {
+SPARKGRAD_FORCE_INLINE T exp_poly(T x) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
   constexpr int kMantissa = sizeof(T) == 4 ? 23 : 52;
   constexpr Bits kBias = sizeof(T) == 4 ? 127 : 1023;
@@ -51,7 +66,7 @@ inline T exp_poly(T x) {
 
 // y[j] = f(z[j]) over one contiguous block; the switch sits outside the loops so each loop vectorizes.
 template <typename T>
-void act_block(Activation kind, T alpha, const T* z, T* y, std::int64_t len) {
+SPARKGRAD_FORCE_INLINE void act_block(Activation kind, T alpha, const T* z, T* y, std::int64_t len) {
   switch (kind) {
     case Activation::Relu:
 #pragma omp simd
@@ -89,7 +104,7 @@ void act_block(Activation kind, T alpha, const T* z, T* y, std::int64_t len) {
 
 // g[j] = f'(z[j]) written in terms of y = f(z): every elementwise kind allows it, so only outputs are kept.
 template <typename T>
-void act_grad_block(Activation kind, T alpha, const T* y, T* g, std::int64_t len) {
+SPARKGRAD_FORCE_INLINE void act_grad_block(Activation kind, T alpha, const T* y, T* g, std::int64_t len) {
   switch (kind) {
     case Activation::Relu:
 #pragma omp simd
@@ -127,7 +142,7 @@ void act_grad_block(Activation kind, T alpha, const T* y, T* g, std::int64_t len
 // d[j] *= f'(z[j]) written in terms of y = f(z), for the elementwise kinds: the backward of a step
 // multiplies its incoming gradient in place, with no derivative buffer.
 template <typename T>
-void act_grad_mul(Activation kind, T alpha, const T* y, T* d, std::int64_t len) {
+SPARKGRAD_FORCE_INLINE void act_grad_mul(Activation kind, T alpha, const T* y, T* d, std::int64_t len) {
   switch (kind) {
     case Activation::Relu:
 #pragma omp simd

@@ -14,14 +14,60 @@ namespace sparkgrad::nn {
 
 namespace {
 
-// y = activation(z) over one row of h values, in place (z == y) or not; softmax normalizes the row.
+// One example's step of the forward: a = activation(a + zx + b) in place (a holds h_{t-1} RW, or nothing
+// when has_prev is false), then out = m * a (out holds x_t W until then).
 template <typename T>
-void activate_row(Activation kind, T alpha, const T* z, T* y, std::int64_t h) {
-  if (kind == Activation::Softmax) {
-    activation_forward<T>(kind, alpha, z, y, 1, h);
+SPARKGRAD_FORCE_INLINE void forward_row_impl(Activation kind, T alpha, std::int64_t h, const T* b, bool has_prev,
+                                             T* a, T* out, T m) {
+  if (has_prev) {
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) a[j] += out[j] + b[j];
   } else {
-    act_block(kind, alpha, z, y, h);
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) a[j] = out[j] + b[j];
   }
+  if (kind == Activation::Softmax) {
+    activation_forward<T>(kind, alpha, a, a, 1, h);
+  } else {
+    act_block(kind, alpha, a, a, h);
+  }
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) out[j] = m * a[j];
+}
+SPARKGRAD_SIMD_CLONES void forward_row(Activation kind, float alpha, std::int64_t h, const float* b, bool has_prev,
+                                       float* a, float* out, float m) {
+  forward_row_impl(kind, alpha, h, b, has_prev, a, out, m);
+}
+SPARKGRAD_SIMD_CLONES void forward_row(Activation kind, double alpha, std::int64_t h, const double* b,
+                                       bool has_prev, double* a, double* out, double m) {
+  forward_row_impl(kind, alpha, h, b, has_prev, a, out, m);
+}
+
+// One example's step of the backward: d = m * (d + g) (d holds dz_{t+1} RW^T, or nothing when has_next is
+// false; g = dL/dh_t from the layer above), then times activation'(.) written in terms of y.
+template <typename T>
+SPARKGRAD_FORCE_INLINE void backward_row_impl(Activation kind, T alpha, std::int64_t h, const T* y, const T* g,
+                                              bool has_next, T* d, T m) {
+  if (has_next) {
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) d[j] = m * (d[j] + g[j]);
+  } else {
+#pragma omp simd
+    for (std::int64_t j = 0; j < h; ++j) d[j] = m * g[j];
+  }
+  if (kind == Activation::Softmax) {
+    activation_backward<T>(kind, alpha, y, y, d, d, 1, h);
+  } else {
+    act_grad_mul(kind, alpha, y, d, h);
+  }
+}
+SPARKGRAD_SIMD_CLONES void backward_row(Activation kind, float alpha, std::int64_t h, const float* y,
+                                        const float* g, bool has_next, float* d, float m) {
+  backward_row_impl(kind, alpha, h, y, g, has_next, d, m);
+}
+SPARKGRAD_SIMD_CLONES void backward_row(Activation kind, double alpha, std::int64_t h, const double* y,
+                                        const double* g, bool has_next, double* d, double m) {
+  backward_row_impl(kind, alpha, h, y, g, has_next, d, m);
 }
 
 }  // namespace
@@ -41,19 +87,8 @@ void simple_rnn_forward(Activation kind, double alpha_in, const LstmShape& s, co
     }
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
-      T* a = act + i * ld + t * h;
-      T* out = hs + i * ld + t * h;  // holds x_t W until written below
-      if (h_prev != nullptr) {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) a[j] += out[j] + b[j];
-      } else {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) a[j] = out[j] + b[j];
-      }
-      activate_row(kind, alpha, a, a, h);
-      const T m = mask != nullptr ? mask[i * t_len + t] : T(1);
-#pragma omp simd
-      for (std::int64_t j = 0; j < h; ++j) out[j] = m * a[j];
+      forward_row(kind, alpha, h, b, h_prev != nullptr, act + i * ld + t * h, hs + i * ld + t * h,
+                  mask != nullptr ? mask[i * t_len + t] : T(1));
     }
   }
 }
@@ -75,21 +110,8 @@ void simple_rnn_backward(Activation kind, double alpha_in, const LstmShape& s, c
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t off = i * ld + t * h;
-      T* d = dz + off;
-      const T* g = dh + off;
-      const T m = mask != nullptr ? mask[i * t_len + t] : T(1);
-      if (has_next) {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) d[j] = m * (d[j] + g[j]);
-      } else {
-#pragma omp simd
-        for (std::int64_t j = 0; j < h; ++j) d[j] = m * g[j];
-      }
-      if (kind == Activation::Softmax) {
-        activation_backward<T>(kind, alpha, act + off, act + off, d, d, 1, h);
-      } else {
-        act_grad_mul(kind, alpha, act + off, d, h);
-      }
+      backward_row(kind, alpha, h, act + off, dh + off, has_next, dz + off,
+                   mask != nullptr ? mask[i * t_len + t] : T(1));
     }
   }
   // Weight gradients with one GEMM each over all steps: dW = x^T dZ, dRW = h_prev^T dZ.

@@ -217,20 +217,27 @@ def test_simple_rnn_backward_first_step_truncates_like_a_sequence_starting_there
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_simple_rnn_is_bit_identical_for_any_thread_count(dtype):
+@pytest.mark.parametrize("cell", ["lstm", "simple_rnn"])
+def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell):
     """Rows of a step are split over threads above the fork threshold (n * h >= 4096): same bits."""
     rng = np.random.default_rng(5)
     n, t, c, h = 40, 3, 5, 128
-    x, w, rw = (0.3 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, h), (h, h)))
-    b, dh = rng.normal(size=h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    g = 4 * h if cell == "lstm" else h
+    x, w, rw = (0.3 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, g), (h, g)))
+    b, dh = rng.normal(size=g).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
     mask = rng.integers(0, 2, (n, t)).astype(dtype)
+    h0 = rng.normal(size=(n, h)).astype(dtype)
     before = sparkgrad.get_num_threads()
     try:
         results = []
         for threads in (1, 2):
             sparkgrad.set_num_threads(threads)
-            hs, act_out, grads = _run_rnn(x, w, rw, b, dh, mask, None, "tanh")
-            results.append([hs, act_out, *grads])
+            if cell == "lstm":
+                hs, cs, grads = _run(x, w, rw, b, dh, mask, h0, h0, "tanh", "sigmoid")
+                results.append([hs, cs, *grads])
+            else:
+                hs, act_out, grads = _run_rnn(x, w, rw, b, dh, mask, h0, "tanh")
+                results.append([hs, act_out, *grads])
     finally:
         sparkgrad.set_num_threads(before)
     for one, two in zip(*results):
