@@ -186,34 +186,88 @@ def encoded_count(message: np.ndarray, decoded: np.ndarray, is_bitmap: bool) -> 
     return int(np.count_nonzero(decoded)) if is_bitmap else int(message[0])
 
 
+def _lock_directory() -> int:
+    """An open descriptor of this user's private directory of slot locks, ``<tmp>/sparkgrad-<uid>``.
+
+    Created with mode 0700; refused unless it is a directory (not a link) owned by this user that no one
+    else may enter: another local user who knows the job id (the Spark UI shows it) could otherwise plant
+    links or hold the locks.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"sparkgrad-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TrainingError(
+            f"slot lock directory {path}: {exc} (it must be a directory, not a link)"
+        ) from exc
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        os.close(fd)
+        raise TrainingError(
+            f"slot lock directory {path} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}; "
+            f"it must be this user's (uid {os.getuid()}) with mode 700: remove it"
+        )
+    return fd
+
+
 class _SlotLock:
-    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks)."""
+    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks).
+
+    The lock files live in :func:`_lock_directory`, are opened with ``O_NOFOLLOW`` and are removed by
+    the task that held them, while it still holds the lock; a task that locked a file another task has
+    just removed (its inode is no longer the name's) tries again, so two tasks never share a slot.
+    """
 
     def __init__(self, job_id: int, slots: int, timeout_s: float) -> None:
-        self._file = None
+        self._fd: int | None = None
+        self._dir = _lock_directory()
+        try:
+            self._acquire(job_id, slots, timeout_s)
+        except BaseException:
+            os.close(self._dir)
+            raise
+
+    def _acquire(self, job_id: int, slots: int, timeout_s: float) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         deadline = time.monotonic() + timeout_s
-        while self._file is None:
+        while True:
             for i in range(slots):
-                f = open(os.path.join(tempfile.gettempdir(), f"sparkgrad-{job_id:016x}-slot{i}.lock"), "a+")
+                name = f"job-{job_id:016x}-slot{i}.lock"
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fd = os.open(name, flags, 0o600, dir_fd=self._dir)
+                except OSError as exc:  # a link (O_NOFOLLOW) or something else that is not our file
+                    raise TrainingError(f"worker slot lock {name}: {exc}") from exc
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    current = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
+                    if current.st_ino != os.fstat(fd).st_ino:
+                        raise FileNotFoundError(name)  # removed and re-created by other tasks meanwhile
                 except OSError:
-                    f.close()
+                    os.close(fd)
                     continue
-                self._file = f
-                break
-            else:
-                if time.monotonic() > deadline:
-                    raise TrainingError(
-                        f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
-                    )
-                time.sleep(0.02)
+                self._fd, self._name = fd, name
+                return
+            if time.monotonic() > deadline:
+                raise TrainingError(
+                    f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
+                )
+            time.sleep(0.02)
 
     def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        """Remove the lock file (still holding it) and release it (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self._name, dir_fd=self._dir)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        os.close(self._dir)
+        self._fd = None
 
 
 def _relay_host(host: str, port: int) -> str:
@@ -437,12 +491,10 @@ class SharedWorker:
         if self.stats is not None and self._init_event is not None:
             self.stats.add(WORKER_INIT, self._init_event)
             self._init_event = None
-        lock = (
-            _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
-            if job.workers_per_node > 0 and not job.barrier
-            else None
-        )
+        lock: _SlotLock | None = None
         try:
+            if job.workers_per_node > 0 and not job.barrier:
+                lock = _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
             elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
             begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
             for epoch in range(begin, first_epoch + epochs):
@@ -1001,7 +1053,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                         if on_epoch(epoch):
                             break
             finally:
-                bc.unpersist()
+                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
         finally:
             controller.close()
             progress.close()
