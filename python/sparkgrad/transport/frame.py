@@ -73,6 +73,7 @@ import enum
 import hashlib
 import hmac
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -345,11 +346,38 @@ def json_payload(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
+CONTROL_INT_LIMIT = 2**63
+
+
+class _BadNumber(Exception):
+    """A number in a control payload outside what any field may hold."""
+
+
+def _control_int(text: str) -> int:
+    # bounded before int(): a 400-digit integer would overflow float() wherever it is used
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= CONTROL_INT_LIMIT:
+        raise _BadNumber(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is not in (-2**63, 2**63)")
+    return value
+
+
+def _control_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadNumber(f"number {text[:24]}{'...' if len(text) > 24 else ''} is not a finite float")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _BadNumber(f"{text} is not a number JSON allows")
+
+
 def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any]:
     """Decode a control payload: a JSON object of at most ``CONTROL_PAYLOAD_LIMIT`` bytes; empty is ``{}``.
 
     Raises :class:`FrameRejected` (reason ``"control"``) for anything else: too long, not UTF-8, not
-    JSON, nested too deeply, or not an object.
+    JSON, nested too deeply, not an object, or holding a number no field may hold (an integer outside
+    (-2**63, 2**63), a float that overflows, ``NaN``/``Infinity``): numbers are checked while parsing,
+    before any handler converts them.
     """
     if not payload.nbytes:
         return {}
@@ -359,7 +387,14 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
             f"control payload from {peer}: {payload.nbytes} bytes exceeds {CONTROL_PAYLOAD_LIMIT}",
         )
     try:
-        value = json.loads(bytes(payload).decode("utf-8"))
+        value = json.loads(
+            bytes(payload).decode("utf-8"),
+            parse_int=_control_int,
+            parse_float=_control_float,
+            parse_constant=_no_constant,
+        )
+    except _BadNumber as exc:
+        raise FrameRejected("control", f"control payload from {peer}: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FrameRejected("control", f"control payload from {peer} is not UTF-8 JSON ({exc})") from None
     if not isinstance(value, dict):
@@ -371,6 +406,7 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
 
 __all__ = [
     "CONTROLLER_ID",
+    "CONTROL_INT_LIMIT",
     "CONTROL_PAYLOAD_LIMIT",
     "HEADER_SIZE",
     "MAGIC",

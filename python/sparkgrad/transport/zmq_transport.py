@@ -32,11 +32,14 @@ diverges silently: whatever it applied while dropped is overwritten, its own upd
 are lost like skipped steps.
 
 Update sanity: an UPDATE whose threshold (word 2 of every :mod:`sparkgrad.compress` message, sparse and
-bitmap alike) is not finite, not positive, or larger than ``THRESHOLD_GROWTH_LIMIT`` times the larger of
-the job's reference threshold and the sender's last accepted threshold is rejected, counted and never
-applied; the worker gets an ERROR (its fit fails with the reason). The adaptive threshold algorithms
-grow a worker's threshold by at most ``1 / decay_rate <= 2`` between two messages it sends, so a
-correct worker never reaches the bound.
+bitmap alike) is not finite, not positive, or larger than ``THRESHOLD_GROWTH_LIMIT`` times the job's
+reference threshold (the threshold the fit starts from) is rejected (reason ``threshold``), counted and
+never applied; the worker gets an ERROR (its fit fails with the reason). The bound is fixed for the
+fit, so no series of accepted updates raises it. An adaptive algorithm would have to double its
+threshold ten times over the fit's start to reach it, which means its ``initial_threshold`` is far too
+small for the gradients. An update that would leave any parameter non-finite (float overflow of
+finite values) is rejected too (reason ``non_finite``), naming its sender; the parameters stay as they
+were.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 log = logging.getLogger(__name__)
 
-THRESHOLD_GROWTH_LIMIT = 16.0
+THRESHOLD_GROWTH_LIMIT = 1024.0  # x the fit's reference threshold (module docstring)
 _SEQUENCE_LIMIT = 2**32
 # a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
@@ -242,6 +245,25 @@ def _relay_address_ok(value: object) -> bool:
     )
 
 
+def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
+    """The threshold of an update message if it is sane (module docstring), else
+    FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
+    threshold = float(message[2:3].view("<f4")[0])
+    bound = THRESHOLD_GROWTH_LIMIT * reference
+    if not (math.isfinite(threshold) and 0 < threshold <= bound):
+        raise FrameRejected(
+            "threshold",
+            f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
+            f"({THRESHOLD_GROWTH_LIMIT:g} x the fit's reference threshold {reference:.6g})",
+        )
+    return threshold
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every element is finite: min and max propagate nan and show an inf, no temporary array."""
+    return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
+
+
 def _count(value: object) -> bool:
     """A JSON value that is a non-negative int (bools are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -305,7 +327,7 @@ class Controller:
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
-        self._last_threshold: dict[int, float] = {}
+        self._next_params = np.empty_like(self._params)  # an update is checked here before it is taken
         self.job_id = job_id
         self.host, self.port = host, port
         self.iteration, self.epoch = iteration, epoch
@@ -513,8 +535,9 @@ class Controller:
         status = self._send_raw(identity, frame)
         if status is None:
             return True
-        for sender, ident in list(self._peers.items()):
-            if ident == identity:
+        for sender in list(self._peers):
+            # _forget may send (MESH re-parenting) and drop others on the way: only those still here
+            if self._peers.get(sender) == identity:
                 self._forget(sender)
                 self.counters.peers_dropped += 1
                 self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
@@ -596,6 +619,12 @@ class Controller:
                     f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
                 )
                 self._reject("control", text)
+                self._error_reply(identity, text)
+                return
+            owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
+            if owner is not None:  # one worker per connection: its frames and fate are that worker's
+                text = f"HELLO from worker {sender} on the connection of worker {owner}"
+                self._reject("identity_in_use", text)
                 self._error_reply(identity, text)
                 return
             self._peers[sender] = identity
@@ -695,7 +724,8 @@ class Controller:
     def _forget(self, sender: int) -> None:
         """A worker left or was dropped: no more relays to it, its pending epoch reports no longer
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
-        del self._peers[sender]
+        if self._peers.pop(sender, None) is None:
+            return
         for reports in self._epoch_reports.values():
             for slot, workers in list(reports.items()):
                 workers.pop(sender, None)
@@ -788,17 +818,7 @@ class Controller:
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
-        threshold = float(message[2:3].view("<f4")[0])
-        bound = THRESHOLD_GROWTH_LIMIT * max(self._threshold_reference, self._last_threshold.get(sender, 0.0))
-        if not (math.isfinite(threshold) and 0 < threshold <= bound):
-            raise FrameRejected(
-                "threshold",
-                f"update from worker {sender} has threshold {threshold!r}: must be finite, > 0 and "
-                f"<= {bound:.6g} "
-                f"({THRESHOLD_GROWTH_LIMIT:g} x the larger of the job's reference threshold and the "
-                "worker's last accepted one)",
-            )
-        return threshold
+        return check_update_threshold(message, self._threshold_reference, f"worker {sender}")
 
     def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
         sender = header.sender
@@ -819,7 +839,14 @@ class Controller:
                     raise FrameRejected(
                         "bad_update", f"malformed update from worker {sender}: {exc}"
                     ) from None
-                self._params -= self._scratch
+                np.subtract(self._params, self._scratch, out=self._next_params)
+                if not _all_finite(self._next_params):
+                    raise FrameRejected(
+                        "non_finite",
+                        f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
+                        "non-finite: not applied",
+                    )
+                self._params, self._next_params = self._next_params, self._params
                 self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
                 self.iteration = max(self.iteration, header.iteration)
                 self.epoch = max(self.epoch, header.epoch)
@@ -827,7 +854,6 @@ class Controller:
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
             self._refuse(identity, exc)
             return
-        self._last_threshold[sender] = threshold
         if self._mesh is None:
             relayed = relayed_frame(self._key, frame)
             targets = [ident for other, ident in self._peers.items() if other != sender]
