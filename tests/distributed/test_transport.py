@@ -50,13 +50,23 @@ KEY = FrameKey(SECRET)
 def test_frame_round_trip_and_layout() -> None:
     payload = np.arange(6, dtype=np.int32)
     frame = encode_frame(
-        KEY, MessageType.UPDATE, 2**63 + 5, 7, 2**32 - 1, memoryview(payload), iteration=-2, epoch=4
+        KEY,
+        MessageType.UPDATE,
+        2**63 + 5,
+        7,
+        2**32 - 1,
+        memoryview(payload),
+        iteration=-2,
+        epoch=4,
+        recipient=2**32 - 2,
     )
-    assert HEADER_SIZE == 80 and len(frame) == 80 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 2 and frame[5] == MessageType.UPDATE
+    assert HEADER_SIZE == 84 and len(frame) == 84 + 24
+    assert frame[:4] == b"SGRD" and frame[4] == 3 and frame[5] == MessageType.UPDATE
     assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
+    assert int.from_bytes(frame[80:84], "little") == 2**32 - 2
     header, body = decode_frame(frame, KEY)
+    assert header.recipient == 2**32 - 2
     assert (header.message_type, header.job_id, header.sender, header.sequence) == (
         MessageType.UPDATE,
         2**63 + 5,
@@ -114,8 +124,9 @@ def test_frame_key_needs_32_bytes(secret) -> None:
         (lambda f: f[:40], "shorter"),
         (lambda f: b"XXXX" + f[4:], "magic"),
         (lambda f: f[:4] + b"\x01" + f[5:], "version 1"),
-        (lambda f: f + b"\x00", "authentication"),
-        (lambda f: f[:-1], "authentication"),
+        (lambda f: f + b"\x00", "header says 12 payload bytes, frame carries 13"),  # before the tag
+        (lambda f: f[:-1], "header says 12 payload bytes, frame carries 11"),
+        (lambda f: f[:44] + bytes(32) + f[76:], "authentication"),
     ],
 )
 def test_corrupt_frames_are_rejected(mutate, match) -> None:

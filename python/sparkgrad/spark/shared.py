@@ -312,6 +312,8 @@ class SharedWorker:
             updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
             relay_host=_relay_host(job.host, job.port) if job.mesh else None,
             on_params=self._take_params,
+            # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
+            threshold_reference=_reference_threshold(job.threshold_algorithm),
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})

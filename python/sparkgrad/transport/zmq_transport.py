@@ -19,6 +19,29 @@ MESH (``Controller(mesh=True)``, workers with a ``relay_host``): updates go down
 from the controller to every worker; the tree, the relay rules and the failure policy are described in
 :mod:`sparkgrad.transport.mesh`. Everything upward is as in PLAIN.
 
+Link rules (wire version 3, issue 21). Every frame names its one recipient (:mod:`.frame`), so a frame
+captured on one link is ``misdirected`` on any other. On top of the tag, job, recipient and replay
+checks, a receiver takes from each link only what that link may carry, else drops it and counts it
+(reasons in brackets):
+
+- the controller: frames sent to it (recipient 0) by a registered worker, never relayed, never with
+  sender 0; at most one worker id per connection (``identity_in_use``);
+- a worker, on its controller connection: control frames (PARAMS, UPDATER_STATE, SYNC_ACK, BYE, ERROR,
+  EPOCH_GO, MESH_PARENT, MESH_CHILDREN) only from sender 0, and UPDATEs only relayed by the controller
+  (``link``), never its own in PLAIN (``own_update``); PLAIN: each frame must carry the next link
+  number (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
+- a worker, on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own
+  re-join ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
+- a MESH relay, on its relay socket: MESH_JOIN and BYE addressed to it, and it registers only the
+  children the controller assigned it in its latest MESH_CHILDREN (a MESH_JOIN from another id is
+  held, at most ``mesh_fan_out`` of them, the oldest dropped as ``unassigned``);
+- every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
+  (``threshold``) where the worker knows it (``threshold_reference``).
+
+Before the tag, each receiver checks the header's size, magic, version, type and the payload length
+against the largest payload it takes of that type (``oversized``): a malformed or oversized frame costs
+no HMAC.
+
 Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
 derived from the parameter count) and bounded high-water marks.
 
@@ -63,6 +86,7 @@ from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
     CONTROLLER_ID,
     HEADER_SIZE,
+    NO_RELAY,
     Flag,
     FrameKey,
     FrameRejected,
@@ -264,6 +288,21 @@ def _all_finite(values: np.ndarray) -> bool:
     return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
 
 
+# what a worker takes from the controller on its controller connection (besides relayed UPDATEs)
+_FROM_CONTROLLER = frozenset(
+    {
+        MessageType.PARAMS,
+        MessageType.UPDATER_STATE,
+        MessageType.SYNC_ACK,
+        MessageType.BYE,
+        MessageType.ERROR,
+        MessageType.EPOCH_GO,
+        MessageType.MESH_PARENT,
+        MessageType.MESH_CHILDREN,
+    }
+)
+
+
 def _count(value: object) -> bool:
     """A JSON value that is a non-negative int (bools are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -343,6 +382,9 @@ class Controller:
         self._lock = threading.Lock()
         self._mesh = MeshOrganizer(self._config.mesh_fan_out) if mesh else None
         self._broadcast = 0  # MESH: updates relayed down the tree so far (stamped on every frame down)
+        # PLAIN: the number of the last frame sent to each worker id (kept when it leaves: a worker that
+        # re-joins continues its numbers, so a frame sent before it left can never pass for a new one)
+        self._link_numbers: dict[int, int] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
         # epoch barrier: EPOCH_END reports per epoch (by the partition they trained, each partition's
@@ -460,8 +502,8 @@ class Controller:
                 if self._sock in ready:
                     self._receive_all()
                 self._retry_rejoin_notices()
-            for identity in list(self._peers.values()):
-                self._send(identity, self._control_frame(MessageType.BYE))
+            for worker, identity in list(self._peers.items()):
+                self._send(identity, self._control_frame(MessageType.BYE, worker))
         except BaseException as exc:  # surfaced to the driver through error/check()
             log.exception("sparkgrad controller thread failed")
             self._error = exc
@@ -486,10 +528,10 @@ class Controller:
     def _notify_failure(self, exc: BaseException) -> None:
         """Best effort: tell every worker why the controller stopped, so no worker waits for a timeout."""
         text = f"controller failed: {type(exc).__name__}: {exc}"
-        for identity in list(self._peers.values()):
+        for worker, identity in list(self._peers.items()):
             try:
                 self._sock.send_multipart(
-                    [identity, self._control_frame(MessageType.ERROR, {"error": text})], zmq.NOBLOCK
+                    [identity, self._control_frame(MessageType.ERROR, worker, {"error": text})], zmq.NOBLOCK
                 )
             except zmq.ZMQError:
                 pass
@@ -500,8 +542,21 @@ class Controller:
         self._seq += 1
         return self._seq - 1
 
-    def _control_frame(self, kind: MessageType, body: dict | None = None, epoch: int = 0) -> bytearray:
-        """A control frame, stamped with the broadcast number (0 in PLAIN): what a SYNC_ACK covers."""
+    def _number(self, recipient: int) -> int:
+        """The number stamped on the next frame to ``recipient``: MESH, the updates relayed so far (what
+        a SYNC_ACK covers); PLAIN, the next number of that worker's link (gaps show lost frames)."""
+        if self._mesh is not None:
+            return self._broadcast
+        number = self._link_numbers.get(recipient, 0) + 1
+        if number >= _SEQUENCE_LIMIT:
+            raise TransportError(f"controller: link numbers of worker {recipient} exhausted (2**32 frames)")
+        self._link_numbers[recipient] = number
+        return number
+
+    def _control_frame(
+        self, kind: MessageType, recipient: int, body: dict | None = None, epoch: int = 0
+    ) -> bytearray:
+        """A control frame for ``recipient``, stamped with its number (:meth:`_number`)."""
         payload = json_payload(body) if body is not None else b""
         return encode_frame(
             self._key,
@@ -511,7 +566,8 @@ class Controller:
             self._next_seq(),
             payload,
             epoch=epoch,
-            broadcast=self._broadcast,
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _reject(self, reason: str, text: str) -> None:
@@ -545,14 +601,14 @@ class Controller:
                     self._rejoin_pending[sender] = identity
         return False
 
-    def _error_reply(self, identity: bytes, text: str) -> None:
+    def _error_reply(self, identity: bytes, worker: int, text: str) -> None:
         """ERROR to an authenticated worker (never to an unauthenticated peer)."""
-        self._send_raw(identity, self._control_frame(MessageType.ERROR, {"error": text}))
+        self._send_raw(identity, self._control_frame(MessageType.ERROR, worker, {"error": text}))
 
     def _rejoin_notice(self, sender: int, identity: bytes) -> None:
         text = f"worker {sender} is not registered (dropped as a slow peer or reconnected): re-join"
         status = self._send_raw(
-            identity, self._control_frame(MessageType.ERROR, {"error": text, "rejoin": True})
+            identity, self._control_frame(MessageType.ERROR, sender, {"error": text, "rejoin": True})
         )
         if status == "full":
             self._rejoin_pending[sender] = identity
@@ -563,7 +619,7 @@ class Controller:
         for sender, identity in list(self._rejoin_pending.items()):
             self._rejoin_notice(sender, identity)
 
-    def _params_frame(self, current: bool = True) -> bytearray:
+    def _params_frame(self, recipient: int, current: bool = True) -> bytearray:
         payload = self._params.astype(self._params.dtype.newbyteorder("<"), copy=False) if current else b""
         # not current: nothing applied yet, the worker's own copy of the initial parameters is current
         return encode_frame(
@@ -576,21 +632,37 @@ class Controller:
             iteration=self.iteration,
             epoch=self.epoch,
             flags=_float_flag(self._params),
-            broadcast=self._broadcast,
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
         """Authenticate and check a frame (raises FrameRejected); nothing is parsed before the tag."""
-        header, payload = decode_frame(frame, self._key, peer=f"peer {identity.hex()}")
+        header, payload = decode_frame(
+            frame, self._key, peer=f"peer {identity.hex()}", max_payload=self._max_payload
+        )
         peer = f"worker {header.sender}"
         if header.job_id != self.job_id:
             raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+        if header.recipient != CONTROLLER_ID:
+            raise FrameRejected(
+                "misdirected",
+                f"frame from {peer} is addressed to worker {header.recipient}, not the controller",
+            )
         if header.sender == CONTROLLER_ID or header.flags & Flag.RELAYED:
             raise FrameRejected(
                 "malformed", f"frame from {peer} claims to be from or relayed by the controller"
             )
         self._replay.check(header, peer)
         return header, payload
+
+    def _max_payload(self, kind: MessageType) -> int:
+        """The largest payload a worker may send of each type (checked before the tag)."""
+        if kind == MessageType.UPDATE:
+            return self._update_limit
+        if kind == MessageType.UPDATER_STATE:  # float64 too: a dtype mismatch is answered with an ERROR
+            return 0 if self._updater_state is None else 8 * self._updater_state.size
+        return CONTROL_PAYLOAD_LIMIT
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
         self.counters.bytes_received += len(frame)
@@ -619,13 +691,13 @@ class Controller:
                     f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
                 )
                 self._reject("control", text)
-                self._error_reply(identity, text)
+                self._error_reply(identity, sender, text)
                 return
             owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
             if owner is not None:  # one worker per connection: its frames and fate are that worker's
                 text = f"HELLO from worker {sender} on the connection of worker {owner}"
                 self._reject("identity_in_use", text)
-                self._error_reply(identity, text)
+                self._error_reply(identity, sender, text)
                 return
             self._peers[sender] = identity
             self._rejoin_pending.pop(sender, None)
@@ -633,16 +705,16 @@ class Controller:
             if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
                 return
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
-            if self.updater_state_reports and not self._send(identity, self._state_frame()):
+            if self.updater_state_reports and not self._send(identity, self._state_frame(sender)):
                 return
-            self._send(identity, self._params_frame(current=not fresh))
+            self._send(identity, self._params_frame(sender, current=not fresh))
         elif kind == MessageType.BYE:
             self._forget(sender)
         elif kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
             if self._count_trained(identity, sender, header.epoch, payload) is not None:
-                self._send(identity, self._control_frame(MessageType.SYNC_ACK))
+                self._send(identity, self._control_frame(MessageType.SYNC_ACK, sender))
         elif kind == MessageType.PARAMS_REQUEST:
             self._params_request(identity, sender, payload)
         elif kind == MessageType.EPOCH_END:
@@ -653,7 +725,7 @@ class Controller:
             self._store_updater_state(identity, header, payload)
         else:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
-            self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
+            self._error_reply(identity, sender, f"unexpected {kind.name} frame from worker {sender}")
 
     def _control_body(self, identity: bytes, sender: int, payload: memoryview) -> dict | None:
         """A registered worker's JSON control payload; a malformed one is rejected, counted and answered
@@ -661,12 +733,12 @@ class Controller:
         try:
             return parse_json_payload(payload, peer=f"worker {sender}")
         except FrameRejected as exc:
-            self._refuse(identity, exc)
+            self._refuse(identity, sender, exc)
             return None
 
-    def _refuse(self, identity: bytes, exc: FrameRejected) -> None:
+    def _refuse(self, identity: bytes, worker: int, exc: FrameRejected) -> None:
         self._reject(exc.reason, str(exc))
-        self._error_reply(identity, str(exc))
+        self._error_reply(identity, worker, str(exc))
 
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
         """Record a worker's {"partition", "minibatches"} report and return it; a malformed one (or, with
@@ -681,7 +753,9 @@ class Controller:
         expected = self._expected_workers
         if not all(_count(v) for v in (partition, minibatches)) or (expected and partition >= expected):
             self._refuse(
-                identity, FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
+                identity,
+                sender,
+                FrameRejected("malformed", f"worker {sender}: bad training report {report!r}"),
             )
             return None
         key = (partition, epoch)
@@ -690,7 +764,7 @@ class Controller:
         self._trained[key] = self._trained.get(key, 0) + minibatches
         return report
 
-    def _state_frame(self) -> bytearray:
+    def _state_frame(self, recipient: int) -> bytearray:
         state = self._updater_state
         return encode_frame(
             self._key,
@@ -702,6 +776,8 @@ class Controller:
             iteration=self._updater_state_iteration,
             epoch=self.epoch,
             flags=_float_flag(state),
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _store_updater_state(self, identity: bytes, header: Header, payload: memoryview) -> None:
@@ -714,7 +790,7 @@ class Controller:
             expected = "none" if current is None else f"{current.size} {current.dtype} values"
             text = f"updater state from worker {header.sender} does not fit this job (expected {expected})"
             self._reject("malformed", text)
-            self._error_reply(identity, text)
+            self._error_reply(identity, header.sender, text)
             return
         with self._lock:
             current[:] = params_payload(header, payload)
@@ -735,34 +811,53 @@ class Controller:
             self._mesh_leave(sender)
 
     # -- MESH -----------------------------------------------------------------------------------
-    def _parent_frame(self, parent: int) -> bytearray:
+    def _parent_frame(self, parent: int, recipient: int) -> bytearray:
+        assert self._mesh is not None
         if parent == ROOT:
-            return self._control_frame(MessageType.MESH_PARENT, {"parent": None})
+            return self._control_frame(MessageType.MESH_PARENT, recipient, {"parent": None})
         host, port = self._relay_address[parent].rsplit(":", 1)
-        return self._control_frame(
-            MessageType.MESH_PARENT, {"parent": endpoint(host, int(port)), "id": parent}
-        )
+        body = {"parent": endpoint(host, int(port)), "id": parent, "version": self._mesh.version}
+        return self._control_frame(MessageType.MESH_PARENT, recipient, body)
+
+    def _assign_children(self, parent: int) -> None:
+        """Tell a relay the complete list of children it may register (MESH_CHILDREN): it takes a
+        MESH_JOIN from no one else, so a captured or forged MESH_JOIN cannot make it relay to a tap."""
+        mesh = self._mesh
+        assert mesh is not None
+        identity = self._peers.get(parent)
+        if parent == ROOT or identity is None or parent not in mesh:
+            return
+        body = {"children": mesh.children(parent), "version": mesh.version}
+        self._send(identity, self._control_frame(MessageType.MESH_CHILDREN, parent, body))
 
     def _mesh_join(self, identity: bytes, sender: int, relay: str) -> bool:
-        """Place a (re-)joining worker in the tree and tell it its parent; False if it was dropped."""
+        """Place a (re-)joining worker in the tree, assign it to its parent and tell it its parent;
+        False if it was dropped."""
         assert self._mesh is not None
         if sender in self._mesh:  # a re-join: its old place (and children) are given up first
             self._mesh_leave(sender)
         with self._lock:
             parent = self._mesh.add(sender)
         self._relay_address[sender] = relay
-        return self._send(identity, self._parent_frame(parent))
+        self._assign_children(parent)  # before the child hears of it; a dropped parent moves the child
+        if sender not in self._mesh:
+            return False
+        return self._send(identity, self._parent_frame(self._mesh.parent(sender), sender))
 
     def _mesh_leave(self, sender: int) -> None:
-        """Remove a worker from the tree and tell each of its children its new parent."""
+        """Remove a worker from the tree, give its parent and its children's new parents their new lists
+        of children, and tell each child its new parent."""
         assert self._mesh is not None
+        old_parent = self._mesh.parent(sender)
         with self._lock:
             moved = self._mesh.remove(sender)
         self._relay_address.pop(sender, None)
+        for parent in dict.fromkeys([old_parent, *moved.values()]):
+            self._assign_children(parent)
         for child, parent in moved.items():
             identity = self._peers.get(child)
             if identity is not None and child in self._mesh and self._mesh.parent(child) == parent:
-                self._send(identity, self._parent_frame(parent))
+                self._send(identity, self._parent_frame(parent, child))
 
     def _params_request(self, identity: bytes, sender: int, payload: memoryview) -> None:
         """Send the current parameters; a MESH worker may name its parent as silent (it delivered
@@ -784,7 +879,7 @@ class Controller:
             self._forget(silent)
             self.counters.peers_dropped += 1
             self._log.warning(f"dropped worker {silent} (its MESH child {sender} got nothing from it)")
-        self._send(identity, self._params_frame())
+        self._send(identity, self._params_frame(sender))
 
     def _epoch_end(self, identity: bytes, sender: int, epoch: int, partition: int | None) -> None:
         """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order) on
@@ -793,7 +888,7 @@ class Controller:
         BYE) counts once, so no epoch ends with a partition untrained. A report without a partition
         counts for its worker."""
         if epoch in self._epoch_decisions:  # a late or re-joined worker: the decision stands
-            self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch]))
+            self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch], sender))
             return
         reports = self._epoch_reports.setdefault(epoch, {})
         slot = ("partition", partition) if partition is not None else ("worker", sender)
@@ -801,8 +896,8 @@ class Controller:
         if len(reports) == self._expected_workers:
             self._finished_epochs.put(epoch)
 
-    def _go_frame(self, epoch: int, stop: bool) -> bytearray:
-        return self._control_frame(MessageType.EPOCH_GO, {"stop": stop}, epoch=epoch)
+    def _go_frame(self, epoch: int, stop: bool, recipient: int) -> bytearray:
+        return self._control_frame(MessageType.EPOCH_GO, recipient, {"stop": stop}, epoch=epoch)
 
     def _apply_releases(self) -> None:
         while True:
@@ -813,8 +908,8 @@ class Controller:
             self._epoch_decisions[epoch] = stop
             self.epoch = max(self.epoch, epoch + 1)
             for workers in self._epoch_reports.pop(epoch, {}).values():
-                for identity in workers.values():
-                    self._send(identity, self._go_frame(epoch, stop))
+                for worker, identity in workers.items():
+                    self._send(identity, self._go_frame(epoch, stop, worker))
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
@@ -839,7 +934,8 @@ class Controller:
                     raise FrameRejected(
                         "bad_update", f"malformed update from worker {sender}: {exc}"
                     ) from None
-                np.subtract(self._params, self._scratch, out=self._next_params)
+                with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
+                    np.subtract(self._params, self._scratch, out=self._next_params)
                 if not _all_finite(self._next_params):
                     raise FrameRejected(
                         "non_finite",
@@ -852,18 +948,21 @@ class Controller:
                 self.epoch = max(self.epoch, header.epoch)
                 self.updates_applied += 1
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
-            self._refuse(identity, exc)
+            self._refuse(identity, sender, exc)
             return
         if self._mesh is None:
-            relayed = relayed_frame(self._key, frame)
-            targets = [ident for other, ident in self._peers.items() if other != sender]
+            targets = [other for other in self._peers if other != sender]
         else:  # the root's children only (the sender too: it relays its own update to its subtree)
             if self._broadcast + 1 >= _SEQUENCE_LIMIT:
                 raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
             self._broadcast += 1
-            relayed = relayed_frame(self._key, frame, broadcast=self._broadcast)
-            targets = [self._peers[child] for child in self._mesh.children(ROOT) if child in self._peers]
-        for ident in targets:
+            targets = [child for child in self._mesh.children(ROOT) if child in self._peers]
+        for target in targets:
+            ident = self._peers.get(target)
+            if ident is None:  # dropped while relaying to an earlier target
+                continue
+            # one copy per recipient: it names the recipient and (PLAIN) carries its link number
+            relayed = relayed_frame(self._key, frame, recipient=target, broadcast=self._number(target))
             if self._send(ident, relayed):
                 self.counters.update_bytes += len(relayed)
                 self.counters.update_frames += 1
@@ -885,6 +984,9 @@ class WorkerConnection:
             socket there on an ephemeral port. None (PLAIN): every update comes from the controller.
         on_params: MESH (required there): ``on_params(params, iteration, epoch)`` replaces the owner's
             parameters when the worker resynchronises with the controller (:mod:`sparkgrad.transport.mesh`).
+        threshold_reference: the fit's reference threshold: a received UPDATE whose threshold the
+            controller's bound would refuse is dropped (reason ``threshold``) instead of applied (a MESH
+            parent could forge one). None: not checked.
     """
 
     def __init__(
@@ -899,6 +1001,7 @@ class WorkerConnection:
         updater_state_bytes: int = 0,
         relay_host: str | None = None,
         on_params: Callable[[np.ndarray, int, int], None] | None = None,
+        threshold_reference: float | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -911,6 +1014,8 @@ class WorkerConnection:
         self.job_id, self.worker_id = job_id, worker_id
         self.counters = TrafficCounters()
         self._last_rejection = ""
+        self._threshold_reference = threshold_reference
+        self._link_next: int | None = None  # PLAIN: the number the controller's next frame must carry
         self._replay = _Replay()
         self._seq = 0
         self._ctx = zmq.Context()
@@ -928,6 +1033,8 @@ class WorkerConnection:
         self.parent_id: int | None = None  # None: the controller (or PLAIN)
         self._parent_replay = _Replay()  # control frames of the parent itself (not relayed updates)
         self._children: dict[int, bytes] = {}
+        self._assigned: set[int] = set()  # the children the controller assigned (MESH_CHILDREN)
+        self._pending_joins: dict[int, bytes] = {}  # MESH_JOINs of children not (yet) assigned
         self._child_replay = _Replay()
         self._child_rejoin: dict[int, bytes] = {}
         self._joined = False
@@ -1018,13 +1125,71 @@ class WorkerConnection:
                 from_parent = sock is self._parent
                 peer = f"MESH parent {self.parent_id}" if from_parent else f"controller {self.endpoint}"
                 try:
-                    header, payload = decode_frame(frame, self._key, peer=peer)
+                    header, payload = decode_frame(frame, self._key, peer=peer, max_payload=self._max_payload)
                     if header.job_id != self.job_id:
                         raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+                    if header.recipient != self.worker_id:
+                        raise FrameRejected(
+                            "misdirected",
+                            f"frame from {peer} is addressed to {header.recipient}, "
+                            f"not worker {self.worker_id}",
+                        )
+                    self._check_link(header, payload, from_parent, peer)
                 except FrameRejected as exc:
                     self._rejected(exc)
                     continue
                 return header, payload, frame, from_parent
+
+    def _max_payload(self, kind: MessageType) -> int:
+        if kind == MessageType.UPDATE:
+            return max_update_bytes(self._num_params)
+        if kind in (MessageType.PARAMS, MessageType.UPDATER_STATE):
+            return self._max_frame - HEADER_SIZE
+        return CONTROL_PAYLOAD_LIMIT
+
+    def _check_link(self, header: Header, payload: memoryview, from_parent: bool, peer: str) -> None:
+        """The link rules (module docstring): what a frame may be on the link it came in on. Raises
+        FrameRejected; a PLAIN gap in the controller's link numbers raises RejoinRequired."""
+        kind = header.message_type
+        if kind == MessageType.UPDATE:
+            if not header.flags & Flag.RELAYED or header.sender == CONTROLLER_ID:
+                raise FrameRejected("link", f"UPDATE from {peer} that it did not relay")
+            if header.relay != (self.parent_id if from_parent else NO_RELAY):
+                raise FrameRejected("link", f"UPDATE relayed by worker {header.relay} on the link of {peer}")
+            if not self.mesh and header.sender == self.worker_id:
+                raise FrameRejected(
+                    "own_update", f"worker {self.worker_id}'s own UPDATE came back from {peer}"
+                )
+            if header.payload_length < 16:
+                raise FrameRejected("malformed", f"UPDATE from {peer}: {header.payload_length} bytes")
+            if self._threshold_reference is not None:
+                check_update_threshold(
+                    update_payload(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
+                )
+        elif from_parent:
+            if kind != MessageType.ERROR or header.sender != self.parent_id:
+                raise FrameRejected(
+                    "link",
+                    f"{kind.name} from worker {header.sender} on the link of {peer}: "
+                    "only the controller may send it",
+                )
+        elif header.sender != CONTROLLER_ID or kind not in _FROM_CONTROLLER:
+            raise FrameRejected("link", f"{kind.name} from worker {header.sender} on the link of {peer}")
+        if from_parent or self.mesh or self._link_next is None:
+            return
+        expected, self._link_next = self._link_next, self._link_next + 1
+        if header.broadcast < expected:
+            self._link_next = expected
+            raise FrameRejected("stale", f"frame number {header.broadcast} from {peer}, expected {expected}")
+        if header.broadcast > expected:
+            self._link_next = None
+            self._rejected(
+                FrameRejected("gap", f"frames {expected}..{header.broadcast - 1} from {peer} never arrived")
+            )
+            raise RejoinRequired(
+                f"frames {expected}..{header.broadcast - 1} from {peer} never arrived: "
+                "re-join for its parameters"
+            )
 
     def _rejected(self, exc: FrameRejected) -> None:
         self.counters.reject(exc.reason)
@@ -1070,6 +1235,9 @@ class WorkerConnection:
         if kind == MessageType.MESH_PARENT and self.mesh and not from_parent:
             if not self._closed:
                 self._set_parent(payload, resync=True)
+            return None
+        if kind == MessageType.MESH_CHILDREN and self.mesh:
+            self._set_children(payload)
             return None
         return header, payload
 
@@ -1128,8 +1296,8 @@ class WorkerConnection:
         if not self._children:
             return
         assert self._router is not None
-        out = relayed_frame(self._key, frame, relay=self.worker_id)
         for child, identity in list(self._children.items()):
+            out = relayed_frame(self._key, frame, recipient=child, relay=self.worker_id)
             try:
                 self._router.send_multipart([identity, out], zmq.NOBLOCK)
             except zmq.Again:  # the child does not read: dropped, it must re-join (slow-peer policy)
@@ -1154,6 +1322,7 @@ class WorkerConnection:
                 self.worker_id,
                 self._seq,
                 json_payload({"error": text, "rejoin": True}),
+                recipient=child,
             )
             assert self._router is not None
             try:
@@ -1183,21 +1352,56 @@ class WorkerConnection:
             self.counters.bytes_received += len(frame)
             peer = f"MESH child {identity.hex()}"
             try:
-                header, _ = decode_frame(frame, self._key, peer=peer)
+                header, _ = decode_frame(
+                    frame, self._key, peer=peer, max_payload=lambda kind: CONTROL_PAYLOAD_LIMIT
+                )
                 if header.job_id != self.job_id:
                     raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
                 if header.message_type not in (MessageType.MESH_JOIN, MessageType.BYE):
                     raise FrameRejected("unexpected", f"{header.message_type.name} frame from {peer}")
+                if header.recipient != self.worker_id:  # a MESH_JOIN captured on the way to another relay
+                    raise FrameRejected(
+                        "misdirected", f"frame from {peer} is addressed to worker {header.recipient}"
+                    )
                 self._child_replay.check(header, peer)
             except FrameRejected as exc:
                 self._rejected(exc)
                 continue
             self._child_replay.commit(header)
-            if header.message_type == MessageType.MESH_JOIN:
+            if header.message_type == MessageType.BYE:
+                self._children.pop(header.sender, None)
+                self._pending_joins.pop(header.sender, None)
+            elif header.sender in self._assigned:
                 self._children[header.sender] = identity
                 self._child_rejoin.pop(header.sender, None)
-            else:
-                self._children.pop(header.sender, None)
+            else:  # not assigned (yet: the assignment may still be on its way from the controller)
+                self._pending_joins[header.sender] = identity
+                if len(self._pending_joins) > self._config.mesh_fan_out:
+                    evicted = next(iter(self._pending_joins))
+                    del self._pending_joins[evicted]
+                    self._rejected(
+                        FrameRejected(
+                            "unassigned", f"MESH_JOIN of worker {evicted}, not assigned to this relay"
+                        )
+                    )
+
+    def _set_children(self, payload: memoryview) -> None:
+        """MESH_CHILDREN from the controller: the complete list of children this relay may register."""
+        body = parse_json_payload(payload, peer=f"controller {self.endpoint}")
+        children = body.get("children")
+        if not (
+            isinstance(children, list)
+            and len(children) <= self._config.mesh_fan_out
+            and all(_count(c) and c != CONTROLLER_ID for c in children)
+        ):
+            raise TransportError(f"worker {self.worker_id}: bad MESH_CHILDREN from the controller: {body!r}")
+        self._assigned = set(children)
+        for child in list(self._children):
+            if child not in self._assigned:
+                del self._children[child]
+        for child in list(self._pending_joins):
+            if child in self._assigned:
+                self._children[child] = self._pending_joins.pop(child)
 
     def _set_parent(self, payload: memoryview, resync: bool) -> None:
         """Connect to the parent the controller named (MESH_PARENT) and register with it."""
@@ -1223,7 +1427,7 @@ class WorkerConnection:
             self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
             self._parent.connect(target)
             self.parent_id = int(parent_id)  # type: ignore[arg-type]
-            self._send(MessageType.MESH_JOIN, json_payload({}), sock=self._parent)
+            self._send(MessageType.MESH_JOIN, json_payload({}), sock=self._parent, recipient=self.parent_id)
         if resync and self._joined:  # updates may have been lost between the old parent and the new
             self._resync()
 
@@ -1263,6 +1467,8 @@ class WorkerConnection:
                 return
             if kind == MessageType.MESH_PARENT:
                 self._set_parent(payload, resync=False)  # the PARAMS after it cover the change
+            elif kind == MessageType.MESH_CHILDREN:
+                self._set_children(payload)
             elif kind == MessageType.ERROR:
                 self._raise_error(payload, f"controller {self.endpoint}")
             else:
@@ -1272,6 +1478,8 @@ class WorkerConnection:
         """MESH: apply relayed updates until the parameters include broadcast number ``target`` (what a
         SYNC_ACK or EPOCH_GO covers); a parent silent for ``mesh_catchup_ms`` is named to the controller
         and its parameters are taken instead."""
+        if not self.mesh:  # PLAIN: the controller's link numbers are no update count
+            return
         wait_s = self._config.mesh_catchup_ms / 1000
         deadline = time.monotonic() + wait_s
         while self._applied_upto < target:
@@ -1334,6 +1542,7 @@ class WorkerConnection:
             info = {**info, "relay": self.relay_endpoint}
             self._joined = False
             self._stash.clear()
+        self._link_next = None  # frames answering what was sent before this HELLO are not counted
         self._send(MessageType.HELLO, json_payload(info))
         # a controller that dropped this worker never acknowledges the SYNCs it sent before
         self._syncs_sent = self._syncs_acked = self._paced_steps = 0
@@ -1348,6 +1557,8 @@ class WorkerConnection:
             self.updater_state_iteration = header.iteration
         self._joined = True
         self._applied_upto = self._relayed_upto = header.broadcast
+        if not self.mesh:
+            self._link_next = header.broadcast + 1
         if not header.payload_length:
             return None, header.iteration, header.epoch
         return self._checked_params(header, payload), header.iteration, header.epoch
@@ -1489,7 +1700,7 @@ class WorkerConnection:
             if sock is self._parent:
                 sock.setsockopt(zmq.SNDTIMEO, 0)
                 try:
-                    self._send(MessageType.BYE, sock=sock)
+                    self._send(MessageType.BYE, sock=sock, recipient=self.parent_id)
                 except TransportError:
                     pass
             sock.close()
