@@ -551,3 +551,17 @@ def test_oversized_and_malformed_headers_are_rejected_before_the_hmac(free_port:
         finally:
             sock.close()
             ctx.term()
+
+
+def test_queued_bytes_per_connection_are_bounded_in_bytes_not_frames(free_port: int) -> None:
+    """Each connection could queue receive-HWM x the largest frame (about 40 GB at 10M parameters); the
+    receive high-water mark is now max_queued_bytes over the largest frame, in whole frames."""
+    n = 1 << 20  # largest frame: header + 4 * (n + 4) bytes, about 4 MiB
+    config = ZmqTransportConfiguration(max_queued_bytes=64 << 20)
+    with controller(np.zeros(n, np.float32), 0x302, free_port, config=config) as ctl:
+        assert ctl._sock.getsockopt(zmq.RCVHWM) == (64 << 20) // (84 + 4 * (n + 4)) == 15
+    tiny = ZmqTransportConfiguration(max_queued_bytes=1)
+    with controller(np.zeros(n, np.float32), 0x303, free_port, config=tiny) as ctl:
+        assert ctl._sock.getsockopt(zmq.RCVHWM) == 1
+    with pytest.raises(ValueError, match="max_queued_bytes"):
+        ZmqTransportConfiguration(max_queued_bytes=0)

@@ -131,6 +131,10 @@ class ZmqTransportConfiguration(Config):
             so the controller sends each update at most this many times (>= 1).
         mesh_catchup_ms: MESH: how long a worker waits for its parent to deliver the updates a SYNC or
             epoch acknowledgement covers before it takes the controller's parameters instead.
+        max_queued_bytes: the most bytes of received frames ZeroMQ queues per connection (>= 1): the
+            receive high-water mark is this over the socket's largest frame (at least 1 frame), so a
+            peer cannot make a receiver buffer high_water_mark x the largest frame (about 40 GB at
+            10M parameters); a full queue makes ZeroMQ stop reading that connection.
     """
 
     connect_timeout_ms: int = 15000
@@ -141,6 +145,7 @@ class ZmqTransportConfiguration(Config):
     updater_state_interval_ms: int = 60000
     mesh_fan_out: int = 8
     mesh_catchup_ms: int = 5000
+    max_queued_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -151,13 +156,15 @@ class ZmqTransportConfiguration(Config):
         check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
         check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
+        check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
 
 
 def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
-    sock.setsockopt(zmq.RCVHWM, config.high_water_mark)
+    # bytes, not frames: what one connection may queue here (ZeroMQ counts whole messages)
+    sock.setsockopt(zmq.RCVHWM, max(1, min(config.high_water_mark, config.max_queued_bytes // max_frame)))
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
     return sock
 
