@@ -147,41 +147,58 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
 def test_thresholds_growing_15x_per_update_are_stopped_at_the_fits_reference_bound(free_port: int) -> None:
     """36 authenticated updates, each with 15x the threshold of the one before, drove a parameter to
     infinity with nothing rejected (the bound was 16x the sender's last accepted threshold). The bound
-    is now THRESHOLD_GROWTH_LIMIT x the fit's reference: 15 and 225 pass, 3375 and beyond do not."""
-    assert THRESHOLD_GROWTH_LIMIT == 1024
+    is now fixed for the fit: min(2**20 x its reference, 1e6). 15 .. 15**5 pass, 15**6 and beyond do not."""
+    assert THRESHOLD_GROWTH_LIMIT == 2**20
     with controller(np.zeros(2, np.float32), 0x6, free_port) as ctl:
         conn = WorkerConnection("127.0.0.1", free_port, 0x6, 1, SECRET, 2, FAST)
         try:
             conn.hello({})
             for k in range(1, 37):
                 conn.send_update(sparse_message([0], [-1], 2, min(15.0**k, 3e38)), k, 0)  # float32 range
-            with pytest.raises(TransportError, match=r"threshold 3375.0: must be finite, > 0 and <= 1024"):
+            with pytest.raises(
+                TransportError, match=r"threshold 11390625.0: must be finite, > 0 and <= 1e\+06 "
+            ):
                 conn.sync(lambda h, m: None)
         finally:
             conn.close()
-        assert wait_until(lambda: ctl.counters.frames_rejected == 34)
-        np.testing.assert_array_equal(ctl.params(), [15.0 + 225.0, 0.0])
-        assert ctl.updates_applied == 2 and ctl.counters.rejected_reasons == {"threshold": 34}
+        assert wait_until(lambda: ctl.counters.frames_rejected == 31)
+        np.testing.assert_array_equal(ctl.params(), [sum(15.0**k for k in range(1, 6)), 0.0])
+        assert ctl.updates_applied == 5 and ctl.counters.rejected_reasons == {"threshold": 31}
 
 
 def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(free_port: int) -> None:
-    """Finite thresholds under the bound can still sum past float32's range: the update is checked
-    before it is taken, counted under non_finite, and the parameters stay exactly as they were."""
+    """Defence in depth behind the threshold bound: an update whose decoded values overflow (here a
+    decoder that scales them by 1e32, standing in for any path to a huge step) is checked before it is
+    taken, counted under non_finite, and the parameters stay exactly as they were."""
+
+    def scaling_decode(message: np.ndarray, target: np.ndarray) -> None:
+        sparse_decode(message, target)
+        with np.errstate(over="ignore"):
+            target *= np.float32(1e32)
+
     start = np.zeros(16, np.float32)
     start[0] = 3e38
-    with controller(start, 0x7, free_port, threshold_reference=1e36) as ctl:
+    with controller(start, 0x7, free_port, decode=scaling_decode) as ctl:
         conn = WorkerConnection("127.0.0.1", free_port, 0x7, 42, SECRET, 16, FAST)
         try:
             conn.hello({})
-            conn.send_update(sparse_message([0] * 10, [-1] * 10, 16, 1e37), 1, 0)  # 3e38 + 1e38 = inf
+            conn.send_update(sparse_message([0], [-1], 16, 1.0), 1, 0)  # 3e38 + 1e32: finite, applied
+            conn.send_update(sparse_message([0] * 3, [-1] * 3, 16, 1.0), 2, 0)  # 3e38 + 3e32 .. + 1e38
+            conn.send_update(sparse_message([0] * 10, [-1] * 10, 16, 1.0), 3, 0)  # + 1e33: still finite
+            conn.send_update(sparse_message([1], [-1], 16, 1e6), 4, 0)  # 1e38 at element 1: finite
+            conn.send_update(sparse_message([0] * 8, [-1] * 8, 16, 1e6), 5, 0)  # 3e38 + 8e38 = inf
             with pytest.raises(
                 TransportError, match="update from worker 42 .* would make parameters non-finite"
             ):
                 conn.sync(lambda h, m: None)
         finally:
             conn.close()
-        np.testing.assert_array_equal(ctl.params(), start)
-        assert ctl.updates_applied == 0 and ctl.counters.rejected_reasons == {"non_finite": 1}
+        expected = start.copy()
+        for count, threshold, index in ((1, 1.0, 0), (3, 1.0, 0), (10, 1.0, 0), (1, 1e6, 1)):
+            expected[index] += np.float32(count * threshold) * np.float32(1e32)
+        np.testing.assert_array_equal(ctl.params(), expected)
+        assert np.isfinite(ctl.params()).all()
+        assert ctl.updates_applied == 4 and ctl.counters.rejected_reasons == {"non_finite": 1}
 
 
 # -- item 7: the JSON nesting pre-scan is linear; configuration text is size-limited -----------------
@@ -503,7 +520,7 @@ def test_a_child_refuses_epoch_go_and_over_bound_updates_from_its_mesh_parent(fr
                 job,
                 66,
                 1,
-                memoryview(sparse_message([0], [1], 4, 1e30)),
+                memoryview(sparse_message([0], [1], 4, 2e6)),
                 flags=Flag.RELAYED,
                 relay=66,
                 broadcast=1,

@@ -489,7 +489,7 @@ def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) ->
         ctl.close()
 
 
-@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 1025.0])
+@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 1.5e6])
 def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, threshold: float) -> None:
     with controller(np.ones(3, np.float32), 8, free_port) as ctl:
         conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
@@ -505,23 +505,23 @@ def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, thr
 
 
 def test_threshold_bound_is_the_fits_reference_times_the_limit(free_port: int) -> None:
-    """The bound is THRESHOLD_GROWTH_LIMIT x the fit's reference for every sender, whatever it sent
-    before: a series of accepted thresholds never raises it."""
-    assert THRESHOLD_GROWTH_LIMIT == 1024
-    steps = [16.0, 256.0, 1024.0]  # the last exactly at the bound
-    with controller(np.zeros(2, np.float64), 9, free_port) as ctl:
-        a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
-        try:
-            a.hello({})
-            for t in steps:
-                a.send_update(sparse_message([0], [1], 2, t), 1, 0)
-            a.sync(lambda h, m: None)
-            a.send_update(sparse_message([1], [1], 2, 1025.0), 1, 0)
-            with pytest.raises(TransportError, match="threshold 1025.0"):
+    """The bound is min(THRESHOLD_GROWTH_LIMIT x the fit's reference, 1e6) for every sender, whatever it
+    sent before: a series of accepted thresholds never raises it."""
+    assert THRESHOLD_GROWTH_LIMIT == 2**20
+    for reference, steps, over in ((1.0, [16.0, 4096.0, 1e6], 1e6 + 1), (2.0**-10, [1.0, 1024.0], 1025.0)):
+        with controller(np.zeros(2, np.float64), 9, free_port, threshold_reference=reference) as ctl:
+            a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
+            try:
+                a.hello({})
+                for t in steps:  # the last exactly at the bound
+                    a.send_update(sparse_message([0], [1], 2, t), 1, 0)
                 a.sync(lambda h, m: None)
-        finally:
-            a.close()
-        np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
+                a.send_update(sparse_message([1], [1], 2, over), 1, 0)
+                with pytest.raises(TransportError, match=f"threshold {over!r}"):
+                    a.sync(lambda h, m: None)
+            finally:
+                a.close()
+            np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
 
 
 def test_bitmap_threshold_is_checked_too(free_port: int) -> None:

@@ -1,4 +1,4 @@
-"""The gradient-sharing wire format: one frame = a fixed 80-byte header + a payload, authenticated.
+"""The gradient-sharing wire format: one frame = a fixed 84-byte header + a payload, authenticated.
 
 Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes):
 

@@ -55,12 +55,13 @@ diverges silently: whatever it applied while dropped is overwritten, its own upd
 are lost like skipped steps.
 
 Update sanity: an UPDATE whose threshold (word 2 of every :mod:`sparkgrad.compress` message, sparse and
-bitmap alike) is not finite, not positive, or larger than ``THRESHOLD_GROWTH_LIMIT`` times the job's
-reference threshold (the threshold the fit starts from) is rejected (reason ``threshold``), counted and
-never applied; the worker gets an ERROR (its fit fails with the reason). The bound is fixed for the
-fit, so no series of accepted updates raises it. An adaptive algorithm would have to double its
-threshold ten times over the fit's start to reach it, which means its ``initial_threshold`` is far too
-small for the gradients. An update that would leave any parameter non-finite (float overflow of
+bitmap alike) is not finite, not positive, or larger than the smaller of ```THRESHOLD_GROWTH_LIMIT``
+times the job's reference threshold (the threshold the fit starts from) and ``MAX_SCALE`` (1e6, the
+largest threshold any encoder writes) is rejected (reason ``threshold``), counted and never applied; the
+worker gets an ERROR (its fit fails with the reason). The bound is fixed for the fit, so no series of
+accepted updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates
+each 15x the last drove to infinity). An adaptive algorithm would have to double its threshold twenty
+times over the fit's start to reach it. An update that would leave any parameter non-finite (float overflow of
 finite values) is rejected too (reason ``non_finite``), naming its sender; the parameters stay as they
 were.
 """
@@ -80,7 +81,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from sparkgrad._config import Config, check_int
+from sparkgrad._config import MAX_SCALE, Config, check_int
 from sparkgrad.errors import CorruptDataError, TransportError
 from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
@@ -105,7 +106,7 @@ from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 log = logging.getLogger(__name__)
 
-THRESHOLD_GROWTH_LIMIT = 1024.0  # x the fit's reference threshold (module docstring)
+THRESHOLD_GROWTH_LIMIT = float(2**20)  # x the fit's reference threshold (module docstring)
 _SEQUENCE_LIMIT = 2**32
 # a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
@@ -280,12 +281,12 @@ def check_update_threshold(message: np.ndarray, reference: float, sender: str) -
     """The threshold of an update message if it is sane (module docstring), else
     FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
     threshold = float(message[2:3].view("<f4")[0])
-    bound = THRESHOLD_GROWTH_LIMIT * reference
+    bound = min(MAX_SCALE, THRESHOLD_GROWTH_LIMIT * reference)
     if not (math.isfinite(threshold) and 0 < threshold <= bound):
         raise FrameRejected(
             "threshold",
             f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
-            f"({THRESHOLD_GROWTH_LIMIT:g} x the fit's reference threshold {reference:.6g})",
+            f"(the smaller of 2**20 x the fit's reference threshold {reference:.6g} and {MAX_SCALE:g})",
         )
     return threshold
 
