@@ -62,12 +62,14 @@ import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
+    DEFAULT_UPDATE_COMBINATION,
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
     default_threshold_algorithm,
+    update_scale,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
@@ -156,6 +158,7 @@ class SharedJob:
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
 
 
 @dataclass
@@ -286,6 +289,7 @@ class SharedWorker:
             job.threshold_algorithm,
             job.residual_post_processor,
             dtype=self.net.params().dtype,
+            update_scale=job.update_scale,
         )
         with self.net.device.scope():  # the decode target of messages, on the replica's device
             self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
@@ -722,8 +726,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
-        threshold_algorithm: default ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default
-            was ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
+        threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
+            ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=True)`` (DL4J's default was
+            ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -759,6 +764,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             GPU worker encodes on its GPU and only the messages cross to the host, so GPU and CPU
             workers can share one fit. The ``SharedWorkerGetInitialModelTimeMs`` stats events record
             each worker's device as ``gpu`` (-1: CPU).
+        update_combination: how the updates of the N workers training at once combine: ``"sqrt"``
+            (default: each worker sends its update divided by sqrt(N), the square-root scaling rule of an
+            N-times larger batch, so the learning rate and updater that work on one machine work here),
+            ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
+            full size, N workers taking about N times the step). The README's convergence study compares
+            them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -782,6 +793,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     transport: ZmqTransportConfiguration | None = None
     progress: bool = True
     worker_device: str = "auto"
+    update_combination: str = DEFAULT_UPDATE_COMBINATION
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -789,6 +801,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 f"void_configuration: expected a VoidConfiguration, got {self.void_configuration!r}"
             )
         self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
+        update_scale(self.update_combination, 1)  # checks the name
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -966,7 +979,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 job_id,
                 secret,
                 host,
-                void.unicast_port,
+                controller.port,
                 transport,
                 NetworkSnapshot.of(network),
                 algorithm,
@@ -985,6 +998,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
                 self.staleness_bound // 2,
                 self.worker_device,
+                update_scale(self.update_combination, min(partitions, slots)),
             )
             bc = sc.broadcast(job)
             try:
