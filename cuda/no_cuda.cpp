@@ -15,6 +15,12 @@ namespace {
 namespace gpu {
 
 bool built() { return false; }
+void set_stream(std::uintptr_t) {}  // every op reports the missing CUDA itself, naming the op
+namespace {
+bool sync_flag = false;
+}  // namespace
+void set_sync_each_op(bool on) { sync_flag = on; }
+bool sync_each_op() { return sync_flag; }
 std::vector<DeviceInfo> devices() { no_cuda("cuda_devices"); }
 template <typename T>
 void gemm(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, const T*,
@@ -31,9 +37,9 @@ template void gemm<double>(Transpose, Transpose, std::int64_t, std::int64_t, std
 namespace compress::cuda {
 
 template <typename T>
-std::int64_t threshold_count(const T*, std::int64_t, double) { no_cuda("threshold_encode"); }
+std::int64_t threshold_select(const T*, std::int64_t, double, std::int32_t*) { no_cuda("threshold_encode"); }
 template <typename T>
-void threshold_encode(T*, std::int64_t, double, std::int64_t, std::int32_t*) { no_cuda("threshold_encode"); }
+void threshold_commit(T*, std::int64_t, double, std::int64_t, std::int32_t*) { no_cuda("threshold_encode"); }
 template <typename T>
 std::int64_t bitmap_encode(T*, std::int64_t, double, std::int32_t*) { no_cuda("bitmap_encode"); }
 template <typename T>
@@ -44,8 +50,8 @@ template <typename T>
 void clip(T*, std::int64_t, T) { no_cuda("clip"); }
 
 #define SPARKGRAD_NO_CUDA_COMPRESS(T)                                                   \
-  template std::int64_t threshold_count<T>(const T*, std::int64_t, double);             \
-  template void threshold_encode<T>(T*, std::int64_t, double, std::int64_t, std::int32_t*); \
+  template std::int64_t threshold_select<T>(const T*, std::int64_t, double, std::int32_t*); \
+  template void threshold_commit<T>(T*, std::int64_t, double, std::int64_t, std::int32_t*); \
   template std::int64_t bitmap_encode<T>(T*, std::int64_t, double, std::int32_t*);      \
   template void decode<T>(const char*, const std::int32_t*, std::int64_t, T*, std::int64_t, std::int32_t); \
   template void accumulate<T>(T*, const T*, std::int64_t);                              \

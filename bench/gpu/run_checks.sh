@@ -11,6 +11,11 @@
 # Logs go to $OUT (default build/gpu/logs). Packages the machine lacks (scipy-openblas32, pyzmq) travel
 # as wheels in .whl/ (bash bench/gpu/fetch_wheels.sh on a machine with the package index) and are
 # installed from there into build/gpu/site. CUDAARCHS defaults to the visible GPU's architecture.
+#
+# The build needs nvcc but no GPU, so it can run beforehand on a development machine with the GPU
+# machine's Python version (PYTHON=python3.12 CUDAARCHS=90 ... build, with nvidia-cublas installed in that
+# Python); build/gpu/site and build/gpu/build/bench/cpp/bench_nn then travel to the GPU machine, where
+# `test` and `bench` run from them. That is how the first GPU run (an H200) was done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 stage="${1:?usage: run_checks.sh build|test|bench}"

@@ -10,7 +10,10 @@ repetitions), the dense vector's bytes per second (``n * itemsize / time``: one 
 the least any codec must move) and its ratio to the device's peak memory bandwidth (from its memory
 clock and bus width), plus the CPU native time and the GPU's speed-up over it. The ``handler step`` line
 is a GPU worker's whole encoding step (EncodingHandler.encode: accumulate, count, encode, message to the
-host) and ``host message decode`` applies a host message to a GPU vector (decode_host_message).
+host) and ``host message decode`` applies a host message to a GPU vector (decode_host_message). A last
+table repeats the float32 sparse encode over vector sizes from 2**20 to 2**27: below a few million
+elements its fixed cost (the selection's kernel launches and the count's copy to the host, which decides
+the message's size) dominates, above it the one pass over the vector does.
 """
 
 from __future__ import annotations
@@ -189,6 +192,13 @@ def run_cuda(n: int, reps: int) -> None:
                     f"gpu {t_gpu * 1e3:8.3f} ms {rate / 1e9:8.1f} GB/s ({rate / peak:6.1%} of peak)  "
                     f"cpu native {t_cpu * 1e3:8.2f} ms  speed-up {t_cpu / t_gpu:7.1f}x"
                 )
+    print("sparse encode by vector size (float32, density 1e-3)")
+    for size in (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 27):
+        dev = cupy.asarray(residual(size, 1e-3, np.float32))
+        t_gpu = best_gpu_seconds(cupy, native_sparse, dev, reps)
+        rate = size * 4 / t_gpu
+        print(f"n={size:>10d}  gpu {t_gpu * 1e3:8.3f} ms {rate / 1e9:8.1f} GB/s ({rate / peak:6.1%} of peak)")
+        del dev
 
 
 def main() -> None:

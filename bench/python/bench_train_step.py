@@ -7,6 +7,7 @@ Configurations (Adam, softmax + cross-entropy, random data):
   resnet: a residual CNN (ComputationGraph): 28x28x1 -> conv 16 3x3 relu -> [conv 16 3x3 relu -> conv 16
          3x3 -> add the block input -> relu] -> maxpool 2 -> conv 32 3x3 relu -> [the same block with 32
          channels] -> maxpool 2 -> softmax 10, all convolutions "same"; batch 64
+  lstm:  the LSTM of bench_lstm.py: input 64, hidden 256, 50 time steps, softmax 10 at the last step, batch 64
 
 Prints three lines per configuration: the median and the minimum wall time over the rounds, and the
 minimum process CPU time (all threads), each as ms/step for both and the ratio sparkgrad / PyTorch
@@ -16,12 +17,14 @@ frameworks so that machine load hits both; on a shared machine the minima, and t
 
 ``--device cuda`` trains both on GPU 0 (sparkgrad: ``device="cuda:0"``; PyTorch: ``.cuda()``): each step
 copies the host minibatch to the GPU in both, and every timed round ends with a device synchronisation.
-Only the wall-time lines are printed there (the CPU time of a GPU step says nothing). It stops with a
+Only the wall-time lines are printed there (the CPU time of a GPU step says nothing). Both compute in
+float32: PyTorch's convolutions would otherwise run in TF32 on the tensor cores (cuDNN's default), a
+10-bit mantissa; ``--torch-tf32`` keeps that default, to show what it buys. It stops with a
 message saying what is missing when there is no usable GPU (sparkgrad built without CUDA, no CuPy, no
 GPU, or a CPU-only PyTorch).
 
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
-        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet]
+        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.device import Device, resolve_device
 from sparkgrad.nn import (
+    LSTM,
     ActivationLayer,
     ComputationGraph,
     ComputationGraphConfiguration,
@@ -45,12 +49,15 @@ from sparkgrad.nn import (
     ElementWiseVertex,
     GraphBuilder,
     InputType,
+    LastTimeStep,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
     SubsamplingLayer,
     updaters,
 )
+
+LSTM_IN, LSTM_HIDDEN, LSTM_STEPS = 64, 256, 50
 
 
 def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> str:
@@ -85,6 +92,9 @@ def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray, device: Device) -> 
     if name == "mlp":
         layers = [DenseLayer(1024, activation="relu"), DenseLayer(512, activation="relu"), OutputLayer(10)]
         input_type = InputType.feed_forward(784)
+    elif name == "lstm":
+        layers = [LastTimeStep(LSTM(LSTM_HIDDEN)), OutputLayer(10)]
+        input_type = InputType.recurrent(LSTM_IN)
     else:
         layers = [
             ConvolutionLayer(20, kernel_size=(5, 5), activation="identity"),
@@ -106,7 +116,11 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callabl
     from torch import nn
 
     torch.manual_seed(0)
-    if name == "resnet":
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
+    if name == "lstm":
+        model = _torch_last_step_lstm()
+        xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)))  # (batch, time, size)
+    elif name == "resnet":
         model = _torch_residual_cnn()
     elif name == "mlp":
         model = nn.Sequential(
@@ -126,7 +140,6 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callabl
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
 
     def step() -> None:  # the host minibatch goes to the device every step, as in sparkgrad's fit
         opt.zero_grad(set_to_none=True)
@@ -134,6 +147,21 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callabl
         opt.step()
 
     return step
+
+
+def _torch_last_step_lstm():
+    from torch import nn
+
+    class LastStepLstm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(LSTM_IN, LSTM_HIDDEN, batch_first=True)
+            self.head = nn.Linear(LSTM_HIDDEN, 10)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0][:, -1])
+
+    return LastStepLstm()
 
 
 def _torch_residual_block(channels: int):
@@ -197,9 +225,12 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating timed rounds; median and minimum are reported"
     )
-    parser.add_argument("--models", default="mlp,lenet,resnet")
+    parser.add_argument("--models", default="mlp,lenet,resnet,lstm")
     parser.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="where both frameworks train"
+    )
+    parser.add_argument(
+        "--torch-tf32", action="store_true", help="let PyTorch's GPU convolutions and GEMMs use TF32"
     )
     args = parser.parse_args()
 
@@ -207,17 +238,20 @@ def main() -> None:
 
     sparkgrad.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
     device = resolve_device("cpu")
     syncs: dict[str, Callable[[], None]] = {"sparkgrad": lambda: None, "torch": lambda: None}
     where = f"threads={args.threads}"
     if args.device == "cuda":
         device = _gpu(torch)
         syncs = {"sparkgrad": device.xp.cuda.Device(0).synchronize, "torch": torch.cuda.synchronize}
-        where = f"gpu={torch.cuda.get_device_name(0)}"
+        where = f"gpu={torch.cuda.get_device_name(0)} torch_tf32={args.torch_tf32}"
     print(f"device={device.name} {where} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
     rng = np.random.default_rng(0)
     for name in args.models.split(","):
-        batch, shape = (128, (784,)) if name == "mlp" else (64, (1, 28, 28))  # lenet, resnet: images
+        batch, shape = {"mlp": (128, (784,)), "lstm": (64, (LSTM_IN, LSTM_STEPS))}.get(
+            name, (64, (1, 28, 28))
+        )
         x = rng.random((batch, *shape), dtype=np.float32)
         y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
         steps = {

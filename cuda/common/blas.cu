@@ -2,7 +2,7 @@
 // row-major (m, n) matrix is its column-major transpose, so c = op(a) op(b) is computed as
 // c^T = op(b)^T op(a)^T with the operands swapped. One handle per host thread and device (cuBLAS handles
 // are not meant to be shared between threads, and a handle is bound to the device current when it was
-// created), created on first use.
+// created), created on first use; each GEMM runs on the calling thread's stream (gpu::set_stream).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../compress/cuda_util.cuh"
 #include "sparkgrad/common.h"
 
 namespace sparkgrad::gpu {
@@ -42,6 +43,17 @@ cublasHandle_t handle() {
   return slot.get();
 }
 
+// The calling thread's handle, bound to its current stream. cublasSetStream also resets the handle's
+// workspace, so it is called only when the stream changed.
+cublasHandle_t handle_on_current_stream() {
+  cublasHandle_t h = handle();
+  const cudaStream_t stream = current_stream();
+  cudaStream_t bound = nullptr;
+  check_cublas(cublasGetStream(h, &bound));
+  if (bound != stream) check_cublas(cublasSetStream(h, stream));
+  return h;
+}
+
 cublasOperation_t to_cublas(Transpose t) { return t == Transpose::Yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 }  // namespace
@@ -54,11 +66,12 @@ void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64
   }
   if (m == 0 || n == 0) return;
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  cublasHandle_t h = handle_on_current_stream();
   if constexpr (std::is_same_v<T, float>) {
-    check_cublas(cublasSgemm(handle(), to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
+    check_cublas(cublasSgemm(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
                              a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
   } else {
-    check_cublas(cublasDgemm(handle(), to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
+    check_cublas(cublasDgemm(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
                              a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
   }
 }

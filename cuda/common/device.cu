@@ -1,6 +1,15 @@
-// CUDA build: a GPU counts as available when the runtime reports at least one device.
+// CUDA build: a GPU counts as available when the runtime reports at least one device; the calling
+// thread's stream per device, and the debug switch that waits after every op.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "../compress/cuda_util.cuh"
 #include "sparkgrad/common.h"
 
 namespace sparkgrad {
@@ -17,6 +26,61 @@ bool cuda_available() {
 namespace gpu {
 
 bool built() { return true; }
+
+namespace {
+
+std::atomic<bool> sync_flag{[] {
+  const char* env = std::getenv("SPARKGRAD_CUDA_SYNC");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}()};
+
+// The calling thread's stream for each device ordinal (absent: the legacy default stream).
+thread_local std::vector<cudaStream_t> thread_streams;
+
+// Scratch buffers come from the device's stream-ordered pool (cudaMallocAsync). By default the pool
+// returns its memory to the driver at every synchronization, and the next step pays cudaMalloc again;
+// keeping it makes a step's scratch allocations free after the first step, as CuPy's pool does.
+void keep_pool_memory(int device) {
+  static std::mutex mutex;
+  static std::vector<bool> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.size() <= static_cast<std::size_t>(device)) done.resize(static_cast<std::size_t>(device) + 1);
+  if (done[static_cast<std::size_t>(device)]) return;
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    std::uint64_t keep = UINT64_MAX;
+    compress::cuda::check_cuda("set_stream", cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  } else {
+    cudaGetLastError();  // a device without the stream-ordered allocator: cudaMallocAsync reports it per op
+  }
+  done[static_cast<std::size_t>(device)] = true;
+}
+
+int current_device(const char* op) {
+  int device = 0;
+  compress::cuda::check_cuda(op, cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace
+
+void set_stream(std::uintptr_t stream) {
+  const int device = current_device("set_stream");
+  if (thread_streams.size() <= static_cast<std::size_t>(device)) {
+    thread_streams.resize(static_cast<std::size_t>(device) + 1, nullptr);
+    keep_pool_memory(device);
+  }
+  thread_streams[static_cast<std::size_t>(device)] = reinterpret_cast<cudaStream_t>(stream);
+}
+
+cudaStream_t current_stream() {
+  const int device = current_device("current_stream");
+  return static_cast<std::size_t>(device) < thread_streams.size() ? thread_streams[static_cast<std::size_t>(device)]
+                                                                  : nullptr;
+}
+
+void set_sync_each_op(bool on) { sync_flag.store(on); }
+bool sync_each_op() { return sync_flag.load(); }
 
 std::vector<DeviceInfo> devices() {
   std::vector<DeviceInfo> out;

@@ -35,14 +35,14 @@ std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t*
   const T t = static_cast<T>(tf);
   const std::int32_t header[kHeaderWords] = {static_cast<std::int32_t>(n), static_cast<std::int32_t>(n),
                                              threshold_bits(tf), kFlagBitmap};
-  check_cuda(op, cudaMemcpy(out, header, sizeof header, cudaMemcpyHostToDevice));
+  copy_to_device(op, out, header, sizeof header);
   DeviceBuffer<unsigned long long> count(op, 1);
-  check_cuda(op, cudaMemset(count.get(), 0, sizeof(unsigned long long)));
+  fill_zero(op, count.get(), sizeof(unsigned long long));
   const std::int64_t words = bitmap_length(n) - kHeaderWords;
-  encode_words<<<grid_for(words, kBlock), kBlock>>>(x, n, t, t / 2, out + kHeaderWords, count.get());
+  encode_words<<<grid_for(words, kBlock), kBlock, 0, gpu::current_stream()>>>(x, n, t, t / 2, out + kHeaderWords, count.get());
   check_kernels(op);
   unsigned long long host = 0;
-  check_cuda(op, cudaMemcpy(&host, count.get(), sizeof host, cudaMemcpyDeviceToHost));
+  copy_to_host(op, &host, count.get(), sizeof host);
   return static_cast<std::int64_t>(host);
 }
 

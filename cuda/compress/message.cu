@@ -41,7 +41,8 @@ __global__ void bitmap_decode(const std::int32_t* words, std::int64_t n, T t, T 
   const std::int64_t len = n - begin < 16 ? n - begin : 16;
   for (std::int64_t j = 0; j < len; ++j) {
     const std::uint32_t code = ((word >> j) & 1u) | (((word >> (j + 16)) & 1u) << 1);
-    target[begin + j] += from_bits<T>(bitmap_sent(code, t, h, FloatBits<T>::kSign));
+    // code 0 leaves the target bit-exact (the CPU adds -0, which keeps a NaN's payload; a GPU would not)
+    if (code != 0) target[begin + j] += from_bits<T>(bitmap_sent(code, t, h, FloatBits<T>::kSign));
   }
 }
 
@@ -51,33 +52,33 @@ template <typename T>
 void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n,
             std::int32_t expected_flag) {
   std::int32_t header[kHeaderWords] = {0, 0, 0, 0};
-  if (len >= kHeaderWords) check_cuda(op, cudaMemcpy(header, msg, sizeof header, cudaMemcpyDeviceToHost));
+  if (len >= kHeaderWords) copy_to_host(op, header, msg, sizeof header);
   validate_header(op, header, len, n, expected_flag);
   const T t = static_cast<T>(bits_threshold(header[2]));
   const std::int32_t* payload = msg + kHeaderWords;
   const std::int64_t words = len - kHeaderWords;
   if (header[3] == kFlagBitmap) {
     std::int32_t last = 0;
-    check_cuda(op, cudaMemcpy(&last, msg + len - 1, sizeof last, cudaMemcpyDeviceToHost));
+    copy_to_host(op, &last, msg + len - 1, sizeof last);
     validate_bitmap_tail(op, last, n);
-    bitmap_decode<<<grid_for(words, kBlock), kBlock>>>(payload, n, t, t / 2, target);
+    bitmap_decode<<<grid_for(words, kBlock), kBlock, 0, gpu::current_stream()>>>(payload, n, t, t / 2, target);
     check_kernels(op);
     return;
   }
   if (words == 0) return;
   DeviceBuffer<unsigned long long> first_bad(op, 1);
   const unsigned long long none = ULLONG_MAX;
-  check_cuda(op, cudaMemcpy(first_bad.get(), &none, sizeof none, cudaMemcpyHostToDevice));
-  find_bad_entry<<<grid_for(words, kBlock), kBlock>>>(payload, words, n, first_bad.get());
+  copy_to_device(op, first_bad.get(), &none, sizeof none);
+  find_bad_entry<<<grid_for(words, kBlock), kBlock, 0, gpu::current_stream()>>>(payload, words, n, first_bad.get());
   check_kernels(op);
   unsigned long long bad = 0;
-  check_cuda(op, cudaMemcpy(&bad, first_bad.get(), sizeof bad, cudaMemcpyDeviceToHost));
+  copy_to_host(op, &bad, first_bad.get(), sizeof bad);
   if (bad != none) {
     std::int32_t v = 0;
-    check_cuda(op, cudaMemcpy(&v, payload + bad, sizeof v, cudaMemcpyDeviceToHost));
+    copy_to_host(op, &v, payload + bad, sizeof v);
     throw_bad_entry(op, static_cast<std::int64_t>(bad), v, n);
   }
-  sparse_decode<<<grid_for(words, kBlock), kBlock>>>(payload, words, t, target);
+  sparse_decode<<<grid_for(words, kBlock), kBlock, 0, gpu::current_stream()>>>(payload, words, t, target);
   check_kernels(op);
 }
 

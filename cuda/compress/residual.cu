@@ -37,13 +37,13 @@ __global__ void clip_kernel(T* residual, std::int64_t n, T limit) {
 
 template <typename T>
 void accumulate(T* residual, const T* update, std::int64_t n) {
-  accumulate_kernel<<<grid(n), kBlock>>>(residual, update, n);
+  accumulate_kernel<<<grid(n), kBlock, 0, gpu::current_stream()>>>(residual, update, n);
   check_kernels("accumulate");
 }
 
 template <typename T>
 void clip(T* residual, std::int64_t n, T limit) {
-  clip_kernel<<<grid(n), kBlock>>>(residual, n, limit);
+  clip_kernel<<<grid(n), kBlock, 0, gpu::current_stream()>>>(residual, n, limit);
   check_kernels("clip");
 }
 

@@ -1,5 +1,12 @@
-// CUDA twin of cpp/src/compress/threshold.cpp: count per block, exclusive scan of the block counts,
-// ordered compaction (warp ballots) so the payload is ascending, and the boundary keeps the lowest indices.
+// CUDA twin of cpp/src/compress/threshold.cpp in one pass over the residual: CUB's single-pass ordered
+// selection (decoupled look-back) compacts the entries of the qualifying elements, in ascending index
+// order, into a worst-case buffer and counts them; the commit step then touches only the selected
+// elements. The caller picks the format (or a boundary) from the count in between, so the residual
+// changes only for what is sent.
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
 #include "cuda_util.cuh"
 #include "sparkgrad/compress.h"
 
@@ -7,117 +14,73 @@ namespace sparkgrad::compress::cuda {
 
 namespace {
 
-constexpr int kBlock = 512;  // elements (threads) per block
-constexpr int kScan = 1024;  // threads of the single-block scan
+constexpr int kBlock = 256;
 
+// The sparse entry of element i (+-(i+1) by its sign, as sparse_entry), or 0 when |x[i]| < t or NaN.
 template <typename T>
-__device__ bool qualifies(const T* x, std::int64_t i, std::int64_t n, T t) {
-  return i < n && abs(x[i]) >= t;
-}
-
-// counts[b] = #{qualifying elements of block b}; x: (n,), counts: (blocks,).
-template <typename T>
-__global__ void count_blocks(const T* x, std::int64_t n, T t, std::int32_t* counts) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x;
-  const int c = __syncthreads_count(qualifies(x, i, n, t));
-  if (threadIdx.x == 0) counts[blockIdx.x] = c;
-}
-
-// offsets: (blocks + 1,) exclusive prefix sums of counts: (blocks,), one block scanning tile by tile.
-__global__ void exclusive_scan(const std::int32_t* counts, std::int64_t blocks, std::int64_t* offsets) {
-  __shared__ std::int64_t tile[kScan];
-  __shared__ std::int64_t carry;
-  if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
-  for (std::int64_t base = 0; base < blocks; base += kScan) {
-    const std::int64_t i = base + threadIdx.x;
-    const std::int64_t v = i < blocks ? counts[i] : 0;
-    tile[threadIdx.x] = v;
-    __syncthreads();
-    for (int step = 1; step < kScan; step <<= 1) {  // Hillis-Steele inclusive scan
-      const std::int64_t add = threadIdx.x >= step ? tile[threadIdx.x - step] : 0;
-      __syncthreads();
-      tile[threadIdx.x] += add;
-      __syncthreads();
-    }
-    if (i < blocks) offsets[i] = carry + tile[threadIdx.x] - v;
-    __syncthreads();
-    if (threadIdx.x == kScan - 1) carry += tile[kScan - 1];
-    __syncthreads();
+struct EntryOf {
+  const T* x;
+  T t;
+  __host__ __device__ std::int32_t operator()(std::int64_t i) const {
+    const auto b = to_bits(x[i]);
+    if (!at_least(b & ~FloatBits<T>::kSign, to_bits(t), FloatBits<T>::kInf)) return 0;
+    const auto id = static_cast<std::int32_t>(i + 1);
+    return (b & FloatBits<T>::kSign) ? -id : id;
   }
-  if (threadIdx.x == 0) offsets[blocks] = carry;
-}
+};
 
-// Writes the qualifying elements of each block at offsets[b] + rank-in-block, keeping positions < entries.
-template <typename T>
-__global__ void compact(T* x, std::int64_t n, T t, const std::int64_t* offsets, std::int64_t entries,
-                        std::int32_t* payload) {
-  __shared__ int warp_offset[kBlock / 32];
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x;
-  const bool pred = qualifies(x, i, n, t);
-  const unsigned ballot = __ballot_sync(0xffffffffu, pred);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  if (lane == 0) warp_offset[warp] = __popc(ballot);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int sum = 0;
-    for (int w = 0; w < kBlock / 32; ++w) {
-      const int c = warp_offset[w];
-      warp_offset[w] = sum;
-      sum += c;
-    }
-  }
-  __syncthreads();
-  if (!pred) return;
-  const std::int64_t pos = offsets[blockIdx.x] + warp_offset[warp] + __popc(ballot & ((1u << lane) - 1u));
-  if (pos < entries) payload[pos] = sparse_entry(x[i], t, i);
-}
+struct NonZero {
+  __host__ __device__ bool operator()(std::int32_t e) const { return e != 0; }
+};
 
-// Block offsets of x: (n,) in `offsets` (blocks + 1 entries); returns the total count.
+// x[|e| - 1] -= +-t for the entries e of payload: (entries,), as sparse_entry moves each encoded element.
 template <typename T>
-std::int64_t scan_counts(const char* op, const T* x, std::int64_t n, T t, DeviceBuffer<std::int64_t>& offsets,
-                         std::int64_t blocks) {
-  DeviceBuffer<std::int32_t> counts(op, blocks);
-  if (blocks > 0) count_blocks<<<static_cast<unsigned>(blocks), kBlock>>>(x, n, t, counts.get());
-  exclusive_scan<<<1, kScan>>>(counts.get(), blocks, offsets.get());
-  check_kernels(op);
-  std::int64_t total = 0;
-  check_cuda(op, cudaMemcpy(&total, offsets.get() + blocks, sizeof total, cudaMemcpyDeviceToHost));
-  return total;
+__global__ void subtract_sent(T* x, T t, const std::int32_t* payload, std::int64_t entries) {
+  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (j >= entries) return;
+  const std::int32_t e = payload[j];
+  const std::int64_t i = (e < 0 ? -static_cast<std::int64_t>(e) : e) - 1;
+  x[i] -= from_bits<T>(to_bits(t) | (e < 0 ? FloatBits<T>::kSign : 0));
 }
 
 }  // namespace
 
 template <typename T>
-std::int64_t threshold_count(const T* x, std::int64_t n, double threshold) {
+std::int64_t threshold_select(const T* x, std::int64_t n, double threshold, std::int32_t* message) {
   const char* op = "threshold_encode";
-  const std::int64_t blocks = grid_for(n, kBlock);
-  DeviceBuffer<std::int64_t> offsets(op, blocks + 1);
-  return scan_counts(op, x, n, static_cast<T>(static_cast<float>(threshold)), offsets, blocks);
+  if (n == 0) return 0;
+  const T t = static_cast<T>(static_cast<float>(threshold));
+  const auto in = thrust::make_transform_iterator(thrust::make_counting_iterator<std::int64_t>(0), EntryOf<T>{x, t});
+  const cudaStream_t stream = gpu::current_stream();
+  std::int32_t* entries = message + kHeaderWords;
+  DeviceBuffer<std::int64_t> count(op, 1);
+  std::size_t temp_bytes = 0;
+  check_cuda(op, cub::DeviceSelect::If(nullptr, temp_bytes, in, entries, count.get(), n, NonZero{}, stream));
+  DeviceBuffer<unsigned char> temp(op, static_cast<std::int64_t>(temp_bytes));
+  check_cuda(op, cub::DeviceSelect::If(temp.get(), temp_bytes, in, entries, count.get(), n, NonZero{}, stream));
+  check_kernels(op);
+  std::int64_t total = 0;
+  copy_to_host(op, &total, count.get(), sizeof total);
+  return total;
 }
 
 template <typename T>
-void threshold_encode(T* x, std::int64_t n, double threshold, std::int64_t entries, std::int32_t* out) {
+void threshold_commit(T* x, std::int64_t n, double threshold, std::int64_t entries, std::int32_t* message) {
   const char* op = "threshold_encode";
   const float tf = static_cast<float>(threshold);
-  const T t = static_cast<T>(tf);
-  const std::int64_t blocks = grid_for(n, kBlock);
-  DeviceBuffer<std::int64_t> offsets(op, blocks + 1);
-  const std::int64_t count = scan_counts(op, x, n, t, offsets, blocks);
-  if (entries > count) throw_runtime(op, "residual changed between counting and encoding");
   const std::int32_t header[kHeaderWords] = {static_cast<std::int32_t>(entries), static_cast<std::int32_t>(n),
                                              threshold_bits(tf), kFlagSparse};
-  check_cuda(op, cudaMemcpy(out, header, sizeof header, cudaMemcpyHostToDevice));
+  copy_to_device(op, message, header, sizeof header);
   if (entries > 0) {
-    compact<<<static_cast<unsigned>(blocks), kBlock>>>(x, n, t, offsets.get(), entries, out + kHeaderWords);
+    subtract_sent<<<grid_for(entries, kBlock), kBlock, 0, gpu::current_stream()>>>(x, static_cast<T>(tf),
+                                                                                   message + kHeaderWords, entries);
   }
   check_kernels(op);
 }
 
-template std::int64_t threshold_count<float>(const float*, std::int64_t, double);
-template std::int64_t threshold_count<double>(const double*, std::int64_t, double);
-template void threshold_encode<float>(float*, std::int64_t, double, std::int64_t, std::int32_t*);
-template void threshold_encode<double>(double*, std::int64_t, double, std::int64_t, std::int32_t*);
+template std::int64_t threshold_select<float>(const float*, std::int64_t, double, std::int32_t*);
+template std::int64_t threshold_select<double>(const double*, std::int64_t, double, std::int32_t*);
+template void threshold_commit<float>(float*, std::int64_t, double, std::int64_t, std::int32_t*);
+template void threshold_commit<double>(double*, std::int64_t, double, std::int64_t, std::int32_t*);
 
 }  // namespace sparkgrad::compress::cuda

@@ -76,9 +76,9 @@ void activation_forward(Activation kind, double alpha, const T* x, T* y, std::in
   const std::int64_t n = rows * cols;
   if (n == 0 || (kind == Activation::Identity && x == y)) return;
   if (kind == Activation::Softmax) {
-    softmax_kernel<<<blocks_for(rows), kThreads>>>(x, y, rows, cols);
+    softmax_kernel<<<blocks_for(rows), kThreads, 0, gpu::current_stream()>>>(x, y, rows, cols);
   } else {
-    forward_kernel<<<blocks_for(n), kThreads>>>(kind, static_cast<T>(alpha), x, y, n);
+    forward_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(kind, static_cast<T>(alpha), x, y, n);
   }
   check_kernels("activation_forward");
 }
@@ -89,9 +89,9 @@ void activation_backward(Activation kind, double alpha, const T* x, const T* y, 
   const std::int64_t n = rows * cols;
   if (n == 0 || (kind == Activation::Identity && dx == dy)) return;
   if (kind == Activation::Softmax) {
-    softmax_backward_kernel<<<blocks_for(rows), kThreads>>>(y, dy, dx, rows, cols);
+    softmax_backward_kernel<<<blocks_for(rows), kThreads, 0, gpu::current_stream()>>>(y, dy, dx, rows, cols);
   } else {
-    backward_kernel<<<blocks_for(n), kThreads>>>(kind, static_cast<T>(alpha), x, y, dy, dx, n);
+    backward_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(kind, static_cast<T>(alpha), x, y, dy, dx, n);
   }
   check_kernels("activation_backward");
 }

@@ -103,7 +103,7 @@ void batchnorm_forward_train(const BatchNormShape& g, const T* x, const T* gamma
                              T* batch_mean, T* batch_var, T* running_mean, T* running_var, double decay,
                              double eps) {
   if (g.c == 0) return;
-  forward_train_kernel<<<static_cast<unsigned>(g.c), kThreads>>>(g, x, gamma, beta, y, batch_mean, batch_var,
+  forward_train_kernel<<<static_cast<unsigned>(g.c), kThreads, 0, gpu::current_stream()>>>(g, x, gamma, beta, y, batch_mean, batch_var,
                                                                  running_mean, running_var, decay, eps);
   check_kernels("batchnorm_forward_train");
 }
@@ -112,7 +112,7 @@ template <typename T>
 void batchnorm_forward_inference(const BatchNormShape& g, const T* x, const T* gamma, const T* beta,
                                  const T* running_mean, const T* running_var, T* y, double eps) {
   if (g.c == 0) return;
-  forward_inference_kernel<<<static_cast<unsigned>(g.c), kThreads>>>(g, x, gamma, beta, running_mean, running_var,
+  forward_inference_kernel<<<static_cast<unsigned>(g.c), kThreads, 0, gpu::current_stream()>>>(g, x, gamma, beta, running_mean, running_var,
                                                                      y, eps);
   check_kernels("batchnorm_forward_inference");
 }
@@ -121,7 +121,7 @@ template <typename T>
 void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
                         const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps) {
   if (g.c == 0) return;
-  backward_kernel<<<static_cast<unsigned>(g.c), kThreads>>>(g, x, dy, gamma, batch_mean, batch_var, dx, dgamma,
+  backward_kernel<<<static_cast<unsigned>(g.c), kThreads, 0, gpu::current_stream()>>>(g, x, dy, gamma, batch_mean, batch_var, dx, dgamma,
                                                             dbeta, eps);
   check_kernels("batchnorm_backward");
 }

@@ -29,14 +29,14 @@ template <typename T>
 void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inner) {
   const std::int64_t total = n * c * inner;
   if (total == 0) return;
-  bias_add_kernel<<<blocks_for(total), kThreads>>>(x, b, total, c, inner);
+  bias_add_kernel<<<blocks_for(total), kThreads, 0, gpu::current_stream()>>>(x, b, total, c, inner);
   check_kernels("bias_add");
 }
 
 template <typename T>
 void bias_grad(const T* dy, T* db, std::int64_t n, std::int64_t c, std::int64_t inner) {
   if (c == 0) return;
-  bias_grad_kernel<<<static_cast<unsigned>(c), kThreads>>>(dy, db, n, c, inner);
+  bias_grad_kernel<<<static_cast<unsigned>(c), kThreads, 0, gpu::current_stream()>>>(dy, db, n, c, inner);
   check_kernels("bias_grad");
 }
 

@@ -1,6 +1,12 @@
-// CUDA twin of cpp/src/nn/conv2d.cpp: im2col + cuBLAS GEMM per image (sparkgrad::gpu::gemm, the same
-// row-major call as on the CPU), col2im as a gather (one thread per input element, no atomics), and the
-// weight gradient accumulated image by image in one GEMM chain (beta = 1), so it is deterministic.
+// CUDA twin of cpp/src/nn/conv2d.cpp: im2col + one cuBLAS GEMM (the same row-major call as on the CPU) for
+// a chunk of images at once. The column matrix of a chunk is (c*r*s, images*p*q), so each pass is a single
+// large GEMM rather than one small GEMM per image; the (k, images*p*q) product and the (images, k, p*q)
+// layout of y and dy are exchanged by a permuting copy (with the bias added on the way out). col2im is a
+// gather (one thread per input element, no atomics), and the weight gradient accumulates over the chunks
+// in the GEMM (beta = 1), so every result is deterministic.
+#include <algorithm>
+#include <climits>
+
 #include "kernel_util.cuh"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
@@ -10,36 +16,150 @@ namespace sparkgrad::nn::cuda {
 namespace {
 using namespace sparkgrad::detail::cuda;
 
-// x_image: (c, h, w) -> col: (c*r*s, p*q); positions outside the image read as zero.
-template <typename T>
-__global__ void im2col_kernel(Conv2dShape g, const T* x_image, T* col) {
-  const std::int64_t pq = g.p * g.q, total = g.c * g.r * g.s * pq;
-  for (std::int64_t e = first_index(); e < total; e += grid_stride()) {
-    const std::int64_t row = e / pq, oh = (e % pq) / g.q, ow = e % g.q;
-    const std::int64_t c = row / (g.r * g.s), r = (row / g.s) % g.r, s = row % g.s;
-    const std::int64_t ih = oh * g.stride_h - g.pad_top + r, iw = ow * g.stride_w - g.pad_left + s;
-    col[e] = (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) ? x_image[(c * g.h + ih) * g.w + iw] : T(0);
+// Elements of scratch one chunk of images may take (256 MiB of float32): bounds the memory of a large
+// batch at a few kernels per chunk.
+constexpr std::int64_t kChunkElements = std::int64_t{1} << 26;
+
+// Images per chunk when each image needs `per_image` scratch elements.
+std::int64_t chunk_images(std::int64_t n, std::int64_t per_image) {
+  return std::max<std::int64_t>(1, std::min(n, kChunkElements / std::max<std::int64_t>(per_image, 1)));
+}
+
+// The geometry in the kernels' index type I: 32-bit index arithmetic (divisions above all) where every
+// index of a chunk fits, 64-bit otherwise; a 64-bit division costs several times a 32-bit one, and the
+// layout kernels do a few per element.
+template <typename I>
+struct Geometry {
+  I c, h, w, r, s, p, q, stride_h, stride_w, pad_top, pad_left;
+  explicit Geometry(const Conv2dShape& g)
+      : c(static_cast<I>(g.c)), h(static_cast<I>(g.h)), w(static_cast<I>(g.w)), r(static_cast<I>(g.r)),
+        s(static_cast<I>(g.s)), p(static_cast<I>(g.p)), q(static_cast<I>(g.q)),
+        stride_h(static_cast<I>(g.stride_h)), stride_w(static_cast<I>(g.stride_w)),
+        pad_top(static_cast<I>(g.pad_top)), pad_left(static_cast<I>(g.pad_left)) {}
+};
+
+// x: (m, c, h, w) -> col: (c*r*s, m*p*q); positions outside the image read as zero.
+template <typename T, typename I>
+__global__ void im2col_kernel(Geometry<I> g, I m, const T* x, T* col) {
+  const I pq = g.p * g.q, cols = m * pq, total = g.c * g.r * g.s * cols;
+  for (I e = static_cast<I>(first_index()); e < total; e += static_cast<I>(grid_stride())) {
+    const I row = e / cols, image = (e % cols) / pq, oh = (e % pq) / g.q, ow = e % g.q;
+    const I c = row / (g.r * g.s), r = (row / g.s) % g.r, s = row % g.s;
+    const I ih = oh * g.stride_h - g.pad_top + r, iw = ow * g.stride_w - g.pad_left + s;
+    col[e] = (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) ? x[((image * g.c + c) * g.h + ih) * g.w + iw] : T(0);
   }
 }
 
-// col: (c*r*s, p*q) -> dx_image: (c, h, w), each element the sum of the column entries that read it.
-template <typename T>
-__global__ void col2im_kernel(Conv2dShape g, const T* col, T* dx_image) {
-  const std::int64_t pq = g.p * g.q, total = g.c * g.h * g.w;
-  for (std::int64_t e = first_index(); e < total; e += grid_stride()) {
-    const std::int64_t c = e / (g.h * g.w), ih = (e / g.w) % g.h, iw = e % g.w;
+// col: (c*r*s, m*p*q) -> dx: (m, c, h, w), each element the sum of the column entries that read it.
+template <typename T, typename I>
+__global__ void col2im_kernel(Geometry<I> g, I m, const T* col, T* dx) {
+  const I pq = g.p * g.q, cols = m * pq, image_size = g.c * g.h * g.w, total = m * image_size;
+  for (I e = static_cast<I>(first_index()); e < total; e += static_cast<I>(grid_stride())) {
+    const I image = e / image_size, c = (e / (g.h * g.w)) % g.c, ih = (e / g.w) % g.h, iw = e % g.w;
     T sum = 0;
-    for (std::int64_t r = 0; r < g.r; ++r) {
-      const std::int64_t oh_s = ih + g.pad_top - r;  // oh * stride_h
+    for (I r = 0; r < g.r; ++r) {
+      const I oh_s = ih + g.pad_top - r;  // oh * stride_h
       if (oh_s < 0 || oh_s % g.stride_h != 0 || oh_s / g.stride_h >= g.p) continue;
-      for (std::int64_t s = 0; s < g.s; ++s) {
-        const std::int64_t ow_s = iw + g.pad_left - s;
+      for (I s = 0; s < g.s; ++s) {
+        const I ow_s = iw + g.pad_left - s;
         if (ow_s < 0 || ow_s % g.stride_w != 0 || ow_s / g.stride_w >= g.q) continue;
-        sum += col[((c * g.r + r) * g.s + s) * pq + (oh_s / g.stride_h) * g.q + ow_s / g.stride_w];
+        sum += col[((c * g.r + r) * g.s + s) * cols + image * pq + (oh_s / g.stride_h) * g.q + ow_s / g.stride_w];
       }
     }
-    dx_image[e] = sum;
+    dx[e] = sum;
   }
+}
+
+// product: (k, m*pq) -> y: (m, k, pq), plus b[k] when b is given (one add, as bias_add).
+template <typename T, typename I>
+__global__ void to_images_kernel(const T* product, const T* b, I k, I m, I pq, T* y) {
+  const I total = m * k * pq;
+  for (I e = static_cast<I>(first_index()); e < total; e += static_cast<I>(grid_stride())) {
+    const I image = e / (k * pq), channel = (e / pq) % k, j = e % pq;
+    const T v = product[channel * m * pq + image * pq + j];
+    y[e] = b != nullptr ? v + b[channel] : v;
+  }
+}
+
+// dy: (m, k, pq) -> out: (k, m*pq).
+template <typename T, typename I>
+__global__ void from_images_kernel(const T* dy, I k, I m, I pq, T* out) {
+  const I total = m * k * pq;
+  for (I e = static_cast<I>(first_index()); e < total; e += static_cast<I>(grid_stride())) {
+    const I channel = e / (m * pq), image = (e / pq) % m, j = e % pq;
+    out[e] = dy[(image * k + channel) * pq + j];
+  }
+}
+
+// Whether every index of a chunk of m images (its input, column matrix and output) and the grid stride
+// beyond the last one fit a 32-bit signed integer.
+bool fits_int32(const Conv2dShape& g, std::int64_t m) {
+  const std::int64_t pq = g.p * g.q, largest = std::max({g.c * g.r * g.s * m * pq, m * g.k * pq,
+                                                         m * g.c * g.h * g.w});
+  return largest + static_cast<std::int64_t>(kMaxGrid) * kThreads < INT32_MAX;
+}
+
+// The four layout kernels of a chunk, launched with 32- or 64-bit indices.
+template <typename T>
+struct Layout {
+  Conv2dShape g;
+  std::int64_t m;
+  cudaStream_t stream;
+  bool small = fits_int32(g, m);
+
+  void im2col(const T* x, T* col) const {
+    const std::int64_t total = g.c * g.r * g.s * m * g.p * g.q;
+    if (small) {
+      im2col_kernel<T, std::int32_t><<<blocks_for(total), kThreads, 0, stream>>>(
+          Geometry<std::int32_t>(g), static_cast<std::int32_t>(m), x, col);
+    } else {
+      im2col_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(Geometry<std::int64_t>(g), m, x,
+                                                                                 col);
+    }
+  }
+  void col2im(const T* col, T* dx) const {
+    const std::int64_t total = m * g.c * g.h * g.w;
+    if (small) {
+      col2im_kernel<T, std::int32_t><<<blocks_for(total), kThreads, 0, stream>>>(
+          Geometry<std::int32_t>(g), static_cast<std::int32_t>(m), col, dx);
+    } else {
+      col2im_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(Geometry<std::int64_t>(g), m, col,
+                                                                                 dx);
+    }
+  }
+  void to_images(const T* product, const T* b, T* y) const {
+    const std::int64_t pq = g.p * g.q, total = m * g.k * pq;
+    if (small) {
+      to_images_kernel<T, std::int32_t><<<blocks_for(total), kThreads, 0, stream>>>(
+          product, b, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(m), static_cast<std::int32_t>(pq), y);
+    } else {
+      to_images_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(product, b, g.k, m, pq, y);
+    }
+  }
+  void from_images(const T* dy, T* out) const {
+    const std::int64_t pq = g.p * g.q, total = m * g.k * pq;
+    if (small) {
+      from_images_kernel<T, std::int32_t><<<blocks_for(total), kThreads, 0, stream>>>(
+          dy, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(m), static_cast<std::int32_t>(pq), out);
+    } else {
+      from_images_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(dy, g.k, m, pq, out);
+    }
+  }
+};
+
+// Runs step(layout, first image of the chunk, col, k_side) for each chunk of images, with the chunk's
+// scratch: col (c*r*s, m*p*q) and k_side (k, m*p*q), the GEMM's product or dy in that layout.
+template <typename T, typename Step>
+void by_chunks(const char* op, const Conv2dShape& g, Step step) {
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q;
+  const std::int64_t chunk = chunk_images(g.n, (crs + g.k) * pq);
+  DeviceBuffer<T> col(op, crs * chunk * pq), k_side(op, g.k * chunk * pq);
+  const cudaStream_t stream = gpu::current_stream();
+  for (std::int64_t i = 0; i < g.n; i += chunk) {
+    step(Layout<T>{g, std::min(chunk, g.n - i), stream}, i, col.get(), k_side.get());
+    check_cuda(op, cudaGetLastError());
+  }
+  check_kernels(op);
 }
 
 }  // namespace
@@ -47,52 +167,49 @@ __global__ void col2im_kernel(Conv2dShape g, const T* col, T* dx_image) {
 // x: (n, c, h, w), weights: (k, c*r*s), b: (k) or null -> y: (n, k, p, q).
 template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y) {
-  const char* op = "conv2d_forward";
-  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q;
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n == 0 || g.k == 0 || pq == 0) return;
-  DeviceBuffer<T> col(op, crs * pq);
-  for (std::int64_t i = 0; i < g.n; ++i) {
-    T* out = y + i * g.k * pq;
-    im2col_kernel<<<blocks_for(crs * pq), kThreads>>>(g, x + i * g.c * g.h * g.w, col.get());
-    check_kernels(op);
-    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, pq, crs, T(1), weights, crs, col.get(), pq, T(0),
-                             out, pq);
-  }
-  // bias_add waits for the queued GEMMs; without a bias wait here, so the call returns once they finished
-  if (b) bias_add(y, b, g.n, g.k, pq);
-  else check_kernels(op);
+  by_chunks<T>("conv2d_forward", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
+    const std::int64_t cols = chunk.m * pq;
+    chunk.im2col(x + i * image, col);
+    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
+                            product, cols);
+    chunk.to_images(product, b, y + i * g.k * pq);
+  });
 }
 
 // dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w).
 template <typename T>
 void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
-  const char* op = "conv2d_backward_input";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n * image == 0) return;
-  DeviceBuffer<T> col(op, crs * pq);
-  for (std::int64_t i = 0; i < g.n; ++i) {
-    sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, crs, pq, g.k, T(1), weights, crs, dy + i * g.k * pq,
-                             pq, T(0), col.get(), pq);
-    col2im_kernel<<<blocks_for(image), kThreads>>>(g, col.get(), dx + i * image);
-    check_kernels(op);
-  }
+  by_chunks<T>("conv2d_backward_input", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
+    const std::int64_t cols = chunk.m * pq;
+    if (cols > 0 && g.k > 0) chunk.from_images(dy + i * g.k * pq, dy_t);
+    sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, dy_t, cols, T(0),
+                            col, cols);
+    chunk.col2im(col, dx + i * image);
+  });
 }
 
-// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = sum_i dy_i @ col_i^T.
+// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = dy' col^T over all images, dy' = dy as (k, n*p*q).
 template <typename T>
 void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
   const char* op = "conv2d_backward_weight";
-  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q;
+  const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.k * crs == 0) return;
-  check_cuda(op, cudaMemset(dw, 0, sizeof(T) * static_cast<std::size_t>(g.k * crs)));
-  DeviceBuffer<T> col(op, crs * pq);
-  for (std::int64_t i = 0; i < g.n; ++i) {
-    im2col_kernel<<<blocks_for(crs * pq), kThreads>>>(g, x + i * g.c * g.h * g.w, col.get());
+  if (g.n == 0 || pq == 0) {
+    fill_zero(op, dw, sizeof(T) * static_cast<std::size_t>(g.k * crs));
     check_kernels(op);
-    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, g.k, crs, pq, T(1), dy + i * g.k * pq, pq, col.get(),
-                             pq, T(1), dw, crs);
+    return;
   }
-  check_kernels(op);
+  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
+    const std::int64_t cols = chunk.m * pq;
+    chunk.im2col(x + i * image, col);
+    chunk.from_images(dy + i * g.k * pq, dy_t);
+    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, g.k, crs, cols, T(1), dy_t, cols, col, cols,
+                            i == 0 ? T(0) : T(1), dw, crs);
+  });
 }
 
 #define SPARKGRAD_CONV2D(T)                                                                            \

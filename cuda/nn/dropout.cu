@@ -37,7 +37,7 @@ __global__ void dropout_backward_kernel(const T* dy, const T* mask, T* dx, std::
 template <typename T>
 void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain, std::uint64_t seed) {
   if (size == 0) return;
-  dropout_forward_kernel<<<blocks_for(size), kThreads>>>(x, y, mask, size, retain, static_cast<T>(1.0 / retain),
+  dropout_forward_kernel<<<blocks_for(size), kThreads, 0, gpu::current_stream()>>>(x, y, mask, size, retain, static_cast<T>(1.0 / retain),
                                                           seed);
   check_kernels("dropout_forward");
 }
@@ -45,7 +45,7 @@ void dropout_forward(const T* x, T* y, T* mask, std::int64_t size, double retain
 template <typename T>
 void dropout_backward(const T* dy, const T* mask, T* dx, std::int64_t size) {
   if (size == 0) return;
-  dropout_backward_kernel<<<blocks_for(size), kThreads>>>(dy, mask, dx, size);
+  dropout_backward_kernel<<<blocks_for(size), kThreads, 0, gpu::current_stream()>>>(dy, mask, dx, size);
   check_kernels("dropout_backward");
 }
 

@@ -1,5 +1,5 @@
-// Private helpers of the CUDA nn and optim twins: grid-stride launches that check and wait, so a fault
-// surfaces at the op that launched it (error checks and owning buffers come from cuda/compress).
+// Private helpers of the CUDA nn and optim twins: grid-stride launches on the calling thread's stream
+// (error checks, copies and owning buffers come from cuda/compress).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,9 @@ namespace sparkgrad::detail::cuda {
 
 using sparkgrad::compress::cuda::check_cuda;
 using sparkgrad::compress::cuda::check_kernels;
+using sparkgrad::compress::cuda::copy_to_device;
+using sparkgrad::compress::cuda::copy_to_host;
+using sparkgrad::compress::cuda::fill_zero;
 using sparkgrad::compress::cuda::DeviceBuffer;
 using sparkgrad::compress::cuda::grid_for;
 

@@ -136,7 +136,7 @@ void loss_score(const LossSpec& spec, const T* labels, const T* preout, const T*
   const bool softmax = fused_softmax(spec), sigmoid = fused_sigmoid(spec);
   DeviceBuffer<T> p(op, softmax || sigmoid ? 0 : n * c);
   if (!softmax && !sigmoid) cuda::activation_forward(spec.activation, spec.alpha, preout, p.get(), n, c);
-  score_kernel<<<blocks_for(n), kThreads>>>(spec.loss, softmax, sigmoid, labels, preout,
+  score_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(spec.loss, softmax, sigmoid, labels, preout,
                                             softmax || sigmoid ? nullptr : p.get(), mask, layout, scores, n, c);
   check_kernels(op);
 }
@@ -150,11 +150,11 @@ void loss_gradient(const LossSpec& spec, const T* labels, const T* preout, const
   cuda::activation_forward(spec.activation, spec.alpha, preout, p.get(), n, c);
   const bool softmax = fused_softmax(spec), sigmoid = fused_sigmoid(spec);
   if (!softmax && !sigmoid) {
-    term_grad_kernel<<<blocks_for(n * c), kThreads>>>(spec.loss, labels, p.get(), grad, n * c, c);
+    term_grad_kernel<<<blocks_for(n * c), kThreads, 0, gpu::current_stream()>>>(spec.loss, labels, p.get(), grad, n * c, c);
     check_kernels(op);
     cuda::activation_backward(spec.activation, spec.alpha, preout, p.get(), grad, grad, n, c);
   }
-  finish_grad_kernel<<<blocks_for(n), kThreads>>>(softmax, sigmoid, labels, p.get(), mask, layout, grad, n, c);
+  finish_grad_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(softmax, sigmoid, labels, p.get(), mask, layout, grad, n, c);
   check_kernels(op);
 }
 

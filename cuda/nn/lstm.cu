@@ -145,7 +145,7 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
   const std::int64_t rows = s.n * s.t, h = s.h, g4 = 4 * s.h;
   if (rows == 0 || h == 0) return;
   const StepSpec<T> sp = step_spec<T>(spec);
-  broadcast_bias_kernel<<<blocks_for(rows * g4), kThreads>>>(b, gates, rows, g4);
+  broadcast_bias_kernel<<<blocks_for(rows * g4), kThreads, 0, gpu::current_stream()>>>(b, gates, rows, g4);
   check_cuda(op, cudaGetLastError());
   if (s.c > 0) {
     sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, rows, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
@@ -157,7 +157,7 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
       sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, s.n, g4, h, T(1), h_prev, t > 0 ? s.t * h : h, rw, g4,
                               T(1), gates + t * g4, s.t * g4);
     }
-    forward_step_kernel<<<blocks_for(s.n * h), kThreads>>>(sp, s, t, mask, c0, hs, cs, gates, act_c);
+    forward_step_kernel<<<blocks_for(s.n * h), kThreads, 0, gpu::current_stream()>>>(sp, s, t, mask, c0, hs, cs, gates, act_c);
     check_cuda(op, cudaGetLastError());
   }
   check_kernels(op);
@@ -175,18 +175,19 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
   const StepSpec<T> sp = step_spec<T>(spec);
   if (first_step > 0) {  // truncated steps: the first first_step rows of every example
     const std::size_t row_bytes = sizeof(T) * static_cast<std::size_t>(g4);
-    check_cuda(op, cudaMemset2D(dgates, row_bytes * static_cast<std::size_t>(s.t), 0,
-                                row_bytes * static_cast<std::size_t>(first_step), static_cast<std::size_t>(s.n)));
+    check_cuda(op, cudaMemset2DAsync(dgates, row_bytes * static_cast<std::size_t>(s.t), 0,
+                                     row_bytes * static_cast<std::size_t>(first_step), static_cast<std::size_t>(s.n),
+                                     gpu::current_stream()));
   }
   DeviceBuffer<T> dh_rec(op, s.n * h), dc_next(op, s.n * h);
-  check_cuda(op, cudaMemset(dh_rec.get(), 0, sizeof(T) * static_cast<std::size_t>(s.n * h)));
-  check_cuda(op, cudaMemset(dc_next.get(), 0, sizeof(T) * static_cast<std::size_t>(s.n * h)));
+  fill_zero(op, dh_rec.get(), sizeof(T) * static_cast<std::size_t>(s.n * h));
+  fill_zero(op, dc_next.get(), sizeof(T) * static_cast<std::size_t>(s.n * h));
   for (std::int64_t t = s.t - 1; t >= first_step; --t) {
     if (t < s.t - 1) {
       sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, s.n, h, g4, T(1), dgates + (t + 1) * g4, s.t * g4, rw,
                               g4, T(0), dh_rec.get(), h);
     }
-    backward_step_kernel<<<blocks_for(s.n * h), kThreads>>>(sp, s, t, mask, c0, cs, gates, act_c, dh,
+    backward_step_kernel<<<blocks_for(s.n * h), kThreads, 0, gpu::current_stream()>>>(sp, s, t, mask, c0, cs, gates, act_c, dh,
                                                             dh_rec.get(), dc_next.get(), dgates);
     check_cuda(op, cudaGetLastError());
   }
@@ -195,16 +196,16 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
     sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, rows, T(1), x, s.c, dgates, g4, T(0), dw, g4);
   }
   DeviceBuffer<T> h_prev(op, rows * h);
-  previous_h_kernel<<<blocks_for(rows * h), kThreads>>>(s, hs, h0, h_prev.get());
+  previous_h_kernel<<<blocks_for(rows * h), kThreads, 0, gpu::current_stream()>>>(s, hs, h0, h_prev.get());
   check_cuda(op, cudaGetLastError());
   sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, h, g4, rows, T(1), h_prev.get(), h, dgates, g4, T(0), drw,
                           g4);
-  column_sum_kernel<<<blocks_for(g4), kThreads>>>(dgates, db, rows, g4);
+  column_sum_kernel<<<blocks_for(g4), kThreads, 0, gpu::current_stream()>>>(dgates, db, rows, g4);
   check_cuda(op, cudaGetLastError());
   if (dx != nullptr && s.c > 0) {
     sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, rows, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
   }
-  check_kernels(op);  // also keeps the scratch buffers alive until the queued work has read them
+  check_kernels(op);
 }
 
 #define SPARKGRAD_LSTM(T)                                                                                          \

@@ -22,7 +22,7 @@ __device__ std::int64_t argmax_at(const T* const* inputs, std::int64_t k, std::i
 // Copies a host table of k device pointers into `table`.
 template <typename P>
 void upload_table(const char* op, const DeviceBuffer<P>& table, const P* host, std::int64_t k) {
-  check_cuda(op, cudaMemcpy(table.get(), host, sizeof(P) * static_cast<std::size_t>(k), cudaMemcpyHostToDevice));
+  copy_to_device(op, table.get(), host, sizeof(P) * static_cast<std::size_t>(k));
 }
 
 // std::max(a, b) of the CPU kernels, NaN propagation included (fmax would drop a NaN a).
@@ -176,7 +176,7 @@ void elementwise_forward(ElementWiseOp kind, const T* const* inputs, std::int64_
   if (size == 0) return;
   DeviceBuffer<const T*> table(op, k);
   upload_table(op, table, inputs, k);
-  elementwise_forward_kernel<<<blocks_for(size), kThreads>>>(kind, table.get(), k, sum_scale<T>(kind, k), y, size);
+  elementwise_forward_kernel<<<blocks_for(size), kThreads, 0, gpu::current_stream()>>>(kind, table.get(), k, sum_scale<T>(kind, k), y, size);
   check_kernels(op);
 }
 
@@ -189,7 +189,7 @@ void elementwise_backward(ElementWiseOp kind, const T* const* inputs, std::int64
   DeviceBuffer<T*> dx_table(op, k);
   upload_table(op, in_table, inputs, k);
   upload_table(op, dx_table, dx, k);
-  elementwise_backward_kernel<<<blocks_for(size), kThreads>>>(kind, in_table.get(), k, sum_scale<T>(kind, k), dy,
+  elementwise_backward_kernel<<<blocks_for(size), kThreads, 0, gpu::current_stream()>>>(kind, in_table.get(), k, sum_scale<T>(kind, k), dy,
                                                               dx_table.get(), size);
   check_kernels(op);
 }
@@ -197,14 +197,14 @@ void elementwise_backward(ElementWiseOp kind, const T* const* inputs, std::int64
 template <typename T>
 void scale_shift(const T* x, T* y, std::int64_t size, double scale, double shift) {
   if (size == 0) return;
-  scale_shift_kernel<<<blocks_for(size), kThreads>>>(x, y, size, static_cast<T>(scale), static_cast<T>(shift));
+  scale_shift_kernel<<<blocks_for(size), kThreads, 0, gpu::current_stream()>>>(x, y, size, static_cast<T>(scale), static_cast<T>(shift));
   check_kernels("scale_shift");
 }
 
 template <typename T>
 void l2_normalize_forward(const T* x, T* y, T* norms, std::int64_t n, std::int64_t d, double eps) {
   if (n == 0) return;
-  l2_normalize_forward_kernel<<<row_blocks(n), kThreads>>>(x, y, norms, n, d, eps);
+  l2_normalize_forward_kernel<<<row_blocks(n), kThreads, 0, gpu::current_stream()>>>(x, y, norms, n, d, eps);
   check_kernels("l2_normalize_forward");
 }
 
@@ -212,14 +212,14 @@ template <typename T>
 void l2_normalize_backward(const T* y, const T* norms, const T* dy, T* dx, std::int64_t n, std::int64_t d,
                            double eps) {
   if (n == 0) return;
-  l2_normalize_backward_kernel<<<row_blocks(n), kThreads>>>(y, norms, dy, dx, n, d, eps);
+  l2_normalize_backward_kernel<<<row_blocks(n), kThreads, 0, gpu::current_stream()>>>(y, norms, dy, dx, n, d, eps);
   check_kernels("l2_normalize_backward");
 }
 
 template <typename T>
 void l2_distance_forward(const T* a, const T* b, T* y, std::int64_t n, std::int64_t d) {
   if (n == 0) return;
-  l2_distance_forward_kernel<<<row_blocks(n), kThreads>>>(a, b, y, n, d);
+  l2_distance_forward_kernel<<<row_blocks(n), kThreads, 0, gpu::current_stream()>>>(a, b, y, n, d);
   check_kernels("l2_distance_forward");
 }
 
@@ -227,7 +227,7 @@ template <typename T>
 void l2_distance_backward(const T* a, const T* b, const T* y, const T* dy, T* da, T* db, std::int64_t n,
                           std::int64_t d, double eps) {
   if (n * d == 0) return;
-  l2_distance_backward_kernel<<<blocks_for(n * d), kThreads>>>(a, b, y, dy, da, db, n, d, eps);
+  l2_distance_backward_kernel<<<blocks_for(n * d), kThreads, 0, gpu::current_stream()>>>(a, b, y, dy, da, db, n, d, eps);
   check_kernels("l2_distance_backward");
 }
 

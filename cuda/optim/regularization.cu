@@ -28,14 +28,14 @@ __global__ void weight_decay_kernel(const T* params, T* update, std::int64_t n, 
 template <typename T>
 void regularize_gradient(const T* params, T* grad, std::int64_t n, double l1, double l2) {
   if (n == 0) return;
-  regularize_kernel<<<blocks_for(n), kThreads>>>(params, grad, n, static_cast<T>(l1), static_cast<T>(l2));
+  regularize_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(params, grad, n, static_cast<T>(l1), static_cast<T>(l2));
   check_kernels("regularize_gradient");
 }
 
 template <typename T>
 void apply_weight_decay(const T* params, T* update, std::int64_t n, double coeff) {
   if (n == 0) return;
-  weight_decay_kernel<<<blocks_for(n), kThreads>>>(params, update, n, static_cast<T>(coeff));
+  weight_decay_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(params, update, n, static_cast<T>(coeff));
   check_kernels("apply_weight_decay");
 }
 

@@ -102,7 +102,7 @@ void updater_apply(UpdaterKind kind, const UpdaterHyper& h, T* g, T* state, std:
   k.m_scale = static_cast<T>(h.beta1 / (1.0 - std::pow(h.beta1, t + 1.0)));
   k.g_scale = static_cast<T>((1.0 - h.beta1) / corr1);
   k.v_scale = static_cast<T>(1.0 / corr2);
-  updater_kernel<<<blocks_for(n), kThreads>>>(kind, k, g, state, state + n, state + 2 * n, n);
+  updater_kernel<<<blocks_for(n), kThreads, 0, gpu::current_stream()>>>(kind, k, g, state, state + n, state + 2 * n, n);
   check_kernels("updater_apply");
 }
 

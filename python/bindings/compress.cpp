@@ -161,28 +161,31 @@ void init_compress(py::module_& m) {
 
   // CUDA: raw device pointers; dtype is a numpy dtype. Shapes are checked by sparkgrad.compress.
   m.def(
-      "cuda_threshold_count",
-      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold) {
+      "cuda_threshold_select",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t message) {
         check_encode_args("threshold_encode", n, threshold);
         return with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
           using T = decltype(tag);
           py::gil_scoped_release release;
-          return cuda::threshold_count(device_ptr<const T>(x), n, threshold);
+          return cuda::threshold_select(device_ptr<const T>(x), n, threshold, device_ptr<std::int32_t>(message));
         });
       },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"));
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("message"),
+      "Entries of every |x[i]| >= threshold into the payload of message: (4 + n,), ascending; returns "
+      "their count.");
   m.def(
-      "cuda_threshold_encode",
+      "cuda_threshold_commit",
       [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::int64_t entries,
-         std::uintptr_t out) {
+         std::uintptr_t message) {
         check_encode_args("threshold_encode", n, threshold);
         with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
           using T = decltype(tag);
           py::gil_scoped_release release;
-          cuda::threshold_encode(device_ptr<T>(x), n, threshold, entries, device_ptr<std::int32_t>(out));
+          cuda::threshold_commit(device_ptr<T>(x), n, threshold, entries, device_ptr<std::int32_t>(message));
         });
       },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("out"));
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("message"),
+      "Header of the sparse message holding `entries` selected entries; moves those elements of x by threshold.");
   m.def(
       "cuda_bitmap_encode",
       [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t out) {

@@ -63,6 +63,13 @@ std::vector<T*> dev_list(const std::vector<Ptr>& ptrs) {
 void init_cuda(py::module_& m) {
   m.def("cuda_built", &gpu::built, "True in a CUDA build of the extension.");
   m.def(
+      "cuda_set_stream", [](Ptr stream) { gpu::set_stream(stream); }, py::arg("stream"),
+      "Runs the calling thread's CUDA ops on the current device on this stream (a raw cudaStream_t; "
+      "sparkgrad.cuda passes CuPy's current stream before each op). No-op in the CPU build.");
+  m.def("cuda_set_sync_each_op", &gpu::set_sync_each_op, py::arg("on"),
+        "Debug switch: every CUDA op waits for the device before it returns.");
+  m.def("cuda_sync_each_op", &gpu::sync_each_op, "Whether every CUDA op waits for the device.");
+  m.def(
       "cuda_devices",
       []() {
         py::list out;

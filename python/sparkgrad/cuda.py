@@ -12,6 +12,7 @@ after its arguments are checked.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,9 @@ import numpy as np
 
 from sparkgrad._native import _core
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}  # dtype -> name, read per op
 _MASK_LAYOUT = {"none": 0, "per_example": 1, "per_output": 2}
+_BUILT = bool(_core.cuda_built())
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,32 @@ def summary() -> list[str]:
     return lines
 
 
+def launch(entry: Any, *args: Any) -> Any:
+    """Calls the native CUDA entry point ``entry(*args)`` on CuPy's current stream of the current device.
+
+    The CUDA ops return once their work is queued on that stream, in order with the CuPy operations the
+    network runs between them; the host waits only where it reads a value (a loss, a count, ``.get()``).
+    :func:`set_sync_each_op` makes every op wait for the device, for debugging.
+    """
+    if _BUILT:
+        import cupy
+
+        _core.cuda_set_stream(cupy.cuda.get_current_stream().ptr)
+    return entry(*args)
+
+
+def set_sync_each_op(on: bool) -> None:
+    """Debug switch: every CUDA op waits for the device before it returns, so an asynchronous fault (an
+    illegal address, say) is raised by the op that caused it rather than by a later one. Off by default;
+    ``SPARKGRAD_CUDA_SYNC=1`` in the environment turns it on at import."""
+    _core.cuda_set_sync_each_op(bool(on))
+
+
+def sync_each_op() -> bool:
+    """Whether every CUDA op waits for the device (:func:`set_sync_each_op`)."""
+    return bool(_core.cuda_sync_each_op())
+
+
 def is_device_array(arr: Any) -> bool:
     """True for a GPU array (``__cuda_array_interface__``), False for anything else (host arrays)."""
     return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
@@ -74,8 +102,6 @@ def is_device_array(arr: Any) -> bool:
 
 def kernels_for(arr: Any) -> Any:
     """The kernel namespace for ``arr``'s device: this module for GPU arrays, the CPU native module else."""
-    import sys
-
     return sys.modules[__name__] if is_device_array(arr) else _core
 
 
@@ -91,6 +117,13 @@ class _View:
 
 def _view(op: str, name: str, arr: Any, writable: bool = False) -> _View:
     """Pointer, shape and dtype of a C-contiguous device array, checked."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(arr) is cupy.ndarray:
+        # CuPy's own attributes cost a fraction of building its interface dict, and every op reads several
+        # arrays (CuPy arrays are never read-only)
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"[{op}] {name} must be C-contiguous")
+        return _View(arr.data.ptr, arr.shape, arr.dtype)
     if not is_device_array(arr):
         raise TypeError(
             f"[{op}] {name} must be a GPU array (__cuda_array_interface__), got {type(arr).__name__}"
@@ -121,7 +154,7 @@ def _floats(op: str, **arrays: tuple[Any, bool]) -> tuple[dict[str, _View], str]
         raise ValueError(f"[{op}] arrays must be float32 or float64, got {first}")
     if len(dtypes) > 1:
         raise ValueError(f"[{op}] arrays must share one dtype, got {', '.join(sorted(map(str, dtypes)))}")
-    return views, first.name
+    return views, _FLOATS[first]
 
 
 def _shape(op: str, name: str, view: _View, expected: tuple[int, ...]) -> None:
@@ -180,7 +213,8 @@ def gemm(
         out = cupy.empty((m, n), dtype=dtype)
     v.update(_floats(op, a=(a, False), out=(out, True))[0])
     _shape(op, "out", v["out"], (m, n))
-    _core.cuda_gemm(
+    launch(
+        _core.cuda_gemm,
         trans_a,
         trans_b,
         m,
@@ -204,7 +238,7 @@ def bias_add(x: Any, b: Any) -> None:
     v, dtype = _floats("bias_add", x=(x, True), b=(b, False))
     n, c, inner = _planes("bias_add", "x", v["x"])
     _shape("bias_add", "b", v["b"], (c,))
-    _core.cuda_bias_add(v["x"].ptr, v["b"].ptr, n, c, inner, dtype)
+    launch(_core.cuda_bias_add, v["x"].ptr, v["b"].ptr, n, c, inner, dtype)
 
 
 def bias_grad(dy: Any, db: Any) -> None:
@@ -212,7 +246,7 @@ def bias_grad(dy: Any, db: Any) -> None:
     v, dtype = _floats("bias_grad", dy=(dy, False), db=(db, True))
     n, c, inner = _planes("bias_grad", "dy", v["dy"])
     _shape("bias_grad", "db", v["db"], (c,))
-    _core.cuda_bias_grad(v["dy"].ptr, v["db"].ptr, n, c, inner, dtype)
+    launch(_core.cuda_bias_grad, v["dy"].ptr, v["db"].ptr, n, c, inner, dtype)
 
 
 def _rows_cols(op: str, name: str, view: _View, softmax: bool) -> tuple[int, int]:
@@ -229,7 +263,7 @@ def activation_forward(name: str, x: Any, y: Any, alpha: float = 0.0) -> None:
     v, dtype = _floats(op, x=(x, False), y=(y, True))
     _shape(op, "y", v["y"], v["x"].shape)
     rows, cols = _rows_cols(op, "x", v["x"], name == "softmax")
-    _core.cuda_activation_forward(name, alpha, v["x"].ptr, v["y"].ptr, rows, cols, dtype)
+    launch(_core.cuda_activation_forward, name, alpha, v["x"].ptr, v["y"].ptr, rows, cols, dtype)
 
 
 def activation_backward(name: str, x: Any, y: Any, dy: Any, dx: Any, alpha: float = 0.0) -> None:
@@ -239,8 +273,17 @@ def activation_backward(name: str, x: Any, y: Any, dy: Any, dx: Any, alpha: floa
     for other in ("y", "dy", "dx"):
         _shape(op, other, v[other], v["x"].shape)
     rows, cols = _rows_cols(op, "x", v["x"], name == "softmax")
-    _core.cuda_activation_backward(
-        name, alpha, v["x"].ptr, v["y"].ptr, v["dy"].ptr, v["dx"].ptr, rows, cols, dtype
+    launch(
+        _core.cuda_activation_backward,
+        name,
+        alpha,
+        v["x"].ptr,
+        v["y"].ptr,
+        v["dy"].ptr,
+        v["dx"].ptr,
+        rows,
+        cols,
+        dtype,
     )
 
 
@@ -266,7 +309,8 @@ def _loss(
             layout = "per_output"
         else:
             raise ValueError(f"[{op}] mask must have shape ({n},), ({n}, 1) or ({n}, {c}), got {shape}")
-    _core.cuda_loss(
+    launch(
+        _core.cuda_loss,
         gradient,
         loss,
         activation,
@@ -305,7 +349,7 @@ def dropout_forward(x: Any, y: Any, mask: Any, retain: float, seed: int) -> None
     if not 0 <= seed < 2**64:
         raise ValueError(f"[{op}] seed must be in [0, 2**64), got {seed}")
     size = int(np.prod(v["x"].shape, dtype=np.int64))
-    _core.cuda_dropout_forward(v["x"].ptr, v["y"].ptr, v["mask"].ptr, size, retain, seed, dtype)
+    launch(_core.cuda_dropout_forward, v["x"].ptr, v["y"].ptr, v["mask"].ptr, size, retain, seed, dtype)
 
 
 def dropout_backward(dy: Any, mask: Any, dx: Any) -> None:
@@ -314,8 +358,13 @@ def dropout_backward(dy: Any, mask: Any, dx: Any) -> None:
     v, dtype = _floats(op, dy=(dy, False), mask=(mask, False), dx=(dx, True))
     _shape(op, "mask", v["mask"], v["dy"].shape)
     _shape(op, "dx", v["dx"], v["dy"].shape)
-    _core.cuda_dropout_backward(
-        v["dy"].ptr, v["mask"].ptr, v["dx"].ptr, int(np.prod(v["dy"].shape, dtype=np.int64)), dtype
+    launch(
+        _core.cuda_dropout_backward,
+        v["dy"].ptr,
+        v["mask"].ptr,
+        v["dx"].ptr,
+        int(np.prod(v["dy"].shape, dtype=np.int64)),
+        dtype,
     )
 
 
@@ -356,7 +405,9 @@ def conv2d_forward(
     g = _conv_geometry(op, v, ("x", "w", "y"), (stride_h, stride_w, pad_top, pad_left))
     if b is not None:
         _shape(op, "b", v["b"], (g[4],))
-    _core.cuda_conv2d(0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype)
+    launch(
+        _core.cuda_conv2d, 0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype
+    )
 
 
 def conv2d_backward_input(
@@ -366,7 +417,7 @@ def conv2d_backward_input(
     op = "conv2d_backward_input"
     v, dtype = _floats(op, dy=(dy, False), w=(w, False), dx=(dx, True))
     g = _conv_geometry(op, v, ("dx", "w", "dy"), (stride_h, stride_w, pad_top, pad_left))
-    _core.cuda_conv2d(1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, dtype)
+    launch(_core.cuda_conv2d, 1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, dtype)
 
 
 def conv2d_backward_weight(
@@ -376,7 +427,7 @@ def conv2d_backward_weight(
     op = "conv2d_backward_weight"
     v, dtype = _floats(op, x=(x, False), dy=(dy, False), dw=(dw, True))
     g = _conv_geometry(op, v, ("x", "dw", "dy"), (stride_h, stride_w, pad_top, pad_left))
-    _core.cuda_conv2d(2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, dtype)
+    launch(_core.cuda_conv2d, 2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, dtype)
 
 
 def _pool(backward: bool, kind: str, big: Any, small: Any, geometry: tuple[int, ...], argmax: Any) -> None:
@@ -397,7 +448,8 @@ def _pool(backward: bool, kind: str, big: Any, small: Any, geometry: tuple[int, 
         raise ValueError(f"[{op}] output size ({p}, {q}) has pooling windows outside the ({h}, {w}) input")
     g = [n, c, h, w, p, q, *geometry]
     ptr = _argmax(op, argmax, out, kind == "max")
-    _core.cuda_pool2d(
+    launch(
+        _core.cuda_pool2d,
         backward,
         kind,
         g,
@@ -450,7 +502,7 @@ def _global_pool(backward: bool, kind: str, big: Any, small: Any, argmax: Any) -
     _shape(op, names[1], v[names[1]], (n, c))
     ptr = _argmax(op, argmax, (n, c), kind == "max")
     src, dst = (v[names[1]], v[names[0]]) if backward else (v[names[0]], v[names[1]])
-    _core.cuda_global_pool(backward, kind, src.ptr, dst.ptr, ptr, n * c, h * w, dtype)
+    launch(_core.cuda_global_pool, backward, kind, src.ptr, dst.ptr, ptr, n * c, h * w, dtype)
 
 
 def global_pool_forward(kind: str, x: Any, y: Any, argmax: Any = None) -> None:
@@ -505,7 +557,8 @@ def batchnorm_forward_train(
     )
     g = _channels(op, v, "x", ("gamma", "beta", "batch_mean", "batch_var", "running_mean", "running_var"))
     _shape(op, "y", v["y"], v["x"].shape)
-    _core.cuda_batchnorm_forward_train(
+    launch(
+        _core.cuda_batchnorm_forward_train,
         g,
         *(
             v[k].ptr
@@ -534,8 +587,12 @@ def batchnorm_forward_inference(
     )
     g = _channels(op, v, "x", ("gamma", "beta", "running_mean", "running_var"))
     _shape(op, "y", v["y"], v["x"].shape)
-    _core.cuda_batchnorm_forward_inference(
-        g, *(v[k].ptr for k in ("x", "gamma", "beta", "running_mean", "running_var", "y")), eps, dtype
+    launch(
+        _core.cuda_batchnorm_forward_inference,
+        g,
+        *(v[k].ptr for k in ("x", "gamma", "beta", "running_mean", "running_var", "y")),
+        eps,
+        dtype,
     )
 
 
@@ -559,7 +616,8 @@ def batchnorm_backward(
     g = _channels(op, v, "x", ("gamma", "batch_mean", "batch_var", "dgamma", "dbeta"))
     _shape(op, "dy", v["dy"], v["x"].shape)
     _shape(op, "dx", v["dx"], v["x"].shape)
-    _core.cuda_batchnorm_backward(
+    launch(
+        _core.cuda_batchnorm_backward,
         g,
         *(v[k].ptr for k in ("x", "dy", "gamma", "batch_mean", "batch_var", "dx", "dgamma", "dbeta")),
         eps,
@@ -602,7 +660,7 @@ def updater_apply(
     n = _flat(op, v, ("gradient",))
     _shape(op, "state", v["state"], (_core.updater_state_size(kind, n),))
     hyper = [learning_rate, beta1, beta2, epsilon, momentum, rms_decay, rho]
-    _core.cuda_updater_apply(kind, v["gradient"].ptr, v["state"].ptr, n, iteration, hyper, dtype)
+    launch(_core.cuda_updater_apply, kind, v["gradient"].ptr, v["state"].ptr, n, iteration, hyper, dtype)
 
 
 def regularize_gradient(params: Any, grad: Any, l1: float, l2: float) -> None:
@@ -610,7 +668,7 @@ def regularize_gradient(params: Any, grad: Any, l1: float, l2: float) -> None:
     v, dtype = _floats("regularize_gradient", params=(params, False), grad=(grad, True))
     n = int(np.prod(v["params"].shape, dtype=np.int64))
     _shape("regularize_gradient", "grad", v["grad"], v["params"].shape)
-    _core.cuda_regularize_gradient(v["params"].ptr, v["grad"].ptr, n, l1, l2, dtype)
+    launch(_core.cuda_regularize_gradient, v["params"].ptr, v["grad"].ptr, n, l1, l2, dtype)
 
 
 def apply_weight_decay(params: Any, update: Any, coeff: float) -> None:
@@ -618,7 +676,7 @@ def apply_weight_decay(params: Any, update: Any, coeff: float) -> None:
     v, dtype = _floats("apply_weight_decay", params=(params, False), update=(update, True))
     n = int(np.prod(v["params"].shape, dtype=np.int64))
     _shape("apply_weight_decay", "update", v["update"], v["params"].shape)
-    _core.cuda_apply_weight_decay(v["params"].ptr, v["update"].ptr, n, coeff, dtype)
+    launch(_core.cuda_apply_weight_decay, v["params"].ptr, v["update"].ptr, n, coeff, dtype)
 
 
 # -- recurrent and graph-vertex kernels (same names and arguments as the CPU twins) ---------------
@@ -724,7 +782,8 @@ def lstm_forward(
     for name in ("hs", "cs", "act_c"):
         _shape(op, name, v[name], (n, t, h))
     _shape(op, "gates", v["gates"], (n, t, 4 * h))
-    _core.cuda_lstm_forward(
+    launch(
+        _core.cuda_lstm_forward,
         [n, t, c, h],
         *(v[k].ptr for k in ("x", "w", "rw", "b")),
         *(_ptr(v, k) for k in ("mask", "h0", "c0")),
@@ -800,7 +859,8 @@ def lstm_backward(
     _shape(op, "db", v["db"], (4 * h,))
     if dx is not None:
         _shape(op, "dx", v["dx"], (n, t, c))
-    _core.cuda_lstm_backward(
+    launch(
+        _core.cuda_lstm_backward,
         [n, t, c, h],
         *(v[k].ptr for k in ("x", "w", "rw")),
         *(_ptr(v, k) for k in ("mask", "h0", "c0")),
@@ -830,7 +890,14 @@ def elementwise_forward(kind: str, inputs: Sequence[Any], y: Any) -> None:
     names = [f"inputs[{i}]" for i in range(len(inputs))]
     for name in names:
         _shape(op, name, v[name], v["y"].shape)
-    _core.cuda_elementwise_forward(kind, [v[name].ptr for name in names], v["y"].ptr, _size(v["y"]), dtype)
+    launch(
+        _core.cuda_elementwise_forward,
+        kind,
+        [v[name].ptr for name in names],
+        v["y"].ptr,
+        _size(v["y"]),
+        dtype,
+    )
 
 
 def elementwise_backward(kind: str, inputs: Sequence[Any], dy: Any, dx: Sequence[Any]) -> None:
@@ -852,7 +919,8 @@ def elementwise_backward(kind: str, inputs: Sequence[Any], dy: Any, dx: Sequence
         others = ["dy", *names_in, *names_dx[:i]]
         if any(_overlaps(v[name], v[other]) for other in others):
             raise ValueError(f"[{op}] {name} must not overlap dy, an input or another dx")
-    _core.cuda_elementwise_backward(
+    launch(
+        _core.cuda_elementwise_backward,
         kind,
         [v[name].ptr for name in names_in],
         v["dy"].ptr,
@@ -867,7 +935,7 @@ def scale_shift(x: Any, y: Any, scale: float = 1.0, shift: float = 0.0) -> None:
     op = "scale_shift"
     v, dtype = _floats(op, x=(x, False), y=(y, True))
     _shape(op, "y", v["y"], v["x"].shape)
-    _core.cuda_scale_shift(v["x"].ptr, v["y"].ptr, _size(v["x"]), scale, shift, dtype)
+    launch(_core.cuda_scale_shift, v["x"].ptr, v["y"].ptr, _size(v["x"]), scale, shift, dtype)
 
 
 def l2_normalize_forward(x: Any, y: Any, norms: Any, eps: float) -> None:
@@ -880,7 +948,7 @@ def l2_normalize_forward(x: Any, y: Any, norms: Any, eps: float) -> None:
     _shape(op, "norms", v["norms"], (n,))
     if _overlaps(v["x"], v["y"]):
         raise ValueError(f"[{op}] y must not overlap x")
-    _core.cuda_l2_normalize_forward(v["x"].ptr, v["y"].ptr, v["norms"].ptr, n, d, eps, dtype)
+    launch(_core.cuda_l2_normalize_forward, v["x"].ptr, v["y"].ptr, v["norms"].ptr, n, d, eps, dtype)
 
 
 def l2_normalize_backward(y: Any, norms: Any, dy: Any, dx: Any, eps: float) -> None:
@@ -892,7 +960,17 @@ def l2_normalize_backward(y: Any, norms: Any, dy: Any, dx: Any, eps: float) -> N
     _shape(op, "dx", v["dx"], v["y"].shape)
     n, d = _rows(op, "y", v["y"])
     _shape(op, "norms", v["norms"], (n,))
-    _core.cuda_l2_normalize_backward(v["y"].ptr, v["norms"].ptr, v["dy"].ptr, v["dx"].ptr, n, d, eps, dtype)
+    launch(
+        _core.cuda_l2_normalize_backward,
+        v["y"].ptr,
+        v["norms"].ptr,
+        v["dy"].ptr,
+        v["dx"].ptr,
+        n,
+        d,
+        eps,
+        dtype,
+    )
 
 
 def l2_distance_forward(a: Any, b: Any, y: Any) -> None:
@@ -902,7 +980,7 @@ def l2_distance_forward(a: Any, b: Any, y: Any) -> None:
     _shape(op, "b", v["b"], v["a"].shape)
     n, d = _rows(op, "a", v["a"])
     _shape(op, "y", v["y"], (n,))
-    _core.cuda_l2_distance_forward(v["a"].ptr, v["b"].ptr, v["y"].ptr, n, d, dtype)
+    launch(_core.cuda_l2_distance_forward, v["a"].ptr, v["b"].ptr, v["y"].ptr, n, d, dtype)
 
 
 def l2_distance_backward(a: Any, b: Any, y: Any, dy: Any, da: Any, db: Any, eps: float) -> None:
@@ -920,7 +998,14 @@ def l2_distance_backward(a: Any, b: Any, y: Any, dy: Any, da: Any, db: Any, eps:
     pairs = (("da", "db"), ("da", "a"), ("da", "b"), ("db", "a"), ("db", "b"))
     if any(_overlaps(v[p], v[q]) for p, q in pairs):
         raise ValueError(f"[{op}] da and db must not overlap each other, a or b")
-    _core.cuda_l2_distance_backward(*(v[k].ptr for k in ("a", "b", "y", "dy", "da", "db")), n, d, eps, dtype)
+    launch(
+        _core.cuda_l2_distance_backward,
+        *(v[k].ptr for k in ("a", "b", "y", "dy", "da", "db")),
+        n,
+        d,
+        eps,
+        dtype,
+    )
 
 
 __all__ = [
@@ -959,6 +1044,8 @@ __all__ = [
     "pool2d_forward",
     "regularize_gradient",
     "scale_shift",
+    "set_sync_each_op",
     "summary",
+    "sync_each_op",
     "updater_apply",
 ]

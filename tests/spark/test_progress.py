@@ -99,8 +99,17 @@ def test_progress_false_shows_nothing(spark, digits, caplog, monkeypatch) -> Non
         ParameterAveragingTrainingMaster(progress="no")
 
 
+def test_epoch_figures_leave_out_what_is_unknown() -> None:
+    p = FitProgress(1, 0, 4, 8, enabled=False)  # parameter averaging: no traffic; no loss reported yet
+    p.minibatches(2)
+    assert set(p.end_epoch(0)) == {"examples_per_second"}
+
+
 def test_progress_line_values() -> None:
-    p = FitProgress(3, 5, 10, 32, enabled=False, traffic=lambda: 2_500_000.0)
+    seen = []
+    p = FitProgress(
+        3, 5, 10, 32, enabled=False, traffic=lambda: 2_500_000.0, on_epoch=lambda e, f: seen.append((e, f))
+    )
     p.update(0.002, 0.01, "a", 5)
     p.update(0.004, 0.02, "a", 5)
     p.update(0.5, 0.5, "b", 4)  # a stale epoch: ignored
@@ -117,7 +126,12 @@ def test_progress_line_values() -> None:
     p.trained("b", 5, 1)  # b trained one minibatch whose update encoded nothing
     p.trained("a", 5, 1)  # a's count is behind its applied updates: the larger one counts
     assert p.done == 3
-    p.end_epoch(5)
+    figures = p.end_epoch(5)
+    assert seen == [(5, figures)]  # the epoch's figures, for experiment tracking
+    assert set(figures) == {"loss", "examples_per_second", "bytes_on_wire", "update_density", "threshold"}
+    assert (figures["loss"], figures["bytes_on_wire"], figures["threshold"]) == (1.0, 2_500_000.0, 0.02)
+    assert figures["update_density"] == pytest.approx(0.002 * 0.95 + 0.004 * 0.05)
+    assert figures["examples_per_second"] > 0  # 3 minibatches of 32 over the epoch's wall time
     # the next epoch expects what this one trained (3), not the estimate (10)
     assert _LINE.search(p.describe()).group(1, 3, 4) == ("2", "0", "3")
 

@@ -104,6 +104,16 @@ struct DeviceInfo {
 // The GPUs the CUDA runtime sees (empty without a driver or GPU; throws in the CPU build).
 std::vector<DeviceInfo> devices();
 
+// The stream the calling thread's CUDA ops run on, per device: sparkgrad.cuda passes CuPy's current
+// stream before each op (a raw cudaStream_t; 0, the legacy default stream, until then). Ops on one stream
+// run in order, so an op returns once its work is queued; the host waits only where it reads a value.
+// No-op in the CPU build.
+void set_stream(std::uintptr_t stream);
+// Debug switch (initially SPARKGRAD_CUDA_SYNC=1 in the environment): every op waits for the device before
+// it returns, so an asynchronous fault surfaces at the op that caused it.
+void set_sync_each_op(bool on);
+bool sync_each_op();
+
 // The row-major gemm above through cuBLAS (cuda/common/blas.cu): a, b, c are device pointers.
 template <typename T>
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,

@@ -106,7 +106,7 @@ SPARKGRAD_HD inline typename FloatBits<T>::U bitmap_sent(std::uint32_t code, T t
 }
 
 // Bitmap code of element v (bit 0 "value", bit 1 "negative"; 0 = not encoded); v moves by what the code
-// sends: |v| >= t -> +-t; else v <= -t/2 -> -t/2 (DL4J has no +t/2 code). Branch-free.
+// sends: |v| >= t -> +-t; else v <= -t/2 -> -t/2 (DL4J has no +t/2 code).
 template <typename T>
 SPARKGRAD_HD inline std::uint32_t bitmap_code(T& v, T t, T h) {
   using U = typename FloatBits<T>::U;
@@ -115,7 +115,8 @@ SPARKGRAD_HD inline std::uint32_t bitmap_code(T& v, T t, T h) {
   const U full = at_least(a, to_bits(t), FloatBits<T>::kInf);
   const U negative = (b >> (8 * sizeof(T) - 1)) & at_least(a, to_bits(h), FloatBits<T>::kInf);
   const auto code = static_cast<std::uint32_t>(full | (negative << 1));
-  v -= from_bits<T>(bitmap_sent(code, t, h, U{0}));
+  // an element not encoded stays bit-exact: a GPU's NaN - 0 is the canonical NaN, not the operand's NaN
+  if (code != 0) v -= from_bits<T>(bitmap_sent(code, t, h, U{0}));
   return code;
 }
 
@@ -195,13 +196,16 @@ void clip(T* residual, std::int64_t n, T limit);
 // validated by the callers (the Python front door) except message contents, which decode validates.
 namespace cuda {
 
-// #{i : |x[i]| >= threshold} for x: (n,).
+// Sparse encoding in two steps, so the caller can choose the format (or a boundary) from the count before
+// anything changes. threshold_select writes the entries of every element with |x[i]| >= threshold, in
+// ascending index order, to the payload of message: (kHeaderWords + n,) (a worst-case buffer), in one
+// pass over x, and returns their count; x is not modified. threshold_commit then makes the first
+// kHeaderWords + entries words of that buffer a sparse message of the first `entries` of them: it writes
+// the header and moves those elements of x toward zero by the threshold, as threshold_encode does.
 template <typename T>
-std::int64_t threshold_count(const T* x, std::int64_t n, double threshold);
-
-// Ordered compaction of the first `entries` qualifying elements into out: (kHeaderWords + entries,).
+std::int64_t threshold_select(const T* x, std::int64_t n, double threshold, std::int32_t* message);
 template <typename T>
-void threshold_encode(T* x, std::int64_t n, double threshold, std::int64_t entries, std::int32_t* out);
+void threshold_commit(T* x, std::int64_t n, double threshold, std::int64_t entries, std::int32_t* message);
 
 // out: (bitmap_length(n),); returns the number of elements encoded.
 template <typename T>

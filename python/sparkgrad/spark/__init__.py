@@ -7,6 +7,7 @@ or gradient sharing.
 - :class:`SharedTrainingMaster`: asynchronous sharing of threshold-encoded updates through a ZeroMQ
   controller on the driver (wire format in :mod:`sparkgrad.transport.frame`).
 - :class:`SparkTrainingStats`: phase timings, traffic and per-iteration series with an HTML report.
+- :class:`FitListener`: observes every fit (experiment tracking, :mod:`sparkgrad.spark.tracking`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from sparkgrad.spark.multilayer import SparkMultiLayer, SparkNetwork
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import EventStats, SparkTrainingStats
+from sparkgrad.spark.tracking import FitListener, add_fit_listener, remove_fit_listener
 from sparkgrad.transport import ZmqTransportConfiguration
 
 __all__ = [
     "DefaultRepartitioner",
     "EventStats",
+    "FitListener",
     "MeshBuildMode",
     "ParameterAveragingTrainingMaster",
     "RDDTrainingApproach",
@@ -43,4 +46,6 @@ __all__ = [
     "TrainingHook",
     "VoidConfiguration",
     "ZmqTransportConfiguration",
+    "add_fit_listener",
+    "remove_fit_listener",
 ]

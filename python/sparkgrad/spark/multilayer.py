@@ -33,6 +33,7 @@ from sparkgrad.spark.common import (
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
+from sparkgrad.spark.tracking import FitListener, FitObservers, fit_listeners
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -150,6 +151,7 @@ class SparkNetwork:
         self._default_eval_workers = 1
         self._broadcasts: list[Any] = []  # broadcasts behind lazy result RDDs, released by close()
         self._frame: tuple | None = None  # (DataFrame, columns, unit size, conf JSON, its DataSet RDD)
+        self._fit_listeners: list[FitListener] = []
         self._finalizer = weakref.finalize(self, _release_dropped, self._sc, self._master, self._broadcasts)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -386,43 +388,77 @@ class SparkNetwork:
     def _train(
         self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
     ) -> MultiLayerNetwork:
+        """The one fit path of every data source and both masters; fit listeners observe it here."""
+        observers = FitObservers([*fit_listeners(), *self._fit_listeners])
+        figures: dict[int, dict[str, float]] = {}  # per epoch: the master's progress figures
         callback = None
-        if self._evaluation_data is not None or epoch_callback is not None:
+        if self._evaluation_data is not None or epoch_callback is not None or observers:
             first = int(self._network.epoch_count)
 
             def callback(epoch: int, network: MultiLayerNetwork) -> dict[str, Any]:
-                """The metrics of :attr:`evaluation_data` and those ``epoch_callback`` returned, logged,
-                and its decision to stop, for the master to record and act on."""
-                values = self._evaluate_epoch(network) if self._evaluation_data is not None else {}
-                stop = False
-                if epoch_callback is not None:
-                    returned = epoch_callback(epoch, network)
-                    stop, metrics = epoch_callback_result(returned)
-                    for name in metrics.keys() & values.keys():
-                        raise ValueError(
-                            f"epoch_callback returned {returned!r}: metric {name!r} is already recorded "
-                            "from evaluation_data; give it another name"
-                        )
-                    values.update(metrics)
+                """The metrics of :attr:`evaluation_data` and those ``epoch_callback`` returned, logged
+                and passed to the fit listeners, and its decision to stop, for the master to record and
+                act on."""
+                values: dict[str, float] = {}
+                try:
+                    values.update(self._evaluate_epoch(network) if self._evaluation_data is not None else {})
+                    stop = False
+                    if epoch_callback is not None:
+                        returned = epoch_callback(epoch, network)
+                        stop, metrics = epoch_callback_result(returned)
+                        for name in metrics.keys() & values.keys():
+                            raise ValueError(
+                                f"epoch_callback returned {returned!r}: metric {name!r} is already "
+                                "recorded from evaluation_data; give it another name"
+                            )
+                        values.update(metrics)
+                finally:  # an epoch that ended is reported, even when its callback fails
+                    observers.epoch(self, epoch, {**figures.pop(epoch, {}), **values})
                 if values:
                     described = ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items())
                     _log.info("epoch %d/%d: %s", epoch - first + 1, epochs, described)
                 return {**values, "stop": stop}
 
-        # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
-        self._score = self._master.execute_training(
-            self._sc,
-            self._network,
-            rdd,
-            kind,
-            by_value(loader),
-            epochs=epochs,
-            epoch_callback=callback,
-        )
-        fit_stats = self._master.last_stats
-        if fit_stats is not None:
-            self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
+        observers.started(self, epochs)
+        error: BaseException | None = None
+        try:
+            # the loader reaches either master (and its job broadcast) already wrapped for cloudpickle
+            self._score = self._master.execute_training(
+                self._sc,
+                self._network,
+                rdd,
+                kind,
+                by_value(loader),
+                epochs=epochs,
+                epoch_callback=callback,
+                epoch_progress=figures.__setitem__ if observers else None,
+            )
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            fit_stats = self._master.last_stats if error is None else None
+            if fit_stats is not None:
+                self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
+            observers.ended(self, fit_stats, error)
         return self._network
+
+    def add_fit_listener(self, listener: FitListener) -> None:
+        """Observe this model's fits with ``listener`` (added once), besides the listeners of every fit
+        (:func:`sparkgrad.spark.tracking.add_fit_listener`): e.g. ``sparkgrad.mlflow.MlflowLogger()``.
+
+        Args:
+            listener: a :class:`~sparkgrad.spark.tracking.FitListener`.
+        """
+        if not isinstance(listener, FitListener):
+            raise TypeError(f"listener: expected a FitListener, got {type(listener).__name__}")
+        if listener not in self._fit_listeners:
+            self._fit_listeners.append(listener)
+
+    def remove_fit_listener(self, listener: FitListener) -> None:
+        """Stop ``listener`` observing this model's fits (no error when it was not added)."""
+        if listener in self._fit_listeners:
+            self._fit_listeners.remove(listener)
 
     def _evaluate_epoch(self, network: MultiLayerNetwork) -> dict[str, float]:
         """Score (and accuracy, for a classifier) of :attr:`evaluation_data`."""

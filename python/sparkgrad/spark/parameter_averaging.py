@@ -324,6 +324,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         loader: Any = None,
         epochs: int = 1,
         epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average final
         score of the last epoch.
@@ -342,6 +343,9 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 with the epoch's index in ``network.epoch_count`` and ``network`` holding the averaged
                 parameters and updater state; a truthy return stops training after that epoch, a
                 mapping of metrics is recorded (see :func:`~sparkgrad.spark.stats.run_epoch_callback`).
+            epoch_progress: called on the driver at every epoch end, before ``epoch_callback``, as
+                ``epoch_progress(epoch, figures)`` with the epoch's progress figures (loss, examples/s,
+                see :meth:`~sparkgrad.spark.progress.FitProgress.end_epoch`); experiment tracking uses it.
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
@@ -359,6 +363,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 estimate_minibatches(examples, rounds * workers, self.batch_size_per_worker),
                 self.batch_size_per_worker,
                 enabled=self.progress,
+                on_epoch=epoch_progress,
             )
             for _ in range(epochs):
                 epoch_start = now_ms()

@@ -47,6 +47,8 @@ class FitProgress:
         enabled: False shows nothing (the fit still feeds the counters).
         traffic: zero-argument callable returning the bytes on the wire so far (gradient sharing), or None.
         stream: where a terminal bar goes (default stderr).
+        on_epoch: called at every :meth:`end_epoch` as ``on_epoch(epoch, figures)`` with the figures
+            :meth:`end_epoch` returns (experiment tracking, :mod:`sparkgrad.spark.tracking`).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class FitProgress:
         enabled: bool = True,
         traffic: Callable[[], float] | None = None,
         stream: Any = None,
+        on_epoch: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.epochs = epochs
@@ -74,6 +77,8 @@ class FitProgress:
         self._losses: dict[Any, float] = {}  # latest loss per worker
         self._traffic = traffic
         self._start = time.monotonic()
+        self._epoch_start = self._start
+        self._on_epoch = on_epoch
         self._last_log = self._start
         self._last_render = 0.0
         self.enabled = bool(enabled)
@@ -179,8 +184,17 @@ class FitProgress:
         bar.set_postfix_str(line, refresh=False)
         bar.refresh()
 
-    def end_epoch(self, epoch: int) -> None:
-        """The epoch ``epoch`` (network numbering) finished: a final line for it, counters reset."""
+    def end_epoch(self, epoch: int) -> dict[str, float]:
+        """The epoch ``epoch`` (network numbering) finished: a final line for it, counters reset.
+
+        Returns:
+            The epoch's figures (also passed to ``on_epoch``): ``loss`` (the mean of the workers' latest
+            losses), ``examples_per_second`` (the epoch's minibatches times the batch size over its wall
+            time) and, with gradient sharing, ``bytes_on_wire`` (since the fit started),
+            ``update_density`` and ``threshold`` (as on the progress line). A figure not known yet (no
+            loss reported, no update applied) is left out.
+        """
+        figures = self._figures()
         if self.enabled:
             if self._bar is not None:
                 self._draw()
@@ -200,6 +214,20 @@ class FitProgress:
         elif self._bar is not None:
             self._bar.reset(total=self.total)
             self._draw()
+        if self._on_epoch is not None:
+            self._on_epoch(epoch, figures)
+        return figures
+
+    def _figures(self) -> dict[str, float]:
+        """The current epoch's figures (see :meth:`end_epoch`); restarts the epoch's clock."""
+        now = time.monotonic()
+        elapsed, self._epoch_start = max(now - self._epoch_start, 1e-9), now
+        with self._lock:
+            done, density, threshold = self._done(), self.density, self.threshold
+        figures = {"loss": self.mean_loss, "examples_per_second": done * self.batch_size / elapsed}
+        if self._traffic is not None:
+            figures.update(bytes_on_wire=self._traffic(), update_density=density, threshold=threshold)
+        return {k: float(v) for k, v in figures.items() if math.isfinite(v)}
 
     def close(self) -> None:
         """Finish the line (the bar stays on screen)."""

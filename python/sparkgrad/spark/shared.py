@@ -62,12 +62,14 @@ import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
+    DEFAULT_UPDATE_COMBINATION,
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
     default_threshold_algorithm,
+    update_scale,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
@@ -156,6 +158,7 @@ class SharedJob:
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
 
 
 @dataclass
@@ -342,6 +345,7 @@ class SharedWorker:
             job.threshold_algorithm,
             job.residual_post_processor,
             dtype=self.net.params().dtype,
+            update_scale=job.update_scale,
         )
         with self.net.device.scope():  # the decode target of messages, on the replica's device
             self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
@@ -776,8 +780,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
-        threshold_algorithm: default ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default
-            was ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
+        threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
+            ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=True)`` (DL4J's default was
+            ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -813,6 +818,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             GPU worker encodes on its GPU and only the messages cross to the host, so GPU and CPU
             workers can share one fit. The ``SharedWorkerGetInitialModelTimeMs`` stats events record
             each worker's device as ``gpu`` (-1: CPU).
+        update_combination: how the updates of the N workers training at once combine: ``"sqrt"``
+            (default: each worker sends its update divided by sqrt(N), the square-root scaling rule of an
+            N-times larger batch, so the learning rate and updater that work on one machine work here),
+            ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
+            full size, N workers taking about N times the step). The README's convergence study compares
+            them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -836,6 +847,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     transport: ZmqTransportConfiguration | None = None
     progress: bool = True
     worker_device: str = "auto"
+    update_combination: str = DEFAULT_UPDATE_COMBINATION
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -843,6 +855,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 f"void_configuration: expected a VoidConfiguration, got {self.void_configuration!r}"
             )
         self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
+        update_scale(self.update_combination, 1)  # checks the name
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -907,6 +920,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         loader: Any = None,
         epochs: int = 1,
         epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
 
@@ -922,6 +936,10 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 ``network`` holding the controller's parameters and ``epoch`` the index of the epoch
                 that just finished (``network.epoch_count - 1``); a true result stops training, a
                 mapping of metrics is recorded (see :func:`~sparkgrad.spark.stats.run_epoch_callback`).
+            epoch_progress: called on the driver at every epoch end, before ``epoch_callback``, as
+                ``epoch_progress(epoch, figures)`` with the epoch's progress figures (loss, examples/s,
+                bytes on the wire, update density, threshold: see
+                :meth:`~sparkgrad.spark.progress.FitProgress.end_epoch`); experiment tracking uses it.
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
@@ -934,7 +952,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
             units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
-        results = self._run_job(sc, network, units, data, stats, epochs, epoch_callback, slots)
+        results = self._run_job(
+            sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
+        )
         with Timer(stats, MASTER_PROCESS):
             score = self._process_results(network, results, stats)
         if stats is not None:
@@ -953,6 +973,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         epochs: int,
         epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
         slots: int,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> dict[int, WorkerResult]:
         transport = self.transport or ZmqTransportConfiguration()
         void = self.void_configuration
@@ -975,6 +996,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             self.batch_size_per_worker,
             enabled=self.progress,
             traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
+            on_epoch=epoch_progress,
         )
         controller = _ProgressController(
             network.params(),
@@ -1011,7 +1033,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 job_id,
                 secret,
                 host,
-                void.unicast_port,
+                controller.port,
                 transport,
                 NetworkSnapshot.of(network),
                 algorithm,
@@ -1030,6 +1052,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
                 self.staleness_bound // 2,
                 self.worker_device,
+                update_scale(self.update_combination, min(partitions, slots)),
             )
             bc = sc.broadcast(job)
             try:

@@ -324,7 +324,7 @@ class Controller:
         job_id: the fit's 64-bit job id; frames of other jobs are dropped.
         secret: the fit's secret (at least 32 bytes) that authenticates every frame.
         host: address to bind.
-        port: TCP port to bind.
+        port: TCP port to bind; 0 binds a free port (then in :attr:`port`).
         config: transport timeouts and limits.
         decode: ``decode(message, target)`` accumulating a message into ``target`` (defaults to
             :func:`sparkgrad.compress.decode`); ValueError/TypeError mean a malformed message, any other
@@ -415,7 +415,10 @@ class Controller:
         self._sock = _socket(self._ctx, zmq.ROUTER, self._config, max_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
-            self._sock.bind(endpoint(host, port))
+            if port == 0:  # a free port, which the workers learn from the job
+                self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._sock.bind(endpoint(host, port))
         except zmq.ZMQError as exc:
             self._sock.close()
             self._wake_in.close()

@@ -44,6 +44,9 @@ class _StandInArray:
     def get(self) -> np.ndarray:
         return self.host.copy()
 
+    def __getitem__(self, index: slice) -> _StandInArray:  # a view over the same host buffer
+        return _StandInArray(self.host[index], self.device.id, self._backend)
+
     def copy(self) -> _StandInArray:
         return _StandInArray(self.host.copy(), self._backend.current, self._backend)
 
@@ -80,6 +83,9 @@ class _StandInGpu:
         return _StandInArray(np.full(n, -7, dtype), self.current, self)
 
     # kernels: the CPU twins on the host buffers behind the pointers
+    def cuda_built(self) -> bool:
+        return True
+
     def _ran(self) -> None:
         self.kernel_devices.append(self.current)
 
@@ -87,13 +93,15 @@ class _StandInGpu:
         self._ran()
         _core.accumulate(self.buffers[residual], self.buffers[update])
 
-    def cuda_threshold_count(self, x, n, dtype, threshold) -> int:
+    def cuda_threshold_select(self, x, n, dtype, threshold, message) -> int:
         self._ran()
-        return int(_core.threshold_encode(self.buffers[x].copy(), threshold, -1)[0])
+        full = _core.threshold_encode(self.buffers[x].copy(), threshold, -1)
+        self.buffers[message][4 : full.size] = full[4:]
+        return int(full[0])
 
-    def cuda_threshold_encode(self, x, n, dtype, threshold, entries, out) -> None:
+    def cuda_threshold_commit(self, x, n, dtype, threshold, entries, message) -> None:
         self._ran()
-        self.buffers[out][:] = _core.threshold_encode(self.buffers[x], threshold, entries)
+        self.buffers[message][: 4 + entries] = _core.threshold_encode(self.buffers[x], threshold, entries)
 
     def cuda_bitmap_encode(self, x, n, dtype, threshold, out) -> int:
         self._ran()

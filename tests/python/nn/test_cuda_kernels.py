@@ -18,6 +18,19 @@ import pytest
 from sparkgrad import cuda
 from sparkgrad._native import _core
 
+# sparkgrad.cuda's names that are not kernels (inventory, dispatch, the debug switch)
+NOT_KERNELS = (
+    "GpuInfo",
+    "built",
+    "devices",
+    "summary",
+    "is_device_array",
+    "kernels_for",
+    "set_sync_each_op",
+    "sync_each_op",
+)
+KERNEL_FRONT_DOORS = [name for name in cuda.__all__ if name not in NOT_KERNELS]
+
 DTYPES = [np.float32, np.float64]
 ACTIVATIONS = ["identity", "relu", "leakyrelu", "elu", "tanh", "sigmoid", "softmax", "softplus", "hardtanh"]
 UPDATERS = [
@@ -74,9 +87,8 @@ def test_kernels_for_dispatches_by_device() -> None:
     assert cuda.kernels_for(FakeDeviceArray((3,))) is cuda
     assert cuda.is_device_array(FakeDeviceArray((3,)))
     assert not cuda.is_device_array(np.zeros(3))
-    for name in cuda.__all__:  # every CUDA kernel front door has the CPU twin's name
-        if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for"):
-            assert hasattr(_core, name), name
+    for name in KERNEL_FRONT_DOORS:  # every CUDA kernel front door has the CPU twin's name
+        assert hasattr(_core, name), name
 
 
 @pytest.mark.parametrize(
@@ -210,6 +222,17 @@ def test_cpu_build_reports_cuda_absent() -> None:
         cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, learning_rate=0.1)
 
 
+def test_sync_each_op_is_a_switch() -> None:
+    before = cuda.sync_each_op()
+    try:
+        cuda.set_sync_each_op(True)
+        assert cuda.sync_each_op() is True
+        cuda.set_sync_each_op(False)
+        assert cuda.sync_each_op() is False
+    finally:
+        cuda.set_sync_each_op(before)
+
+
 # -- GPU vs CPU (CUDA build + GPU + CuPy) ----------------------------------------------------------
 
 
@@ -335,6 +358,54 @@ def test_conv2d_matches_cpu(cp: Any, dtype: Any, stride: tuple, pad: tuple) -> N
 
 
 @pytest.mark.cuda
+def test_conv2d_batch_beyond_one_scratch_chunk_matches_cpu(cp: Any) -> None:
+    # 64 channels in, 8 out, 3x3 on 64x64 planes: (576 + 8) x 4096 scratch entries an image, so the
+    # 2**26-element scratch holds 28 images and a batch of 30 runs as a chunk of 28 and one of 2
+    rng = np.random.default_rng(5)
+    n, c, h, w, k = 30, 64, 64, 64, 8
+    x, wt, b = (
+        _rand(rng, (n, c, h, w), np.float32),
+        _rand(rng, (k, c, 3, 3), np.float32),
+        _rand(rng, (k,), np.float32),
+    )
+    dy = _rand(rng, (n, k, h, w), np.float32)
+    geo = (1, 1, 1, 1)
+    y, dx, dw = np.empty((n, k, h, w), np.float32), np.empty_like(x), np.empty_like(wt)
+    _core.conv2d_forward(x, wt, b, y, *geo)
+    _core.conv2d_backward_input(dy, wt, dx, *geo)
+    _core.conv2d_backward_weight(x, dy, dw, *geo)
+    gx, gw, gdy = cp.asarray(x), cp.asarray(wt), cp.asarray(dy)
+    gy, gdx, gdw = (
+        cp.empty(y.shape, np.float32),
+        cp.empty(x.shape, np.float32),
+        cp.empty(wt.shape, np.float32),
+    )
+    cuda.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
+    cuda.conv2d_backward_input(gdy, gw, gdx, *geo)
+    cuda.conv2d_backward_weight(gx, gdy, gdw, *geo)
+    _close(gy, y, c * 9 + 1, scale=np.abs(x).max() * np.abs(wt).max())
+    _close(gdx, dx, k * 9, scale=np.abs(dy).max() * np.abs(wt).max())
+    _close(gdw, dw, n * h * w, scale=np.abs(dy).max() * np.abs(x).max())
+
+
+@pytest.mark.cuda
+def test_kernels_run_in_order_on_cupys_current_stream(cp: Any) -> None:
+    # On a non-blocking stream the legacy default stream does not wait for queued CuPy work: a kernel
+    # launched there would read x before the additions finished. On CuPy's current stream it reads 50.
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        x = cp.zeros(1 << 24, np.float32)
+        for _ in range(50):
+            x += 1
+        y = cp.empty_like(x)
+        cuda.activation_forward("identity", x, y)
+        out = cuda.gemm(y[:64].reshape(8, 8), cp.eye(8, dtype=np.float32))
+    stream.synchronize()
+    assert float(y.min()) == 50.0 and float(y.max()) == 50.0
+    np.testing.assert_array_equal(out.get(), np.full((8, 8), 50.0, np.float32))
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["max", "avg"])
 def test_pooling_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
@@ -367,6 +438,26 @@ def test_pooling_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
         _core.global_pool_backward(gkind, y2, dx2, argmax=am)
         cuda.global_pool_backward(gkind, cp.asarray(y2), gdx2, argmax=gam)
         np.testing.assert_array_equal(gdx2.get(), dx2)
+
+
+@pytest.mark.cuda
+def test_out_of_range_argmax_is_refused_with_the_debug_switch_and_dropped_without(cp: Any) -> None:
+    geo = (2, 2, 2, 2, 0, 0)
+    dy = cp.ones((1, 1, 2, 2), np.float32)
+    argmax = cp.asarray(np.array([0, 2, 9, 16], np.int64).reshape(1, 1, 2, 2))  # 16: outside the 4x4 plane
+    dx = cp.full((1, 1, 4, 4), np.nan, np.float32)
+    before = cuda.sync_each_op()
+    try:
+        cuda.set_sync_each_op(True)
+        with pytest.raises(ValueError, match=r"\[pool2d_backward\] an argmax value is outside \[0, 16\)"):
+            cuda.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
+        cuda.set_sync_each_op(False)
+        cuda.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
+    finally:
+        cuda.set_sync_each_op(before)
+    expected = np.zeros(16, np.float32)
+    expected[[0, 2, 9]] = 1.0  # the window at 16 sends its gradient nowhere
+    np.testing.assert_array_equal(dx.get().ravel(), expected)
 
 
 @pytest.mark.cuda
@@ -454,12 +545,6 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
 
 
 # -- recurrent and graph-vertex kernels ----------------------------------------------------------
-
-KERNEL_FRONT_DOORS = [
-    name
-    for name in cuda.__all__
-    if name not in ("GpuInfo", "built", "devices", "summary", "is_device_array", "kernels_for")
-]
 
 
 @pytest.mark.parametrize("name", KERNEL_FRONT_DOORS)
