@@ -14,7 +14,8 @@ where the config is built, naming the field, not later on an executor.
 
 Text is untrusted input: YAML goes through a safe loader that refuses anchors and aliases (an alias
 "bomb" of a few hundred bytes expands exponentially), and JSON, YAML and dict input may nest at most
-``MAX_DEPTH`` levels (deeper input would exhaust the interpreter's recursion limit). Both raise
+``MAX_DEPTH`` levels (deeper input would exhaust the interpreter's recursion limit) and hold at most
+``MAX_CONFIG_BYTES``; the nesting pre-scan of JSON is linear in the text's length. All raise
 ``ValueError`` naming the problem.
 """
 
@@ -35,6 +36,11 @@ E = TypeVar("E", bound=enum.Enum)
 
 _TYPE_KEY = "@type"
 _TUPLE_KEY = "@tuple"
+
+# Size limit of config text (JSON or YAML, in bytes or characters). A 1,000-layer network with an updater
+# per layer is 0.4 MiB of indented JSON; the limit keeps parsing hostile text (a model file, the Spark ML
+# networkConf param) to a fraction of a second.
+MAX_CONFIG_BYTES = 4 << 20
 
 # Nesting limit of mappings/lists in config text. Real configs nest about 6 levels (network ->
 # layers -> layer -> updater/tuple); 64 leaves ample room and stays far below the recursion limit.
@@ -95,11 +101,22 @@ class Config:
 
 
 # -- untrusted text ---------------------------------------------------------------------------------
-# JSON strings (with escapes) are skipped so brackets inside them do not count toward the depth.
-_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# JSON strings (with escapes) are skipped so brackets inside them do not count toward the depth. The
+# string pattern never backtracks (unrolled loop, optional closing quote: an unterminated string runs to
+# the end of the text), so the scan is linear in the text's length.
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+
+
+def _check_size(text: str | bytes | bytearray, where: str) -> None:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(
+            f"{where}: {len(text)} bytes of configuration text exceed the limit of {MAX_CONFIG_BYTES}"
+        )
 
 
 def _load_json(text: str | bytes, where: str) -> Any:
+    if isinstance(text, (str, bytes, bytearray)):
+        _check_size(text, where)
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -161,6 +178,7 @@ class _NoAliasDumper(yaml.SafeDumper):
 def _load_yaml(text: str | bytes, where: str) -> Any:
     if not isinstance(text, (str, bytes, bytearray)):
         raise ValueError(f"{where}: expected YAML text, got {type(text).__name__}")
+    _check_size(text, where)
     try:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
     except _RefusedYAML as exc:

@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", default="sparkgrad-demo", help="directory for model.zip and training-stats.html"
     )
     demo.add_argument("--epochs", type=int, default=6, help="passes over the training data (default 6)")
-    demo.add_argument("--port", type=int, default=40123, help="controller port on 127.0.0.1 (default 40123)")
+    demo.add_argument(
+        "--port", type=int, default=0, help="controller port on 127.0.0.1 (default 0: a free port)"
+    )
     demo.set_defaults(func=_cmd_demo)
     return parser
 

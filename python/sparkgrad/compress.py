@@ -530,9 +530,15 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     """Moves the threshold every step toward one sparsity target.
 
     Args:
-        initial_threshold: first threshold, in [MIN_THRESHOLD, MAX_THRESHOLD].
+        initial_threshold: first threshold, in [MIN_THRESHOLD, MAX_THRESHOLD]; with ``start_at_target``
+            the first threshold's upper bound.
         sparsity_target: in (0, 1/16).
         decay_rate: in [0.5, 1).
+        start_at_target: the first threshold is the one that sends ``sparsity_target`` of the first
+            residual (its ``ceil(sparsity_target * n)``-th largest magnitude), at most ``initial_threshold``
+            and at least MIN_THRESHOLD, so the first messages already carry the update instead of waiting
+            tens of steps for the threshold to come down from a guess (sparkgrad's default). False starts
+            at ``initial_threshold`` (DL4J).
         last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
             [0, MAX_SPARSITY]); not part of equality.
     """
@@ -540,6 +546,7 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     initial_threshold: float = 1e-4
     sparsity_target: float = 1e-3
     decay_rate: float = DEFAULT_DECAY_RATE
+    start_at_target: bool = False
     last_threshold: float = dataclasses.field(default=math.nan, compare=False)
     last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
 
@@ -554,6 +561,8 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             high_inclusive=False,
         )
         self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
+        if not isinstance(self.start_at_target, bool):
+            raise ValueError(f"start_at_target: expected a bool, got {self.start_at_target!r}")
         self.last_threshold = _check_state("last_threshold", self.last_threshold, MAX_THRESHOLD)
         self.last_sparsity = _check_state("last_sparsity", self.last_sparsity, MAX_SPARSITY)
 
@@ -568,7 +577,9 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     ) -> float:
         previous = self._previous(last_threshold, last_was_dense, last_sparsity_ratio)
         if previous is None:
-            return self.initial_threshold
+            if self.start_at_target:
+                self.last_threshold = self._threshold_at_target(updates)
+            return self.last_threshold
         start, prev = previous
         if prev < self.sparsity_target:
             start *= self.decay_rate
@@ -579,6 +590,17 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
 
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         return _AveragingReducer(self, skip_nan_sparsity=False)
+
+    def _threshold_at_target(self, residual: Array) -> float:
+        """The magnitude that ``sparsity_target`` of ``residual`` reaches, within [MIN_THRESHOLD,
+        initial_threshold] (initial_threshold when nothing is finite and positive there)."""
+        xp = _cupy() if _is_device_array(residual) else np
+        magnitudes = xp.abs(residual.ravel())
+        k = min(magnitudes.size, max(1, math.ceil(self.sparsity_target * magnitudes.size)))
+        kth = float(xp.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k])
+        if not (math.isfinite(kth) and kth > 0):
+            return self.initial_threshold
+        return min(max(kth, MIN_THRESHOLD), self.initial_threshold)
 
 
 class _AveragingReducer(ThresholdAlgorithmReducer):
@@ -713,6 +735,9 @@ class EncodingHandler:
         threshold_algorithm: cloned; default ``AdaptiveThresholdAlgorithm()``.
         residual_post_processor: cloned; default ``ResidualClippingPostProcessor(5.0, 5)``.
         dtype: ``"float32"`` or ``"float64"`` (residual and update dtype).
+        update_scale: each update is multiplied by this before it joins the residual, in (0, 1]: ``1 /
+            sqrt(workers)`` by default, ``1 / workers`` for their mean, 1 for DL4J's sum
+            (:func:`update_scale`, :data:`UPDATE_COMBINATIONS`).
     """
 
     def __init__(
@@ -721,8 +746,10 @@ class EncodingHandler:
         threshold_algorithm: ThresholdAlgorithm | None = None,
         residual_post_processor: ResidualPostProcessor | None = None,
         dtype: Union[str, np.dtype, type] = "float32",
+        update_scale: float = 1.0,
     ) -> None:
         self._n = check_int("num_params", num_params, minimum=1, maximum=2**31 - 1)
+        self._scale = check_range("update_scale", update_scale, 0.0, 1.0, low_inclusive=False)
         try:
             self._dtype = np.dtype(dtype)
         except TypeError as exc:
@@ -803,6 +830,8 @@ class EncodingHandler:
     def _step(self, update: Array, iteration: int, epoch: int) -> np.ndarray | None:
         """One encoding step on the residual's device (the current device for a GPU residual)."""
         on_device = self._gpu is not None
+        if self._scale != 1.0:
+            update = update * update.dtype.type(self._scale)
         if on_device:
             rptr, n, dtype = _device_vector("encode", "residual", self._residual, writable=True)
             uptr, _, _ = _device_vector("encode", "update", update, writable=False)
@@ -871,6 +900,30 @@ class EncodingHandler:
         return self._post
 
 
+# How gradient sharing combines the workers' updates, by the factor each worker's update is scaled by before
+# it is encoded (bench/python/bench_convergence.py measures them against local training and DDP):
+# - "sqrt" (default): 1 / sqrt(workers), the square-root scaling rule of an N-times larger batch (Krizhevsky
+#   2014; Malladi et al. 2022 for adaptive updaters). The workers' updates agree in their signal and not in
+#   their noise, so their sum grows the step N-fold and the noise sqrt(N)-fold; this keeps the noise of one
+#   worker's step. On the digits study it reaches DDP's epochs to target with Nesterov momentum and Adam at
+#   2-8 workers without the falls of "sum".
+# - "mean": 1 / workers, DDP's averaged step (exact for SGD); adaptive updaters then step less than DDP,
+#   whose updater sees the averaged, less noisy gradient.
+# - "sum": 1, DL4J's and Strom's; with momentum or Adam the replicas oscillate from 4 workers on.
+UPDATE_COMBINATIONS = ("sqrt", "mean", "sum")
+DEFAULT_UPDATE_COMBINATION = "sqrt"
+
+
+def update_scale(combination: str, workers: int) -> float:
+    """The :class:`EncodingHandler` ``update_scale`` of ``workers`` workers combined by ``combination``
+    (one of :data:`UPDATE_COMBINATIONS`)."""
+    if combination not in UPDATE_COMBINATIONS:
+        raise ValueError(
+            f"update_combination: expected one of {', '.join(UPDATE_COMBINATIONS)}, got {combination!r}"
+        )
+    return {"mean": 1.0 / workers, "sum": 1.0, "sqrt": 1.0 / math.sqrt(workers)}[combination]
+
+
 # The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper): it reaches
 # DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README); DL4J's default is
 # AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
@@ -879,11 +932,17 @@ DEFAULT_SPARSITY_TARGET = 1e-3
 
 
 def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:
-    """A fresh ``TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)``."""
-    return TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET)
+    """A fresh ``TargetSparsityThresholdAlgorithm(DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET,
+    start_at_target=True)``."""
+    return TargetSparsityThresholdAlgorithm(
+        DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=True
+    )
 
 
 __all__ = [
+    "DEFAULT_UPDATE_COMBINATION",
+    "UPDATE_COMBINATIONS",
+    "update_scale",
     "DEFAULT_INITIAL_THRESHOLD",
     "DEFAULT_SPARSITY_TARGET",
     "default_threshold_algorithm",

@@ -48,12 +48,14 @@ import numpy as np
 from sparkgrad._config import check_int, coerce_enum
 from sparkgrad._native import _core
 from sparkgrad.compress import (
+    DEFAULT_UPDATE_COMBINATION,
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
     default_threshold_algorithm,
+    update_scale,
 )
 from sparkgrad.device import CPU, Device, resolve_device
 
@@ -124,9 +126,13 @@ class ParallelWrapper:
             (>= 1); unused by ``"shared_gradients"``.
         training_mode: ``"shared_gradients"`` or ``"averaging"`` (a :class:`TrainingMode` or its value).
         average_updaters: ``"averaging"`` mode: average the updater states too (DL4J's default).
-        threshold_algorithm: ``"shared_gradients"`` mode: default ``TargetSparsityThresholdAlgorithm(2e-2,
-            1e-3)`` (SharedTrainingMaster's default); each worker encodes with its own clone.
+        threshold_algorithm: ``"shared_gradients"`` mode: default
+            :func:`~sparkgrad.compress.default_threshold_algorithm` (SharedTrainingMaster's default); each
+            worker encodes with its own clone.
         residual_post_processor: ``"shared_gradients"`` mode: default ``NoOpResidualPostProcessor()``.
+        update_combination: ``"shared_gradients"`` mode: how the workers' updates combine, as
+            SharedTrainingMaster's: ``"sqrt"`` (default: each update divided by ``sqrt(workers)``),
+            ``"mean"`` or ``"sum"`` (DL4J's); see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
         devices: one device per worker (``"cpu"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`;
             a device may repeat); default: every worker on the wrapped network's device. For one worker
             per GPU: ``[f"cuda:{gpu.index}" for gpu in sparkgrad.cuda.devices()]``.
@@ -148,6 +154,7 @@ class ParallelWrapper:
         threshold_algorithm: ThresholdAlgorithm | None = None,
         residual_post_processor: ResidualPostProcessor | None = None,
         devices: Sequence[Any] | None = None,
+        update_combination: str = DEFAULT_UPDATE_COMBINATION,
     ) -> None:
         required = _FLAT_API + (("device", "to") if devices is not None else ())
         missing = [name for name in required if not hasattr(network, name)]
@@ -181,9 +188,12 @@ class ParallelWrapper:
             raise ValueError(
                 f"residual_post_processor: expected a ResidualPostProcessor, got {residual_post_processor!r}"
             )
+        self.update_scale = update_scale(update_combination, self.workers)
+        self.update_combination = update_combination
         self.threshold_algorithm = threshold_algorithm or default_threshold_algorithm()
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
+        self.bytes_sent = 0  # shared_gradients: bytes of the messages the workers sent, over every fit
         self._workers: list[_Worker] = []
         self._master_scratch: Any = None  # shared_gradients: messages decoded for the wrapped network
         self._master_lock = threading.Lock()
@@ -242,7 +252,13 @@ class ParallelWrapper:
         if self.devices is not None:
             net.to(self.devices[index])
         handler = (
-            EncodingHandler(params.size, self.threshold_algorithm, self.residual_post_processor, params.dtype)
+            EncodingHandler(
+                params.size,
+                self.threshold_algorithm,
+                self.residual_post_processor,
+                params.dtype,
+                self.update_scale,
+            )
             if shared
             else None
         )
@@ -373,6 +389,7 @@ class ParallelWrapper:
         self._apply_message(worker, message)
         master = self.network
         with self._master_lock:
+            self.bytes_sent += message.nbytes
             if _device(master) is _device(net):  # the worker's decoded message serves as it is
                 master.apply_update(worker.scratch)
             else:

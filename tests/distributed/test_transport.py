@@ -50,13 +50,23 @@ KEY = FrameKey(SECRET)
 def test_frame_round_trip_and_layout() -> None:
     payload = np.arange(6, dtype=np.int32)
     frame = encode_frame(
-        KEY, MessageType.UPDATE, 2**63 + 5, 7, 2**32 - 1, memoryview(payload), iteration=-2, epoch=4
+        KEY,
+        MessageType.UPDATE,
+        2**63 + 5,
+        7,
+        2**32 - 1,
+        memoryview(payload),
+        iteration=-2,
+        epoch=4,
+        recipient=2**32 - 2,
     )
-    assert HEADER_SIZE == 80 and len(frame) == 80 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 2 and frame[5] == MessageType.UPDATE
+    assert HEADER_SIZE == 84 and len(frame) == 84 + 24
+    assert frame[:4] == b"SGRD" and frame[4] == 3 and frame[5] == MessageType.UPDATE
     assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
+    assert int.from_bytes(frame[80:84], "little") == 2**32 - 2
     header, body = decode_frame(frame, KEY)
+    assert header.recipient == 2**32 - 2
     assert (header.message_type, header.job_id, header.sender, header.sequence) == (
         MessageType.UPDATE,
         2**63 + 5,
@@ -114,8 +124,9 @@ def test_frame_key_needs_32_bytes(secret) -> None:
         (lambda f: f[:40], "shorter"),
         (lambda f: b"XXXX" + f[4:], "magic"),
         (lambda f: f[:4] + b"\x01" + f[5:], "version 1"),
-        (lambda f: f + b"\x00", "authentication"),
-        (lambda f: f[:-1], "authentication"),
+        (lambda f: f + b"\x00", "header says 12 payload bytes, frame carries 13"),  # before the tag
+        (lambda f: f[:-1], "header says 12 payload bytes, frame carries 11"),
+        (lambda f: f[:44] + bytes(32) + f[76:], "authentication"),
     ],
 )
 def test_corrupt_frames_are_rejected(mutate, match) -> None:
@@ -478,7 +489,7 @@ def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) ->
         ctl.close()
 
 
-@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 16.5])
+@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 1.5e6])
 def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, threshold: float) -> None:
     with controller(np.ones(3, np.float32), 8, free_port) as ctl:
         conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
@@ -493,26 +504,24 @@ def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, thr
         assert ctl.updates_applied == 0 and ctl.counters.rejected_reasons == {"threshold": 1}
 
 
-def test_threshold_bound_follows_each_workers_accepted_thresholds(free_port: int) -> None:
-    """The bound is THRESHOLD_GROWTH_LIMIT x max(reference, the sender's last accepted threshold)."""
-    assert THRESHOLD_GROWTH_LIMIT == 16
-    steps = [16.0, 256.0, 4096.0]  # each exactly the limit over the previous one
-    with controller(np.zeros(2, np.float64), 9, free_port) as ctl:
-        a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
-        b = WorkerConnection("127.0.0.1", free_port, 9, 2, SECRET, 2, FAST)
-        try:
-            a.hello({})
-            b.hello({})
-            for t in steps:
-                a.send_update(sparse_message([0], [1], 2, t), 1, 0)
-            a.sync(lambda h, m: None)
-            b.send_update(sparse_message([1], [1], 2, 256.0), 1, 0)  # b's own history is the reference
-            with pytest.raises(TransportError, match="threshold"):
-                b.sync(lambda h, m: None)
-        finally:
-            a.close()
-            b.close()
-        np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
+def test_threshold_bound_is_the_fits_reference_times_the_limit(free_port: int) -> None:
+    """The bound is min(THRESHOLD_GROWTH_LIMIT x the fit's reference, 1e6) for every sender, whatever it
+    sent before: a series of accepted thresholds never raises it."""
+    assert THRESHOLD_GROWTH_LIMIT == 2**20
+    for reference, steps, over in ((1.0, [16.0, 4096.0, 1e6], 1e6 + 1), (2.0**-10, [1.0, 1024.0], 1025.0)):
+        with controller(np.zeros(2, np.float64), 9, free_port, threshold_reference=reference) as ctl:
+            a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
+            try:
+                a.hello({})
+                for t in steps:  # the last exactly at the bound
+                    a.send_update(sparse_message([0], [1], 2, t), 1, 0)
+                a.sync(lambda h, m: None)
+                a.send_update(sparse_message([1], [1], 2, over), 1, 0)
+                with pytest.raises(TransportError, match=f"threshold {over!r}"):
+                    a.sync(lambda h, m: None)
+            finally:
+                a.close()
+            np.testing.assert_array_equal(ctl.params(), [-sum(steps), 0])
 
 
 def test_bitmap_threshold_is_checked_too(free_port: int) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sparkgrad._config import (
+    MAX_CONFIG_BYTES,
     MAX_DEPTH,
     Config,
     check_int,
@@ -123,6 +124,25 @@ def test_deep_nesting_is_refused_naming_the_limit(fmt):
         load(deep)
     with pytest.raises(ValueError, match=rf"nesting deeper than {MAX_DEPTH} levels"):
         load('{"x": ' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1))
+
+
+def test_configuration_text_size_limit_fits_real_configurations():
+    """A 1,000-layer network (an updater per layer) is a tenth of the limit; longer text is refused
+    before it is scanned, in JSON and YAML alike."""
+    from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, OutputLayer
+    from sparkgrad.nn.updaters import Adam
+
+    layers = [DenseLayer(8, activation="relu", updater=Adam(1e-3)) for _ in range(1000)]
+    conf = MultiLayerConfiguration(
+        [*layers, OutputLayer(3, activation="softmax", loss="mcxent")], input_type=InputType.feed_forward(8)
+    )
+    text = conf.to_json()
+    assert len(text) < MAX_CONFIG_BYTES / 8
+    assert MultiLayerConfiguration.from_json(text) == conf
+    padded = text + " " * (MAX_CONFIG_BYTES - len(text) + 1)
+    for load in (MultiLayerConfiguration.from_json, MultiLayerConfiguration.from_yaml):
+        with pytest.raises(ValueError, match=f"{MAX_CONFIG_BYTES + 1} bytes of configuration text exceed"):
+            load(padded)
 
 
 def test_nesting_at_the_limit_and_brackets_in_strings_are_accepted():

@@ -184,9 +184,10 @@ def test_two_workers_averaging_equals_hand_computed_average() -> None:
 def test_shared_gradients_loses_no_update_mass(
     workers: int, devices: list[str] | None, master_on_device: bool
 ) -> None:
-    """Every computed update is either in the wrapped network (each message applied exactly once) or
-    still in some worker's residual: sum(updates) == (initial - final params) + sum(residuals), also
-    when the workers and the wrapped network are on different devices."""
+    """Every computed update, scaled by the combination's factor (1 / sqrt(workers) by default), is
+    either in the wrapped network (each message applied exactly once) or still in some worker's residual:
+    sum(updates) / sqrt(workers) == (initial - final params) + sum(residuals), also when the workers and
+    the wrapped network are on different devices."""
     log: list[np.ndarray] = []
     net = _net("float64", updaters.Sgd(0.1))
     if master_on_device:
@@ -207,7 +208,8 @@ def test_shared_gradients_loses_no_update_mass(
     assert len(log) == 20
     residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
     applied = initial - master.params()
-    total = sum(log)
+    assert wrapper.update_scale == 1.0 / math.sqrt(workers)
+    total = sum(log) / math.sqrt(workers)
     # each element is a sum of <= 20 updates and messages: a few float64 roundings of the largest term
     scale = max(float(np.abs(np.stack(log)).sum(axis=0).max()), 1.0)
     np.testing.assert_allclose(applied + residuals, total, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)

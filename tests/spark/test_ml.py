@@ -322,6 +322,12 @@ def test_damaged_or_foreign_saved_models_raise_corrupt_data_error(spark, fitted,
     )
     with pytest.raises(CorruptDataError, match=r"/m/data: expected one row of \(format, network\)"):
         SparkgradClassificationModel.load(path)
+    # many rows: refused after reading two of them (limit(2)), not after collecting the frame
+    spark.createDataFrame([(row.format, b"x")] * 50, "format string, network binary").write.mode(
+        "overwrite"
+    ).parquet(f"{path}/data")
+    with pytest.raises(CorruptDataError, match=r"/m/data: expected one row .*, found more than one"):
+        SparkgradClassificationModel.load(path)
 
     # metadata naming another network than the saved one
     other = classifier.copy()

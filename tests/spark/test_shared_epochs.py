@@ -17,8 +17,9 @@ from sparkgrad.spark import (
     ZmqTransportConfiguration,
 )
 from sparkgrad.spark.shared import _task_slots, encoded_count
+from sparkgrad.transport import HEADER_SIZE
 
-HEADER_BYTES = 80 + 16  # frame header + message header (4 int32 words)
+HEADER_BYTES = HEADER_SIZE + 16  # frame header + message header (4 int32 words)
 
 
 def _master(**kwargs) -> SharedTrainingMaster:

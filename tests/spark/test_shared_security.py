@@ -107,5 +107,57 @@ def test_controller_failure_raises_its_own_error(spark, digits, free_port, monke
     np.testing.assert_array_equal(sm.network.params(), before)
     # the next fit (a healthy controller) works on the same port
     monkeypatch.undo()
+    # the job broadcast (it holds the secret) is destroyed, not only unpersisted on the executors
+    from pyspark import Broadcast
+
+    from sparkgrad.spark.shared import SharedJob
+
+    destroyed: list[type] = []
+    destroy = Broadcast.destroy
+
+    def recording_destroy(self, blocking: bool = False) -> None:
+        destroyed.append(type(self.value))
+        destroy(self, blocking)
+
+    monkeypatch.setattr(Broadcast, "destroy", recording_destroy)
     sm.fit(rdd)
     assert sm.training_master.last_traffic["updates_applied"] >= 1
+    assert destroyed.count(SharedJob) == 1
+
+
+def test_slot_locks_live_in_a_private_directory_and_are_removed(tmp_path, monkeypatch) -> None:
+    """Slot lock files were /tmp/sparkgrad-<job>-slot*.lock in the shared temp directory (predictable:
+    the job id is in the Spark UI), followed links and were never removed."""
+    import os
+    import stat
+    import tempfile
+
+    from sparkgrad.spark.shared import _SlotLock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = tmp_path / f"sparkgrad-{os.getuid()}"
+    first = _SlotLock(0xAB, 1, 1.0)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert os.listdir(private) == [f"job-{0xAB:016x}-slot0.lock"]
+    assert stat.S_IMODE((private / f"job-{0xAB:016x}-slot0.lock").stat().st_mode) == 0o600
+    with pytest.raises(TrainingError, match=r"no free worker slot \(workers_per_node=1\)"):
+        _SlotLock(0xAB, 1, 0.05)
+    first.release()
+    first.release()
+    assert os.listdir(private) == []
+    second = _SlotLock(0xAB, 1, 0.05)  # the slot is free again
+    second.release()
+
+    os.symlink(tmp_path / "elsewhere", private / f"job-{0xCD:016x}-slot0.lock")
+    with pytest.raises(TrainingError, match="worker slot lock job-00000000000000cd-slot0.lock"):
+        _SlotLock(0xCD, 1, 0.05)
+    assert not (tmp_path / "elsewhere").exists()
+
+    private.chmod(0o755)
+    with pytest.raises(TrainingError, match="it must be this user's .* with mode 700"):
+        _SlotLock(0xAB, 1, 0.05)
+    private.chmod(0o700)
+    os.rename(private, tmp_path / "real")
+    os.symlink(tmp_path / "real", private)
+    with pytest.raises(TrainingError, match="it must be a directory, not a link"):
+        _SlotLock(0xAB, 1, 0.05)

@@ -200,7 +200,8 @@ class SparkgradClassifier(
     Args:
         networkConf: the network, a MultiLayerConfiguration or a ComputationGraphConfiguration with one
             input and one output (or its JSON); required.
-        trainingMaster: a ParameterAveragingTrainingMaster (default) or SharedTrainingMaster (or its
+        trainingMaster: a SharedTrainingMaster (default: ``SharedTrainingMaster()``, its controller on a
+            free port of the driver's address) or ParameterAveragingTrainingMaster (or its
             JSON); its ``batch_size_per_worker`` and ``rdd_data_set_num_examples`` become
             ``batchSize``.
         featuresCol: a Vector or array-of-numbers column, the network's input size per row (images

@@ -141,12 +141,16 @@ class ModelReader(MLReader):
         where = os.path.join(path, "data")
         try:
             frame = spark.read.parquet(where)
-            rows = frame.collect()
+            if frame.columns != ["format", "network"]:
+                raise CorruptDataError(
+                    f"{where}: expected one row of (format, network), found the columns {frame.columns}"
+                )
+            rows = frame.limit(2).collect()  # a second row is enough to refuse: nothing more is read
         except (PySparkException, Py4JJavaError) as exc:
             raise CorruptDataError(f"{where}: cannot be read as Parquet: {_first_line(exc)}") from None
-        if frame.columns != ["format", "network"] or len(rows) != 1:
+        if len(rows) != 1:
             raise CorruptDataError(
-                f"{where}: expected one row of (format, network), found {len(rows)} rows of {frame.columns}"
+                f"{where}: expected one row of (format, network), found {'more than one' if rows else 'none'}"
             )
         fmt, blob = rows[0]
         if fmt != DATA_FORMAT or not isinstance(blob, (bytes, bytearray)):

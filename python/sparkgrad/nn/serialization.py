@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
+from sparkgrad._config import MAX_CONFIG_BYTES
 from sparkgrad._io import open_input, open_output
 from sparkgrad.errors import CorruptDataError
 
@@ -60,7 +61,7 @@ _META_KEYS = {
     2: {"format_version", "model", "iteration_count", "epoch_count", "updater_state"},
 }
 MAX_META_BYTES = 1 << 16
-MAX_CONF_BYTES = 1 << 26  # 64 MiB of JSON: far beyond any layer list, far below a memory problem
+MAX_CONF_BYTES = MAX_CONFIG_BYTES  # what the configuration parser accepts at all
 _MAX_NPY_HEADER = 1 << 16  # numpy's own header limit for format 1.0; 2.0 headers this size suffice
 _DEFLATE_MAX_RATIO = 1032  # deflate cannot expand one compressed byte into more than 1032 bytes
 _COUNTER_LIMIT = 2**63

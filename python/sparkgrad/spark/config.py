@@ -94,7 +94,9 @@ class VoidConfiguration(Config):
     """Where the gradient-sharing controller listens, and the secret that authenticates its frames.
 
     Args:
-        unicast_port: controller TCP port on the driver.
+        unicast_port: controller TCP port on the driver; 0 (the default) takes a free port for each fit,
+            which the workers learn from the fit's job (set one where a firewall must allow it; DL4J's
+            default was 40123).
         controller_address: explicit controller address; else ``SPARKGRAD_VOID_IP``, else the local
             address inside ``network_mask``, else the driver host Spark reports.
         network_mask: CIDR string such as ``"10.0.0.0/8"`` selecting the driver interface to use.
@@ -106,13 +108,13 @@ class VoidConfiguration(Config):
             It is excluded from equality.
     """
 
-    unicast_port: int = 40123
+    unicast_port: int = 0
     controller_address: str | None = None
     network_mask: str | None = None
     secret: bytes | str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.unicast_port = check_int("unicast_port", self.unicast_port, minimum=1, maximum=65535)
+        self.unicast_port = check_int("unicast_port", self.unicast_port, minimum=0, maximum=65535)
         if self.controller_address is not None and (
             not isinstance(self.controller_address, str) or not self.controller_address.strip()
         ):

@@ -96,13 +96,13 @@ def demo_network() -> Any:
     return MultiLayerNetwork(conf).init()
 
 
-def run_demo(output_dir: str, epochs: int = 6, port: int = 40123) -> DemoResult:
+def run_demo(output_dir: str, epochs: int = 6, port: int = 0) -> DemoResult:
     """Train the demo network and write the model and the stats HTML into ``output_dir``.
 
     Args:
         output_dir: where model.zip and training-stats.html go (created if needed).
         epochs: passes over the training data.
-        port: controller port on 127.0.0.1.
+        port: controller port on 127.0.0.1 (0: a free port).
 
     Returns:
         The measurements.

@@ -62,12 +62,14 @@ import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
+    DEFAULT_UPDATE_COMBINATION,
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
     default_threshold_algorithm,
+    update_scale,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
@@ -156,6 +158,7 @@ class SharedJob:
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
 
 
 @dataclass
@@ -186,34 +189,88 @@ def encoded_count(message: np.ndarray, decoded: np.ndarray, is_bitmap: bool) -> 
     return int(np.count_nonzero(decoded)) if is_bitmap else int(message[0])
 
 
+def _lock_directory() -> int:
+    """An open descriptor of this user's private directory of slot locks, ``<tmp>/sparkgrad-<uid>``.
+
+    Created with mode 0700; refused unless it is a directory (not a link) owned by this user that no one
+    else may enter: another local user who knows the job id (the Spark UI shows it) could otherwise plant
+    links or hold the locks.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"sparkgrad-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TrainingError(
+            f"slot lock directory {path}: {exc} (it must be a directory, not a link)"
+        ) from exc
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        os.close(fd)
+        raise TrainingError(
+            f"slot lock directory {path} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}; "
+            f"it must be this user's (uid {os.getuid()}) with mode 700: remove it"
+        )
+    return fd
+
+
 class _SlotLock:
-    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks)."""
+    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks).
+
+    The lock files live in :func:`_lock_directory`, are opened with ``O_NOFOLLOW`` and are removed by
+    the task that held them, while it still holds the lock; a task that locked a file another task has
+    just removed (its inode is no longer the name's) tries again, so two tasks never share a slot.
+    """
 
     def __init__(self, job_id: int, slots: int, timeout_s: float) -> None:
-        self._file = None
+        self._fd: int | None = None
+        self._dir = _lock_directory()
+        try:
+            self._acquire(job_id, slots, timeout_s)
+        except BaseException:
+            os.close(self._dir)
+            raise
+
+    def _acquire(self, job_id: int, slots: int, timeout_s: float) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         deadline = time.monotonic() + timeout_s
-        while self._file is None:
+        while True:
             for i in range(slots):
-                f = open(os.path.join(tempfile.gettempdir(), f"sparkgrad-{job_id:016x}-slot{i}.lock"), "a+")
+                name = f"job-{job_id:016x}-slot{i}.lock"
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fd = os.open(name, flags, 0o600, dir_fd=self._dir)
+                except OSError as exc:  # a link (O_NOFOLLOW) or something else that is not our file
+                    raise TrainingError(f"worker slot lock {name}: {exc}") from exc
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    current = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
+                    if current.st_ino != os.fstat(fd).st_ino:
+                        raise FileNotFoundError(name)  # removed and re-created by other tasks meanwhile
                 except OSError:
-                    f.close()
+                    os.close(fd)
                     continue
-                self._file = f
-                break
-            else:
-                if time.monotonic() > deadline:
-                    raise TrainingError(
-                        f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
-                    )
-                time.sleep(0.02)
+                self._fd, self._name = fd, name
+                return
+            if time.monotonic() > deadline:
+                raise TrainingError(
+                    f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
+                )
+            time.sleep(0.02)
 
     def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        """Remove the lock file (still holding it) and release it (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self._name, dir_fd=self._dir)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        os.close(self._dir)
+        self._fd = None
 
 
 def _relay_host(host: str, port: int) -> str:
@@ -258,6 +315,8 @@ class SharedWorker:
             updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
             relay_host=_relay_host(job.host, job.port) if job.mesh else None,
             on_params=self._take_params,
+            # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
+            threshold_reference=_reference_threshold(job.threshold_algorithm),
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
@@ -286,6 +345,7 @@ class SharedWorker:
             job.threshold_algorithm,
             job.residual_post_processor,
             dtype=self.net.params().dtype,
+            update_scale=job.update_scale,
         )
         with self.net.device.scope():  # the decode target of messages, on the replica's device
             self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
@@ -437,12 +497,10 @@ class SharedWorker:
         if self.stats is not None and self._init_event is not None:
             self.stats.add(WORKER_INIT, self._init_event)
             self._init_event = None
-        lock = (
-            _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
-            if job.workers_per_node > 0 and not job.barrier
-            else None
-        )
+        lock: _SlotLock | None = None
         try:
+            if job.workers_per_node > 0 and not job.barrier:
+                lock = _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
             elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
             begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
             for epoch in range(begin, first_epoch + epochs):
@@ -722,8 +780,9 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
-        threshold_algorithm: default ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default
-            was ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
+        threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
+            ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=True)`` (DL4J's default was
+            ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -759,6 +818,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             GPU worker encodes on its GPU and only the messages cross to the host, so GPU and CPU
             workers can share one fit. The ``SharedWorkerGetInitialModelTimeMs`` stats events record
             each worker's device as ``gpu`` (-1: CPU).
+        update_combination: how the updates of the N workers training at once combine: ``"sqrt"``
+            (default: each worker sends its update divided by sqrt(N), the square-root scaling rule of an
+            N-times larger batch, so the learning rate and updater that work on one machine work here),
+            ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
+            full size, N workers taking about N times the step). The README's convergence study compares
+            them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -782,6 +847,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     transport: ZmqTransportConfiguration | None = None
     progress: bool = True
     worker_device: str = "auto"
+    update_combination: str = DEFAULT_UPDATE_COMBINATION
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -789,6 +855,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 f"void_configuration: expected a VoidConfiguration, got {self.void_configuration!r}"
             )
         self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
+        update_scale(self.update_combination, 1)  # checks the name
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -966,7 +1033,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 job_id,
                 secret,
                 host,
-                void.unicast_port,
+                controller.port,
                 transport,
                 NetworkSnapshot.of(network),
                 algorithm,
@@ -985,6 +1052,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                 PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
                 self.staleness_bound // 2,
                 self.worker_device,
+                update_scale(self.update_combination, min(partitions, slots)),
             )
             bc = sc.broadcast(job)
             try:
@@ -1010,7 +1078,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
                         if on_epoch(epoch):
                             break
             finally:
-                bc.unpersist()
+                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
         finally:
             controller.close()
             progress.close()

@@ -1,12 +1,12 @@
-"""The gradient-sharing wire format: one frame = a fixed 80-byte header + a payload, authenticated.
+"""The gradient-sharing wire format: one frame = a fixed 84-byte header + a payload, authenticated.
 
-Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sI``, 80 bytes):
+Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes):
 
 ====== ======= ====================================================================================
 offset size    field
 ====== ======= ====================================================================================
 0      4       magic ``b"SGRD"``
-4      1       version (currently 2; a receiver rejects any other version)
+4      1       version (currently 3; a receiver rejects any other version)
 5      1       message type (:class:`MessageType`)
 6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed)
 8      8       job id (unsigned; random per fit, frames of another job are rejected)
@@ -17,8 +17,12 @@ offset size    field
 32     8       iteration (signed)
 40     4       payload length in bytes
 44     32      authentication tag: HMAC-SHA256 (see below)
-76     4       broadcast number (MESH, see below; zero otherwise)
+76     4       broadcast number (see below)
+80     4       recipient id (worker id; 0 = the controller): the one receiver this frame is for
 ====== ======= ====================================================================================
+
+Version 3 (issue 21) added the recipient field and the PLAIN link numbers; a version 2 peer is refused
+as ``malformed`` before anything else is read.
 
 Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
 on the driver, or the user's ``VoidConfiguration.secret``). It reaches the executors inside the job's
@@ -27,23 +31,36 @@ carries ``HMAC-SHA256(secret, header-with-the-tag-field-zeroed || payload)`` in 
 tag covers every header field (flags, job id, sender, sequence, ...) and every payload byte. A
 receiver, the controller and the workers alike:
 
-1. checks the header length, magic and version, then the tag with :func:`hmac.compare_digest` before
-   it looks at anything else; a frame without the flag or with a wrong tag is dropped;
+1. checks the header length, magic, version, message type and payload length (rejecting only:
+   nothing of an unauthenticated frame is used), then the tag with :func:`hmac.compare_digest`; a frame
+   without the flag or with a wrong tag is dropped;
 2. drops a frame whose job id is not its own (a secret may be reused across fits, the job id never);
-3. drops a replay: the sequence number of each sender must be strictly greater than that sender's
-   last accepted one. A restarted worker gets a fresh random worker id, so it starts a new sequence.
+3. drops a frame whose recipient is not itself (``misdirected``): a frame captured on one link cannot
+   be replayed on another (a worker's own UPDATE back to it, one worker's SYNC_ACK or PARAMS to
+   another, a MESH_JOIN to another relay);
+4. drops a replay: the sequence number of each sender must be strictly greater than that sender's
+   last accepted one. A restarted worker gets a fresh random worker id, so it starts a new sequence
+   and no frame addressed to its predecessor reaches it.
 
 Only then is the payload parsed. The controller never answers a frame that fails these checks (no
 ERROR reply, nothing that reveals the job), so a stranger on the port learns nothing and changes
 nothing. The controller relays a worker's UPDATE with the ``RELAYED`` flag set; it holds the secret,
-so it re-signs the relayed frame (sender id and sequence stay the worker's, which keeps the replay
-rule per original sender on the receiving workers).
+so it re-signs the relayed frame for each recipient (sender id and sequence stay the worker's, which
+keeps the replay rule per original sender on the receiving workers). A worker takes control frames
+only from the controller (sender 0) on its controller connection, and UPDATEs only when relayed by
+the controller or its MESH parent and never its own (PLAIN); the :mod:`.zmq_transport` docstring lists
+the rules per link.
+
+PLAIN link numbers: the controller numbers the frames it sends each worker (1, 2, ... per worker, in
+the broadcast-number field). A worker takes the number of the PARAMS that answers its HELLO and then
+requires every later frame from the controller to carry the next number: a frame withheld or dropped
+on the way (a gap) makes it re-join and take the controller's parameters, a stale one is dropped.
 
 MESH (:mod:`sparkgrad.transport.mesh`): the controller numbers the updates it relays down the tree
 (1, 2, ...) in the broadcast-number field of each relayed UPDATE, and stamps PARAMS, SYNC_ACK and
 EPOCH_GO with the number of updates relayed so far (the parameters include, the acknowledgement
 covers, exactly those). A relaying worker re-signs the frame with its own id in the relay-id field and
-keeps sender, sequence and broadcast number. PLAIN frames carry zero there.
+keeps sender, sequence and broadcast number.
 
 Size limits (enforced by ZeroMQ ``MAXMSGSIZE`` on the receiving socket, so an oversized frame is
 never buffered, and checked again per message type): an UPDATE payload holds at most
@@ -58,8 +75,11 @@ Payloads by message type:
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
 - ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
 - ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``,
-  ``MESH_PARENT``, ``MESH_JOIN``: UTF-8 JSON object of control data (possibly empty). ``MESH_PARENT``
-  carries ``{"parent": "tcp://host:port"}`` or ``{"parent": null}`` (the controller itself); a MESH
+  ``MESH_PARENT``, ``MESH_JOIN``, ``MESH_CHILDREN``: UTF-8 JSON object of control data (possibly empty).
+  ``MESH_PARENT`` carries ``{"parent": "tcp://host:port", "id": parent id, "version": tree version}`` or
+  ``{"parent": null}`` (the controller itself); ``MESH_CHILDREN`` carries the complete list of children
+  the controller assigned the receiving relay and the tree version (a relay registers a MESH_JOIN only
+  from those ids, and drops any child not on a newer list); a MESH
   ``HELLO`` carries ``"relay": "host:port"``, the worker's relay socket; a ``PARAMS_REQUEST`` may carry
   ``{"silent_parent": id}``. ``EPOCH_END`` and ``EPOCH_GO`` name their epoch in
   the header's epoch field; ``EPOCH_GO`` carries ``{"stop": bool}``; ``EPOCH_END`` and ``SYNC`` may carry
@@ -73,7 +93,9 @@ import enum
 import hashlib
 import hmac
 import json
+import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +104,10 @@ import numpy as np
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 2
+VERSION = 3
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
-_HEADER = struct.Struct("<4sBBHQIIIIqI32sI")
+_HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
 HEADER_SIZE = _HEADER.size
 AUTH_TAG_SIZE = 32
 MIN_SECRET_BYTES = 32
@@ -113,6 +135,7 @@ class MessageType(enum.IntEnum):
     UPDATER_STATE = 11  # worker -> controller: its updater state; controller -> joining worker: the latest
     MESH_PARENT = 12  # controller -> worker (MESH): JSON {"parent": endpoint or null = the controller}
     MESH_JOIN = 13  # worker -> its MESH parent's relay socket: register as a child (JSON {})
+    MESH_CHILDREN = 14  # controller -> MESH relay: JSON {"children": [ids], "version": int}, all it may take
 
 
 class Flag(enum.IntFlag):
@@ -146,6 +169,7 @@ class Header:
     payload_length: int
     relay: int = NO_RELAY
     broadcast: int = 0
+    recipient: int = CONTROLLER_ID
 
 
 class FrameKey:
@@ -207,6 +231,7 @@ def encode_frame(
     flags: Flag = Flag.NONE,
     relay: int = NO_RELAY,
     broadcast: int = 0,
+    recipient: int = CONTROLLER_ID,
 ) -> bytearray:
     """Serialise and sign one frame (header + payload); the ``AUTHENTICATED`` flag is always set.
 
@@ -221,7 +246,8 @@ def encode_frame(
         epoch: training epoch.
         flags: header flags (``AUTHENTICATED`` is added).
         relay: forwarding node id (MESH), ``NO_RELAY`` otherwise.
-        broadcast: the controller's broadcast number (MESH), 0 otherwise.
+        broadcast: the controller's broadcast number (MESH) or link number (PLAIN).
+        recipient: the receiver's id (0: the controller).
 
     Returns:
         The signed frame.
@@ -248,19 +274,26 @@ def encode_frame(
         payload.nbytes,
         _ZERO_TAG,
         broadcast,
+        recipient,
     )
     frame[HEADER_SIZE:] = payload
     return key.seal(frame)
 
 
 def relayed_frame(
-    key: FrameKey, frame: bytes | memoryview, *, relay: int | None = None, broadcast: int | None = None
+    key: FrameKey,
+    frame: bytes | memoryview,
+    *,
+    recipient: int,
+    relay: int | None = None,
+    broadcast: int | None = None,
 ) -> bytearray:
-    """A copy of an accepted frame with the ``RELAYED`` flag set, re-signed.
+    """A copy of an accepted frame with the ``RELAYED`` flag set, addressed to ``recipient``, re-signed.
 
     Args:
         key: the fit's frame key.
         frame: the frame as received (already verified).
+        recipient: the worker the copy is for.
         relay: the relaying node's id for the relay-id field (None keeps the field).
         broadcast: the broadcast number to stamp (None keeps the field).
 
@@ -274,20 +307,30 @@ def relayed_frame(
         _U32.pack_into(out, 20, relay)
     if broadcast is not None:
         _U32.pack_into(out, 76, broadcast)
+    _U32.pack_into(out, 80, recipient)
     out[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
     return key.seal(out)
 
 
-def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -> tuple[Header, memoryview]:
+def decode_frame(
+    frame: bytes | memoryview,
+    key: FrameKey,
+    peer: str = "peer",
+    max_payload: Callable[[MessageType], int] | None = None,
+) -> tuple[Header, memoryview]:
     """Authenticate and parse a frame; raises :class:`FrameRejected` naming ``peer`` otherwise.
 
-    Checks, in order: header length, magic, version, the ``AUTHENTICATED`` flag and the tag (constant
-    time), then message type and payload length. Job id and replay are the receiver's checks.
+    Checks, in order: header length, magic, version, message type, payload length (against the frame,
+    and against ``max_payload(type)`` when given: reason ``oversized``), whole int32 words of an
+    UPDATE, all before the tag: they only reject, so an unauthenticated frame costs no HMAC unless it
+    is well-formed. Then the ``AUTHENTICATED`` flag and the tag (constant time). Job id, recipient and
+    replay are the receiver's checks.
 
     Args:
         frame: the received bytes.
         key: the fit's frame key.
         peer: a name for the sender used in error messages.
+        max_payload: the largest payload the receiver takes of each message type.
 
     Returns:
         (header, payload view).
@@ -298,7 +341,7 @@ def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -
             "malformed",
             f"frame from {peer}: {view.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header",
         )
-    magic, version, mtype, flags, job, sender, relay, seq, epoch, it, length, _tag, broadcast = (
+    magic, version, mtype, flags, job, sender, relay, seq, epoch, it, length, _tag, broadcast, recipient = (
         _HEADER.unpack_from(view)
     )
     if magic != MAGIC:
@@ -307,8 +350,6 @@ def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -
         raise FrameRejected(
             "malformed", f"frame from {peer}: unsupported wire version {version} (expected {VERSION})"
         )
-    if not flags & Flag.AUTHENTICATED or not key.verify(view):
-        raise FrameRejected("unauthenticated", f"frame from {peer}: missing or wrong authentication tag")
     try:
         mtype = MessageType(mtype)
     except ValueError:
@@ -319,11 +360,17 @@ def decode_frame(frame: bytes | memoryview, key: FrameKey, peer: str = "peer") -
             f"frame from {peer}: header says {length} payload bytes, "
             f"frame carries {view.nbytes - HEADER_SIZE}",
         )
+    if max_payload is not None and length > (limit := max_payload(mtype)):
+        raise FrameRejected(
+            "oversized", f"frame from {peer}: {mtype.name} payload of {length} bytes exceeds {limit}"
+        )
     if mtype == MessageType.UPDATE and length % 4:
         raise FrameRejected(
             "malformed", f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"
         )
-    header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay, broadcast)
+    if not flags & Flag.AUTHENTICATED or not key.verify(view):
+        raise FrameRejected("unauthenticated", f"frame from {peer}: missing or wrong authentication tag")
+    header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay, broadcast, recipient)
     return header, view[HEADER_SIZE:]
 
 
@@ -345,11 +392,38 @@ def json_payload(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
+CONTROL_INT_LIMIT = 2**63
+
+
+class _BadNumber(Exception):
+    """A number in a control payload outside what any field may hold."""
+
+
+def _control_int(text: str) -> int:
+    # bounded before int(): a 400-digit integer would overflow float() wherever it is used
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= CONTROL_INT_LIMIT:
+        raise _BadNumber(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is not in (-2**63, 2**63)")
+    return value
+
+
+def _control_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadNumber(f"number {text[:24]}{'...' if len(text) > 24 else ''} is not a finite float")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _BadNumber(f"{text} is not a number JSON allows")
+
+
 def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any]:
     """Decode a control payload: a JSON object of at most ``CONTROL_PAYLOAD_LIMIT`` bytes; empty is ``{}``.
 
     Raises :class:`FrameRejected` (reason ``"control"``) for anything else: too long, not UTF-8, not
-    JSON, nested too deeply, or not an object.
+    JSON, nested too deeply, not an object, or holding a number no field may hold (an integer outside
+    (-2**63, 2**63), a float that overflows, ``NaN``/``Infinity``): numbers are checked while parsing,
+    before any handler converts them.
     """
     if not payload.nbytes:
         return {}
@@ -359,7 +433,14 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
             f"control payload from {peer}: {payload.nbytes} bytes exceeds {CONTROL_PAYLOAD_LIMIT}",
         )
     try:
-        value = json.loads(bytes(payload).decode("utf-8"))
+        value = json.loads(
+            bytes(payload).decode("utf-8"),
+            parse_int=_control_int,
+            parse_float=_control_float,
+            parse_constant=_no_constant,
+        )
+    except _BadNumber as exc:
+        raise FrameRejected("control", f"control payload from {peer}: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FrameRejected("control", f"control payload from {peer} is not UTF-8 JSON ({exc})") from None
     if not isinstance(value, dict):
@@ -371,6 +452,7 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
 
 __all__ = [
     "CONTROLLER_ID",
+    "CONTROL_INT_LIMIT",
     "CONTROL_PAYLOAD_LIMIT",
     "HEADER_SIZE",
     "MAGIC",

@@ -19,6 +19,29 @@ MESH (``Controller(mesh=True)``, workers with a ``relay_host``): updates go down
 from the controller to every worker; the tree, the relay rules and the failure policy are described in
 :mod:`sparkgrad.transport.mesh`. Everything upward is as in PLAIN.
 
+Link rules (wire version 3, issue 21). Every frame names its one recipient (:mod:`.frame`), so a frame
+captured on one link is ``misdirected`` on any other. On top of the tag, job, recipient and replay
+checks, a receiver takes from each link only what that link may carry, else drops it and counts it
+(reasons in brackets):
+
+- the controller: frames sent to it (recipient 0) by a registered worker, never relayed, never with
+  sender 0; at most one worker id per connection (``identity_in_use``);
+- a worker, on its controller connection: control frames (PARAMS, UPDATER_STATE, SYNC_ACK, BYE, ERROR,
+  EPOCH_GO, MESH_PARENT, MESH_CHILDREN) only from sender 0, and UPDATEs only relayed by the controller
+  (``link``), never its own in PLAIN (``own_update``); PLAIN: each frame must carry the next link
+  number (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
+- a worker, on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own
+  re-join ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
+- a MESH relay, on its relay socket: MESH_JOIN and BYE addressed to it, and it registers only the
+  children the controller assigned it in its latest MESH_CHILDREN (a MESH_JOIN from another id is
+  held, at most ``mesh_fan_out`` of them, the oldest dropped as ``unassigned``);
+- every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
+  (``threshold``) where the worker knows it (``threshold_reference``).
+
+Before the tag, each receiver checks the header's size, magic, version, type and the payload length
+against the largest payload it takes of that type (``oversized``): a malformed or oversized frame costs
+no HMAC.
+
 Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
 derived from the parameter count) and bounded high-water marks.
 
@@ -32,11 +55,15 @@ diverges silently: whatever it applied while dropped is overwritten, its own upd
 are lost like skipped steps.
 
 Update sanity: an UPDATE whose threshold (word 2 of every :mod:`sparkgrad.compress` message, sparse and
-bitmap alike) is not finite, not positive, or larger than ``THRESHOLD_GROWTH_LIMIT`` times the larger of
-the job's reference threshold and the sender's last accepted threshold is rejected, counted and never
-applied; the worker gets an ERROR (its fit fails with the reason). The adaptive threshold algorithms
-grow a worker's threshold by at most ``1 / decay_rate <= 2`` between two messages it sends, so a
-correct worker never reaches the bound.
+bitmap alike) is not finite, not positive, or larger than the smaller of ```THRESHOLD_GROWTH_LIMIT``
+times the job's reference threshold (the threshold the fit starts from) and ``MAX_SCALE`` (1e6, the
+largest threshold any encoder writes) is rejected (reason ``threshold``), counted and never applied; the
+worker gets an ERROR (its fit fails with the reason). The bound is fixed for the fit, so no series of
+accepted updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates
+each 15x the last drove to infinity). An adaptive algorithm would have to double its threshold twenty
+times over the fit's start to reach it. An update that would leave any parameter non-finite (float overflow of
+finite values) is rejected too (reason ``non_finite``), naming its sender; the parameters stay as they
+were.
 """
 
 from __future__ import annotations
@@ -54,12 +81,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from sparkgrad._config import Config, check_int
+from sparkgrad._config import MAX_SCALE, Config, check_int
 from sparkgrad.errors import CorruptDataError, TransportError
 from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
     CONTROLLER_ID,
     HEADER_SIZE,
+    NO_RELAY,
     Flag,
     FrameKey,
     FrameRejected,
@@ -78,7 +106,7 @@ from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 log = logging.getLogger(__name__)
 
-THRESHOLD_GROWTH_LIMIT = 16.0
+THRESHOLD_GROWTH_LIMIT = float(2**20)  # x the fit's reference threshold (module docstring)
 _SEQUENCE_LIMIT = 2**32
 # a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
@@ -104,6 +132,10 @@ class ZmqTransportConfiguration(Config):
             so the controller sends each update at most this many times (>= 1).
         mesh_catchup_ms: MESH: how long a worker waits for its parent to deliver the updates a SYNC or
             epoch acknowledgement covers before it takes the controller's parameters instead.
+        max_queued_bytes: the most bytes of received frames ZeroMQ queues per connection (>= 1): the
+            receive high-water mark is this over the socket's largest frame (at least 1 frame), so a
+            peer cannot make a receiver buffer high_water_mark x the largest frame (about 40 GB at
+            10M parameters); a full queue makes ZeroMQ stop reading that connection.
     """
 
     connect_timeout_ms: int = 15000
@@ -114,6 +146,7 @@ class ZmqTransportConfiguration(Config):
     updater_state_interval_ms: int = 60000
     mesh_fan_out: int = 8
     mesh_catchup_ms: int = 5000
+    max_queued_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -124,13 +157,15 @@ class ZmqTransportConfiguration(Config):
         check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
         check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
+        check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
 
 
 def _socket(ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
-    sock.setsockopt(zmq.RCVHWM, config.high_water_mark)
+    # bytes, not frames: what one connection may queue here (ZeroMQ counts whole messages)
+    sock.setsockopt(zmq.RCVHWM, max(1, min(config.high_water_mark, config.max_queued_bytes // max_frame)))
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
     return sock
 
@@ -242,6 +277,40 @@ def _relay_address_ok(value: object) -> bool:
     )
 
 
+def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
+    """The threshold of an update message if it is sane (module docstring), else
+    FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
+    threshold = float(message[2:3].view("<f4")[0])
+    bound = min(MAX_SCALE, THRESHOLD_GROWTH_LIMIT * reference)
+    if not (math.isfinite(threshold) and 0 < threshold <= bound):
+        raise FrameRejected(
+            "threshold",
+            f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
+            f"(the smaller of 2**20 x the fit's reference threshold {reference:.6g} and {MAX_SCALE:g})",
+        )
+    return threshold
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every element is finite: min and max propagate nan and show an inf, no temporary array."""
+    return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
+
+
+# what a worker takes from the controller on its controller connection (besides relayed UPDATEs)
+_FROM_CONTROLLER = frozenset(
+    {
+        MessageType.PARAMS,
+        MessageType.UPDATER_STATE,
+        MessageType.SYNC_ACK,
+        MessageType.BYE,
+        MessageType.ERROR,
+        MessageType.EPOCH_GO,
+        MessageType.MESH_PARENT,
+        MessageType.MESH_CHILDREN,
+    }
+)
+
+
 def _count(value: object) -> bool:
     """A JSON value that is a non-negative int (bools are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -255,7 +324,7 @@ class Controller:
         job_id: the fit's 64-bit job id; frames of other jobs are dropped.
         secret: the fit's secret (at least 32 bytes) that authenticates every frame.
         host: address to bind.
-        port: TCP port to bind.
+        port: TCP port to bind; 0 binds a free port (then in :attr:`port`).
         config: transport timeouts and limits.
         decode: ``decode(message, target)`` accumulating a message into ``target`` (defaults to
             :func:`sparkgrad.compress.decode`); ValueError/TypeError mean a malformed message, any other
@@ -305,7 +374,7 @@ class Controller:
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
-        self._last_threshold: dict[int, float] = {}
+        self._next_params = np.empty_like(self._params)  # an update is checked here before it is taken
         self.job_id = job_id
         self.host, self.port = host, port
         self.iteration, self.epoch = iteration, epoch
@@ -321,6 +390,9 @@ class Controller:
         self._lock = threading.Lock()
         self._mesh = MeshOrganizer(self._config.mesh_fan_out) if mesh else None
         self._broadcast = 0  # MESH: updates relayed down the tree so far (stamped on every frame down)
+        # PLAIN: the number of the last frame sent to each worker id (kept when it leaves: a worker that
+        # re-joins continues its numbers, so a frame sent before it left can never pass for a new one)
+        self._link_numbers: dict[int, int] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
         # epoch barrier: EPOCH_END reports per epoch (by the partition they trained, each partition's
@@ -343,7 +415,10 @@ class Controller:
         self._sock = _socket(self._ctx, zmq.ROUTER, self._config, max_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
-            self._sock.bind(endpoint(host, port))
+            if port == 0:  # a free port, which the workers learn from the job
+                self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._sock.bind(endpoint(host, port))
         except zmq.ZMQError as exc:
             self._sock.close()
             self._wake_in.close()
@@ -438,8 +513,8 @@ class Controller:
                 if self._sock in ready:
                     self._receive_all()
                 self._retry_rejoin_notices()
-            for identity in list(self._peers.values()):
-                self._send(identity, self._control_frame(MessageType.BYE))
+            for worker, identity in list(self._peers.items()):
+                self._send(identity, self._control_frame(MessageType.BYE, worker))
         except BaseException as exc:  # surfaced to the driver through error/check()
             log.exception("sparkgrad controller thread failed")
             self._error = exc
@@ -464,10 +539,10 @@ class Controller:
     def _notify_failure(self, exc: BaseException) -> None:
         """Best effort: tell every worker why the controller stopped, so no worker waits for a timeout."""
         text = f"controller failed: {type(exc).__name__}: {exc}"
-        for identity in list(self._peers.values()):
+        for worker, identity in list(self._peers.items()):
             try:
                 self._sock.send_multipart(
-                    [identity, self._control_frame(MessageType.ERROR, {"error": text})], zmq.NOBLOCK
+                    [identity, self._control_frame(MessageType.ERROR, worker, {"error": text})], zmq.NOBLOCK
                 )
             except zmq.ZMQError:
                 pass
@@ -478,8 +553,21 @@ class Controller:
         self._seq += 1
         return self._seq - 1
 
-    def _control_frame(self, kind: MessageType, body: dict | None = None, epoch: int = 0) -> bytearray:
-        """A control frame, stamped with the broadcast number (0 in PLAIN): what a SYNC_ACK covers."""
+    def _number(self, recipient: int) -> int:
+        """The number stamped on the next frame to ``recipient``: MESH, the updates relayed so far (what
+        a SYNC_ACK covers); PLAIN, the next number of that worker's link (gaps show lost frames)."""
+        if self._mesh is not None:
+            return self._broadcast
+        number = self._link_numbers.get(recipient, 0) + 1
+        if number >= _SEQUENCE_LIMIT:
+            raise TransportError(f"controller: link numbers of worker {recipient} exhausted (2**32 frames)")
+        self._link_numbers[recipient] = number
+        return number
+
+    def _control_frame(
+        self, kind: MessageType, recipient: int, body: dict | None = None, epoch: int = 0
+    ) -> bytearray:
+        """A control frame for ``recipient``, stamped with its number (:meth:`_number`)."""
         payload = json_payload(body) if body is not None else b""
         return encode_frame(
             self._key,
@@ -489,7 +577,8 @@ class Controller:
             self._next_seq(),
             payload,
             epoch=epoch,
-            broadcast=self._broadcast,
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _reject(self, reason: str, text: str) -> None:
@@ -513,8 +602,9 @@ class Controller:
         status = self._send_raw(identity, frame)
         if status is None:
             return True
-        for sender, ident in list(self._peers.items()):
-            if ident == identity:
+        for sender in list(self._peers):
+            # _forget may send (MESH re-parenting) and drop others on the way: only those still here
+            if self._peers.get(sender) == identity:
                 self._forget(sender)
                 self.counters.peers_dropped += 1
                 self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
@@ -522,14 +612,14 @@ class Controller:
                     self._rejoin_pending[sender] = identity
         return False
 
-    def _error_reply(self, identity: bytes, text: str) -> None:
+    def _error_reply(self, identity: bytes, worker: int, text: str) -> None:
         """ERROR to an authenticated worker (never to an unauthenticated peer)."""
-        self._send_raw(identity, self._control_frame(MessageType.ERROR, {"error": text}))
+        self._send_raw(identity, self._control_frame(MessageType.ERROR, worker, {"error": text}))
 
     def _rejoin_notice(self, sender: int, identity: bytes) -> None:
         text = f"worker {sender} is not registered (dropped as a slow peer or reconnected): re-join"
         status = self._send_raw(
-            identity, self._control_frame(MessageType.ERROR, {"error": text, "rejoin": True})
+            identity, self._control_frame(MessageType.ERROR, sender, {"error": text, "rejoin": True})
         )
         if status == "full":
             self._rejoin_pending[sender] = identity
@@ -540,7 +630,7 @@ class Controller:
         for sender, identity in list(self._rejoin_pending.items()):
             self._rejoin_notice(sender, identity)
 
-    def _params_frame(self, current: bool = True) -> bytearray:
+    def _params_frame(self, recipient: int, current: bool = True) -> bytearray:
         payload = self._params.astype(self._params.dtype.newbyteorder("<"), copy=False) if current else b""
         # not current: nothing applied yet, the worker's own copy of the initial parameters is current
         return encode_frame(
@@ -553,21 +643,37 @@ class Controller:
             iteration=self.iteration,
             epoch=self.epoch,
             flags=_float_flag(self._params),
-            broadcast=self._broadcast,
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
         """Authenticate and check a frame (raises FrameRejected); nothing is parsed before the tag."""
-        header, payload = decode_frame(frame, self._key, peer=f"peer {identity.hex()}")
+        header, payload = decode_frame(
+            frame, self._key, peer=f"peer {identity.hex()}", max_payload=self._max_payload
+        )
         peer = f"worker {header.sender}"
         if header.job_id != self.job_id:
             raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+        if header.recipient != CONTROLLER_ID:
+            raise FrameRejected(
+                "misdirected",
+                f"frame from {peer} is addressed to worker {header.recipient}, not the controller",
+            )
         if header.sender == CONTROLLER_ID or header.flags & Flag.RELAYED:
             raise FrameRejected(
                 "malformed", f"frame from {peer} claims to be from or relayed by the controller"
             )
         self._replay.check(header, peer)
         return header, payload
+
+    def _max_payload(self, kind: MessageType) -> int:
+        """The largest payload a worker may send of each type (checked before the tag)."""
+        if kind == MessageType.UPDATE:
+            return self._update_limit
+        if kind == MessageType.UPDATER_STATE:  # float64 too: a dtype mismatch is answered with an ERROR
+            return 0 if self._updater_state is None else 8 * self._updater_state.size
+        return CONTROL_PAYLOAD_LIMIT
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
         self.counters.bytes_received += len(frame)
@@ -596,7 +702,13 @@ class Controller:
                     f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
                 )
                 self._reject("control", text)
-                self._error_reply(identity, text)
+                self._error_reply(identity, sender, text)
+                return
+            owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
+            if owner is not None:  # one worker per connection: its frames and fate are that worker's
+                text = f"HELLO from worker {sender} on the connection of worker {owner}"
+                self._reject("identity_in_use", text)
+                self._error_reply(identity, sender, text)
                 return
             self._peers[sender] = identity
             self._rejoin_pending.pop(sender, None)
@@ -604,16 +716,16 @@ class Controller:
             if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
                 return
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
-            if self.updater_state_reports and not self._send(identity, self._state_frame()):
+            if self.updater_state_reports and not self._send(identity, self._state_frame(sender)):
                 return
-            self._send(identity, self._params_frame(current=not fresh))
+            self._send(identity, self._params_frame(sender, current=not fresh))
         elif kind == MessageType.BYE:
             self._forget(sender)
         elif kind == MessageType.UPDATE:
             self._apply_and_relay(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
             if self._count_trained(identity, sender, header.epoch, payload) is not None:
-                self._send(identity, self._control_frame(MessageType.SYNC_ACK))
+                self._send(identity, self._control_frame(MessageType.SYNC_ACK, sender))
         elif kind == MessageType.PARAMS_REQUEST:
             self._params_request(identity, sender, payload)
         elif kind == MessageType.EPOCH_END:
@@ -624,7 +736,7 @@ class Controller:
             self._store_updater_state(identity, header, payload)
         else:
             self._reject("unexpected", f"unexpected {kind.name} frame from worker {sender}")
-            self._error_reply(identity, f"unexpected {kind.name} frame from worker {sender}")
+            self._error_reply(identity, sender, f"unexpected {kind.name} frame from worker {sender}")
 
     def _control_body(self, identity: bytes, sender: int, payload: memoryview) -> dict | None:
         """A registered worker's JSON control payload; a malformed one is rejected, counted and answered
@@ -632,12 +744,12 @@ class Controller:
         try:
             return parse_json_payload(payload, peer=f"worker {sender}")
         except FrameRejected as exc:
-            self._refuse(identity, exc)
+            self._refuse(identity, sender, exc)
             return None
 
-    def _refuse(self, identity: bytes, exc: FrameRejected) -> None:
+    def _refuse(self, identity: bytes, worker: int, exc: FrameRejected) -> None:
         self._reject(exc.reason, str(exc))
-        self._error_reply(identity, str(exc))
+        self._error_reply(identity, worker, str(exc))
 
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
         """Record a worker's {"partition", "minibatches"} report and return it; a malformed one (or, with
@@ -652,7 +764,9 @@ class Controller:
         expected = self._expected_workers
         if not all(_count(v) for v in (partition, minibatches)) or (expected and partition >= expected):
             self._refuse(
-                identity, FrameRejected("malformed", f"worker {sender}: bad training report {report!r}")
+                identity,
+                sender,
+                FrameRejected("malformed", f"worker {sender}: bad training report {report!r}"),
             )
             return None
         key = (partition, epoch)
@@ -661,7 +775,7 @@ class Controller:
         self._trained[key] = self._trained.get(key, 0) + minibatches
         return report
 
-    def _state_frame(self) -> bytearray:
+    def _state_frame(self, recipient: int) -> bytearray:
         state = self._updater_state
         return encode_frame(
             self._key,
@@ -673,6 +787,8 @@ class Controller:
             iteration=self._updater_state_iteration,
             epoch=self.epoch,
             flags=_float_flag(state),
+            broadcast=self._number(recipient),
+            recipient=recipient,
         )
 
     def _store_updater_state(self, identity: bytes, header: Header, payload: memoryview) -> None:
@@ -685,7 +801,7 @@ class Controller:
             expected = "none" if current is None else f"{current.size} {current.dtype} values"
             text = f"updater state from worker {header.sender} does not fit this job (expected {expected})"
             self._reject("malformed", text)
-            self._error_reply(identity, text)
+            self._error_reply(identity, header.sender, text)
             return
         with self._lock:
             current[:] = params_payload(header, payload)
@@ -695,7 +811,8 @@ class Controller:
     def _forget(self, sender: int) -> None:
         """A worker left or was dropped: no more relays to it, its pending epoch reports no longer
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
-        del self._peers[sender]
+        if self._peers.pop(sender, None) is None:
+            return
         for reports in self._epoch_reports.values():
             for slot, workers in list(reports.items()):
                 workers.pop(sender, None)
@@ -705,34 +822,53 @@ class Controller:
             self._mesh_leave(sender)
 
     # -- MESH -----------------------------------------------------------------------------------
-    def _parent_frame(self, parent: int) -> bytearray:
+    def _parent_frame(self, parent: int, recipient: int) -> bytearray:
+        assert self._mesh is not None
         if parent == ROOT:
-            return self._control_frame(MessageType.MESH_PARENT, {"parent": None})
+            return self._control_frame(MessageType.MESH_PARENT, recipient, {"parent": None})
         host, port = self._relay_address[parent].rsplit(":", 1)
-        return self._control_frame(
-            MessageType.MESH_PARENT, {"parent": endpoint(host, int(port)), "id": parent}
-        )
+        body = {"parent": endpoint(host, int(port)), "id": parent, "version": self._mesh.version}
+        return self._control_frame(MessageType.MESH_PARENT, recipient, body)
+
+    def _assign_children(self, parent: int) -> None:
+        """Tell a relay the complete list of children it may register (MESH_CHILDREN): it takes a
+        MESH_JOIN from no one else, so a captured or forged MESH_JOIN cannot make it relay to a tap."""
+        mesh = self._mesh
+        assert mesh is not None
+        identity = self._peers.get(parent)
+        if parent == ROOT or identity is None or parent not in mesh:
+            return
+        body = {"children": mesh.children(parent), "version": mesh.version}
+        self._send(identity, self._control_frame(MessageType.MESH_CHILDREN, parent, body))
 
     def _mesh_join(self, identity: bytes, sender: int, relay: str) -> bool:
-        """Place a (re-)joining worker in the tree and tell it its parent; False if it was dropped."""
+        """Place a (re-)joining worker in the tree, assign it to its parent and tell it its parent;
+        False if it was dropped."""
         assert self._mesh is not None
         if sender in self._mesh:  # a re-join: its old place (and children) are given up first
             self._mesh_leave(sender)
         with self._lock:
             parent = self._mesh.add(sender)
         self._relay_address[sender] = relay
-        return self._send(identity, self._parent_frame(parent))
+        self._assign_children(parent)  # before the child hears of it; a dropped parent moves the child
+        if sender not in self._mesh:
+            return False
+        return self._send(identity, self._parent_frame(self._mesh.parent(sender), sender))
 
     def _mesh_leave(self, sender: int) -> None:
-        """Remove a worker from the tree and tell each of its children its new parent."""
+        """Remove a worker from the tree, give its parent and its children's new parents their new lists
+        of children, and tell each child its new parent."""
         assert self._mesh is not None
+        old_parent = self._mesh.parent(sender)
         with self._lock:
             moved = self._mesh.remove(sender)
         self._relay_address.pop(sender, None)
+        for parent in dict.fromkeys([old_parent, *moved.values()]):
+            self._assign_children(parent)
         for child, parent in moved.items():
             identity = self._peers.get(child)
             if identity is not None and child in self._mesh and self._mesh.parent(child) == parent:
-                self._send(identity, self._parent_frame(parent))
+                self._send(identity, self._parent_frame(parent, child))
 
     def _params_request(self, identity: bytes, sender: int, payload: memoryview) -> None:
         """Send the current parameters; a MESH worker may name its parent as silent (it delivered
@@ -754,7 +890,7 @@ class Controller:
             self._forget(silent)
             self.counters.peers_dropped += 1
             self._log.warning(f"dropped worker {silent} (its MESH child {sender} got nothing from it)")
-        self._send(identity, self._params_frame())
+        self._send(identity, self._params_frame(sender))
 
     def _epoch_end(self, identity: bytes, sender: int, epoch: int, partition: int | None) -> None:
         """A worker finished ``epoch`` (everything it sent before is applied: ZeroMQ keeps order) on
@@ -763,7 +899,7 @@ class Controller:
         BYE) counts once, so no epoch ends with a partition untrained. A report without a partition
         counts for its worker."""
         if epoch in self._epoch_decisions:  # a late or re-joined worker: the decision stands
-            self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch]))
+            self._send(identity, self._go_frame(epoch, self._epoch_decisions[epoch], sender))
             return
         reports = self._epoch_reports.setdefault(epoch, {})
         slot = ("partition", partition) if partition is not None else ("worker", sender)
@@ -771,8 +907,8 @@ class Controller:
         if len(reports) == self._expected_workers:
             self._finished_epochs.put(epoch)
 
-    def _go_frame(self, epoch: int, stop: bool) -> bytearray:
-        return self._control_frame(MessageType.EPOCH_GO, {"stop": stop}, epoch=epoch)
+    def _go_frame(self, epoch: int, stop: bool, recipient: int) -> bytearray:
+        return self._control_frame(MessageType.EPOCH_GO, recipient, {"stop": stop}, epoch=epoch)
 
     def _apply_releases(self) -> None:
         while True:
@@ -783,22 +919,12 @@ class Controller:
             self._epoch_decisions[epoch] = stop
             self.epoch = max(self.epoch, epoch + 1)
             for workers in self._epoch_reports.pop(epoch, {}).values():
-                for identity in workers.values():
-                    self._send(identity, self._go_frame(epoch, stop))
+                for worker, identity in workers.items():
+                    self._send(identity, self._go_frame(epoch, stop, worker))
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
-        threshold = float(message[2:3].view("<f4")[0])
-        bound = THRESHOLD_GROWTH_LIMIT * max(self._threshold_reference, self._last_threshold.get(sender, 0.0))
-        if not (math.isfinite(threshold) and 0 < threshold <= bound):
-            raise FrameRejected(
-                "threshold",
-                f"update from worker {sender} has threshold {threshold!r}: must be finite, > 0 and "
-                f"<= {bound:.6g} "
-                f"({THRESHOLD_GROWTH_LIMIT:g} x the larger of the job's reference threshold and the "
-                "worker's last accepted one)",
-            )
-        return threshold
+        return check_update_threshold(message, self._threshold_reference, f"worker {sender}")
 
     def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
         sender = header.sender
@@ -819,25 +945,35 @@ class Controller:
                     raise FrameRejected(
                         "bad_update", f"malformed update from worker {sender}: {exc}"
                     ) from None
-                self._params -= self._scratch
+                with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
+                    np.subtract(self._params, self._scratch, out=self._next_params)
+                if not _all_finite(self._next_params):
+                    raise FrameRejected(
+                        "non_finite",
+                        f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
+                        "non-finite: not applied",
+                    )
+                self._params, self._next_params = self._next_params, self._params
                 self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
                 self.iteration = max(self.iteration, header.iteration)
                 self.epoch = max(self.epoch, header.epoch)
                 self.updates_applied += 1
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
-            self._refuse(identity, exc)
+            self._refuse(identity, sender, exc)
             return
-        self._last_threshold[sender] = threshold
         if self._mesh is None:
-            relayed = relayed_frame(self._key, frame)
-            targets = [ident for other, ident in self._peers.items() if other != sender]
+            targets = [other for other in self._peers if other != sender]
         else:  # the root's children only (the sender too: it relays its own update to its subtree)
             if self._broadcast + 1 >= _SEQUENCE_LIMIT:
                 raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
             self._broadcast += 1
-            relayed = relayed_frame(self._key, frame, broadcast=self._broadcast)
-            targets = [self._peers[child] for child in self._mesh.children(ROOT) if child in self._peers]
-        for ident in targets:
+            targets = [child for child in self._mesh.children(ROOT) if child in self._peers]
+        for target in targets:
+            ident = self._peers.get(target)
+            if ident is None:  # dropped while relaying to an earlier target
+                continue
+            # one copy per recipient: it names the recipient and (PLAIN) carries its link number
+            relayed = relayed_frame(self._key, frame, recipient=target, broadcast=self._number(target))
             if self._send(ident, relayed):
                 self.counters.update_bytes += len(relayed)
                 self.counters.update_frames += 1
@@ -859,6 +995,9 @@ class WorkerConnection:
             socket there on an ephemeral port. None (PLAIN): every update comes from the controller.
         on_params: MESH (required there): ``on_params(params, iteration, epoch)`` replaces the owner's
             parameters when the worker resynchronises with the controller (:mod:`sparkgrad.transport.mesh`).
+        threshold_reference: the fit's reference threshold: a received UPDATE whose threshold the
+            controller's bound would refuse is dropped (reason ``threshold``) instead of applied (a MESH
+            parent could forge one). None: not checked.
     """
 
     def __init__(
@@ -873,6 +1012,7 @@ class WorkerConnection:
         updater_state_bytes: int = 0,
         relay_host: str | None = None,
         on_params: Callable[[np.ndarray, int, int], None] | None = None,
+        threshold_reference: float | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -885,6 +1025,8 @@ class WorkerConnection:
         self.job_id, self.worker_id = job_id, worker_id
         self.counters = TrafficCounters()
         self._last_rejection = ""
+        self._threshold_reference = threshold_reference
+        self._link_next: int | None = None  # PLAIN: the number the controller's next frame must carry
         self._replay = _Replay()
         self._seq = 0
         self._ctx = zmq.Context()
@@ -902,6 +1044,8 @@ class WorkerConnection:
         self.parent_id: int | None = None  # None: the controller (or PLAIN)
         self._parent_replay = _Replay()  # control frames of the parent itself (not relayed updates)
         self._children: dict[int, bytes] = {}
+        self._assigned: set[int] = set()  # the children the controller assigned (MESH_CHILDREN)
+        self._pending_joins: dict[int, bytes] = {}  # MESH_JOINs of children not (yet) assigned
         self._child_replay = _Replay()
         self._child_rejoin: dict[int, bytes] = {}
         self._joined = False
@@ -992,13 +1136,71 @@ class WorkerConnection:
                 from_parent = sock is self._parent
                 peer = f"MESH parent {self.parent_id}" if from_parent else f"controller {self.endpoint}"
                 try:
-                    header, payload = decode_frame(frame, self._key, peer=peer)
+                    header, payload = decode_frame(frame, self._key, peer=peer, max_payload=self._max_payload)
                     if header.job_id != self.job_id:
                         raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
+                    if header.recipient != self.worker_id:
+                        raise FrameRejected(
+                            "misdirected",
+                            f"frame from {peer} is addressed to {header.recipient}, "
+                            f"not worker {self.worker_id}",
+                        )
+                    self._check_link(header, payload, from_parent, peer)
                 except FrameRejected as exc:
                     self._rejected(exc)
                     continue
                 return header, payload, frame, from_parent
+
+    def _max_payload(self, kind: MessageType) -> int:
+        if kind == MessageType.UPDATE:
+            return max_update_bytes(self._num_params)
+        if kind in (MessageType.PARAMS, MessageType.UPDATER_STATE):
+            return self._max_frame - HEADER_SIZE
+        return CONTROL_PAYLOAD_LIMIT
+
+    def _check_link(self, header: Header, payload: memoryview, from_parent: bool, peer: str) -> None:
+        """The link rules (module docstring): what a frame may be on the link it came in on. Raises
+        FrameRejected; a PLAIN gap in the controller's link numbers raises RejoinRequired."""
+        kind = header.message_type
+        if kind == MessageType.UPDATE:
+            if not header.flags & Flag.RELAYED or header.sender == CONTROLLER_ID:
+                raise FrameRejected("link", f"UPDATE from {peer} that it did not relay")
+            if header.relay != (self.parent_id if from_parent else NO_RELAY):
+                raise FrameRejected("link", f"UPDATE relayed by worker {header.relay} on the link of {peer}")
+            if not self.mesh and header.sender == self.worker_id:
+                raise FrameRejected(
+                    "own_update", f"worker {self.worker_id}'s own UPDATE came back from {peer}"
+                )
+            if header.payload_length < 16:
+                raise FrameRejected("malformed", f"UPDATE from {peer}: {header.payload_length} bytes")
+            if self._threshold_reference is not None:
+                check_update_threshold(
+                    update_payload(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
+                )
+        elif from_parent:
+            if kind != MessageType.ERROR or header.sender != self.parent_id:
+                raise FrameRejected(
+                    "link",
+                    f"{kind.name} from worker {header.sender} on the link of {peer}: "
+                    "only the controller may send it",
+                )
+        elif header.sender != CONTROLLER_ID or kind not in _FROM_CONTROLLER:
+            raise FrameRejected("link", f"{kind.name} from worker {header.sender} on the link of {peer}")
+        if from_parent or self.mesh or self._link_next is None:
+            return
+        expected, self._link_next = self._link_next, self._link_next + 1
+        if header.broadcast < expected:
+            self._link_next = expected
+            raise FrameRejected("stale", f"frame number {header.broadcast} from {peer}, expected {expected}")
+        if header.broadcast > expected:
+            self._link_next = None
+            self._rejected(
+                FrameRejected("gap", f"frames {expected}..{header.broadcast - 1} from {peer} never arrived")
+            )
+            raise RejoinRequired(
+                f"frames {expected}..{header.broadcast - 1} from {peer} never arrived: "
+                "re-join for its parameters"
+            )
 
     def _rejected(self, exc: FrameRejected) -> None:
         self.counters.reject(exc.reason)
@@ -1044,6 +1246,9 @@ class WorkerConnection:
         if kind == MessageType.MESH_PARENT and self.mesh and not from_parent:
             if not self._closed:
                 self._set_parent(payload, resync=True)
+            return None
+        if kind == MessageType.MESH_CHILDREN and self.mesh:
+            self._set_children(payload)
             return None
         return header, payload
 
@@ -1102,8 +1307,8 @@ class WorkerConnection:
         if not self._children:
             return
         assert self._router is not None
-        out = relayed_frame(self._key, frame, relay=self.worker_id)
         for child, identity in list(self._children.items()):
+            out = relayed_frame(self._key, frame, recipient=child, relay=self.worker_id)
             try:
                 self._router.send_multipart([identity, out], zmq.NOBLOCK)
             except zmq.Again:  # the child does not read: dropped, it must re-join (slow-peer policy)
@@ -1128,6 +1333,7 @@ class WorkerConnection:
                 self.worker_id,
                 self._seq,
                 json_payload({"error": text, "rejoin": True}),
+                recipient=child,
             )
             assert self._router is not None
             try:
@@ -1157,21 +1363,56 @@ class WorkerConnection:
             self.counters.bytes_received += len(frame)
             peer = f"MESH child {identity.hex()}"
             try:
-                header, _ = decode_frame(frame, self._key, peer=peer)
+                header, _ = decode_frame(
+                    frame, self._key, peer=peer, max_payload=lambda kind: CONTROL_PAYLOAD_LIMIT
+                )
                 if header.job_id != self.job_id:
                     raise FrameRejected("wrong_job", f"frame from {peer} is for another job")
                 if header.message_type not in (MessageType.MESH_JOIN, MessageType.BYE):
                     raise FrameRejected("unexpected", f"{header.message_type.name} frame from {peer}")
+                if header.recipient != self.worker_id:  # a MESH_JOIN captured on the way to another relay
+                    raise FrameRejected(
+                        "misdirected", f"frame from {peer} is addressed to worker {header.recipient}"
+                    )
                 self._child_replay.check(header, peer)
             except FrameRejected as exc:
                 self._rejected(exc)
                 continue
             self._child_replay.commit(header)
-            if header.message_type == MessageType.MESH_JOIN:
+            if header.message_type == MessageType.BYE:
+                self._children.pop(header.sender, None)
+                self._pending_joins.pop(header.sender, None)
+            elif header.sender in self._assigned:
                 self._children[header.sender] = identity
                 self._child_rejoin.pop(header.sender, None)
-            else:
-                self._children.pop(header.sender, None)
+            else:  # not assigned (yet: the assignment may still be on its way from the controller)
+                self._pending_joins[header.sender] = identity
+                if len(self._pending_joins) > self._config.mesh_fan_out:
+                    evicted = next(iter(self._pending_joins))
+                    del self._pending_joins[evicted]
+                    self._rejected(
+                        FrameRejected(
+                            "unassigned", f"MESH_JOIN of worker {evicted}, not assigned to this relay"
+                        )
+                    )
+
+    def _set_children(self, payload: memoryview) -> None:
+        """MESH_CHILDREN from the controller: the complete list of children this relay may register."""
+        body = parse_json_payload(payload, peer=f"controller {self.endpoint}")
+        children = body.get("children")
+        if not (
+            isinstance(children, list)
+            and len(children) <= self._config.mesh_fan_out
+            and all(_count(c) and c != CONTROLLER_ID for c in children)
+        ):
+            raise TransportError(f"worker {self.worker_id}: bad MESH_CHILDREN from the controller: {body!r}")
+        self._assigned = set(children)
+        for child in list(self._children):
+            if child not in self._assigned:
+                del self._children[child]
+        for child in list(self._pending_joins):
+            if child in self._assigned:
+                self._children[child] = self._pending_joins.pop(child)
 
     def _set_parent(self, payload: memoryview, resync: bool) -> None:
         """Connect to the parent the controller named (MESH_PARENT) and register with it."""
@@ -1197,7 +1438,7 @@ class WorkerConnection:
             self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
             self._parent.connect(target)
             self.parent_id = int(parent_id)  # type: ignore[arg-type]
-            self._send(MessageType.MESH_JOIN, json_payload({}), sock=self._parent)
+            self._send(MessageType.MESH_JOIN, json_payload({}), sock=self._parent, recipient=self.parent_id)
         if resync and self._joined:  # updates may have been lost between the old parent and the new
             self._resync()
 
@@ -1237,6 +1478,8 @@ class WorkerConnection:
                 return
             if kind == MessageType.MESH_PARENT:
                 self._set_parent(payload, resync=False)  # the PARAMS after it cover the change
+            elif kind == MessageType.MESH_CHILDREN:
+                self._set_children(payload)
             elif kind == MessageType.ERROR:
                 self._raise_error(payload, f"controller {self.endpoint}")
             else:
@@ -1246,6 +1489,8 @@ class WorkerConnection:
         """MESH: apply relayed updates until the parameters include broadcast number ``target`` (what a
         SYNC_ACK or EPOCH_GO covers); a parent silent for ``mesh_catchup_ms`` is named to the controller
         and its parameters are taken instead."""
+        if not self.mesh:  # PLAIN: the controller's link numbers are no update count
+            return
         wait_s = self._config.mesh_catchup_ms / 1000
         deadline = time.monotonic() + wait_s
         while self._applied_upto < target:
@@ -1308,6 +1553,7 @@ class WorkerConnection:
             info = {**info, "relay": self.relay_endpoint}
             self._joined = False
             self._stash.clear()
+        self._link_next = None  # frames answering what was sent before this HELLO are not counted
         self._send(MessageType.HELLO, json_payload(info))
         # a controller that dropped this worker never acknowledges the SYNCs it sent before
         self._syncs_sent = self._syncs_acked = self._paced_steps = 0
@@ -1322,6 +1568,8 @@ class WorkerConnection:
             self.updater_state_iteration = header.iteration
         self._joined = True
         self._applied_upto = self._relayed_upto = header.broadcast
+        if not self.mesh:
+            self._link_next = header.broadcast + 1
         if not header.payload_length:
             return None, header.iteration, header.epoch
         return self._checked_params(header, payload), header.iteration, header.epoch
@@ -1463,7 +1711,7 @@ class WorkerConnection:
             if sock is self._parent:
                 sock.setsockopt(zmq.SNDTIMEO, 0)
                 try:
-                    self._send(MessageType.BYE, sock=sock)
+                    self._send(MessageType.BYE, sock=sock, recipient=self.parent_id)
                 except TransportError:
                     pass
             sock.close()

@@ -9,11 +9,13 @@ import pytest
 
 from sparkgrad.compress import (
     DEFAULT_DECAY_RATE,
+    DEFAULT_UPDATE_COMBINATION,
     AdaptiveThresholdAlgorithm,
     FixedThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualClippingPostProcessor,
     TargetSparsityThresholdAlgorithm,
+    update_scale,
 )
 
 DECAY = 0.5 ** (1 / 20)
@@ -181,3 +183,31 @@ def test_residual_clipping_rule(dtype) -> None:
     r = base.copy()
     NoOpResidualPostProcessor().process_residual(5, 0, 0.1, r)
     np.testing.assert_array_equal(r, base)
+
+
+def test_start_at_target_takes_the_first_residuals_target_quantile() -> None:
+    # 2,000 elements at a 1e-3 target: the first threshold is the 2nd largest magnitude
+    residual = np.linspace(-1e-4, 1e-4, 2000).astype(np.float32)
+    residual[[7, 1500]] = [-3e-3, 5e-3]
+    algorithm = TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=True)
+    assert algorithm.calculate_threshold(0, 0, None, None, None, residual) == pytest.approx(3e-3)
+    assert algorithm.last_threshold == pytest.approx(3e-3)
+    # capped by initial_threshold, and DL4J's start without the flag
+    capped = TargetSparsityThresholdAlgorithm(1e-3, 1e-3, start_at_target=True)
+    assert capped.calculate_threshold(0, 0, None, None, None, residual) == 1e-3
+    plain = TargetSparsityThresholdAlgorithm(2e-2, 1e-3)
+    assert plain.calculate_threshold(0, 0, None, None, None, residual) == 2e-2
+    # nothing to measure (all zero): initial_threshold
+    zeros = TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=True)
+    assert zeros.calculate_threshold(0, 0, None, None, None, np.zeros(100, np.float32)) == 2e-2
+    with pytest.raises(ValueError, match="start_at_target"):
+        TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=1)
+
+
+def test_update_scale_by_combination() -> None:
+    assert update_scale("sum", 4) == 1.0
+    assert update_scale("mean", 4) == 0.25
+    assert update_scale("sqrt", 4) == 0.5
+    assert DEFAULT_UPDATE_COMBINATION == "sqrt"
+    with pytest.raises(ValueError, match="update_combination: expected one of sqrt, mean, sum, got 'avg'"):
+        update_scale("avg", 2)

@@ -164,3 +164,22 @@ def test_bad_arguments_raise_and_keep_the_residual() -> None:
     np.testing.assert_array_equal(handler.residual, before)
     with pytest.raises(ValueError):
         handler.residual[0] = 1.0
+
+
+def test_update_scale_encodes_the_scaled_update() -> None:
+    """A handler with update_scale s sends, and keeps in its residual, exactly what a plain handler does
+    for s * update (the combination of the workers' updates, sparkgrad.compress.update_scale)."""
+    rng = np.random.default_rng(3)
+    scaled = EncodingHandler(
+        500, FixedThresholdAlgorithm(0.05), NoOpResidualPostProcessor(), update_scale=0.5
+    )
+    plain = EncodingHandler(500, FixedThresholdAlgorithm(0.05), NoOpResidualPostProcessor())
+    for step in range(4):
+        update = rng.normal(size=500).astype(np.float32) * 0.1
+        got = scaled.encode(update, step, 0)
+        want = plain.encode(update * np.float32(0.5), step, 0)
+        assert (got is None and want is None) or np.array_equal(got, want)
+    np.testing.assert_array_equal(scaled.residual, plain.residual)
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="update_scale"):
+            EncodingHandler(10, update_scale=bad)

@@ -1,0 +1,290 @@
+"""Convergence of gradient sharing against local training and DDP with the same hyperparameters.
+
+For each model x updater x worker count x seed, on the digits (a new stratified train/test split per seed,
+so nothing is tuned on one split), every contender trains for ``--epochs`` and records the test accuracy
+after every epoch:
+
+- ``local``: one network, minibatch ``--batch`` (the hyperparameters a user tunes on one machine);
+- ``ddp``: one network with minibatch ``workers x batch``, which is exactly what DDP's averaged gradient
+  computes (N workers of ``batch`` examples each, gradients averaged, one step), without a process group;
+- ``mean`` / ``sum``: ParallelWrapper's ``shared_gradients`` mode with ``workers`` threads (the in-process
+  transport of SharedTrainingMaster's worker step: threshold-encoded messages, delivered asynchronously),
+  combining the workers' updates by their mean (sparkgrad's default) or their sum (DL4J, Strom).
+
+Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
+dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
+softmax). Updaters and learning rates: ``sgd`` Sgd(0.1), ``nesterovs`` Nesterovs(0.05, 0.9), ``adam``
+Adam(1e-3), ``rmsprop`` RmsProp(1e-3), ``adagrad`` AdaGrad(0.05).
+
+Reported per (model, updater, workers, contender), over the seeds: the median and standard deviation of
+the epochs to ``--target`` accuracy (runs that never reach it count as ``epochs + 1``), the median and
+standard deviation of the final accuracy, the worst fall after first reaching ``target - 1%`` (the target
+is that no epoch falls more than 1% below that), and for gradient sharing the bytes each worker sent per
+epoch against DDP's ring all-reduce (2 (N - 1) / N of the parameters' bytes per worker and step). Writes
+``convergence.json`` (every curve) and ``convergence.png`` (median curves) into ``--out``.
+
+    PYTHONPATH=python python bench/python/bench_convergence.py [--models mlp,cnn,lstm] \\
+        [--updaters sgd,nesterovs,adam,rmsprop,adagrad] [--workers 2,4,8,16] [--seeds 5] [--epochs 15] \\
+        [--batch 16] [--target 0.97] [--sparsity 1e-3] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import sparkgrad
+from sparkgrad.compress import (
+    DEFAULT_INITIAL_THRESHOLD,
+    DEFAULT_SPARSITY_TARGET,
+    UPDATE_COMBINATIONS,
+    TargetSparsityThresholdAlgorithm,
+)
+from sparkgrad.data import ListDataSetIterator
+from sparkgrad.datasets import load_digits
+from sparkgrad.nn import (
+    LSTM,
+    ConvolutionLayer,
+    DenseLayer,
+    InputType,
+    LastTimeStep,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+    SubsamplingLayer,
+    TrainingListener,
+    updaters,
+)
+from sparkgrad.parallel import ParallelWrapper
+
+UPDATERS: dict[str, Callable[[], Any]] = {
+    "sgd": lambda: updaters.Sgd(0.1),
+    "nesterovs": lambda: updaters.Nesterovs(0.05, 0.9),
+    "adam": lambda: updaters.Adam(1e-3),
+    "rmsprop": lambda: updaters.RmsProp(1e-3),
+    "adagrad": lambda: updaters.AdaGrad(0.05),
+}
+
+
+def _network(model: str, updater: str, seed: int) -> MultiLayerNetwork:
+    if model == "mlp":
+        layers = [DenseLayer(128, activation="relu"), DenseLayer(128, activation="relu"), OutputLayer(10)]
+        input_type = InputType.feed_forward(64)
+    elif model == "cnn":
+        layers = [
+            ConvolutionLayer(16, kernel_size=(3, 3), activation="relu", convolution_mode="same"),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            DenseLayer(64, activation="relu"),
+            OutputLayer(10),
+        ]
+        input_type = InputType.convolutional(8, 8, 1)
+    else:
+        layers = [LastTimeStep(LSTM(32)), OutputLayer(10)]
+        input_type = InputType.recurrent(8)
+    conf = MultiLayerConfiguration(
+        layers, input_type=input_type, updater=UPDATERS[updater](), weight_init="relu", seed=seed
+    )
+    return MultiLayerNetwork(conf).init()
+
+
+def _data(model: str, seed: int) -> tuple[Any, Any]:
+    train, test = load_digits(seed=seed, shape="flat" if model == "mlp" else "image")
+    if model == "lstm":  # (N, 1, 8, 8) images -> (N, 8 features, 8 time steps): one row per step
+        for ds in (train, test):
+            ds.features = np.ascontiguousarray(ds.features[:, 0].transpose(0, 2, 1))
+    return train, test
+
+
+class _Accuracy(TrainingListener):
+    def __init__(self, test: Any) -> None:
+        self.test, self.history = test, []
+
+    def on_epoch_end(self, model: Any) -> None:
+        self.history.append(float(model.evaluate(self.test).accuracy()))
+
+
+def run(
+    model: str,
+    updater: str,
+    contender: str,
+    workers: int,
+    seed: int,
+    epochs: int,
+    batch: int,
+    sparsity: float,
+) -> dict:
+    """One training run: its accuracy after every epoch, wall time and bytes each worker sent."""
+    train, test = _data(model, seed)
+    net = _network(model, updater, seed)
+    listener = _Accuracy(test)
+    net.set_listeners(listener)
+    size = batch * workers if contender == "ddp" else batch
+    data = ListDataSetIterator(train, batch_size=size, shuffle=True, seed=seed)
+    trainer: Any = net
+    if contender in UPDATE_COMBINATIONS:
+        algorithm = TargetSparsityThresholdAlgorithm(
+            DEFAULT_INITIAL_THRESHOLD, sparsity, start_at_target=True
+        )
+        trainer = ParallelWrapper(
+            net, workers=workers, update_combination=contender, threshold_algorithm=algorithm
+        )
+    start = time.perf_counter()
+    trainer.fit(data, epochs=epochs)
+    sent = trainer.bytes_sent / workers / epochs if isinstance(trainer, ParallelWrapper) else None
+    return {
+        "accuracy": listener.history,
+        "seconds": time.perf_counter() - start,
+        "bytes_per_worker_epoch": sent,
+        "params": int(net.num_params()),
+        "steps_per_epoch": math.ceil(train.num_examples() / size),
+    }
+
+
+def epochs_to(curve: list[float], target: float) -> int:
+    """1-based epoch of the first accuracy >= target; len(curve) + 1 when never."""
+    return next((i + 1 for i, a in enumerate(curve) if a >= target), len(curve) + 1)
+
+
+def worst_fall(curve: list[float], target: float) -> float:
+    """How far the accuracy fell below ``target - 1%`` after first reaching it (0: never below)."""
+    floor = target - 0.01
+    first = next((i for i, a in enumerate(curve) if a >= floor), None)
+    return 0.0 if first is None else max(0.0, floor - min(curve[first:]))
+
+
+def _spread(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarise(runs: list[dict], target: float) -> dict:
+    curves = [r["accuracy"] for r in runs]
+    hits = [epochs_to(c, target) for c in curves]
+    finals = [c[-1] for c in curves]
+    summary = {
+        "epochs_to_target_median": statistics.median(hits),
+        "epochs_to_target_sd": _spread(hits),
+        "final_median": statistics.median(finals),
+        "final_sd": _spread(finals),
+        "worst_fall": max(worst_fall(c, target) for c in curves),
+        "seconds_median": statistics.median(r["seconds"] for r in runs),
+    }
+    sent = [r["bytes_per_worker_epoch"] for r in runs if r["bytes_per_worker_epoch"] is not None]
+    if sent:
+        summary["bytes_per_worker_epoch"] = statistics.median(sent)
+    return summary
+
+
+def ddp_bytes_per_worker_epoch(params: int, steps: int, workers: int) -> float:
+    """Ring all-reduce of float32 gradients: 2 (N - 1) / N of the parameters' bytes per worker and step."""
+    return 2 * (workers - 1) / workers * params * 4 * steps
+
+
+def _plot(results: dict, path: Path, models: list[str], updater_names: list[str], workers: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        len(models), len(updater_names), figsize=(3.2 * len(updater_names), 2.6 * len(models)), squeeze=False
+    )
+    styles = {
+        "local": ("black", "-"),
+        "ddp": ("tab:blue", "--"),
+        "mean": ("tab:green", "-"),
+        "sum": ("tab:red", ":"),
+    }
+    n = max(workers)
+    for row, model in enumerate(models):
+        for col, updater in enumerate(updater_names):
+            ax = axes[row][col]
+            for contender, (color, style) in styles.items():
+                key = f"{model}/{updater}/{1 if contender == 'local' else n}/{contender}"
+                if key not in results:
+                    continue
+                curves = np.array([r["accuracy"] for r in results[key]["runs"]])
+                x = np.arange(1, curves.shape[1] + 1)
+                ax.plot(x, np.median(curves, axis=0), color=color, linestyle=style, label=contender)
+                ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.12)
+            ax.set_title(f"{model} {updater}, {n} workers", fontsize=9)
+            ax.set_ylim(0.8, 1.0)
+            ax.grid(alpha=0.3)
+            if row == len(models) - 1:
+                ax.set_xlabel("epoch")
+            if col == 0:
+                ax.set_ylabel("test accuracy")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="mlp,cnn,lstm")
+    parser.add_argument("--updaters", default=",".join(UPDATERS))
+    parser.add_argument("--workers", default="2,4,8,16")
+    parser.add_argument("--contenders", default="ddp,mean,sum")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument(
+        "--sparsity", type=float, default=DEFAULT_SPARSITY_TARGET, help="the threshold algorithm's target"
+    )
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    models, names = args.models.split(","), args.updaters.split(",")
+    workers = [int(w) for w in args.workers.split(",")]
+    contenders = args.contenders.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"sparkgrad {sparkgrad.__version__}, threads={sparkgrad.get_num_threads()}, seeds={args.seeds}, "
+        f"epochs={args.epochs}, batch={args.batch}, target={args.target}, sparsity target={args.sparsity}"
+    )
+    results: dict[str, dict] = {}
+    header = (
+        f"{'model':5s} {'updater':9s} {'N':>2s} {'contender':9s} {'epochs to target':>17s} "
+        f"{'final acc':>14s} {'worst fall':>10s} {'bytes/worker/epoch':>19s} {'vs DDP':>8s}"
+    )
+    print(header)
+    for model in models:
+        for updater in names:
+            plan = [("local", 1)] + [(c, n) for n in workers for c in contenders]
+            for contender, n in plan:
+                runs = [
+                    run(model, updater, contender, n, seed, args.epochs, args.batch, args.sparsity)
+                    for seed in range(args.seeds)
+                ]
+                summary = summarise(runs, args.target)
+                results[f"{model}/{updater}/{n}/{contender}"] = {"summary": summary, "runs": runs}
+                ratio = ""
+                if "bytes_per_worker_epoch" in summary:
+                    ddp = ddp_bytes_per_worker_epoch(
+                        runs[0]["params"], math.ceil(runs[0]["steps_per_epoch"] / n), n
+                    )
+                    summary["ddp_bytes_per_worker_epoch"] = ddp
+                    ratio = f"{ddp / max(summary['bytes_per_worker_epoch'], 1):7.0f}x"
+                sent = summary.get("bytes_per_worker_epoch")
+                hit, final = summary["epochs_to_target_median"], summary["final_median"]
+                print(
+                    f"{model:5s} {updater:9s} {n:2d} {contender:9s} "
+                    f"{hit:9.1f} +-{summary['epochs_to_target_sd']:4.1f} "
+                    f"{final:7.4f} +-{summary['final_sd']:.4f} {summary['worst_fall']:10.4f} "
+                    f"{'' if sent is None else f'{sent:19,.0f}'} {ratio}",
+                    flush=True,
+                )
+    (out / "convergence.json").write_text(json.dumps(results))
+    _plot(results, out / "convergence.png", models, names, workers)
+    print(f"wrote {out / 'convergence.json'} and {out / 'convergence.png'}")
+
+
+if __name__ == "__main__":
+    main()
