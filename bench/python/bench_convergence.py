@@ -198,7 +198,8 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
     styles = {
         "local": ("black", "-"),
         "ddp": ("tab:blue", "--"),
-        "mean": ("tab:green", "-"),
+        "sqrt": ("tab:purple", "-"),
+        "mean": ("tab:green", "-."),
         "sum": ("tab:red", ":"),
     }
     n = max(workers)
@@ -239,12 +240,24 @@ def main() -> None:
         "--sparsity", type=float, default=DEFAULT_SPARSITY_TARGET, help="the threshold algorithm's target"
     )
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw convergence.png from convergence.json"
+    )
     args = parser.parse_args()
     models, names = args.models.split(","), args.updaters.split(",")
     workers = [int(w) for w in args.workers.split(",")]
     contenders = args.contenders.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        _plot(
+            json.loads((out / "convergence.json").read_text()),
+            out / "convergence.png",
+            models,
+            names,
+            workers,
+        )
+        return
     print(
         f"sparkgrad {sparkgrad.__version__}, threads={sparkgrad.get_num_threads()}, seeds={args.seeds}, "
         f"epochs={args.epochs}, batch={args.batch}, target={args.target}, sparsity target={args.sparsity}"

@@ -7,6 +7,7 @@ namespace, so every task, broadcast and gradient-sharing frame crosses a shaped 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 
@@ -143,11 +144,14 @@ def test_shared_fit_survives_a_killed_executor(
     traffic = faulty.training_master.last_traffic
     assert killed and faulty.network.epoch_count == FAULT_EPOCHS and len(faulty_curve) == FAULT_EPOCHS
     # Asynchronous runs differ by 1-3% from epoch to epoch (bench/cluster/bench_staleness.py: at most
-    # 0.033 below an earlier epoch with the default staleness bound): compare the best accuracy of the
-    # last 8 epochs, which the fault may lower by at most 1%.
+    # 0.033 below an earlier epoch with the default staleness bound), so compare the best accuracy of the
+    # last 8 epochs. Two healthy runs differed by 0.011 there (0.961 against 0.972), more than the 1%
+    # this test once allowed: the margin is 3 standard errors of the difference of two accuracies on
+    # these n test digits, 3 sqrt(2 p (1 - p) / n), about 0.038 at p = 0.97 and n = 359.
     plateau = slice(-8, None)
     faulty_best, clean_best = max(faulty_curve[plateau]), max(clean_curve[plateau])
-    assert faulty_best >= clean_best - 0.01, (faulty_curve, clean_curve, traffic)
+    margin = 3 * math.sqrt(2 * clean_best * (1 - clean_best) / digits[1].num_examples())
+    assert faulty_best >= clean_best - margin, (faulty_curve, clean_curve, traffic)
     # the killed worker's updates stay in the model and are counted; the re-run stage's workers joined
     # and trained the killed epoch's partitions again, which is counted too
     assert traffic["workers_lost"] >= 1 and traffic["updates_from_lost_workers"] >= 1
