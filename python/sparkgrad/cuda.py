@@ -711,22 +711,24 @@ def _with_optional(arrays: dict[str, tuple[Any, bool]], **optional: Any) -> dict
     return {**arrays, **{name: (arr, False) for name, arr in optional.items() if arr is not None}}
 
 
-def _lstm_shape(op: str, v: dict[str, _View]) -> tuple[int, int, int, int]:
-    """(n, t, c, h) from x (N, T, C) and w (C, 4H); checks rw and the optional mask, h0, c0."""
+def _recurrent_shape(op: str, v: dict[str, _View], gates: int) -> tuple[int, int, int, int]:
+    """(n, t, c, h) from x (N, T, C) and w (C, gates * H): 4 gates for the LSTM, 1 for SimpleRnn; checks
+    rw (H, gates * H) and the optional mask (N, T), h0 and the LSTM's c0 (N, H)."""
     x, w = v["x"].shape, v["w"].shape
+    width = "H" if gates == 1 else f"{gates}H"
     if len(x) != 3:
         raise ValueError(f"[{op}] x must be 3-D (N, T, C), got shape {x}")
     if len(w) != 2:
-        raise ValueError(f"[{op}] w must be 2-D (C, 4H), got shape {w}")
+        raise ValueError(f"[{op}] w must be 2-D (C, {width}), got shape {w}")
     n, t, c = x
     if n < 1:
         raise ValueError(f"[{op}] x.shape[0] (examples) must be >= 1, got {n}")
     if t < 1:
         raise ValueError(f"[{op}] x.shape[1] (time steps) must be >= 1, got {t}")
-    if w[0] != c or w[1] % 4 != 0 or w[1] == 0:
-        raise ValueError(f"[{op}] w must have shape ({c}, 4H) with H >= 1, got {w}")
-    h = w[1] // 4
-    _shape(op, "rw", v["rw"], (h, 4 * h))
+    if w[0] != c or w[1] % gates != 0 or w[1] == 0:
+        raise ValueError(f"[{op}] w must have shape ({c}, {width}) with H >= 1, got {w}")
+    h = w[1] // gates
+    _shape(op, "rw", v["rw"], (h, gates * h))
     for name, shape in (("mask", (n, t)), ("h0", (n, h)), ("c0", (n, h))):
         if name in v:
             _shape(op, name, v[name], shape)
@@ -777,7 +779,7 @@ def lstm_forward(
         "act_c": (act_c, True),
     }
     v, dtype = _floats(op, **_with_optional(arrays, mask=mask, h0=h0, c0=c0))
-    n, t, c, h = _lstm_shape(op, v)
+    n, t, c, h = _recurrent_shape(op, v, 4)
     _shape(op, "b", v["b"], (4 * h,))
     for name in ("hs", "cs", "act_c"):
         _shape(op, name, v[name], (n, t, h))
@@ -847,7 +849,7 @@ def lstm_backward(
     if dx is not None:
         arrays["dx"] = (dx, True)
     v, dtype = _floats(op, **_with_optional(arrays, mask=mask, h0=h0, c0=c0))
-    n, t, c, h = _lstm_shape(op, v)
+    n, t, c, h = _recurrent_shape(op, v, 4)
     if not 0 <= first_step < t:
         raise ValueError(f"[{op}] first_step must be in [0, {t}), got {first_step}")
     for name in ("hs", "cs", "act_c", "dh"):
@@ -874,28 +876,6 @@ def lstm_backward(
         gate_alpha,
         dtype,
     )
-
-
-def _simple_rnn_shape(op: str, v: dict[str, _View]) -> tuple[int, int, int, int]:
-    """(n, t, c, h) from x (N, T, C) and w (C, H); checks rw and the optional mask and h0."""
-    x, w = v["x"].shape, v["w"].shape
-    if len(x) != 3:
-        raise ValueError(f"[{op}] x must be 3-D (N, T, C), got shape {x}")
-    if len(w) != 2:
-        raise ValueError(f"[{op}] w must be 2-D (C, H), got shape {w}")
-    n, t, c = x
-    if n < 1:
-        raise ValueError(f"[{op}] x.shape[0] (examples) must be >= 1, got {n}")
-    if t < 1:
-        raise ValueError(f"[{op}] x.shape[1] (time steps) must be >= 1, got {t}")
-    if w[0] != c or w[1] == 0:
-        raise ValueError(f"[{op}] w must have shape ({c}, H) with H >= 1, got {w}")
-    h = w[1]
-    _shape(op, "rw", v["rw"], (h, h))
-    for name, shape in (("mask", (n, t)), ("h0", (n, h))):
-        if name in v:
-            _shape(op, name, v[name], shape)
-    return n, t, c, h
 
 
 def _times_derivative(activation: str, alpha: float, y: Any, d: Any) -> None:
@@ -948,7 +928,7 @@ def simple_rnn_forward(
     op = "simple_rnn_forward"
     arrays = {"x": (x, False), "w": (w, False), "rw": (rw, False), "b": (b, False), "hs": (hs, True)}
     v, _ = _floats(op, **_with_optional({**arrays, "act": (act, True)}, mask=mask, h0=h0))
-    n, t, c, h = _simple_rnn_shape(op, v)
+    n, t, c, h = _recurrent_shape(op, v, 1)
     _shape(op, "b", v["b"], (h,))
     for name in ("hs", "act"):
         _shape(op, name, v[name], (n, t, h))
@@ -1018,7 +998,7 @@ def simple_rnn_backward(
     if dx is not None:
         arrays["dx"] = (dx, True)
     v, _ = _floats(op, **_with_optional(arrays, mask=mask, h0=h0))
-    n, t, c, h = _simple_rnn_shape(op, v)
+    n, t, c, h = _recurrent_shape(op, v, 1)
     if not 0 <= first_step < t:
         raise ValueError(f"[{op}] first_step must be in [0, {t}), got {first_step}")
     for name in ("hs", "act", "dh", "dz"):
