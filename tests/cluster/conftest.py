@@ -12,7 +12,6 @@ workers) with a module-level ``CLUSTER_WORKER_ENV``, passed to ``harness.up(work
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,17 +105,13 @@ def digits():
 
 @pytest.fixture(scope="module")
 def shared_master(cluster: harness.ClusterInfo):
-    """``shared_master(**kwargs)``: a SharedTrainingMaster whose controller listens on a free port of the
-    bridge address (found through the bridge's network mask), minibatches of 16, training stats on."""
+    """``shared_master(**kwargs)``: a SharedTrainingMaster whose controller listens on a free port (the
+    default) of the bridge address (found through the bridge's network mask), minibatches of 16, training
+    stats on."""
     from sparkgrad.spark import SharedTrainingMaster, VoidConfiguration
 
     def make(**kwargs):
-        with socket.socket() as s:
-            s.bind((cluster.driver_host, 0))
-            port = int(s.getsockname()[1])
         options = {"batch_size_per_worker": BATCH, "collect_training_stats": True, "rng_seed": 3, **kwargs}
-        return SharedTrainingMaster(
-            VoidConfiguration(unicast_port=port, network_mask=str(harness.SUBNET)), **options
-        )
+        return SharedTrainingMaster(VoidConfiguration(network_mask=str(harness.SUBNET)), **options)
 
     return make

@@ -21,6 +21,7 @@ from helpers import accuracy, mlp_conf
 
 import cluster as harness  # bench/cluster/cluster.py, on sys.path through conftest.py
 import sparkgrad
+from sparkgrad.compress import FixedThresholdAlgorithm
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark import SparkMultiLayer
@@ -62,7 +63,11 @@ def test_only_the_gpu_host_resolves_cuda_and_fails_without_a_gpu(
         pytest.skip("this sparkgrad can train on a GPU: test_gpu_and_cpu_workers_share_one_fit runs instead")
     gpu_host, cpu_host = cluster.hosts[GPU_HOST], cluster.hosts[1 - GPU_HOST]
     rdd = cluster_spark.sparkContext.parallelize(digits[0].split(1)[:FAILING_FIT_EXAMPLES], WORKERS)
-    sm = SparkMultiLayer(cluster_spark, mlp_conf(), shared_master())
+    # a threshold below Adam(1e-2)'s first steps, so every minibatch sends and an epoch that finished has
+    # moved the parameters (the default starts at 2e-2: two minibatches of a worker may send nothing)
+    sm = SparkMultiLayer(
+        cluster_spark, mlp_conf(), shared_master(threshold_algorithm=FixedThresholdAlgorithm(1e-3))
+    )
     before = sm.network.params().copy()
     try:
         with pytest.raises(TrainingError) as failure:
