@@ -39,7 +39,7 @@ from sparkgrad.transport import (
     decode_frame,
     encode_frame,
 )
-from sparkgrad.transport.zmq_transport import RateLimitedLog
+from sparkgrad.transport.limits import RateLimitedLog
 
 pytestmark = pytest.mark.distributed
 
@@ -449,7 +449,7 @@ def test_rate_limited_log_counts_what_it_suppresses(caplog) -> None:
 
 def test_controller_logs_bad_frames_rate_limited(free_port: int, caplog) -> None:
     bad = 1000
-    with caplog.at_level(logging.WARNING, logger="sparkgrad.transport.zmq_transport"):
+    with caplog.at_level(logging.WARNING, logger="sparkgrad.transport.controller"):
         with controller(np.zeros(3, np.float32), 4, free_port) as ctl:
             ctx = zmq.Context()
             sock = raw_dealer(ctx, free_port)

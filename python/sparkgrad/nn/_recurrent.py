@@ -30,7 +30,7 @@ import numpy as np
 
 from sparkgrad.device import Device, is_gpu_array
 from sparkgrad.nn import layers as L
-from sparkgrad.nn._runtime import LayerRuntime, activation_alpha
+from sparkgrad.nn._layer_runtime import LayerRuntime, activation_alpha
 
 
 class SequenceRuntime(LayerRuntime):

@@ -1,4 +1,7 @@
-"""Configuration data of distributed training: enums, VoidConfiguration, repartitioner, hooks."""
+"""Configuration data of distributed training: enums, VoidConfiguration, repartitioner, hooks.
+
+The repartitioning enums live with the code that acts on them (:mod:`sparkgrad.spark.partitioning`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkgrad._config import Config, check_int
+from sparkgrad.spark.partitioning import Repartition, RepartitionStrategy, balanced_repartition
 from sparkgrad.transport.frame import MIN_SECRET_BYTES
 
 if TYPE_CHECKING:
@@ -36,21 +40,6 @@ class RDDTrainingApproach(enum.Enum):
     EXPORT = "export"
     DIRECT = "direct"
     AUTO = "auto"
-
-
-class Repartition(enum.Enum):
-    """When the data is repartitioned before training."""
-
-    ALWAYS = "always"
-    NEVER = "never"
-    NUM_PARTITIONS_WORKERS_DIFFERS = "num_partitions_workers_differs"
-
-
-class RepartitionStrategy(enum.Enum):
-    """How: Spark's hash repartition, or contiguous equal-sized partitions."""
-
-    SPARK_DEFAULT = "spark_default"
-    BALANCED = "balanced"
 
 
 # PySpark always stores Python objects serialised, so DL4J's *_SER levels map onto the plain ones.
@@ -259,8 +248,6 @@ class DefaultRepartitioner(Config):
         Returns:
             The repartitioned RDD (``rdd`` itself when already balanced and not shuffled).
         """
-        from sparkgrad.spark.partitioning import balanced_repartition
-
         per = max(1, min_per_partition)
         n = min(self.max_partitions, max(1, -(-total // per)))
         return balanced_repartition(rdd, n, total, counts, seed)

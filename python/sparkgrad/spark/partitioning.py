@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkgrad.spark.config import Repartition, RepartitionStrategy
-
 if TYPE_CHECKING:
     from pyspark import RDD
+
+
+class Repartition(enum.Enum):
+    """When the data is repartitioned before training."""
+
+    ALWAYS = "always"
+    NEVER = "never"
+    NUM_PARTITIONS_WORKERS_DIFFERS = "num_partitions_workers_differs"
+
+
+class RepartitionStrategy(enum.Enum):
+    """How: Spark's hash repartition, or contiguous equal-sized partitions."""
+
+    SPARK_DEFAULT = "spark_default"
+    BALANCED = "balanced"
 
 
 def partition_counts(rdd: RDD) -> list[int]:
@@ -152,6 +166,8 @@ def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> lis
 
 
 __all__ = [
+    "Repartition",
+    "RepartitionStrategy",
     "balanced_random_split",
     "balanced_repartition",
     "partition_counts",

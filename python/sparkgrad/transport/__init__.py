@@ -1,7 +1,13 @@
-"""Gradient-sharing transport: the versioned, authenticated wire format and the ZeroMQ endpoints."""
+"""Gradient-sharing transport: the versioned, authenticated wire format and the ZeroMQ endpoints.
+
+Modules by role: :mod:`.frame` (the wire format and what every receiver checks), :mod:`.controller`,
+:mod:`.worker`, :mod:`.relay` (a MESH node toward its children), :mod:`.mesh` (the relay tree) and
+:mod:`.limits` (resource limits, counters and the update bounds).
+"""
 
 from __future__ import annotations
 
+from sparkgrad.transport.controller import Controller
 from sparkgrad.transport.frame import (
     HEADER_SIZE,
     Flag,
@@ -13,16 +19,14 @@ from sparkgrad.transport.frame import (
     encode_frame,
     max_update_bytes,
 )
-from sparkgrad.transport.mesh import MeshOrganizer
-from sparkgrad.transport.zmq_transport import (
+from sparkgrad.transport.limits import (
     THRESHOLD_GROWTH_LIMIT,
-    Controller,
-    RejoinRequired,
     TrafficCounters,
-    WorkerConnection,
     ZmqTransportConfiguration,
     endpoint,
 )
+from sparkgrad.transport.mesh import MeshOrganizer
+from sparkgrad.transport.worker import RejoinRequired, WorkerConnection
 
 __all__ = [
     "HEADER_SIZE",

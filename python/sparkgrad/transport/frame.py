@@ -48,8 +48,8 @@ nothing. The controller relays a worker's UPDATE with the ``RELAYED`` flag set; 
 so it re-signs the relayed frame for each recipient (sender id and sequence stay the worker's, which
 keeps the replay rule per original sender on the receiving workers). A worker takes control frames
 only from the controller (sender 0) on its controller connection, and UPDATEs only when relayed by
-the controller or its MESH parent and never its own (PLAIN); the :mod:`.zmq_transport` docstring lists
-the rules per link.
+the controller or its MESH parent and never its own (PLAIN); the docstrings of :mod:`.controller`,
+:mod:`.worker` and :mod:`.relay` list the rules per link.
 
 PLAIN link numbers: the controller numbers the frames it sends each worker (1, 2, ... per worker, in
 the broadcast-number field). A worker takes the number of the PARAMS that answers its HELLO and then
@@ -450,6 +450,30 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
     return value
 
 
+def float_flag(array: np.ndarray) -> Flag:
+    """The dtype flag of a PARAMS or UPDATER_STATE payload."""
+    return Flag.FLOAT64 if array.dtype == np.float64 else Flag.NONE
+
+
+class Replay:
+    """Per-sender strictly increasing sequence numbers."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+
+    def check(self, header: Header, peer: str) -> None:
+        """Raise FrameRejected("replay") unless the sequence number is new for its sender."""
+        last = self._last.get(header.sender, -1)
+        if header.sequence <= last:
+            raise FrameRejected(
+                "replay", f"frame from {peer}: sequence {header.sequence} replayed (last was {last})"
+            )
+
+    def commit(self, header: Header) -> None:
+        """Record an accepted frame's sequence number."""
+        self._last[header.sender] = header.sequence
+
+
 __all__ = [
     "CONTROLLER_ID",
     "CONTROL_INT_LIMIT",
@@ -464,8 +488,10 @@ __all__ = [
     "FrameRejected",
     "Header",
     "MessageType",
+    "Replay",
     "decode_frame",
     "encode_frame",
+    "float_flag",
     "json_payload",
     "max_update_bytes",
     "params_payload",

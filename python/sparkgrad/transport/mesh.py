@@ -13,7 +13,8 @@ node with a free slot outside the child's own subtree (breadth first, children i
 node, the root included, ever has more than ``fan_out`` children. Queue entries of nodes that left or
 are full are skipped; when the queue runs dry a joining node takes the shallowest free slot as well.
 
-Relaying over the tree (the policy of :mod:`sparkgrad.transport.zmq_transport` in MESH mode):
+Relaying over the tree (the policy of :mod:`sparkgrad.transport.controller`, :mod:`.worker` and
+:mod:`.relay` in MESH mode):
 
 - Upward nothing changes: every worker keeps its DEALER connection to the controller for HELLO, its own
   UPDATEs, SYNC, EPOCH_END, PARAMS_REQUEST, UPDATER_STATE and BYE, so the controller applies every

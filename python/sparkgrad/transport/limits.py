@@ -1,0 +1,206 @@
+"""Resource limits and sanity bounds of the ZeroMQ transport, shared by the controller, the workers and
+the MESH relays.
+
+Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
+derived from the parameter count), bounded high-water marks, and a receive queue bounded in bytes
+(``max_queued_bytes``) per connection (:func:`bounded_socket`).
+
+Update sanity (:func:`check_update_threshold`): an UPDATE whose threshold (word 2 of every
+:mod:`sparkgrad.compress` message, sparse and bitmap alike) is not finite, not positive, or larger than
+the smaller of ``THRESHOLD_GROWTH_LIMIT`` times the job's reference threshold (the threshold the fit
+starts from) and ``MAX_SCALE`` (1e6, the largest threshold any encoder writes) is rejected (reason
+``threshold``), counted and never applied. The bound is fixed for the fit, so no series of accepted
+updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates each 15x
+the last drove to infinity). An adaptive algorithm would have to double its threshold twenty times over
+the fit's start to reach it.
+
+Every dropped frame is counted by reason (:class:`TrafficCounters`); log lines about them are rate
+limited (:class:`RateLimitedLog`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from sparkgrad._config import MAX_SCALE, Config, check_int
+from sparkgrad.transport.frame import FrameRejected
+
+THRESHOLD_GROWTH_LIMIT = float(2**20)  # x the fit's reference threshold (module docstring)
+SEQUENCE_LIMIT = 2**32  # sequence, link and broadcast numbers are 32-bit and never wrap
+
+
+@dataclass
+class ZmqTransportConfiguration(Config):
+    """Timeouts and buffer limits of the ZeroMQ transport.
+
+    Args:
+        connect_timeout_ms: how long a worker waits for the controller's answer to HELLO.
+        sync_timeout_ms: how long a worker waits for the controller to acknowledge its updates (and
+            at most blocks on a send the controller does not take).
+        poll_interval_ms: the controller's poll period (bounds how fast it notices a stop request).
+        high_water_mark: ZeroMQ send/receive queue limit in messages per peer (>= 1). A worker whose
+            queue fills up is dropped by the controller and must re-join (see the module docstring);
+            memory per peer is bounded by this many frames of the job's largest frame.
+        epoch_timeout_ms: how long a worker waits at an epoch boundary for the other workers and the
+            driver's epoch callback.
+        updater_state_interval_ms: how often (at most) a worker reports its updater state to the
+            controller at an epoch end, for late or restarted workers to start from.
+        mesh_fan_out: MESH: the most children a node of the relay tree has (the controller included),
+            so the controller sends each update at most this many times (>= 1).
+        mesh_catchup_ms: MESH: how long a worker waits for its parent to deliver the updates a SYNC or
+            epoch acknowledgement covers before it takes the controller's parameters instead.
+        max_queued_bytes: the most bytes of received frames ZeroMQ queues per connection (>= 1): the
+            receive high-water mark is this over the socket's largest frame (at least 1 frame), so a
+            peer cannot make a receiver buffer high_water_mark x the largest frame (about 40 GB at
+            10M parameters); a full queue makes ZeroMQ stop reading that connection.
+    """
+
+    connect_timeout_ms: int = 15000
+    sync_timeout_ms: int = 120000
+    poll_interval_ms: int = 50
+    high_water_mark: int = 1000
+    epoch_timeout_ms: int = 600000
+    updater_state_interval_ms: int = 60000
+    mesh_fan_out: int = 8
+    mesh_catchup_ms: int = 5000
+    max_queued_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
+        check_int("sync_timeout_ms", self.sync_timeout_ms, minimum=1)
+        check_int("poll_interval_ms", self.poll_interval_ms, minimum=1)
+        check_int("high_water_mark", self.high_water_mark, minimum=1)
+        check_int("epoch_timeout_ms", self.epoch_timeout_ms, minimum=1)
+        check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
+        check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
+        check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
+        check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
+
+
+def bounded_socket(
+    ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int
+) -> zmq.Socket:
+    """A socket of ``kind`` whose peers can make it queue no more than ``config`` allows."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
+    # bytes, not frames: what one connection may queue here (ZeroMQ counts whole messages)
+    sock.setsockopt(zmq.RCVHWM, max(1, min(config.high_water_mark, config.max_queued_bytes // max_frame)))
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
+    return sock
+
+
+def endpoint(host: str, port: int) -> str:
+    """The ZeroMQ TCP endpoint of a host and port."""
+    return f"tcp://{host}:{port}"
+
+
+@dataclass
+class TrafficCounters:
+    """Bytes and frames through one endpoint."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    update_bytes: int = 0  # UPDATE frames only: sent by a worker, relayed by the controller
+    update_frames: int = 0  # UPDATE frames sent: own updates (worker) or relays (controller, MESH node)
+    duplicates: int = 0  # MESH: relayed updates received again after a re-parenting (dropped)
+    frames_rejected: int = 0  # received frames dropped by a check (authentication, size, sanity, ...)
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
+    peers_dropped: int = 0  # controller: workers dropped because their queue was full
+    paced_waits: int = 0  # worker: minibatches held back by the staleness bound
+    paced_wait_ms: float = 0.0  # worker: time spent held back by the staleness bound
+
+    def reject(self, reason: str) -> None:
+        """Count one rejected frame."""
+        self.frames_rejected += 1
+        self.rejected_reasons[reason] = self.rejected_reasons.get(reason, 0) + 1
+
+
+class RateLimitedLog:
+    """Warnings at most ``burst`` at once and ``per_second`` a second on average; counts the rest.
+
+    Args:
+        logger: where the lines go.
+        what: prefix of every line.
+        burst: lines allowed in a burst.
+        per_second: sustained lines per second.
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        burst: int = 5,
+        per_second: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log, self._what = logger, what
+        self._burst, self._rate, self._clock = float(burst), per_second, clock
+        self._tokens, self._last = float(burst), clock()
+        self.suppressed = 0
+
+    def warning(self, text: str) -> None:
+        """Log ``text`` if the budget allows, else count it as suppressed."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1:
+            self.suppressed += 1
+            return
+        self._tokens -= 1
+        self.flush()
+        self._log.warning("%s: %s", self._what, text)
+
+    def flush(self) -> None:
+        """Log how many lines were suppressed since the last line (if any)."""
+        if self.suppressed:
+            self._log.warning("%s: %d similar messages suppressed", self._what, self.suppressed)
+            self.suppressed = 0
+
+
+def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
+    """The threshold of an update message if it is sane (module docstring), else
+    FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
+    threshold = float(message[2:3].view("<f4")[0])
+    bound = min(MAX_SCALE, THRESHOLD_GROWTH_LIMIT * reference)
+    if not (math.isfinite(threshold) and 0 < threshold <= bound):
+        raise FrameRejected(
+            "threshold",
+            f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
+            f"(the smaller of 2**20 x the fit's reference threshold {reference:.6g} and {MAX_SCALE:g})",
+        )
+    return threshold
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every element is finite: min and max propagate nan and show an inf, no temporary array."""
+    return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
+
+
+def is_count(value: object) -> bool:
+    """A JSON value that is a non-negative int (bools are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+__all__ = [
+    "SEQUENCE_LIMIT",
+    "THRESHOLD_GROWTH_LIMIT",
+    "RateLimitedLog",
+    "TrafficCounters",
+    "ZmqTransportConfiguration",
+    "all_finite",
+    "bounded_socket",
+    "check_update_threshold",
+    "endpoint",
+    "is_count",
+]
