@@ -582,3 +582,100 @@ def test_queued_bytes_per_connection_are_bounded_in_bytes_not_frames(free_port: 
         assert ctl._sock.getsockopt(zmq.RCVHWM) == 1
     with pytest.raises(ValueError, match="max_queued_bytes"):
         ZmqTransportConfiguration(max_queued_bytes=0)
+
+
+def test_connections_beyond_the_cap_are_refused_at_their_handshake_and_counted(free_port: int) -> None:
+    """The number of connections to the controller was unbounded, each allowed to queue
+    max_queued_bytes. With max_connections 2, a third connection is refused at its handshake (its HELLO
+    never reaches the controller) and counted; once one of the two leaves, a new connection is served."""
+    job = 0x304
+    config = ZmqTransportConfiguration(
+        connect_timeout_ms=3000, sync_timeout_ms=5000, poll_interval_ms=10, max_connections=2
+    )
+    with controller(np.zeros(4, np.float32), job, free_port, config=config) as ctl:
+        ctx = zmq.Context()
+        socks = [raw_dealer(ctx, free_port) for _ in range(2)]
+        try:
+            for wid, sock in enumerate(socks, start=1):
+                sock.send(bytes(encode_frame(KEY, MessageType.HELLO, job, wid, 0, b"{}")))
+                assert _kind(_recv(sock)) == MessageType.PARAMS
+            extra = raw_dealer(ctx, free_port)
+            socks.append(extra)
+            extra.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 3, 0, b"{}")))
+            assert wait_until(lambda: ctl.counters.dropped_reasons.get("connection_limit", 0) >= 1)
+            assert ctl.workers_seen == {1, 2} and ctl.counters.messages_received == 2
+            socks[0].close()
+            assert wait_until(lambda: ctl._connections.live == 1)
+            late = raw_dealer(ctx, free_port)
+            socks.append(late)
+            late.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 4, 0, b"{}")))
+            assert _kind(_recv(late)) == MessageType.PARAMS
+            assert 3 not in ctl.workers_seen and ctl.error is None
+        finally:
+            for sock in socks:
+                sock.close()
+            ctx.term()
+
+
+def test_send_queues_are_bounded_in_bytes_not_frames(free_port: int) -> None:
+    """The controller queued up to high_water_mark (1000) frames for a worker that does not read,
+    PARAMS of 40 MB each at 10M parameters; its send high-water mark is now max_queued_bytes over the
+    largest frame it sends (the parameters), as for receiving."""
+    n = 1 << 20
+    config = ZmqTransportConfiguration(max_queued_bytes=64 << 20)
+    with controller(np.zeros(n, np.float64), 0x305, free_port, config=config) as ctl:
+        assert ctl._sock.getsockopt(zmq.SNDHWM) == (64 << 20) // (84 + 8 * n) == 7
+
+
+def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_port: int) -> None:
+    """A compromised executor registers as the MESH child of an honest relay and never reads: the relay
+    kept up to 1000 relayed updates for it (64 MB of 64 KB updates here). Its queue per child now holds
+    max_queued_bytes (1 MiB: 16 of them); once full the child is dropped and counted (queue_full)."""
+    job, n = 0x306, 1 << 14
+    config = ZmqTransportConfiguration(
+        connect_timeout_ms=5000,
+        sync_timeout_ms=5000,
+        poll_interval_ms=10,
+        mesh_fan_out=1,
+        max_queued_bytes=1 << 20,
+    )
+    with controller(np.zeros(n, np.float32), job, free_port, config=config, mesh=True) as ctl:
+        relay = WorkerConnection(
+            "127.0.0.1",
+            free_port,
+            job,
+            1,
+            SECRET,
+            n,
+            config,
+            relay_host="127.0.0.1",
+            on_params=lambda p, i, e: None,
+        )
+        ctx = zmq.Context()
+        rogue = raw_dealer(ctx, free_port)
+        child = ctx.socket(zmq.DEALER)  # reads nothing: a 4 KiB kernel buffer and one frame of queue
+        child.setsockopt(zmq.LINGER, 0)
+        child.setsockopt(zmq.RCVBUF, 4096)
+        child.setsockopt(zmq.RCVHWM, 1)
+        try:
+            relay.hello({})
+            hello = json_payload({"relay": "127.0.0.1:9"})
+            rogue.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 66, 0, hello)))
+            assert [_kind(_recv(rogue)) for _ in range(2)] == [MessageType.MESH_PARENT, MessageType.PARAMS]
+            assert ctl.mesh_tree() == {1: 0, 66: 1}
+            child.connect(relay.relay_endpoint and f"tcp://{relay.relay_endpoint}")
+            child.send(bytes(encode_frame(KEY, MessageType.MESH_JOIN, job, 66, 1, b"{}", recipient=1)))
+            assert wait_until(lambda: (relay.drain(lambda h, m: None), relay.children)[1] == [66])
+            big = sparse_message(list(range(n)), [1] * n, n, 0.25)  # n entries: a 64 KiB update
+            sent = 0
+            while relay.children and sent < 600:  # 600 x 64 KiB fit the old 1000-frame queue
+                relay.send_update(big, sent + 1, 0)
+                relay.sync(lambda h, m: None)
+                sent += 1
+            assert relay.children == [] and relay.counters.dropped_reasons == {"queue_full": 1}
+            assert sent < 600
+        finally:
+            relay.close()
+            rogue.close()
+            child.close()
+            ctx.term()

@@ -536,6 +536,7 @@ class SharedWorker:
             "messages_sent": c.messages_sent,
             "messages_received": c.messages_received,
             "frames_rejected": c.frames_rejected,
+            "children_dropped": c.peers_dropped,  # MESH: children this worker's relay dropped
             "rejoins": self.rejoins,
             "paced_waits": c.paced_waits,
             "paced_wait_ms": c.paced_wait_ms,
@@ -1095,6 +1096,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             "controller_frames_rejected": c.frames_rejected,
             **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
             "controller_peers_dropped": c.peers_dropped,
+            **{f"controller_peers_dropped_{k}": v for k, v in sorted(c.dropped_reasons.items())},
             "updates_applied": controller.updates_applied,
             "workers": len(controller.workers_seen),
             # workers that joined but returned no result (killed or failed tasks): their applied updates

@@ -34,6 +34,11 @@ parameters with the controller's current ones (``SharedWorker`` does), so a drop
 diverges silently: whatever it applied while dropped is overwritten, its own updates sent while dropped
 are lost like skipped steps.
 
+Resource limits (:mod:`.limits`): each connection queues at most ``max_queued_bytes`` each way (a
+send queue that fills drops its worker: ``queue_full`` in ``TrafficCounters.dropped_reasons``, next to
+``gone`` and ``silent_parent``), and at most ``max_connections`` connections are live at once: one more
+is refused at its handshake, before any of its frames is read (``connection_limit``).
+
 Update sanity: an UPDATE whose threshold fails the fit's bound
 (:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``) is counted and never
 applied; the worker gets an ERROR (its fit fails with the reason). An update that would leave any
@@ -76,6 +81,7 @@ from sparkgrad.transport.frame import (
 )
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
+    ConnectionLimit,
     RateLimitedLog,
     TrafficCounters,
     ZmqTransportConfiguration,
@@ -187,14 +193,19 @@ class Controller:
         self._wake_lock = threading.Lock()
         state_bytes = 0 if self._updater_state is None else self._updater_state.nbytes
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes)
-        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame)
+        max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes)
+        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._connections = ConnectionLimit(
+            self._ctx, self._sock, self._config.max_connections, self.counters, self._log
+        )
         try:
             if port == 0:  # a free port, which the workers learn from the job
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
             else:
                 self._sock.bind(endpoint(host, port))
         except zmq.ZMQError as exc:
+            self._connections.close()
             self._sock.close()
             self._wake_in.close()
             self._wake_out.close()
@@ -278,6 +289,8 @@ class Controller:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
+        for sock in self._connections.sockets:
+            poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 ready = dict(poller.poll(self._config.poll_interval_ms))
@@ -285,6 +298,8 @@ class Controller:
                     while self._wake_in.poll(0):
                         self._wake_in.recv()
                     self._apply_releases()
+                if any(sock in ready for sock in self._connections.sockets):
+                    self._connections.handle()
                 if self._sock in ready:
                     self._receive_all()
                 self._retry_rejoin_notices()
@@ -296,6 +311,7 @@ class Controller:
             self._notify_failure(exc)
         finally:
             self._log.flush()
+            self._connections.close()
             self._sock.close()
             self._wake_in.close()
 
@@ -381,7 +397,7 @@ class Controller:
             # _forget may send (MESH re-parenting) and drop others on the way: only those still here
             if self._peers.get(sender) == identity:
                 self._forget(sender)
-                self.counters.peers_dropped += 1
+                self.counters.drop("queue_full" if status == "full" else "gone")
                 self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
                 if status == "full":
                     self._rejoin_pending[sender] = identity
@@ -663,7 +679,7 @@ class Controller:
         ):
             self._rejoin_pending[silent] = self._peers[silent]
             self._forget(silent)
-            self.counters.peers_dropped += 1
+            self.counters.drop("silent_parent")
             self._log.warning(f"dropped worker {silent} (its MESH child {sender} got nothing from it)")
         self._send(identity, self._params_frame(sender))
 

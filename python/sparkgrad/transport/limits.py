@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from sparkgrad._config import MAX_SCALE, Config, check_int
 from sparkgrad.transport.frame import FrameRejected
@@ -56,10 +57,15 @@ class ZmqTransportConfiguration(Config):
             so the controller sends each update at most this many times (>= 1).
         mesh_catchup_ms: MESH: how long a worker waits for its parent to deliver the updates a SYNC or
             epoch acknowledgement covers before it takes the controller's parameters instead.
-        max_queued_bytes: the most bytes of received frames ZeroMQ queues per connection (>= 1): the
-            receive high-water mark is this over the socket's largest frame (at least 1 frame), so a
-            peer cannot make a receiver buffer high_water_mark x the largest frame (about 40 GB at
-            10M parameters); a full queue makes ZeroMQ stop reading that connection.
+        max_queued_bytes: the most bytes of frames ZeroMQ queues per connection and direction (>= 1):
+            the receive high-water mark is this over the largest frame the socket receives, the send
+            high-water mark this over the largest frame it sends (at least 1 frame each), so no peer
+            can make a socket buffer high_water_mark x the largest frame (about 40 GB at 10M
+            parameters) either way. A full receive queue makes ZeroMQ stop reading that connection; a
+            full send queue drops the peer (``queue_full``, see the controller and the relay).
+        max_connections: the most connections the controller keeps at once (>= 1); one more is
+            refused at its handshake and counted (``connection_limit``). With max_queued_bytes this
+            bounds what all connections together may make the controller queue.
     """
 
     connect_timeout_ms: int = 15000
@@ -71,6 +77,7 @@ class ZmqTransportConfiguration(Config):
     mesh_fan_out: int = 8
     mesh_catchup_ms: int = 5000
     max_queued_bytes: int = 256 << 20
+    max_connections: int = 1024
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -82,19 +89,26 @@ class ZmqTransportConfiguration(Config):
         check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
         check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
+        check_int("max_connections", self.max_connections, minimum=1)
 
 
 def bounded_socket(
-    ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int
+    ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int, max_sent_frame: int
 ) -> zmq.Socket:
-    """A socket of ``kind`` whose peers can make it queue no more than ``config`` allows."""
+    """A socket of ``kind`` that receives frames of at most ``max_frame`` bytes and sends frames of at
+    most ``max_sent_frame`` bytes, queueing at most ``config.max_queued_bytes`` per connection each way."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
     # bytes, not frames: what one connection may queue here (ZeroMQ counts whole messages)
-    sock.setsockopt(zmq.RCVHWM, max(1, min(config.high_water_mark, config.max_queued_bytes // max_frame)))
+    sock.setsockopt(zmq.SNDHWM, _frames(config, max_sent_frame))
+    sock.setsockopt(zmq.RCVHWM, _frames(config, max_frame))
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
     return sock
+
+
+def _frames(config: ZmqTransportConfiguration, frame_bytes: int) -> int:
+    """The high-water mark that holds at most max_queued_bytes of frames of ``frame_bytes``."""
+    return max(1, min(config.high_water_mark, config.max_queued_bytes // frame_bytes))
 
 
 def endpoint(host: str, port: int) -> str:
@@ -115,7 +129,8 @@ class TrafficCounters:
     duplicates: int = 0  # MESH: relayed updates received again after a re-parenting (dropped)
     frames_rejected: int = 0  # received frames dropped by a check (authentication, size, sanity, ...)
     rejected_reasons: dict[str, int] = field(default_factory=dict)
-    peers_dropped: int = 0  # controller: workers dropped because their queue was full
+    peers_dropped: int = 0  # peers dropped or refused (by reason in dropped_reasons)
+    dropped_reasons: dict[str, int] = field(default_factory=dict)
     paced_waits: int = 0  # worker: minibatches held back by the staleness bound
     paced_wait_ms: float = 0.0  # worker: time spent held back by the staleness bound
 
@@ -123,6 +138,12 @@ class TrafficCounters:
         """Count one rejected frame."""
         self.frames_rejected += 1
         self.rejected_reasons[reason] = self.rejected_reasons.get(reason, 0) + 1
+
+    def drop(self, reason: str) -> None:
+        """Count one dropped or refused peer: ``queue_full`` (its send queue is full: it does not read),
+        ``gone``, ``silent_parent`` (a MESH child reported it) or ``connection_limit``."""
+        self.peers_dropped += 1
+        self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
 
 
 class RateLimitedLog:
@@ -168,6 +189,79 @@ class RateLimitedLog:
             self.suppressed = 0
 
 
+class ConnectionLimit:
+    """Refuses a connection to ``sock`` beyond ``limit`` live ones, at its handshake.
+
+    Every handshake on the socket asks this object (a ZAP handler: the NULL mechanism consults ZAP once
+    the socket has a ZAP domain); it answers 400 while more than ``limit`` connections are live. Live
+    connections are counted from the socket's monitor: libzmq reports each accepted connection before
+    its handshake and its end exactly once (a refused one included), and the event pipe is unbounded so
+    no event is lost. The owner polls :attr:`sockets` and calls :meth:`handle` with the ready ones.
+
+    Args:
+        ctx: the socket's context (one ZAP handler per context).
+        sock: the listening socket, before it binds.
+        limit: the most live connections.
+        counters: where a refused connection is counted (``connection_limit``).
+        log: where a refusal is reported.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        sock: zmq.Socket,
+        limit: int,
+        counters: TrafficCounters,
+        log: RateLimitedLog,
+    ) -> None:
+        self._limit, self._counters, self._log = limit, counters, log
+        self.live = 0
+        self._zap = ctx.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind("inproc://zeromq.zap.01")
+        sock.setsockopt(zmq.ZAP_DOMAIN, b"sparkgrad")
+        events = f"inproc://sparkgrad-connections-{id(self):x}"
+        sock.monitor(events, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._events = ctx.socket(zmq.PAIR)
+        self._events.setsockopt(zmq.LINGER, 0)
+        self._events.setsockopt(zmq.RCVHWM, 0)
+        self._events.connect(events)
+        self._sock = sock
+
+    @property
+    def sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """The sockets to poll for input."""
+        return self._events, self._zap
+
+    def handle(self) -> None:
+        """Count the connection events that arrived, then judge every pending handshake."""
+        self._count_events()
+        while self._zap.poll(0):
+            request = self._zap.recv_multipart()
+            self._count_events()  # its connection was accepted before its handshake asked
+            version, request_id, address = request[0], request[1], request[3]
+            if self.live > self._limit:
+                self._counters.drop("connection_limit")
+                self._log.warning(
+                    f"refused a connection from {address.decode(errors='replace')}: "
+                    f"{self.live - 1} connections are open (max_connections {self._limit})"
+                )
+                self._zap.send_multipart([version, request_id, b"400", b"too many connections", b"", b""])
+            else:
+                self._zap.send_multipart([version, request_id, b"200", b"OK", b"", b""])
+
+    def _count_events(self) -> None:
+        while self._events.poll(0):
+            event = parse_monitor_message(self._events.recv_multipart())["event"]
+            self.live += 1 if event == zmq.EVENT_ACCEPTED else -1
+
+    def close(self) -> None:
+        """Stop monitoring and close the handler's sockets (before the socket itself)."""
+        self._sock.disable_monitor()
+        self._events.close()
+        self._zap.close()
+
+
 def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
     """The threshold of an update message if it is sane (module docstring), else
     FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
@@ -199,6 +293,7 @@ __all__ = [
     "TrafficCounters",
     "ZmqTransportConfiguration",
     "all_finite",
+    "ConnectionLimit",
     "bounded_socket",
     "check_update_threshold",
     "endpoint",

@@ -11,8 +11,10 @@ on its way) is held, at most ``mesh_fan_out`` of them, the oldest dropped as ``u
 MESH_CHILDREN naming it registers it. Before the tag, the header's size, type and payload length are
 checked (a relay socket takes control payloads only), so a malformed or oversized frame costs no HMAC.
 
-Slow children: a child whose queue is full is dropped (no more relays) and told to re-join with an
-ERROR carrying ``"rejoin": true``, retried until it can be queued.
+Slow children: the relay queues at most ``max_queued_bytes`` of relayed updates per child (in whole
+frames of the largest update). A child whose queue is full is dropped (no more relays; counted
+``queue_full`` in ``TrafficCounters.dropped_reasons``) and told to re-join with an ERROR carrying
+``"rejoin": true``, retried until it can be queued.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sparkgrad.transport.frame import (
     decode_frame,
     encode_frame,
     json_payload,
+    max_update_bytes,
     parse_json_payload,
     relayed_frame,
 )
@@ -60,6 +63,7 @@ class MeshRelay:
     _config: ZmqTransportConfiguration
     _ctx: zmq.Context
     _seq: int
+    _num_params: int
     job_id: int
     worker_id: int
     endpoint: str
@@ -77,7 +81,15 @@ class MeshRelay:
         self.relay_endpoint: str | None = None
         if relay_host is None:
             return
-        router = bounded_socket(self._ctx, zmq.ROUTER, self._config, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT)
+        # children send only control frames; a child that does not read may hold at most
+        # max_queued_bytes of relayed updates here before it is dropped (queue_full)
+        router = bounded_socket(
+            self._ctx,
+            zmq.ROUTER,
+            self._config,
+            HEADER_SIZE + CONTROL_PAYLOAD_LIMIT,
+            HEADER_SIZE + max(max_update_bytes(self._num_params), CONTROL_PAYLOAD_LIMIT),
+        )
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
             port = router.bind_to_random_port(f"tcp://{relay_host}")
@@ -105,9 +117,11 @@ class MeshRelay:
             except zmq.Again:  # the child does not read: dropped, it must re-join (slow-peer policy)
                 del self._children[child]
                 self._child_rejoin[child] = identity
+                self.counters.drop("queue_full")
                 continue
             except zmq.ZMQError:  # gone
                 del self._children[child]
+                self.counters.drop("gone")
                 continue
             self.counters.bytes_sent += len(out)
             self.counters.messages_sent += 1

@@ -143,7 +143,10 @@ class WorkerConnection(MeshRelay):
         self._max_frame = HEADER_SIZE + max(
             8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
-        self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame)
+        max_sent_frame = HEADER_SIZE + max(
+            max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
+        )
+        self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
         self._sock.connect(self.endpoint)
         self._closed = False
@@ -414,7 +417,9 @@ class WorkerConnection(MeshRelay):
             self._parent.close()
         self._parent, self.parent_id, self._parent_replay = None, None, Replay()
         if target is not None:
-            self._parent = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame)
+            self._parent = bounded_socket(
+                self._ctx, zmq.DEALER, self._config, self._max_frame, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT
+            )
             self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
             self._parent.connect(target)
             self.parent_id = int(parent_id)  # type: ignore[arg-type]
