@@ -16,7 +16,16 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import FAST, SECRET, controller, raw_dealer, sparse_decode, sparse_message, wait_until
+from wire_helpers import (
+    CONTROLLER_KEY,
+    FAST,
+    SECRET,
+    controller,
+    raw_dealer,
+    sparse_decode,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import (
@@ -30,6 +39,7 @@ from sparkgrad.transport import (
     encode_frame,
 )
 from sparkgrad.transport.frame import Flag, json_payload
+from sparkgrad.transport.signing import ControllerSigner
 
 pytestmark = pytest.mark.distributed
 
@@ -64,6 +74,7 @@ def test_a_second_worker_id_on_a_connection_is_refused_and_a_disconnect_cannot_k
             config,
             relay_host="127.0.0.1",
             on_params=lambda params, iteration, epoch: None,
+            controller_key=CONTROLLER_KEY,
         )
         try:
             hello = json_payload({"relay": "127.0.0.1:9"})
@@ -126,8 +137,12 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
         threshold_reference=1.0,
         progress=progress,
     )
-    conn = WorkerConnection("127.0.0.1", free_port, 0x5, 1, SECRET, 2, FAST)
-    other = WorkerConnection("127.0.0.1", free_port, 0x5, 2, SECRET, 2, FAST)
+    conn = WorkerConnection(
+        "127.0.0.1", free_port, 0x5, 1, SECRET, 2, FAST, controller_key=ctl.controller_key
+    )
+    other = WorkerConnection(
+        "127.0.0.1", free_port, 0x5, 2, SECRET, 2, FAST, controller_key=ctl.controller_key
+    )
     try:
         conn.hello({})
         other.hello({})
@@ -150,7 +165,9 @@ def test_thresholds_growing_15x_per_update_are_stopped_at_the_fits_reference_bou
     is now fixed for the fit: min(2**20 x its reference, 1e6). 15 .. 15**5 pass, 15**6 and beyond do not."""
     assert THRESHOLD_GROWTH_LIMIT == 2**20
     with controller(np.zeros(2, np.float32), 0x6, free_port) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 0x6, 1, SECRET, 2, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, 0x6, 1, SECRET, 2, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             conn.hello({})
             for k in range(1, 37):
@@ -179,7 +196,9 @@ def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(
     start = np.zeros(16, np.float32)
     start[0] = 3e38
     with controller(start, 0x7, free_port, decode=scaling_decode) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 0x7, 42, SECRET, 16, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, 0x7, 42, SECRET, 16, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             conn.hello({})
             conn.send_update(sparse_message([0], [-1], 16, 1.0), 1, 0)  # 3e38 + 1e32: finite, applied
@@ -304,7 +323,9 @@ def test_a_worker_drops_its_own_update_reflected_by_a_proxy(free_port: int) -> N
     job = 0x101
     with controller(np.zeros(4, np.float32), job, free_port):
         proxy = Proxy(free_port)
-        conn = WorkerConnection("127.0.0.1", proxy.port, job, 1, SECRET, 4, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", proxy.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
         applied: list[int] = []
         try:
             conn.hello({})
@@ -333,8 +354,12 @@ def test_a_sync_ack_meant_for_another_worker_does_not_end_a_sync(free_port: int)
         withhold = {"on": False}
         proxy1 = Proxy(free_port, up=lambda f: [] if withhold["on"] else [f])
         proxy2 = Proxy(free_port)
-        one = WorkerConnection("127.0.0.1", proxy1.port, job, 1, SECRET, 4, config)
-        two = WorkerConnection("127.0.0.1", proxy2.port, job, 2, SECRET, 4, config)
+        one = WorkerConnection(
+            "127.0.0.1", proxy1.port, job, 1, SECRET, 4, config, controller_key=CONTROLLER_KEY
+        )
+        two = WorkerConnection(
+            "127.0.0.1", proxy2.port, job, 2, SECRET, 4, config, controller_key=CONTROLLER_KEY
+        )
         try:
             one.hello({})
             two.hello({})
@@ -360,7 +385,9 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
     job = 0x103
     with controller(np.zeros(4, np.float32), job, free_port) as ctl:
         first = Proxy(free_port)
-        early = WorkerConnection("127.0.0.1", first.port, job, 1, SECRET, 4, FAST)
+        early = WorkerConnection(
+            "127.0.0.1", first.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             early.hello({})
             stale = next(f for f in first.down_frames if _kind(f) == MessageType.PARAMS)
@@ -378,7 +405,9 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
             return [stale, frame]
 
         proxy = Proxy(free_port, down=stale_first)
-        late = WorkerConnection("127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST)
+        late = WorkerConnection(
+            "127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             params, _, _ = late.hello({})
             np.testing.assert_array_equal(params, [0, -0.5, 0, 0])
@@ -404,8 +433,12 @@ def test_a_relayed_update_withheld_by_a_proxy_makes_the_worker_rejoin(free_port:
             return [frame]
 
         proxy = Proxy(free_port, down=drop_first_update)
-        victim = WorkerConnection("127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST)
-        sender = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, 4, FAST)
+        victim = WorkerConnection(
+            "127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
+        sender = WorkerConnection(
+            "127.0.0.1", free_port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
         applied: list[int] = []
         try:
             victim.hello({})
@@ -448,6 +481,7 @@ def test_a_mesh_join_replayed_to_another_relay_does_not_make_it_a_tap(free_port:
                 MESH,
                 relay_host="127.0.0.1",
                 on_params=lambda p, i, e: None,
+                controller_key=CONTROLLER_KEY,
             )
             for wid in (1, 2)
         ]
@@ -499,6 +533,7 @@ def test_a_child_refuses_epoch_go_and_over_bound_updates_from_its_mesh_parent(fr
             relay_host="127.0.0.1",
             on_params=lambda p, i, e: None,
             threshold_reference=1.0,
+            controller_key=CONTROLLER_KEY,
         )
         try:
             rogue.send(
@@ -624,7 +659,7 @@ def test_send_queues_are_bounded_in_bytes_not_frames(free_port: int) -> None:
     n = 1 << 20
     config = ZmqTransportConfiguration(max_queued_bytes=64 << 20)
     with controller(np.zeros(n, np.float64), 0x305, free_port, config=config) as ctl:
-        assert ctl._sock.getsockopt(zmq.SNDHWM) == (64 << 20) // (84 + 8 * n) == 7
+        assert ctl._sock.getsockopt(zmq.SNDHWM) == (64 << 20) // (84 + 8 * n + 64) == 7  # signed PARAMS
 
 
 def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_port: int) -> None:
@@ -650,6 +685,7 @@ def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_po
             config,
             relay_host="127.0.0.1",
             on_params=lambda p, i, e: None,
+            controller_key=CONTROLLER_KEY,
         )
         ctx = zmq.Context()
         rogue = raw_dealer(ctx, free_port)
@@ -679,3 +715,70 @@ def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_po
             rogue.close()
             child.close()
             ctx.term()
+
+
+# -- item 2: what only the controller may say is signed ----------------------------------------------
+def _forged_like(genuine: bytes, payload: bytes, signer: ControllerSigner | None) -> bytes:
+    """A frame with every header field of ``genuine`` (sender 0, sequence, link number, recipient) and
+    another payload, authenticated with the fit's secret (a compromised executor holds it)."""
+    header, _ = decode_frame(genuine, KEY)
+    return bytes(
+        encode_frame(
+            KEY,
+            header.message_type,
+            header.job_id,
+            header.sender,
+            header.sequence,
+            payload,
+            iteration=header.iteration,
+            epoch=header.epoch,
+            flags=header.flags & Flag.FLOAT64,
+            broadcast=header.broadcast,
+            recipient=header.recipient,
+            signer=signer,
+        )
+    )
+
+
+@pytest.mark.parametrize("signer", [None, ControllerSigner()], ids=["unsigned", "own_key"])
+def test_a_compromised_executor_on_path_cannot_forge_epoch_go_or_params(
+    free_port: int, signer: ControllerSigner | None
+) -> None:
+    """An executor holding the fit's secret sits between a worker and the controller. Ahead of the
+    controller's PARAMS it delivers forged ones (all 666), ahead of its EPOCH_GO {"stop": false} a forged
+    {"stop": true}, each with the genuine frame's header and a valid HMAC: version 3 took both. Without
+    the controller's Ed25519 signature (unsigned, or signed with the executor's own key) both are
+    dropped as bad_signature; the worker takes the genuine frames."""
+    job = 0x401
+
+    def forge_first(frame: bytes) -> list[bytes]:
+        kind = _kind(frame)
+        if kind == MessageType.PARAMS:
+            return [_forged_like(frame, np.full(4, 666, np.float32).tobytes(), signer), frame]
+        if kind == MessageType.EPOCH_GO:
+            return [_forged_like(frame, json_payload({"stop": True}), signer), frame]
+        return [frame]
+
+    with controller(np.arange(4, dtype=np.float32), job, free_port) as ctl:
+        ctl.expect_workers(1)
+        proxy = Proxy(free_port, down=forge_first)
+        conn = WorkerConnection(
+            "127.0.0.1", proxy.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+        )
+
+        def driver() -> None:
+            epoch = ctl.next_finished_epoch(20)
+            if epoch is not None:
+                ctl.release_epoch(epoch, stop=False)
+
+        releaser = threading.Thread(target=driver, daemon=True)
+        releaser.start()
+        try:
+            params, _, _ = conn.hello({})
+            np.testing.assert_array_equal(params, np.arange(4))
+            assert conn.end_epoch(0, lambda h, m: None) is False
+            assert conn.counters.rejected_reasons == {"bad_signature": 2}
+        finally:
+            releaser.join()
+            conn.close()
+            proxy.close()

@@ -10,7 +10,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wire_helpers import FAST, SECRET, controller, raw_dealer, sparse_message, wait_until
+from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, raw_dealer, sparse_message, wait_until
 
 from sparkgrad.compress import decode
 from sparkgrad.transport import (
@@ -163,7 +163,9 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
             ctx.term()
 
         # after all that, a new worker still joins, updates and syncs
-        conn = WorkerConnection("127.0.0.1", free_port, JOB, 2, SECRET, N, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, JOB, 2, SECRET, N, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             params, _, _ = conn.hello({})
             np.testing.assert_array_equal(params, expected)

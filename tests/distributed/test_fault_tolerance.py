@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from wire_helpers import FAST, SECRET, controller
+from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import MessageType, WorkerConnection
@@ -21,7 +21,17 @@ STATE = 2 * N  # an Adam-like state: two values per parameter
 
 
 def _worker(port: int, wid: int) -> WorkerConnection:
-    return WorkerConnection("127.0.0.1", port, 7, wid, SECRET, N, FAST, updater_state_bytes=4 * STATE)
+    return WorkerConnection(
+        "127.0.0.1",
+        port,
+        7,
+        wid,
+        SECRET,
+        N,
+        FAST,
+        updater_state_bytes=4 * STATE,
+        controller_key=CONTROLLER_KEY,
+    )
 
 
 def test_a_joining_worker_starts_from_the_latest_reported_updater_state(free_port: int) -> None:
@@ -55,7 +65,17 @@ def test_a_joining_worker_starts_from_the_latest_reported_updater_state(free_por
 def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, size, dtype) -> None:
     start = np.full(STATE, 5.0, np.float32)
     with controller(np.ones(N, np.float32), 7, free_port, updater_state=start) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 7, 1, SECRET, N, FAST, updater_state_bytes=8 * STATE)
+        conn = WorkerConnection(
+            "127.0.0.1",
+            free_port,
+            7,
+            1,
+            SECRET,
+            N,
+            FAST,
+            updater_state_bytes=8 * STATE,
+            controller_key=CONTROLLER_KEY,
+        )
         try:
             conn.hello({})
             conn.send_updater_state(np.ones(size, dtype), iteration=1)

@@ -9,7 +9,15 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wire_helpers import SECRET, controller, raw_dealer, sparse_decode, sparse_message, wait_until
+from wire_helpers import (
+    CONTROLLER_KEY,
+    SECRET,
+    controller,
+    raw_dealer,
+    sparse_decode,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.transport import WorkerConnection, ZmqTransportConfiguration
 from sparkgrad.transport.frame import FrameKey, MessageType, encode_frame
@@ -125,7 +133,16 @@ def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, left, ou
         state["params"] = params.copy()
 
     conn = WorkerConnection(
-        "127.0.0.1", port, job, wid, SECRET, size, MESH_CONFIG, relay_host="127.0.0.1", on_params=on_params
+        "127.0.0.1",
+        port,
+        job,
+        wid,
+        SECRET,
+        size,
+        MESH_CONFIG,
+        relay_host="127.0.0.1",
+        on_params=on_params,
+        controller_key=CONTROLLER_KEY,
     )
     try:
         params, _, _ = conn.hello({})
@@ -244,6 +261,7 @@ def test_a_worker_relay_registers_only_authenticated_children_of_its_job(free_po
             MESH_CONFIG,
             relay_host="127.0.0.1",
             on_params=lambda params, iteration, epoch: None,
+            controller_key=CONTROLLER_KEY,
         )
         ctx = zmq.Context()
         stranger = raw_dealer(ctx, int(conn.relay_endpoint.rsplit(":", 1)[1]))

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import zmq
 from wire_helpers import (
+    CONTROLLER_KEY,
     FAST,
     SECRET,
+    SIGNER,
     controller,
     raw_dealer,
     sparse_decode,
@@ -40,6 +42,7 @@ from sparkgrad.transport import (
     encode_frame,
 )
 from sparkgrad.transport.limits import RateLimitedLog
+from sparkgrad.transport.signing import ControllerVerifier
 
 pytestmark = pytest.mark.distributed
 
@@ -61,7 +64,7 @@ def test_frame_round_trip_and_layout() -> None:
         recipient=2**32 - 2,
     )
     assert HEADER_SIZE == 84 and len(frame) == 84 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 3 and frame[5] == MessageType.UPDATE
+    assert frame[:4] == b"SGRD" and frame[4] == 4 and frame[5] == MessageType.UPDATE
     assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
     assert int.from_bytes(frame[80:84], "little") == 2**32 - 2
@@ -86,6 +89,25 @@ def test_tag_is_hmac_sha256_of_header_with_zero_tag_and_payload() -> None:
     frame = encode_frame(KEY, MessageType.HELLO, 3, 9, 4, b'{"a":1}')
     unsigned = bytes(frame[:44]) + bytes(32) + bytes(frame[76:])
     assert bytes(frame[44:76]) == hmac.new(SECRET, unsigned, hashlib.sha256).digest()
+
+
+def test_a_signed_frame_ends_with_ed25519_of_the_header_and_the_payload_digest() -> None:
+    """Version 4: the controller's signature covers the header (tag zeroed, payload length counting the
+    signature) and SHA-256 of the payload; decode_frame hands back the payload without it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    body = b'{"stop":true}'
+    frame = encode_frame(KEY, MessageType.EPOCH_GO, 3, 0, 4, body, epoch=2, recipient=9, signer=SIGNER)
+    assert len(frame) == 84 + len(body) + 64 and int.from_bytes(frame[40:44], "little") == len(body) + 64
+    assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED | Flag.SIGNED
+    message = bytes(frame[:44]) + bytes(32) + bytes(frame[76:84]) + hashlib.sha256(body).digest()
+    Ed25519PublicKey.from_public_bytes(CONTROLLER_KEY).verify(bytes(frame[-64:]), message)  # raises if not
+    header, payload = decode_frame(frame, KEY)
+    assert bytes(payload) == body and header.payload_length == len(body)
+    frame[84] ^= 1  # a payload byte: the signature no longer matches (the HMAC neither)
+    assert not ControllerVerifier(CONTROLLER_KEY).verify(frame)
+    with pytest.raises(ValueError, match="controller_key"):
+        ControllerVerifier(b"short")
 
 
 def test_sequence_must_fit_32_bits() -> None:
@@ -157,7 +179,7 @@ def test_authentic_but_inconsistent_frames_are_rejected(payload, match) -> None:
 
 
 def _worker_thread(port, job, wid, messages, received, params_out, barrier):
-    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 10, FAST)
+    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 10, FAST, controller_key=CONTROLLER_KEY)
     try:
         params, _, _ = conn.hello({"worker": wid})
         barrier.wait(10)  # both registered before anything is sent: every update is relayed
@@ -220,7 +242,7 @@ def test_controller_applies_and_relays_every_update(free_port: int) -> None:
 
 def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
     with controller(np.ones(3, np.float32), 8, free_port):
-        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
         try:
             params, _, _ = conn.hello({"has_initial_params": True})
             assert params is None
@@ -233,14 +255,14 @@ def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
 def test_late_joiner_pulls_current_params(free_port: int) -> None:
     job = 42
     with controller(np.ones(4, np.float64), job, free_port, iteration=7) as ctl:
-        a = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, 4, FAST)
+        a = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY)
         try:
             a.hello({})
             a.send_update(sparse_message([1], [1], 4, 2.0), 11, 0)
             a.sync(lambda h, m: None)
         finally:
             a.close()
-        b = WorkerConnection("127.0.0.1", free_port, job, 2, SECRET, 4, FAST)
+        b = WorkerConnection("127.0.0.1", free_port, job, 2, SECRET, 4, FAST, controller_key=CONTROLLER_KEY)
         try:
             params, iteration, _ = b.hello({})
         finally:
@@ -259,7 +281,7 @@ def test_port_in_use_fails_fast() -> None:
 
 
 def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
-    conn = WorkerConnection("127.0.0.1", free_port, 1, 3, SECRET, 3, FAST)
+    conn = WorkerConnection("127.0.0.1", free_port, 1, 3, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
     try:
         # the bounded wait, not a hang: the error names the configured timeout
         timeout = FAST.connect_timeout_ms
@@ -271,7 +293,7 @@ def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
 
 def test_wrong_job_gets_no_reply(free_port: int) -> None:
     with controller(np.zeros(2, np.float32), 1, free_port) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 2, 3, SECRET, 2, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 2, 3, SECRET, 2, FAST, controller_key=CONTROLLER_KEY)
         try:
             with pytest.raises(TransportError, match="no answer to HELLO"):
                 conn.hello({})
@@ -286,7 +308,7 @@ def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
     with controller(np.zeros(3, np.float32), 9, free_port) as ctl:
         with socket.create_connection(("127.0.0.1", free_port)) as s:
             s.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
-        conn = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 3, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
         try:
             conn.hello({})
             conn.send_update(sparse_message([2], [-1], 3, 1.0), 1, 0)
@@ -298,7 +320,7 @@ def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
 
 
 def _process_worker(port: int, job: int, wid: int, queue) -> None:
-    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 4, FAST)
+    conn = WorkerConnection("127.0.0.1", port, job, wid, SECRET, 4, FAST, controller_key=CONTROLLER_KEY)
     try:
         params, _, _ = conn.hello({"pid": wid})
         conn.send_update(sparse_message([wid], [1], 4, 1.0), 1, 0)
@@ -328,7 +350,7 @@ def test_close_leaves_no_threads(free_port: int) -> None:
     before = {t.ident for t in threading.enumerate()}
     for _ in range(3):
         ctl = controller(np.zeros(2, np.float32), 5, free_port)
-        conn = WorkerConnection("127.0.0.1", free_port, 5, 1, SECRET, 2, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 5, 1, SECRET, 2, FAST, controller_key=CONTROLLER_KEY)
         conn.hello({})
         conn.close()
         ctl.close()
@@ -475,7 +497,7 @@ def _failing_decode(message: np.ndarray, target: np.ndarray) -> None:
 
 def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) -> None:
     ctl = controller(np.zeros(3, np.float32), 6, free_port, decode=_failing_decode)
-    conn = WorkerConnection("127.0.0.1", free_port, 6, 1, SECRET, 3, FAST)
+    conn = WorkerConnection("127.0.0.1", free_port, 6, 1, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
     try:
         conn.hello({})
         conn.send_update(sparse_message([0], [1], 3, 1.0), 1, 0)
@@ -492,7 +514,7 @@ def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) ->
 @pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan, 0.0, -0.5, 3.4e38, 1.5e6])
 def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, threshold: float) -> None:
     with controller(np.ones(3, np.float32), 8, free_port) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST)
+        conn = WorkerConnection("127.0.0.1", free_port, 8, 1, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
         try:
             conn.hello({})
             conn.send_update(sparse_message([0], [1], 3, threshold), 1, 0)
@@ -510,7 +532,7 @@ def test_threshold_bound_is_the_fits_reference_times_the_limit(free_port: int) -
     assert THRESHOLD_GROWTH_LIMIT == 2**20
     for reference, steps, over in ((1.0, [16.0, 4096.0, 1e6], 1e6 + 1), (2.0**-10, [1.0, 1024.0], 1025.0)):
         with controller(np.zeros(2, np.float64), 9, free_port, threshold_reference=reference) as ctl:
-            a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST)
+            a = WorkerConnection("127.0.0.1", free_port, 9, 1, SECRET, 2, FAST, controller_key=CONTROLLER_KEY)
             try:
                 a.hello({})
                 for t in steps:  # the last exactly at the bound
@@ -530,7 +552,9 @@ def test_bitmap_threshold_is_checked_too(free_port: int) -> None:
     message, _ = bitmap_encode(np.full(40, 1e30, np.float32), 1e30)
     assert message[3] == 1 and message_threshold(message) == np.float32(1e30)
     with controller(np.zeros(40, np.float32), 10, free_port, decode=decode) as ctl:
-        conn = WorkerConnection("127.0.0.1", free_port, 10, 1, SECRET, 40, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, 10, 1, SECRET, 40, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             conn.hello({})
             conn.send_update(message, 1, 0)
@@ -553,8 +577,12 @@ def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port
     t = 2.0**-10  # exact in float32: sums below are exact
     everything = np.array([n, n, np.float32(t).view(np.int32), 0, *range(1, n + 1)], dtype=np.int32)
     with controller(np.zeros(n, np.float32), 11, free_port, decode=decode, config=config) as ctl:
-        fast = WorkerConnection("127.0.0.1", free_port, 11, 1, SECRET, n, config)
-        slow = WorkerConnection("127.0.0.1", free_port, 11, 2, SECRET, n, config)
+        fast = WorkerConnection(
+            "127.0.0.1", free_port, 11, 1, SECRET, n, config, controller_key=CONTROLLER_KEY
+        )
+        slow = WorkerConnection(
+            "127.0.0.1", free_port, 11, 2, SECRET, n, config, controller_key=CONTROLLER_KEY
+        )
         try:
             fast.hello({})
             slow.hello({})
@@ -596,7 +624,9 @@ def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(fre
     failure: list[BaseException] = []
 
     def paced_worker() -> None:
-        conn = WorkerConnection("127.0.0.1", free_port, job, 1, SECRET, n, FAST)
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, job, 1, SECRET, n, FAST, controller_key=CONTROLLER_KEY
+        )
         try:
             conn.hello({})
             for step in range(steps):
@@ -622,3 +652,28 @@ def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(fre
         assert not failure, failure
         assert ctl.updates_applied == steps
         assert started[:steps] == list(range(steps)) and started[steps] >= 1  # it waited at least once
+
+
+def test_the_controllers_largest_frames_fit_the_workers_limit_with_the_signature(free_port: int) -> None:
+    """A worker's MAXMSGSIZE is its largest legitimate frame: float64 PARAMS and an updater state of 8
+    bytes per parameter, each with the controller's 64-byte signature on top. A limit without it made
+    ZeroMQ drop the connection at the first such frame, and the HELLO went unanswered."""
+    n = 4096  # 8 * n bytes: larger than any control or update payload
+    state = np.arange(2 * n, dtype=np.float32)
+    with controller(np.ones(n, np.float64), 11, free_port, updater_state=np.zeros(2 * n, np.float32)):
+        conns = [
+            WorkerConnection(
+                "127.0.0.1", free_port, 11, wid, SECRET, n, FAST, 8 * n, controller_key=CONTROLLER_KEY
+            )
+            for wid in (1, 2)
+        ]
+        try:
+            conns[0].hello({})
+            conns[0].send_updater_state(state, iteration=3)
+            conns[0].sync(lambda h, m: None)
+            params, _, _ = conns[1].hello({})
+            np.testing.assert_array_equal(params, np.ones(n))
+            np.testing.assert_array_equal(conns[1].updater_state, state)
+        finally:
+            for conn in conns:
+                conn.close()

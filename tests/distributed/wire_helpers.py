@@ -8,8 +8,11 @@ import numpy as np
 import zmq
 
 from sparkgrad.transport import Controller, ZmqTransportConfiguration
+from sparkgrad.transport.signing import ControllerSigner
 
 SECRET = bytes(range(32))
+SIGNER = ControllerSigner(bytes(range(32, 64)))  # the test controllers' Ed25519 key
+CONTROLLER_KEY = SIGNER.public_key  # what the test workers verify the controller's frames with
 FAST = ZmqTransportConfiguration(connect_timeout_ms=800, sync_timeout_ms=3000, poll_interval_ms=10)
 REFERENCE = 1.0  # threshold_reference of the test controllers; the test messages use 0.25 .. 2.0
 
@@ -39,9 +42,11 @@ def wait_until(predicate, timeout_s: float = 20.0) -> bool:
 
 
 def controller(params: np.ndarray, job: int, port: int, **kw) -> Controller:
-    """A test controller on 127.0.0.1 with the test secret, fast timeouts and the minimal decoder."""
+    """A test controller on 127.0.0.1 with the test secret and signing key, fast timeouts and the minimal
+    decoder."""
     kw.setdefault("decode", sparse_decode)
     kw.setdefault("threshold_reference", REFERENCE)
+    kw.setdefault("signer", SIGNER)
     return Controller(params, job, SECRET, "127.0.0.1", port, kw.pop("config", FAST), **kw)
 
 

@@ -26,7 +26,9 @@ next fit.
 
 Security and failure handling: every fit draws a fresh random 256-bit secret (or uses
 ``VoidConfiguration.secret``) that authenticates every frame (:mod:`sparkgrad.transport.frame`); it
-reaches the executors only inside the job broadcast. The driver watches the controller while the Spark
+reaches the executors only inside the job broadcast, with the public half of the controller's per-fit
+Ed25519 key that signs everything only the controller may send (:mod:`sparkgrad.transport.signing`). The
+driver watches the controller while the Spark
 job runs: if the controller thread fails, the job group is cancelled and the fit raises TrainingError
 with the controller's own error. A worker the controller dropped as a slow peer re-joins and replaces
 its parameters with the controller's (its residual, the update mass it never sent, is kept). A task that
@@ -138,6 +140,7 @@ class SharedJob:
 
     job_id: int
     secret: bytes = field(repr=False)
+    controller_key: bytes  # the controller's Ed25519 public key: verifies what only it may send
     host: str
     port: int
     transport: ZmqTransportConfiguration
@@ -317,6 +320,7 @@ class SharedWorker:
             on_params=self._take_params,
             # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
             threshold_reference=_reference_threshold(job.threshold_algorithm),
+            controller_key=job.controller_key,
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
@@ -1033,6 +1037,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             job = SharedJob(
                 job_id,
                 secret,
+                controller.controller_key,
                 host,
                 controller.port,
                 transport,

@@ -63,6 +63,7 @@ from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
     CONTROLLER_ID,
     HEADER_SIZE,
+    SIGNATURE_SIZE,
     Flag,
     FrameKey,
     FrameRejected,
@@ -93,6 +94,7 @@ from sparkgrad.transport.limits import (
 )
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 from sparkgrad.transport.relay import relay_address_ok
+from sparkgrad.transport.signing import ControllerSigner
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,8 @@ class Controller:
             receives with the parameters.
         mesh: relay updates down a MESH tree of ``config.mesh_fan_out`` (:mod:`sparkgrad.transport.mesh`)
             instead of sending each to every worker (PLAIN).
+        signer: the Ed25519 key that signs every frame the controller sends as itself (:mod:`.signing`);
+            None draws a fresh one (per fit). Workers verify with :attr:`controller_key`.
     """
 
     def __init__(
@@ -136,12 +140,15 @@ class Controller:
         threshold_reference: float,
         updater_state: np.ndarray | None = None,
         mesh: bool = False,
+        signer: ControllerSigner | None = None,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as decode
         if not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
             raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
         self._key = FrameKey(secret)
+        self._signer = signer or ControllerSigner()
+        self.controller_key = self._signer.public_key  # what the workers verify its frames with
         self._params = np.array(params, copy=True)
         self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
         self.updater_state_reports = 0
@@ -193,7 +200,8 @@ class Controller:
         self._wake_lock = threading.Lock()
         state_bytes = 0 if self._updater_state is None else self._updater_state.nbytes
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes)
-        max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes)
+        # its own frames end with its signature
+        max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._connections = ConnectionLimit(
@@ -370,6 +378,7 @@ class Controller:
             epoch=epoch,
             broadcast=self._number(recipient),
             recipient=recipient,
+            signer=self._signer,
         )
 
     def _reject(self, reason: str, text: str) -> None:
@@ -436,6 +445,7 @@ class Controller:
             flags=float_flag(self._params),
             broadcast=self._number(recipient),
             recipient=recipient,
+            signer=self._signer,
         )
 
     def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
@@ -580,6 +590,7 @@ class Controller:
             flags=float_flag(state),
             broadcast=self._number(recipient),
             recipient=recipient,
+            signer=self._signer,
         )
 
     def _store_updater_state(self, identity: bytes, header: Header, payload: memoryview) -> None:

@@ -6,9 +6,9 @@ Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes
 offset size    field
 ====== ======= ====================================================================================
 0      4       magic ``b"SGRD"``
-4      1       version (currently 3; a receiver rejects any other version)
+4      1       version (currently 4; a receiver rejects any other version)
 5      1       message type (:class:`MessageType`)
-6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed)
+6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed, signed)
 8      8       job id (unsigned; random per fit, frames of another job are rejected)
 16     4       sender id (worker id; 0 = controller)
 20     4       relay id (MESH: the node that forwarded the frame; ``NO_RELAY`` when sent directly)
@@ -21,8 +21,17 @@ offset size    field
 80     4       recipient id (worker id; 0 = the controller): the one receiver this frame is for
 ====== ======= ====================================================================================
 
-Version 3 (issue 21) added the recipient field and the PLAIN link numbers; a version 2 peer is refused
-as ``malformed`` before anything else is read.
+Version 3 (issue 21) added the recipient field and the PLAIN link numbers; version 4 the controller's
+Ed25519 signature (below). A peer of another version is refused as ``malformed`` before anything else is
+read.
+
+Controller signature (version 4, :mod:`.signing`): a frame with the ``SIGNED`` flag ends with a 64-byte
+Ed25519 signature, counted in the header's payload length, over :func:`signed_message` (the header with
+the tag zeroed, then SHA-256 of the payload before the signature); the HMAC tag covers it too. The
+controller signs every frame it sends as sender 0 and a worker drops a sender-0 frame whose signature
+is missing or wrong (``bad_signature``), so the HMAC secret every executor holds no longer lets one
+speak for the controller. :func:`decode_frame` strips the signature: the header's ``payload_length``
+and the payload it returns are the payload's own.
 
 Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
 on the driver, or the user's ``VoidConfiguration.secret``). It reaches the executors inside the job's
@@ -97,14 +106,14 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 3
+VERSION = 4
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
@@ -112,6 +121,7 @@ HEADER_SIZE = _HEADER.size
 AUTH_TAG_SIZE = 32
 MIN_SECRET_BYTES = 32
 CONTROL_PAYLOAD_LIMIT = 4096
+SIGNATURE_SIZE = 64  # Ed25519, at the end of a SIGNED frame's payload
 _TAG_OFFSET = 44
 _TAG_END = _TAG_OFFSET + AUTH_TAG_SIZE
 _ZERO_TAG = bytes(AUTH_TAG_SIZE)
@@ -145,6 +155,7 @@ class Flag(enum.IntFlag):
     FLOAT64 = 1  # PARAMS payload is float64 (else float32)
     AUTHENTICATED = 2  # the auth tag holds an HMAC-SHA256 of header (tag zeroed) + payload
     RELAYED = 4  # the frame was forwarded by the controller or a MESH node
+    SIGNED = 8  # the payload ends with the controller's Ed25519 signature (:mod:`.signing`)
 
 
 class FrameRejected(CorruptDataError):
@@ -212,6 +223,12 @@ class FrameKey:
         return hmac.compare_digest(self.tag(frame), frame[_TAG_OFFSET:_TAG_END])
 
 
+class Signer(Protocol):
+    """What signs a ``SIGNED`` frame: :class:`~sparkgrad.transport.signing.ControllerSigner`."""
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
 def max_update_bytes(num_params: int) -> int:
     """The largest UPDATE payload for a vector of ``num_params``: the larger of the sparse message
     (4 header words + at most one word per element) and the bitmap message (``N // 16 + 5`` words)."""
@@ -232,6 +249,7 @@ def encode_frame(
     relay: int = NO_RELAY,
     broadcast: int = 0,
     recipient: int = CONTROLLER_ID,
+    signer: Signer | None = None,
 ) -> bytearray:
     """Serialise and sign one frame (header + payload); the ``AUTHENTICATED`` flag is always set.
 
@@ -248,6 +266,8 @@ def encode_frame(
         relay: forwarding node id (MESH), ``NO_RELAY`` otherwise.
         broadcast: the controller's broadcast number (MESH) or link number (PLAIN).
         recipient: the receiver's id (0: the controller).
+        signer: the controller's :class:`~sparkgrad.transport.signing.ControllerSigner`: sets ``SIGNED``
+            and appends its signature of :func:`signed_message` to the payload. None: HMAC only.
 
     Returns:
         The signed frame.
@@ -257,7 +277,10 @@ def encode_frame(
     if not 0 <= broadcast < 2**32:
         raise ValueError(f"broadcast: must be in [0, 2**32), got {broadcast}")
     payload = memoryview(payload).cast("B")
-    frame = bytearray(HEADER_SIZE + payload.nbytes)
+    if signer is not None:
+        flags |= Flag.SIGNED
+    signature = SIGNATURE_SIZE if signer is not None else 0
+    frame = bytearray(HEADER_SIZE + payload.nbytes + signature)
     _HEADER.pack_into(
         frame,
         0,
@@ -271,13 +294,28 @@ def encode_frame(
         sequence,
         epoch,
         iteration,
-        payload.nbytes,
+        payload.nbytes + signature,
         _ZERO_TAG,
         broadcast,
         recipient,
     )
-    frame[HEADER_SIZE:] = payload
+    frame[HEADER_SIZE : HEADER_SIZE + payload.nbytes] = payload
+    if signer is not None:
+        frame[-SIGNATURE_SIZE:] = signer.sign(signed_message(memoryview(frame)))
     return key.seal(frame)
+
+
+def signed_message(frame: memoryview) -> bytes:
+    """What the controller's Ed25519 signature of a ``SIGNED`` frame covers: the header with the tag field
+    zeroed (so every field, the recipient and the numbers included) and the SHA-256 digest of the payload
+    before the signature (one pass over a large PARAMS payload, not Ed25519's two)."""
+    body = frame[HEADER_SIZE:-SIGNATURE_SIZE]
+    return (
+        bytes(frame[:_TAG_OFFSET])
+        + _ZERO_TAG
+        + bytes(frame[_TAG_END:HEADER_SIZE])
+        + hashlib.sha256(body).digest()
+    )
 
 
 def relayed_frame(
@@ -360,6 +398,11 @@ def decode_frame(
             f"frame from {peer}: header says {length} payload bytes, "
             f"frame carries {view.nbytes - HEADER_SIZE}",
         )
+    signed = flags & Flag.SIGNED
+    if signed and length < SIGNATURE_SIZE:
+        raise FrameRejected("malformed", f"frame from {peer}: SIGNED with {length} payload bytes")
+    if signed:
+        length -= SIGNATURE_SIZE  # the signature is the receiver's to check (sender 0), not payload
     if max_payload is not None and length > (limit := max_payload(mtype)):
         raise FrameRejected(
             "oversized", f"frame from {peer}: {mtype.name} payload of {length} bytes exceeds {limit}"
@@ -371,7 +414,7 @@ def decode_frame(
     if not flags & Flag.AUTHENTICATED or not key.verify(view):
         raise FrameRejected("unauthenticated", f"frame from {peer}: missing or wrong authentication tag")
     header = Header(mtype, Flag(flags), job, sender, seq, epoch, it, length, relay, broadcast, recipient)
-    return header, view[HEADER_SIZE:]
+    return header, view[HEADER_SIZE : HEADER_SIZE + length]
 
 
 def update_payload(payload: memoryview) -> np.ndarray:
@@ -481,6 +524,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MIN_SECRET_BYTES",
+    "SIGNATURE_SIZE",
     "NO_RELAY",
     "VERSION",
     "Flag",
@@ -497,5 +541,6 @@ __all__ = [
     "params_payload",
     "parse_json_payload",
     "relayed_frame",
+    "signed_message",
     "update_payload",
 ]

@@ -5,13 +5,14 @@ A worker says HELLO and takes the controller's parameters; it sends its own UPDA
 reports to the controller and applies the updates the controller (PLAIN) or its MESH parent relays.
 Every socket has LINGER 0 and every wait is bounded, so no failure mode hangs.
 
-Link rules (wire version 3, issue 21). On top of the tag, job, recipient (``misdirected``) and replay
-checks of :mod:`.frame`, a worker takes from each link only what that link may carry, else drops it and
-counts it (reasons in brackets):
+Link rules (wire versions 3 and 4, issue 21). On top of the tag, job, recipient (``misdirected``) and
+replay checks of :mod:`.frame`, a worker takes from each link only what that link may carry, else drops
+it and counts it (reasons in brackets):
 
 - on its controller connection: control frames (PARAMS, UPDATER_STATE, SYNC_ACK, BYE, ERROR, EPOCH_GO,
   MESH_PARENT, MESH_CHILDREN) only from sender 0, and UPDATEs only relayed by the controller (``link``),
-  never its own in PLAIN (``own_update``); PLAIN: each frame must carry the next link number
+  never its own in PLAIN (``own_update``); every control frame must carry the controller's Ed25519
+  signature (``bad_signature``, :mod:`.signing`); PLAIN: each frame must carry the next link number
   (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
 - on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own re-join
   ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
@@ -43,6 +44,7 @@ from sparkgrad.transport.frame import (
     CONTROLLER_ID,
     HEADER_SIZE,
     NO_RELAY,
+    SIGNATURE_SIZE,
     Flag,
     FrameKey,
     FrameRejected,
@@ -68,6 +70,7 @@ from sparkgrad.transport.limits import (
     is_count,
 )
 from sparkgrad.transport.relay import MeshRelay, relay_address_ok
+from sparkgrad.transport.signing import ControllerVerifier
 
 
 class RejoinRequired(TransportError):
@@ -108,6 +111,8 @@ class WorkerConnection(MeshRelay):
         threshold_reference: the fit's reference threshold: a received UPDATE whose threshold the
             controller's bound would refuse is dropped (reason ``threshold``) instead of applied (a MESH
             parent could forge one). None: not checked.
+        controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
+            frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
     """
 
     def __init__(
@@ -123,6 +128,8 @@ class WorkerConnection(MeshRelay):
         relay_host: str | None = None,
         on_params: Callable[[np.ndarray, int, int], None] | None = None,
         threshold_reference: float | None = None,
+        *,
+        controller_key: bytes,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -130,6 +137,7 @@ class WorkerConnection(MeshRelay):
             raise ValueError("on_params: required with relay_host (MESH replaces the parameters on a resync)")
         self._num_params = check_int("num_params", num_params, minimum=1)
         self._key = FrameKey(secret)
+        self._verifier = ControllerVerifier(controller_key)
         self._config = config or ZmqTransportConfiguration()
         self.endpoint = endpoint(host, port)
         self.job_id, self.worker_id = job_id, worker_id
@@ -140,8 +148,12 @@ class WorkerConnection(MeshRelay):
         self._replay = Replay()
         self._seq = 0
         self._ctx = zmq.Context()
-        self._max_frame = HEADER_SIZE + max(
-            8 * num_params, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
+        self._max_state_payload = max(8 * num_params, updater_state_bytes)  # PARAMS, UPDATER_STATE
+        # the controller's frames end with its signature
+        self._max_frame = (
+            HEADER_SIZE
+            + max(self._max_state_payload, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT)
+            + SIGNATURE_SIZE
         )
         max_sent_frame = HEADER_SIZE + max(
             max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
@@ -239,7 +251,7 @@ class WorkerConnection(MeshRelay):
                             f"frame from {peer} is addressed to {header.recipient}, "
                             f"not worker {self.worker_id}",
                         )
-                    self._check_link(header, payload, from_parent, peer)
+                    self._check_link(header, payload, frame, from_parent, peer)
                 except FrameRejected as exc:
                     self._rejected(exc)
                     continue
@@ -249,10 +261,12 @@ class WorkerConnection(MeshRelay):
         if kind == MessageType.UPDATE:
             return max_update_bytes(self._num_params)
         if kind in (MessageType.PARAMS, MessageType.UPDATER_STATE):
-            return self._max_frame - HEADER_SIZE
+            return self._max_state_payload
         return CONTROL_PAYLOAD_LIMIT
 
-    def _check_link(self, header: Header, payload: memoryview, from_parent: bool, peer: str) -> None:
+    def _check_link(
+        self, header: Header, payload: memoryview, frame: bytes, from_parent: bool, peer: str
+    ) -> None:
         """The link rules (module docstring): what a frame may be on the link it came in on. Raises
         FrameRejected; a PLAIN gap in the controller's link numbers raises RejoinRequired."""
         kind = header.message_type
@@ -280,6 +294,10 @@ class WorkerConnection(MeshRelay):
                 )
         elif header.sender != CONTROLLER_ID or kind not in _FROM_CONTROLLER:
             raise FrameRejected("link", f"{kind.name} from worker {header.sender} on the link of {peer}")
+        elif not (header.flags & Flag.SIGNED and self._verifier.verify(frame)):
+            raise FrameRejected(
+                "bad_signature", f"{kind.name} from {peer} does not carry the controller's signature"
+            )
         if from_parent or self.mesh or self._link_next is None:
             return
         expected, self._link_next = self._link_next, self._link_next + 1
