@@ -782,3 +782,59 @@ def test_a_compromised_executor_on_path_cannot_forge_epoch_go_or_params(
             releaser.join()
             conn.close()
             proxy.close()
+
+
+# -- item 3: parameters finite after every update a worker applies ------------------------------------
+def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rejoins(
+    free_port: int, monkeypatch
+) -> None:
+    """Defence in depth behind the threshold bound, on the worker as on the controller: a relayed update
+    whose decoded values overflow (here the worker's decode scaled by 1e32, standing in for any path to
+    a huge step) used to leave the replica non-finite. The worker counts it (non_finite, naming the
+    sender) and re-joins, taking the controller's parameters, which stay finite."""
+    from sparkgrad import compress
+    from sparkgrad.compress import FixedThresholdAlgorithm
+    from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
+    from sparkgrad.spark import shared
+    from sparkgrad.spark.common import NetworkSnapshot
+
+    def overflowing_apply(message: np.ndarray, network, scratch) -> None:
+        scratch.fill(0)
+        compress.decode(message, scratch)
+        with np.errstate(over="ignore"):
+            scratch *= np.float32(1e32)
+        network.apply_update(scratch)
+
+    monkeypatch.setattr(shared, "apply_message", overflowing_apply)
+    conf = MultiLayerConfiguration(
+        [DenseLayer(4, activation="relu"), OutputLayer(2, activation="softmax", loss="mcxent")],
+        input_type=InputType.feed_forward(3),
+    )
+    net = MultiLayerNetwork(conf).init()
+    start = net.params().copy()
+    start[0] = 3e38
+    net.set_params(start)
+    n, job = start.size, 0x501
+    with controller(start, job, free_port, decode=compress.decode) as ctl:
+        spark_job = shared.SharedJob(
+            job, SECRET, CONTROLLER_KEY, "127.0.0.1", free_port, FAST, NetworkSnapshot.of(net),
+            FixedThresholdAlgorithm(1.0), None, "dataset", None, 16, 0, 1, False, 0, False, False, 0,
+        )  # fmt: skip
+        worker = shared.SharedWorker(spark_job, "cpu")
+        sender = WorkerConnection(
+            "127.0.0.1", free_port, job, 7, SECRET, n, FAST, controller_key=CONTROLLER_KEY
+        )
+        try:
+            sender.hello({})
+            sender.send_update(
+                sparse_message([0] * 8, [-1] * 8, n, 1e6), 1, 0
+            )  # +8e6: finite at the controller
+            sender.sync(lambda h, m: None)
+            worker._rejoining(lambda: worker.conn.sync(worker._on_peer))
+            assert worker.conn.counters.rejected_reasons == {"non_finite": 1} and worker.rejoins == 1
+            assert worker.net.params_finite()
+            np.testing.assert_array_equal(worker.net.params(), ctl.params())
+            assert ctl.updates_applied == 1 and ctl.error is None
+        finally:
+            sender.close()
+            worker.close()

@@ -395,6 +395,15 @@ class FlatNetwork:
         return update.copy(), score
 
     @on_device
+    def params_finite(self) -> bool:
+        """Whether every parameter is finite: one float64 sum on the network's device (no temporary of
+        the parameters' size); only a sum that overflows float64 looks at every element."""
+        self._require_init()
+        xp = self._device.xp
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing or nan sum is the answer
+            total = float(xp.sum(self._params, dtype=xp.float64))
+        return math.isfinite(total) or bool(xp.isfinite(self._params).all())
+
     def apply_update(self, update: Any) -> None:
         """``params -= update`` in place (``update``: a device array, or a host array copied across)."""
         self._require_init()

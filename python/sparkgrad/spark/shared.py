@@ -100,6 +100,7 @@ from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.transport import (
     Controller,
+    FrameRejected,
     Header,
     RejoinRequired,
     WorkerConnection,
@@ -369,7 +370,15 @@ class SharedWorker:
         apply_message(message, self.net, self._scratch)
 
     def _on_peer(self, header: Header, message: np.ndarray) -> None:
+        """Apply a peer's update; one that leaves a parameter non-finite is refused (the connection counts
+        it and this worker re-joins for the controller's parameters, which never took it)."""
         self._apply_message(message)
+        if not self.net.params_finite():
+            raise FrameRejected(
+                "non_finite",
+                f"update from worker {header.sender} (threshold {float(message[2:3].view('<f4')[0]):.6g}) "
+                "made parameters non-finite",
+            )
 
     def _rejoin(self, reason: RejoinRequired) -> None:
         """The controller dropped this worker: HELLO again and take the controller's parameters."""

@@ -18,7 +18,10 @@ it and counts it (reasons in brackets):
   ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
 - every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
   (``threshold``, :func:`~sparkgrad.transport.limits.check_update_threshold`) where the worker knows
-  it (``threshold_reference``).
+  it (``threshold_reference``);
+- an UPDATE after which the owner finds a parameter non-finite (its ``on_update`` raises
+  ``FrameRejected("non_finite")``, as ``SharedWorker`` does) is counted (``non_finite``) and the worker
+  re-joins (:class:`RejoinRequired`), taking the controller's parameters, which never included it.
 
 Before the tag, the header's size, type and payload length are checked against the largest payload the
 worker takes of that type (``oversized``), so a malformed or oversized frame costs no HMAC.
@@ -364,6 +367,20 @@ class WorkerConnection(MeshRelay):
             return None
         return header, payload
 
+    def _deliver(
+        self, on_update: Callable[[Header, np.ndarray], None], header: Header, payload: memoryview
+    ) -> None:
+        """Hand a received update to the owner. An owner that finds its parameters broken by it (non-finite
+        after applying it) raises FrameRejected: counted, and this worker re-joins for the controller's
+        parameters, which never included it (the controller refuses such an update before relaying)."""
+        try:
+            on_update(header, update_payload(payload))
+        except FrameRejected as exc:
+            self._rejected(exc)
+            raise RejoinRequired(
+                f"worker {self.worker_id}: {exc}; re-join for the controller's parameters"
+            ) from exc
+
     def _raise_error(self, payload: memoryview, peer: str) -> None:
         try:
             body = parse_json_payload(payload)
@@ -507,7 +524,7 @@ class WorkerConnection(MeshRelay):
                 deadline = time.monotonic() + wait_s  # the wait is for silence, not for the whole catch-up
                 result = self._dispatch(*got)
             if result is not None and result[0].message_type == MessageType.UPDATE and on_update is not None:
-                on_update(result[0], update_payload(result[1]))
+                self._deliver(on_update, *result)
 
     def _wait_for(
         self,
@@ -540,7 +557,7 @@ class WorkerConnection(MeshRelay):
             if header.message_type in wanted:
                 return header, payload
             if header.message_type == MessageType.UPDATE and on_update is not None:
-                on_update(header, update_payload(payload))
+                self._deliver(on_update, header, payload)
 
     def hello(self, info: dict[str, object]) -> tuple[np.ndarray | None, int, int]:
         """Join (or re-join) the job; returns (current parameters copy, iteration, epoch) from the controller.
@@ -607,7 +624,7 @@ class WorkerConnection(MeshRelay):
                 return count
             header, payload = got
             if header.message_type == MessageType.UPDATE:
-                on_update(header, update_payload(payload))
+                self._deliver(on_update, header, payload)
                 count += 1
 
     def sync(

@@ -92,3 +92,23 @@ def test_a_bad_batch_stops_a_multi_batch_fit_after_the_good_ones() -> None:
     np.testing.assert_array_equal(net.params(), reference.params())
     np.testing.assert_array_equal(net.updater_state(), reference.updater_state())
     assert np.isfinite(net.params()).all()
+
+
+@pytest.mark.parametrize("dtype, big", [("float32", 3e38), ("float64", 1e308)])
+def test_params_finite_sees_one_inf_or_nan_even_where_the_sum_overflows(dtype: str, big: float) -> None:
+    """One float64 sum decides in the common case; finite values whose sum overflows it (float64
+    parameters near the limit) fall back to the elementwise check."""
+    conf = MultiLayerConfiguration(
+        [DenseLayer(8, activation="tanh"), OutputLayer(3, activation="softmax", loss="mcxent")],
+        input_type=InputType.feed_forward(6),
+        dtype=dtype,
+    )
+    net = MultiLayerNetwork(conf).init()
+    assert net.params_finite()
+    params = np.full(net.num_params(), big, dtype=dtype)
+    net.set_params(params)
+    assert net.params_finite()  # every value finite, the float64 sum of the float64 ones is not
+    for bad in (np.inf, -np.inf, np.nan):
+        params[5] = bad
+        net.set_params(params)
+        assert not net.params_finite()
