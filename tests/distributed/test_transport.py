@@ -677,3 +677,16 @@ def test_the_controllers_largest_frames_fit_the_workers_limit_with_the_signature
         finally:
             for conn in conns:
                 conn.close()
+
+
+def test_the_old_single_module_is_a_deprecated_alias_of_the_split_transport() -> None:
+    import importlib
+    import sys
+
+    import sparkgrad.transport as transport
+
+    sys.modules.pop("sparkgrad.transport.zmq_transport", None)
+    with pytest.warns(DeprecationWarning, match="sparkgrad.transport.zmq_transport is deprecated"):
+        old = importlib.import_module("sparkgrad.transport.zmq_transport")
+    assert old.Controller is transport.Controller and old.WorkerConnection is transport.WorkerConnection
+    assert old.RateLimitedLog is RateLimitedLog
