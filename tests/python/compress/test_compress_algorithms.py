@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 
 from sparkgrad.compress import (
+    CATCH_UP_SPARSITY,
     DEFAULT_DECAY_RATE,
+    DEFAULT_INITIAL_THRESHOLD,
+    DEFAULT_SPARSITY_TARGET,
     DEFAULT_UPDATE_COMBINATION,
     AdaptiveThresholdAlgorithm,
     FixedThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualClippingPostProcessor,
     TargetSparsityThresholdAlgorithm,
+    default_threshold_algorithm,
     update_scale,
 )
 
@@ -202,6 +206,35 @@ def test_start_at_target_takes_the_first_residuals_target_quantile() -> None:
     assert zeros.calculate_threshold(0, 0, None, None, None, np.zeros(100, np.float32)) == 2e-2
     with pytest.raises(ValueError, match="start_at_target"):
         TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=1)
+
+
+@pytest.mark.parametrize("start_at_target", [True, False])
+def test_threshold_rises_twice_as_fast_while_catching_up(start_at_target: bool) -> None:
+    # a threshold seeded at 1e-3 (target 1e-3), then one message per row: sparsity -> factor it moves by
+    decay = 0.9
+    rows = [
+        (CATCH_UP_SPARSITY * 1e-3 * 1.5, decay**-2 if start_at_target else decay**-1),  # far above: catch up
+        (CATCH_UP_SPARSITY * 1e-3, decay**-1),  # at the catch-up bound: the usual rise
+        (2e-3, decay**-1),
+        (1e-3, 1.0),
+        (5e-4, decay),
+    ]
+    for sparsity, factor in rows:
+        algorithm = TargetSparsityThresholdAlgorithm(
+            2e-2, 1e-3, decay_rate=decay, start_at_target=start_at_target, last_threshold=1e-3
+        )
+        threshold = algorithm.calculate_threshold(5, 0, None, False, sparsity, np.zeros(4, np.float32))
+        assert threshold == pytest.approx(1e-3 * factor, rel=1e-12), sparsity
+
+
+def test_default_threshold_algorithm_starts_at_the_first_updates() -> None:
+    algorithm = default_threshold_algorithm()
+    assert algorithm == TargetSparsityThresholdAlgorithm(
+        DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=True
+    )
+    update = np.full(4000, 1e-4, np.float32)
+    update[:3] = 2e-3  # 4 of 4,000 at the 1e-3 target: the 4th largest magnitude
+    assert algorithm.calculate_threshold(0, 0, None, None, None, update) == pytest.approx(1e-4)
 
 
 def test_update_scale_by_combination() -> None:
