@@ -394,10 +394,23 @@ def _conv_geometry(op: str, v: dict, names: tuple[str, str, str], strides_pads: 
 
 
 def conv2d_forward(
-    x: Any, w: Any, b: Any, y: Any, stride_h: int, stride_w: int, pad_top: int, pad_left: int
+    x: Any,
+    w: Any,
+    b: Any,
+    y: Any,
+    stride_h: int,
+    stride_w: int,
+    pad_top: int,
+    pad_left: int,
+    activation: str = "identity",
 ) -> None:
-    """``y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b``; padding reads zeros."""
+    """``y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b)``; padding reads zeros.
+    ``activation``: identity or relu (as the CPU kernel's fused epilogue)."""
     op = "conv2d_forward"
+    if activation not in ("identity", "relu"):
+        raise ValueError(
+            f"[{op}] activation must be identity or relu (the fused epilogues), got '{activation}'"
+        )
     arrays = {"x": (x, False), "w": (w, False), "y": (y, True)}
     if b is not None:
         arrays["b"] = (b, False)
@@ -408,6 +421,8 @@ def conv2d_forward(
     launch(
         _core.cuda_conv2d, 0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype
     )
+    if activation == "relu":
+        activation_forward("relu", y, y)
 
 
 def conv2d_backward_input(
