@@ -5,20 +5,19 @@
 // narrow for BLAS to run near peak, so several images share one GEMM of (c*r*s, group*p*q) columns. Each
 // thread keeps its group's column matrix in its own reused buffer.
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "cblas.h"
 #include "conv2d_internal.h"
-#include "kernel_util.h"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
 
 namespace sparkgrad::nn {
 
 namespace {
-
-using detail::SingleThreadedBlas;
 
 // Reused per OpenMP thread: training calls conv2d every step with the same shapes. Slot 0 holds the
 // column matrix, slot 1 a group's (k, group*p*q) output or output gradient.
@@ -28,6 +27,32 @@ T* workspace(std::int64_t size) {
   if (static_cast<std::int64_t>(buffer.size()) < size) buffer.resize(static_cast<std::size_t>(size));
   return buffer.data();
 }
+
+// OpenBLAS has one process-wide thread count. While a conv2d call runs its own OpenMP team, BLAS is held
+// at one thread so that each member's GEMM runs inline in that member, instead of asking for a nested
+// team of workers (see common/blas.cpp) on cores that are already busy. Concurrent calls share the
+// hold; the last one out restores the count.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (holders_++ == 0) {
+      saved_ = scipy_openblas_get_num_threads();
+      if (saved_ != 1) scipy_openblas_set_num_threads(1);
+    }
+  }
+  ~SingleThreadedBlas() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--holders_ == 0 && saved_ != 1) scipy_openblas_set_num_threads(saved_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  static inline std::mutex mutex_;
+  static inline int holders_ = 0;
+  static inline int saved_ = 1;
+};
 
 // Images per GEMM: enough for about kGroupColumns output columns, but at most n / kMinGroups so that
 // the batch still splits into groups for the threads. The grouping depends on the shape only, never on
@@ -183,9 +208,12 @@ bool conv2d_winograd_applies(const Conv2dShape& g) {
 }
 
 // Auto: Winograd where it applies and both channel counts are at least kWinogradMinChannels. Below that
-// its per-tile transforms (adds over c input and k output planes) cost more than the 2.25x fewer
-// multiplications save; measured with bench/cpp/bench_nn (see its conv lines) on the development machine.
-constexpr std::int64_t kWinogradMinChannels = 8;
+// each transformed tile feeds too few multiply-adds to pay for its transforms. Measured per pass with
+// 64 images on the development machine (AVX-512, one thread): at 8 channels (28x28) im2col took 0.99,
+// 0.98, 1.01 ms (forward, input gradient, weight gradient) against Winograd's 1.46, 1.32, 1.16; at 16
+// channels Winograd took 3.2, 3.3, 2.9 ms against 3.3, 3.5, 4.1, and at 32 (14x14) 2.0, 2.0, 2.3 against
+// 3.1, 3.1, 3.5.
+constexpr std::int64_t kWinogradMinChannels = 16;
 ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested) {
   const bool applies = conv2d_winograd_applies(g);
   if (requested == ConvAlgorithm::Winograd && !applies) {

@@ -113,7 +113,7 @@ def _all_passes(x, wt, b, dy, pad, algorithm):
 
 
 def test_winograd_same_bits_for_one_and_two_threads():
-    # 12 images of 28x28: 2352 tiles, so the weight gradient's 8 partial sums hold several chunks each.
+    # 12 images of 28x28: 2352 tiles, so the weight gradient's 8 partial sums hold several blocks each.
     rng = np.random.default_rng(9)
     x = rng.standard_normal((12, 8, 28, 28)).astype(np.float32)
     wt = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
@@ -133,7 +133,7 @@ def test_winograd_same_bits_for_one_and_two_threads():
 
 @pytest.mark.parametrize(
     ("c", "k", "kernel", "expected"),
-    [(8, 8, 3, "winograd"), (7, 16, 3, "im2col"), (16, 4, 3, "im2col"), (16, 16, 5, "im2col")],
+    [(16, 16, 3, "winograd"), (15, 32, 3, "im2col"), (32, 8, 3, "im2col"), (16, 16, 5, "im2col")],
 )
 def test_auto_picks_winograd_for_3x3_with_enough_channels(c, k, kernel, expected):
     rng = np.random.default_rng(c * 100 + k)

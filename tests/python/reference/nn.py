@@ -252,8 +252,8 @@ def winograd_forward_bound(x, w, b, out_hw, pad, unit_roundoff) -> np.ndarray:
 
 def winograd_weight_bound(x, dy, pad, unit_roundoff) -> np.ndarray:
     """The same worst case for the weight gradient G^T [ sum over tiles (A dy A^T) . (B^T d B) ] G: m =
-    gradient and input transforms 1 + 1 each, the product 1, the sum over the n * tiles terms, output
-    transform 2 + 2."""
+    gradient transform 3 (a sum of the four dy values), input transform 1 + 1, the product 1, the sum over
+    the n * tiles terms, output transform 2 + 2."""
     x, dy = np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(dy, np.float64))
     bt, g, at = np.abs(WINOGRAD_BT), np.abs(WINOGRAD_G), np.abs(WINOGRAD_AT)
     n, k, p, q = dy.shape
@@ -264,7 +264,7 @@ def winograd_weight_bound(x, dy, pad, unit_roundoff) -> np.ndarray:
     e = np.einsum("ai,nktsij,bj->nktsab", at.T, dy_tiles, at.T)
     v = np.einsum("ai,nctsij,bj->nctsab", bt, _winograd_tiles(x, (p, q), pad), bt)
     total = np.einsum("nktsab,nctsab->kcab", e, v)
-    m = n * th * tw + 8
+    m = n * th * tw + 9
     return m * unit_roundoff / (1 - m * unit_roundoff) * np.einsum("ai,kcab,bj->kcij", g, total, g)
 
 
