@@ -6,7 +6,8 @@
 //   all of this machine's threads (measured in the same run) over the GPU time. Needs a CUDA build
 //   (-DSPARKGRAD_ENABLE_CUDA=ON) and a visible GPU; says which is missing otherwise.
 // Both: `vs_gemm` for conv = one bare GEMM of the same total (m, n, k) im2col product on the same device
-//   over the conv pass (> 1: the per-image formulation beats the batch-wide GEMM). LSTM FLOPs count its
+//   over the conv pass (> 1: the conv beats the batch-wide GEMM); `of_peak` = the conv's rate over the
+//   1024^3 sgemm's of the same run. On the CPU each conv pass has one line per algorithm (bench_conv). LSTM FLOPs count its
 //   GEMMs (the gate arithmetic is a few percent): forward 2 n t (c + h) 4h, backward 2 n t 4h (2c + 2h).
 //   build: cmake -S . -B build/bench -G Ninja -DSPARKGRAD_BUILD_BENCH=ON [-DSPARKGRAD_ENABLE_CUDA=ON] \
 //            -DPython_EXECUTABLE=... -Dpybind11_DIR=... && cmake --build build/bench --target bench_nn
@@ -131,42 +132,55 @@ void bench_gemm(Device device, std::vector<Line>& out, std::int64_t m, std::int6
   out.push_back({label, 2.0 * m * n * k, time_gemm(device, m, n, k), ""});
 }
 
-void bench_conv(Device device, std::vector<Line>& out, const std::string& name, const nn::Conv2dShape& g) {
+// Every pass of one conv shape, per algorithm on the CPU (im2col + GEMM; Winograd F(2x2, 3x3) where it
+// applies; "auto" is whichever conv2d picks), one line each on the GPU. GFLOP/s count the direct
+// convolution's 2 k c r s n p q multiply-adds for every algorithm, so Winograd's fewer multiplications show
+// as a higher rate; `of_peak` is that rate over the sgemm peak measured in the same run.
+void bench_conv(Device device, std::vector<Line>& out, const std::string& name, const nn::Conv2dShape& g,
+                double peak) {
   const bool gpu = device == Device::Cuda;
   Buffer x(device, g.n * g.c * g.h * g.w, 3), w(device, g.k * g.c * g.r * g.s, 4), b(device, g.k, 5);
   Buffer dy(device, g.n * g.k * g.p * g.q, 6), y(device, g.n * g.k * g.p * g.q, 0);
   Buffer dx(device, g.n * g.c * g.h * g.w, 0), dw(device, g.k * g.c * g.r * g.s, 0);
   const std::int64_t crs = g.c * g.r * g.s, npq = g.n * g.p * g.q;
   const double flops = 2.0 * g.k * crs * npq;  // each pass is one (k x crs x n*p*q) product
-  struct Pass {
-    const char* label;
-    std::function<void()> run;
-    double gemm_seconds;
-  } passes[] = {
-      {"forward",
-       [&] {
-         if (gpu) nn::cuda::conv2d_forward<float>(g, x.get(), w.get(), b.get(), y.get());
-         else nn::conv2d_forward<float>(g, x.get(), w.get(), b.get(), y.get());
-       },
-       time_gemm(device, g.k, npq, crs)},
-      {"backward_input",
-       [&] {
-         if (gpu) nn::cuda::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get());
-         else nn::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get());
-       },
-       time_gemm(device, crs, npq, g.k)},
-      {"backward_weight",
-       [&] {
-         if (gpu) nn::cuda::conv2d_backward_weight<float>(g, x.get(), dy.get(), dw.get());
-         else nn::conv2d_backward_weight<float>(g, x.get(), dy.get(), dw.get());
-       },
-       time_gemm(device, g.k, crs, npq)},
-  };
-  for (const Pass& pass : passes) {
-    const double seconds = time_call(device, pass.run);
-    char extra[64];
-    std::snprintf(extra, sizeof extra, "  vs_gemm=%.2f", pass.gemm_seconds / seconds);
-    out.push_back({"conv2d " + name + " " + pass.label, flops, seconds, extra});
+  const double gemm_seconds[3] = {time_gemm(device, g.k, npq, crs), time_gemm(device, crs, npq, g.k),
+                                  time_gemm(device, g.k, crs, npq)};
+  std::vector<std::pair<std::string, nn::ConvAlgorithm>> algorithms = {{"", nn::ConvAlgorithm::Auto}};
+  if (!gpu) {
+    const bool winograd = nn::conv2d_winograd_applies(g);
+    const bool auto_winograd = nn::conv2d_algorithm("bench", g, nn::ConvAlgorithm::Auto) == nn::ConvAlgorithm::Winograd;
+    algorithms = {{"im2col", nn::ConvAlgorithm::Im2col}};
+    if (winograd) algorithms.push_back({"winograd", nn::ConvAlgorithm::Winograd});
+    for (auto& [label, algorithm] : algorithms) {
+      if ((algorithm == nn::ConvAlgorithm::Winograd) == auto_winograd) label += "(auto)";
+    }
+  }
+  for (const auto& [label, algorithm] : algorithms) {
+    const nn::ConvAlgorithm a = algorithm;
+    const std::function<void()> passes[3] = {
+        [&] {
+          if (gpu) nn::cuda::conv2d_forward<float>(g, x.get(), w.get(), b.get(), y.get());
+          else nn::conv2d_forward<float>(g, x.get(), w.get(), b.get(), y.get(), false, a);
+        },
+        [&] {
+          if (gpu) nn::cuda::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get());
+          else nn::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get(), a);
+        },
+        [&] {
+          if (gpu) nn::cuda::conv2d_backward_weight<float>(g, x.get(), dy.get(), dw.get());
+          else nn::conv2d_backward_weight<float>(g, x.get(), dy.get(), dw.get(), a);
+        },
+    };
+    const char* pass_names[3] = {"forward", "backward_input", "backward_weight"};
+    for (int pass = 0; pass < 3; ++pass) {
+      const double seconds = time_call(device, passes[pass]);
+      char extra[96];
+      std::snprintf(extra, sizeof extra, "  vs_gemm=%.2f  of_peak=%.2f", gemm_seconds[pass] / seconds,
+                    flops / seconds / peak);
+      const std::string variant = label.empty() ? "" : " " + label;
+      out.push_back({"conv2d " + name + " " + pass_names[pass] + variant, flops, seconds, extra});
+    }
   }
 }
 
@@ -207,21 +221,29 @@ void bench_lstm(Device device, std::vector<Line>& out, const nn::LstmShape& s) {
 }
 
 std::vector<Line> run_all(Device device) {
-  // LeNet, batch 64: 1x28x28 -> 20 5x5 -> (pool) 20x12x12 -> 50 5x5; plus a "same"-padded 3x3 layer; the
-  // LSTM of bench/python/bench_lstm.py (batch 64, 50 steps, input 64, hidden 256).
+  // LeNet, batch 64: 1x28x28 -> 20 5x5 -> (pool) 20x12x12 -> 50 5x5; the residual CNN of
+  // bench/python/bench_train_step.py (batch 64, "same" 3x3: 16 channels at 28x28, 16 -> 32 and 32 at
+  // 14x14); two CIFAR-shaped layers (32 channels at 32x32, 64 at 16x16); the LSTM of bench_lstm.py
+  // (batch 64, 50 steps, input 64, hidden 256). The 1024^3 sgemm is the peak the conv lines compare with.
   std::vector<Line> out;
   bench_gemm(device, out, 1024, 1024, 1024);
+  const double peak = out.back().flops / out.back().seconds;
   bench_gemm(device, out, 128, 1024, 784);
   bench_gemm(device, out, 128, 512, 1024);
-  bench_conv(device, out, "lenet1 64x1x28x28 k20 5x5", {64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0});
-  bench_conv(device, out, "lenet2 64x20x12x12 k50 5x5", {64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0});
-  bench_conv(device, out, "same 64x16x28x28 k32 3x3", {64, 16, 28, 28, 32, 3, 3, 28, 28, 1, 1, 1, 1});
+  bench_conv(device, out, "lenet1 64x1x28x28 k20 5x5", {64, 1, 28, 28, 20, 5, 5, 24, 24, 1, 1, 0, 0}, peak);
+  bench_conv(device, out, "lenet2 64x20x12x12 k50 5x5", {64, 20, 12, 12, 50, 5, 5, 8, 8, 1, 1, 0, 0}, peak);
+  bench_conv(device, out, "resnet 64x16x28x28 k16 3x3", {64, 16, 28, 28, 16, 3, 3, 28, 28, 1, 1, 1, 1}, peak);
+  bench_conv(device, out, "resnet 64x16x14x14 k32 3x3", {64, 16, 14, 14, 32, 3, 3, 14, 14, 1, 1, 1, 1}, peak);
+  bench_conv(device, out, "resnet 64x32x14x14 k32 3x3", {64, 32, 14, 14, 32, 3, 3, 14, 14, 1, 1, 1, 1}, peak);
+  bench_conv(device, out, "same 64x16x28x28 k32 3x3", {64, 16, 28, 28, 32, 3, 3, 28, 28, 1, 1, 1, 1}, peak);
+  bench_conv(device, out, "cifar 64x32x32x32 k32 3x3", {64, 32, 32, 32, 32, 3, 3, 32, 32, 1, 1, 1, 1}, peak);
+  bench_conv(device, out, "cifar 64x64x16x16 k64 3x3", {64, 64, 16, 16, 64, 3, 3, 16, 16, 1, 1, 1, 1}, peak);
   bench_lstm(device, out, {64, 50, 64, 256});
   return out;
 }
 
 void print(const char* where, const Line& line, const char* ratio_name, double ratio) {
-  std::printf("%s  %-52s %8.2f GFLOP/s  %8.3f ms  %s=%.2f%s\n", where, line.label.c_str(),
+  std::printf("%s  %-62s %8.2f GFLOP/s  %8.3f ms  %s=%.2f%s\n", where, line.label.c_str(),
               line.flops / line.seconds / 1e9, line.seconds * 1e3, ratio_name, ratio, line.extra.c_str());
 }
 

@@ -377,9 +377,21 @@ nn::Conv2dShape conv_shape(const char* op, const char* x_name, const Shape& x, c
   return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride_h, stride_w, pad_top, pad_left};
 }
 
+// The activations a convolution's forward can fuse: identity or relu (true).
+bool fused_relu(const char* op, const std::string& activation) {
+  const nn::Activation kind = nn::parse_activation(op, activation);
+  if (kind != nn::Activation::Identity && kind != nn::Activation::Relu) {
+    throw_invalid(op, "activation must be identity or relu (the fused epilogues), got '", activation, "'");
+  }
+  return kind == nn::Activation::Relu;
+}
+
 void conv2d_forward(const py::array& x_in, const py::array& w_in, const py::object& b_in, const py::array& y_in,
-                    std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+                    std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
+                    const std::string& activation, const std::string& algorithm) {
   const char* op = "conv2d_forward";
+  const bool relu = fused_relu(op, activation);
+  const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
   dispatch_float(op, "x", x_in, [&](auto tag) {
     using T = decltype(tag);
     auto x = checked_array<T>(op, "x", x_in);
@@ -390,14 +402,17 @@ void conv2d_forward(const py::array& x_in, const py::array& w_in, const py::obje
     py::array_t<T, py::array::c_style> b_keep;
     const T* b = optional_data<T>(op, "b", b_in, &b_keep);
     if (b) require_shape(op, "b", b_keep, {g.k});
+    nn::conv2d_algorithm(op, g, requested);  // a Winograd request on a shape it cannot compute: ValueError
     py::gil_scoped_release release;
-    nn::conv2d_forward<T>(g, x.data(), w.data(), b, y.mutable_data());
+    nn::conv2d_forward<T>(g, x.data(), w.data(), b, y.mutable_data(), relu, requested);
   });
 }
 
 void conv2d_backward_input(const py::array& dy_in, const py::array& w_in, const py::array& dx_in,
-                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
+                           const std::string& algorithm) {
   const char* op = "conv2d_backward_input";
+  const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
   dispatch_float(op, "dy", dy_in, [&](auto tag) {
     using T = decltype(tag);
     auto dy = checked_array<T>(op, "dy", dy_in);
@@ -405,14 +420,17 @@ void conv2d_backward_input(const py::array& dy_in, const py::array& w_in, const 
     auto dx = checked_array<T>(op, "dx", dx_in, true);
     const nn::Conv2dShape g =
         conv_shape(op, "dx", shape_of(dx), shape_of(w), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    nn::conv2d_algorithm(op, g, requested);
     py::gil_scoped_release release;
-    nn::conv2d_backward_input<T>(g, dy.data(), w.data(), dx.mutable_data());
+    nn::conv2d_backward_input<T>(g, dy.data(), w.data(), dx.mutable_data(), requested);
   });
 }
 
 void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const py::array& dw_in,
-                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
+                            const std::string& algorithm) {
   const char* op = "conv2d_backward_weight";
+  const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
   dispatch_float(op, "x", x_in, [&](auto tag) {
     using T = decltype(tag);
     auto x = checked_array<T>(op, "x", x_in);
@@ -420,8 +438,9 @@ void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const
     auto dw = checked_array<T>(op, "dw", dw_in, true);
     const nn::Conv2dShape g =
         conv_shape(op, "x", shape_of(x), shape_of(dw), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
+    nn::conv2d_algorithm(op, g, requested);
     py::gil_scoped_release release;
-    nn::conv2d_backward_weight<T>(g, x.data(), dy.data(), dw.mutable_data());
+    nn::conv2d_backward_weight<T>(g, x.data(), dy.data(), dw.mutable_data(), requested);
   });
 }
 
@@ -861,13 +880,16 @@ void init_nn(py::module_& m) {
         py::arg("batch_mean"), py::arg("batch_var"), py::arg("dx"), py::arg("dgamma"), py::arg("dbeta"),
         py::arg("eps"), "dx, dgamma, dbeta of the training-mode forward.");
   m.def("conv2d_forward", &conv2d_forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"), py::arg("stride_h"),
-        py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
-        "y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b; padding reads zeros.");
+        py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"), py::arg("activation") = "identity",
+        py::arg("algorithm") = "auto",
+        "y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b); padding reads zeros. activation: "
+        "identity or relu (fused). algorithm: auto (per shape), im2col or winograd (3x3, stride 1, padding <= 2).");
   m.def("conv2d_backward_input", &conv2d_backward_input, py::arg("dy"), py::arg("w"), py::arg("dx"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
-        "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");
+        py::arg("algorithm") = "auto", "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");
   m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        py::arg("algorithm") = "auto",
         "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
   m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
         py::arg("cs"), py::arg("gates"), py::arg("act_c"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),

@@ -63,15 +63,26 @@ struct Conv2dShape {
   std::int64_t p, q;        // output height, width
   std::int64_t stride_h, stride_w, pad_top, pad_left;
 };
-// b: (k) or null.
+// How a convolution is computed: im2col + GEMM, or Winograd F(2x2, 3x3) (3x3 kernels, stride 1, padding
+// <= 2). Auto picks per shape by the rule measured in conv2d.cpp.
+enum class ConvAlgorithm : std::uint8_t { Auto, Im2col, Winograd };
+// Parses "auto", "im2col" or "winograd"; throws std::invalid_argument "[op] ..." otherwise.
+ConvAlgorithm parse_conv_algorithm(const char* op, const std::string& name);
+bool conv2d_winograd_applies(const Conv2dShape& g);
+// What `requested` runs as for g (never Auto); throws "[op] ..." for Winograd on a shape it cannot compute.
+ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested);
+// b: (k) or null. relu: y = max(conv + b, 0), fused into the pass that writes y.
 template <typename T>
-void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y);
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
+                    ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 // dy: (n, k, p, q) -> dx: (n, c, h, w).
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+                           ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c, r, s).
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw,
+                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 
 // ---- pooling (cpp/src/nn/pool2d.cpp) --------------------------------------------------------------
 enum class PoolKind : std::uint8_t { Max, Avg, Sum };

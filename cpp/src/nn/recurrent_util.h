@@ -3,27 +3,13 @@
 // with that file's flags (both set -fno-trapping-math in cpp/CMakeLists.txt so the clamps vectorize).
 #pragma once
 
-// The library is built for the baseline ISA (no -march), so the per-row step functions are compiled
-// three times, for AVX-512 (x86-64-v4), AVX2 + FMA (v3) and the baseline, and the loader picks the
-// widest the CPU has (GCC target_clones, an ifunc). The helpers they call are forced inline so that
-// their loops get the clone's instructions. Other compilers and targets get the portable build.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define SPARKGRAD_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SPARKGRAD_SIMD_CLONES
-#endif
-#if defined(__GNUC__)
-#define SPARKGRAD_FORCE_INLINE inline __attribute__((always_inline))
-#else
-#define SPARKGRAD_FORCE_INLINE inline
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "kernel_util.h"
 #include "sparkgrad/nn.h"
 
 namespace sparkgrad::nn {

@@ -20,6 +20,9 @@ from sparkgrad.nn._recurrent import build_sequence_runtime
 from sparkgrad.nn.enums import Activation
 from sparkgrad.nn.input_type import InputType
 
+# What conv2d_forward applies in its epilogue (``activation=``) on every device.
+_FUSED_CONV_ACTIVATIONS = (Activation.IDENTITY, Activation.RELU)
+
 
 class DenseRuntime(LayerRuntime):
     """DenseLayer and the dense part of OutputLayer: ``z = x W + b``."""
@@ -114,11 +117,19 @@ class ConvolutionRuntime(LayerRuntime):
 
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
-        self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
+        shape = (x.shape[0], self.conf.n_out, self.p, self.q)
         bias = self.params[L.BIAS] if self.conf.has_bias else None
-        self.k.conv2d_forward(
-            self.x, self.params[L.WEIGHT], bias, self.z, *self.stride, self.pad_top, self.pad_left
-        )
+        geometry = (*self.stride, self.pad_top, self.pad_left)
+        if self.activation in _FUSED_CONV_ACTIVATIONS:
+            # The kernel applies the activation as it writes the output: no second sweep, and y stands in
+            # for z in the backward (relu's derivative depends only on the sign, which y keeps).
+            self.z = self.y = self.buf("y", shape)
+            self.k.conv2d_forward(
+                self.x, self.params[L.WEIGHT], bias, self.y, *geometry, activation=self.activation.value
+            )
+            return self.y
+        self.z = self.buf("z", shape)
+        self.k.conv2d_forward(self.x, self.params[L.WEIGHT], bias, self.z, *geometry)
         self.y = self._activate(self.z)
         return self.y
 

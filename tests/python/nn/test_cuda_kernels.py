@@ -929,3 +929,26 @@ def test_scale_shift_and_l2_vertices_match_cpu(cp: Any, dtype: Any) -> None:
     )
     _close(gda, da, 1)  # (a - b) * dy / max(y, eps) in double, rounded once
     _close(gdb, db, 1)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: cuda.conv2d_backward_weight(None, None, None, 1, 1, 0, 0, algorithm="winograd"),
+            r"\[conv2d_backward_weight\] algorithm 'winograd' has no GPU kernel, use auto or im2col",
+        ),
+        (
+            lambda: cuda.conv2d_backward_input(None, None, None, 1, 1, 0, 0, algorithm="fft"),
+            r"\[conv2d_backward_input\] algorithm 'fft' is unknown, expected auto or im2col",
+        ),
+        (
+            lambda: cuda.conv2d_forward(None, None, None, None, 1, 1, 0, 0, activation="tanh"),
+            r"\[conv2d_forward\] activation must be identity or relu \(the fused epilogues\), got 'tanh'",
+        ),
+    ],
+)
+def test_conv2d_front_doors_reject_winograd_and_unfused_activations(call: Any, message: str) -> None:
+    # Checked before any array is touched: the GPU runs im2col + cuBLAS and fuses relu only.
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -171,6 +171,17 @@ def test_gradient_convolution(conv: ConvolutionLayer) -> None:
     _check([conv, OutputLayer(3)], InputType.convolutional(5, 6, 2), _image_data(rng, 3, 2, 5, 6))
 
 
+def test_gradient_convolution_with_fused_relu() -> None:
+    # A relu convolution's kernel applies the relu as it writes y, which then stands in for z in the
+    # backward (tests/python/nn/test_kernels_winograd.py checks the same epilogue on the Winograd path).
+    rng = np.random.default_rng(8)
+    _check(
+        [ConvolutionLayer(3, kernel_size=(3, 3), convolution_mode="same", activation="relu"), OutputLayer(3)],
+        InputType.convolutional(5, 6, 2),
+        _image_data(rng, 3, 2, 5, 6),
+    )
+
+
 @pytest.mark.parametrize("pooling", ["max", "avg"])
 @pytest.mark.parametrize("mode", ["truncate", "same"])
 def test_gradient_subsampling(pooling: str, mode: str) -> None:

@@ -216,6 +216,58 @@ def conv2d_backward_weight(x, dy, w_shape, stride, pad) -> np.ndarray:
     return dw
 
 
+# Winograd F(2x2, 3x3): y = A^T [ sum_c (G g G^T) . (B^T d B) ] A per 2x2 output tile, d its 4x4 patch.
+WINOGRAD_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
+WINOGRAD_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+
+
+def _winograd_tiles(x, out_hw, pad) -> np.ndarray:
+    """(n, c, tiles_h, tiles_w, 4, 4): the zero-padded 4x4 input patch of every 2x2 output tile."""
+    n, c, h, w = x.shape
+    th, tw = -(-out_hw[0] // 2), -(-out_hw[1] // 2)
+    xp = np.zeros((n, c, 2 * th + 2 + h + pad[0], 2 * tw + 2 + w + pad[1]))
+    xp[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w] = x
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))
+    return windows[:, :, : 2 * th : 2, : 2 * tw : 2]
+
+
+def winograd_forward_bound(x, w, b, out_hw, pad, unit_roundoff) -> np.ndarray:
+    """Worst-case rounding error of each Winograd forward output: gamma_m times the sum the algorithm
+    forms with every matrix, kernel and input replaced by its absolute value. m counts the roundings on
+    the longest path: kernel transform 2 + 2 adds, input transform 1 + 1, the product 1, the sum over the
+    c channels c - 1, output transform 2 + 2, bias 1 (m = c + 11; the halvings are exact)."""
+    x, w = np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64))
+    bt, g, at = np.abs(WINOGRAD_BT), np.abs(WINOGRAD_G), np.abs(WINOGRAD_AT)
+    u = np.einsum("ai,kcij,bj->kcab", g, w, g)
+    v = np.einsum("ai,nctsij,bj->nctsab", bt, _winograd_tiles(x, out_hw, pad), bt)
+    y = np.einsum("ia,nktsab,jb->nktsij", at, np.einsum("kcab,nctsab->nktsab", u, v), at)
+    n, k, th, tw = y.shape[:4]
+    y = y.transpose(0, 1, 2, 4, 3, 5).reshape(n, k, 2 * th, 2 * tw)[:, :, : out_hw[0], : out_hw[1]]
+    if b is not None:
+        y = y + np.abs(np.asarray(b, np.float64))[None, :, None, None]
+    m = x.shape[1] + 11
+    return m * unit_roundoff / (1 - m * unit_roundoff) * y
+
+
+def winograd_weight_bound(x, dy, pad, unit_roundoff) -> np.ndarray:
+    """The same worst case for the weight gradient G^T [ sum over tiles (A dy A^T) . (B^T d B) ] G: m =
+    gradient transform 3 (a sum of the four dy values), input transform 1 + 1, the product 1, the sum over
+    the n * tiles terms, output transform 2 + 2."""
+    x, dy = np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(dy, np.float64))
+    bt, g, at = np.abs(WINOGRAD_BT), np.abs(WINOGRAD_G), np.abs(WINOGRAD_AT)
+    n, k, p, q = dy.shape
+    th, tw = -(-p // 2), -(-q // 2)
+    dyp = np.zeros((n, k, 2 * th, 2 * tw))
+    dyp[:, :, :p, :q] = dy
+    dy_tiles = dyp.reshape(n, k, th, 2, tw, 2).transpose(0, 1, 2, 4, 3, 5)
+    e = np.einsum("ai,nktsij,bj->nktsab", at.T, dy_tiles, at.T)
+    v = np.einsum("ai,nctsij,bj->nctsab", bt, _winograd_tiles(x, (p, q), pad), bt)
+    total = np.einsum("nktsab,nctsab->kcab", e, v)
+    m = n * th * tw + 9
+    return m * unit_roundoff / (1 - m * unit_roundoff) * np.einsum("ai,kcab,bj->kcij", g, total, g)
+
+
 # ---- pooling -------------------------------------------------------------------------------------
 
 
