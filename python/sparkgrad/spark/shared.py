@@ -42,6 +42,7 @@ import logging
 import random
 import secrets
 import socket
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,7 @@ from sparkgrad.spark.config import (
     check_storage_level,
 )
 from sparkgrad.spark.devices import check_worker_device
+from sparkgrad.spark.partitioning import shuffle_in_place
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared_worker import (
     SharedJob,
@@ -124,6 +126,11 @@ class _ProgressController(Controller):
         encoded = int(np.count_nonzero(self._scratch)) if message[3] == 1 else int(message[0])
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
+
+    def _round_averaged(self, epoch: int, minibatches: int, score: float | None) -> None:
+        self.progress.minibatches(minibatches)
+        if score is not None:
+            self.progress.loss(score)
 
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
         report = super()._count_trained(identity, sender, epoch, payload)
@@ -221,6 +228,29 @@ def _task_slots(sc: SparkContext) -> int:
     return max(1, int(sc.defaultParallelism) // max(1, cpus))
 
 
+def _barrier_ready(rdd: Any) -> bool:
+    """Whether Spark runs a barrier stage over ``rdd``: every RDD of its stage (back to the shuffles)
+    has ``rdd``'s number of partitions (SPARK-24820 refuses unions, coalesces and the like)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        top = rdd._jrdd.rdd()
+        count = top.getNumPartitions()
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            if node.getNumPartitions() != count:
+                return False
+            dependencies = node.dependencies()
+            for i in range(dependencies.size()):
+                dependency = dependencies.apply(i)
+                if dependency.getClass().getSimpleName() != "ShuffleDependency":
+                    stack.append(dependency.rdd())
+    except Py4JError:  # an internal API: without it, a shuffle keeps the stage safe
+        return False
+    return True
+
+
 def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
     """Merge per-worker results keeping each worker's latest report (stats of all tasks merged)."""
     out = dict(a)
@@ -236,8 +266,193 @@ def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int,
     return out
 
 
+class ControllerFit(ABC):
+    """The driver's side of a fit whose workers train in Spark tasks around a controller on the driver:
+    SharedTrainingMaster's gradient sharing, and ParameterAveragingTrainingMaster's rounds in one job.
+
+    Both masters run the same job (one barrier job for every epoch, :func:`_run_watched` serving the
+    epoch barrier), the same controller and the same executor-side worker
+    (:mod:`sparkgrad.spark.shared_worker`); a master says what differs through :meth:`_controller_options`,
+    :meth:`_job_options` and :meth:`_epoch_state`. The masters are dataclasses with the fields
+    ``void_configuration``, ``transport``, ``batch_size_per_worker``, ``worker_prefetch_num_batches``,
+    ``collect_training_stats``, ``rng_seed``, ``progress`` and ``worker_device``.
+    """
+
+    void_configuration: VoidConfiguration
+    transport: ZmqTransportConfiguration | None
+    batch_size_per_worker: int
+    worker_prefetch_num_batches: int
+    collect_training_stats: bool
+    rng_seed: int | None
+    progress: bool
+    worker_device: str
+    last_traffic: dict[str, float]
+
+    @abstractmethod
+    def _controller_options(self) -> dict[str, Any]:
+        """The Controller keyword arguments of this master's fit."""
+
+    @abstractmethod
+    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+        """The SharedJob fields of this master's fit besides the common ones."""
+
+    @abstractmethod
+    def _epoch_state(self, network: Any, controller: Controller) -> None:
+        """At every epoch end and at the fit's end: what the driver's network takes from the controller
+        besides its parameters and counters."""
+
+    def _run_job(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        units: Any,
+        data: Any,
+        stats: SparkTrainingStats | None,
+        epochs: int,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        slots: int,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> tuple[dict[int, WorkerResult], Controller]:
+        """Train ``network`` in place over ``units`` for ``epochs``; returns the workers' results and
+        the (closed) controller."""
+        transport = self.transport or ZmqTransportConfiguration()
+        void = self.void_configuration
+        host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
+        try:
+            bind = socket.gethostbyname(host)
+        except OSError as exc:
+            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
+        job_id = random.SystemRandom().getrandbits(63) + 1
+        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
+        partitions = units.getNumPartitions()
+        barrier = partitions <= slots
+        if barrier and not _barrier_ready(units):
+            units = shuffle_in_place(units)
+        first_epoch = int(network.epoch_count)
+        examples = data.num_units * data.examples_per_unit
+        progress = FitProgress(
+            epochs,
+            first_epoch,
+            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
+            self.batch_size_per_worker,
+            enabled=self.progress,
+            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
+            on_epoch=epoch_progress,
+        )
+        controller = _ProgressController(
+            network.params(),
+            job_id,
+            secret,
+            bind,
+            void.unicast_port,
+            transport,
+            iteration=int(network.iteration_count),
+            epoch=first_epoch,
+            updater_state=network.updater_state(),
+            progress=progress,
+            **self._controller_options(),
+        )
+        finished = first_epoch
+
+        def on_epoch(epoch: int) -> bool:
+            """The driver's side of an epoch end: the network takes the controller's parameters."""
+            nonlocal finished
+            finished = epoch + 1
+            progress.end_epoch(epoch)
+            network.set_params(controller.params())
+            self._epoch_state(network, controller)
+            network.epoch_count = finished
+            network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
+            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
+            return stop or finished >= first_epoch + epochs
+
+        results: dict[int, WorkerResult] = {}
+        try:
+            if barrier:
+                controller.expect_workers(partitions)
+            job = SharedJob(
+                job_id=job_id,
+                secret=secret,
+                host=host,
+                port=controller.port,
+                transport=transport,
+                snapshot=NetworkSnapshot.of(network),
+                kind=data.kind,
+                loader=data.loader,
+                batch_size=self.batch_size_per_worker,
+                prefetch=self.worker_prefetch_num_batches,
+                collect_stats=self.collect_training_stats,
+                barrier=barrier,
+                shuffle_seed=(
+                    self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
+                ),
+                worker_device=self.worker_device,
+                **self._job_options(partitions, slots),
+            )
+            bc = sc.broadcast(job)
+            try:
+                if barrier:  # every epoch in one job
+                    train = shared_partition(bc, first_epoch, epochs)
+                    # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as a
+                    # whole when a task or an executor fails (a failed barrier result stage ends the job)
+                    for part in _run_watched(
+                        sc,
+                        controller,
+                        lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
+                        on_epoch,
+                        progress,
+                    ):
+                        results = _latest(results, part)
+                else:  # more partitions than slots: one job per epoch
+                    for epoch in range(first_epoch, first_epoch + epochs):
+                        train = shared_partition(bc, epoch, 1)
+                        for part in _run_watched(
+                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
+                        ):
+                            results = _latest(results, part)
+                        if on_epoch(epoch):
+                            break
+            finally:
+                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
+        finally:
+            controller.close()
+            progress.close()
+        network.set_params(controller.params())
+        self._epoch_state(network, controller)
+        network.epoch_count = max(finished, int(network.epoch_count))
+        network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
+        c = controller.counters
+        self.last_traffic = {
+            "controller_bytes_received": c.bytes_received,
+            "controller_bytes_sent": c.bytes_sent,
+            "controller_messages_received": c.messages_received,
+            "controller_messages_sent": c.messages_sent,
+            "controller_update_bytes_relayed": c.update_bytes,
+            "controller_frames_rejected": c.frames_rejected,
+            **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
+            "controller_peers_dropped": c.peers_dropped,
+            "updates_applied": controller.updates_applied,
+            "rounds_averaged": controller.rounds_averaged,
+            "workers": len(controller.workers_seen),
+            # workers that joined but returned no result (killed or failed tasks): their applied updates
+            # stay in the model and in updates_applied
+            "workers_lost": len(controller.workers_seen - results.keys()),
+            "updates_from_lost_workers": sum(
+                n for w, n in controller.updates_by_worker.items() if w not in results
+            ),
+            "retrained_minibatches": controller.retrained_minibatches,
+            "updater_state_reports": controller.updater_state_reports,
+            "epochs": finished - first_epoch,
+            "spark_jobs": 1 if barrier else finished - first_epoch,
+        }
+        if stats is not None:
+            for name, value in self.last_traffic.items():
+                stats.count(name, value)
+        return results, controller
+
+
 @dataclass
-class SharedTrainingMaster(TrainingMasterBase, Config):
+class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     """Gradient sharing with threshold-encoded updates (DL4J ``SharedTrainingMaster``), PLAIN topology.
 
     Args:
@@ -417,7 +632,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
             units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
-        results = self._run_job(
+        results, _ = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )
         with Timer(stats, MASTER_PROCESS):
@@ -428,155 +643,27 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         self.last_stats = stats
         return score
 
-    def _run_job(
-        self,
-        sc: SparkContext,
-        network: MultiLayerNetwork,
-        units: Any,
-        data: Any,
-        stats: SparkTrainingStats | None,
-        epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
-        slots: int,
-        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
-    ) -> dict[int, WorkerResult]:
-        transport = self.transport or ZmqTransportConfiguration()
-        void = self.void_configuration
-        host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
-        try:
-            bind = socket.gethostbyname(host)
-        except OSError as exc:
-            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
-        job_id = random.SystemRandom().getrandbits(63) + 1
-        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
-        algorithm = self.current_threshold_algorithm
-        partitions = units.getNumPartitions()
-        barrier = partitions <= slots
-        first_epoch = int(network.epoch_count)
-        examples = data.num_units * data.examples_per_unit
-        progress = FitProgress(
-            epochs,
-            first_epoch,
-            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
-            self.batch_size_per_worker,
-            enabled=self.progress,
-            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
-            on_epoch=epoch_progress,
-        )
-        controller = _ProgressController(
-            network.params(),
-            job_id,
-            secret,
-            bind,
-            void.unicast_port,
-            transport,
-            iteration=int(network.iteration_count),
-            epoch=first_epoch,
-            threshold_reference=reference_threshold(algorithm),
-            updater_state=network.updater_state(),
-            mesh=self.mesh_build_mode == MeshBuildMode.MESH,
-            progress=progress,
-        )
-        finished = first_epoch
-
-        def on_epoch(epoch: int) -> bool:
-            """The driver's side of an epoch end: the network takes the controller's parameters."""
-            nonlocal finished
-            finished = epoch + 1
-            progress.end_epoch(epoch)
-            network.set_params(controller.params())
-            network.epoch_count = finished
-            network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
-            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
-            return stop or finished >= first_epoch + epochs
-
-        results: dict[int, WorkerResult] = {}
-        try:
-            if barrier:
-                controller.expect_workers(partitions)
-            job = SharedJob(
-                job_id,
-                secret,
-                host,
-                controller.port,
-                transport,
-                NetworkSnapshot.of(network),
-                algorithm,
-                self.residual_post_processor or NoOpResidualPostProcessor(),
-                data.kind,
-                data.loader,
-                self.batch_size_per_worker,
-                self.worker_prefetch_num_batches,
-                self.workers_per_node,
-                self.encoding_debug_mode,
-                self.debug_longer_iterations,
-                self.collect_training_stats,
-                barrier,
-                self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
-                self.mesh_build_mode == MeshBuildMode.MESH,
-                PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
-                self.staleness_bound // 2,
-                self.worker_device,
-                update_scale(self.update_combination, min(partitions, slots)),
-            )
-            bc = sc.broadcast(job)
-            try:
-                if barrier:  # every epoch in one job
-                    train = shared_partition(bc, first_epoch, epochs)
-                    # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as a
-                    # whole when a task or an executor fails (a failed barrier result stage ends the job)
-                    for part in _run_watched(
-                        sc,
-                        controller,
-                        lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
-                        on_epoch,
-                        progress,
-                    ):
-                        results = _latest(results, part)
-                else:  # more partitions than slots: one job per epoch
-                    for epoch in range(first_epoch, first_epoch + epochs):
-                        train = shared_partition(bc, epoch, 1)
-                        for part in _run_watched(
-                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
-                        ):
-                            results = _latest(results, part)
-                        if on_epoch(epoch):
-                            break
-            finally:
-                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
-        finally:
-            controller.close()
-            progress.close()
-        network.set_params(controller.params())
-        network.epoch_count = max(finished, int(network.epoch_count))
-        network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
-        c = controller.counters
-        self.last_traffic = {
-            "controller_bytes_received": c.bytes_received,
-            "controller_bytes_sent": c.bytes_sent,
-            "controller_messages_received": c.messages_received,
-            "controller_messages_sent": c.messages_sent,
-            "controller_update_bytes_relayed": c.update_bytes,
-            "controller_frames_rejected": c.frames_rejected,
-            **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
-            "controller_peers_dropped": c.peers_dropped,
-            "updates_applied": controller.updates_applied,
-            "workers": len(controller.workers_seen),
-            # workers that joined but returned no result (killed or failed tasks): their applied updates
-            # stay in the model and in updates_applied
-            "workers_lost": len(controller.workers_seen - results.keys()),
-            "updates_from_lost_workers": sum(
-                n for w, n in controller.updates_by_worker.items() if w not in results
-            ),
-            "retrained_minibatches": controller.retrained_minibatches,
-            "updater_state_reports": controller.updater_state_reports,
-            "epochs": finished - first_epoch,
-            "spark_jobs": 1 if barrier else finished - first_epoch,
+    def _controller_options(self) -> dict[str, Any]:
+        return {
+            "threshold_reference": reference_threshold(self.current_threshold_algorithm),
+            "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
         }
-        if stats is not None:
-            for name, value in self.last_traffic.items():
-                stats.count(name, value)
-        return results
+
+    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+        return {
+            "progress_interval_s": PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
+            "threshold_algorithm": self.current_threshold_algorithm,
+            "residual_post_processor": self.residual_post_processor or NoOpResidualPostProcessor(),
+            "workers_per_node": self.workers_per_node,
+            "encoding_debug_mode": self.encoding_debug_mode,
+            "debug_longer_iterations": self.debug_longer_iterations,
+            "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
+            "staleness_window": self.staleness_bound // 2,
+            "update_scale": update_scale(self.update_combination, min(partitions, slots)),
+        }
+
+    def _epoch_state(self, network: Any, controller: Controller) -> None:
+        """Nothing: the updater state is the mean of the workers' at the fit's end (_process_results)."""
 
     def _process_results(
         self, network: MultiLayerNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None

@@ -41,8 +41,9 @@ from sparkgrad.compress import (
     apply_message,
 )
 from sparkgrad.errors import TrainingError, TransportError
-from sparkgrad.spark.common import NetworkSnapshot, process_tag, worker_batches
+from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
+from sparkgrad.spark.partitioning import split_assignment
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
 from sparkgrad.transport import Header, RejoinRequired, WorkerConnection, ZmqTransportConfiguration
 
@@ -56,13 +57,27 @@ WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
 WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
+AVERAGING_WORKER_FIT = "ParameterAveragingWorkerFitTimesMs"
 
 _MAX_REJOINS_PER_SYNC = 5
 
 
 @dataclass
+class AveragingRounds:
+    """ParameterAveragingTrainingMaster's rounds in one job: what a worker needs to split its partition
+    into the rounds of every epoch exactly as the job-per-round fit splits the data
+    (:func:`~sparkgrad.spark.partitioning.balanced_random_split` with the same seeds)."""
+
+    rounds_per_epoch: int  # the number of balanced random splits of an epoch
+    split_seeds: dict[int, int]  # network epoch -> the seed of its split
+    save_updater: bool  # average the updater state too (else every round starts from the fit's)
+    hooks: tuple  # TrainingHooks, run around every minibatch
+
+
+@dataclass
 class SharedJob:
-    """Everything a worker needs for one fit (shipped in a broadcast)."""
+    """Everything a worker needs for one fit (shipped in a broadcast): gradient sharing, or parameter
+    averaging in rounds when ``averaging`` is set (the sharing fields are then unused)."""
 
     job_id: int
     secret: bytes = field(repr=False)
@@ -70,23 +85,26 @@ class SharedJob:
     port: int
     transport: ZmqTransportConfiguration
     snapshot: NetworkSnapshot
-    threshold_algorithm: ThresholdAlgorithm
-    residual_post_processor: ResidualPostProcessor | None
     kind: str
     loader: Any
     batch_size: int
     prefetch: int
-    workers_per_node: int
-    encoding_debug_mode: bool
-    debug_longer_iterations: int
     collect_stats: bool
     barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
     shuffle_seed: int
-    mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
-    progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
-    staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
+    # gradient sharing
+    threshold_algorithm: ThresholdAlgorithm | None = None
+    residual_post_processor: ResidualPostProcessor | None = None
+    workers_per_node: int = -1
+    encoding_debug_mode: bool = False
+    debug_longer_iterations: int = 0
+    mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
+    staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
+    # parameter averaging
+    averaging: AveragingRounds | None = None
 
 
 @dataclass
@@ -97,7 +115,7 @@ class WorkerResult:
     task_seq: int
     score: float
     updater_state: np.ndarray | None
-    threshold_algorithm: ThresholdAlgorithm
+    threshold_algorithm: ThresholdAlgorithm | None  # None: parameter averaging
     minibatches: int
     counters: dict[str, float]
     stats: SparkTrainingStats | None = None
@@ -241,10 +259,7 @@ class SharedWorker:
             job.snapshot.params.size,
             job.transport,
             updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
-            relay_host=_relay_host(job.host, job.port) if job.mesh else None,
-            on_params=self._take_params,
-            # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
-            threshold_reference=reference_threshold(job.threshold_algorithm),
+            **self._connection_options(),
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
@@ -268,21 +283,35 @@ class SharedWorker:
         except BaseException:
             self.conn.close()
             raise
-        self.handler = EncodingHandler(
-            self.net.num_params(),
-            job.threshold_algorithm,
-            job.residual_post_processor,
-            dtype=self.net.params().dtype,
-            update_scale=job.update_scale,
-        )
-        with self.net.device.scope():  # the decode target of messages, on the replica's device
-            self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
+        self._init_training()
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start, gpu=device_index(device)) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
         self._loss_sum, self._loss_count = 0.0, 0  # training loss since the last progress report
         self._steps_epoch, self._epoch_steps = -1, 0  # minibatches this worker trained in that epoch
         self._loss_reported = time.monotonic()
+
+    def _connection_options(self) -> dict[str, Any]:
+        """The WorkerConnection options of this kind of worker."""
+        job = self.job
+        return {
+            "relay_host": _relay_host(job.host, job.port) if job.mesh else None,
+            "on_params": self._take_params,
+            # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
+            "threshold_reference": reference_threshold(job.threshold_algorithm),
+        }
+
+    def _init_training(self) -> None:
+        """What this kind of worker trains with besides the replica: the encoding residual."""
+        self.handler = EncodingHandler(
+            self.net.num_params(),
+            self.job.threshold_algorithm,
+            self.job.residual_post_processor,
+            dtype=self.net.params().dtype,
+            update_scale=self.job.update_scale,
+        )
+        with self.net.device.scope():  # the decode target of messages, on the replica's device
+            self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
 
     def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
         """MESH resynchronisation: the controller's parameters replace this replica's."""
@@ -432,21 +461,9 @@ class SharedWorker:
             elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
             begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
             for epoch in range(begin, first_epoch + epochs):
-                order = np.random.default_rng([job.shuffle_seed, epoch, partition]).permutation(len(elements))
                 self.net.epoch_count = epoch
                 trained = self.minibatches
-                batches = worker_batches(
-                    (elements[i] for i in order), job.kind, job.loader, job.batch_size, job.prefetch
-                )
-                while True:
-                    t = now_ms()
-                    ds = next(batches, None)
-                    if ds is None:
-                        break
-                    if self.stats is not None:
-                        self.stats.add(WORKER_GET_DATA, event(t))
-                    for batch in self.net._training_batches([ds]):  # truncated BPTT: one step a segment
-                        self.step(batch)
+                self._train_epoch(elements, epoch, partition)
                 with Timer(self.stats, WORKER_SYNC):
                     stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
                 self.net.epoch_count = epoch + 1
@@ -475,11 +492,37 @@ class SharedWorker:
             self.tasks,
             self.last_score,
             to_host(self.net.updater_state()),
-            self.handler.threshold_algorithm.clone(),
+            self._threshold_state(),
             self.minibatches,
             counters,
             self.stats,
         )
+
+    def _train_epoch(self, elements: list[Any], epoch: int, partition: int) -> None:
+        """One epoch over the partition's elements, in a new seeded order: share every minibatch's update."""
+        order = np.random.default_rng([self.job.shuffle_seed, epoch, partition]).permutation(len(elements))
+        self._train_minibatches((elements[i] for i in order), self._share_minibatch)
+
+    def _share_minibatch(self, ds: Any) -> None:
+        for batch in self.net._training_batches([ds]):  # truncated BPTT: one step a segment
+            self.step(batch)
+
+    def _train_minibatches(self, units: Iterable[Any], train: Callable[[Any], None]) -> None:
+        """Load, re-batch and train ``units`` one minibatch at a time with ``train(minibatch)``."""
+        job = self.job
+        batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
+        while True:
+            t = now_ms()
+            ds = next(batches, None)
+            if ds is None:
+                break
+            if self.stats is not None:
+                self.stats.add(WORKER_GET_DATA, event(t))
+            train(ds)
+
+    def _threshold_state(self) -> ThresholdAlgorithm | None:
+        """The threshold algorithm's state this worker reports (the driver reduces them)."""
+        return self.handler.threshold_algorithm.clone()
 
     def _end_of_epoch(self, epoch: int, partition: int, minibatches: int) -> bool:
         """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
@@ -511,6 +554,76 @@ class SharedWorker:
         self.conn.close()
 
 
+class AveragingWorker(SharedWorker):
+    """ParameterAveragingTrainingMaster's worker when all rounds of a fit run in one barrier job.
+
+    Each epoch splits the partition into the job's rounds with the seed the job-per-round fit uses
+    (:func:`~sparkgrad.spark.partitioning.split_assignment`); the worker trains each round's minibatches
+    locally and then joins the round's average over the transport (:meth:`WorkerConnection.average`:
+    its parameters, and updater state with ``save_updater``, or nothing when the round gave it no data),
+    continuing from the mean at the round's iteration. Every worker joins every round, so partitions of
+    unequal size never leave one waiting.
+    """
+
+    def _connection_options(self) -> dict[str, Any]:
+        return {"average_values": self.job.snapshot.params.size + self._state_size()}
+
+    def _state_size(self) -> int:
+        """Updater-state values in an AVERAGE vector (0 unless the fit averages a nonempty state)."""
+        state = self.job.snapshot.updater_state
+        return state.size if self.job.averaging.save_updater and state is not None else 0  # type: ignore[union-attr]
+
+    def _init_training(self) -> None:
+        self.rounds = 0
+
+    def _threshold_state(self) -> None:
+        return None
+
+    def _report_updater_state(self, partition: int) -> None:
+        """Nothing: the controller holds the averaged updater state already."""
+
+    def _train_epoch(self, elements: list[Any], epoch: int, partition: int) -> None:
+        plan: AveragingRounds = self.job.averaging  # type: ignore[assignment]
+        assignment = split_assignment(
+            partition, plan.split_seeds[epoch], plan.rounds_per_epoch, len(elements)
+        )
+        for round_index in range(plan.rounds_per_epoch):
+            trained = self.minibatches
+            chosen = np.flatnonzero(assignment == round_index)
+            self._train_minibatches((elements[i] for i in chosen), self._fit_minibatch)
+            self._average(epoch, round_index, partition, self.minibatches - trained)
+
+    def _fit_minibatch(self, ds: Any) -> None:
+        with Timer(self.stats, AVERAGING_WORKER_FIT, examples=ds.num_examples()):
+            self.last_score = fit_minibatch(self.net, ds, self.job.averaging.hooks)  # type: ignore[union-attr]
+        self.minibatches += 1
+
+    def _average(self, epoch: int, round_index: int, partition: int, minibatches: int) -> None:
+        """Join the round's average and continue from the mean, at the round's iteration."""
+        values = None
+        if minibatches:
+            values = to_host(self.net.params())
+            if self._state_size():
+                values = np.concatenate([values, to_host(self.net.updater_state())])
+        report = {
+            "partition": partition,
+            "minibatches": minibatches,
+            "score": self.last_score if minibatches else None,
+        }
+        with Timer(self.stats, WORKER_SYNC):
+            body, mean = self.conn.average(epoch, round_index, report, values)
+        size = self.net.num_params()
+        if mean is not None:
+            self.net.set_params(mean[:size])
+            if self._state_size():
+                self.net.set_updater_state(mean[size:])
+        initial = self.job.snapshot.updater_state
+        if not self.job.averaging.save_updater and initial is not None and initial.size:  # type: ignore[union-attr]
+            self.net.set_updater_state(initial)  # DL4J: every round starts from the fit's updater state
+        self.net.iteration_count = int(body["iteration"])  # type: ignore[call-overload]
+        self.rounds += 1
+
+
 _WORKERS: dict[int, SharedWorker] = {}
 
 
@@ -520,7 +633,8 @@ def _worker_for(job: SharedJob) -> SharedWorker:
     if worker is None:
         for old in list(_WORKERS):
             _WORKERS.pop(old).close()
-        worker = SharedWorker(job, resolve_worker_device(job.worker_device))
+        kind = SharedWorker if job.averaging is None else AveragingWorker
+        worker = kind(job, resolve_worker_device(job.worker_device))
         _WORKERS[job.job_id] = worker
     return worker
 
@@ -569,6 +683,8 @@ def reference_threshold(algorithm: ThresholdAlgorithm) -> float:
 
 
 __all__ = [
+    "AveragingRounds",
+    "AveragingWorker",
     "SharedJob",
     "SharedWorker",
     "WorkerResult",
