@@ -91,7 +91,9 @@ def test_round_mean_of_parameters_and_updater_state(free_port: int) -> None:
                 body == {"iteration": 13, "workers": 0, "score": None} and mean is None
                 for body, mean in empty
             )
-            assert ctl.rounds_averaged == 2 and ctl.round_scores == [(0, 2.0)] and ctl.next_iteration == 13
+            assert (
+                ctl.rounds_averaged == 2 and ctl.round_scores == [(0, 13, 2.0)] and ctl.next_iteration == 13
+            )
             np.testing.assert_array_equal(ctl.params(), [2, 3, 4])
         finally:
             for c in conns:

@@ -27,7 +27,7 @@ import logging
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -63,7 +63,7 @@ from sparkgrad.spark.partitioning import (
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared import ControllerFit, _task_slots
-from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AveragingRounds
+from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.transport import Controller, ZmqTransportConfiguration
 
@@ -88,7 +88,7 @@ AGGREGATE = "ParameterAveragingMasterAggregateTimesMs"
 PROCESS_PARAMS = "ParameterAveragingMasterProcessParamsUpdaterTimesMs"
 REPARTITION = "ParameterAveragingMasterRepartitionTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
-WORKER_INIT = "ParameterAveragingWorkerInitTimeMs"
+WORKER_INIT = AVERAGING_WORKER_INIT
 WORKER_GET_DATA = "WorkerFlatMapDataSetGetTimesMs"
 WORKER_FIT = AVERAGING_WORKER_FIT
 
@@ -489,8 +489,12 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             for result in results.values():
                 if result.stats is not None:
                     stats.merge(result.stats)
-        last = [score for epoch, score in controller.round_scores if epoch == first_epoch + trained - 1]
+            for _, iteration, score in controller.round_scores:  # as the per-round jobs record them
+                stats.add_score("average of the workers", iteration, score)
+        last = [s for epoch, _, s in controller.round_scores if epoch == first_epoch + trained - 1]
         return (float(np.mean(last)) if last else float("nan")), trained
+
+    _rerun_failed_stage: ClassVar[bool] = False  # the rounds cannot be resumed: the task's error ends the fit
 
     def _controller_options(self) -> dict[str, Any]:
         return {"averaging": True, "average_updater_state": self.save_updater}

@@ -45,7 +45,7 @@ import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -278,6 +278,9 @@ class ControllerFit(ABC):
     ``collect_training_stats``, ``rng_seed``, ``progress`` and ``worker_device``.
     """
 
+    # whether Spark re-runs the barrier stage after a failed task (the workers then re-join the
+    # controller), else the first failure ends the fit with that task's error
+    _rerun_failed_stage: ClassVar[bool] = True
     void_configuration: VoidConfiguration
     transport: ZmqTransportConfiguration | None
     batch_size_per_worker: int
@@ -330,6 +333,7 @@ class ControllerFit(ABC):
             units = shuffle_in_place(units)
         first_epoch = int(network.epoch_count)
         examples = data.num_units * data.examples_per_unit
+        options = self._controller_options()
         progress = FitProgress(
             epochs,
             first_epoch,
@@ -338,6 +342,7 @@ class ControllerFit(ABC):
             enabled=self.progress,
             traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
             on_epoch=epoch_progress,
+            updates=not options.get("averaging", False),
         )
         controller = _ProgressController(
             network.params(),
@@ -350,7 +355,7 @@ class ControllerFit(ABC):
             epoch=first_epoch,
             updater_state=network.updater_state(),
             progress=progress,
-            **self._controller_options(),
+            **options,
         )
         finished = first_epoch
 
@@ -392,16 +397,13 @@ class ControllerFit(ABC):
             bc = sc.broadcast(job)
             try:
                 if barrier:  # every epoch in one job
-                    train = shared_partition(bc, first_epoch, epochs)
-                    # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as a
-                    # whole when a task or an executor fails (a failed barrier result stage ends the job)
-                    for part in _run_watched(
-                        sc,
-                        controller,
-                        lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
-                        on_epoch,
-                        progress,
-                    ):
+                    stage = units.barrier().mapPartitions(shared_partition(bc, first_epoch, epochs))
+                    if self._rerun_failed_stage:
+                        # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as
+                        # a whole when a task or an executor fails (a failed barrier result stage ends the
+                        # job, with the failed task's error)
+                        stage = stage.repartition(1)
+                    for part in _run_watched(sc, controller, stage.collect, on_epoch, progress):
                         results = _latest(results, part)
                 else:  # more partitions than slots: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):

@@ -57,7 +57,9 @@ WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
 WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
+AVERAGING_WORKER_INIT = "ParameterAveragingWorkerInitTimeMs"
 AVERAGING_WORKER_FIT = "ParameterAveragingWorkerFitTimesMs"
+AVERAGING_WORKER_AVERAGE = "ParameterAveragingWorkerAverageTimesMs"  # a round's wait for the mean
 
 _MAX_REJOINS_PER_SYNC = 5
 
@@ -239,6 +241,8 @@ class SharedWorker:
     creates the worker, kept for the whole fit); only messages, parameters from the controller and
     reported state cross between host and GPU.
     """
+
+    init_key = WORKER_INIT  # the stats key of the replica's set-up
 
     def __init__(self, job: SharedJob, device: str) -> None:
         self.job = job
@@ -452,7 +456,7 @@ class SharedWorker:
         job = self.job
         self.stats = SparkTrainingStats() if job.collect_stats else None
         if self.stats is not None and self._init_event is not None:
-            self.stats.add(WORKER_INIT, self._init_event)
+            self.stats.add(self.init_key, self._init_event)
             self._init_event = None
         lock: _SlotLock | None = None
         try:
@@ -565,6 +569,8 @@ class AveragingWorker(SharedWorker):
     unequal size never leave one waiting.
     """
 
+    init_key = AVERAGING_WORKER_INIT
+
     def _connection_options(self) -> dict[str, Any]:
         return {"average_values": self.job.snapshot.params.size + self._state_size()}
 
@@ -590,7 +596,11 @@ class AveragingWorker(SharedWorker):
         for round_index in range(plan.rounds_per_epoch):
             trained = self.minibatches
             chosen = np.flatnonzero(assignment == round_index)
-            self._train_minibatches((elements[i] for i in chosen), self._fit_minibatch)
+            try:
+                self._train_minibatches((elements[i] for i in chosen), self._fit_minibatch)
+            except TrainingError as exc:
+                # named as the per-round jobs name it: the driver quotes this line to the user
+                raise TrainingError(f"worker {partition} ({process_tag()}): {exc}") from exc
             self._average(epoch, round_index, partition, self.minibatches - trained)
 
     def _fit_minibatch(self, ds: Any) -> None:
@@ -610,7 +620,7 @@ class AveragingWorker(SharedWorker):
             "minibatches": minibatches,
             "score": self.last_score if minibatches else None,
         }
-        with Timer(self.stats, WORKER_SYNC):
+        with Timer(self.stats, AVERAGING_WORKER_AVERAGE):
             body, mean = self.conn.average(epoch, round_index, report, values)
         size = self.net.num_params()
         if mean is not None:

@@ -194,7 +194,8 @@ class Controller:
         self._rounds: dict[tuple[int, int], dict[int, _Contribution]] = {}
         self._averaged: set[tuple[int, int]] = set()
         self.rounds_averaged = 0
-        self.round_scores: list[tuple[int, float]] = []  # (epoch, the round's mean score), rounds with data
+        # (epoch, iteration after the round, the workers' mean score) of every round with data
+        self.round_scores: list[tuple[int, int, float]] = []
         self._next_params = np.empty_like(self._params)  # an update is checked here before it is taken
         self.job_id = job_id
         self.host, self.port = host, port
@@ -829,8 +830,9 @@ class Controller:
                 self._params[:] = mean[:size]
                 if self._average_updater_state:
                     self._updater_state[:] = mean[size:]  # type: ignore[index]
-            self.round_scores.append((key[0], score))
         self.iteration += max(c.minibatches for c in reports.values())
+        if score is not None:
+            self.round_scores.append((key[0], self.iteration, score))
         self.epoch = max(self.epoch, key[0])
         self.rounds_averaged += 1
         body = {"iteration": self.iteration, "workers": len(given), "score": score}
