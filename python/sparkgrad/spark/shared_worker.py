@@ -1,4 +1,7 @@
-"""SharedTrainingMaster's executor side: the worker that runs inside each training task.
+"""The executors' side of the fits that train around a controller on the driver: the worker that runs
+inside each training task, for SharedTrainingMaster and, as :class:`AveragingWorker`, for
+ParameterAveragingTrainingMaster's rounds in one job (the same connection, replica, epoch loop and epoch
+barrier; only the body of an epoch differs).
 
 Each Python worker process keeps one :class:`SharedWorker` per fit (module-level registry keyed by job
 id) holding the network replica, the EncodingHandler's residual, the updater state and the ZeroMQ
@@ -14,7 +17,7 @@ current parameters, iteration and epoch from the controller, and the latest upda
 reported: the first partition's worker sends its updater state at an epoch end at most every
 ``ZmqTransportConfiguration.updater_state_interval_ms`` (60 s; also at its first epoch end).
 
-The driver's side (the master, its controller and the Spark job) is :mod:`sparkgrad.spark.shared`.
+The driver's side (the masters, the controller and the Spark job) is :mod:`sparkgrad.spark.shared`.
 """
 
 from __future__ import annotations
