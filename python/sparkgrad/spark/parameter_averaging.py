@@ -231,9 +231,9 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             ``"cuda:N"`` (:mod:`sparkgrad.spark.devices`); the driver's network stays on the CPU. The
             ``ParameterAveragingWorkerInitTimeMs`` stats events record it as ``gpu`` (-1: CPU).
         averaging_jobs: ``"one"`` (default): every round of a fit in one barrier Spark job, averaging
-            over the transport (needs ``num_workers`` task slots at once; 10x to 20x faster on small
-            minibatches, see the README); ``"per_round"``: DL4J's Spark job per round. See
-            :class:`~sparkgrad.spark.AveragingJobs`.
+            over the transport (needs ``num_workers`` task slots at once; no Spark job per round, which
+            makes short rounds many times faster: the README's benchmarks); ``"per_round"``: DL4J's
+            Spark job per round. See :class:`~sparkgrad.spark.AveragingJobs`.
         void_configuration: ``averaging_jobs="one"``: the controller's address and port (default: the
             driver's address, a free port), as for SharedTrainingMaster.
         transport: ``averaging_jobs="one"``: transport timeouts

@@ -800,12 +800,13 @@ class Controller:
                     )
             elif minibatches:
                 raise FrameRejected("malformed", f"{peer}: {minibatches} minibatches but no AVERAGE values")
-            reports = self._rounds.setdefault(key, {})
+            reports = self._rounds.get(key, {})
             if key in self._averaged or partition in reports:
                 raise FrameRejected("malformed", f"{peer}: partition {partition} reported round {key} twice")
         except FrameRejected as exc:
             self._refuse(identity, sender, exc)
             return
+        reports = self._rounds.setdefault(key, reports)
         reports[partition] = _Contribution(
             sender, identity, None if values is None else values.copy(), minibatches, score
         )
