@@ -1,6 +1,7 @@
 """Time to accuracy and bytes per step on digits: SharedTrainingMaster (default options) and
-ParameterAveragingTrainingMaster against PySpark's TorchDistributor running dense DDP (gloo, CPU), with
-the same data, split, model, optimizer, minibatch and workers.
+ParameterAveragingTrainingMaster (its rounds in one Spark job, the default, and DL4J's Spark job per
+round) against PySpark's TorchDistributor running dense DDP (gloo, CPU), with the same data, split,
+model, optimizer, minibatch and workers.
 
 Model: MLP 64-256-256-10 (ReLU, softmax), Adam(--lr), minibatch 32 per worker, 2 workers on local[2].
 Every contender trains until the test accuracy reaches --target (or --max-epochs) and evaluates the
@@ -198,6 +199,13 @@ def main() -> int:
         ),
         "ParameterAveragingTrainingMaster": lambda seed: ParameterAveragingTrainingMaster(
             num_workers=WORKERS, batch_size_per_worker=BATCH, averaging_frequency=5, rng_seed=seed
+        ),
+        "ParameterAveraging (job per round)": lambda seed: ParameterAveragingTrainingMaster(
+            num_workers=WORKERS,
+            batch_size_per_worker=BATCH,
+            averaging_frequency=5,
+            rng_seed=seed,
+            averaging_jobs="per_round",
         ),
     }
     if args.dl4j:

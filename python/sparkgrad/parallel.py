@@ -371,7 +371,8 @@ class ParallelWrapper:
             barrier.abort()  # peers waiting for this worker at the barrier stop too
 
     def _shared_step(self, worker: _Worker, batch: Any) -> None:
-        """SharedTrainingMaster's worker step with in-process delivery (spark/shared.py SharedWorker.step)."""
+        """SharedTrainingMaster's worker step with in-process delivery (spark/shared_worker.py
+        SharedWorker.step)."""
         net = worker.net
         while True:  # the peers' messages first, each exactly once
             try:

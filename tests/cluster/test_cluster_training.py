@@ -188,8 +188,13 @@ def test_parameter_averaging_fit_survives_a_killed_executor(
             pass
 
     def fit(hooks) -> SparkMultiLayer:
+        # DL4J's job per round re-runs a lost task for its round; in one job a lost task fails the fit
         master = ParameterAveragingTrainingMaster(
-            batch_size_per_worker=BATCH, averaging_frequency=10, rng_seed=1, training_hooks=hooks
+            batch_size_per_worker=BATCH,
+            averaging_frequency=10,
+            rng_seed=1,
+            training_hooks=hooks,
+            averaging_jobs="per_round",
         )
         sm = SparkMultiLayer(cluster_spark, conf(), master)
         sm.fit(train_rdd, epochs=FAULT_EPOCHS)

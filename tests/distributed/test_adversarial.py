@@ -795,7 +795,7 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
     from sparkgrad import compress
     from sparkgrad.compress import FixedThresholdAlgorithm
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
-    from sparkgrad.spark import shared
+    from sparkgrad.spark import shared_worker
     from sparkgrad.spark.common import NetworkSnapshot
 
     def overflowing_apply(message: np.ndarray, network, scratch) -> None:
@@ -805,7 +805,7 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
             scratch *= np.float32(1e32)
         network.apply_update(scratch)
 
-    monkeypatch.setattr(shared, "apply_message", overflowing_apply)
+    monkeypatch.setattr(shared_worker, "apply_message", overflowing_apply)
     conf = MultiLayerConfiguration(
         [DenseLayer(4, activation="relu"), OutputLayer(2, activation="softmax", loss="mcxent")],
         input_type=InputType.feed_forward(3),
@@ -816,11 +816,24 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
     net.set_params(start)
     n, job = start.size, 0x501
     with controller(start, job, free_port, decode=compress.decode) as ctl:
-        spark_job = shared.SharedJob(
-            job, SECRET, CONTROLLER_KEY, "127.0.0.1", free_port, FAST, NetworkSnapshot.of(net),
-            FixedThresholdAlgorithm(1.0), None, "dataset", None, 16, 0, 1, False, 0, False, False, 0,
-        )  # fmt: skip
-        worker = shared.SharedWorker(spark_job, "cpu")
+        spark_job = shared_worker.SharedJob(
+            job_id=job,
+            secret=SECRET,
+            controller_key=CONTROLLER_KEY,
+            host="127.0.0.1",
+            port=free_port,
+            transport=FAST,
+            snapshot=NetworkSnapshot.of(net),
+            kind="dataset",
+            loader=None,
+            batch_size=16,
+            prefetch=0,
+            collect_stats=False,
+            barrier=False,
+            shuffle_seed=0,
+            threshold_algorithm=FixedThresholdAlgorithm(1.0),
+        )
+        worker = shared_worker.SharedWorker(spark_job, "cpu")
         sender = WorkerConnection(
             "127.0.0.1", free_port, job, 7, SECRET, n, FAST, controller_key=CONTROLLER_KEY
         )

@@ -64,7 +64,11 @@ def shared_fit(spark, digits, train_rdd, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pa_fit(spark, digits, train_rdd):
     master = ParameterAveragingTrainingMaster(
-        batch_size_per_worker=16, averaging_frequency=10, rng_seed=1, collect_training_stats=True
+        batch_size_per_worker=16,
+        averaging_frequency=10,
+        rng_seed=1,
+        collect_training_stats=True,
+        averaging_jobs="per_round",  # DL4J's stats (broadcast, aggregate); one job: test_averaging_jobs
     )
     sm = SparkMultiLayer(spark, mlp_conf(), master)
     accs = _fit_until(sm, train_rdd, digits[1])
@@ -140,8 +144,9 @@ def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:
         dict(
             rdd_training_approach="direct",
             rdd_data_set_num_examples=3,
-            repartition="never",
+            repartition="never",  # the RDD's 3 partitions are the workers: more than local[2]'s slots
             storage_level="NONE",
+            averaging_jobs="per_round",
         ),
         dict(
             rdd_training_approach="direct",
@@ -151,7 +156,13 @@ def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:
             worker_prefetch_num_batches=2,
             aggregation_depth=3,
         ),
-        dict(rdd_training_approach="export", repartition="num_partitions_workers_differs", num_workers=3),
+        dict(
+            rdd_training_approach="export",
+            repartition="num_partitions_workers_differs",
+            num_workers=3,
+            averaging_jobs="per_round",
+        ),
+        dict(rdd_training_approach="export", repartition="num_partitions_workers_differs"),
     ],
 )
 def test_parameter_averaging_options_use_every_example(spark, digits, tmp_path, options) -> None:

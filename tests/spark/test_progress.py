@@ -26,7 +26,7 @@ from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 
 _LINE = re.compile(
     r"epoch (\d+)/(\d+) \| (\d+)/(\d+) minibatches \| loss (\S+) \| ([\d,]+) examples/s"
-    r"(?: \| ([\d.]+) (B|kB|MB|GB) on the wire \| density (\S+) \| threshold (\S+))?"
+    r"(?: \| ([\d.]+) (B|kB|MB|GB) on the wire(?: \| density (\S+) \| threshold (\S+))?)?"
 )
 
 
@@ -70,9 +70,12 @@ def test_shared_fit_shows_live_progress(spark, digits, every_refresh_logs, caplo
     assert 0 < density <= 1 and 0 < threshold < 1
 
 
-def test_parameter_averaging_fit_shows_progress_per_round(spark, digits, every_refresh_logs, caplog) -> None:
+@pytest.mark.parametrize("jobs", ["one", "per_round"])
+def test_parameter_averaging_fit_shows_progress_per_round(
+    spark, digits, every_refresh_logs, caplog, jobs
+) -> None:
     master = ParameterAveragingTrainingMaster(
-        batch_size_per_worker=16, averaging_frequency=2, num_workers=2, rng_seed=0
+        batch_size_per_worker=16, averaging_frequency=2, num_workers=2, rng_seed=0, averaging_jobs=jobs
     )
     rdd = spark.sparkContext.parallelize(subset(digits[0], 256).split(16), 2)
     with SparkMultiLayer(spark, mlp_conf(hidden=16), master) as sm:
@@ -80,8 +83,11 @@ def test_parameter_averaging_fit_shows_progress_per_round(spark, digits, every_r
         final_score = sm.score()
     lines = _lines(caplog)
     assert {int(m.group(1)) for m in lines} == {1, 2}
-    ends = [m for m in lines if m.group(0) and "on the wire" not in m.group(0)]
-    assert ends and all(m.group(7) is None for m in lines)  # no traffic columns for averaging
+    assert all(m.group(9) is None for m in lines)  # no update density or threshold for averaging
+    if jobs == "one":  # averaging over the transport: its bytes
+        assert all(m.group(7) is not None for m in lines) and float(lines[-1].group(7)) > 0
+    else:
+        assert all(m.group(7) is None for m in lines)
     # every example once per epoch: 256 / 16 = 16 minibatches, reported when the epoch ends
     assert int(lines[-1].group(3)) == 16
     assert float(lines[-1].group(5)) == pytest.approx(final_score, rel=1e-3)

@@ -132,7 +132,7 @@ def test_slot_locks_live_in_a_private_directory_and_are_removed(tmp_path, monkey
     import stat
     import tempfile
 
-    from sparkgrad.spark.shared import _SlotLock
+    from sparkgrad.spark.shared_worker import _SlotLock
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     private = tmp_path / f"sparkgrad-{os.getuid()}"

@@ -3,7 +3,8 @@ or gradient sharing.
 
 - :class:`SparkMultiLayer` / :class:`SparkComputationGraph`: fit, distributed evaluation, scoring and keyed
   inference of a MultiLayerNetwork / ComputationGraph, one code path (:class:`SparkNetwork`) for both.
-- :class:`ParameterAveragingTrainingMaster`: synchronous parameter averaging.
+- :class:`ParameterAveragingTrainingMaster`: synchronous parameter averaging, every round of a fit in one
+  Spark job over the transport (:class:`AveragingJobs`) or DL4J's job per round.
 - :class:`SharedTrainingMaster`: asynchronous sharing of threshold-encoded updates through a ZeroMQ
   controller on the driver (wire format in :mod:`sparkgrad.transport.frame`).
 - :class:`SparkTrainingStats`: phase timings, traffic and per-iteration series with an HTML report.
@@ -13,6 +14,7 @@ or gradient sharing.
 from __future__ import annotations
 
 from sparkgrad.spark.config import (
+    AveragingJobs,
     DefaultRepartitioner,
     MeshBuildMode,
     RDDTrainingApproach,
@@ -30,6 +32,7 @@ from sparkgrad.spark.tracking import FitListener, add_fit_listener, remove_fit_l
 from sparkgrad.transport import ZmqTransportConfiguration
 
 __all__ = [
+    "AveragingJobs",
     "DefaultRepartitioner",
     "EventStats",
     "FitListener",

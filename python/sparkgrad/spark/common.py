@@ -651,6 +651,19 @@ class TrainingMasterBase:
         self._prepared = None
 
 
+def fit_minibatch(net: Any, ds: Any, hooks: Iterable[Any]) -> float:
+    """Parameter averaging's local step on a worker: the hooks' ``pre_update``, one update per segment
+    (truncated BPTT), the hooks' ``post_update``; returns the last segment's score."""
+    for hook in hooks:
+        hook.pre_update(ds, net)
+    for batch in net._training_batches([ds]):
+        update, score = net.compute_update(batch)
+        net.apply_update(update)
+    for hook in hooks:
+        hook.post_update(ds, net)
+    return float(score)
+
+
 def ceil_div(a: int, b: int) -> int:
     """Ceiling of a / b for non-negative integers."""
     return -(-a // b)
@@ -681,6 +694,7 @@ __all__ = [
     "ensure_logging",
     "executor_error",
     "first_element",
+    "fit_minibatch",
     "hadoop_delete",
     "load_unit",
     "network_classes",

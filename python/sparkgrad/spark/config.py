@@ -42,6 +42,20 @@ class RDDTrainingApproach(enum.Enum):
     AUTO = "auto"
 
 
+class AveragingJobs(enum.Enum):
+    """How ParameterAveragingTrainingMaster spreads its averaging rounds over Spark jobs.
+
+    ONE: all rounds of a fit in one barrier job (one task per worker, started together); the workers
+    average over the gradient-sharing transport (:mod:`sparkgrad.transport`) through a controller on the
+    driver, so a round costs no Spark job. PER_ROUND: DL4J's way, a Spark job per round (broadcast,
+    ``mapPartitions``, ``treeAggregate``): more workers than task slots are possible, and a failed task
+    is re-run for its round instead of failing the fit.
+    """
+
+    ONE = "one"
+    PER_ROUND = "per_round"
+
+
 # PySpark always stores Python objects serialised, so DL4J's *_SER levels map onto the plain ones.
 _STORAGE_ALIASES = {
     "MEMORY_ONLY_SER": "MEMORY_ONLY",
@@ -269,6 +283,7 @@ class TrainingHook(Config):
 
 
 __all__ = [
+    "AveragingJobs",
     "DefaultRepartitioner",
     "MeshBuildMode",
     "RDDTrainingApproach",

@@ -1,11 +1,24 @@
 """ParameterAveragingTrainingMaster: synchronous data-parallel training by averaging parameters.
 
-Per epoch: the data is split into random balanced parts sized so that every worker trains
-about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per part, and EVERY example is
-used once (DL4J dropped the surplus). For each part: repartition to ``num_workers`` partitions,
-broadcast parameters and updater state, train each partition, ``treeAggregate`` the sums at
-``aggregation_depth`` and divide on the driver. A fit of several epochs prepares its data once
-(counted, persisted or exported) and runs only these training jobs per epoch.
+Per epoch: the data is split into random balanced parts (rounds) sized so that every worker trains
+about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per round, and EVERY example is
+used once (DL4J dropped the surplus). After each round the workers' parameters (and updater states) are
+averaged and every worker continues from the mean. A fit of several epochs prepares its data once
+(counted, persisted or exported).
+
+``averaging_jobs="one"`` (default): the data is repartitioned once per fit into one partition per
+worker and ALL rounds of the fit run in ONE barrier Spark job, the workers of
+:mod:`sparkgrad.spark.shared_worker` averaging over the gradient-sharing transport: each worker splits
+its partition into the rounds of an epoch with the seed the per-round jobs use, trains a round locally,
+sends its parameters to the controller on the driver and continues from the mean it gets back
+(:mod:`sparkgrad.transport.controller`, "Parameter averaging"). The driver runs the same job, controller
+and epoch barrier as SharedTrainingMaster (:class:`~sparkgrad.spark.shared.ControllerFit`).
+
+``averaging_jobs="per_round"`` (DL4J's): for each round, repartition the round's part to ``num_workers``
+partitions, broadcast parameters and updater state, train each partition, ``treeAggregate`` the sums at
+``aggregation_depth`` and divide on the driver: a Spark job per round. With the data already in one
+partition per worker and ``repartition="never"``, both modes train on the same minibatches in the same
+order and give the same parameters up to float rounding of the sums.
 """
 
 from __future__ import annotations
@@ -14,7 +27,7 @@ import logging
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -27,16 +40,19 @@ from sparkgrad.spark.common import (
     TrainingMasterBase,
     by_value,
     ceil_div,
+    fit_minibatch,
     mean_or_none,
     process_tag,
     run_spark,
     worker_batches,
 )
 from sparkgrad.spark.config import (
+    AveragingJobs,
     RDDTrainingApproach,
     Repartition,
     RepartitionStrategy,
     TrainingHook,
+    VoidConfiguration,
     check_storage_level,
 )
 from sparkgrad.spark.devices import check_worker_device, device_index, resolve_worker_device, to_host
@@ -46,7 +62,10 @@ from sparkgrad.spark.partitioning import (
     split_partition_counts,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
+from sparkgrad.spark.shared import ControllerFit, _task_slots
+from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.transport import Controller, ZmqTransportConfiguration
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +88,9 @@ AGGREGATE = "ParameterAveragingMasterAggregateTimesMs"
 PROCESS_PARAMS = "ParameterAveragingMasterProcessParamsUpdaterTimesMs"
 REPARTITION = "ParameterAveragingMasterRepartitionTimesMs"
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
-WORKER_INIT = "ParameterAveragingWorkerInitTimeMs"
+WORKER_INIT = AVERAGING_WORKER_INIT
 WORKER_GET_DATA = "WorkerFlatMapDataSetGetTimesMs"
-WORKER_FIT = "ParameterAveragingWorkerFitTimesMs"
+WORKER_FIT = AVERAGING_WORKER_FIT
 
 
 @dataclass
@@ -168,13 +187,7 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
             with Timer(stats, WORKER_INIT, gpu=device_index(device)):
                 net = job.snapshot.build(device=device)
         with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
-            for hook in job.hooks:
-                hook.pre_update(ds, net)
-            for batch in net._training_batches([ds]):  # truncated BPTT: one update per segment
-                update, score = net.compute_update(batch)
-                net.apply_update(update)
-            for hook in job.hooks:
-                hook.post_update(ds, net)
+            score = fit_minibatch(net, ds, job.hooks)
         n_batches += 1
     if net is None:  # empty partition: excluded from the average
         return
@@ -185,12 +198,13 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
 
 
 @dataclass
-class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
+class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     """Synchronous parameter averaging (DL4J ``ParameterAveragingTrainingMaster``).
 
     Args:
         rdd_data_set_num_examples: examples in each DataSet of the RDD (Direct mode / fit_paths sizing).
-        num_workers: workers per averaging round (default: Spark's default parallelism).
+        num_workers: workers per averaging round (default: Spark's default parallelism; with
+            ``averaging_jobs="one"`` at most the cluster's task slots).
         batch_size_per_worker: minibatch size on the workers.
         averaging_frequency: minibatches each worker trains between two averagings.
         aggregation_depth: depth of Spark's treeAggregate.
@@ -216,12 +230,23 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             else ``SPARKGRAD_DEVICE`` on the executor, else the CPU), ``"cpu"``, ``"cuda"`` or
             ``"cuda:N"`` (:mod:`sparkgrad.spark.devices`); the driver's network stays on the CPU. The
             ``ParameterAveragingWorkerInitTimeMs`` stats events record it as ``gpu`` (-1: CPU).
+        averaging_jobs: ``"one"`` (default): every round of a fit in one barrier Spark job, averaging
+            over the transport (needs ``num_workers`` task slots at once; no Spark job per round, which
+            makes short rounds many times faster: the README's benchmarks); ``"per_round"``: DL4J's
+            Spark job per round. See :class:`~sparkgrad.spark.AveragingJobs`.
+        void_configuration: ``averaging_jobs="one"``: the controller's address and port (default: the
+            driver's address, a free port), as for SharedTrainingMaster.
+        transport: ``averaging_jobs="one"``: transport timeouts
+            (:class:`~sparkgrad.transport.ZmqTransportConfiguration`; None = defaults; a round waits at
+            most ``epoch_timeout_ms`` for the slowest worker).
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
 
-    A task that fails or loses its executor is re-run by Spark from the round's broadcast parameters;
-    only the re-run's result is averaged. ``last_retries`` counts them for the last fit:
+    With ``averaging_jobs="one"`` a task that fails or loses its executor fails the fit (TrainingError):
+    the rounds of the one job cannot be resumed, and the stage Spark re-runs is refused. With
+    ``"per_round"``, a task that fails or loses its executor is re-run by Spark from the round's broadcast
+    parameters; only the re-run's result is averaged. ``last_retries`` counts them for the last fit:
     ``retried_tasks`` (re-run results averaged) and ``retrained_minibatches`` (the minibatches those
     re-runs trained, some of which the failed attempt had trained before), and each round with re-runs
     logs a warning.
@@ -246,9 +271,19 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
     training_hooks: tuple = field(default_factory=tuple)
     progress: bool = True
     worker_device: str = "auto"
+    averaging_jobs: AveragingJobs = AveragingJobs.ONE
+    void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
+    transport: ZmqTransportConfiguration | None = None
 
     def __post_init__(self) -> None:
         self.worker_device = check_worker_device("worker_device", self.worker_device)
+        self.averaging_jobs = coerce_enum(AveragingJobs, self.averaging_jobs, "averaging_jobs")
+        if not isinstance(self.void_configuration, VoidConfiguration):
+            raise ValueError(
+                f"void_configuration: expected a VoidConfiguration, got {self.void_configuration!r}"
+            )
+        if self.transport is not None and not isinstance(self.transport, ZmqTransportConfiguration):
+            raise ValueError(f"transport: expected a ZmqTransportConfiguration, got {self.transport!r}")
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -288,6 +323,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
             self._check_hook(hook)
         self._runtime_init()
         self._rng = random.Random(self.rng_seed)
+        self.last_traffic: dict[str, float] = {}  # averaging_jobs="one": the transport's counters
         # per fit: Spark task re-runs whose results were averaged (after a failed task or lost executor)
         self.last_retries: dict[str, int] = {"retried_tasks": 0, "retrained_minibatches": 0}
 
@@ -349,22 +385,51 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
-        score, trained = float("nan"), 0
+        score, trained, examples = float("nan"), 0, 0
         self.last_retries = {"retried_tasks": 0, "retrained_minibatches": 0}
-        progress: FitProgress | None = None
         try:
             data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
             examples = data.num_units * data.examples_per_unit
-            workers = self.num_workers or sc.defaultParallelism
-            rounds = ceil_div(examples, workers * self.batch_size_per_worker * self.averaging_frequency)
-            progress = FitProgress(
-                epochs,
-                int(network.epoch_count),
-                estimate_minibatches(examples, rounds * workers, self.batch_size_per_worker),
-                self.batch_size_per_worker,
-                enabled=self.progress,
-                on_epoch=epoch_progress,
-            )
+            fit = self._fit_one_job if self.averaging_jobs == AveragingJobs.ONE else self._fit_job_per_round
+            score, trained = fit(sc, network, data, stats, epochs, epoch_callback, epoch_progress)
+        finally:
+            if stats is not None and trained:
+                stats.add(FIT, event(fit_start, examples=trained * examples, epochs=trained))
+            self.last_stats = stats
+        return score
+
+    def _rounds_per_epoch(self, data: TrainingData, workers: int) -> int:
+        """The number of balanced random splits (averaging rounds) of an epoch."""
+        per_split = max(
+            1,
+            ceil_div(workers * self.batch_size_per_worker * self.averaging_frequency, data.examples_per_unit),
+        )
+        return ceil_div(data.num_units, per_split)
+
+    def _fit_job_per_round(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        data: TrainingData,
+        stats: SparkTrainingStats | None,
+        epochs: int,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None,
+    ) -> tuple[float, int]:
+        """DL4J's fit: a Spark job per averaging round. Returns (the last epoch's score, epochs trained)."""
+        score, trained = float("nan"), 0
+        examples = data.num_units * data.examples_per_unit
+        workers = self.num_workers or sc.defaultParallelism
+        rounds = ceil_div(examples, workers * self.batch_size_per_worker * self.averaging_frequency)
+        progress = FitProgress(
+            epochs,
+            int(network.epoch_count),
+            estimate_minibatches(examples, rounds * workers, self.batch_size_per_worker),
+            self.batch_size_per_worker,
+            enabled=self.progress,
+            on_epoch=epoch_progress,
+        )
+        try:
             for _ in range(epochs):
                 epoch_start = now_ms()
                 score = self._train_epoch(sc, network, data, stats, progress)
@@ -376,12 +441,72 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
                 if run_epoch_callback(epoch_callback, network.epoch_count - 1, network, stats):
                     break
         finally:
-            if progress is not None:
-                progress.close()
-            if stats is not None and trained:
-                stats.add(FIT, event(fit_start, examples=trained * examples, epochs=trained))
-            self.last_stats = stats
-        return score
+            progress.close()
+        return score, trained
+
+    def _fit_one_job(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        data: TrainingData,
+        stats: SparkTrainingStats | None,
+        epochs: int,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None,
+    ) -> tuple[float, int]:
+        """Every round of the fit in one barrier job, averaging over the transport (module docstring).
+        Returns (the last epoch's score, epochs trained)."""
+        slots = _task_slots(sc)
+        workers = self.num_workers or min(sc.defaultParallelism, slots)
+        with Timer(stats, REPARTITION):
+            units = repartition(
+                data.rdd, self.repartition, self.repartition_strategy, workers, data.num_units, data.counts
+            )
+        partitions = units.getNumPartitions()
+        if partitions > slots:
+            raise ValueError(
+                f"num_workers: averaging_jobs='one' trains {partitions} partitions in one barrier job, "
+                f"which needs as many task slots, and the cluster has {slots}: lower num_workers (or let "
+                "the data be repartitioned), or use averaging_jobs='per_round'"
+            )
+        # the split seeds the per-round fit would draw, one per epoch; only the epochs trained are used up
+        probe = random.Random()
+        probe.setstate(self._rng.getstate())
+        first_epoch = int(network.epoch_count)
+        self._rounds = AveragingRounds(
+            self._rounds_per_epoch(data, workers),
+            {first_epoch + e: probe.getrandbits(31) for e in range(epochs)},
+            self.save_updater,
+            tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
+        )
+        results, controller = self._run_job(
+            sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
+        )
+        trained = int(self.last_traffic["epochs"])
+        for _ in range(trained):
+            self._rng.getrandbits(31)
+        if stats is not None:
+            for result in results.values():
+                if result.stats is not None:
+                    stats.merge(result.stats)
+            for _, iteration, score in controller.round_scores:  # as the per-round jobs record them
+                stats.add_score("average of the workers", iteration, score)
+        last = [s for epoch, _, s in controller.round_scores if epoch == first_epoch + trained - 1]
+        return (float(np.mean(last)) if last else float("nan")), trained
+
+    _rerun_failed_stage: ClassVar[bool] = False  # the rounds cannot be resumed: the task's error ends the fit
+
+    def _controller_options(self) -> dict[str, Any]:
+        return {"averaging": True, "average_updater_state": self.save_updater}
+
+    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+        return {"averaging": self._rounds}
+
+    def _epoch_state(self, network: Any, controller: Controller) -> None:
+        """The averaged updater state (with ``save_updater``; else the network keeps its own)."""
+        state = controller.updater_state()
+        if self.save_updater and state is not None and state.size:
+            network.set_updater_state(state)
 
     def _train_epoch(
         self,
@@ -392,9 +517,7 @@ class ParameterAveragingTrainingMaster(TrainingMasterBase, Config):
         progress: FitProgress,
     ) -> float:
         workers = self.num_workers or sc.defaultParallelism
-        k = data.examples_per_unit
-        per_split = max(1, ceil_div(workers * self.batch_size_per_worker * self.averaging_frequency, k))
-        num_splits = ceil_div(data.num_units, per_split)
+        num_splits = self._rounds_per_epoch(data, workers)
         seed = self._rng.getrandbits(31)
         with Timer(stats, SPLIT):
             splits = balanced_random_split(data.rdd, num_splits, seed)

@@ -89,6 +89,15 @@ def balanced_repartition(
     return keyed.repartitionAndSortWithinPartitions(n, lambda i: i * n // t).values()
 
 
+def shuffle_in_place(rdd: RDD) -> RDD:
+    """``rdd``'s partitions, contents and order unchanged, behind a shuffle: a barrier stage over the
+    result does not contain ``rdd``'s own chain (Spark refuses a barrier stage whose chain holds an RDD
+    with another number of partitions, such as a union or a coalesce: SPARK-24820)."""
+    n = rdd.getNumPartitions()
+    keyed = rdd.mapPartitionsWithIndex(lambda i, it: ((i, x) for x in it))
+    return keyed.partitionBy(n, lambda i: i).values()  # one map partition feeds each: order kept
+
+
 def repartition(
     rdd: RDD,
     mode: Repartition,
@@ -119,8 +128,11 @@ def repartition(
     return balanced_repartition(rdd, num_partitions, total, counts)
 
 
-def _split_assignment(partition: int, seed: int, num_splits: int, count: int) -> np.ndarray:
-    # A fresh permutation of the split ids for every block of num_splits elements: balanced splits.
+def split_assignment(partition: int, seed: int, num_splits: int, count: int) -> np.ndarray:
+    """The split of each of a partition's ``count`` elements in :func:`balanced_random_split`.
+
+    A fresh permutation of the split ids for every block of ``num_splits`` elements: balanced splits.
+    """
     rng = np.random.default_rng([seed & 0xFFFFFFFF, partition])
     blocks = -(-count // num_splits)
     return np.concatenate([rng.permutation(num_splits) for _ in range(max(blocks, 1))])[:count]
@@ -146,7 +158,7 @@ def balanced_random_split(rdd: RDD, num_splits: int, seed: int) -> list[RDD]:
     def part(split: int):
         def select(index: int, it: Iterable[Any]) -> Iterator[Any]:
             items = list(it)
-            assign = _split_assignment(index, seed, num_splits, len(items))
+            assign = split_assignment(index, seed, num_splits, len(items))
             return (x for x, a in zip(items, assign) if a == split)
 
         return select
@@ -159,7 +171,7 @@ def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> lis
     if num_splits <= 1:
         return [list(counts)]
     per = [
-        np.bincount(_split_assignment(p, seed, num_splits, c), minlength=num_splits)
+        np.bincount(split_assignment(p, seed, num_splits, c), minlength=num_splits)
         for p, c in enumerate(counts)
     ]
     return [[int(x[i]) for x in per] for i in range(num_splits)]
@@ -173,5 +185,7 @@ __all__ = [
     "partition_counts",
     "partition_sizes",
     "repartition",
+    "shuffle_in_place",
+    "split_assignment",
     "split_partition_counts",
 ]

@@ -45,7 +45,9 @@ class FitProgress:
             data's declared size; every finished epoch replaces it with the count that epoch trained.
         batch_size: examples per minibatch (for examples/s).
         enabled: False shows nothing (the fit still feeds the counters).
-        traffic: zero-argument callable returning the bytes on the wire so far (gradient sharing), or None.
+        traffic: zero-argument callable returning the bytes on the wire so far (the transport), or None.
+        updates: with ``traffic``, whether the line also shows the density and threshold of the
+            gradient-sharing updates (False: parameter averaging over the transport).
         stream: where a terminal bar goes (default stderr).
         on_epoch: called at every :meth:`end_epoch` as ``on_epoch(epoch, figures)`` with the figures
             :meth:`end_epoch` returns (experiment tracking, :mod:`sparkgrad.spark.tracking`).
@@ -61,8 +63,10 @@ class FitProgress:
         traffic: Callable[[], float] | None = None,
         stream: Any = None,
         on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+        updates: bool = True,
     ) -> None:
         self._lock = threading.Lock()
+        self._show_updates = updates
         self.epochs = epochs
         self.first_epoch = first_epoch
         self.epoch = first_epoch
@@ -157,8 +161,9 @@ class FitProgress:
         ]
         if self._traffic is not None:
             parts.append(f"{_bytes(self._traffic())} on the wire")
-            parts.append(f"density {density:.2e}")
-            parts.append(f"threshold {threshold:.2e}")
+            if self._show_updates:
+                parts.append(f"density {density:.2e}")
+                parts.append(f"threshold {threshold:.2e}")
         return " | ".join(parts)
 
     def refresh(self) -> None:
@@ -190,9 +195,9 @@ class FitProgress:
         Returns:
             The epoch's figures (also passed to ``on_epoch``): ``loss`` (the mean of the workers' latest
             losses), ``examples_per_second`` (the epoch's minibatches times the batch size over its wall
-            time) and, with gradient sharing, ``bytes_on_wire`` (since the fit started),
-            ``update_density`` and ``threshold`` (as on the progress line). A figure not known yet (no
-            loss reported, no update applied) is left out.
+            time), with the transport ``bytes_on_wire`` (since the fit started) and, with gradient
+            sharing, ``update_density`` and ``threshold`` (as on the progress line). A figure not known
+            yet (no loss reported, no update applied) is left out.
         """
         figures = self._figures()
         if self.enabled:
@@ -226,7 +231,9 @@ class FitProgress:
             done, density, threshold = self._done(), self.density, self.threshold
         figures = {"loss": self.mean_loss, "examples_per_second": done * self.batch_size / elapsed}
         if self._traffic is not None:
-            figures.update(bytes_on_wire=self._traffic(), update_density=density, threshold=threshold)
+            figures["bytes_on_wire"] = self._traffic()
+            if self._show_updates:
+                figures.update(update_density=density, threshold=threshold)
         return {k: float(v) for k, v in figures.items() if math.isfinite(v)}
 
     def close(self) -> None:

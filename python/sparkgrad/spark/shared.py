@@ -1,12 +1,10 @@
 """SharedTrainingMaster: asynchronous gradient sharing with Strom threshold-encoded updates.
 
-Driver: a :class:`~sparkgrad.transport.Controller` thread keeps the authoritative parameters by
-applying every update it relays (PLAIN star topology); one controller serves every epoch of a fit.
-Executors: each Python worker process keeps one :class:`SharedWorker` per fit (module-level registry
-keyed by job id) holding the network replica, the EncodingHandler's residual, the updater state and the
-ZeroMQ connection across the epochs and tasks of that fit. A worker trains its minibatches one by one:
-apply whatever peer updates have arrived, ``compute_update``, encode, send, apply its own decoded
-message. Within an epoch workers never wait for each other.
+This module is the driver's side: a :class:`~sparkgrad.transport.Controller` thread keeps the
+authoritative parameters by applying every update it relays (PLAIN star topology); one controller serves
+every epoch of a fit. The executors' side, the :class:`~sparkgrad.spark.shared_worker.SharedWorker` each
+training task runs (one per Python worker process and fit, kept across that fit's epochs and tasks), is
+:mod:`sparkgrad.spark.shared_worker`. Within an epoch workers never wait for each other.
 
 Epochs: by default the data is spread over one partition per Spark task slot and ALL epochs of a fit
 run in ONE Spark job, a barrier stage (Spark starts all its tasks together or fails at once, so no
@@ -30,46 +28,35 @@ reaches the executors only inside the job broadcast, with the public half of the
 Ed25519 key that signs everything only the controller may send (:mod:`sparkgrad.transport.signing`). The
 driver watches the controller while the Spark
 job runs: if the controller thread fails, the job group is cancelled and the fit raises TrainingError
-with the controller's own error. A worker the controller dropped as a slow peer re-joins and replaces
-its parameters with the controller's (its residual, the update mass it never sent, is kept). A task that
-fails any other way discards its process's worker, so a Spark retry starts a fresh worker (new worker
-id) that pulls the current parameters, iteration and epoch from the controller, and the latest updater
-state a worker reported: the first partition's worker sends its updater state at an epoch end at most
-every ``ZmqTransportConfiguration.updater_state_interval_ms`` (60 s; also at its first epoch end), so
-that state is at most that interval plus one epoch old (before the first report: the state the fit
-started from). Workers report
-the minibatches they trained per (partition, epoch); a partition's epoch reported twice was re-run by a
-Spark task retry, and ``last_traffic["retrained_minibatches"]`` counts those minibatches;
+with the controller's own error. A worker the controller dropped as a slow peer re-joins; a failed task's
+Spark retry starts a fresh worker from the controller's current parameters and the latest updater state a
+worker reported (at most ``ZmqTransportConfiguration.updater_state_interval_ms`` plus one epoch old;
+before the first report: the state the fit started from), see :mod:`sparkgrad.spark.shared_worker`.
+Workers report the minibatches they trained per (partition, epoch); a partition's epoch reported twice
+was re-run by a Spark task retry, and ``last_traffic["retrained_minibatches"]`` counts those minibatches;
 ``workers_lost`` and ``updates_from_lost_workers`` count workers that joined but returned no result and
 the updates of theirs the controller applied (they stay in the model).
 """
 
 from __future__ import annotations
 
-import atexit
-import fcntl
 import logging
-import math
-import os
 import random
 import secrets
 import socket
-import tempfile
-import time
-from collections.abc import Callable, Iterable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
     DEFAULT_UPDATE_COMBINATION,
-    EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
-    apply_message,
     default_threshold_algorithm,
     update_scale,
 )
@@ -79,9 +66,7 @@ from sparkgrad.spark.common import (
     NetworkSnapshot,
     TrainingMasterBase,
     mean_or_none,
-    process_tag,
     run_spark,
-    worker_batches,
 )
 from sparkgrad.spark.config import (
     DefaultRepartitioner,
@@ -90,22 +75,19 @@ from sparkgrad.spark.config import (
     VoidConfiguration,
     check_storage_level,
 )
-from sparkgrad.spark.devices import (
-    check_worker_device,
-    device_index,
-    resolve_worker_device,
-    to_host,
-)
+from sparkgrad.spark.devices import check_worker_device
+from sparkgrad.spark.partitioning import shuffle_in_place
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
-from sparkgrad.transport import (
-    Controller,
-    FrameRejected,
-    Header,
-    RejoinRequired,
-    WorkerConnection,
-    ZmqTransportConfiguration,
+from sparkgrad.spark.shared_worker import (
+    SharedJob,
+    SharedWorker,
+    WorkerResult,
+    encoded_count,
+    reference_threshold,
+    shared_partition,
 )
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
 from sparkgrad.transport.frame import update_payload
 
 if TYPE_CHECKING:
@@ -120,519 +102,11 @@ MASTER_EXPORT = "SharedMasterExportTimesMs"
 MASTER_REPARTITION = "SharedMasterRepartitionTimesMs"
 MASTER_FIT = "SharedMasterFitTimesMs"
 MASTER_PROCESS = "SharedMasterProcessResultsTimesMs"
-WORKER_INIT = "SharedWorkerGetInitialModelTimeMs"
-WORKER_GET_DATA = "WorkerFlatMapDataSetGetTimesMs"
-WORKER_PEERS = "SharedWorkerApplyPeerUpdatesTimesMs"
-WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
-WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
-WORKER_SYNC = "SharedWorkerSyncTimesMs"
-WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
 
 SECRET_BYTES = 32  # 256-bit per-fit secret
-_MAX_REJOINS_PER_SYNC = 5
 _WATCH_INTERVAL_S = 0.2  # how often the driver checks the controller while the Spark job runs
 _CANCEL_WAIT_S = 60.0
 PROGRESS_REPORT_INTERVAL_S = 2.0  # how often a worker sends its training loss for the progress line
-
-
-@dataclass
-class SharedJob:
-    """Everything a worker needs for one fit (shipped in a broadcast)."""
-
-    job_id: int
-    secret: bytes = field(repr=False)
-    controller_key: bytes  # the controller's Ed25519 public key: verifies what only it may send
-    host: str
-    port: int
-    transport: ZmqTransportConfiguration
-    snapshot: NetworkSnapshot
-    threshold_algorithm: ThresholdAlgorithm
-    residual_post_processor: ResidualPostProcessor | None
-    kind: str
-    loader: Any
-    batch_size: int
-    prefetch: int
-    workers_per_node: int
-    encoding_debug_mode: bool
-    debug_longer_iterations: int
-    collect_stats: bool
-    barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
-    shuffle_seed: int
-    mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
-    progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
-    staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
-    worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
-    update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
-
-
-@dataclass
-class WorkerResult:
-    """A task's report: the worker's latest state (the driver keeps one per worker)."""
-
-    worker_id: int
-    task_seq: int
-    score: float
-    updater_state: np.ndarray | None
-    threshold_algorithm: ThresholdAlgorithm
-    minibatches: int
-    counters: dict[str, float]
-    stats: SparkTrainingStats | None = None
-
-
-def encoded_count(message: np.ndarray, decoded: np.ndarray, is_bitmap: bool) -> int:
-    """How many elements a message encodes.
-
-    Args:
-        message: the int32 message.
-        decoded: the message decoded into zeros (every encoded element is nonzero there).
-        is_bitmap: whether the message is a bitmap (its word 0 is the vector length, not a count).
-
-    Returns:
-        The sparse message's entry count (word 0), or the bitmap's nonzero decoded elements.
-    """
-    return int(np.count_nonzero(decoded)) if is_bitmap else int(message[0])
-
-
-def _lock_directory() -> int:
-    """An open descriptor of this user's private directory of slot locks, ``<tmp>/sparkgrad-<uid>``.
-
-    Created with mode 0700; refused unless it is a directory (not a link) owned by this user that no one
-    else may enter: another local user who knows the job id (the Spark UI shows it) could otherwise plant
-    links or hold the locks.
-    """
-    path = os.path.join(tempfile.gettempdir(), f"sparkgrad-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise TrainingError(
-            f"slot lock directory {path}: {exc} (it must be a directory, not a link)"
-        ) from exc
-    info = os.fstat(fd)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        os.close(fd)
-        raise TrainingError(
-            f"slot lock directory {path} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}; "
-            f"it must be this user's (uid {os.getuid()}) with mode 700: remove it"
-        )
-    return fd
-
-
-class _SlotLock:
-    """At most ``workers_per_node`` training tasks of one job at a time on one host (file locks).
-
-    The lock files live in :func:`_lock_directory`, are opened with ``O_NOFOLLOW`` and are removed by
-    the task that held them, while it still holds the lock; a task that locked a file another task has
-    just removed (its inode is no longer the name's) tries again, so two tasks never share a slot.
-    """
-
-    def __init__(self, job_id: int, slots: int, timeout_s: float) -> None:
-        self._fd: int | None = None
-        self._dir = _lock_directory()
-        try:
-            self._acquire(job_id, slots, timeout_s)
-        except BaseException:
-            os.close(self._dir)
-            raise
-
-    def _acquire(self, job_id: int, slots: int, timeout_s: float) -> None:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for i in range(slots):
-                name = f"job-{job_id:016x}-slot{i}.lock"
-                try:
-                    fd = os.open(name, flags, 0o600, dir_fd=self._dir)
-                except OSError as exc:  # a link (O_NOFOLLOW) or something else that is not our file
-                    raise TrainingError(f"worker slot lock {name}: {exc}") from exc
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    current = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
-                    if current.st_ino != os.fstat(fd).st_ino:
-                        raise FileNotFoundError(name)  # removed and re-created by other tasks meanwhile
-                except OSError:
-                    os.close(fd)
-                    continue
-                self._fd, self._name = fd, name
-                return
-            if time.monotonic() > deadline:
-                raise TrainingError(
-                    f"no free worker slot (workers_per_node={slots}) within {timeout_s:.0f} s"
-                )
-            time.sleep(0.02)
-
-    def release(self) -> None:
-        """Remove the lock file (still holding it) and release it (idempotent)."""
-        if self._fd is None:
-            return
-        try:
-            os.unlink(self._name, dir_fd=self._dir)
-        except FileNotFoundError:
-            pass
-        os.close(self._fd)
-        os.close(self._dir)
-        self._fd = None
-
-
-def _relay_host(host: str, port: int) -> str:
-    """MESH: this executor's address as the other executors reach it: the local address of the route
-    to the controller (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((host, port))
-            return str(probe.getsockname()[0])
-        except OSError as exc:
-            raise TransportError(
-                f"no route to the controller {host}:{port} for the MESH relay socket: {exc}"
-            ) from exc
-
-
-class SharedWorker:
-    """One executor process's training replica for one job; reused across that job's tasks.
-
-    The replica, its updates and the encoding residual live on ``device`` (resolved by the task that
-    creates the worker, kept for the whole fit); only messages, parameters from the controller and
-    reported state cross between host and GPU.
-    """
-
-    def __init__(self, job: SharedJob, device: str) -> None:
-        self.job = job
-        self.device = device
-        self.worker_id = random.SystemRandom().randrange(1, 2**32)
-        self.tag = f"{process_tag()}#{self.worker_id:08x}"
-        self.tasks = 0
-        self.minibatches = 0
-        self.last_score = float("nan")
-        start = now_ms()
-        self.rejoins = 0
-        self.conn = WorkerConnection(
-            job.host,
-            job.port,
-            job.job_id,
-            self.worker_id,
-            job.secret,
-            job.snapshot.params.size,
-            job.transport,
-            updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
-            relay_host=_relay_host(job.host, job.port) if job.mesh else None,
-            on_params=self._take_params,
-            # the driver's bound, from the same (not yet used) algorithm state: a forged UPDATE is dropped
-            threshold_reference=_reference_threshold(job.threshold_algorithm),
-            controller_key=job.controller_key,
-        )
-        try:
-            params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
-            self.joined_epoch = epoch  # epochs before it are finished: a retried task starts here
-            snap = job.snapshot
-            # a late or restarted worker continues from the latest updater state a worker reported
-            latest = self.conn.updater_state
-            if latest is not None:
-                # the state's own iteration keeps Adam-like bias corrections consistent with it: a state
-                # from iteration 45 used at iteration 190 takes steps ~2x too large, and the thresholds
-                # chasing those steps can run away
-                iteration = self.conn.updater_state_iteration
-            self.net = NetworkSnapshot(
-                snap.network_type,
-                snap.conf_json,
-                params,
-                snap.updater_state if latest is None else latest,
-                iteration if latest is not None else max(iteration, snap.iteration),
-                max(epoch, snap.epoch),
-            ).build(device=device)
-        except BaseException:
-            self.conn.close()
-            raise
-        self.handler = EncodingHandler(
-            self.net.num_params(),
-            job.threshold_algorithm,
-            job.residual_post_processor,
-            dtype=self.net.params().dtype,
-            update_scale=job.update_scale,
-        )
-        with self.net.device.scope():  # the decode target of messages, on the replica's device
-            self._scratch = self.net.device.xp.zeros(self.net.num_params(), self.net.params().dtype)
-        self.stats: SparkTrainingStats | None = None
-        self._init_event = event(start, gpu=device_index(device)) if job.collect_stats else None
-        self._state_reported: float | None = None  # monotonic time of the last updater-state report
-        self._loss_sum, self._loss_count = 0.0, 0  # training loss since the last progress report
-        self._steps_epoch, self._epoch_steps = -1, 0  # minibatches this worker trained in that epoch
-        self._loss_reported = time.monotonic()
-
-    def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
-        """MESH resynchronisation: the controller's parameters replace this replica's."""
-        self.net.set_params(params)
-        self.net.iteration_count = max(int(self.net.iteration_count), iteration)
-
-    def _apply_message(self, message: np.ndarray) -> None:
-        apply_message(message, self.net, self._scratch)
-
-    def _on_peer(self, header: Header, message: np.ndarray) -> None:
-        """Apply a peer's update; one that leaves a parameter non-finite is refused (the connection counts
-        it and this worker re-joins for the controller's parameters, which never took it)."""
-        self._apply_message(message)
-        if not self.net.params_finite():
-            raise FrameRejected(
-                "non_finite",
-                f"update from worker {header.sender} (threshold {float(message[2:3].view('<f4')[0]):.6g}) "
-                "made parameters non-finite",
-            )
-
-    def _rejoin(self, reason: RejoinRequired) -> None:
-        """The controller dropped this worker: HELLO again and take the controller's parameters."""
-        log.warning("sparkgrad worker %s: %s; re-joining", self.tag, reason)
-        params, iteration, epoch = self.conn.hello(
-            {"host": socket.gethostname(), "pid": os.getpid(), "rejoin": True}
-        )
-        if params is None:
-            raise TrainingError(f"worker {self.tag}: the controller sent no parameters on re-join")
-        self.net.set_params(params)
-        self.net.iteration_count = max(int(self.net.iteration_count), iteration)
-        self.net.epoch_count = max(int(self.net.epoch_count), epoch)
-        self.rejoins += 1
-
-    def _rejoining(self, exchange: Callable[[], Any]) -> Any:
-        """Run a blocking exchange with the controller, re-joining (a bounded number of times) when it
-        dropped this worker."""
-        for _ in range(_MAX_REJOINS_PER_SYNC):
-            try:
-                return exchange()
-            except RejoinRequired as exc:
-                self._rejoin(exc)
-        raise TrainingError(
-            f"worker {self.tag}: dropped by the controller {_MAX_REJOINS_PER_SYNC} times in a row as a slow "
-            "peer (raise ZmqTransportConfiguration.high_water_mark)"
-        )
-
-    def step(self, ds: Any) -> None:
-        """Train one minibatch: peers' updates, own update, encode, send, apply own message."""
-        stats = self.stats
-        with Timer(stats, WORKER_PEERS):
-            try:
-                self.conn.drain(self._on_peer)
-            except RejoinRequired as exc:
-                self._rejoin(exc)
-        with Timer(stats, WORKER_COMPUTE, examples=ds.num_examples()):
-            try:
-                update, self.last_score = self.net.compute_update(ds)
-            except TrainingError as exc:
-                raise TrainingError(f"worker {self.tag}: {exc}") from exc
-        self._loss_sum += self.last_score
-        self._loss_count += 1
-        if int(self.net.epoch_count) != self._steps_epoch:
-            self._steps_epoch, self._epoch_steps = int(self.net.epoch_count), 0
-        self._epoch_steps += 1
-        t = now_ms()
-        iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
-        message = self.handler.encode(update, iteration, epoch)
-        sent = 0
-        if message is not None:
-            sent = self.conn.send_update(message, iteration, epoch)
-            self._apply_message(message)
-        self.minibatches += 1
-        if self.job.staleness_window:
-            with Timer(stats, WORKER_PEERS):
-                self._rejoining(lambda: self.conn.pace(self._on_peer, self.job.staleness_window))
-        interval = self.job.progress_interval_s
-        if interval > 0 and time.monotonic() - self._loss_reported >= interval:
-            # a report without "partition" counts nothing: it only carries the loss to the progress line
-            report = self._progress_report()
-            self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
-        if stats is None and not self.job.encoding_debug_mode:
-            return self._pause()
-        encoded = 0
-        if message is not None:  # the scratch buffer still holds the message decoded
-            with self.net.device.scope():  # a count over a GPU array runs on that GPU
-                encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
-        density = encoded / self.net.num_params()
-        threshold = float(self.handler.last_threshold or 0.0)
-        if stats is not None:
-            stats.add(WORKER_ENCODE, event(t))
-            stats.add_score(self.tag, iteration, self.last_score)
-            stats.add_series(
-                self.tag,
-                {
-                    "iteration": iteration,
-                    "threshold": threshold,
-                    "density": density,
-                    "bytes_sent": float(sent),
-                    "time_ms": now_ms(),
-                },
-            )
-        if self.job.encoding_debug_mode:
-            with self.net.device.scope():
-                r = np.abs(self.handler.residual)
-                mean_r, max_r = float(r.mean()), float(r.max())
-            log.warning(
-                "sparkgrad worker %s iteration %d: threshold %.3g, density %.3g (%d of %d), "
-                "residual mean|r| %.3g max|r| %.3g, %d bytes",
-                self.tag,
-                iteration,
-                threshold,
-                density,
-                encoded,
-                r.size,
-                mean_r,
-                max_r,
-                sent,
-            )
-        self._pause()
-
-    def _progress_report(self) -> dict[str, Any]:
-        """For the driver's progress line: this epoch's minibatches so far and the mean training loss
-        since the last report (no "partition": the controller counts nothing from it)."""
-        loss = self._loss_sum / self._loss_count if self._loss_count else self.last_score
-        self._loss_sum, self._loss_count = 0.0, 0
-        self._loss_reported = time.monotonic()
-        steps = self._epoch_steps if self._steps_epoch == int(self.net.epoch_count) else 0
-        report: dict[str, Any] = {"epoch_minibatches": steps}
-        if math.isfinite(loss):
-            report["loss"] = float(loss)
-        return report
-
-    def _pause(self) -> None:
-        if self.job.debug_longer_iterations:
-            time.sleep(self.job.debug_longer_iterations / 1000.0)
-
-    def run_task(self, units: Iterable[Any], partition: int, first_epoch: int, epochs: int) -> WorkerResult:
-        """Train on one partition for epochs ``first_epoch .. first_epoch + epochs - 1`` (network epoch
-        numbers) and report this worker's state.
-
-        Each epoch visits the partition's elements in a new seeded order. In a barrier job the worker
-        reports every epoch end and waits for the driver's decision (it may stop early); epochs the
-        controller already finished (a retried task) are skipped.
-        """
-        start = now_ms()
-        job = self.job
-        self.stats = SparkTrainingStats() if job.collect_stats else None
-        if self.stats is not None and self._init_event is not None:
-            self.stats.add(WORKER_INIT, self._init_event)
-            self._init_event = None
-        lock: _SlotLock | None = None
-        try:
-            if job.workers_per_node > 0 and not job.barrier:
-                lock = _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
-            elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
-            begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
-            for epoch in range(begin, first_epoch + epochs):
-                order = np.random.default_rng([job.shuffle_seed, epoch, partition]).permutation(len(elements))
-                self.net.epoch_count = epoch
-                trained = self.minibatches
-                batches = worker_batches(
-                    (elements[i] for i in order), job.kind, job.loader, job.batch_size, job.prefetch
-                )
-                while True:
-                    t = now_ms()
-                    ds = next(batches, None)
-                    if ds is None:
-                        break
-                    if self.stats is not None:
-                        self.stats.add(WORKER_GET_DATA, event(t))
-                    for batch in self.net._training_batches([ds]):  # truncated BPTT: one step a segment
-                        self.step(batch)
-                with Timer(self.stats, WORKER_SYNC):
-                    stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
-                self.net.epoch_count = epoch + 1
-                if stop:
-                    break
-        finally:
-            if lock is not None:
-                lock.release()
-        self.tasks += 1
-        c = self.conn.counters
-        counters = {
-            "update_bytes_sent": c.update_bytes,
-            "bytes_sent": c.bytes_sent,
-            "bytes_received": c.bytes_received,
-            "messages_sent": c.messages_sent,
-            "messages_received": c.messages_received,
-            "frames_rejected": c.frames_rejected,
-            "children_dropped": c.peers_dropped,  # MESH: children this worker's relay dropped
-            "rejoins": self.rejoins,
-            "paced_waits": c.paced_waits,
-            "paced_wait_ms": c.paced_wait_ms,
-        }
-        if self.stats is not None:
-            self.stats.add(WORKER_TOTAL, event(start))
-        return WorkerResult(
-            self.worker_id,
-            self.tasks,
-            self.last_score,
-            to_host(self.net.updater_state()),
-            self.handler.threshold_algorithm.clone(),
-            self.minibatches,
-            counters,
-            self.stats,
-        )
-
-    def _end_of_epoch(self, epoch: int, partition: int, minibatches: int) -> bool:
-        """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
-        (True: stop), else SYNC (the job boundary is the epoch boundary)."""
-        self._report_updater_state(partition)
-        report: dict[str, Any] = {"partition": partition, "minibatches": minibatches}
-        if self.job.progress_interval_s > 0:
-            report.update(self._progress_report())
-        if self.job.barrier:
-            return bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
-        self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
-        return False
-
-    def _report_updater_state(self, partition: int) -> None:
-        """The first partition's worker sends its updater state to the controller at its first epoch end
-        and then once ``updater_state_interval_ms`` has passed since its last report: what a late or
-        restarted worker starts from (a zero Adam state at a late iteration would take steps ~3x too
-        large), at most that interval plus one epoch old."""
-        interval_s = self.job.transport.updater_state_interval_ms / 1000
-        last = self._state_reported
-        if partition != 0 or (last is not None and time.monotonic() - last < interval_s):
-            return
-        state = to_host(self.net.updater_state())
-        if state.size:
-            self.conn.send_updater_state(state, int(self.net.iteration_count))
-        self._state_reported = time.monotonic()
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-_WORKERS: dict[int, SharedWorker] = {}
-
-
-def _worker_for(job: SharedJob) -> SharedWorker:
-    """This process's worker for ``job``; workers of finished jobs are closed first."""
-    worker = _WORKERS.get(job.job_id)
-    if worker is None:
-        for old in list(_WORKERS):
-            _WORKERS.pop(old).close()
-        worker = SharedWorker(job, resolve_worker_device(job.worker_device))
-        _WORKERS[job.job_id] = worker
-    return worker
-
-
-@atexit.register
-def _close_workers() -> None:
-    for job_id in list(_WORKERS):
-        _WORKERS.pop(job_id).close()
-
-
-def _shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
-    def run(units: Iterable[Any]) -> Iterator[dict[int, WorkerResult]]:
-        from pyspark import TaskContext
-
-        worker = _worker_for(job_bc.value)
-        try:
-            result = worker.run_task(units, TaskContext.get().partitionId(), first_epoch, epochs)
-        except BaseException:
-            # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
-            _WORKERS.pop(job_bc.value.job_id, None)
-            worker.close()
-            raise
-        if result.minibatches:
-            yield {result.worker_id: result}
-
-    return run
 
 
 class _ProgressController(Controller):
@@ -655,6 +129,11 @@ class _ProgressController(Controller):
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
 
+    def _round_averaged(self, epoch: int, minibatches: int, score: float | None) -> None:
+        self.progress.minibatches(minibatches)
+        if score is not None:
+            self.progress.loss(score)
+
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
         report = super()._count_trained(identity, sender, epoch, payload)
         if report is not None:
@@ -664,25 +143,6 @@ class _ProgressController(Controller):
             if isinstance(trained, int) and not isinstance(trained, bool) and trained >= 0:
                 self.progress.trained(sender, epoch, trained)
         return report
-
-
-def _reference_threshold(algorithm: ThresholdAlgorithm) -> float:
-    """The threshold the workers of a fit start from: bounds the thresholds the controller accepts.
-
-    The largest of the algorithm's ``last_threshold`` (adaptive state), ``initial_threshold`` and
-    ``threshold`` (fixed) that is set.
-    """
-    found = [
-        float(v)
-        for v in (getattr(algorithm, n, None) for n in ("last_threshold", "initial_threshold", "threshold"))
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    ]
-    if not found:
-        raise ValueError(
-            f"threshold_algorithm: {type(algorithm).__name__} has no positive last_threshold, "
-            "initial_threshold or threshold attribute (the controller bounds update thresholds by it)"
-        )
-    return max(found)
 
 
 def _run_watched(
@@ -770,6 +230,29 @@ def _task_slots(sc: SparkContext) -> int:
     return max(1, int(sc.defaultParallelism) // max(1, cpus))
 
 
+def _barrier_ready(rdd: Any) -> bool:
+    """Whether Spark runs a barrier stage over ``rdd``: every RDD of its stage (back to the shuffles)
+    has ``rdd``'s number of partitions (SPARK-24820 refuses unions, coalesces and the like)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        top = rdd._jrdd.rdd()
+        count = top.getNumPartitions()
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            if node.getNumPartitions() != count:
+                return False
+            dependencies = node.dependencies()
+            for i in range(dependencies.size()):
+                dependency = dependencies.apply(i)
+                if dependency.getClass().getSimpleName() != "ShuffleDependency":
+                    stack.append(dependency.rdd())
+    except Py4JError:  # an internal API: without it, a shuffle keeps the stage safe
+        return False
+    return True
+
+
 def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
     """Merge per-worker results keeping each worker's latest report (stats of all tasks merged)."""
     out = dict(a)
@@ -785,8 +268,197 @@ def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int,
     return out
 
 
+class ControllerFit(ABC):
+    """The driver's side of a fit whose workers train in Spark tasks around a controller on the driver:
+    SharedTrainingMaster's gradient sharing, and ParameterAveragingTrainingMaster's rounds in one job.
+
+    Both masters run the same job (one barrier job for every epoch, :func:`_run_watched` serving the
+    epoch barrier), the same controller and the same executor-side worker
+    (:mod:`sparkgrad.spark.shared_worker`); a master says what differs through :meth:`_controller_options`,
+    :meth:`_job_options` and :meth:`_epoch_state`. The masters are dataclasses with the fields
+    ``void_configuration``, ``transport``, ``batch_size_per_worker``, ``worker_prefetch_num_batches``,
+    ``collect_training_stats``, ``rng_seed``, ``progress`` and ``worker_device``.
+    """
+
+    # whether Spark re-runs the barrier stage after a failed task (the workers then re-join the
+    # controller), else the first failure ends the fit with that task's error
+    _rerun_failed_stage: ClassVar[bool] = True
+    void_configuration: VoidConfiguration
+    transport: ZmqTransportConfiguration | None
+    batch_size_per_worker: int
+    worker_prefetch_num_batches: int
+    collect_training_stats: bool
+    rng_seed: int | None
+    progress: bool
+    worker_device: str
+    last_traffic: dict[str, float]
+
+    @abstractmethod
+    def _controller_options(self) -> dict[str, Any]:
+        """The Controller keyword arguments of this master's fit."""
+
+    @abstractmethod
+    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+        """The SharedJob fields of this master's fit besides the common ones."""
+
+    @abstractmethod
+    def _epoch_state(self, network: Any, controller: Controller) -> None:
+        """At every epoch end and at the fit's end: what the driver's network takes from the controller
+        besides its parameters and counters."""
+
+    def _run_job(
+        self,
+        sc: SparkContext,
+        network: MultiLayerNetwork,
+        units: Any,
+        data: Any,
+        stats: SparkTrainingStats | None,
+        epochs: int,
+        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        slots: int,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> tuple[dict[int, WorkerResult], Controller]:
+        """Train ``network`` in place over ``units`` for ``epochs``; returns the workers' results and
+        the (closed) controller."""
+        transport = self.transport or ZmqTransportConfiguration()
+        void = self.void_configuration
+        host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
+        try:
+            bind = socket.gethostbyname(host)
+        except OSError as exc:
+            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
+        job_id = random.SystemRandom().getrandbits(63) + 1
+        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
+        partitions = units.getNumPartitions()
+        barrier = partitions <= slots
+        if barrier and not _barrier_ready(units):
+            units = shuffle_in_place(units)
+        first_epoch = int(network.epoch_count)
+        examples = data.num_units * data.examples_per_unit
+        options = self._controller_options()
+        progress = FitProgress(
+            epochs,
+            first_epoch,
+            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
+            self.batch_size_per_worker,
+            enabled=self.progress,
+            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
+            on_epoch=epoch_progress,
+            updates=not options.get("averaging", False),
+        )
+        controller = _ProgressController(
+            network.params(),
+            job_id,
+            secret,
+            bind,
+            void.unicast_port,
+            transport,
+            iteration=int(network.iteration_count),
+            epoch=first_epoch,
+            updater_state=network.updater_state(),
+            progress=progress,
+            **options,
+        )
+        finished = first_epoch
+
+        def on_epoch(epoch: int) -> bool:
+            """The driver's side of an epoch end: the network takes the controller's parameters."""
+            nonlocal finished
+            finished = epoch + 1
+            progress.end_epoch(epoch)
+            network.set_params(controller.params())
+            self._epoch_state(network, controller)
+            network.epoch_count = finished
+            network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
+            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
+            return stop or finished >= first_epoch + epochs
+
+        results: dict[int, WorkerResult] = {}
+        try:
+            if barrier:
+                controller.expect_workers(partitions)
+            job = SharedJob(
+                job_id=job_id,
+                secret=secret,
+                controller_key=controller.controller_key,
+                host=host,
+                port=controller.port,
+                transport=transport,
+                snapshot=NetworkSnapshot.of(network),
+                kind=data.kind,
+                loader=data.loader,
+                batch_size=self.batch_size_per_worker,
+                prefetch=self.worker_prefetch_num_batches,
+                collect_stats=self.collect_training_stats,
+                barrier=barrier,
+                shuffle_seed=(
+                    self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
+                ),
+                worker_device=self.worker_device,
+                **self._job_options(partitions, slots),
+            )
+            bc = sc.broadcast(job)
+            try:
+                if barrier:  # every epoch in one job
+                    stage = units.barrier().mapPartitions(shared_partition(bc, first_epoch, epochs))
+                    if self._rerun_failed_stage:
+                        # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as
+                        # a whole when a task or an executor fails (a failed barrier result stage ends the
+                        # job, with the failed task's error)
+                        stage = stage.repartition(1)
+                    for part in _run_watched(sc, controller, stage.collect, on_epoch, progress):
+                        results = _latest(results, part)
+                else:  # more partitions than slots: one job per epoch
+                    for epoch in range(first_epoch, first_epoch + epochs):
+                        train = shared_partition(bc, epoch, 1)
+                        for part in _run_watched(
+                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
+                        ):
+                            results = _latest(results, part)
+                        if on_epoch(epoch):
+                            break
+            finally:
+                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
+        finally:
+            controller.close()
+            progress.close()
+        network.set_params(controller.params())
+        self._epoch_state(network, controller)
+        network.epoch_count = max(finished, int(network.epoch_count))
+        network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
+        c = controller.counters
+        self.last_traffic = {
+            "controller_bytes_received": c.bytes_received,
+            "controller_bytes_sent": c.bytes_sent,
+            "controller_messages_received": c.messages_received,
+            "controller_messages_sent": c.messages_sent,
+            "controller_update_bytes_relayed": c.update_bytes,
+            "controller_frames_rejected": c.frames_rejected,
+            **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
+            "controller_peers_dropped": c.peers_dropped,
+            **{f"controller_peers_dropped_{k}": v for k, v in sorted(c.dropped_reasons.items())},
+            "updates_applied": controller.updates_applied,
+            "rounds_averaged": controller.rounds_averaged,
+            "workers": len(controller.workers_seen),
+            # workers that joined but returned no result (killed or failed tasks): their applied updates
+            # stay in the model and in updates_applied
+            "workers_lost": len(controller.workers_seen - results.keys()),
+            "updates_from_lost_workers": sum(
+                n for w, n in controller.updates_by_worker.items() if w not in results
+            ),
+            "retrained_minibatches": controller.retrained_minibatches,
+            "updater_state_reports": controller.updater_state_reports,
+            "epochs": finished - first_epoch,
+            "spark_jobs": 1 if barrier else finished - first_epoch,
+        }
+        if stats is not None:
+            for name, value in self.last_traffic.items():
+                stats.count(name, value)
+        return results, controller
+
+
 @dataclass
-class SharedTrainingMaster(TrainingMasterBase, Config):
+class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     """Gradient sharing with threshold-encoded updates (DL4J ``SharedTrainingMaster``), PLAIN topology.
 
     Args:
@@ -966,7 +638,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
             units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
-        results = self._run_job(
+        results, _ = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )
         with Timer(stats, MASTER_PROCESS):
@@ -977,157 +649,27 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         self.last_stats = stats
         return score
 
-    def _run_job(
-        self,
-        sc: SparkContext,
-        network: MultiLayerNetwork,
-        units: Any,
-        data: Any,
-        stats: SparkTrainingStats | None,
-        epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
-        slots: int,
-        epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
-    ) -> dict[int, WorkerResult]:
-        transport = self.transport or ZmqTransportConfiguration()
-        void = self.void_configuration
-        host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
-        try:
-            bind = socket.gethostbyname(host)
-        except OSError as exc:
-            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
-        job_id = random.SystemRandom().getrandbits(63) + 1
-        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
-        algorithm = self.current_threshold_algorithm
-        partitions = units.getNumPartitions()
-        barrier = partitions <= slots
-        first_epoch = int(network.epoch_count)
-        examples = data.num_units * data.examples_per_unit
-        progress = FitProgress(
-            epochs,
-            first_epoch,
-            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
-            self.batch_size_per_worker,
-            enabled=self.progress,
-            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
-            on_epoch=epoch_progress,
-        )
-        controller = _ProgressController(
-            network.params(),
-            job_id,
-            secret,
-            bind,
-            void.unicast_port,
-            transport,
-            iteration=int(network.iteration_count),
-            epoch=first_epoch,
-            threshold_reference=_reference_threshold(algorithm),
-            updater_state=network.updater_state(),
-            mesh=self.mesh_build_mode == MeshBuildMode.MESH,
-            progress=progress,
-        )
-        finished = first_epoch
-
-        def on_epoch(epoch: int) -> bool:
-            """The driver's side of an epoch end: the network takes the controller's parameters."""
-            nonlocal finished
-            finished = epoch + 1
-            progress.end_epoch(epoch)
-            network.set_params(controller.params())
-            network.epoch_count = finished
-            network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
-            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
-            return stop or finished >= first_epoch + epochs
-
-        results: dict[int, WorkerResult] = {}
-        try:
-            if barrier:
-                controller.expect_workers(partitions)
-            job = SharedJob(
-                job_id,
-                secret,
-                controller.controller_key,
-                host,
-                controller.port,
-                transport,
-                NetworkSnapshot.of(network),
-                algorithm,
-                self.residual_post_processor or NoOpResidualPostProcessor(),
-                data.kind,
-                data.loader,
-                self.batch_size_per_worker,
-                self.worker_prefetch_num_batches,
-                self.workers_per_node,
-                self.encoding_debug_mode,
-                self.debug_longer_iterations,
-                self.collect_training_stats,
-                barrier,
-                self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32),
-                self.mesh_build_mode == MeshBuildMode.MESH,
-                PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
-                self.staleness_bound // 2,
-                self.worker_device,
-                update_scale(self.update_combination, min(partitions, slots)),
-            )
-            bc = sc.broadcast(job)
-            try:
-                if barrier:  # every epoch in one job
-                    train = _shared_partition(bc, first_epoch, epochs)
-                    # the shuffle after the barrier stage makes it a map stage, which Spark re-runs as a
-                    # whole when a task or an executor fails (a failed barrier result stage ends the job)
-                    for part in _run_watched(
-                        sc,
-                        controller,
-                        lambda: units.barrier().mapPartitions(train).repartition(1).collect(),
-                        on_epoch,
-                        progress,
-                    ):
-                        results = _latest(results, part)
-                else:  # more partitions than slots: one job per epoch
-                    for epoch in range(first_epoch, first_epoch + epochs):
-                        train = _shared_partition(bc, epoch, 1)
-                        for part in _run_watched(
-                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
-                        ):
-                            results = _latest(results, part)
-                        if on_epoch(epoch):
-                            break
-            finally:
-                bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
-        finally:
-            controller.close()
-            progress.close()
-        network.set_params(controller.params())
-        network.epoch_count = max(finished, int(network.epoch_count))
-        network.iteration_count = max(int(network.iteration_count), controller.iteration + 1)
-        c = controller.counters
-        self.last_traffic = {
-            "controller_bytes_received": c.bytes_received,
-            "controller_bytes_sent": c.bytes_sent,
-            "controller_messages_received": c.messages_received,
-            "controller_messages_sent": c.messages_sent,
-            "controller_update_bytes_relayed": c.update_bytes,
-            "controller_frames_rejected": c.frames_rejected,
-            **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
-            "controller_peers_dropped": c.peers_dropped,
-            **{f"controller_peers_dropped_{k}": v for k, v in sorted(c.dropped_reasons.items())},
-            "updates_applied": controller.updates_applied,
-            "workers": len(controller.workers_seen),
-            # workers that joined but returned no result (killed or failed tasks): their applied updates
-            # stay in the model and in updates_applied
-            "workers_lost": len(controller.workers_seen - results.keys()),
-            "updates_from_lost_workers": sum(
-                n for w, n in controller.updates_by_worker.items() if w not in results
-            ),
-            "retrained_minibatches": controller.retrained_minibatches,
-            "updater_state_reports": controller.updater_state_reports,
-            "epochs": finished - first_epoch,
-            "spark_jobs": 1 if barrier else finished - first_epoch,
+    def _controller_options(self) -> dict[str, Any]:
+        return {
+            "threshold_reference": reference_threshold(self.current_threshold_algorithm),
+            "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
         }
-        if stats is not None:
-            for name, value in self.last_traffic.items():
-                stats.count(name, value)
-        return results
+
+    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+        return {
+            "progress_interval_s": PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
+            "threshold_algorithm": self.current_threshold_algorithm,
+            "residual_post_processor": self.residual_post_processor or NoOpResidualPostProcessor(),
+            "workers_per_node": self.workers_per_node,
+            "encoding_debug_mode": self.encoding_debug_mode,
+            "debug_longer_iterations": self.debug_longer_iterations,
+            "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
+            "staleness_window": self.staleness_bound // 2,
+            "update_scale": update_scale(self.update_combination, min(partitions, slots)),
+        }
+
+    def _epoch_state(self, network: Any, controller: Controller) -> None:
+        """Nothing: the updater state is the mean of the workers' at the fit's end (_process_results)."""
 
     def _process_results(
         self, network: MultiLayerNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None

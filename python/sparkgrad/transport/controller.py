@@ -44,6 +44,18 @@ Update sanity: an UPDATE whose threshold fails the fit's bound
 applied; the worker gets an ERROR (its fit fails with the reason). An update that would leave any
 parameter non-finite (float overflow of finite values) is computed in a second buffer and refused too
 (reason ``non_finite``), naming its sender; the parameters stay as they were.
+
+Parameter averaging (``Controller(averaging=True)``, ParameterAveragingTrainingMaster's rounds in one
+Spark job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every
+epoch, with its parameters (and updater state with ``average_updater_state``) after the round, or with
+none when its partition had no data in it (it still joins the round, so no worker waits for one that ran
+out of data). Once every partition of the barrier (:meth:`Controller.expect_workers`) reported a round,
+the mean of the reported vectors, summed in float64 in partition order (so it does not depend on the
+order of arrival), becomes the controller's parameters and updater state, the iteration advances by the
+round's largest minibatch count (DL4J's ``iterationCount += averagingFrequency``) and every worker of the
+round gets the mean in an AVERAGED frame. A worker id that joins once a round was averaged or every
+partition has its worker (a Spark task re-run after a failure) stops the controller: the rounds cannot
+be resumed, so the fit fails.
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ import math
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -70,12 +83,15 @@ from sparkgrad.transport.frame import (
     Header,
     MessageType,
     Replay,
+    averaging_payload,
     decode_frame,
     encode_frame,
     float_flag,
     json_payload,
+    max_averaging_bytes,
     max_update_bytes,
     params_payload,
+    parse_averaging_payload,
     parse_json_payload,
     relayed_frame,
     update_payload,
@@ -97,6 +113,17 @@ from sparkgrad.transport.relay import relay_address_ok
 from sparkgrad.transport.signing import ControllerSigner
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Contribution:
+    """One partition's AVERAGE of a round."""
+
+    worker: int
+    identity: bytes
+    values: np.ndarray | None  # None: the partition had no data in the round
+    minibatches: int
+    score: float | None
 
 
 class Controller:
@@ -123,6 +150,10 @@ class Controller:
             instead of sending each to every worker (PLAIN).
         signer: the Ed25519 key that signs every frame the controller sends as itself (:mod:`.signing`);
             None draws a fresh one (per fit). Workers verify with :attr:`controller_key`.
+        averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, module docstring)
+            instead of applying updates; ``threshold_reference`` is then not used.
+        average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
+            AVERAGE and AVERAGED vectors hold the parameters followed by the updater state).
     """
 
     def __init__(
@@ -137,14 +168,22 @@ class Controller:
         iteration: int = 0,
         epoch: int = 0,
         *,
-        threshold_reference: float,
+        threshold_reference: float | None = None,
         updater_state: np.ndarray | None = None,
         mesh: bool = False,
+        averaging: bool = False,
+        average_updater_state: bool = False,
         signer: ControllerSigner | None = None,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as decode
-        if not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
+        if averaging:
+            if mesh:
+                raise ValueError("mesh: averaging rounds use the PLAIN topology")
+            threshold_reference = math.inf  # no UPDATE is taken
+            if average_updater_state and (updater_state is None or not updater_state.size):
+                average_updater_state = False  # an updater without state: only parameters are averaged
+        elif not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
             raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
         self._key = FrameKey(secret)
         self._signer = signer or ControllerSigner()
@@ -162,6 +201,14 @@ class Controller:
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
+        self._averaging = averaging
+        self._average_updater_state = averaging and average_updater_state
+        # averaging: the AVERAGE vectors of each (epoch, round) so far by partition, the rounds done
+        self._rounds: dict[tuple[int, int], dict[int, _Contribution]] = {}
+        self._averaged: set[tuple[int, int]] = set()
+        self.rounds_averaged = 0
+        # (epoch, iteration after the round, the workers' mean score) of every round with data
+        self.round_scores: list[tuple[int, int, float]] = []
         self._next_params = np.empty_like(self._params)  # an update is checked here before it is taken
         self.job_id = job_id
         self.host, self.port = host, port
@@ -199,7 +246,8 @@ class Controller:
         self._wake_out.connect(wake)
         self._wake_lock = threading.Lock()
         state_bytes = 0 if self._updater_state is None else self._updater_state.nbytes
-        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes)
+        average_bytes = max_averaging_bytes(self._average_size) if averaging else 0
+        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, average_bytes)
         # its own frames end with its signature
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
@@ -244,6 +292,20 @@ class Controller:
         """A copy of the latest updater state a worker reported (the fit's start state before any)."""
         with self._lock:
             return None if self._updater_state is None else self._updater_state.copy()
+
+    @property
+    def next_iteration(self) -> int:
+        """The iteration count the driver's network continues from: after the last averaged round
+        (averaging), else one past the iteration of the last applied update."""
+        return self.iteration if self._averaging else self.iteration + 1
+
+    @property
+    def _average_size(self) -> int:
+        """Floats in an AVERAGE/AVERAGED vector: the parameters, then the updater state if averaged."""
+        state = (
+            self._updater_state.size if self._average_updater_state and self._updater_state is not None else 0
+        )
+        return self._params.size + state
 
     @property
     def error(self) -> BaseException | None:
@@ -474,6 +536,8 @@ class Controller:
             return self._update_limit
         if kind == MessageType.UPDATER_STATE:  # float64 too: a dtype mismatch is answered with an ERROR
             return 0 if self._updater_state is None else 8 * self._updater_state.size
+        if kind == MessageType.AVERAGE:
+            return max_averaging_bytes(self._average_size) if self._averaging else 0
         return CONTROL_PAYLOAD_LIMIT
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
@@ -505,6 +569,16 @@ class Controller:
                 self._reject("control", text)
                 self._error_reply(identity, sender, text)
                 return
+            if (
+                self._averaging
+                and sender not in self.workers_seen
+                and (self._averaged or len(self.workers_seen) >= self._expected_workers)
+            ):
+                raise TransportError(
+                    f"worker {sender} joined after the averaging rounds began (a Spark task re-run after "
+                    "a failed task or a lost executor): the rounds of a one-job parameter-averaging fit "
+                    "cannot be resumed"
+                )
             owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
             if owner is not None:  # one worker per connection: its frames and fate are that worker's
                 text = f"HELLO from worker {sender} on the connection of worker {owner}"
@@ -522,8 +596,10 @@ class Controller:
             self._send(identity, self._params_frame(sender, current=not fresh))
         elif kind == MessageType.BYE:
             self._forget(sender)
-        elif kind == MessageType.UPDATE:
+        elif kind == MessageType.UPDATE and not self._averaging:
             self._apply_and_relay(identity, header, payload, frame)
+        elif kind == MessageType.AVERAGE and self._averaging:
+            self._average(identity, header, payload)
         elif kind == MessageType.SYNC:
             if self._count_trained(identity, sender, header.epoch, payload) is not None:
                 self._send(identity, self._control_frame(MessageType.SYNC_ACK, sender))
@@ -723,6 +799,94 @@ class Controller:
             for workers in self._epoch_reports.pop(epoch, {}).values():
                 for worker, identity in workers.items():
                     self._send(identity, self._go_frame(epoch, stop, worker))
+
+    # -- averaging rounds -----------------------------------------------------------------------
+    def _average(self, identity: bytes, header: Header, payload: memoryview) -> None:
+        """A worker's AVERAGE: its vector (or none) for its partition in the header's (epoch, round)."""
+        sender = header.sender
+        peer = f"worker {sender}"
+        key = (header.epoch, header.iteration)
+        try:
+            body, values = parse_averaging_payload(header, payload, peer)
+            partition, minibatches, score = body.get("partition"), body.get("minibatches"), body.get("score")
+            expected = self._expected_workers
+            if not (is_count(partition) and is_count(minibatches) and expected and partition < expected):
+                raise FrameRejected("malformed", f"{peer}: bad averaging report {body!r}")
+            if values is not None:
+                if values.size != self._average_size or values.dtype != self._params.dtype.newbyteorder("<"):
+                    raise FrameRejected(
+                        "malformed",
+                        f"{peer}: AVERAGE of {values.size} {values.dtype} values, expected "
+                        f"{self._average_size} {self._params.dtype}",
+                    )
+                if not (minibatches and isinstance(score, (int, float)) and not isinstance(score, bool)):
+                    raise FrameRejected("malformed", f"{peer}: AVERAGE values without minibatches or score")
+                if not all_finite(values):
+                    raise FrameRejected(
+                        "non_finite", f"{peer}: AVERAGE of round {key} holds non-finite values"
+                    )
+            elif minibatches:
+                raise FrameRejected("malformed", f"{peer}: {minibatches} minibatches but no AVERAGE values")
+            reports = self._rounds.get(key, {})
+            if key in self._averaged or partition in reports:
+                raise FrameRejected("malformed", f"{peer}: partition {partition} reported round {key} twice")
+        except FrameRejected as exc:
+            self._refuse(identity, sender, exc)
+            return
+        reports = self._rounds.setdefault(key, reports)
+        reports[partition] = _Contribution(
+            sender, identity, None if values is None else values.copy(), minibatches, score
+        )
+        if len(reports) == self._expected_workers:
+            self._finish_round(key)
+
+    def _finish_round(self, key: tuple[int, int]) -> None:
+        """Every partition reported the round: take the mean and send it to each of the round's workers."""
+        reports = self._rounds.pop(key)
+        self._averaged.add(key)
+        given = [c for _, c in sorted(reports.items()) if c.values is not None]
+        mean: np.ndarray | None = None
+        score: float | None = None
+        if given:
+            total = np.zeros(self._average_size, np.float64)
+            for c in given:  # partition order: the sum does not depend on the order of arrival
+                total += c.values
+            mean = (total / len(given)).astype(self._params.dtype)
+            score = float(np.mean([c.score for c in given]))
+            size = self._params.size
+            with self._lock:
+                self._params[:] = mean[:size]
+                if self._average_updater_state:
+                    self._updater_state[:] = mean[size:]  # type: ignore[index]
+        self.iteration += max(c.minibatches for c in reports.values())
+        if score is not None:
+            self.round_scores.append((key[0], self.iteration, score))
+        self.epoch = max(self.epoch, key[0])
+        self.rounds_averaged += 1
+        body = {"iteration": self.iteration, "workers": len(given), "score": score}
+        payload = averaging_payload(body, mean)
+        for c in reports.values():
+            if self._peers.get(c.worker) != c.identity:  # left meanwhile (its task failed): the fit fails
+                continue
+            frame = encode_frame(
+                self._key,
+                MessageType.AVERAGED,
+                self.job_id,
+                CONTROLLER_ID,
+                self._next_seq(),
+                payload,
+                iteration=key[1],
+                epoch=key[0],
+                flags=float_flag(self._params),
+                broadcast=self._number(c.worker),
+                recipient=c.worker,
+                signer=self._signer,
+            )
+            self._send(c.identity, frame)
+        self._round_averaged(key[0], sum(c.minibatches for c in given), score)
+
+    def _round_averaged(self, epoch: int, minibatches: int, score: float | None) -> None:
+        """Called on the controller thread after every averaged round (a hook for progress reporting)."""
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""

@@ -83,6 +83,15 @@ Payloads by message type:
   ``payload length / 4`` words). Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
 - ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
+- ``AVERAGE`` and ``AVERAGED`` (ParameterAveragingTrainingMaster's rounds, :func:`averaging_payload`): a
+  little-endian uint32 length, that many bytes of a UTF-8 JSON object, zero bytes up to the next multiple
+  of 8, then the raw floats (dtype per the ``FLOAT64`` flag): the parameter vector, followed by the flat
+  updater state when the fit averages it, or no floats at all. ``AVERAGE`` (worker -> controller) names
+  the epoch in the header's epoch field and the round within it in the iteration field, and carries
+  ``{"partition": int, "minibatches": int, "score": float}`` and the worker's parameters after the round
+  (no floats: its partition had no data in the round). ``AVERAGED`` (controller -> every worker of the
+  round) carries ``{"iteration": int, "workers": int, "score": float}`` and the mean (no floats: no worker
+  had data, nothing changed).
 - ``HELLO``, ``SYNC``, ``SYNC_ACK``, ``BYE``, ``ERROR``, ``PARAMS_REQUEST``, ``EPOCH_END``, ``EPOCH_GO``,
   ``MESH_PARENT``, ``MESH_JOIN``, ``MESH_CHILDREN``: UTF-8 JSON object of control data (possibly empty).
   ``MESH_PARENT`` carries ``{"parent": "tcp://host:port", "id": parent id, "version": tree version}`` or
@@ -146,6 +155,8 @@ class MessageType(enum.IntEnum):
     MESH_PARENT = 12  # controller -> worker (MESH): JSON {"parent": endpoint or null = the controller}
     MESH_JOIN = 13  # worker -> its MESH parent's relay socket: register as a child (JSON {})
     MESH_CHILDREN = 14  # controller -> MESH relay: JSON {"children": [ids], "version": int}, all it may take
+    AVERAGE = 15  # worker -> controller: its parameters after an averaging round (averaging_payload)
+    AVERAGED = 16  # controller -> worker: every worker's AVERAGE of the round arrived: their mean
 
 
 class Flag(enum.IntFlag):
@@ -493,6 +504,55 @@ def parse_json_payload(payload: memoryview, peer: str = "peer") -> dict[str, Any
     return value
 
 
+_AVERAGING_LENGTH = struct.Struct("<I")
+
+
+def max_averaging_bytes(num_values: int) -> int:
+    """The largest AVERAGE or AVERAGED payload carrying ``num_values`` floats (parameters and updater
+    state) in float64."""
+    return _AVERAGING_LENGTH.size + CONTROL_PAYLOAD_LIMIT + 8 + 8 * num_values
+
+
+def averaging_payload(body: dict[str, Any], values: np.ndarray | None) -> bytes:
+    """An AVERAGE or AVERAGED payload: the JSON ``body`` and the raw little-endian ``values`` (or none).
+
+    The frame's ``FLOAT64`` flag must name the values' dtype (:func:`float_flag`).
+    """
+    text = json_payload(body)
+    if len(text) > CONTROL_PAYLOAD_LIMIT:
+        raise ValueError(f"averaging body: {len(text)} bytes of JSON exceed {CONTROL_PAYLOAD_LIMIT}")
+    head = _AVERAGING_LENGTH.pack(len(text)) + text
+    head += bytes(-len(head) % 8)
+    if values is None:
+        return head
+    return head + np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
+
+
+def parse_averaging_payload(
+    header: Header, payload: memoryview, peer: str = "peer"
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Split an authenticated AVERAGE or AVERAGED payload into its JSON body and its floats (a read-only
+    view, None when it carries none). Raises :class:`FrameRejected` (``malformed`` or ``control``)."""
+    size = _AVERAGING_LENGTH.size
+    if payload.nbytes < size:
+        raise FrameRejected("malformed", f"{header.message_type.name} from {peer}: {payload.nbytes} bytes")
+    (length,) = _AVERAGING_LENGTH.unpack_from(payload)
+    start = size + length + (-(size + length) % 8)
+    if length > CONTROL_PAYLOAD_LIMIT or start > payload.nbytes:
+        raise FrameRejected(
+            "malformed", f"{header.message_type.name} from {peer}: JSON length {length} does not fit"
+        )
+    body = parse_json_payload(payload[size : size + length], peer=peer)
+    if start == payload.nbytes:
+        return body, None
+    dtype = np.dtype("<f8" if header.flags & Flag.FLOAT64 else "<f4")
+    if (payload.nbytes - start) % dtype.itemsize:
+        raise FrameRejected(
+            "malformed", f"{header.message_type.name} from {peer}: floats are not whole {dtype} values"
+        )
+    return body, np.frombuffer(payload[start:], dtype=dtype)
+
+
 def float_flag(array: np.ndarray) -> Flag:
     """The dtype flag of a PARAMS or UPDATER_STATE payload."""
     return Flag.FLOAT64 if array.dtype == np.float64 else Flag.NONE
@@ -533,12 +593,15 @@ __all__ = [
     "Header",
     "MessageType",
     "Replay",
+    "averaging_payload",
     "decode_frame",
     "encode_frame",
     "float_flag",
     "json_payload",
+    "max_averaging_bytes",
     "max_update_bytes",
     "params_payload",
+    "parse_averaging_payload",
     "parse_json_payload",
     "relayed_frame",
     "signed_message",

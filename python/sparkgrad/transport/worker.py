@@ -10,10 +10,10 @@ replay checks of :mod:`.frame`, a worker takes from each link only what that lin
 it and counts it (reasons in brackets):
 
 - on its controller connection: control frames (PARAMS, UPDATER_STATE, SYNC_ACK, BYE, ERROR, EPOCH_GO,
-  MESH_PARENT, MESH_CHILDREN) only from sender 0, and UPDATEs only relayed by the controller (``link``),
-  never its own in PLAIN (``own_update``); every control frame must carry the controller's Ed25519
-  signature (``bad_signature``, :mod:`.signing`); PLAIN: each frame must carry the next link number
-  (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
+  MESH_PARENT, MESH_CHILDREN, and AVERAGED when it averages) only from sender 0, and UPDATEs only
+  relayed by the controller (``link``), never its own in PLAIN (``own_update``); every control frame must
+  carry the controller's Ed25519 signature (``bad_signature``, :mod:`.signing`); PLAIN: each frame must
+  carry the next link number (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
 - on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own re-join
   ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
 - every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
@@ -54,12 +54,15 @@ from sparkgrad.transport.frame import (
     Header,
     MessageType,
     Replay,
+    averaging_payload,
     decode_frame,
     encode_frame,
     float_flag,
     json_payload,
+    max_averaging_bytes,
     max_update_bytes,
     params_payload,
+    parse_averaging_payload,
     parse_json_payload,
     update_payload,
 )
@@ -114,6 +117,9 @@ class WorkerConnection(MeshRelay):
         threshold_reference: the fit's reference threshold: a received UPDATE whose threshold the
             controller's bound would refuse is dropped (reason ``threshold``) instead of applied (a MESH
             parent could forge one). None: not checked.
+        average_values: parameter averaging (:meth:`average`): the floats an AVERAGED vector holds (the
+            parameters, then the updater state when it is averaged); 0 (gradient sharing): AVERAGED
+            frames are refused (``link``).
         controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
             frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
     """
@@ -131,6 +137,7 @@ class WorkerConnection(MeshRelay):
         relay_host: str | None = None,
         on_params: Callable[[np.ndarray, int, int], None] | None = None,
         threshold_reference: float | None = None,
+        average_values: int = 0,
         *,
         controller_key: bytes,
     ) -> None:
@@ -151,11 +158,17 @@ class WorkerConnection(MeshRelay):
         self._replay = Replay()
         self._seq = 0
         self._ctx = zmq.Context()
+        self._average_values = check_int("average_values", average_values, minimum=0)
         self._max_state_payload = max(8 * num_params, updater_state_bytes)  # PARAMS, UPDATER_STATE
         # the controller's frames end with its signature
         self._max_frame = (
             HEADER_SIZE
-            + max(self._max_state_payload, max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT)
+            + max(
+                self._max_state_payload,
+                max_update_bytes(num_params),
+                CONTROL_PAYLOAD_LIMIT,
+                max_averaging_bytes(average_values) if average_values else 0,
+            )
             + SIGNATURE_SIZE
         )
         max_sent_frame = HEADER_SIZE + max(
@@ -265,6 +278,8 @@ class WorkerConnection(MeshRelay):
             return max_update_bytes(self._num_params)
         if kind in (MessageType.PARAMS, MessageType.UPDATER_STATE):
             return self._max_state_payload
+        if kind == MessageType.AVERAGED:
+            return max_averaging_bytes(self._average_values) if self._average_values else 0
         return CONTROL_PAYLOAD_LIMIT
 
     def _check_link(
@@ -295,7 +310,9 @@ class WorkerConnection(MeshRelay):
                     f"{kind.name} from worker {header.sender} on the link of {peer}: "
                     "only the controller may send it",
                 )
-        elif header.sender != CONTROLLER_ID or kind not in _FROM_CONTROLLER:
+        elif header.sender != CONTROLLER_ID or (
+            kind not in _FROM_CONTROLLER and not (kind == MessageType.AVERAGED and self._average_values)
+        ):
             raise FrameRejected("link", f"{kind.name} from worker {header.sender} on the link of {peer}")
         elif not (header.flags & Flag.SIGNED and self._verifier.verify(frame)):
             raise FrameRejected(
@@ -698,6 +715,51 @@ class WorkerConnection(MeshRelay):
                     raise TransportError(f"worker {self.worker_id}: bad EPOCH_GO: {exc}") from exc
                 self._catch_up(header.broadcast, on_update)
                 return stop
+
+    def average(
+        self, epoch: int, round_index: int, report: dict[str, object], values: np.ndarray | None
+    ) -> tuple[dict[str, object], np.ndarray | None]:
+        """Contribute to an averaging round and wait for its mean (parameter averaging).
+
+        Args:
+            epoch: the epoch.
+            round_index: the round within the epoch.
+            report: ``{"partition", "minibatches", "score"}`` (module docstring of :mod:`.frame`).
+            values: this worker's parameters after the round (then its updater state when the fit
+                averages it); None when its partition had no data in the round.
+
+        Returns:
+            (the controller's ``{"iteration", "workers", "score"}``, a copy of the mean vector, or None
+            when no worker had data in the round). Raises TransportError when no mean arrives within
+            ``epoch_timeout_ms`` or the controller refused the contribution.
+        """
+        flags = Flag.NONE if values is None else float_flag(values)
+        self._send(
+            MessageType.AVERAGE,
+            averaging_payload(report, values),
+            epoch=epoch,
+            iteration=round_index,
+            flags=flags,
+        )
+        what = f"AVERAGE of epoch {epoch} round {round_index}"
+        while True:
+            header, payload = self._wait_for(
+                (MessageType.AVERAGED,), self._config.epoch_timeout_ms, None, what
+            )
+            if (header.epoch, header.iteration) != (epoch, round_index):
+                continue  # not this round's (cannot happen in order; never taken for it)
+            try:
+                body, mean = parse_averaging_payload(header, payload, f"controller {self.endpoint}")
+            except FrameRejected as exc:
+                raise TransportError(f"worker {self.worker_id}: bad AVERAGED: {exc}") from exc
+            if not is_count(body.get("iteration")) or (
+                mean is not None and mean.size != self._average_values
+            ):
+                raise TransportError(
+                    f"worker {self.worker_id}: AVERAGED of {0 if mean is None else mean.size} values with "
+                    f"{body!r}, expected {self._average_values} values and an iteration"
+                )
+            return body, None if mean is None else mean.copy()
 
     def _controller_left(self) -> bool:
         """Whether the controller already said BYE or reported an error (reads what has arrived)."""
