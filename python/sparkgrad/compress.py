@@ -473,8 +473,8 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
         min_target_sparsity: below it the threshold shrinks by ``decay_rate``; in (0, 1].
         max_target_sparsity: above it the threshold grows by ``1 / decay_rate``; in [min, 1].
         decay_rate: in [0.5, 1); the default halves/doubles the threshold in 20 steps.
-        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
-            [0, MAX_SPARSITY]); not part of equality.
+        last_threshold: state, nan until set, else in [0, MAX_THRESHOLD]; not part of equality.
+        last_sparsity: state, nan until set, else in [0, MAX_SPARSITY]; not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -539,8 +539,8 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             and at least MIN_THRESHOLD, so the first messages already carry the update instead of waiting
             tens of steps for the threshold to come down from a guess. False (the default) starts at
             ``initial_threshold``, as DL4J does (see :func:`default_threshold_algorithm` for why).
-        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
-            [0, MAX_SPARSITY]); not part of equality.
+        last_threshold: state, nan until set, else in [0, MAX_THRESHOLD]; not part of equality.
+        last_sparsity: state, nan until set, else in [0, MAX_SPARSITY]; not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -925,8 +925,8 @@ def update_scale(combination: str, workers: int) -> float:
 
 
 # The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper): it reaches
-# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README); DL4J's default is
-# AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
+# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (docs/guides/performance.md); DL4J's
+# default is AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
 DEFAULT_INITIAL_THRESHOLD = 2e-2
 DEFAULT_SPARSITY_TARGET = 1e-3
 
