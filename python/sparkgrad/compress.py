@@ -35,7 +35,9 @@ DEFAULT_DECAY_RATE = 0.5 ** (1 / 20)
 # float32, and below the smallest normal float32 it would round to a subnormal or to 0 (which every
 # decoder rejects); above MAX_SCALE one encoded step alone would wreck a float32 network.
 MIN_THRESHOLD = float(np.finfo(np.float32).tiny)
+"""The smallest threshold a threshold algorithm may use: the smallest normal float32."""
 MAX_THRESHOLD = MAX_SCALE
+"""The largest threshold a threshold algorithm may use."""
 # Sparse messages longer than N/16 + 4 words are sent as bitmaps, so sparsity ratios stay below 1.
 MAX_SPARSITY = 1.0
 
@@ -911,7 +913,9 @@ class EncodingHandler:
 #   whose updater sees the averaged, less noisy gradient.
 # - "sum": 1, DL4J's and Strom's; with momentum or Adam the replicas oscillate from 4 workers on.
 UPDATE_COMBINATIONS = ("sqrt", "mean", "sum")
+"""The ways the updates of N workers training at once combine (:func:`update_scale`)."""
 DEFAULT_UPDATE_COMBINATION = "sqrt"
+"""Each worker sends its update divided by sqrt(N): the scaling rule of an N-times larger batch."""
 
 
 def update_scale(combination: str, workers: int) -> float:
@@ -928,7 +932,9 @@ def update_scale(combination: str, workers: int) -> float:
 # DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (docs/guides/performance.md); DL4J's
 # default is AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
 DEFAULT_INITIAL_THRESHOLD = 2e-2
+"""The first threshold of :func:`default_threshold_algorithm`."""
 DEFAULT_SPARSITY_TARGET = 1e-3
+"""The fraction of a message's elements :func:`default_threshold_algorithm` aims to send."""
 
 
 def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:
