@@ -28,11 +28,13 @@ def _check_spark_ml(namespace: dict, output: str) -> None:
     assert (classifier.getEpochs(), classifier.getBatchSize()) == (6, 32)
 
 
-# page -> (text replaced in its examples, a check of the namespace and the printed output)
-CHECKS = {
+def _save_under(tmp_path) -> dict[str, str]:
     # a relative Hadoop path resolves against the JVM's directory, not the test's: save under tmp_path
-    "docs/guides/spark-ml.md": ({'"digits-pipeline"': "PIPELINE_URI"}, _check_spark_ml),
-}
+    return {'"digits-pipeline"': repr((tmp_path / "digits-pipeline").as_uri())}
+
+
+# page -> (the text to replace in its examples, given tmp_path; a check of the namespace and the output)
+CHECKS = {"docs/guides/spark-ml.md": (_save_under, _check_spark_ml)}
 
 
 def _forget_global_state() -> None:
@@ -49,14 +51,14 @@ def _forget_global_state() -> None:
 
 @pytest.mark.parametrize("page", SPARK_PAGES, ids=[p.name for p in SPARK_PAGES])
 def test_spark_page_examples_run(page, spark, tmp_path, capsys) -> None:
-    replace, check = CHECKS.get(page.name, ({}, None))
-    saved = repr((tmp_path / "saved").as_uri())
-    replace = {old: new.replace("PIPELINE_URI", saved) for old, new in replace.items()}
+    replace, check = CHECKS.get(page.name, (lambda _: {}, None))
     tracking_uri = None
-    if "mlflow" in sys.modules:
-        tracking_uri = sys.modules["mlflow"].get_tracking_uri()
+    if any("mlflow" in example.code for example in page.examples):
+        import mlflow
+
+        tracking_uri = mlflow.get_tracking_uri()  # the page sets its own: restored below
     try:
-        namespace = run_page(page, tmp_path, replace)
+        namespace = run_page(page, tmp_path, replace(tmp_path))
     finally:
         _forget_global_state()
         if tracking_uri is not None:
