@@ -1,15 +1,18 @@
-"""MkDocs hook: the Sphinx roles of the docstrings (:class:`~sparkgrad.spark.SparkNetwork`) as links.
+"""MkDocs hook: the reStructuredText left in docstrings, rendered as the docstrings mean it.
 
-The docstrings use reStructuredText roles, which Markdown leaves as text (":class:" then the code). This
-hook removes the role, shortens a ``~``-prefixed path to its last name, and wraps a dotted
-``sparkgrad.`` path in an optional autorefs reference, so it links to the API reference when the
-object is documented there (and stays plain code when it is not: no warning).
+- Sphinx roles (:class:`~sparkgrad.spark.SparkNetwork`), which Markdown leaves as text (":class:" then
+  the code): the role goes, a ``~``-prefixed path is shortened to its last name, and a dotted
+  ``sparkgrad.`` path becomes an optional autorefs reference, a link when the object is documented in
+  the API reference (plain code when it is not: no warning).
+- Simple tables (a paragraph that starts with a ``====== =====`` border, as in the wire format's
+  header layout): shown preformatted, so their columns line up.
 """
 
 from __future__ import annotations
 
 import re
 
+_TABLE = re.compile(r"<p>(=+(?: +=+)+\n.*?)</p>", re.DOTALL)
 _ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([\w.]+)</code>")
 
 
@@ -22,4 +25,5 @@ def _link(match: re.Match[str]) -> str:
 
 
 def on_page_content(html: str, **kwargs: object) -> str:
+    html = _TABLE.sub(r"<pre><code>\1</code></pre>", html)
     return _ROLE.sub(_link, html)

@@ -1,25 +1,25 @@
 """The gradient-sharing wire format: one frame = a fixed 84-byte header + a payload, authenticated.
 
-Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes)::
+Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes):
 
-    ====== ======= ====================================================================================
-    offset size    field
-    ====== ======= ====================================================================================
-    0      4       magic ``b"SGRD"``
-    4      1       version (currently 3; a receiver rejects any other version)
-    5      1       message type (:class:`MessageType`)
-    6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed)
-    8      8       job id (unsigned; random per fit, frames of another job are rejected)
-    16     4       sender id (worker id; 0 = controller)
-    20     4       relay id (MESH: the node that forwarded the frame; ``NO_RELAY`` when sent directly)
-    24     4       sequence number (per sender, starts at 0, strictly increasing, never wraps)
-    28     4       epoch
-    32     8       iteration (signed)
-    40     4       payload length in bytes
-    44     32      authentication tag: HMAC-SHA256 (see below)
-    76     4       broadcast number (see below)
-    80     4       recipient id (worker id; 0 = the controller): the one receiver this frame is for
-    ====== ======= ====================================================================================
+====== ======= ====================================================================================
+offset size    field
+====== ======= ====================================================================================
+0      4       magic ``b"SGRD"``
+4      1       version (currently 3; a receiver rejects any other version)
+5      1       message type (:class:`MessageType`)
+6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed)
+8      8       job id (unsigned; random per fit, frames of another job are rejected)
+16     4       sender id (worker id; 0 = controller)
+20     4       relay id (MESH: the node that forwarded the frame; ``NO_RELAY`` when sent directly)
+24     4       sequence number (per sender, starts at 0, strictly increasing, never wraps)
+28     4       epoch
+32     8       iteration (signed)
+40     4       payload length in bytes
+44     32      authentication tag: HMAC-SHA256 (see below)
+76     4       broadcast number (see below)
+80     4       recipient id (worker id; 0 = the controller): the one receiver this frame is for
+====== ======= ====================================================================================
 
 Version 3 (issue 21) added the recipient field and the PLAIN link numbers; a version 2 peer is refused
 as ``malformed`` before anything else is read.

@@ -106,8 +106,7 @@ from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 
 log = logging.getLogger(__name__)
 
-THRESHOLD_GROWTH_LIMIT = float(2**20)
-"""An update's threshold may be at most this times the fit's reference threshold (and at most 1e6)."""
+THRESHOLD_GROWTH_LIMIT = float(2**20)  # x the fit's reference threshold (module docstring)
 _SEQUENCE_LIMIT = 2**32
 # a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
