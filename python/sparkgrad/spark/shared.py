@@ -773,7 +773,7 @@ def _latest(a: dict[int, WorkerResult], b: dict[int, WorkerResult]) -> dict[int,
 
 @dataclass
 class SharedTrainingMaster(TrainingMasterBase, Config):
-    """Gradient sharing with threshold-encoded updates (DL4J ``SharedTrainingMaster``), PLAIN or MESH.
+    """Gradient sharing with threshold-encoded updates (DL4J ``SharedTrainingMaster``), PLAIN topology.
 
     Args:
         void_configuration: controller port and address resolution.
