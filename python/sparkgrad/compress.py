@@ -35,7 +35,9 @@ DEFAULT_DECAY_RATE = 0.5 ** (1 / 20)
 # float32, and below the smallest normal float32 it would round to a subnormal or to 0 (which every
 # decoder rejects); above MAX_SCALE one encoded step alone would wreck a float32 network.
 MIN_THRESHOLD = float(np.finfo(np.float32).tiny)
+"""The smallest threshold a threshold algorithm may use: the smallest normal float32."""
 MAX_THRESHOLD = MAX_SCALE
+"""The largest threshold a threshold algorithm may use."""
 # Sparse messages longer than N/16 + 4 words are sent as bitmaps, so sparsity ratios stay below 1.
 MAX_SPARSITY = 1.0
 
@@ -473,8 +475,8 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
         min_target_sparsity: below it the threshold shrinks by ``decay_rate``; in (0, 1].
         max_target_sparsity: above it the threshold grows by ``1 / decay_rate``; in [min, 1].
         decay_rate: in [0.5, 1); the default halves/doubles the threshold in 20 steps.
-        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
-            [0, MAX_SPARSITY]); not part of equality.
+        last_threshold: state, nan until set, else in [0, MAX_THRESHOLD]; not part of equality.
+        last_sparsity: state, nan until set, else in [0, MAX_SPARSITY]; not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -530,6 +532,7 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
 # step kept bitmap-sized messages for an epoch (bench/python/bench_convergence.py: 86x fewer bytes than DDP
 # with Adam at 8 workers, against 142x with the faster rise, at the same first-epoch accuracy).
 CATCH_UP_SPARSITY = 4.0
+"""With ``start_at_target``: above this multiple of the target sparsity the threshold rises twice as fast."""
 
 
 @dataclasses.dataclass
@@ -548,8 +551,8 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             than ``CATCH_UP_SPARSITY`` x the target (the residual outgrows a threshold taken from one
             update) the threshold rises at ``1 / decay_rate**2`` a step instead of ``1 / decay_rate``.
             False starts at ``initial_threshold`` and always moves by ``decay_rate``, as DL4J does.
-        last_threshold, last_sparsity: state (nan until set, else in [0, MAX_THRESHOLD] and
-            [0, MAX_SPARSITY]); not part of equality.
+        last_threshold: state, nan until set, else in [0, MAX_THRESHOLD]; not part of equality.
+        last_sparsity: state, nan until set, else in [0, MAX_SPARSITY]; not part of equality.
     """
 
     initial_threshold: float = 1e-4
@@ -921,7 +924,9 @@ class EncodingHandler:
 #   whose updater sees the averaged, less noisy gradient.
 # - "sum": 1, DL4J's and Strom's; with momentum or Adam the replicas oscillate from 4 workers on.
 UPDATE_COMBINATIONS = ("sqrt", "mean", "sum")
+"""The ways the updates of N workers training at once combine (:func:`update_scale`)."""
 DEFAULT_UPDATE_COMBINATION = "sqrt"
+"""Each worker sends its update divided by sqrt(N): the scaling rule of an N-times larger batch."""
 
 
 def update_scale(combination: str, workers: int) -> float:
@@ -935,10 +940,12 @@ def update_scale(combination: str, workers: int) -> float:
 
 
 # The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper): it reaches
-# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (README); DL4J's default is
-# AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
+# DDP's accuracy per epoch at >100x fewer bytes on the digits benchmark (docs/guides/performance.md); DL4J's
+# default is AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
 DEFAULT_INITIAL_THRESHOLD = 2e-2
+"""The first threshold of :func:`default_threshold_algorithm`."""
 DEFAULT_SPARSITY_TARGET = 1e-3
+"""The fraction of a message's elements :func:`default_threshold_algorithm` aims to send."""
 
 
 def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:

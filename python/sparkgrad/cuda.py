@@ -803,12 +803,21 @@ def lstm_forward(
     """LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J).
 
     Args:
-        x, w, rw, b: input sequence, input weights, recurrent weights and bias.
-        hs, cs, act_c: (N, T, H) outputs: hidden states, cell states and activation(cell) before masking.
+        x: (N, T, C) input sequence.
+        w: (C, 4H) input weights.
+        rw: (H, 4H) recurrent weights.
+        b: (4H) bias.
+        hs: (N, T, H) output: hidden states.
+        cs: (N, T, H) output: cell states.
+        act_c: (N, T, H) output: activation(cell) before masking.
         gates: (N, T, 4H) output: the activated gate values.
         mask: (N, T) or None; multiplies h and c per step.
-        h0, c0: (N, H) initial state or None (zeros).
-        activation, gate_activation, alpha, gate_alpha: elementwise activations and their alphas.
+        h0: (N, H) initial hidden state or None (zeros).
+        c0: (N, H) initial cell state or None (zeros).
+        activation: elementwise activation of the block input and the cell output.
+        gate_activation: elementwise activation of the gates.
+        alpha: alpha of ``activation``.
+        gate_alpha: alpha of ``gate_activation``.
     """
     op = "lstm_forward"
     arrays = {
@@ -867,10 +876,21 @@ def lstm_backward(
     """Backward of :func:`lstm_forward` given dh = dL/dhs (N, T, H).
 
     Args:
-        x, w, rw, hs, cs, gates, act_c, mask, h0, c0: the forward's inputs and outputs.
+        x: the forward's input sequence.
+        w: the forward's input weights.
+        rw: the forward's recurrent weights.
+        hs: the forward's hidden states.
+        cs: the forward's cell states.
+        gates: the forward's activated gates.
+        act_c: the forward's activation(cell).
+        mask: the forward's mask or None.
+        h0: the forward's initial hidden state or None.
+        c0: the forward's initial cell state or None.
         dh: (N, T, H) gradient of the loss with respect to hs.
         dgates: (N, T, 4H) output: dL/d(pre-activations).
-        dw, drw, db: outputs shaped like w, rw and the bias (4H).
+        dw: output shaped like w.
+        drw: output shaped like rw.
+        db: output shaped like the bias (4H).
         dx: (N, T, C) output or None.
         first_step: steps before it get no gradient (truncated BPTT), 0 <= first_step < T.
     """
@@ -962,11 +982,16 @@ def simple_rnn_forward(
     and one activation op over time-major (T, N, H) work arrays.
 
     Args:
-        x, w, rw, b: input sequence, input weights, recurrent weights and bias.
-        hs, act: (N, T, H) outputs: the step outputs and the activations before the mask.
+        x: (N, T, C) input sequence.
+        w: (C, H) input weights.
+        rw: (H, H) recurrent weights.
+        b: (H) bias.
+        hs: (N, T, H) output: the step outputs.
+        act: (N, T, H) output: the activations before the mask.
         mask: (N, T) or None; multiplies each step's output.
         h0: (N, H) initial state or None (zeros).
-        activation, alpha: the activation and its alpha.
+        activation: the activation.
+        alpha: its alpha.
     """
     op = "simple_rnn_forward"
     arrays = {"x": (x, False), "w": (w, False), "rw": (rw, False), "b": (b, False), "hs": (hs, True)}
@@ -1018,10 +1043,20 @@ def simple_rnn_backward(
     step back through time, then one GEMM per weight gradient.
 
     Args:
-        x, w, rw, hs, act, mask, h0, activation, alpha: the forward's inputs and outputs.
+        x: the forward's input sequence.
+        w: the forward's input weights.
+        rw: the forward's recurrent weights.
+        hs: the forward's step outputs.
+        act: the forward's activations before the mask.
+        mask: the forward's mask or None.
+        h0: the forward's initial state or None.
+        activation: the forward's activation.
+        alpha: its alpha.
         dh: (N, T, H) gradient of the loss with respect to hs.
         dz: (N, T, H) output: dL/d(pre-activations).
-        dw, drw, db: outputs shaped like w, rw and the bias (H).
+        dw: output shaped like w.
+        drw: output shaped like rw.
+        db: output shaped like the bias (H).
         dx: (N, T, C) output or None.
         first_step: steps before it get no gradient (truncated BPTT), 0 <= first_step < T.
     """

@@ -149,6 +149,7 @@ class _CudaDevice(Device):
 
 
 CPU: Device = _CpuDevice()
+"""The host: NumPy arrays and the native CPU kernels (``resolve_device("cpu")``)."""
 
 _SPEC = re.compile(r"cuda(?::(\d+))?")
 

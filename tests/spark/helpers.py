@@ -10,7 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgrad.data import DataSet
-from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
+from sparkgrad.nn import (
+    ComputationGraphConfiguration,
+    DenseLayer,
+    ElementWiseVertex,
+    InputType,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+)
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark import TrainingHook
 
@@ -23,6 +31,24 @@ def mlp_conf(
         input_type=InputType.feed_forward(64),
         updater=Adam(1e-2),
         seed=seed,
+    )
+
+
+def residual_graph(
+    n_in: int, n_out: int, activation: str = "softmax", loss: str = "mcxent"
+) -> ComputationGraphConfiguration:
+    """input -> dense -> dense, added back to the first dense (a skip connection) -> output; for 64
+    inputs and 10 outputs the graph example of docs/guides/spark-ml.md."""
+    return (
+        ComputationGraphConfiguration.builder(updater=Adam(5e-3), seed=42)
+        .add_inputs("pixels")
+        .set_input_types(InputType.feed_forward(n_in))
+        .add_layer("d1", DenseLayer(128, activation="relu"), "pixels")
+        .add_layer("d2", DenseLayer(128, activation="relu"), "d1")
+        .add_vertex("skip", ElementWiseVertex("add"), "d1", "d2")
+        .add_layer("digit", OutputLayer(n_out, activation=activation, loss=loss), "skip")
+        .set_outputs("digit")
+        .build()
     )
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import residual_graph
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import (
     BinaryClassificationEvaluator,
@@ -30,7 +30,6 @@ from sparkgrad.nn import (
     ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
-    ElementWiseVertex,
     InputType,
     MergeVertex,
     MultiLayerConfiguration,
@@ -248,7 +247,8 @@ def test_cross_validator_regressor_rmse(spark) -> None:
 
 
 def test_models_and_estimators_save_and_load_on_hadoop_paths(spark, fitted, tmp_path) -> None:
-    # a PipelineModel holding a sparkgrad model saves and loads in the README snippet's test
+    # a PipelineModel holding a sparkgrad model saves and loads in docs/guides/spark-ml.md's example
+    # (tests/spark/test_docs_examples.py)
     model, df = fitted
     classifier = model.stages[-1]
     path = f"{tmp_path.as_uri()}/classifier"
@@ -376,44 +376,7 @@ def test_image_columns_are_reshaped_by_the_input_type(spark, digits) -> None:
     np.testing.assert_allclose(probability, expected, rtol=0, atol=OUTPUT_TOL)
 
 
-def _readme_snippet(heading: str, index: int = 0) -> str:
-    """Python block ``index`` (0: the first) of the README section ``heading``."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n")[1 + index].split("\n```", 1)[0]
-
-
-def test_readme_dataframe_snippet_runs(spark, tmp_path, capsys) -> None:
-    snippet = _readme_snippet("DataFrames and Spark ML pipelines")
-    # a relative Hadoop path resolves against the JVM's directory: save under tmp_path instead
-    assert snippet.count('"digits-pipeline"') == 2
-    snippet = snippet.replace('"digits-pipeline"', repr((tmp_path / "digits-pipeline").as_uri()))
-    namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)
-    assert namespace["accuracy"] > 0.9
-    assert f"test accuracy {namespace['accuracy']:.4f}" in capsys.readouterr().out
-    saved = namespace["reloaded"].stages[-1]
-    assert isinstance(saved, SparkgradClassificationModel)
-    np.testing.assert_array_equal(saved.network.params(), namespace["network"].params())
-
-
 # -- ComputationGraph networks (one input, one output) ----------------------------------------------------
-def _residual_graph(n_in: int, n_out: int, activation: str = "softmax", loss: str = "mcxent"):
-    """input -> dense -> dense, added back to the first dense (a skip connection) -> output; for 64
-    inputs and 10 outputs the README's graph example."""
-    return (
-        ComputationGraphConfiguration.builder(updater=Adam(5e-3), seed=42)
-        .add_inputs("pixels")
-        .set_input_types(InputType.feed_forward(n_in))
-        .add_layer("d1", DenseLayer(128, activation="relu"), "pixels")
-        .add_layer("d2", DenseLayer(128, activation="relu"), "d1")
-        .add_vertex("skip", ElementWiseVertex("add"), "d1", "d2")
-        .add_layer("digit", OutputLayer(n_out, activation=activation, loss=loss), "skip")
-        .set_outputs("digit")
-        .build()
-    )
-
-
 def _digits_frame(spark, ds):
     rows = [(Vectors.dense(x), float(y.argmax())) for x, y in zip(ds.features, ds.labels)]
     return spark.createDataFrame(rows, ["pixels", "label"])
@@ -434,7 +397,7 @@ def graph_fitted(spark, digits):
     scaled test frame."""
     train, test = digits
     classifier = SparkgradClassifier(
-        networkConf=_residual_graph(64, 10), trainingMaster=_master(), epochs=6, batchSize=32
+        networkConf=residual_graph(64, 10), trainingMaster=_master(), epochs=6, batchSize=32
     )
     scaler = StandardScaler(inputCol="pixels", outputCol="features")
     model = Pipeline(stages=[scaler, classifier]).fit(_digits_frame(spark, train))
@@ -482,7 +445,7 @@ def test_graph_model_saves_and_loads_with_identical_predictions(spark, graph_fit
     np.testing.assert_array_equal(a, b)
     assert np.isfinite(a).all() and a.shape == (test.count(), 10)
     # an estimator holding a graph configuration saves and loads as any other
-    estimator = SparkgradRegressor(networkConf=_residual_graph(4, 1, "identity", "mse"), epochs=2)
+    estimator = SparkgradRegressor(networkConf=residual_graph(4, 1, "identity", "mse"), epochs=2)
     estimator.save(str(tmp_path / "graph-estimator"))
     again = SparkgradRegressor.load(str(tmp_path / "graph-estimator"))
     assert again.network_configuration() == estimator.network_configuration()
@@ -547,7 +510,7 @@ def test_graphs_with_several_inputs_or_outputs_are_rejected_naming_network_conf(
     with pytest.raises(ValueError, match="networkConf: the graph has inputs"):
         SparkgradClassificationModel(ComputationGraph(two_inputs).init())
     # the classifier's output check reads the graph's output layer
-    identity = _residual_graph(4, 3, activation="identity", loss="mse")
+    identity = residual_graph(4, 3, activation="identity", loss="mse")
     with pytest.raises(ValueError, match="networkConf: a classifier's output layer must be softmax"):
         SparkgradClassifier(networkConf=identity).fit(_blobs(spark, 8, 3, seed=3))
 
@@ -582,14 +545,3 @@ def test_version_1_model_directories_still_load(spark, fitted, graph_fitted, tmp
         _rewrite_metadata(spark, graph_path, {**metadata, **changed})
         with pytest.raises(CorruptDataError, match=message):
             SparkgradClassificationModel.load(graph_path)
-
-
-def test_readme_graph_snippet_is_the_tested_graph() -> None:
-    # test_graph_classifier_in_a_pipeline_learns_digits trains this very configuration
-    namespace: dict = {}
-    snippet = _readme_snippet("DataFrames and Spark ML pipelines", 1)
-    exec(compile(snippet, "README.md", "exec"), namespace)
-    assert namespace["graph"] == _residual_graph(64, 10)
-    classifier = namespace["classifier"]
-    assert classifier.network_configuration() == namespace["graph"]
-    assert (classifier.getEpochs(), classifier.getBatchSize()) == (6, 32)

@@ -1,4 +1,5 @@
-"""The README's cluster job under spark-submit (local[2]), with the interpreter named on its command line."""
+"""The cluster job of docs/guides/cluster.md under spark-submit (local[2]), with the interpreter named on
+its command line."""
 
 from __future__ import annotations
 

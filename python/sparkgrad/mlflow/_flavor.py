@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from mlflow.models.model import ModelInfo
 
 FLAVOR_NAME = "sparkgrad"
+"""The name of the MLflow model flavor (the ``flavors`` key in ``MLmodel``)."""
 NETWORK_FILE = "network.zip"
 INSTALL_HINT = 'pip install "sparkgrad[mlflow]"'
 

@@ -63,8 +63,11 @@ class MultiLayerConfiguration(Config):
             Without it the first layer needs ``n_in`` and convolutional layers are not allowed.
         updater: default updater (layers may set their own).
         seed: seed of weight initialisation and dropout; None draws fresh entropy per network.
-        weight_init, activation, l1, l2, weight_decay: defaults for layers that leave them None
-            (l1, l2, weight_decay: finite, in [0, MAX_SCALE]).
+        weight_init: default for layers that leave it None.
+        activation: default for layers that leave it None.
+        l1: default for layers that leave it None; finite, in [0, MAX_SCALE].
+        l2: default for layers that leave it None; finite, in [0, MAX_SCALE].
+        weight_decay: default for layers that leave it None; finite, in [0, MAX_SCALE].
         dtype: "float32" or "float64" for parameters, gradients and activations.
         backprop_type: "standard", or "truncated_bptt" (recurrent input and output): ``fit`` trains each
             minibatch as segments of ``tbptt_forward_length`` time steps, one update per segment, the

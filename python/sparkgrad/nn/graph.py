@@ -117,11 +117,20 @@ class ComputationGraphConfiguration(Config):
         outputs: names of the output layers, in the order labels are given.
         input_types: one InputType per input (feed-forward, convolutional, convolutional_flat or
             recurrent); they size every layer (``n_in``) and vertex.
-        updater, seed, weight_init, activation, l1, l2, weight_decay, dtype: network-wide defaults.
-        backprop_type, tbptt_forward_length, tbptt_backward_length: as in MultiLayerConfiguration;
-            truncated BPTT needs a recurrent input and a per-time-step output. ``fit`` cuts every
-            sequence (recurrent inputs and outputs, with their masks) into segments and passes the other
-            inputs and labels whole to every segment (DL4J's ComputationGraph).
+        updater: network-wide default, as in MultiLayerConfiguration.
+        seed: as in MultiLayerConfiguration.
+        weight_init: network-wide default, as in MultiLayerConfiguration.
+        activation: network-wide default, as in MultiLayerConfiguration.
+        l1: network-wide default, as in MultiLayerConfiguration.
+        l2: network-wide default, as in MultiLayerConfiguration.
+        weight_decay: network-wide default, as in MultiLayerConfiguration.
+        dtype: as in MultiLayerConfiguration.
+        backprop_type: as in MultiLayerConfiguration; truncated BPTT needs a recurrent input and a
+            per-time-step output. ``fit`` cuts every sequence (recurrent inputs and outputs, with their
+            masks) into segments and passes the other inputs and labels whole to every segment (DL4J's
+            ComputationGraph).
+        tbptt_forward_length: as in MultiLayerConfiguration.
+        tbptt_backward_length: as in MultiLayerConfiguration.
     """
 
     inputs: list

@@ -490,10 +490,17 @@ class LSTM(_RecurrentCell):
     next step starts from a zero state (DL4J multiplies h and c by the mask).
 
     Args:
-        n_out: hidden size. n_in: input size (inferred). activation: block input and cell output
-            activation (tanh unless set; elementwise only). gate_activation: sigmoid unless set.
+        n_out: hidden size.
+        n_in: input size (inferred).
+        activation: block input and cell output activation (tanh unless set; elementwise only).
+        gate_activation: sigmoid unless set.
         forget_gate_bias_init: initial forget-gate bias, in [0, MAX_SCALE] (DL4J default 1.0).
-        weight_init, l1, l2, dropout (retain probability, on the input), weight_decay, updater: as DenseLayer.
+        weight_init: as DenseLayer.
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        dropout: retain probability, on the input; as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
     """
 
     n_out: int

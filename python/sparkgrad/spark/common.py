@@ -156,7 +156,7 @@ SHIP_HINT = (
     "every executor needs the driver's Python environment: on YARN/Kubernetes/standalone, pack the "
     "virtualenv (venv-pack -o env.tar.gz) and submit with --archives env.tar.gz#env and "
     "--conf spark.pyspark.python=./env/bin/python, or install the same sparkgrad wheel (and its "
-    "dependencies) on every node; see 'Running on a cluster' in the README"
+    "dependencies) on every node; see docs/guides/cluster.md (Running on a cluster)"
 )
 
 

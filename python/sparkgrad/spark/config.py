@@ -99,7 +99,7 @@ class VoidConfiguration(Config):
     Args:
         unicast_port: controller TCP port on the driver; 0 (the default) takes a free port for each fit,
             which the workers learn from the fit's job (set one where a firewall must allow it; DL4J's
-            default was 40123).
+            default was 49876).
         controller_address: explicit controller address; else ``SPARKGRAD_VOID_IP``, else the local
             address inside ``network_mask``, else the driver host Spark reports.
         network_mask: CIDR string such as ``"10.0.0.0/8"`` selecting the driver interface to use.

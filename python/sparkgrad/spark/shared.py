@@ -468,7 +468,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
         threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
             ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default was
-            ``AdaptiveThresholdAlgorithm()``; the README's digits benchmark compares them).
+            ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
+            them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -508,8 +509,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             (default: each worker sends its update divided by sqrt(N), the square-root scaling rule of an
             N-times larger batch, so the learning rate and updater that work on one machine work here),
             ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
-            full size, N workers taking about N times the step). The README's convergence study compares
-            them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+            full size, N workers taking about N times the step). The convergence study of the performance
+            guide compares them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)

@@ -127,6 +127,7 @@ NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
 HEADER_SIZE = _HEADER.size
+"""Bytes of a frame header, authentication tag included (the layout is in the module docstring)."""
 AUTH_TAG_SIZE = 32
 MIN_SECRET_BYTES = 32
 CONTROL_PAYLOAD_LIMIT = 4096

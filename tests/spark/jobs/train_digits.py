@@ -4,7 +4,7 @@
     spark-submit --master yarn --archives env.tar.gz#env --conf spark.pyspark.python=./env/bin/python \\
         train_digits.py hdfs:///models/digits-mlp.zip
 
-The README's "Running on a cluster" section shows it; tests/spark/test_submit.py runs it.
+docs/guides/cluster.md ("Shipping the environment") shows it; tests/spark/test_submit.py runs it.
 """
 
 from __future__ import annotations
