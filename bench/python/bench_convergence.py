@@ -47,7 +47,7 @@ import numpy as np
 
 import sparkgrad
 from sparkgrad.compress import DEFAULT_SPARSITY_TARGET, UPDATE_COMBINATIONS, default_threshold_algorithm
-from sparkgrad.data import ListDataSetIterator
+from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.datasets import load_digits
 from sparkgrad.nn import (
     LSTM,
@@ -100,8 +100,10 @@ def _network(model: str, updater: str, seed: int) -> MultiLayerNetwork:
 def _data(model: str, seed: int) -> tuple[Any, Any]:
     train, test = load_digits(seed=seed, shape="flat" if model == "mlp" else "image")
     if model == "lstm":  # (N, 1, 8, 8) images -> (N, 8 features, 8 time steps): one row per step
-        for ds in (train, test):
-            ds.features = np.ascontiguousarray(ds.features[:, 0].transpose(0, 2, 1))
+        return tuple(  # type: ignore[return-value]
+            DataSet(np.ascontiguousarray(ds.features[:, 0].transpose(0, 2, 1)), ds.labels)
+            for ds in (train, test)
+        )
     return train, test
 
 
