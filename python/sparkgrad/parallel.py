@@ -75,7 +75,8 @@ _SYNC = object()  # queue marker: end of an averaging round
 _END = object()  # queue marker: end of the epoch
 
 
-class TrainingMode(str, enum.Enum):
+# str + Enum, not StrEnum: StrEnum would change what str() and format() of a member print
+class TrainingMode(str, enum.Enum):  # noqa: UP042
     """How the workers of a :class:`ParallelWrapper` combine their training."""
 
     SHARED_GRADIENTS = "shared_gradients"
