@@ -287,7 +287,7 @@ class ParallelWrapper:
                 raise
 
         barrier = threading.Barrier(self.workers, action=average)
-        threads = [
+        runners = [
             threading.Thread(
                 target=self._run_worker,
                 args=(w, failure, barrier, threads),
@@ -296,7 +296,7 @@ class ParallelWrapper:
             )
             for w in self._workers
         ]
-        for t in threads:
+        for t in runners:
             t.start()
         try:
             self._deal(batches, failure)
@@ -305,7 +305,7 @@ class ParallelWrapper:
         finally:
             if failure.event.is_set():
                 barrier.abort()
-            for t in threads:
+            for t in runners:
                 t.join()
         if failure.error is not None:
             for w in self._workers:  # nothing of the failed pass may leak into the next fit
@@ -360,7 +360,7 @@ class ParallelWrapper:
                 if item is _SYNC:
                     barrier.wait()
                 elif worker.handler is not None:
-                    self._shared_step(worker, item)
+                    self._shared_step(worker, worker.handler, item)
                 else:
                     update, worker.last_score = worker.net.compute_update(item)
                     worker.net.apply_update(update)
@@ -371,7 +371,7 @@ class ParallelWrapper:
             failure.set(exc)
             barrier.abort()  # peers waiting for this worker at the barrier stop too
 
-    def _shared_step(self, worker: _Worker, batch: Any) -> None:
+    def _shared_step(self, worker: _Worker, handler: EncodingHandler, batch: Any) -> None:
         """SharedTrainingMaster's worker step with in-process delivery (spark/shared.py SharedWorker.step)."""
         net = worker.net
         while True:  # the peers' messages first, each exactly once
@@ -381,7 +381,7 @@ class ParallelWrapper:
                 break
             self._apply_message(worker, message)
         update, worker.last_score = net.compute_update(batch)
-        message = worker.handler.encode(update, int(net.iteration_count), int(net.epoch_count))
+        message = handler.encode(update, int(net.iteration_count), int(net.epoch_count))
         if message is None:
             return
         for peer in self._workers:

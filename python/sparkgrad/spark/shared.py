@@ -108,7 +108,7 @@ from sparkgrad.transport.frame import update_payload
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from sparkgrad.nn import MultiLayerNetwork
+    from sparkgrad.nn._flat_network import FlatNetwork, N
 
 log = logging.getLogger(__name__)
 
@@ -914,12 +914,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     def execute_training(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         rdd: Any,
         kind: str,
         loader: Any = None,
         epochs: int = 1,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_callback: Callable[[int, N], Any] | None = None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
@@ -966,12 +966,12 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
     def _run_job(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         units: Any,
         data: Any,
         stats: SparkTrainingStats | None,
         epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_callback: Callable[[int, N], Any] | None,
         slots: int,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> dict[int, WorkerResult]:
@@ -1114,7 +1114,7 @@ class SharedTrainingMaster(TrainingMasterBase, Config):
         return results
 
     def _process_results(
-        self, network: MultiLayerNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None
+        self, network: FlatNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None
     ) -> float:
         if not results:
             raise TrainingError("training: no worker trained a minibatch (empty data?)")
