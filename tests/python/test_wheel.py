@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -132,6 +133,9 @@ def test_sdist_builds_a_manylinux_wheel_that_installs_without_a_compiler(tmp_pat
     assert not [n for n in names if "openblas" in n], "the wheel must use scipy-openblas32's library"
     # one version: _version.py, the wheel's name, its metadata
     assert match[1] == metadata["Version"] == sparkgrad.__version__
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert metadata["Requires-Python"] == project["requires-python"]
+    assert metadata.get_all("Classifier") == project["classifiers"]
 
     # 3. a fresh environment with no compiler on its PATH; the dependencies come from this environment
     venv = tmp_path / "venv"
@@ -142,15 +146,16 @@ def test_sdist_builds_a_manylinux_wheel_that_installs_without_a_compiler(tmp_pat
             [str(venv_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
         ).stdout.strip()
     )
-    dependencies = {
-        str(Path(module.__file__).resolve().parents[1]) for module in (np, scipy_openblas32, yaml)
-    }
-    (venv_site / "outer-dependencies.pth").write_text("\n".join(sorted(dependencies)) + "\n")
     bare_env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     bare_env["PATH"] = str(venv / "bin")
     assert not [tool for tool in COMPILERS if shutil.which(tool, path=bare_env["PATH"])]
     _run([sys.executable, "-m", "pip", "--python", str(venv_python), "install", "--no-deps", "--no-index",
           "--only-binary", ":all:", "-q", str(wheel)], env=bare_env, cwd=tmp_path)  # fmt: skip
+    # the dependencies only now: pip must not see (nor try to replace) a sparkgrad installed out there
+    dependencies = {
+        str(Path(module.__file__).resolve().parents[1]) for module in (np, scipy_openblas32, yaml)
+    }
+    (venv_site / "outer-dependencies.pth").write_text("\n".join(sorted(dependencies)) + "\n")
 
     # 4. it imports from the environment, trains a step, and loads the libraries it should
     probe = json.loads(_run([str(venv_python), "-c", _PROBE], env=bare_env, cwd=tmp_path).stdout)
