@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
 from sparkgrad._native import _core
+from sparkgrad._version import __version__
 from sparkgrad.errors import SparkgradError
-
-try:
-    __version__ = _metadata.version("sparkgrad")
-except _metadata.PackageNotFoundError:  # running from a source tree (PYTHONPATH=python)
-    __version__ = "0+source"
 
 
 def cuda_available() -> bool:

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import math
 import numbers
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -439,6 +439,11 @@ class _FixedReducer(ThresholdAlgorithmReducer):
 class _AdaptiveBase(ThresholdAlgorithm):
     """Shared state and first-step logic of the adaptive algorithms; state is excluded from equality."""
 
+    if TYPE_CHECKING:  # every subclass declares these fields, in its own order
+        initial_threshold: float
+        last_threshold: float
+        last_sparsity: float
+
     def _previous(
         self,
         last_threshold: float | None,
@@ -446,17 +451,17 @@ class _AdaptiveBase(ThresholdAlgorithm):
         last_sparsity_ratio: float | None,
     ) -> tuple[float, float] | None:
         """(threshold to adapt from, previous sparsity), or None on the very first step (state seeded)."""
-        stored: float = self.last_threshold  # type: ignore[attr-defined]
+        stored: float = self.last_threshold
         if last_threshold is None and math.isnan(stored):
-            self.last_threshold = self.initial_threshold  # type: ignore[attr-defined]
+            self.last_threshold = self.initial_threshold
             return None
         start = stored if last_threshold is None else float(last_threshold)
         if last_sparsity_ratio is not None:
             prev = float(last_sparsity_ratio)
         elif last_was_dense:
             prev = 1.0 / 16.0
-        elif not math.isnan(self.last_sparsity):  # type: ignore[attr-defined]
-            prev = self.last_sparsity  # type: ignore[attr-defined]
+        elif not math.isnan(self.last_sparsity):
+            prev = self.last_sparsity
         else:
             raise ValueError(
                 f"{type(self).__name__}: no previous sparsity (last_sparsity_ratio is None, "
@@ -637,10 +642,10 @@ class _AveragingReducer(ThresholdAlgorithmReducer):
             raise TypeError(
                 f"cannot add a {type(algorithm).__name__} to a {type(self.template).__name__} reducer"
             )
-        if math.isnan(algorithm.last_threshold):  # type: ignore[attr-defined]
+        if math.isnan(algorithm.last_threshold):
             return
-        self.sum_threshold += algorithm.last_threshold  # type: ignore[attr-defined]
-        sparsity: float = algorithm.last_sparsity  # type: ignore[attr-defined]
+        self.sum_threshold += algorithm.last_threshold
+        sparsity: float = algorithm.last_sparsity
         if not (self.skip_nan_sparsity and math.isnan(sparsity)):
             self.sum_sparsity += sparsity
         self.count += 1

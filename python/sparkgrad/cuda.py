@@ -133,7 +133,8 @@ def _view(op: str, name: str, arr: Any, writable: bool = False) -> _View:
     dtype = np.dtype(cai["typestr"])
     strides = cai.get("strides")
     if strides is not None:
-        expected, step = [], dtype.itemsize
+        expected: list[int] = []
+        step = dtype.itemsize
         for size in reversed(shape):
             expected.insert(0, step)
             step *= size
@@ -371,10 +372,10 @@ def dropout_backward(dy: Any, mask: Any, dx: Any) -> None:
 def _nchw(op: str, name: str, view: _View) -> tuple[int, int, int, int]:
     if len(view.shape) != 4:
         raise ValueError(f"[{op}] {name} must be (N, C, H, W), got shape {view.shape}")
-    return view.shape  # type: ignore[return-value]
+    return view.shape
 
 
-def _conv_shape(op: str, x: tuple, w: tuple, y: tuple, strides: tuple[int, int, int, int]) -> list[int]:
+def _conv_shape(op: str, x: tuple, w: tuple, y: tuple, strides: tuple[int, ...]) -> list[int]:
     n, c, h, wd = x
     k, cw, r, s = w
     stride_h, stride_w, pad_top, pad_left = strides

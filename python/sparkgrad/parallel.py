@@ -75,7 +75,8 @@ _SYNC = object()  # queue marker: end of an averaging round
 _END = object()  # queue marker: end of the epoch
 
 
-class TrainingMode(str, enum.Enum):
+# str + Enum, not StrEnum: StrEnum would change what str() and format() of a member print
+class TrainingMode(str, enum.Enum):  # noqa: UP042
     """How the workers of a :class:`ParallelWrapper` combine their training."""
 
     SHARED_GRADIENTS = "shared_gradients"
@@ -286,7 +287,7 @@ class ParallelWrapper:
                 raise
 
         barrier = threading.Barrier(self.workers, action=average)
-        threads = [
+        runners = [
             threading.Thread(
                 target=self._run_worker,
                 args=(w, failure, barrier, threads),
@@ -295,7 +296,7 @@ class ParallelWrapper:
             )
             for w in self._workers
         ]
-        for t in threads:
+        for t in runners:
             t.start()
         try:
             self._deal(batches, failure)
@@ -304,7 +305,7 @@ class ParallelWrapper:
         finally:
             if failure.event.is_set():
                 barrier.abort()
-            for t in threads:
+            for t in runners:
                 t.join()
         if failure.error is not None:
             for w in self._workers:  # nothing of the failed pass may leak into the next fit
@@ -359,7 +360,7 @@ class ParallelWrapper:
                 if item is _SYNC:
                     barrier.wait()
                 elif worker.handler is not None:
-                    self._shared_step(worker, item)
+                    self._shared_step(worker, worker.handler, item)
                 else:
                     update, worker.last_score = worker.net.compute_update(item)
                     worker.net.apply_update(update)
@@ -370,7 +371,7 @@ class ParallelWrapper:
             failure.set(exc)
             barrier.abort()  # peers waiting for this worker at the barrier stop too
 
-    def _shared_step(self, worker: _Worker, batch: Any) -> None:
+    def _shared_step(self, worker: _Worker, handler: EncodingHandler, batch: Any) -> None:
         """SharedTrainingMaster's worker step with in-process delivery (spark/shared_worker.py
         SharedWorker.step)."""
         net = worker.net
@@ -381,7 +382,7 @@ class ParallelWrapper:
                 break
             self._apply_message(worker, message)
         update, worker.last_score = net.compute_update(batch)
-        message = worker.handler.encode(update, int(net.iteration_count), int(net.epoch_count))
+        message = handler.encode(update, int(net.iteration_count), int(net.epoch_count))
         if message is None:
             return
         for peer in self._workers:

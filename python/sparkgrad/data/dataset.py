@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeGuard, TypeVar, Union
 
 import numpy as np
 
@@ -90,7 +90,10 @@ class _Examples:
             tuple(_as_array(value, self._slot_name(g, i)) for i, value in enumerate(group))
             for g, group in enumerate(groups)
         )
-        n = converted[0][0].shape[0]
+        first = converted[0][0]
+        if first is None:
+            raise ValueError(f"{self._slot_name(0, 0)}: is required")
+        n = first.shape[0]
         for g, group in enumerate(converted):
             for i, array in enumerate(group):
                 if array is not None and array.shape[0] != n:
@@ -103,7 +106,9 @@ class _Examples:
     # -- size and indexing -----------------------------------------------------------------------
     def num_examples(self) -> int:
         """Number of examples (the first dimension of every array)."""
-        return int(self._groups[0][0].shape[0])
+        features = self._groups[0][0]
+        assert features is not None  # _set_groups requires it
+        return int(features.shape[0])
 
     def __len__(self) -> int:
         return self.num_examples()
@@ -216,7 +221,9 @@ class _Examples:
                 arrays = [dg[g][s] for dg in groups]
                 masks = [dg[g + 2][s] for dg in groups]
                 if cls._needs_padding(arrays):
-                    fills = [None] * len(groups) if g == 0 else [_loss_mask_fill(dg) for dg in groups]
+                    fills: list[np.ndarray | None] = (
+                        [None] * len(groups) if g == 0 else [_loss_mask_fill(dg) for dg in groups]
+                    )
                     merged[g][s], merged[g + 2][s] = cls._merge_padded(arrays, masks, fills, sizes, g, s)
                 else:
                     merged[g][s] = cls._merge_slot(arrays, sizes, g, s)
@@ -237,26 +244,29 @@ class _Examples:
         ref_index = next((i for i, a in enumerate(arrays) if a is not None), None)
         if ref_index is None:
             return None
-        ref = arrays[ref_index]
+        ref = np.asarray(arrays[ref_index])
         name = cls._slot_name(g, s)
+        filled: list[np.ndarray] = []
         for i, a in enumerate(arrays):
             if a is None:
                 if g not in _MASK_GROUPS:
                     raise ValueError(f"datasets[{i}]: has no {name} but datasets[{ref_index}] has")
-                arrays[i] = np.ones((sizes[i],) + ref.shape[1:], dtype=ref.dtype)
+                a = np.ones((sizes[i],) + ref.shape[1:], dtype=ref.dtype)
             elif a.shape[1:] != ref.shape[1:]:
                 raise ValueError(
                     f"datasets[{i}]: {name} has shape {a.shape}, expected (n, "
                     f"{', '.join(map(str, ref.shape[1:]))}) as in datasets[{ref_index}]"
                 )
-        return np.concatenate(arrays, axis=0)
+            filled.append(a)
+        return np.concatenate(filled, axis=0)
 
     @staticmethod
-    def _needs_padding(arrays: list[np.ndarray | None]) -> bool:
+    def _needs_padding(arrays: list[np.ndarray | None]) -> TypeGuard[list[np.ndarray]]:
         """Whether the slot holds time series (all rank 3, equal sizes) of different lengths."""
-        if any(a is None or a.ndim != 3 for a in arrays):
+        present = [a for a in arrays if a is not None and a.ndim == 3]
+        if len(present) != len(arrays):
             return False
-        return len({a.shape[1] for a in arrays}) == 1 and len({a.shape[2] for a in arrays}) > 1
+        return len({a.shape[1] for a in present}) == 1 and len({a.shape[2] for a in present}) > 1
 
     @classmethod
     def _merge_padded(
@@ -310,7 +320,7 @@ class _Examples:
             return NotImplemented
         return all(
             len(a) == len(b) and all(_arrays_equal(x, y) for x, y in zip(a, b))
-            for a, b in zip(self._groups, other._groups)  # type: ignore[attr-defined]
+            for a, b in zip(self._groups, other._groups)
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class ListDataSetIterator(Generic[E]):
         self._batch_size = check_int("batch_size", batch_size, minimum=1)
         self._shuffle = bool(shuffle)
         seed = check_seed(seed)
-        self._seed = int(np.random.SeedSequence().entropy) if seed is None else seed
+        self._seed = cast(int, np.random.SeedSequence().entropy) if seed is None else seed
         self._epoch = 0
 
     @property

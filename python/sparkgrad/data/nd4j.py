@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 
@@ -71,7 +71,7 @@ JAVA_SERIALIZATION_MAGIC = b"\xac\xed\x00\x05"
 # allocation mode -> byte size of the length field that follows it
 MODES = {"DIRECT": 4, "HEAP": 4, "JAVACPP": 4, "LONG_SHAPE": 8, "MIXED_DATA_TYPES": 8}
 # ND4J data type -> big-endian numpy dtype of its elements
-TYPES = {
+TYPES: dict[str, np.dtype[Any]] = {
     "FLOAT": np.dtype(">f4"),
     "DOUBLE": np.dtype(">f8"),
     "HALF": np.dtype(">f2"),
@@ -82,7 +82,7 @@ TYPES = {
     "UBYTE": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
-ORDERS = {99: "C", 102: "F"}
+ORDERS: dict[int, Literal["C", "F"]] = {99: "C", 102: "F"}
 _ARRAYS = (
     ("features", FEATURES_PRESENT),
     ("labels", LABELS_PRESENT),
@@ -112,6 +112,7 @@ def read_nd4j_dataset(source: Any, name: str | None = None) -> DataSet:
         CorruptDataError: the data is truncated, damaged or not a DataSet file (names the file and
             the field).
     """
+    data: Bytes
     if isinstance(source, tuple) and len(source) == 2:
         source, name = source[1], os.fsdecode(source[0]) if name is None else name
     if isinstance(source, (str, os.PathLike)):

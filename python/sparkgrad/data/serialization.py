@@ -73,7 +73,7 @@ import os
 import struct
 import sys
 import zlib
-from typing import BinaryIO, Callable, Iterator, Sequence, Union
+from typing import BinaryIO, Callable, Iterator, Sequence, TypeGuard, Union
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -138,7 +138,7 @@ def _pieces(kind: int, groups: Groups) -> list:
             data = np.ascontiguousarray(array, dtype=_CODE_DTYPES[code])
             pieces.append(_SLOT.pack(1, code, data.ndim, 0) + struct.pack(f"<{data.ndim}Q", *data.shape))
             if data.size:
-                pieces.append(memoryview(data).cast("B"))
+                pieces.append(data.data.cast("B"))
     crc = 0
     for piece in pieces:
         crc = zlib.crc32(piece, crc)
@@ -378,7 +378,7 @@ class _Reader:
             else:
                 array = np.empty(shape, dtype=dtype)
                 if nbytes:
-                    self._into(memoryview(array).cast("B"), what)
+                    self._into(array.data.cast("B"), what)
         except (ValueError, OverflowError, MemoryError) as exc:  # dimensions numpy cannot represent
             raise self.error(f"{name}: corrupt shape {shape} at offset {self._offset}: {exc}") from None
         if dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
@@ -467,7 +467,7 @@ def _remaining(stream: BinaryIO) -> int | None:
     return end - here
 
 
-def _is_path(target: object) -> bool:
+def _is_path(target: object) -> TypeGuard[str | os.PathLike[str]]:
     return isinstance(target, (str, os.PathLike))
 
 

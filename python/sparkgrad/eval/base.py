@@ -130,7 +130,7 @@ class BaseEvaluation(abc.ABC):
             obj._set_state(_decode(doc["state"]))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{cls.__name__}.from_json: incomplete or damaged state ({exc!r})") from exc
-        return obj  # type: ignore[return-value]
+        return obj
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_json` to a file.

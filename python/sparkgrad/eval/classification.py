@@ -310,6 +310,7 @@ class Evaluation(BaseEvaluation):
                 line += f"\t({excluded} class{'es' if excluded > 1 else ''} excluded from average)"
             lines.append(line)
         if single:
+            assert self._positive is not None
             name = self.label_names[self._positive]
             lines.append(
                 "Precision, recall & F1: reported for positive class "
@@ -432,14 +433,16 @@ class EvaluationBinary(BaseEvaluation):
     def merge(self, other: EvaluationBinary) -> EvaluationBinary:
         self._check_mergeable(other)
         if (self._threshold is None) != (other._threshold is None) or (
-            self._threshold is not None and not np.array_equal(self._threshold, other._threshold)
+            self._threshold is not None
+            and other._threshold is not None
+            and not np.array_equal(self._threshold, other._threshold)
         ):
             raise ValueError("other: decision_threshold differs from this evaluation's")
         if other._counts is not None:
             if self._counts is None:
                 self._counts = other._counts.copy()
             else:
-                check_columns(self.size, other.size, "EvaluationBinary", "outputs", "other")
+                check_columns(self.size, other._counts.shape[1], "EvaluationBinary", "outputs", "other")
                 self._counts += other._counts
         if self._label_names is None:
             self._label_names = other._label_names

@@ -79,6 +79,17 @@ class ROC(BaseEvaluation):
         threshold_steps: 0 for exact mode, else the number of equal threshold steps in [0, 1].
     """
 
+    # exact mode keeps the scores and labels, thresholded mode the tp/fp counts; the other pair is empty
+    _steps: int
+    _scores: np.ndarray
+    _labels: np.ndarray
+    _n: int
+    _tp: np.ndarray
+    _fp: np.ndarray
+    _pos: int
+    _neg: int
+    _areas: dict[str, float]  # cached AUC/AUPRC, cleared by eval and merge
+
     def __init__(self, threshold_steps: int = 0) -> None:
         self._steps = _check_steps(threshold_steps)
         self._set_state(
@@ -312,7 +323,7 @@ class ROC(BaseEvaluation):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._steps = _check_steps(int(state["steps"]))
-        self._areas: dict[str, float] = {}  # cached AUC/AUPRC, cleared by eval and merge
+        self._areas = {}
         self._pos, self._neg = int(state["pos"]), int(state["neg"])
         if self._steps == 0:
             self._scores = np.array(state["scores"])
@@ -320,11 +331,11 @@ class ROC(BaseEvaluation):
             if self._scores.dtype.kind != "f" or self._scores.shape != self._labels.shape:
                 raise ValueError("ROC state: scores and labels must be float and bool arrays of one length")
             self._n = len(self._scores)
-            self._tp = self._fp = None
+            self._tp = self._fp = np.zeros(0, np.int64)
         else:
             self._tp = np.array(state["tp"], dtype=np.int64)
             self._fp = np.array(state["fp"], dtype=np.int64)
-            self._scores = self._labels = None
+            self._scores, self._labels = np.empty(0, np.float32), np.empty(0, bool)
             self._n = 0
 
 

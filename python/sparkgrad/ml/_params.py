@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
@@ -10,6 +10,7 @@ from sparkgrad._config import Config, check_int
 
 if TYPE_CHECKING:
     from sparkgrad.nn import ComputationGraphConfiguration, MultiLayerConfiguration
+    from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
 
 DEFAULT_EPOCHS = 1
 DEFAULT_BATCH_SIZE = 32
@@ -72,6 +73,8 @@ class SparkgradParams(Params):
     ``networkConf`` and ``trainingMaster`` accept the configuration objects and store their JSON, so
     that the params copy, compare and save like any other pyspark param.
     """
+
+    _input_kwargs: dict[str, Any]  # the keyword arguments pyspark's @keyword_only records
 
     networkConf: Param[str] = Param(
         Params._dummy(),
@@ -137,13 +140,20 @@ class SparkgradParams(Params):
                 "networkConf: not set; pass networkConf=MultiLayerConfiguration(...) or a "
                 "ComputationGraphConfiguration with one input and one output"
             )
-        return Config.from_json(self.getNetworkConf())
+        # the param's converter (_conf_json) admits only these two
+        return cast(
+            "MultiLayerConfiguration | ComputationGraphConfiguration", Config.from_json(self.getNetworkConf())
+        )
 
-    def training_master(self) -> Any:
+    def training_master(self) -> ParameterAveragingTrainingMaster | SharedTrainingMaster:
         """A fresh training master from ``trainingMaster``, with ``batchSize`` examples per minibatch
         and per DataSet of the converted DataFrame."""
         import dataclasses
 
         batch = check_int("batchSize", self.getBatchSize(), minimum=1)
-        master = Config.from_json(self.getTrainingMaster())
+        # the param's converter (_master_json) admits only these two
+        master = cast(
+            "ParameterAveragingTrainingMaster | SharedTrainingMaster",
+            Config.from_json(self.getTrainingMaster()),
+        )
         return dataclasses.replace(master, batch_size_per_worker=batch, rdd_data_set_num_examples=batch)

@@ -153,7 +153,7 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
 
         sc = dataset.sparkSession.sparkContext
         use_driver_interpreter(sc)
-        checksum = zlib.crc32(np.ascontiguousarray(self.network.params()).view(np.uint8))
+        checksum = zlib.crc32(np.ascontiguousarray(self.network.params()).view(np.uint8).data)
         if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
             self._broadcast = (sc, checksum, sc.broadcast(job))

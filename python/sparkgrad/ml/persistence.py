@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from sparkgrad.errors import CorruptDataError
+
+if TYPE_CHECKING:
+    from sparkgrad.nn._flat_network import FlatNetwork
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -122,19 +125,19 @@ class ModelReader(MLReader):
         return instance
 
     @staticmethod
-    def _network_class(path: str, metadata: dict) -> type:
+    def _network_class(path: str, metadata: dict) -> type[FlatNetwork]:
         """The network class the metadata records (version 1: MultiLayerNetwork)."""
         from sparkgrad.spark.common import network_classes
 
         name = metadata.get(_NETWORK_KEY) if metadata[_VERSION_KEY] > 1 else _VERSION_1_NETWORK
         try:
-            return network_classes(name)[0]
+            return network_classes(str(name))[0]
         except (ValueError, TypeError):
             raise CorruptDataError(
                 f"{path}/metadata: {_NETWORK_KEY} {name!r}, expected MultiLayerNetwork or ComputationGraph"
             ) from None
 
-    def _network(self, path: str, spark: Any, instance: Any, network_cls: type) -> Any:
+    def _network(self, path: str, spark: Any, instance: Any, network_cls: type[FlatNetwork]) -> Any:
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 

@@ -76,7 +76,7 @@ class FlatNetwork:
             :class:`~sparkgrad.device.Device` (see :func:`~sparkgrad.device.resolve_device`).
     """
 
-    _conf_class: ClassVar[type]  # the configuration type this network takes (and ``load`` parses)
+    _conf_class: ClassVar[type[Any]]  # the configuration type this network takes (and ``load`` parses)
 
     def __init__(self, conf: Any, device: Any = "cpu") -> None:
         if not isinstance(conf, self._conf_class):
@@ -87,7 +87,7 @@ class FlatNetwork:
         self.iteration_count = 0
         self.epoch_count = 0
         self.listeners: list[TrainingListener] = []
-        self._params: np.ndarray | None = None
+        self._params: Any = None  # the device's array (NumPy or CuPy); None before init()
         self._last_score: float | None = None
 
     # -- hooks of the subclasses -----------------------------------------------------------------
@@ -98,6 +98,14 @@ class FlatNetwork:
 
     def _gradient(self, dataset: Any) -> float:
         """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+        raise NotImplementedError  # every network type overrides this
+
+    def score(self, dataset: Any = None) -> float:
+        """The score (loss plus penalties) of ``dataset``, or of the last training minibatch."""
+        raise NotImplementedError  # every network type overrides this
+
+    def evaluate(self, data: Any) -> Any:
+        """Classification :class:`sparkgrad.eval.Evaluation` over ``data`` (of the first output)."""
         raise NotImplementedError  # every network type overrides this
 
     # -- construction -------------------------------------------------------------------------

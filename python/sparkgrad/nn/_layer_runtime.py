@@ -74,16 +74,23 @@ class LayerRuntime:
             self.k.dropout_backward(dx, self._buffers["drop_mask"], dx)
         return dx
 
+    @property
+    def _activation_name(self) -> str:
+        """The activation's kernel name; only layers built with an activation ask for it."""
+        if self.activation is None:
+            raise TypeError(f"{type(self.conf).__name__}: this layer runtime has no activation")
+        return self.activation.value
+
     def _activate(self, z: np.ndarray) -> np.ndarray:
         if self.activation is Activation.IDENTITY:
             return z
         y = self.buf("y", z.shape)
-        self.k.activation_forward(self.activation.value, z, y, alpha=self.alpha)
+        self.k.activation_forward(self._activation_name, z, y, alpha=self.alpha)
         return y
 
     def _activation_backward(self, z: np.ndarray, y: np.ndarray, dy: np.ndarray) -> np.ndarray:
         if self.activation is not Activation.IDENTITY:
-            self.k.activation_backward(self.activation.value, z, y, dy, dy, alpha=self.alpha)
+            self.k.activation_backward(self._activation_name, z, y, dy, dy, alpha=self.alpha)
         return dy
 
 

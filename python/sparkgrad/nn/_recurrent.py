@@ -44,6 +44,19 @@ class SequenceRuntime(LayerRuntime):
         """Forget the state kept by stateful forwards."""
         self.state = None
 
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        """Whole sequences (N, T, C) with their mask (N, T); ``stateful`` starts from and keeps the state
+        (``rnn_time_step``, truncated BPTT), ``backward_steps`` limits the gradient to the last steps."""
+        raise NotImplementedError  # every recurrent runtime overrides this
+
     def _initial_state(self, n: int, stateful: bool) -> tuple[np.ndarray | None, ...]:
         if not stateful or self.state is None:
             return (None,) * self.state_arrays
@@ -108,7 +121,7 @@ class LSTMRuntime(SequenceRuntime):
             g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
             dx=dx, mask=self.mask, h0=self.h0, c0=self.c0, first_step=self.first_step, **self.kernel_args,
         )  # fmt: skip
-        return self._input_dropout_backward(dx) if need_dx else None
+        return self._input_dropout_backward(dx) if dx is not None else None
 
 
 class SimpleRnnRuntime(SequenceRuntime):
@@ -133,7 +146,7 @@ class SimpleRnnRuntime(SequenceRuntime):
         p = self.params
         self.k.simple_rnn_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, act,
-            mask=mask, h0=self.h0, activation=self.activation.value, alpha=self.alpha,
+            mask=mask, h0=self.h0, activation=self._activation_name, alpha=self.alpha,
         )  # fmt: skip
         if stateful:
             self.state = (hs[:, -1].copy(),)
@@ -146,10 +159,10 @@ class SimpleRnnRuntime(SequenceRuntime):
         self.k.simple_rnn_backward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.act, self.xp.ascontiguousarray(dy),
             self.buf("dz", self.hs.shape), g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
-            dx=dx, mask=self.mask, h0=self.h0, activation=self.activation.value, alpha=self.alpha,
+            dx=dx, mask=self.mask, h0=self.h0, activation=self._activation_name, alpha=self.alpha,
             first_step=self.first_step,
         )  # fmt: skip
-        return self._input_dropout_backward(dx) if need_dx else None
+        return self._input_dropout_backward(dx) if dx is not None else None
 
 
 def last_present_steps(mask: Any, n: int, t: int, xp: Any) -> Any:
@@ -223,7 +236,7 @@ class BidirectionalRuntime(SequenceRuntime):
             df = db = 0.5 * dy
         dxf = self.fwd.backward(self.xp.ascontiguousarray(df), need_dx)
         dxb = self.bwd.backward(self.xp.ascontiguousarray(db[:, ::-1]), need_dx)
-        if not need_dx:
+        if dxf is None or dxb is None:  # need_dx is False
             return None
         return dxf + dxb[:, ::-1]
 
@@ -248,8 +261,8 @@ class LastTimeStepRuntime(SequenceRuntime):
         backward_steps: int | None = None,
     ) -> np.ndarray:
         y = self.inner.forward(x, train, seed, mask, stateful, backward_steps)
-        self.last = last_present_steps(mask, *y.shape[:2], self.xp)
-        n = y.shape[0]
+        n, t = y.shape[:2]
+        self.last = last_present_steps(mask, n, t, self.xp)
         self.y_shape = y.shape
         return y[self.xp.arange(n), self.last]
 
@@ -393,7 +406,7 @@ def layer_forward(
         y = full
     if sequence:
         y = y.reshape(n, t, -1)
-    if step_mask is not None:
+    if mask is not None and step_mask is not None:
         y = y * mask[:, :, None]  # a new array: the runtime keeps its own output for backward
     return y, trace
 
@@ -476,6 +489,10 @@ class TbpttSegment:
     (the recurrent state is cleared before it).
     """
 
+    # set from ``data``'s fields: arrays of a DataSet, lists of a MultiDataSet
+    features: Any
+    labels: Any
+
     def __init__(self, data: Any, start: int, stop: int) -> None:
         def cut(arr: Any, mask: Any) -> tuple[Any, Any]:
             if arr is None or len(np.shape(arr)) != 3:
@@ -522,7 +539,7 @@ def sequence_steps(data: Any) -> int:
     for name in ("features", "labels"):
         arrays = _as_list(getattr(data, name, None)) if multi else [getattr(data, name, None)]
         for k, arr in enumerate(arrays):
-            shape = np.shape(arr) if arr is not None else ()
+            shape: tuple[int, ...] = np.shape(arr) if arr is not None else ()
             if len(shape) == 3:
                 steps[f"{name}[{k}]" if multi else name] = int(shape[2])
     if not steps:

@@ -94,7 +94,9 @@ class OutputRuntime:
         )
         return out
 
-    def backward(self, labels: np.ndarray, mask: np.ndarray | None, n_examples: int, need_dx: bool):
+    def backward(
+        self, labels: np.ndarray, mask: np.ndarray | None, n_examples: int, need_dx: bool
+    ) -> np.ndarray | None:
         """dL/dpreout of the mean loss, pushed through the dense part; returns dL/dx or None."""
         dz = self.buf("dz", self.z.shape, self.z.dtype)
         self.k.loss_gradient(

@@ -79,13 +79,13 @@ class MultiLayerConfiguration(Config):
     input_type: InputType | None = None
     updater: Updater = dataclasses.field(default_factory=lambda: Sgd(0.1))
     seed: int | None = None
-    weight_init: WeightInit = WeightInit.XAVIER
-    activation: Activation = Activation.SIGMOID
+    weight_init: WeightInit | str = WeightInit.XAVIER
+    activation: Activation | str = Activation.SIGMOID
     l1: float = 0.0
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
-    backprop_type: BackpropType = BackpropType.STANDARD
+    backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20
     # Derived: the input type each layer sees (after flattening / reshaping), and the output type.

@@ -139,13 +139,13 @@ class ComputationGraphConfiguration(Config):
     input_types: list
     updater: Updater = dataclasses.field(default_factory=lambda: Sgd(0.1))
     seed: int | None = None
-    weight_init: WeightInit = WeightInit.XAVIER
-    activation: Activation = Activation.SIGMOID
+    weight_init: WeightInit | str = WeightInit.XAVIER
+    activation: Activation | str = Activation.SIGMOID
     l1: float = 0.0
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
-    backprop_type: BackpropType = BackpropType.STANDARD
+    backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20
     # Derived: vertex names in topological order, each vertex's input types and every name's output type.
@@ -327,7 +327,7 @@ class ComputationGraphConfiguration(Config):
             raise vertex_error(
                 spec.name, vertex, f"inputs must be all recurrent or all non-recurrent, got {described}"
             )
-        steps = {t.time_steps for t in types} - {None}
+        steps = {t.time_steps for t in types if t.time_steps is not None}
         if len(steps) > 1:
             raise vertex_error(spec.name, vertex, f"inputs have different time steps {sorted(steps)}")
         out = vertex.infer(spec.name, [InputType.feed_forward(t.size) for t in types])
@@ -369,7 +369,7 @@ class GraphBuilder:
         self._inputs: list[str] = []
         self._vertices: list[VertexSpec] = []
         self._outputs: list[str] = []
-        self._input_types: list[InputType] | None = None
+        self._input_types: list[InputType] = []  # set_input_types; the configuration names it if missing
 
     def add_inputs(self, *names: str) -> GraphBuilder:
         """Declare network inputs, in the order their features are given."""
@@ -444,6 +444,7 @@ class _Node:
         self.reference = spec.vertex.reference if self.time_series else None
         self.recurrent_output = conf.output_types[spec.name].kind == "recurrent"
         self.input_shape: tuple[int, ...] = ()
+        self.input_shapes: list[tuple[int, ...]] = []  # a per-step vertex's inputs, for its backward
         self.trace: LayerTrace | None = None
 
 
@@ -461,6 +462,7 @@ class ComputationGraph(FlatNetwork):
     """
 
     _conf_class = ComputationGraphConfiguration
+    conf: ComputationGraphConfiguration
 
     @classmethod
     def _layer_units(cls, conf: ComputationGraphConfiguration) -> list[tuple[Any, L.Layer, InputType]]:
@@ -516,7 +518,7 @@ class ComputationGraph(FlatNetwork):
             raise ValueError(
                 f"features: the graph has {len(names)} input(s) {names}, got {len(features)} array(s)"
             )
-        out = []
+        out: list[np.ndarray] = []
         for k, (name, raw, it) in enumerate(zip(names, features, self.conf.input_types)):
             where = f"features[{k}] (input {name!r})"
             x = self._device.asarray(raw, self.dtype)
@@ -615,7 +617,7 @@ class ComputationGraph(FlatNetwork):
         """Each output's loss mask as output rows: its labels mask, else the features masks that reached
         it through the graph in the last forward pass (DL4J)."""
         return [
-            m if m is not None else (None if self._masks[name] is None else self._masks[name].reshape(-1))
+            m if m is not None else (None if (fm := self._masks[name]) is None else fm.reshape(-1))
             for m, name in zip(label_masks, self.conf.outputs)
         ]
 
@@ -641,7 +643,7 @@ class ComputationGraph(FlatNetwork):
             if node.time_series:  # LastTimeStepVertex, DuplicateToTimeSeriesVertex
                 ref = node.reference
                 acts[node.name], self._masks[node.name] = node.runtime.forward_time_series(
-                    ins[0], in_masks[0], acts.get(ref), self._masks.get(ref)
+                    ins[0], in_masks[0], *((acts[ref], self._masks[ref]) if ref is not None else (None, None))
                 )
                 continue
             if not node.is_layer:
@@ -655,6 +657,7 @@ class ComputationGraph(FlatNetwork):
                 self._masks[node.name] = node.runtime.forward_mask(in_masks)
                 continue
             x, mask = ins[0], in_masks[0]
+            assert node.layer is not None  # node.is_layer
             node.input_shape = x.shape
             acts[node.name], node.trace = layer_forward(
                 node.runtime, node.layer, node.input_type, x, mask if node.sequence else None, train,
@@ -702,6 +705,7 @@ class ComputationGraph(FlatNetwork):
                 continue
             dy = self._summed(node.name, grads.pop(node.name))
             if node.is_layer:
+                assert node.trace is not None  # set by the forward pass
                 dx = layer_backward(node.runtime, dy, node.trace, need_dx=node.need_dx)
                 if dx is not None:
                     grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))

@@ -68,6 +68,10 @@ def _check_dropout(field: str, value: Any) -> float:
     return check_range(field, value, 0.0, 1.0, low_inclusive=False)
 
 
+def _check_count(field: str, value: Any) -> int:
+    return check_int(field, value, minimum=1)
+
+
 class Layer(Config):
     """Base of every layer configuration."""
 
@@ -115,14 +119,24 @@ class Layer(Config):
         for name in ("l1", "l2", "weight_decay"):
             if hasattr(self, name):
                 setattr(self, name, _optional(getattr(self, name), check_non_negative, name, MAX_SCALE))
-        if getattr(self, "dropout", None) is not None:
-            self.dropout = _check_dropout("dropout", self.dropout)
-        if getattr(self, "updater", None) is not None:
-            check_updater("updater", self.updater)
-        if getattr(self, "n_in", None) is not None:
-            self.n_in = check_int("n_in", self.n_in, minimum=1)
-        if hasattr(self, "n_out"):
-            self.n_out = check_int("n_out", self.n_out, minimum=1)
+        # (field, its check, checked when None too): for every layer type that has the field
+        for name, check, when_none in (
+            ("dropout", _check_dropout, False),
+            ("n_in", _check_count, False),
+            ("n_out", _check_count, True),
+        ):
+            if hasattr(self, name) and (when_none or getattr(self, name) is not None):
+                setattr(self, name, check(name, getattr(self, name)))
+        updater = getattr(self, "updater", None)
+        if updater is not None:
+            check_updater("updater", updater)
+
+    def _inferred_n_in(self) -> int:
+        """``n_in`` as given or as ``infer`` filled it in: parameter shapes need it."""
+        n_in = getattr(self, "n_in", None)
+        if n_in is None:
+            raise ValueError(f"{type(self).__name__}: n_in is neither given nor inferred from an input type")
+        return int(n_in)
 
 
 def _infer_n_in(index: int, layer: Any, actual: int) -> Any:
@@ -156,8 +170,8 @@ class DenseLayer(Layer):
 
     n_out: int
     n_in: int | None = None
-    activation: Activation | None = None
-    weight_init: WeightInit | None = None
+    activation: Activation | str | None = None
+    weight_init: WeightInit | str | None = None
     has_bias: bool = True
     l1: float | None = None
     l2: float | None = None
@@ -176,7 +190,7 @@ class DenseLayer(Layer):
         return _dense_infer(self, index, input_type)
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        return _dense_specs(self.n_in, self.n_out, self.has_bias)
+        return _dense_specs(self._inferred_n_in(), self.n_out, self.has_bias)
 
 
 @dataclasses.dataclass
@@ -185,9 +199,9 @@ class OutputLayer(Layer):
 
     n_out: int
     n_in: int | None = None
-    activation: Activation = Activation.SOFTMAX
-    loss: LossFunction = LossFunction.MCXENT
-    weight_init: WeightInit | None = None
+    activation: Activation | str = Activation.SOFTMAX
+    loss: LossFunction | str = LossFunction.MCXENT
+    weight_init: WeightInit | str | None = None
     has_bias: bool = True
     l1: float | None = None
     l2: float | None = None
@@ -211,15 +225,15 @@ class OutputLayer(Layer):
         return _dense_infer(self, index, input_type)
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        return _dense_specs(self.n_in, self.n_out, self.has_bias)
+        return _dense_specs(self._inferred_n_in(), self.n_out, self.has_bias)
 
 
 @dataclasses.dataclass
 class LossLayer(Layer):
     """Parameter-free output layer: ``activation`` then ``loss`` on its input."""
 
-    loss: LossFunction = LossFunction.MCXENT
-    activation: Activation = Activation.IDENTITY
+    loss: LossFunction | str = LossFunction.MCXENT
+    activation: Activation | str = Activation.IDENTITY
 
     def __post_init__(self) -> None:
         self.loss = coerce_enum(LossFunction, self.loss, "loss")
@@ -278,10 +292,10 @@ class ConvolutionLayer(Layer):
     kernel_size: tuple = (3, 3)
     stride: tuple = (1, 1)
     padding: tuple = (0, 0)
-    convolution_mode: ConvolutionMode = ConvolutionMode.TRUNCATE
-    activation: Activation | None = None
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+    activation: Activation | str | None = None
     n_in: int | None = None
-    weight_init: WeightInit | None = None
+    weight_init: WeightInit | str | None = None
     has_bias: bool = True
     l1: float | None = None
     l2: float | None = None
@@ -300,10 +314,10 @@ class ConvolutionLayer(Layer):
         return layer, InputType.convolutional(p, q, self.n_out)
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        (kh, kw), (sh, sw) = self.kernel_size, self.stride
-        fan_in = self.n_in * kh * kw
+        (kh, kw), (sh, sw), n_in = self.kernel_size, self.stride, self._inferred_n_in()
+        fan_in = n_in * kh * kw
         fan_out = self.n_out * kh * kw / (sh * sw)
-        specs = [ParamSpec(WEIGHT, (self.n_out, self.n_in, kh, kw), WEIGHT, fan_in, fan_out)]
+        specs = [ParamSpec(WEIGHT, (self.n_out, n_in, kh, kw), WEIGHT, fan_in, fan_out)]
         if self.has_bias:
             specs.append(ParamSpec(BIAS, (self.n_out,), BIAS))
         return specs
@@ -313,11 +327,11 @@ class ConvolutionLayer(Layer):
 class SubsamplingLayer(Layer):
     """Max or average pooling over NCHW input (average divides by the in-bounds window size)."""
 
-    pooling_type: PoolingType = PoolingType.MAX
+    pooling_type: PoolingType | str = PoolingType.MAX
     kernel_size: tuple = (2, 2)
     stride: tuple = (2, 2)
     padding: tuple = (0, 0)
-    convolution_mode: ConvolutionMode = ConvolutionMode.TRUNCATE
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
 
     def __post_init__(self) -> None:
         self.pooling_type = coerce_enum(PoolingType, self.pooling_type, "pooling_type")
@@ -341,7 +355,7 @@ class GlobalPoolingLayer(Layer):
     with no present step pools to zero.
     """
 
-    pooling_type: PoolingType = PoolingType.MAX
+    pooling_type: PoolingType | str = PoolingType.MAX
 
     def __post_init__(self) -> None:
         self.pooling_type = coerce_enum(PoolingType, self.pooling_type, "pooling_type")
@@ -385,7 +399,7 @@ class BatchNormalization(Layer):
         return _infer_n_in(index, self, channels), input_type
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        c = (self.n_in,)
+        c = (self._inferred_n_in(),)
         return [
             ParamSpec(GAMMA, c, GAMMA),
             ParamSpec(BETA, c, BETA),
@@ -408,7 +422,7 @@ class DropoutLayer(Layer):
 class ActivationLayer(Layer):
     """Applies an activation function element-wise (softmax over features of dense input)."""
 
-    activation: Activation
+    activation: Activation | str
 
     def __post_init__(self) -> None:
         self.activation = coerce_enum(Activation, self.activation, "activation")
@@ -456,7 +470,7 @@ def _check_recurrent_input(index: int, layer: Layer, input_type: InputType) -> N
         )
 
 
-def _check_elementwise(field: str, value: Activation) -> Activation:
+def _check_elementwise(field: str, value: Activation | str) -> Activation | str:
     if value is Activation.SOFTMAX:
         raise ValueError(f"{field}: recurrent layers need an elementwise activation, got softmax")
     return value
@@ -505,10 +519,10 @@ class LSTM(_RecurrentCell):
 
     n_out: int
     n_in: int | None = None
-    activation: Activation = Activation.TANH
-    gate_activation: Activation = Activation.SIGMOID
+    activation: Activation | str = Activation.TANH
+    gate_activation: Activation | str = Activation.SIGMOID
     forget_gate_bias_init: float = 1.0
-    weight_init: WeightInit | None = None
+    weight_init: WeightInit | str | None = None
     l1: float | None = None
     l2: float | None = None
     dropout: float | None = None
@@ -527,9 +541,10 @@ class LSTM(_RecurrentCell):
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
         # fan-in / fan-out as DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices
-        h, fan_in, fan_out = self.n_out, self.n_out, self.n_in + self.n_out
+        n_in = self._inferred_n_in()
+        h, fan_in, fan_out = self.n_out, self.n_out, n_in + self.n_out
         return [
-            ParamSpec(WEIGHT, (self.n_in, 4 * h), WEIGHT, fan_in, fan_out),
+            ParamSpec(WEIGHT, (n_in, 4 * h), WEIGHT, fan_in, fan_out),
             ParamSpec(RECURRENT_WEIGHT, (h, 4 * h), WEIGHT, fan_in, fan_out),
             ParamSpec(BIAS, (4 * h,), BIAS, fills=((h, 2 * h, self.forget_gate_bias_init),)),
         ]
@@ -545,8 +560,8 @@ class SimpleRnn(_RecurrentCell):
 
     n_out: int
     n_in: int | None = None
-    activation: Activation | None = None
-    weight_init: WeightInit | None = None
+    activation: Activation | str | None = None
+    weight_init: WeightInit | str | None = None
     l1: float | None = None
     l2: float | None = None
     dropout: float | None = None
@@ -559,9 +574,9 @@ class SimpleRnn(_RecurrentCell):
             _check_elementwise("activation", self.activation)
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        h = self.n_out
+        h, n_in = self.n_out, self._inferred_n_in()
         return [
-            ParamSpec(WEIGHT, (self.n_in, h), WEIGHT, self.n_in, h),
+            ParamSpec(WEIGHT, (n_in, h), WEIGHT, n_in, h),
             ParamSpec(RECURRENT_WEIGHT, (h, h), WEIGHT, h, h),
             ParamSpec(BIAS, (h,), BIAS),
         ]
@@ -614,7 +629,7 @@ class Bidirectional(_Wrapper):
     """
 
     layer: Any
-    mode: BidirectionalMode = BidirectionalMode.CONCAT
+    mode: BidirectionalMode | str = BidirectionalMode.CONCAT
 
     def __post_init__(self) -> None:
         self._check_wrapped()

@@ -10,7 +10,7 @@ and persistence are :class:`~sparkgrad.nn._flat_network.FlatNetwork`'s.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, overload
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class MultiLayerNetwork(FlatNetwork):
     """
 
     _conf_class = MultiLayerConfiguration
+    conf: MultiLayerConfiguration
 
     @classmethod
     def _layer_units(cls, conf: MultiLayerConfiguration) -> list[tuple[Any, L.Layer, InputType]]:
@@ -81,6 +82,10 @@ class MultiLayerNetwork(FlatNetwork):
             )
         return sequence_mask(mask, x, self._device, self.dtype, "features_mask")
 
+    @overload
+    def _to_steps(self, arr: np.ndarray, name: str, n: int) -> np.ndarray: ...
+    @overload
+    def _to_steps(self, arr: None, name: str, n: int) -> None: ...
     def _to_steps(self, arr: np.ndarray | None, name: str, n: int) -> np.ndarray | None:
         """Recurrent-output labels (N, C, T) -> (N*T, C); masks (N, T) -> (N*T,); ``n`` rows expected."""
         if arr is None:
@@ -156,6 +161,7 @@ class MultiLayerNetwork(FlatNetwork):
         out: OutputRuntime = self._runtimes[-1]
         dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1)
         for i in range(len(self._runtimes) - 2, -1, -1):
+            assert dy is not None  # every layer above the first passes dL/dx down
             dy = layer_backward(self._runtimes[i], dy, self._traces[i], need_dx=i > 0)
         for sl, _ in self._stats:
             self._grad[sl] = 0.0

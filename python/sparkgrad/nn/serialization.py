@@ -42,7 +42,7 @@ import tokenize
 import zipfile
 import zlib
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar, Union
+from typing import IO, Any, BinaryIO, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
@@ -408,7 +408,7 @@ class ModelReader:
         return dtype, f.tell()
 
 
-def _read_into(f: BinaryIO, target: memoryview) -> None:
+def _read_into(f: IO[bytes], target: memoryview) -> None:
     done = 0
     while done < target.nbytes:
         chunk = f.read(min(target.nbytes - done, 1 << 24))

@@ -274,6 +274,8 @@ class _DuplicateToTimeSeriesRuntime(VertexRuntime):
         ref_mask: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """(N, C) -> (N, T, C) with T and the mask of the reference input."""
+        if reference is None:
+            raise ValueError("DuplicateToTimeSeriesVertex: needs the activations of its reference input")
         if reference.shape[0] != x.shape[0]:
             raise ValueError(
                 f"DuplicateToTimeSeriesVertex: input {self.conf.input_name!r} has {reference.shape[0]} "
@@ -509,7 +511,9 @@ class L2Vertex(GraphVertex):
 
 def _type_of_shape(shape: tuple[int, ...]) -> InputType:
     return (
-        InputType.feed_forward(shape[0]) if len(shape) == 1 else InputType.convolutional(*shape[1:], shape[0])
+        InputType.feed_forward(shape[0])
+        if len(shape) == 1
+        else InputType.convolutional(shape[1], shape[2], shape[0])
     )
 
 

@@ -20,7 +20,7 @@ import math
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import RDD
     from pyspark.sql import Column, DataFrame
+    from typing_extensions import TypeIs
 
     from sparkgrad.nn import ComputationGraphConfiguration, InputType, MultiLayerConfiguration
 
@@ -43,7 +44,7 @@ CLASSIFICATION = "classification"
 REGRESSION = "regression"
 
 
-def is_dataframe(value: Any) -> bool:
+def is_dataframe(value: object) -> TypeIs[DataFrame]:
     """True for a pyspark DataFrame (without importing pyspark.sql for other values)."""
     return type(value).__name__ == "DataFrame" and type(value).__module__.startswith("pyspark.sql")
 
@@ -55,7 +56,9 @@ def _single_io(conf: NetworkConfiguration) -> tuple[InputType | None, int]:
     Raises:
         ValueError: a graph with several inputs or outputs (names them).
     """
-    if not hasattr(conf, "input_types"):  # a MultiLayerConfiguration: one input, one output
+    from sparkgrad.nn import MultiLayerConfiguration
+
+    if isinstance(conf, MultiLayerConfiguration):  # one input, one output
         return conf.input_type, int(conf.output_type.size)
     if len(conf.inputs) != 1 or len(conf.outputs) != 1:
         raise ValueError(
@@ -74,8 +77,8 @@ def example_shape(conf: NetworkConfiguration) -> tuple[int, ...]:
             with several inputs or outputs.
     """
     it, _ = _single_io(conf)
-    if it is None:
-        return (int(conf.layers[0].n_in),)
+    if it is None:  # only a MultiLayerConfiguration has none
+        return (int(cast("MultiLayerConfiguration", conf).layers[0].n_in),)
     if it.kind == "recurrent":
         raise ValueError(
             f"network: recurrent input {it.describe()} does not fit a DataFrame column of one vector per "
@@ -399,7 +402,8 @@ def with_network_outputs(
         warnings.filterwarnings(
             "ignore", message="It is preferred to specify type hints", category=UserWarning
         )
-        network_udf = arrow_udf(predict, result_type, ArrowUDFType.SCALAR_ITER)
+        # pyspark's overloads omit the struct result that Spark accepts for SCALAR_ITER
+        network_udf = arrow_udf(predict, result_type, ArrowUDFType.SCALAR_ITER)  # type: ignore[call-overload]
     temp = f"__sparkgrad_outputs_{uuid.uuid4().hex}"
     with_outputs = df.withColumn(temp, network_udf(features_column(df, features_col, dtype, "featuresCol")))
     field = F.col(temp)

@@ -26,6 +26,9 @@ from sparkgrad.spark.stats import SparkTrainingStats, Timer
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
 
+    from sparkgrad._config import Config
+    from sparkgrad.nn._flat_network import FlatNetwork
+
 
 _log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ _CONFIGURATION_OF = {
 }
 
 
-def network_classes(network_type: str) -> tuple[type, type]:
+def network_classes(network_type: str) -> tuple[type[FlatNetwork], type[Config]]:
     """``(network class, configuration class)`` of a network type name."""
     from sparkgrad import nn
 
@@ -322,9 +325,9 @@ def use_driver_interpreter(sc: SparkContext) -> None:
         return
     if os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python"):
         return
-    if sc.pythonExec != sys.executable:  # type: ignore[attr-defined]
+    if sc.pythonExec != sys.executable:
         _log.info("local master: Python workers use the driver's interpreter %s", sys.executable)
-        sc.pythonExec = sys.executable  # type: ignore[attr-defined]  # read for every new Python RDD
+        sc.pythonExec = sys.executable  # read for every new Python RDD
 
 
 def ensure_logging() -> None:
@@ -347,14 +350,14 @@ def hadoop_delete(sc: SparkContext, path: str) -> bool:
     Returns:
         True when something was deleted (False when ``path`` did not exist).
     """
-    jvm = sc._jvm  # type: ignore[attr-defined]
+    jvm: Any = sc._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
-    return bool(jpath.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jpath, True))  # type: ignore[attr-defined]
+    return bool(jpath.getFileSystem(sc._jsc.hadoopConfiguration()).delete(jpath, True))
 
 
 def default_export_root(sc: SparkContext) -> str:
     """``hadoop.tmp.dir/sparkgrad`` (DL4J's default export location)."""
-    tmp = sc._jsc.hadoopConfiguration().get("hadoop.tmp.dir")  # type: ignore[attr-defined]
+    tmp = sc._jsc.hadoopConfiguration().get("hadoop.tmp.dir")
     return f"{tmp or '/tmp'}/sparkgrad"
 
 
@@ -399,7 +402,7 @@ def check_dataset_matches(network: Any, sample: Any, what: str) -> None:
     try:
         outputs = network.output(*[f[:1] for f in features])
     except (ValueError, TypeError) as exc:
-        shapes = ", ".join(str(f.shape) for f in features)
+        shapes = ", ".join(str(np.shape(f)) for f in features)
         raise ValueError(f"{what}: features of shape {shapes} do not fit the network: {exc}") from exc
     outputs = outputs if isinstance(outputs, list) else [outputs]
     if len(labels) != len(outputs):

@@ -156,6 +156,7 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 0) -> DemoResult:
     model_path = os.path.join(output_dir, "model.zip")
     stats_path = os.path.join(output_dir, "training-stats.html")
     model.network.save(model_path)
+    assert stats is not None  # the master collects training stats
     stats.export_html(stats_path)
     return DemoResult(accuracy, epochs, steps, sent, dense, time.monotonic() - start, model_path, stats_path)
 

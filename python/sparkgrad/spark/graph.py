@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sparkgrad.nn import ComputationGraph
 
 
-class SparkComputationGraph(SparkNetwork):
+class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
     """A ComputationGraph trained and used on Spark; see :class:`SparkNetwork` for the methods shared
     with :class:`~sparkgrad.spark.SparkMultiLayer` (``fit``, ``fit_paths``, ``calculate_score``,
     ``score_examples``, ``predict``, training stats, ``close``), which accept RDDs of DataSets
@@ -130,7 +130,7 @@ class SparkComputationGraph(SparkNetwork):
 
     # -- MultiDataSet variants (DL4J names) -----------------------------------------------------
     def fit_multi_data_set(
-        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback | None = None
+        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback[ComputationGraph] | None = None
     ) -> ComputationGraph:
         """Train on an RDD of MultiDataSets, or a directory (any Hadoop URI) of MultiDataSets saved with
         ``MultiDataSet.save``; otherwise as :meth:`fit`.
@@ -145,7 +145,7 @@ class SparkComputationGraph(SparkNetwork):
         paths: RDD,
         loader: Any = None,
         epochs: int = 1,
-        epoch_callback: EpochCallback | None = None,
+        epoch_callback: EpochCallback[ComputationGraph] | None = None,
     ) -> ComputationGraph:
         """Train on saved MultiDataSets named by an RDD of paths.
 

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast
 
 import numpy as np
 
@@ -40,13 +40,15 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from sparkgrad.nn import MultiLayerNetwork
+    from sparkgrad.nn._flat_network import FlatNetwork
 
 DEFAULT_EVAL_BATCH_SIZE = 64
 _log = logging.getLogger(__name__)
 
 # epoch_callback(epoch, network) -> truthy to stop after that epoch, or a mapping of metrics to record
 # ({"accuracy": 0.95, "stop": False}); see sparkgrad.spark.stats.epoch_callback_result
-EpochCallback = Callable[[int, "MultiLayerNetwork"], Any]
+NetT = TypeVar("NetT", bound="FlatNetwork")
+EpochCallback = Callable[[int, NetT], Any]
 
 # Per executor process: network copies of the latest evaluation/inference broadcast.
 _NETS: dict[str, list[MultiLayerNetwork]] = {}
@@ -103,7 +105,7 @@ def _release_dropped(sc: Any, master: Any, broadcasts: list[Any]) -> None:
         _log.warning("releasing the Spark resources of a dropped Spark model failed: %s", exc)
 
 
-class SparkNetwork:
+class SparkNetwork(Generic[NetT]):
     """A network with a flat parameter buffer trained and used on Spark: the one code path behind
     :class:`SparkMultiLayer` and :class:`~sparkgrad.spark.SparkComputationGraph`.
 
@@ -163,7 +165,7 @@ class SparkNetwork:
         """
         _release(self._sc, self._master, self._broadcasts)
 
-    def __enter__(self) -> SparkNetwork:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -171,12 +173,12 @@ class SparkNetwork:
 
     # -- properties ---------------------------------------------------------------------------
     @property
-    def network(self) -> MultiLayerNetwork:
+    def network(self) -> NetT:
         """The driver's network (trained in place by ``fit``)."""
         return self._network
 
     @network.setter
-    def network(self, value: MultiLayerNetwork) -> None:
+    def network(self, value: NetT) -> None:
         network_cls, _ = network_classes(self._network_type)
         if not isinstance(value, network_cls):
             raise TypeError(f"network: expected a {network_cls.__name__}, got {type(value).__name__}")
@@ -262,10 +264,10 @@ class SparkNetwork:
         self,
         data: RDD | DataFrame | str,
         epochs: int = 1,
-        epoch_callback: EpochCallback | None = None,
+        epoch_callback: EpochCallback[NetT] | None = None,
         features_col: str = "features",
         label_col: str = "label",
-    ) -> MultiLayerNetwork:
+    ) -> NetT:
         """Train ``epochs`` passes over ``data`` (one by default) in one call.
 
         The data is prepared once per fit, not per epoch. With the default ``rdd_training_approach``
@@ -303,8 +305,8 @@ class SparkNetwork:
         return self._fit_data(data, SerializedDataSetLoader(), epochs, epoch_callback)
 
     def _fit_data(
-        self, data: RDD | str, saved: Any, epochs: int, epoch_callback: EpochCallback | None
-    ) -> MultiLayerNetwork:
+        self, data: RDD | str, saved: Any, epochs: int, epoch_callback: EpochCallback[NetT] | None
+    ) -> NetT:
         """``fit`` of an RDD of examples or a directory of saved ones; ``saved`` loads their files."""
         epochs = _check_epochs(epochs, epoch_callback)
         if isinstance(data, str):
@@ -321,8 +323,8 @@ class SparkNetwork:
         features_col: str = "features",
         label_col: str = "label",
         epochs: int = 1,
-        epoch_callback: EpochCallback | None = None,
-    ) -> MultiLayerNetwork:
+        epoch_callback: EpochCallback[NetT] | None = None,
+    ) -> NetT:
         """Train ``epochs`` passes over the rows of a DataFrame (what ``fit(df)`` does).
 
         The columns are converted per partition on the executors, in Arrow batches, into DataSets of
@@ -361,8 +363,8 @@ class SparkNetwork:
         paths: RDD,
         loader: Any = None,
         epochs: int = 1,
-        epoch_callback: EpochCallback | None = None,
-    ) -> MultiLayerNetwork:
+        epoch_callback: EpochCallback[NetT] | None = None,
+    ) -> NetT:
         """Train ``epochs`` passes over saved DataSets named by an RDD of paths (never exported).
 
         Args:
@@ -386,8 +388,8 @@ class SparkNetwork:
         return self._train(paths, "path", loader, epochs, epoch_callback)
 
     def _train(
-        self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback | None
-    ) -> MultiLayerNetwork:
+        self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback[NetT] | None
+    ) -> NetT:
         """The one fit path of every data source and both masters; fit listeners observe it here."""
         observers = FitObservers([*fit_listeners(), *self._fit_listeners])
         figures: dict[int, dict[str, float]] = {}  # per epoch: the master's progress figures
@@ -395,7 +397,7 @@ class SparkNetwork:
         if self._evaluation_data is not None or epoch_callback is not None or observers:
             first = int(self._network.epoch_count)
 
-            def callback(epoch: int, network: MultiLayerNetwork) -> dict[str, Any]:
+            def callback(epoch: int, network: NetT) -> dict[str, Any]:
                 """The metrics of :attr:`evaluation_data` and those ``epoch_callback`` returned, logged
                 and passed to the fit listeners, and its decision to stop, for the master to record and
                 act on."""
@@ -460,7 +462,7 @@ class SparkNetwork:
         if listener in self._fit_listeners:
             self._fit_listeners.remove(listener)
 
-    def _evaluate_epoch(self, network: MultiLayerNetwork) -> dict[str, float]:
+    def _evaluate_epoch(self, network: NetT) -> dict[str, float]:
         """Score (and accuracy, for a classifier) of :attr:`evaluation_data`."""
         data = self._evaluation_data
         values = {"evaluation_score": float(network.score(data))}
@@ -603,7 +605,8 @@ class SparkNetwork:
             def flush() -> Iterator[tuple[Any, np.ndarray]]:
                 x = np.concatenate([p[1] for p in pending])
                 masks = [p[2] for p in pending]
-                mask = None if masks[0] is None else np.concatenate(masks)
+                # the flags of one RDD's examples agree: every mask is present, or none
+                mask = None if masks[0] is None else np.concatenate(cast("list[np.ndarray]", masks))
                 out = _output(net, x, mask)
                 offset = 0
                 for key, feats, _, single in pending:
@@ -786,7 +789,7 @@ class SparkNetwork:
         templates = list(evaluations)
         bc = self._broadcast()
 
-        def part(it: Iterable[Any]) -> Iterator[list]:
+        def part(it: Iterable[Any]) -> Iterator[list | None]:
             nets = bc.value.networks(workers)
             batches = list(rebatch(it, size))
             if not batches:
@@ -817,7 +820,7 @@ class SparkNetwork:
         return result
 
 
-class SparkMultiLayer(SparkNetwork):
+class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
     """A MultiLayerNetwork trained and used on Spark (DL4J ``SparkDl4jMultiLayer``); see
     :class:`SparkNetwork` for the resources it holds.
 
@@ -832,7 +835,7 @@ class SparkMultiLayer(SparkNetwork):
     _network_type = "MultiLayerNetwork"
 
     def fit_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback[MultiLayerNetwork] | None = None
     ) -> MultiLayerNetwork:
         """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
 
@@ -848,7 +851,7 @@ class SparkMultiLayer(SparkNetwork):
         return self._fit_points(rdd, classes, epochs, epoch_callback)
 
     def fit_continuous_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback | None = None
+        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback[MultiLayerNetwork] | None = None
     ) -> MultiLayerNetwork:
         """Train on LabeledPoint data with real-valued labels (one regression output).
 
@@ -863,7 +866,11 @@ class SparkMultiLayer(SparkNetwork):
         return self._fit_points(rdd, None, epochs, epoch_callback)
 
     def _fit_points(
-        self, rdd: RDD, classes: int | None, epochs: int, epoch_callback: EpochCallback | None
+        self,
+        rdd: RDD,
+        classes: int | None,
+        epochs: int,
+        epoch_callback: EpochCallback[MultiLayerNetwork] | None,
     ) -> MultiLayerNetwork:
         epochs = _check_epochs(epochs, epoch_callback)
         self._check_rdd(rdd, "rdd")

@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
     from pyspark import SparkContext
 
-    from sparkgrad.nn import MultiLayerNetwork
+    from sparkgrad.nn._flat_network import FlatNetwork, N
 
 # Stats keys (DL4J names).
 EXPORT = "ParameterAveragingMasterExportTimesMs"
@@ -354,12 +354,12 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def execute_training(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         rdd: Any,
         kind: str,
         loader: Any = None,
         epochs: int = 1,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_callback: Callable[[int, N], Any] | None = None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average final
@@ -511,7 +511,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def _train_epoch(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: FlatNetwork,
         data: TrainingData,
         stats: SparkTrainingStats | None,
         progress: FitProgress,
@@ -537,7 +537,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def _average_round(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: FlatNetwork,
         part: Any,
         data: TrainingData,
         stats: SparkTrainingStats | None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -155,7 +155,7 @@ def balanced_random_split(rdd: RDD, num_splits: int, seed: int) -> list[RDD]:
     if num_splits <= 1:
         return [rdd]
 
-    def part(split: int):
+    def part(split: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
         def select(index: int, it: Iterable[Any]) -> Iterator[Any]:
             items = list(it)
             assign = split_assignment(index, seed, num_splits, len(items))

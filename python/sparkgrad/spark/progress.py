@@ -86,7 +86,9 @@ class FitProgress:
         self._last_log = self._start
         self._last_render = 0.0
         self.enabled = bool(enabled)
-        self._bar = self._make_bar(stream if stream is not None else sys.stderr) if self.enabled else None
+        self._bar: Any = (
+            self._make_bar(stream if stream is not None else sys.stderr) if self.enabled else None
+        )
 
     def _make_bar(self, stream: Any) -> Any:
         isatty = getattr(stream, "isatty", None)

@@ -93,7 +93,7 @@ from sparkgrad.transport.frame import update_payload
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-    from sparkgrad.nn import MultiLayerNetwork
+    from sparkgrad.nn._flat_network import FlatNetwork, N
 
 log = logging.getLogger(__name__)
 
@@ -601,12 +601,12 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     def execute_training(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         rdd: Any,
         kind: str,
         loader: Any = None,
         epochs: int = 1,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None = None,
+        epoch_callback: Callable[[int, N], Any] | None = None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
@@ -673,7 +673,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         """Nothing: the updater state is the mean of the workers' at the fit's end (_process_results)."""
 
     def _process_results(
-        self, network: MultiLayerNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None
+        self, network: FlatNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None
     ) -> float:
         if not results:
             raise TrainingError("training: no worker trained a minibatch (empty data?)")

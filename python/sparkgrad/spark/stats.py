@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -323,7 +323,7 @@ def _figures(figures: list[str]) -> str:
     )
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -1,0 +1,958 @@
+# Generated from the built module (CPU build; the cuda_* entry points exist there too and raise):
+#   PYTHONPATH=python pybind11-stubgen sparkgrad._core -o <dir> --numpy-array-use-type-var
+# then ruff format. tests/python/test_typing.py checks it names exactly the functions the module has.
+"""
+sparkgrad native core (private; use the sparkgrad package)
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import typing
+
+import numpy
+import numpy.typing
+
+__all__: list[str] = [
+    "accumulate",
+    "activation_backward",
+    "activation_forward",
+    "apply_weight_decay",
+    "batchnorm_backward",
+    "batchnorm_forward_inference",
+    "batchnorm_forward_train",
+    "bias_add",
+    "bias_grad",
+    "bitmap_encode",
+    "blas_info",
+    "clip",
+    "conv2d_backward_input",
+    "conv2d_backward_weight",
+    "conv2d_forward",
+    "cuda_accumulate",
+    "cuda_activation_backward",
+    "cuda_activation_forward",
+    "cuda_apply_weight_decay",
+    "cuda_available",
+    "cuda_batchnorm_backward",
+    "cuda_batchnorm_forward_inference",
+    "cuda_batchnorm_forward_train",
+    "cuda_bias_add",
+    "cuda_bias_grad",
+    "cuda_bitmap_encode",
+    "cuda_built",
+    "cuda_clip",
+    "cuda_conv2d",
+    "cuda_decode",
+    "cuda_devices",
+    "cuda_dropout_backward",
+    "cuda_dropout_forward",
+    "cuda_elementwise_backward",
+    "cuda_elementwise_forward",
+    "cuda_gemm",
+    "cuda_global_pool",
+    "cuda_l2_distance_backward",
+    "cuda_l2_distance_forward",
+    "cuda_l2_normalize_backward",
+    "cuda_l2_normalize_forward",
+    "cuda_loss",
+    "cuda_lstm_backward",
+    "cuda_lstm_forward",
+    "cuda_pool2d",
+    "cuda_regularize_gradient",
+    "cuda_scale_shift",
+    "cuda_set_stream",
+    "cuda_set_sync_each_op",
+    "cuda_sync_each_op",
+    "cuda_threshold_commit",
+    "cuda_threshold_select",
+    "cuda_updater_apply",
+    "decode",
+    "dropout_backward",
+    "dropout_forward",
+    "elementwise_backward",
+    "elementwise_forward",
+    "encode_smaller",
+    "gemm",
+    "global_pool_backward",
+    "global_pool_forward",
+    "l2_distance_backward",
+    "l2_distance_forward",
+    "l2_normalize_backward",
+    "l2_normalize_forward",
+    "loss_gradient",
+    "loss_score",
+    "lstm_backward",
+    "lstm_forward",
+    "max_threads",
+    "openmp_version",
+    "pool2d_backward",
+    "pool2d_forward",
+    "regularize_gradient",
+    "scale_shift",
+    "set_num_threads",
+    "simple_rnn_backward",
+    "simple_rnn_forward",
+    "threshold_encode",
+    "updater_apply",
+    "updater_state_size",
+]
+
+def accumulate(residual: typing.Any, update: typing.Any) -> None:
+    """
+    residual += update.
+    """
+
+def activation_backward(
+    name: str,
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    dx = dL/dx from x, y = f(x) and dy = dL/dy. dx may be dy.
+    """
+
+def activation_forward(
+    name: str,
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    y = f(x); softmax over axis 1 of a 2-D array. y may be x.
+    """
+
+def apply_weight_decay(
+    params: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    update: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    coeff: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    update += coeff * params, in place.
+    """
+
+def batchnorm_backward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    batch_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    batch_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dgamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dbeta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    dx, dgamma, dbeta of the training-mode forward.
+    """
+
+def batchnorm_forward_inference(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    beta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    running_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    running_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    Normalizes x with the running statistics.
+    """
+
+def batchnorm_forward_train(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    beta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    batch_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    batch_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    running_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    running_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    decay: typing.SupportsFloat | typing.SupportsIndex,
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    Normalizes x with its per-channel batch statistics; updates the running averages in place.
+    """
+
+def bias_add(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+) -> None:
+    """
+    x[n, c, ...] += b[c] in place; x: (N, C) or (N, C, H, W).
+    """
+
+def bias_grad(
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+) -> None:
+    """
+    db[c] = sum of dy over every axis but 1.
+    """
+
+def bitmap_encode(
+    residual: typing.Any, threshold: typing.SupportsFloat | typing.SupportsIndex
+) -> tuple[numpy.typing.NDArray[numpy.int32], int]:
+    """
+    Bitmap encoding of `residual` (modified in place).
+    """
+
+def blas_info() -> str:
+    """
+    OpenBLAS configuration string.
+    """
+
+def clip(residual: typing.Any, limit: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    """
+    residual = clip(residual, -limit, limit).
+    """
+
+def conv2d_backward_input(
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+) -> None:
+    """
+    dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).
+    """
+
+def conv2d_backward_weight(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+) -> None:
+    """
+    dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.
+    """
+
+def conv2d_forward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: typing.Any,
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+) -> None:
+    """
+    y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b; padding reads zeros.
+    """
+
+def cuda_accumulate(
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    update: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+) -> None: ...
+def cuda_activation_backward(
+    arg0: str,
+    arg1: typing.SupportsFloat | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: str,
+) -> None: ...
+def cuda_activation_forward(
+    arg0: str,
+    arg1: typing.SupportsFloat | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: str,
+) -> None: ...
+def cuda_apply_weight_decay(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsFloat | typing.SupportsIndex,
+    arg4: str,
+) -> None: ...
+def cuda_available() -> bool:
+    """
+    True if built with CUDA and a GPU is visible.
+    """
+
+def cuda_batchnorm_backward(
+    arg0: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
+    ],
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsFloat | typing.SupportsIndex,
+    arg10: str,
+) -> None: ...
+def cuda_batchnorm_forward_inference(
+    arg0: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
+    ],
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsFloat | typing.SupportsIndex,
+    arg8: str,
+) -> None: ...
+def cuda_batchnorm_forward_train(
+    arg0: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
+    ],
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsFloat | typing.SupportsIndex,
+    arg10: typing.SupportsFloat | typing.SupportsIndex,
+    arg11: str,
+) -> None: ...
+def cuda_bias_add(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_bias_grad(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_bitmap_encode(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    threshold: typing.SupportsFloat | typing.SupportsIndex,
+    out: typing.SupportsInt | typing.SupportsIndex,
+) -> int: ...
+def cuda_built() -> bool:
+    """
+    True in a CUDA build of the extension.
+    """
+
+def cuda_clip(
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    limit: typing.SupportsFloat | typing.SupportsIndex,
+) -> None: ...
+def cuda_conv2d(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(13)"
+    ],
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: str,
+) -> None: ...
+def cuda_decode(
+    message: typing.SupportsInt | typing.SupportsIndex,
+    length: typing.SupportsInt | typing.SupportsIndex,
+    target: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    flag: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def cuda_devices() -> list:
+    """
+    The GPUs the CUDA runtime sees: index, name, compute_capability, total_memory (bytes).
+    """
+
+def cuda_dropout_backward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: str,
+) -> None: ...
+def cuda_dropout_forward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsFloat | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: str,
+) -> None: ...
+def cuda_elementwise_backward(
+    arg0: str,
+    arg1: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_elementwise_forward(
+    arg0: str,
+    arg1: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: str,
+) -> None: ...
+def cuda_gemm(
+    arg0: bool,
+    arg1: bool,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsFloat | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsInt | typing.SupportsIndex,
+    arg10: typing.SupportsFloat | typing.SupportsIndex,
+    arg11: typing.SupportsInt | typing.SupportsIndex,
+    arg12: typing.SupportsInt | typing.SupportsIndex,
+    arg13: str,
+) -> None: ...
+def cuda_global_pool(
+    arg0: bool,
+    arg1: str,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: str,
+) -> None: ...
+def cuda_l2_distance_backward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsFloat | typing.SupportsIndex,
+    arg9: str,
+) -> None: ...
+def cuda_l2_distance_forward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_l2_normalize_backward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsFloat | typing.SupportsIndex,
+    arg7: str,
+) -> None: ...
+def cuda_l2_normalize_forward(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsFloat | typing.SupportsIndex,
+    arg6: str,
+) -> None: ...
+def cuda_loss(
+    arg0: bool,
+    arg1: str,
+    arg2: str,
+    arg3: typing.SupportsFloat | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsInt | typing.SupportsIndex,
+    arg10: typing.SupportsInt | typing.SupportsIndex,
+    arg11: str,
+) -> None: ...
+def cuda_lstm_backward(
+    arg0: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(4)"
+    ],
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsInt | typing.SupportsIndex,
+    arg10: typing.SupportsInt | typing.SupportsIndex,
+    arg11: typing.SupportsInt | typing.SupportsIndex,
+    arg12: typing.SupportsInt | typing.SupportsIndex,
+    arg13: typing.SupportsInt | typing.SupportsIndex,
+    arg14: typing.SupportsInt | typing.SupportsIndex,
+    arg15: typing.SupportsInt | typing.SupportsIndex,
+    arg16: typing.SupportsInt | typing.SupportsIndex,
+    arg17: typing.SupportsInt | typing.SupportsIndex,
+    arg18: str,
+    arg19: str,
+    arg20: typing.SupportsFloat | typing.SupportsIndex,
+    arg21: typing.SupportsFloat | typing.SupportsIndex,
+    arg22: str,
+) -> None: ...
+def cuda_lstm_forward(
+    arg0: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(4)"
+    ],
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: typing.SupportsInt | typing.SupportsIndex,
+    arg7: typing.SupportsInt | typing.SupportsIndex,
+    arg8: typing.SupportsInt | typing.SupportsIndex,
+    arg9: typing.SupportsInt | typing.SupportsIndex,
+    arg10: typing.SupportsInt | typing.SupportsIndex,
+    arg11: typing.SupportsInt | typing.SupportsIndex,
+    arg12: str,
+    arg13: str,
+    arg14: typing.SupportsFloat | typing.SupportsIndex,
+    arg15: typing.SupportsFloat | typing.SupportsIndex,
+    arg16: str,
+) -> None: ...
+def cuda_pool2d(
+    arg0: bool,
+    arg1: str,
+    arg2: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(12)"
+    ],
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.SupportsInt | typing.SupportsIndex,
+    arg6: str,
+) -> None: ...
+def cuda_regularize_gradient(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsFloat | typing.SupportsIndex,
+    arg4: typing.SupportsFloat | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_scale_shift(
+    arg0: typing.SupportsInt | typing.SupportsIndex,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsFloat | typing.SupportsIndex,
+    arg4: typing.SupportsFloat | typing.SupportsIndex,
+    arg5: str,
+) -> None: ...
+def cuda_set_stream(stream: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Runs the calling thread's CUDA ops on the current device on this stream (a raw cudaStream_t; sparkgrad.cuda passes CuPy's current stream before each op). No-op in the CPU build.
+    """
+
+def cuda_set_sync_each_op(on: bool) -> None:
+    """
+    Debug switch: every CUDA op waits for the device before it returns.
+    """
+
+def cuda_sync_each_op() -> bool:
+    """
+    Whether every CUDA op waits for the device.
+    """
+
+def cuda_threshold_commit(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    threshold: typing.SupportsFloat | typing.SupportsIndex,
+    entries: typing.SupportsInt | typing.SupportsIndex,
+    message: typing.SupportsInt | typing.SupportsIndex,
+) -> None:
+    """
+    Header of the sparse message holding `entries` selected entries; moves those elements of x by threshold.
+    """
+
+def cuda_threshold_select(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    threshold: typing.SupportsFloat | typing.SupportsIndex,
+    message: typing.SupportsInt | typing.SupportsIndex,
+) -> int:
+    """
+    Entries of every |x[i]| >= threshold into the payload of message: (4 + n,), ascending; returns their count.
+    """
+
+def cuda_updater_apply(
+    arg0: str,
+    arg1: typing.SupportsInt | typing.SupportsIndex,
+    arg2: typing.SupportsInt | typing.SupportsIndex,
+    arg3: typing.SupportsInt | typing.SupportsIndex,
+    arg4: typing.SupportsInt | typing.SupportsIndex,
+    arg5: typing.Annotated[
+        collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(7)"
+    ],
+    arg6: str,
+) -> None: ...
+def decode(message: typing.Any, target: typing.Any, flag: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    target += decoded message after validation; flag 0 sparse, 1 bitmap, -1 either.
+    """
+
+def dropout_backward(
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+) -> None:
+    """
+    dx = dy * mask.
+    """
+
+def dropout_forward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    retain: typing.SupportsFloat | typing.SupportsIndex,
+    seed: typing.SupportsInt | typing.SupportsIndex,
+) -> None:
+    """
+    Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.
+    """
+
+def elementwise_backward(
+    kind: str, inputs: list, dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]], dx: list
+) -> None:
+    """
+    dx[i] = dL/d inputs[i] from dy; max routes dy to the first maximal input.
+    """
+
+def elementwise_forward(
+    kind: str, inputs: list, y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]
+) -> None:
+    """
+    y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).
+    """
+
+def encode_smaller(
+    residual: typing.Any, threshold: typing.SupportsFloat | typing.SupportsIndex
+) -> tuple[numpy.typing.NDArray[numpy.int32], bool]:
+    """
+    Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap).
+    """
+
+def gemm(
+    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+    beta: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    out: typing.Any = None,
+) -> numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]:
+    """
+    Row-major GEMM through OpenBLAS: alpha * op(a) @ op(b) + beta * out.
+    """
+
+def global_pool_backward(
+    kind: str,
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    argmax: typing.Any = None,
+) -> None:
+    """
+    dx (N, C, H, W) from dy (N, C); max needs argmax.
+    """
+
+def global_pool_forward(
+    kind: str,
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    argmax: typing.Any = None,
+) -> None:
+    """
+    Global max / avg / sum pooling of x (N, C, H, W) into y (N, C).
+    """
+
+def l2_distance_backward(
+    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    da: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    da = dy (a - b) / max(y, eps), db = -da.
+    """
+
+def l2_distance_forward(
+    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+) -> None:
+    """
+    y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.
+    """
+
+def l2_normalize_backward(
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    norms: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    dx from y, norms and dy of l2_normalize_forward; dx may be dy.
+    """
+
+def l2_normalize_forward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    norms: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    y = x / max(||x_i||, eps) per example (row of the (N, ...) array); norms (N,).
+    """
+
+def loss_gradient(
+    loss: str,
+    activation: str,
+    labels: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    preout: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    grad: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: typing.Any = None,
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    grad (N, C) = d(example loss)/d(preout), times mask; not divided by N.
+    """
+
+def loss_score(
+    loss: str,
+    activation: str,
+    labels: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    preout: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    scores: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: typing.Any = None,
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    scores (N,) = per-example loss (sum over columns) of activation(preout) against labels, times mask.
+    """
+
+def lstm_backward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    cs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    act_c: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dh: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dgates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    drw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: typing.Any = None,
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    c0: typing.Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    gate_alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    first_step: typing.SupportsInt | typing.SupportsIndex = 0,
+) -> None:
+    """
+    Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); steps before first_step get no gradient (truncated BPTT).
+    """
+
+def lstm_forward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    cs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    act_c: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    c0: typing.Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    gate_alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    LSTM over x (N, T, C) with w (C, 4H), rw (H, 4H), b (4H), gate order [a, f, o, i] (DL4J): writes hs, cs, act_c (N, T, H) and the activated gates (N, T, 4H). mask (N, T) multiplies h and c per step.
+    """
+
+def max_threads() -> int:
+    """
+    Number of OpenMP threads native kernels use.
+    """
+
+def openmp_version() -> int:
+    """
+    The OpenMP specification date the core was built with.
+    """
+
+def pool2d_backward(
+    kind: str,
+    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    kernel_h: typing.SupportsInt | typing.SupportsIndex,
+    kernel_w: typing.SupportsInt | typing.SupportsIndex,
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+    argmax: typing.Any = None,
+) -> None:
+    """
+    dx (N, C, H, W) from dy (N, C, P, Q); max needs argmax.
+    """
+
+def pool2d_forward(
+    kind: str,
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    kernel_h: typing.SupportsInt | typing.SupportsIndex,
+    kernel_w: typing.SupportsInt | typing.SupportsIndex,
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+    argmax: typing.Any = None,
+) -> None:
+    """
+    Max / avg pooling of x (N, C, H, W) into y (N, C, P, Q).
+    """
+
+def regularize_gradient(
+    params: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    grad: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    l1: typing.SupportsFloat | typing.SupportsIndex,
+    l2: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    grad += l2 * params + l1 * sign(params), in place.
+    """
+
+def scale_shift(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+    shift: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    y = x * scale + shift; y may be x.
+    """
+
+def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Set the OpenMP and OpenBLAS thread counts for this process.
+    """
+
+def simple_rnn_backward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    act: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dh: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dz: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    drw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dx: typing.Any = None,
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    activation: str = "tanh",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    first_step: typing.SupportsInt | typing.SupportsIndex = 0,
+) -> None:
+    """
+    Backward of simple_rnn_forward given dh = dL/dhs (N, T, H): writes dz = dL/d(pre-activations), dw, drw, db and dx (if given); steps before first_step get no gradient (truncated BPTT).
+    """
+
+def simple_rnn_forward(
+    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    act: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    activation: str = "tanh",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    SimpleRnn over x (N, T, C) with w (C, H), rw (H, H), b (H): writes the outputs hs and act = the activations before the mask, both (N, T, H). mask (N, T) multiplies each step's output.
+    """
+
+def threshold_encode(
+    residual: typing.Any,
+    threshold: typing.SupportsFloat | typing.SupportsIndex,
+    boundary: typing.SupportsInt | typing.SupportsIndex = -1,
+) -> numpy.typing.NDArray[numpy.int32]:
+    """
+    Sparse threshold encoding of `residual` (modified in place); boundary < 0 means unlimited.
+    """
+
+def updater_apply(
+    kind: str,
+    gradient: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    state: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    iteration: typing.SupportsInt | typing.SupportsIndex,
+    learning_rate: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9,
+    beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999,
+    epsilon: typing.SupportsFloat | typing.SupportsIndex = 1e-08,
+    momentum: typing.SupportsFloat | typing.SupportsIndex = 0.9,
+    rms_decay: typing.SupportsFloat | typing.SupportsIndex = 0.95,
+    rho: typing.SupportsFloat | typing.SupportsIndex = 0.95,
+) -> None:
+    """
+    Turns the flat gradient (in place) into the update to subtract and advances the flat state.
+    """
+
+def updater_state_size(kind: str, n: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Length of the flat updater state for n parameters.
+    """
