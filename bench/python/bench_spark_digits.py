@@ -164,13 +164,24 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=40151)
     parser.add_argument("--lr", type=float, default=LR, help="Adam learning rate for every contender")
     parser.add_argument("--dl4j", action="store_true", help="add SharedTrainingMaster with DL4J's defaults")
+    parser.add_argument(
+        "--fixed-start",
+        action="store_true",
+        help="add SharedTrainingMaster whose threshold starts at 2e-2 (start_at_target=False, DL4J's start)",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession
 
-    from sparkgrad.compress import AdaptiveThresholdAlgorithm, ResidualClippingPostProcessor
+    from sparkgrad.compress import (
+        DEFAULT_INITIAL_THRESHOLD,
+        DEFAULT_SPARSITY_TARGET,
+        AdaptiveThresholdAlgorithm,
+        ResidualClippingPostProcessor,
+        TargetSparsityThresholdAlgorithm,
+    )
     from sparkgrad.datasets import load_digits
     from sparkgrad.spark import (
         DefaultRepartitioner,
@@ -215,6 +226,14 @@ def main() -> int:
             threshold_algorithm=AdaptiveThresholdAlgorithm(),
             residual_post_processor=ResidualClippingPostProcessor(),
             repartitioner=DefaultRepartitioner(),
+        )
+    if args.fixed_start:
+        contenders["SharedTrainingMaster (threshold from 2e-2)"] = lambda seed: SharedTrainingMaster(
+            void,
+            batch_size_per_worker=BATCH,
+            threshold_algorithm=TargetSparsityThresholdAlgorithm(
+                DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=False
+            ),
         )
     runs: dict[str, list[dict]] = {name: [] for name in [*contenders, "TorchDistributor DDP (gloo)"]}
     try:
