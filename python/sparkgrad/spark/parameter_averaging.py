@@ -409,11 +409,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def _fit_job_per_round(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         data: TrainingData,
         stats: SparkTrainingStats | None,
         epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_callback: Callable[[int, N], Any] | None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None,
     ) -> tuple[float, int]:
         """DL4J's fit: a Spark job per averaging round. Returns (the last epoch's score, epochs trained)."""
@@ -447,11 +447,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def _fit_one_job(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         data: TrainingData,
         stats: SparkTrainingStats | None,
         epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_callback: Callable[[int, N], Any] | None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None,
     ) -> tuple[float, int]:
         """Every round of the fit in one barrier job, averaging over the transport (module docstring).

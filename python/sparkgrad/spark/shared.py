@@ -189,7 +189,7 @@ def _run_watched(
         if progress is not None:
             progress.refresh()
         epoch = controller.next_finished_epoch(_WATCH_INTERVAL_S) if on_epoch else None
-        if epoch is None:
+        if on_epoch is None or epoch is None:
             thread.join(0 if on_epoch else _WATCH_INTERVAL_S)
         else:
             stop = True
@@ -220,7 +220,7 @@ def _task_slots(sc: SparkContext) -> int:
     from py4j.protocol import Py4JError
 
     try:
-        jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+        jsc = sc._jsc.sc()
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
     except Py4JError:  # an internal API: versions without it fall back to the configuration
         slots = 0
@@ -309,12 +309,12 @@ class ControllerFit(ABC):
     def _run_job(
         self,
         sc: SparkContext,
-        network: MultiLayerNetwork,
+        network: N,
         units: Any,
         data: Any,
         stats: SparkTrainingStats | None,
         epochs: int,
-        epoch_callback: Callable[[int, MultiLayerNetwork], Any] | None,
+        epoch_callback: Callable[[int, N], Any] | None,
         slots: int,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
     ) -> tuple[dict[int, WorkerResult], Controller]:
@@ -411,9 +411,8 @@ class ControllerFit(ABC):
                 else:  # more partitions than slots: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):
                         train = shared_partition(bc, epoch, 1)
-                        for part in _run_watched(
-                            sc, controller, lambda t=train: units.mapPartitions(t).collect(), None, progress
-                        ):
+                        action = units.mapPartitions(train).collect  # the job starts in _run_watched
+                        for part in _run_watched(sc, controller, action, None, progress):
                             results = _latest(results, part)
                         if on_epoch(epoch):
                             break
@@ -684,7 +683,9 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         updater = mean_or_none(total, len(workers))
         if updater is not None and updater.size:
             network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
-        reducer = workers[0].threshold_algorithm.new_reducer()
+        first = workers[0].threshold_algorithm
+        assert first is not None  # a gradient-sharing worker always reports its algorithm (None: averaging)
+        reducer = first.new_reducer()
         for r in workers:
             reducer.add(r.threshold_algorithm)
         self._threshold_state = reducer.final_result()

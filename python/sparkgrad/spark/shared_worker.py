@@ -278,6 +278,7 @@ class SharedWorker:
         )
         try:
             params, iteration, epoch = self.conn.hello({"host": socket.gethostname(), "pid": os.getpid()})
+            assert params is not None  # hello() omits them only for a worker that says has_initial_params
             self.joined_epoch = epoch  # epochs before it are finished: a retried task starts here
             snap = job.snapshot
             # a late or restarted worker continues from the latest updater state a worker reported
@@ -309,6 +310,8 @@ class SharedWorker:
     def _connection_options(self) -> dict[str, Any]:
         """The WorkerConnection options of this kind of worker."""
         job = self.job
+        # a gradient-sharing job always carries the master's algorithm (None only for AveragingWorker's)
+        assert job.threshold_algorithm is not None
         return {
             "relay_host": _relay_host(job.host, job.port) if job.mesh else None,
             "on_params": self._take_params,
@@ -635,7 +638,7 @@ class AveragingWorker(SharedWorker):
             values = to_host(self.net.params())
             if self._state_size():
                 values = np.concatenate([values, to_host(self.net.updater_state())])
-        report = {
+        report: dict[str, object] = {
             "partition": partition,
             "minibatches": minibatches,
             "score": self.last_score if minibatches else None,
@@ -679,9 +682,12 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
     def run(units: Iterable[Any]) -> Iterator[dict[int, WorkerResult]]:
         from pyspark import TaskContext
 
+        context = TaskContext.get()
+        if context is None:
+            raise TrainingError("shared_partition: must run inside a Spark task (TaskContext.get() is None)")
         worker = _worker_for(job_bc.value)
         try:
-            result = worker.run_task(units, TaskContext.get().partitionId(), first_epoch, epochs)
+            result = worker.run_task(units, context.partitionId(), first_epoch, epochs)
         except BaseException:
             # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
             _WORKERS.pop(job_bc.value.job_id, None)

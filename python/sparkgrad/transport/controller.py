@@ -176,7 +176,9 @@ class Controller:
         signer: ControllerSigner | None = None,
     ) -> None:
         if decode is None:
-            from sparkgrad.compress import decode as decode
+            from sparkgrad.compress import decode as default_decode
+
+            decode = default_decode
         if averaging:
             if mesh:
                 raise ValueError("mesh: averaging rounds use the PLAIN topology")
@@ -197,7 +199,7 @@ class Controller:
         self.retrained_minibatches = 0
         self.updates_by_worker: dict[int, int] = {}
         self._scratch = np.zeros_like(self._params)
-        self._decode = decode
+        self._decode: Callable[[np.ndarray, np.ndarray], None] = decode
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
@@ -493,7 +495,9 @@ class Controller:
             self._rejoin_notice(sender, identity)
 
     def _params_frame(self, recipient: int, current: bool = True) -> bytearray:
-        payload = self._params.astype(self._params.dtype.newbyteorder("<"), copy=False) if current else b""
+        payload = (
+            self._params.astype(self._params.dtype.newbyteorder("<"), copy=False).data if current else b""
+        )
         # not current: nothing applied yet, the worker's own copy of the initial parameters is current
         return encode_frame(
             self._key,
@@ -654,13 +658,14 @@ class Controller:
 
     def _state_frame(self, recipient: int) -> bytearray:
         state = self._updater_state
+        assert state is not None  # sent only once a worker's report was stored in it (_store_updater_state)
         return encode_frame(
             self._key,
             MessageType.UPDATER_STATE,
             self.job_id,
             CONTROLLER_ID,
             self._next_seq(),
-            state.astype(state.dtype.newbyteorder("<"), copy=False),
+            state.astype(state.dtype.newbyteorder("<"), copy=False).data,
             iteration=self._updater_state_iteration,
             epoch=self.epoch,
             flags=float_flag(state),
@@ -850,6 +855,7 @@ class Controller:
         if given:
             total = np.zeros(self._average_size, np.float64)
             for c in given:  # partition order: the sum does not depend on the order of arrival
+                assert c.values is not None  # given holds only the contributions with values
                 total += c.values
             mean = (total / len(given)).astype(self._params.dtype)
             score = float(np.mean([c.score for c in given]))

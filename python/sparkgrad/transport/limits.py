@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import numpy as np
 import zmq
@@ -281,7 +282,7 @@ def all_finite(values: np.ndarray) -> bool:
     return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
     """A JSON value that is a non-negative int (bools are not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

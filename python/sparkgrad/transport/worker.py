@@ -616,7 +616,7 @@ class WorkerConnection(MeshRelay):
         state = np.ascontiguousarray(state, dtype=state.dtype.newbyteorder("<"))
         return self._send(
             MessageType.UPDATER_STATE,
-            memoryview(state).cast("B"),
+            state.data.cast("B"),
             iteration=iteration,
             flags=float_flag(state),
         )
@@ -624,7 +624,7 @@ class WorkerConnection(MeshRelay):
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
         """Send one encoded int32 update; returns the frame size in bytes."""
         message = np.ascontiguousarray(message, dtype="<i4")
-        size = self._send(MessageType.UPDATE, memoryview(message), iteration=iteration, epoch=epoch)
+        size = self._send(MessageType.UPDATE, message.data, iteration=iteration, epoch=epoch)
         self.counters.update_bytes += size
         self.counters.update_frames += 1
         return size
