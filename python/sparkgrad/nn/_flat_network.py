@@ -412,6 +412,7 @@ class FlatNetwork:
             total = float(xp.sum(self._params, dtype=xp.float64))
         return math.isfinite(total) or bool(xp.isfinite(self._params).all())
 
+    @on_device
     def apply_update(self, update: Any) -> None:
         """``params -= update`` in place (``update``: a device array, or a host array copied across)."""
         self._require_init()
