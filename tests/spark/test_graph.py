@@ -123,6 +123,13 @@ def train_rdd(spark, data):
     rdd.unpersist()
 
 
+# Gradient sharing's final accuracy in the test below over 16 runs on local[2]: 0.905-0.942, mean 0.926,
+# standard deviation 0.013 (the standard error of an accuracy near 0.92 on 359 test digits alone is 0.014);
+# one run beside two CPU burners ended at 0.880, so 0.9 failed a healthy run. The floor is five of those
+# deviations below the mean: still far above what an untrained or half-trained graph reaches (0.1, 0.8).
+GRAPH_ACCURACY_FLOOR = 0.86
+
+
 def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd) -> None:
     train, test = data
     # Adam(3e-3): with 2 asynchronous workers the larger default step of the other tests makes the test
@@ -140,7 +147,7 @@ def test_both_masters_train_the_graph_from_multidatasets(spark, data, train_rdd)
             net = model.fit_multi_data_set(train_rdd, epochs=EPOCHS)
             assert net is model.network and net.epoch_count == EPOCHS
             accuracy = net.evaluate(test).accuracy()
-            assert accuracy >= 0.9, (name, accuracy)
+            assert accuracy >= GRAPH_ACCURACY_FLOOR, (name, accuracy)
             # both outputs learned: the summed loss fell well below the start's
             assert net.score(test) < 0.5 * initial, name
             assert np.isfinite(model.score())
