@@ -288,19 +288,28 @@ def test_conv2d_chunks_large_batches_like_small_ones():
 
 
 @pytest.mark.parametrize(
-    ("stride", "pad", "out"),
-    [((1, 1), (0, 0), (3, 4)), ((2, 1), (1, 1), (3, 5)), ((2, 2), (0, 1), (2, 3))],  # last: "same" on 4x5
+    ("x_shape", "w_shape", "stride", "pad", "out", "algorithm"),
+    [
+        ((2, 2, 4, 5), (3, 2, 2, 2), (1, 1), (0, 0), (3, 4), "auto"),
+        ((2, 2, 4, 5), (3, 2, 2, 2), (2, 1), (1, 1), (3, 5), "auto"),
+        ((2, 2, 4, 5), (3, 2, 2, 2), (2, 2), (0, 1), (2, 3), "auto"),  # "same" on 4x5
+        # Winograd F(2x2, 3x3), forced on shapes below its automatic channel count, with every padding
+        ((2, 3, 5, 6), (2, 3, 3, 3), (1, 1), (1, 1), (5, 6), "winograd"),
+        ((2, 3, 5, 6), (2, 3, 3, 3), (1, 1), (0, 2), (3, 8), "winograd"),
+        ((2, 3, 5, 6), (2, 3, 3, 3), (1, 1), (2, 0), (7, 4), "winograd"),
+    ],
 )
-def test_conv2d_backward_matches_numerical_gradient(stride, pad, out):
+def test_conv2d_backward_matches_numerical_gradient(x_shape, w_shape, stride, pad, out, algorithm):
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 2, 4, 5))
-    wt = rng.standard_normal((3, 2, 2, 2))
-    b = rng.standard_normal(3)
-    dy = rng.standard_normal((2, 3, *out))
-    kw = conv_kwargs(stride, pad)
+    x = rng.standard_normal(x_shape)
+    wt = rng.standard_normal(w_shape)
+    n_out = w_shape[0]
+    b = rng.standard_normal(n_out)
+    dy = rng.standard_normal((x_shape[0], n_out, *out))
+    kw = {**conv_kwargs(stride, pad), "algorithm": algorithm}
 
     def objective(x_, w_):
-        y = np.empty((2, 3, *out))
+        y = np.empty((x_shape[0], n_out, *out))
         _core.conv2d_forward(x_, w_, b, y, **kw)
         return float((y * dy).sum())
 
@@ -313,7 +322,7 @@ def test_conv2d_backward_matches_numerical_gradient(stride, pad, out):
     np.testing.assert_allclose(
         dw, ref.numerical_gradient(lambda v: objective(x, v), wt.copy()), rtol=1e-6, atol=1e-8
     )
-    db = np.empty(3)
+    db = np.empty(n_out)
     _core.bias_grad(dy, db)
     np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)))
 
