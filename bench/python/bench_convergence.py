@@ -12,7 +12,10 @@ after every epoch:
 - ``sqrt`` / ``mean`` / ``sum``: ParallelWrapper's ``shared_gradients`` mode with ``workers`` threads (the
   in-process transport of SharedTrainingMaster's worker step: threshold-encoded messages, delivered
   asynchronously) and the default threshold algorithm at ``--sparsity``, combining the workers' updates
-  scaled by 1/sqrt(N) (sparkgrad's default), by their mean, or by their sum (DL4J, Strom).
+  scaled by 1/sqrt(N) (sparkgrad's default), by their mean, or by their sum (DL4J, Strom);
+- ``masked``: ``sqrt`` with momentum factor masking (a worker's Nesterov velocity zeroed where its message
+  sent; for updaters without a velocity the same algorithm as ``sqrt``, so the two show the run-to-run
+  noise of the asynchronous delivery).
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -73,6 +76,8 @@ UPDATERS: dict[str, Callable[[], Any]] = {
 }
 
 
+# gradient-sharing contenders: (update_combination, momentum_masking)
+SHARED = {**{c: (c, False) for c in UPDATE_COMBINATIONS}, "masked": ("sqrt", True)}
 PA_FREQUENCY = 5  # the "pa" contender averages every 5 minibatches per worker (DL4J's example setting)
 
 
@@ -137,14 +142,19 @@ def run(
         trainer = ParallelWrapper(
             net, workers=workers, training_mode="averaging", averaging_frequency=PA_FREQUENCY
         )
-    elif contender in UPDATE_COMBINATIONS:
+    elif contender in SHARED:
+        combination, masking = SHARED[contender]
         algorithm = dataclasses.replace(default_threshold_algorithm(), sparsity_target=sparsity)
         trainer = ParallelWrapper(
-            net, workers=workers, update_combination=contender, threshold_algorithm=algorithm
+            net,
+            workers=workers,
+            update_combination=combination,
+            threshold_algorithm=algorithm,
+            momentum_masking=masking,
         )
     start = time.perf_counter()
     trainer.fit(data, epochs=epochs)
-    sent = trainer.bytes_sent / workers / epochs if contender in UPDATE_COMBINATIONS else None
+    sent = trainer.bytes_sent / workers / epochs if contender in SHARED else None
     return {
         "accuracy": listener.history,
         "seconds": time.perf_counter() - start,
@@ -210,6 +220,7 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
         "sqrt": ("tab:purple", "-"),
         "mean": ("tab:green", "-."),
         "sum": ("tab:red", ":"),
+        "masked": ("tab:gray", "-"),
     }
     n = max(workers)
     for row, model in enumerate(models):

@@ -134,6 +134,9 @@ class ParallelWrapper:
         update_combination: ``"shared_gradients"`` mode: how the workers' updates combine, as
             SharedTrainingMaster's: ``"sqrt"`` (default: each update divided by ``sqrt(workers)``),
             ``"mean"`` or ``"sum"`` (DL4J's); see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+        momentum_masking: ``"shared_gradients"`` mode: as SharedTrainingMaster's, zero a worker's Nesterov
+            velocity where its message sent the parameter (Deep Gradient Compression's momentum factor
+            masking; default False, DL4J's behaviour).
         devices: one device per worker (``"cpu"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`;
             a device may repeat); default: every worker on the wrapped network's device. For one worker
             per GPU: ``[f"cuda:{gpu.index}" for gpu in sparkgrad.cuda.devices()]``.
@@ -156,6 +159,7 @@ class ParallelWrapper:
         residual_post_processor: ResidualPostProcessor | None = None,
         devices: Sequence[Any] | None = None,
         update_combination: str = DEFAULT_UPDATE_COMBINATION,
+        momentum_masking: bool = False,
     ) -> None:
         required = _FLAT_API + (("device", "to") if devices is not None else ())
         missing = [name for name in required if not hasattr(network, name)]
@@ -191,6 +195,9 @@ class ParallelWrapper:
             )
         self.update_scale = update_scale(update_combination, self.workers)
         self.update_combination = update_combination
+        if not isinstance(momentum_masking, bool):
+            raise ValueError(f"momentum_masking: expected a bool, got {momentum_masking!r}")
+        self.momentum_masking = momentum_masking
         self.threshold_algorithm = threshold_algorithm or default_threshold_algorithm()
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
@@ -389,6 +396,8 @@ class ParallelWrapper:
             if peer is not worker:
                 peer.inbox.put(message)
         self._apply_message(worker, message)
+        if self.momentum_masking:
+            net.mask_momentum(worker.scratch)  # the scratch holds the message decoded
         master = self.network
         with self._master_lock:
             self.bytes_sent += message.nbytes

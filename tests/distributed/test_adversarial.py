@@ -25,6 +25,7 @@ from wire_helpers import (
     sparse_decode,
     sparse_message,
     wait_until,
+    worker_job,
 )
 
 from sparkgrad.errors import TransportError
@@ -796,7 +797,6 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
     from sparkgrad.compress import FixedThresholdAlgorithm
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
     from sparkgrad.spark import shared_worker
-    from sparkgrad.spark.common import NetworkSnapshot
 
     def overflowing_apply(message: np.ndarray, network, scratch) -> None:
         scratch.fill(0)
@@ -816,23 +816,7 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
     net.set_params(start)
     n, job = start.size, 0x501
     with controller(start, job, free_port, decode=compress.decode) as ctl:
-        spark_job = shared_worker.SharedJob(
-            job_id=job,
-            secret=SECRET,
-            controller_key=CONTROLLER_KEY,
-            host="127.0.0.1",
-            port=free_port,
-            transport=FAST,
-            snapshot=NetworkSnapshot.of(net),
-            kind="dataset",
-            loader=None,
-            batch_size=16,
-            prefetch=0,
-            collect_stats=False,
-            barrier=False,
-            shuffle_seed=0,
-            threshold_algorithm=FixedThresholdAlgorithm(1.0),
-        )
+        spark_job = worker_job(net, job, free_port, threshold_algorithm=FixedThresholdAlgorithm(1.0))
         worker = shared_worker.SharedWorker(spark_job, "cpu")
         sender = WorkerConnection(
             "127.0.0.1", free_port, job, 7, SECRET, n, FAST, controller_key=CONTROLLER_KEY

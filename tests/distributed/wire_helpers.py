@@ -50,6 +50,31 @@ def controller(params: np.ndarray, job: int, port: int, **kw) -> Controller:
     return Controller(params, job, SECRET, "127.0.0.1", port, kw.pop("config", FAST), **kw)
 
 
+def worker_job(net, job: int, port: int, **options):
+    """The SharedJob a SharedTrainingMaster sends its executors, for a worker of ``net`` talking to the
+    test controller of ``job`` on ``port`` (``options``: the gradient-sharing fields)."""
+    from sparkgrad.spark.common import NetworkSnapshot
+    from sparkgrad.spark.shared_worker import SharedJob
+
+    return SharedJob(
+        job_id=job,
+        secret=SECRET,
+        controller_key=CONTROLLER_KEY,
+        host="127.0.0.1",
+        port=port,
+        transport=FAST,
+        snapshot=NetworkSnapshot.of(net),
+        kind="dataset",
+        loader=None,
+        batch_size=16,
+        prefetch=0,
+        collect_stats=False,
+        barrier=False,
+        shuffle_seed=0,
+        **options,
+    )
+
+
 def raw_dealer(ctx: zmq.Context, port: int) -> zmq.Socket:
     """A bare DEALER socket on the controller's port: sends whatever bytes a test forges."""
     sock = ctx.socket(zmq.DEALER)

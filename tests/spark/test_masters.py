@@ -226,6 +226,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         storage_level="memory_and_disk",
         rng_seed=4,
         encoding_debug_mode=True,
+        momentum_masking=True,
     )
     pa = ParameterAveragingTrainingMaster(
         num_workers=3,
@@ -259,6 +260,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"mesh_build_mode": "ring"}, "mesh_build_mode"),
         (SharedTrainingMaster, {"staleness_bound": 1}, "staleness_bound"),
         (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
+        (SharedTrainingMaster, {"momentum_masking": 1}, "momentum_masking"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
     ],
@@ -270,6 +272,14 @@ def test_bad_master_options_name_the_field(cls, kwargs, field) -> None:
         text = cls().to_json().replace('"rng_seed"', '"no_such_field"')
         with pytest.raises(ValueError, match="no_such_field"):
             cls.from_json(text)
+
+
+def test_momentum_masking_reaches_the_workers_job() -> None:
+    """The option travels in the job the executors train by (the worker's use of it:
+    tests/distributed/test_worker_masking.py)."""
+    for masking in (True, False):
+        options = SharedTrainingMaster(momentum_masking=masking)._job_options(2, 2)
+        assert options["momentum_masking"] is masking
 
 
 def test_controller_address_resolution_order(monkeypatch) -> None:

@@ -277,6 +277,27 @@ class FlatNetwork:
         self._require_init()
         self._copy_into(self._state, flat, "updater state")
 
+    @on_device
+    def mask_momentum(self, sent: Any) -> None:
+        """Deep Gradient Compression's momentum factor masking (Lin et al. 2018): zeroes the velocity of
+        every parameter whose element of ``sent`` is non-zero, so momentum built up before a parameter's
+        update was sent does not keep pushing it afterwards. Only updaters with a velocity
+        (``Updater.masks_momentum``: Nesterovs) are masked; other state is left alone.
+
+        Args:
+            sent: a flat vector of ``num_params()`` elements on the network's device: a worker's own
+                decoded message (non-zero exactly where it sent an update).
+        """
+        self._require_init()
+        if sent.shape != self._params.shape:
+            raise ValueError(
+                f"sent: expected a flat vector of length {self._n_params}, got shape {sent.shape}"
+            )
+        for block in self._blocks:
+            if block.updater.masks_momentum:
+                velocity = self._state[block.state_start : block.state_start + block.stop - block.start]
+                velocity[sent[block.start : block.stop] != 0] = 0
+
     def _copy_into(self, dest: Any, flat: Any, name: str) -> None:
         device = self._device
         arr = device.asarray(flat) if device.owns(flat) or is_gpu_array(flat) else np.asarray(flat)

@@ -21,6 +21,9 @@ class Updater(Config):
     """Base of every updater config: ``kind`` names the kernel, ``learning_rate`` scales weight decay."""
 
     kind: ClassVar[str] = ""
+    # Whether the first ``n`` elements of the state are a velocity that gradient sharing zeroes where a
+    # worker's message sent the parameter (DGC's momentum factor masking, FlatNetwork.mask_momentum).
+    masks_momentum: ClassVar[bool] = False
     learning_rate: float
 
     def kernel_kwargs(self) -> dict[str, float]:
@@ -77,9 +80,11 @@ class Sgd(Updater):
 
 @dataclasses.dataclass
 class Nesterovs(Updater):
-    """Nesterov momentum (DL4J formulation)."""
+    """Nesterov momentum (DL4J formulation). Its state is the velocity, which gradient sharing masks
+    where a message sent the parameter when asked to (``momentum_masking`` of the masters)."""
 
     kind: ClassVar[str] = "nesterovs"
+    masks_momentum: ClassVar[bool] = True
     learning_rate: float = 0.1
     momentum: float = 0.9
 

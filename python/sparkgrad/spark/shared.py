@@ -510,6 +510,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
             full size, N workers taking about N times the step). The convergence study of the performance
             guide compares them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+        momentum_masking: after a worker sends its update, zero its Nesterov velocity wherever the
+            message sent the parameter (Deep Gradient Compression's momentum factor masking, Lin et al.
+            2018; default False, DL4J's behaviour). On the digits study it reached the target about an
+            epoch sooner with an MLP and a CNN at 2-8 workers, and ended the LSTM lower (0.918 against
+            0.935 at 2 workers), so it is an option, not the default. Other updaters are unaffected.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -534,6 +539,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     progress: bool = True
     worker_device: str = "auto"
     update_combination: str = DEFAULT_UPDATE_COMBINATION
+    momentum_masking: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -542,6 +548,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             )
         self.batch_size_per_worker = check_int("batch_size_per_worker", self.batch_size_per_worker, minimum=1)
         update_scale(self.update_combination, 1)  # checks the name
+        if not isinstance(self.momentum_masking, bool):
+            raise ValueError(f"momentum_masking: expected a bool, got {self.momentum_masking!r}")
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -666,6 +674,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
             "staleness_window": self.staleness_bound // 2,
             "update_scale": update_scale(self.update_combination, min(partitions, slots)),
+            "momentum_masking": self.momentum_masking,
         }
 
     def _epoch_state(self, network: Any, controller: Controller) -> None:

@@ -115,6 +115,7 @@ class SharedJob:
     mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
+    momentum_masking: bool = False  # zero the velocity where a message sent (FlatNetwork.mask_momentum)
     # parameter averaging
     averaging: AveragingRounds | None = None
 
@@ -401,6 +402,8 @@ class SharedWorker:
         if message is not None:
             sent = self.conn.send_update(message, iteration, epoch)
             self._apply_message(message)
+            if self.job.momentum_masking:
+                self.net.mask_momentum(self._scratch)  # the scratch holds the message decoded
         self.minibatches += 1
         if self.job.staleness_window:
             with Timer(stats, WORKER_PEERS):
