@@ -37,7 +37,7 @@ from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
-from sparkgrad.nn._runtime import build_runtime
+from sparkgrad.nn._runtime import InferenceFold, build_runtime, inference_folds
 from sparkgrad.nn.conf import BackpropType
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.listeners import TrainingListener
@@ -77,6 +77,11 @@ class FlatNetwork:
     """
 
     _conf_class: ClassVar[type[Any]]  # the configuration type this network takes (and ``load`` parses)
+    #: Inference (``output``, ``score``, evaluation; not training) runs a convolution whose output only
+    #: a batch norm reads, that batch norm and an identity/relu ActivationLayer reading only the batch
+    #: norm as ONE convolution with the batch norm folded into its weights and bias (the same results
+    #: up to float rounding). False: every layer runs on its own, as in training.
+    fold_batch_norm: bool = True
 
     def __init__(self, conf: Any, device: Any = "cpu") -> None:
         if not isinstance(conf, self._conf_class):
@@ -102,6 +107,11 @@ class FlatNetwork:
 
     def score(self, dataset: Any = None) -> float:
         """The score (loss plus penalties) of ``dataset``, or of the last training minibatch."""
+        raise NotImplementedError  # every network type overrides this
+
+    def _sole_consumers(self) -> dict[Any, Any]:
+        """{unit key: key of the one layer that alone reads that unit's output}: where nothing else
+        (no vertex, no second layer, no network output) does."""
         raise NotImplementedError  # every network type overrides this
 
     def evaluate(self, data: Any) -> Any:
@@ -169,6 +179,14 @@ class FlatNetwork:
             self._runtimes.append(runtime)
             if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
                 self._stats.append((slice(entries[2][1], entries[-1][2]), runtime))
+        self._folds = inference_folds(self._units, self._runtimes, self._sole_consumers())
+
+    def _inference_plan(self, train: bool) -> tuple[dict[Any, InferenceFold], set[Any]]:
+        """(the folds a forward pass runs, keyed by their convolution's unit; the keys of the units
+        they absorb, which the pass skips): none in training or with ``fold_batch_norm`` off."""
+        if train or not self.fold_batch_norm:
+            return {}, set()
+        return self._folds, {key for fold in self._folds.values() for key in fold.absorbed}
 
     @property
     def device(self) -> Device:
