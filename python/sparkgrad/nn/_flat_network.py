@@ -77,11 +77,12 @@ class FlatNetwork:
     """
 
     _conf_class: ClassVar[type[Any]]  # the configuration type this network takes (and ``load`` parses)
-    #: Inference (``output``, ``score``, evaluation; not training) runs a convolution whose output only
-    #: a batch norm reads, that batch norm and an identity/relu ActivationLayer reading only the batch
-    #: norm as ONE convolution with the batch norm folded into its weights and bias (the same results
-    #: up to float rounding). False: every layer runs on its own, as in training.
     fold_batch_norm: bool = True
+    """Inference (``output``, ``score``, evaluation; not training) runs a convolution with the identity
+    activation whose output only a BatchNormalization reads, that batch norm and an identity or relu
+    ActivationLayer reading only the batch norm as ONE convolution, the batch norm folded into its
+    weights and bias (the same results up to float rounding). Set False on a network to run every
+    layer on its own, as training does."""
 
     def __init__(self, conf: Any, device: Any = "cpu") -> None:
         if not isinstance(conf, self._conf_class):
