@@ -603,13 +603,15 @@ class FlatNetwork:
 
     @on_device
     def clone(self: N) -> N:
-        """An independent copy on the same device: configuration, parameters, updater state and counters."""
+        """An independent copy on the same device: configuration, parameters, updater state, counters and
+        ``fold_batch_norm``."""
         self._require_init()
         net = type(self)(copy.deepcopy(self.conf), device=self._device).init(self._params)
         net.set_updater_state(self._state)
         net.iteration_count, net.epoch_count = self.iteration_count, self.epoch_count
         net._dropout_seed = self._dropout_seed
         net._last_score = self._last_score
+        net.fold_batch_norm = self.fold_batch_norm
         return net
 
 

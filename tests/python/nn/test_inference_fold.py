@@ -201,3 +201,10 @@ def test_the_fold_follows_training() -> None:
     folded, unfused = _folded_and_unfused(net, x, graph=False)
     assert not np.allclose(folded, before)
     np.testing.assert_allclose(folded, unfused, rtol=1e-12, atol=1e-12)
+
+
+def test_clone_keeps_the_fold_setting() -> None:
+    net = _mln(3, 4, np.float32, [ActivationLayer("relu"), LossLayer(activation="identity", loss="mse")])
+    net.fold_batch_norm = False
+    assert net.clone().fold_batch_norm is False
+    assert _mln(3, 4, np.float32, [LossLayer(activation="identity", loss="mse")]).clone().fold_batch_norm
