@@ -156,7 +156,18 @@ SPARKGRAD_FORCE_INLINE Tile locate(const Conv2dShape& g, std::int64_t t) {
   return {t / per_image, 2 * (rem / tiles_w), 2 * (rem % tiles_w)};
 }
 
-// v[(i * c + ch) * kXi ...] = B^T d B of tile first + i, channel ch, for `count` tiles.
+// The 4x4 patch at `at` (its top-left) of a plane with `cols` columns, all of it inside.
+template <typename T>
+SPARKGRAD_FORCE_INLINE Vec<T> inner_patch(const T* at, std::int64_t cols) {
+  Row<T> r[4];
+  for (int i = 0; i < 4; ++i) std::memcpy(&r[i], at + i * cols, sizeof r[i]);
+  return __builtin_shufflevector(__builtin_shufflevector(r[0], r[1], 0, 1, 2, 3, 4, 5, 6, 7),
+                                 __builtin_shufflevector(r[2], r[3], 0, 1, 2, 3, 4, 5, 6, 7), 0, 1, 2, 3, 4, 5, 6, 7,
+                                 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// v[(i * c + ch) * kXi ...] = B^T d B of tile first + i, channel ch, for `count` tiles. A tile whose patch
+// lies inside the image (most of them) loads its rows without the per-row bounds checks.
 template <typename T>
 SPARKGRAD_FORCE_INLINE void transform_inputs(const Conv2dShape& g, std::int64_t first, std::int64_t count, const T* x,
                                              T* v) {
@@ -164,11 +175,36 @@ SPARKGRAD_FORCE_INLINE void transform_inputs(const Conv2dShape& g, std::int64_t 
   for (std::int64_t i = 0; i < count; ++i) {
     const Tile t = locate(g, first + i);
     const T* image = x + t.image * g.c * hw;
-    for (std::int64_t ch = 0; ch < g.c; ++ch) {
-      store(v + (i * g.c + ch) * kXi,
-            input_transform<T>(input_patch(image + ch * hw, g.h, g.w, t.row - g.pad_top, t.col - g.pad_left)));
+    const std::int64_t row = t.row - g.pad_top, col = t.col - g.pad_left;
+    T* out = v + i * g.c * kXi;
+    if (row >= 0 && row + 4 <= g.h && col >= 0 && col + 4 <= g.w) {
+      const T* at = image + row * g.w + col;
+      for (std::int64_t ch = 0; ch < g.c; ++ch) store(out + ch * kXi, input_transform<T>(inner_patch(at + ch * hw, g.w)));
+    } else {
+      for (std::int64_t ch = 0; ch < g.c; ++ch) {
+        store(out + ch * kXi, input_transform<T>(input_patch(image + ch * hw, g.h, g.w, row, col)));
+      }
     }
   }
+}
+
+// Stores the 2x2 outputs of tile t, output channel kk, from lanes L, L+1 (top) and L+4, L+5 (bottom) of
+// `out`, where they fall inside y.
+template <int L, typename T>
+SPARKGRAD_FORCE_INLINE void store_tile(const Conv2dShape& g, const Tile& t, std::int64_t kk, const Vec<T>& out, T* y) {
+  T* at = y + ((t.image * g.k + kk) * g.p + t.row) * g.q + t.col;
+  const bool right = t.col + 1 < g.q, below = t.row + 1 < g.p;
+  if (right && below) {  // a whole tile (every tile of an even-sized output): two stores of two values
+    typedef T Pair __attribute__((vector_size(2 * sizeof(T))));
+    const Pair top = __builtin_shufflevector(out, out, L, L + 1);
+    const Pair bottom = __builtin_shufflevector(out, out, L + 4, L + 5);
+    std::memcpy(at, &top, sizeof top);
+    std::memcpy(at + g.q, &bottom, sizeof bottom);
+    return;
+  }
+  at[0] = out[L];
+  if (right) at[1] = out[L + 1];
+  if (below) at[g.q] = out[L + 4];
 }
 
 // The forward's tail for tile t, output channel kk: A^T m A + bias, relu, stored where inside y.
@@ -177,12 +213,28 @@ SPARKGRAD_FORCE_INLINE void store_outputs(const Conv2dShape& g, const Tile& t, s
                                           T bias, bool relu, T* y) {
   Vec<T> out = output_transform<T>(m) + bias;
   if (relu) out = out > T(0) ? out : T(0);
-  T* at = y + ((t.image * g.k + kk) * g.p + t.row) * g.q + t.col;
-  const bool right = t.col + 1 < g.q, below = t.row + 1 < g.p;
-  at[0] = out[0];
-  if (right) at[1] = out[1];
-  if (below) at[g.q] = out[4];
-  if (right && below) at[g.q + 1] = out[5];
+  store_tile<0>(g, t, kk, out, y);
+}
+
+// The same for two tiles ta, tb of one output channel at once: A^T m has two useful rows, so the two
+// tiles' rows share one vector (a's in rows 0-1, b's in rows 2-3) and the column stage, bias and relu
+// run once for both. Every value sees the same operations in the same order as in output_transform.
+template <typename T>
+SPARKGRAD_FORCE_INLINE void store_output_pair(const Conv2dShape& g, const Tile& ta, const Tile& tb, std::int64_t kk,
+                                              const Vec<T>& ma, const Vec<T>& mb, T bias, bool relu, T* y) {
+  const Vec<T> minus = row_signs<T>(1, -1, 1, -1), minus_c = column_signs<T>(1, -1, 1, -1);
+  // rows (R0, R1) of a then (R0, R1) of b
+#define SPARKGRAD_ROWS(R0, R1)                                                                                     \
+  __builtin_shufflevector(ma, mb, 4 * R0, 4 * R0 + 1, 4 * R0 + 2, 4 * R0 + 3, 4 * R1, 4 * R1 + 1, 4 * R1 + 2,       \
+                          4 * R1 + 3, 16 + 4 * R0, 17 + 4 * R0, 18 + 4 * R0, 19 + 4 * R0, 16 + 4 * R1, 17 + 4 * R1, \
+                          18 + 4 * R1, 19 + 4 * R1)
+  const Vec<T> s = SPARKGRAD_ROWS(0, 1) + minus * SPARKGRAD_ROWS(1, 2) + minus * SPARKGRAD_ROWS(2, 3);
+#undef SPARKGRAD_ROWS
+  Vec<T> out = pick_columns<0, 1, 0, 1>(s) + minus_c * pick_columns<1, 2, 1, 2>(s) +
+               minus_c * pick_columns<2, 3, 2, 3>(s) + bias;
+  if (relu) out = out > T(0) ? out : T(0);
+  store_tile<0>(g, ta, kk, out, y);
+  store_tile<8>(g, tb, kk, out, y);
 }
 
 // Rows output channels from kk for Tiles tiles from i: the sums over input channels of U . V, kept in
@@ -190,7 +242,10 @@ SPARKGRAD_FORCE_INLINE void store_outputs(const Conv2dShape& g, const Tile& t, s
 template <int Rows, int Tiles, typename T>
 SPARKGRAD_FORCE_INLINE void multiply_tiles(const Conv2dShape& g, const Tile* tiles, std::int64_t i, std::int64_t kk,
                                            const T* u, const T* v, const T* b, bool relu, T* y) {
-  Vec<T> acc[Rows][Tiles] = {};
+  Vec<T> acc[Rows][Tiles];  // zeroed one by one: an aggregate `= {}` became a rep stos through memory
+  for (int r = 0; r < Rows; ++r) {
+    for (int j = 0; j < Tiles; ++j) acc[r][j] = Vec<T>{};
+  }
   for (std::int64_t ch = 0; ch < g.c; ++ch) {
     Vec<T> vt[Tiles];
     for (int j = 0; j < Tiles; ++j) vt[j] = load(v + ((i + j) * g.c + ch) * kXi);
@@ -199,8 +254,13 @@ SPARKGRAD_FORCE_INLINE void multiply_tiles(const Conv2dShape& g, const Tile* til
       for (int j = 0; j < Tiles; ++j) acc[r][j] += ur * vt[j];
     }
   }
-  for (int j = 0; j < Tiles; ++j) {
-    for (int r = 0; r < Rows; ++r) store_outputs(g, tiles[i + j], kk + r, acc[r][j], b ? b[kk + r] : T(0), relu, y);
+  for (int r = 0; r < Rows; ++r) {
+    const T bias = b ? b[kk + r] : T(0);
+    int j = 0;
+    for (; j + 2 <= Tiles; j += 2) {
+      store_output_pair(g, tiles[i + j], tiles[i + j + 1], kk + r, acc[r][j], acc[r][j + 1], bias, relu, y);
+    }
+    for (; j < Tiles; ++j) store_outputs(g, tiles[i + j], kk + r, acc[r][j], bias, relu, y);
   }
 }
 

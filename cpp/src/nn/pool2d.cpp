@@ -1,5 +1,6 @@
 // Max / average 2-D pooling and global pooling over NCHW planes; OpenMP over the (n, c) planes.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "kernel_util.h"
@@ -27,15 +28,89 @@ Range window(std::int64_t i, std::int64_t stride, std::int64_t pad, std::int64_t
   return {std::max<std::int64_t>(start, 0), std::min(start + kernel, size)};
 }
 
+// 2x2 windows at stride 2 without padding, the common max pooling: every window lies inside the input.
+bool max_2x2(PoolKind kind, const Pool2dShape& g) {
+  return kind == PoolKind::Max && g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
+         g.pad_top == 0 && g.pad_left == 0 && 2 * g.p <= g.h && 2 * g.q <= g.w;
+}
+
+// N values of type T as one GCC vector (a class member: a vector_size that depends on a function
+// template's parameters is silently dropped).
+template <typename T, int N>
+struct VecN {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+
+// N adjacent 2x2 max windows of output row i from output column j, in vectors: the top and bottom input
+// rows are split into even and odd columns (a b / c d per window) and the general loop's rule (the first
+// value greater than every earlier one and than -inf wins, else the window's first value) becomes
+// selects, with no data-dependent branches to mispredict.
+template <int N, typename T>
+SPARKGRAD_FORCE_INLINE void max_2x2_windows(const T* xp, std::int64_t w, std::int64_t i, std::int64_t j, T* y_row,
+                                            std::int64_t* argmax_row, std::int64_t count) {
+  using Values = typename VecN<T, N>::type;
+  using Pairs = typename VecN<T, 2 * N>::type;
+  using Index = typename VecN<std::int64_t, N>::type;
+  Pairs top{}, bottom{};  // count (<= N) windows: the lanes past them are zeros, computed but not stored
+  std::memcpy(&top, xp + 2 * i * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
+  std::memcpy(&bottom, xp + (2 * i + 1) * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
+  Values a, b, c, d;
+  Index at;  // the flat index of each window's top-left input
+  for (int e = 0; e < N; ++e) {  // constant indices: GCC turns these into even/odd shuffles
+    a[e] = top[2 * e];
+    b[e] = top[2 * e + 1];
+    c[e] = bottom[2 * e];
+    d[e] = bottom[2 * e + 1];
+    at[e] = 2 * i * w + 2 * (j + e);
+  }
+  const Values lowest = Values{} - std::numeric_limits<T>::infinity();
+  Values best = a > lowest ? a : lowest, value = a;
+  Index index = at;
+  const auto take = [&](const Values& v, std::int64_t offset) {
+    const auto greater = v > best;
+    const Index wide = __builtin_convertvector(greater, Index);
+    best = greater ? v : best;
+    value = greater ? v : value;
+    index = wide ? at + offset : index;
+  };
+  take(b, 1);
+  take(c, w);
+  take(d, w + 1);
+  std::memcpy(y_row + j, &value, static_cast<std::size_t>(count) * sizeof(T));
+  std::memcpy(argmax_row + j, &index, static_cast<std::size_t>(count) * sizeof(std::int64_t));
+}
+
+template <typename T>
+SPARKGRAD_FORCE_INLINE void max_2x2_plane_impl(const Pool2dShape& g, const T* xp, T* yp, std::int64_t* argmax) {
+  const std::int64_t p = g.p, q = g.q, w = g.w;
+  for (std::int64_t i = 0; i < p; ++i) {
+    std::int64_t j = 0;
+    for (; j + 8 <= q; j += 8) max_2x2_windows<8>(xp, w, i, j, yp + i * q, argmax + i * q, 8);
+    for (; j + 4 <= q; j += 4) max_2x2_windows<4>(xp, w, i, j, yp + i * q, argmax + i * q, 4);
+    if (j < q) max_2x2_windows<4>(xp, w, i, j, yp + i * q, argmax + i * q, q - j);  // the last 1-3
+  }
+}
+SPARKGRAD_SIMD_CLONES void max_2x2_plane(const Pool2dShape& g, const float* xp, float* yp, std::int64_t* argmax) {
+  max_2x2_plane_impl(g, xp, yp, argmax);
+}
+SPARKGRAD_SIMD_CLONES void max_2x2_plane(const Pool2dShape& g, const double* xp, double* yp, std::int64_t* argmax) {
+  max_2x2_plane_impl(g, xp, yp, argmax);
+}
+
 }  // namespace
 
 // x: (n, c, h, w) -> y, argmax: (n, c, p, q).
 template <typename T>
 void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax) {
   const std::int64_t planes = g.n * g.c, in_size = g.h * g.w, out_size = g.p * g.q;
+  const bool windows_2x2 = max_2x2(kind, g);
 #pragma omp parallel for schedule(static) if (planes * in_size >= detail::kParallelMin)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
     const T* xp = x + plane * in_size;
+    if (windows_2x2) {
+      max_2x2_plane(g, xp, y + plane * out_size, argmax + plane * out_size);
+      continue;
+    }
     for (std::int64_t i = 0; i < g.p; ++i) {
       const Range rows = window(i, g.stride_h, g.pad_top, g.kernel_h, g.h);
       for (std::int64_t j = 0; j < g.q; ++j) {

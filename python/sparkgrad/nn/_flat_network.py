@@ -37,7 +37,7 @@ from sparkgrad.errors import TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
-from sparkgrad.nn._runtime import build_runtime
+from sparkgrad.nn._runtime import InferenceFold, build_runtime, inference_folds
 from sparkgrad.nn.conf import BackpropType
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.listeners import TrainingListener
@@ -77,6 +77,12 @@ class FlatNetwork:
     """
 
     _conf_class: ClassVar[type[Any]]  # the configuration type this network takes (and ``load`` parses)
+    fold_batch_norm: bool = True
+    """Inference (``output``, ``score``, evaluation; not training) runs a convolution with the identity
+    activation whose output only a BatchNormalization reads, that batch norm and an identity or relu
+    ActivationLayer reading only the batch norm as ONE convolution, the batch norm folded into its
+    weights and bias (the same results up to float rounding). Set False on a network to run every
+    layer on its own, as training does."""
 
     def __init__(self, conf: Any, device: Any = "cpu") -> None:
         if not isinstance(conf, self._conf_class):
@@ -102,6 +108,11 @@ class FlatNetwork:
 
     def score(self, dataset: Any = None) -> float:
         """The score (loss plus penalties) of ``dataset``, or of the last training minibatch."""
+        raise NotImplementedError  # every network type overrides this
+
+    def _sole_consumers(self) -> dict[Any, Any]:
+        """{unit key: key of the one layer that alone reads that unit's output}: where nothing else
+        (no vertex, no second layer, no network output) does."""
         raise NotImplementedError  # every network type overrides this
 
     def evaluate(self, data: Any) -> Any:
@@ -169,6 +180,14 @@ class FlatNetwork:
             self._runtimes.append(runtime)
             if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
                 self._stats.append((slice(entries[2][1], entries[-1][2]), runtime))
+        self._folds = inference_folds(self._units, self._runtimes, self._sole_consumers())
+
+    def _inference_plan(self, train: bool) -> tuple[dict[Any, InferenceFold], set[Any]]:
+        """(the folds a forward pass runs, keyed by their convolution's unit; the keys of the units
+        they absorb, which the pass skips): none in training or with ``fold_batch_norm`` off."""
+        if train or not self.fold_batch_norm:
+            return {}, set()
+        return self._folds, {key for fold in self._folds.values() for key in fold.absorbed}
 
     @property
     def device(self) -> Device:
@@ -605,13 +624,15 @@ class FlatNetwork:
 
     @on_device
     def clone(self: N) -> N:
-        """An independent copy on the same device: configuration, parameters, updater state and counters."""
+        """An independent copy on the same device: configuration, parameters, updater state, counters and
+        ``fold_batch_norm``."""
         self._require_init()
         net = type(self)(copy.deepcopy(self.conf), device=self._device).init(self._params)
         net.set_updater_state(self._state)
         net.iteration_count, net.epoch_count = self.iteration_count, self.epoch_count
         net._dropout_seed = self._dropout_seed
         net._last_score = self._last_score
+        net.fold_batch_norm = self.fold_batch_norm
         return net
 
 

@@ -135,6 +135,26 @@ class ConvolutionRuntime(LayerRuntime):
         self.y = self._activate(self.z)
         return self.y
 
+    def forward_folded(self, x: np.ndarray, bn: BatchNormRuntime, activation: Activation) -> np.ndarray:
+        """Inference through this convolution, ``bn`` reading its output and ``activation`` (identity
+        or relu) after it, as ONE convolution: the batch norm's per-channel scale
+        ``s = gamma / sqrt(var + eps)`` multiplies the weights, its shift becomes the bias
+        ``(b - mean) s + beta``, and the activation runs in the kernel's epilogue. The folded weights
+        are recomputed every call (K*C*R*S values), so they always follow the parameters."""
+        xp, w, p = self.xp, self.params[L.WEIGHT], bn.params
+        # scale and shift in float64, rounded once, as batchnorm_forward_inference computes them
+        scale = p[L.GAMMA].astype(np.float64) / xp.sqrt(p[L.RUNNING_VAR].astype(np.float64) + bn.conf.eps)
+        shift = p[L.BETA] - p[L.RUNNING_MEAN].astype(np.float64) * scale
+        if self.conf.has_bias:
+            shift += self.params[L.BIAS] * scale
+        folded_w, folded_b = self.buf("folded_w", w.shape), self.buf("folded_b", shift.shape)
+        xp.multiply(w, scale.astype(self.dtype)[:, None, None, None], out=folded_w)
+        folded_b[...] = shift
+        y = self.buf("y", (x.shape[0], self.conf.n_out, self.p, self.q))
+        geometry = (*self.stride, self.pad_top, self.pad_left)
+        self.k.conv2d_forward(x, folded_w, folded_b, y, *geometry, activation=activation.value)
+        return y
+
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         dz = self._activation_backward(self.z, self.y, dy)
         geometry = (*self.stride, self.pad_top, self.pad_left)
@@ -255,6 +275,59 @@ class ActivationRuntime(LayerRuntime):
         return self._activation_backward(self.x, self.y, dy) if need_dx else None
 
 
+class InferenceFold:
+    """A ConvolutionLayer, the BatchNormalization that alone reads its output and, when the batch norm
+    feeds only an identity or relu ActivationLayer, that activation: in inference (not training) they
+    run as one convolution (:meth:`ConvolutionRuntime.forward_folded`), with no batch-norm or
+    activation sweep over the output. ``absorbed``: the keys of the units whose forward it does."""
+
+    def __init__(
+        self, conv: ConvolutionRuntime, bn: BatchNormRuntime, activation: Activation, absorbed: tuple
+    ) -> None:
+        self.conv, self.bn, self.activation, self.absorbed = conv, bn, activation, absorbed
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self.conv.forward_folded(x, self.bn, self.activation)
+
+
+def inference_folds(
+    units: list[tuple[Any, Any, InputType]], runtimes: list[Any], sole_consumer: dict[Any, Any]
+) -> dict[Any, InferenceFold]:
+    """The convolution + batch-norm (+ activation) folds of a network, keyed by the convolution's unit.
+
+    Args:
+        units: (key, layer config, input type) of every layer, as the network lays them out.
+        runtimes: their runtimes, in the same order.
+        sole_consumer: for a unit whose output one layer alone reads (and nothing else: no vertex, no
+            network output), that layer's key.
+
+    Returns:
+        {convolution key: fold}: convolutions over images (not per time step of a sequence) with the
+        identity activation, whose output only a BatchNormalization reads.
+    """
+    by_key = {key: (layer, rt) for (key, layer, _), rt in zip(units, runtimes)}
+    folds: dict[Any, InferenceFold] = {}
+    for (key, layer, input_type), rt in zip(units, runtimes):
+        if not (
+            isinstance(layer, L.ConvolutionLayer)
+            and input_type.kind == "convolutional"
+            and rt.activation is Activation.IDENTITY
+            and key in sole_consumer
+        ):
+            continue
+        bn_key = sole_consumer[key]
+        bn_layer, bn = by_key[bn_key]
+        if not isinstance(bn_layer, L.BatchNormalization):
+            continue
+        act_key = sole_consumer.get(bn_key)
+        act_layer, act = by_key.get(act_key, (None, None))
+        if isinstance(act_layer, L.ActivationLayer) and act.activation in _FUSED_CONV_ACTIVATIONS:
+            folds[key] = InferenceFold(rt, bn, act.activation, (bn_key, act_key))
+        else:
+            folds[key] = InferenceFold(rt, bn, Activation.IDENTITY, (bn_key,))
+    return folds
+
+
 _RUNTIMES = {
     L.DenseLayer: DenseRuntime,
     L.OutputLayer: DenseRuntime,
@@ -289,4 +362,4 @@ def build_runtime(
     return OutputRuntime(conf, runtime, device) if isinstance(conf, L.OutputLayer) else runtime
 
 
-__all__ = ["OutputRuntime", "build_runtime"]
+__all__ = ["InferenceFold", "OutputRuntime", "build_runtime", "inference_folds"]

@@ -490,6 +490,17 @@ class ComputationGraph(FlatNetwork):
         self._by_name = {node.name: node for node in self._nodes}
         self._sum_buffers: dict[str, Any] = {}
 
+    def _sole_consumers(self) -> dict[Any, Any]:
+        readers: dict[str, list[str]] = {}
+        for spec in self.conf.vertices:
+            for name in spec.inputs:
+                readers.setdefault(name, []).append(spec.name)
+        return {
+            name: found[0]
+            for name, found in readers.items()
+            if len(found) == 1 and self.conf.spec(found[0]).is_layer and name not in self.conf.outputs
+        }
+
     # -- data preparation -----------------------------------------------------------------------
     @staticmethod
     def _parts(data: Any) -> tuple[list, list, list, list]:
@@ -637,9 +648,14 @@ class ComputationGraph(FlatNetwork):
         ``backward_steps`` (truncated BPTT) limits their backward to the last that many steps."""
         acts: dict[str, np.ndarray] = dict(zip(self.conf.inputs, xs))
         self._masks: dict[str, np.ndarray | None] = dict(zip(self.conf.inputs, masks))
+        folds, absorbed = self._inference_plan(train)
         for node in self._nodes:
             ins = [acts[name] for name in node.inputs]
             in_masks = [self._masks[name] for name in node.inputs]
+            if node.name in folds or node.name in absorbed:  # inference: conv + batch norm (+ activation)
+                acts[node.name] = folds[node.name].forward(ins[0]) if node.name in folds else ins[0]
+                self._masks[node.name] = in_masks[0]
+                continue
             if node.time_series:  # LastTimeStepVertex, DuplicateToTimeSeriesVertex
                 ref = node.reference
                 acts[node.name], self._masks[node.name] = node.runtime.forward_time_series(

@@ -144,7 +144,12 @@ class MultiLayerNetwork(FlatNetwork):
         (DL4J's per-step masking). Returns the (folded) pre-activation or the activated output."""
         self._traces: list[LayerTrace] = []
         last = len(self._runtimes) - 1
+        folds, absorbed = self._inference_plan(train)
         for i, rt in enumerate(self._runtimes):
+            if i in folds or i in absorbed:  # inference: conv + batch norm (+ activation) in one kernel
+                x = folds[i].forward(x) if i in folds else x
+                self._traces.append(LayerTrace(x.shape, None))
+                continue
             preout = i == last and not activate_output
             x, trace = layer_forward(
                 rt, self.conf.layers[i], self.conf.layer_input_types[i], x, mask, train, self._seed(i),
@@ -152,6 +157,9 @@ class MultiLayerNetwork(FlatNetwork):
             )  # fmt: skip
             self._traces.append(trace)
         return x
+
+    def _sole_consumers(self) -> dict[Any, Any]:
+        return {i: i + 1 for i in range(len(self.conf.layers) - 1)}
 
     def _n_examples(self, dataset: Any) -> int:
         return int(np.shape(dataset.features)[0])

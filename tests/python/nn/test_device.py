@@ -113,6 +113,23 @@ def _cnn(updater: Any = None) -> MultiLayerNetwork:
     return MultiLayerNetwork(conf)
 
 
+def _cnn_bn(updater: Any = None) -> MultiLayerNetwork:
+    """Convolution, batch norm and relu: inference folds them into one convolution."""
+    conf = MultiLayerConfiguration(
+        [
+            ConvolutionLayer(4, kernel_size=(3, 3), activation="identity"),
+            BatchNormalization(),
+            ActivationLayer("relu"),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            OutputLayer(3),
+        ],
+        input_type=InputType.convolutional(8, 8, 2),
+        updater=updater or Adam(1e-2),
+        seed=14,
+    )
+    return MultiLayerNetwork(conf)
+
+
 def _lstm(updater: Any = None) -> MultiLayerNetwork:
     conf = MultiLayerConfiguration(
         [LSTM(5), BatchNormalization(), SimpleRnn(4, activation="tanh"), RnnOutputLayer(2)],
@@ -241,7 +258,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
     for _ in range(3):
         if name == "mlp":
             out.append(DataSet(rng.normal(size=(N, 7)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name == "cnn":
+        elif name in ("cnn", "cnn_bn"):
             out.append(DataSet(rng.normal(size=(N, 2, 8, 8)).astype(np.float32), _one_hot(rng, (N,), 3)))
         elif name in ("lstm", "lstm_tbptt"):
             fmask = _lengths_mask(rng)
@@ -267,6 +284,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
 NETWORKS: dict[str, Callable[[], Any]] = {
     "mlp": _mlp,
     "cnn": _cnn,
+    "cnn_bn": _cnn_bn,
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
     "lstm_to_vector": _lstm_to_vector,

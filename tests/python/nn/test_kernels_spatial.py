@@ -80,6 +80,58 @@ def test_pool2d_matches_reference(geo, kind, n, c, dtype, seed):
     )
 
 
+POOL_2X2 = pool_kwargs((2, 2), (2, 2), (0, 0))
+
+
+def _max_pool(x, out_hw, **kwargs):
+    y = np.full((*x.shape[:2], *out_hw), np.nan, x.dtype)
+    argmax = np.full(y.shape, -1, np.int64)
+    _core.pool2d_forward("max", x, y, argmax=argmax, **kwargs)
+    return y, argmax
+
+
+@given(
+    h=st.integers(2, 21),
+    w=st.integers(2, 21),
+    n=st.integers(0, 2),
+    c=st.integers(1, 3),
+    dtype=DTYPES,
+    seed=SEEDS,
+    threads=st.sampled_from([1, 2]),
+)
+def test_max_pool_2x2_matches_reference(h, w, n, c, dtype, seed, threads):
+    """2x2 windows at stride 2 without padding (vectorised, 8 and 4 windows at a time plus the last 1-3
+    of a row): values from a few integers and -inf, so ties and all -inf windows are common; the first
+    maximum wins."""
+    rng = np.random.default_rng(seed)
+    x = rng.choice(np.array([-np.inf, -1.0, 0.0, 1.0, 2.0], dtype), size=(n, c, h, w))
+    previous = sparkgrad.get_num_threads()
+    sparkgrad.set_num_threads(threads)
+    try:
+        y, argmax = _max_pool(x, (h // 2, w // 2), **POOL_2X2)
+    finally:
+        sparkgrad.set_num_threads(previous)
+    expected, expected_argmax = ref.pool2d_forward("max", x, (h // 2, w // 2), (2, 2), (2, 2), (0, 0))
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(argmax, expected_argmax)
+
+
+@given(m=st.integers(1, 10), k=st.integers(1, 10), dtype=DTYPES, seed=SEEDS)
+def test_max_pool_2x2_agrees_with_the_general_loop_on_nan_and_inf(m, k, dtype, seed):
+    """The vectorised windows follow the general loop's rule, NaN included (a NaN never beats an earlier
+    value; an all-NaN or -inf window gives its first value): "same" pooling of odd-sized input takes the
+    general loop, and its windows inside the even part are the ones the 2x2 path computes."""
+    rng = np.random.default_rng(seed)
+    values = np.array([np.nan, -np.inf, np.inf, -1.0, 0.0, 1.0], dtype)
+    x = rng.choice(values, size=(2, 2, 2 * m + 1, 2 * k + 1))
+    general, general_argmax = _max_pool(x, (m + 1, k + 1), **POOL_2X2)
+    even = np.ascontiguousarray(x[:, :, : 2 * m, : 2 * k])
+    y, argmax = _max_pool(even, (m, k), **POOL_2X2)
+    np.testing.assert_array_equal(y, general[:, :, :m, :k])  # NaN in the same places
+    rows, cols = np.divmod(general_argmax[:, :, :m, :k], 2 * k + 1)
+    np.testing.assert_array_equal(argmax, rows * (2 * k) + cols)
+
+
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize(
     ("kernel", "stride", "pad", "out"), [((2, 2), (2, 2), (0, 0), (3, 2)), ((3, 2), (2, 1), (1, 0), (3, 4))]
