@@ -249,7 +249,7 @@ class FlatNetwork:
             block.state_stop = state
         self._blocks = blocks
 
-    def _gradient_normalization_groups(self) -> list[tuple[GradientNormalization, float, slice]]:
+    def _gradient_normalization_groups(self) -> list[tuple[GradientNormalization, Any, slice]]:
         """(mode, threshold, flat-gradient slice normalized as one vector) of every unit with gradient
         normalization: its trained parameters (per layer) or each of them (per param type)."""
         groups = []
@@ -259,7 +259,8 @@ class FlatNetwork:
             trained = [slice(start, stop) for spec, start, stop in entries if spec.role not in _STATS]
             if mode is GradientNormalization.NONE or not trained:
                 continue
-            threshold = self.conf.setting(key, "gradient_normalization_threshold")
+            # in the gradient's dtype: then t / max(norm, t) is exactly 1 within the threshold (numpy 1.x too)
+            threshold = self.dtype.type(self.conf.setting(key, "gradient_normalization_threshold"))
             if mode in _PER_PARAM_TYPE:
                 groups.extend((mode, threshold, sl) for sl in trained)
             else:
@@ -267,8 +268,9 @@ class FlatNetwork:
         return groups
 
     def _normalize_gradient(self) -> None:
-        """DL4J's gradient normalization of the raw gradient, in place; scale factors stay on the device
-        (no read-back), and a zero gradient stays zero."""
+        """DL4J's gradient normalization of the raw gradient, in place. Norms are computed in the
+        gradient's dtype (as DL4J's); scale factors stay on the device (no read-back), and a zero gradient
+        stays zero."""
         xp = self._device.xp
         for mode, threshold, sl in self._normalized:
             g = self._grad[sl]

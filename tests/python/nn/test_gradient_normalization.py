@@ -41,13 +41,15 @@ LR = 0.1
 EPS = np.finfo(np.float64).eps
 _PER_PARAM = (GN.RENORMALIZE_L2_PER_PARAM_TYPE, GN.CLIP_L2_PER_PARAM_TYPE)
 _CLIP_L2 = (GN.CLIP_L2_PER_LAYER, GN.CLIP_L2_PER_PARAM_TYPE)
+_RENORMALIZE = (GN.RENORMALIZE_L2_PER_LAYER, GN.RENORMALIZE_L2_PER_PARAM_TYPE)
 _STATS = (L.RUNNING_MEAN, L.RUNNING_VAR)
 
 
 # -- networks and data ---------------------------------------------------------------------------------
 def _mln(layers: list, input_type: InputType, seed: int, **defaults: Any) -> MultiLayerNetwork:
+    defaults.setdefault("dtype", "float64")
     conf = MultiLayerConfiguration(
-        layers, input_type=input_type, updater=updaters.Sgd(LR), seed=seed, dtype="float64", **defaults
+        layers, input_type=input_type, updater=updaters.Sgd(LR), seed=seed, **defaults
     )
     return MultiLayerNetwork(conf).init()
 
@@ -213,6 +215,27 @@ def test_update_is_the_learning_rate_times_the_normalized_raw_gradient(
                 np.testing.assert_array_equal(update[idx], plain_update[idx])
     else:
         assert all(changed)
+
+
+@pytest.mark.parametrize("mode", [m for m in GN if m is not GN.NONE], ids=lambda m: m.value)
+def test_float32_gradients_normalize_within_float32_rounding(mode: GradientNormalization) -> None:
+    plain = _lstm_bn(dtype="float32")
+    ds = _data(plain)
+    grad, _ = plain.compute_gradient_and_score(ds)
+    groups = _groups(_layout(plain.conf), mode)
+    below = _threshold(grad.astype(np.float64), groups, mode, "below")
+    above = _threshold(grad.astype(np.float64), groups, mode, "above")
+    plain_update, _ = plain.compute_update(ds)
+    trained = np.concatenate(groups)
+    for t in (below, above):
+        net = _lstm_bn(dtype="float32", gradient_normalization=mode, gradient_normalization_threshold=t)
+        update, _ = net.compute_update(ds)
+        assert update.dtype == np.float32
+        expected = LR * _normalized(grad.astype(np.float64), groups, mode, np.float32(t))
+        rtol = 4 * (max(len(idx) for idx in groups) + 2) * np.finfo(np.float32).eps
+        np.testing.assert_allclose(update[trained], expected[trained], rtol=rtol, atol=0)
+        if t == above and mode not in _RENORMALIZE:  # within the threshold: bitwise untouched
+            np.testing.assert_array_equal(update, plain_update)
 
 
 def test_per_param_type_normalizes_lstm_matrices_and_bias_separately() -> None:
