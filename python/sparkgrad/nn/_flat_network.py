@@ -252,7 +252,7 @@ class FlatNetwork:
     def _gradient_normalization_groups(self) -> list[tuple[GradientNormalization, Any, slice]]:
         """(mode, threshold, flat-gradient slice normalized as one vector) of every unit with gradient
         normalization: its trained parameters (per layer) or each of them (per param type)."""
-        groups = []
+        groups: list[tuple[GradientNormalization, Any, slice]] = []
         for (key, _, _), entries in zip(self._units, self._layouts):
             mode = self.conf.setting(key, "gradient_normalization")
             # running statistics are not trained; they close their layer, so the rest is contiguous

@@ -132,16 +132,14 @@ class Layer(Config):
         for name, enum_cls in _ENUM_SETTINGS.items():
             if getattr(self, name, None) is not None:
                 setattr(self, name, coerce_enum(enum_cls, getattr(self, name), name))
-        for name in ("l1", "l2", "weight_decay"):
+        for name, scale_check in (
+            ("l1", check_non_negative),
+            ("l2", check_non_negative),
+            ("weight_decay", check_non_negative),
+            ("gradient_normalization_threshold", check_positive),
+        ):
             if hasattr(self, name):
-                setattr(self, name, _optional(getattr(self, name), check_non_negative, name, MAX_SCALE))
-        if hasattr(self, "gradient_normalization_threshold"):
-            self.gradient_normalization_threshold = _optional(
-                self.gradient_normalization_threshold,
-                check_positive,
-                "gradient_normalization_threshold",
-                MAX_SCALE,
-            )
+                setattr(self, name, _optional(getattr(self, name), scale_check, name, MAX_SCALE))
         # (field, its check, checked when None too): for every layer type that has the field
         for name, check, when_none in (
             ("dropout", _check_dropout, False),
