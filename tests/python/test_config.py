@@ -279,6 +279,8 @@ def test_the_float_field_table_covers_every_config_family():
         ("OutputLayer", "l1"),
         ("BatchNormalization", "eps"),
         ("MultiLayerConfiguration", "weight_decay"),
+        ("MultiLayerConfiguration", "gradient_normalization_threshold"),
+        ("LSTM", "gradient_normalization_threshold"),
     ]:
         assert expected in names
     assert len(names) >= 40

@@ -31,13 +31,14 @@ from sparkgrad.nn.listeners import TrainingListener
 from sparkgrad.parallel import ParallelWrapper, TrainingMode
 
 
-def _net(dtype: str = "float32", updater: Any = None, seed: int = 0) -> MultiLayerNetwork:
+def _net(dtype: str = "float32", updater: Any = None, seed: int = 0, **defaults: Any) -> MultiLayerNetwork:
     conf = MultiLayerConfiguration(
         [DenseLayer(16, activation="tanh"), OutputLayer(3)],
         input_type=InputType.feed_forward(5),
         updater=updater or updaters.Adam(1e-2),
         seed=seed,
         dtype=dtype,
+        **defaults,
     )
     return MultiLayerNetwork(conf).init()
 
@@ -170,6 +171,23 @@ def test_two_workers_averaging_equals_hand_computed_average() -> None:
     assert wrapped.epoch_count == 1
 
 
+def _assert_no_update_mass_lost(
+    wrapper: ParallelWrapper, master: _Recorder, initial: np.ndarray, log: list
+) -> None:
+    """sum(updates) / sqrt(workers) == (initial - final params) + sum(residuals); messages reached the
+    wrapped network, at most one per minibatch, and the replicas end on its parameters."""
+    residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
+    applied = initial - master.params()
+    assert wrapper.update_scale == 1.0 / math.sqrt(len(wrapper._workers))
+    total = sum(log) / math.sqrt(len(wrapper._workers))
+    # each element is a sum of <= len(log) updates and messages: a few float64 roundings of the largest term
+    scale = max(float(np.abs(np.stack(log)).sum(axis=0).max()), 1.0)
+    np.testing.assert_allclose(applied + residuals, total, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)
+    assert 0 < master.applied <= len(log)
+    for w in wrapper._workers:
+        np.testing.assert_array_equal(w.net.params(), master.params())
+
+
 @pytest.mark.parametrize(
     ("workers", "devices", "master_on_device"),
     [
@@ -206,17 +224,7 @@ def test_shared_gradients_loses_no_update_mass(
     )
     wrapper.fit(_batches(10, dtype="float64"), epochs=2)
     assert len(log) == 20
-    residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
-    applied = initial - master.params()
-    assert wrapper.update_scale == 1.0 / math.sqrt(workers)
-    total = sum(log) / math.sqrt(workers)
-    # each element is a sum of <= 20 updates and messages: a few float64 roundings of the largest term
-    scale = max(float(np.abs(np.stack(log)).sum(axis=0).max()), 1.0)
-    np.testing.assert_allclose(applied + residuals, total, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)
-    assert master.applied > 0  # quantized messages reached the wrapped network
-    assert master.applied <= 20  # at most one message per minibatch
-    for w in wrapper._workers:  # the replicas end on the wrapped network's parameters
-        np.testing.assert_array_equal(w.net.params(), master.params())
+    _assert_no_update_mass_lost(wrapper, master, initial, log)
     assert master.epoch_count == 2 and master.iteration_count == 2 * math.ceil(10 / workers)
     assert wrapper.last_score is not None and np.isfinite(wrapper.last_score)
     if on is not None:
@@ -226,6 +234,36 @@ def test_shared_gradients_loses_no_update_mass(
     # the wrapped network got its updates on its own device, never a worker's array from another device
     assert master.update_types == {type(net._params)}
     assert type(net._params) is (DeviceArray if master_on_device else np.ndarray)
+
+
+def test_shared_gradients_normalize_each_worker_gradient_before_encoding() -> None:
+    """Deep Gradient Compression's local gradient clipping: every worker normalizes its own raw gradient
+    (here renormalize per layer) before the update enters its residual and is encoded, so every update a
+    worker computes has per-layer norm exactly the learning rate; no update mass is lost on the way."""
+    log: list[np.ndarray] = []
+    net = _net("float64", updaters.Sgd(0.1), gradient_normalization="renormalize_l2_per_layer")
+    master = _Recorder(net, log)
+    initial = master.params().copy()
+    data = _batches(8, dtype="float64")
+    layers = [slice(0, 5 * 16 + 16), slice(96, 96 + 16 * 3 + 3)]  # Dense(5 -> 16), Output(16 -> 3)
+    assert layers[-1].stop == net.num_params()
+    raw = [net.compute_gradient_and_score(ds)[0] for ds in data]
+    assert all(abs(np.linalg.norm(g[sl]) - 1) > 0.05 for g in raw for sl in layers)  # not unit already
+    wrapper = ParallelWrapper(
+        master,
+        workers=2,
+        threshold_algorithm=FixedThresholdAlgorithm(1e-3),
+        residual_post_processor=NoOpResidualPostProcessor(),
+    )
+    wrapper.fit(data, epochs=2)
+    assert len(log) == 16
+    for update in log:
+        for sl in layers:
+            n = sl.stop - sl.start
+            assert np.linalg.norm(update[sl]) == pytest.approx(0.1, rel=4 * n * np.finfo(np.float64).eps)
+    _assert_no_update_mass_lost(wrapper, master, initial, log)
+    score = sum(master.score(ds) for ds in data)
+    assert score < sum(_net("float64").score(ds) for ds in data)  # and it trained
 
 
 @pytest.mark.parametrize("frequency", [1, 3])

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from sparkgrad.nn import updaters
 from sparkgrad.nn.conf import MultiLayerConfiguration
-from sparkgrad.nn.enums import Activation, ConvolutionMode, LossFunction, PoolingType, WeightInit
+from sparkgrad.nn.enums import (
+    Activation,
+    ConvolutionMode,
+    GradientNormalization,
+    LossFunction,
+    PoolingType,
+    WeightInit,
+)
 from sparkgrad.nn.graph import ComputationGraph, ComputationGraphConfiguration, GraphBuilder, VertexSpec
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.layers import (
@@ -68,6 +75,7 @@ __all__ = [
     "ElementWiseVertex",
     "FeedForwardToCnnPreProcessor",
     "GlobalPoolingLayer",
+    "GradientNormalization",
     "GraphBuilder",
     "GraphVertex",
     "InputPreProcessor",

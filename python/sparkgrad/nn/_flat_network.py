@@ -15,11 +15,12 @@ activations stay on the device. Every public entry point runs inside the device'
 current GPU).
 
 On top of the subclass's ``_gradient`` (flat gradient, score) it implements the training step
-(regularization, updater, weight decay, batch-norm running statistics, the non-finite check), ``fit``
-with listeners, truncated BPTT (cutting minibatches into :class:`~sparkgrad.nn._recurrent.TbpttSegment`
-for ``fit`` and the Spark workers alike), the parameter/updater-state accessors, persistence through
-:mod:`sparkgrad.nn.serialization` (the file's model name is the class name) and ``clone``. A unit's key
-is whatever the configuration's ``setting(key, name)`` takes: a layer index or a vertex name.
+(gradient normalization, regularization, updater, weight decay, batch-norm running statistics, the
+non-finite check), ``fit`` with listeners, truncated BPTT (cutting minibatches into
+:class:`~sparkgrad.nn._recurrent.TbpttSegment` for ``fit`` and the Spark workers alike), the
+parameter/updater-state accessors, persistence through :mod:`sparkgrad.nn.serialization` (the file's
+model name is the class name) and ``clone``. A unit's key is whatever the configuration's
+``setting(key, name)`` takes: a layer index or a vertex name.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
 from sparkgrad.nn._runtime import InferenceFold, build_runtime, inference_folds
 from sparkgrad.nn.conf import BackpropType
+from sparkgrad.nn.enums import GradientNormalization
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.listeners import TrainingListener
 from sparkgrad.nn.serialization import PathOrFile
@@ -46,6 +48,16 @@ from sparkgrad.nn.weight_init import init_weights
 
 N = TypeVar("N", bound="FlatNetwork")
 F = TypeVar("F", bound=Callable[..., Any])
+# Parameter roles that are not trained, and the gradient-normalization modes by kind.
+_STATS = (L.RUNNING_MEAN, L.RUNNING_VAR)
+_PER_PARAM_TYPE = (
+    GradientNormalization.RENORMALIZE_L2_PER_PARAM_TYPE,
+    GradientNormalization.CLIP_L2_PER_PARAM_TYPE,
+)
+_RENORMALIZE = (
+    GradientNormalization.RENORMALIZE_L2_PER_LAYER,
+    GradientNormalization.RENORMALIZE_L2_PER_PARAM_TYPE,
+)
 
 
 def on_device(method: F) -> F:
@@ -154,6 +166,7 @@ class FlatNetwork:
         self._layer_keys = [key for key, _, _ in units]
         self._layer_ranges = [(e[0][1], e[-1][2]) if e else (0, 0) for e in layouts]
         self._build_updater_blocks()
+        self._normalized = self._gradient_normalization_groups()
         xp = self._device.xp
         self._params = self._device.from_host(host)
         self._grad = xp.zeros(offset, dtype=self.dtype)
@@ -254,6 +267,40 @@ class FlatNetwork:
             state += block.updater.state_size(block.stop - block.start)
             block.state_stop = state
         self._blocks = blocks
+
+    def _gradient_normalization_groups(self) -> list[tuple[GradientNormalization, Any, slice]]:
+        """(mode, threshold, flat-gradient slice normalized as one vector) of every unit with gradient
+        normalization: its trained parameters (per layer) or each of them (per param type)."""
+        groups: list[tuple[GradientNormalization, Any, slice]] = []
+        for (key, _, _), entries in zip(self._units, self._layouts):
+            mode = self.conf.setting(key, "gradient_normalization")
+            # running statistics are not trained; they close their layer, so the rest is contiguous
+            trained = [slice(start, stop) for spec, start, stop in entries if spec.role not in _STATS]
+            if mode is GradientNormalization.NONE or not trained:
+                continue
+            # in the gradient's dtype: then t / max(norm, t) is exactly 1 within the threshold (numpy 1.x too)
+            threshold = self.dtype.type(self.conf.setting(key, "gradient_normalization_threshold"))
+            if mode in _PER_PARAM_TYPE:
+                groups.extend((mode, threshold, sl) for sl in trained)
+            else:
+                groups.append((mode, threshold, slice(trained[0].start, trained[-1].stop)))
+        return groups
+
+    def _normalize_gradient(self) -> None:
+        """DL4J's gradient normalization of the raw gradient, in place. Norms are computed in the
+        gradient's dtype (as DL4J's); scale factors stay on the device (no read-back), and a zero gradient
+        stays zero."""
+        xp = self._device.xp
+        for mode, threshold, sl in self._normalized:
+            g = self._grad[sl]
+            if mode is GradientNormalization.CLIP_ELEMENT_WISE_ABSOLUTE_VALUE:
+                xp.clip(g, -threshold, threshold, out=g)
+                continue
+            norm = xp.sqrt(xp.dot(g, g))
+            if mode in _RENORMALIZE:
+                g /= xp.where(norm > 0, norm, 1)
+            else:  # clip L2: a factor of exactly 1 where the norm is within the threshold
+                g *= threshold / xp.maximum(norm, threshold)
 
     def _require_init(self) -> None:
         if self._params is None:
@@ -364,6 +411,7 @@ class FlatNetwork:
         # On a GPU this check and the one after the updater each read back one boolean.
         if not (np.isfinite(score) and bool(xp.isfinite(grad).all())):
             self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
+        self._normalize_gradient()
         for w, g, key in self._weights:
             l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
             if l1 > 0 or l2 > 0:
@@ -429,7 +477,8 @@ class FlatNetwork:
 
     @on_device
     def compute_update(self, dataset: Any) -> tuple[Any, float]:
-        """gradient -> l1/l2 -> updater -> weight decay: the flat vector that ``fit`` subtracts.
+        """gradient -> gradient normalization -> l1/l2 -> updater -> weight decay: the flat vector that
+        ``fit`` subtracts.
 
         Advances the updater state and ``iteration_count``; parameters are unchanged.
 

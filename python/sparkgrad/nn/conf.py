@@ -6,15 +6,24 @@ import dataclasses
 import enum
 from typing import Any
 
-from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, coerce_enum
-from sparkgrad.nn.enums import Activation, WeightInit
+from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, check_positive, coerce_enum
+from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.layers import Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
 # Per-layer settings that fall back to the network-wide value when a layer leaves them None.
-INHERITED = ("activation", "weight_init", "l1", "l2", "weight_decay", "updater")
+INHERITED = (
+    "activation",
+    "weight_init",
+    "l1",
+    "l2",
+    "weight_decay",
+    "updater",
+    "gradient_normalization",
+    "gradient_normalization_threshold",
+)
 
 
 class BackpropType(enum.Enum):
@@ -26,11 +35,18 @@ class BackpropType(enum.Enum):
 
 def check_network_defaults(conf: Any) -> None:
     """Validate (and coerce) the network-wide defaults every network configuration has:
-    updater, seed, weight_init, activation, l1, l2, weight_decay and dtype."""
+    updater, seed, weight_init, activation, l1, l2, weight_decay, gradient_normalization (and its
+    threshold) and dtype."""
     conf.weight_init = coerce_enum(WeightInit, conf.weight_init, "weight_init")
     conf.activation = coerce_enum(Activation, conf.activation, "activation")
+    conf.gradient_normalization = coerce_enum(
+        GradientNormalization, conf.gradient_normalization, "gradient_normalization"
+    )
     for name in ("l1", "l2", "weight_decay"):
         setattr(conf, name, check_non_negative(name, getattr(conf, name), MAX_SCALE))
+    conf.gradient_normalization_threshold = check_positive(
+        "gradient_normalization_threshold", conf.gradient_normalization_threshold, MAX_SCALE
+    )
     check_updater("updater", conf.updater)
     if conf.seed is not None:
         conf.seed = check_int("seed", conf.seed, minimum=0)
@@ -73,6 +89,11 @@ class MultiLayerConfiguration(Config):
             minibatch as segments of ``tbptt_forward_length`` time steps, one update per segment, the
             recurrent state carried from segment to segment and gradients flowing back at most
             ``tbptt_backward_length`` (<= forward length) steps within a segment (DL4J defaults 20, 20).
+        gradient_normalization: default for layers that leave it None: a
+            :class:`~sparkgrad.nn.GradientNormalization` (or its string value) applied to each layer's
+            raw gradient before l1/l2, the updater and weight decay (DL4J's); "none" by default.
+        gradient_normalization_threshold: default for layers that leave it None: the bound of the clip
+            modes (element value or L2 norm); finite, in (0, MAX_SCALE] (DL4J default 1.0).
     """
 
     layers: list
@@ -88,6 +109,8 @@ class MultiLayerConfiguration(Config):
     backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20
+    gradient_normalization: GradientNormalization | str = GradientNormalization.NONE
+    gradient_normalization_threshold: float = 1.0
     # Derived: the input type each layer sees (after flattening / reshaping), and the output type.
     layer_input_types: list = dataclasses.field(init=False, repr=False, compare=False)
     output_type: InputType = dataclasses.field(init=False, repr=False, compare=False)

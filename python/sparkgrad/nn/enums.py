@@ -62,4 +62,29 @@ class ConvolutionMode(enum.Enum):
     SAME = "same"
 
 
-__all__ = ["Activation", "ConvolutionMode", "LossFunction", "PoolingType", "WeightInit"]
+class GradientNormalization(enum.Enum):
+    """DL4J's GradientNormalization, applied to a layer's raw gradient before l1/l2, the updater and
+    weight decay. Per layer: all of the layer's trained parameters as one vector; per param type: each
+    parameter array (W, b, an LSTM's RW ...) on its own. ``t`` is ``gradient_normalization_threshold``.
+
+    NONE: unchanged. RENORMALIZE_L2_PER_LAYER / _PER_PARAM_TYPE: ``g / ||g||_2`` (a zero gradient stays
+    zero). CLIP_ELEMENT_WISE_ABSOLUTE_VALUE: every element clipped to [-t, t].
+    CLIP_L2_PER_LAYER / _PER_PARAM_TYPE: ``g * t / ||g||_2`` where ``||g||_2 > t``, else unchanged.
+    """
+
+    NONE = "none"
+    RENORMALIZE_L2_PER_LAYER = "renormalize_l2_per_layer"
+    RENORMALIZE_L2_PER_PARAM_TYPE = "renormalize_l2_per_param_type"
+    CLIP_ELEMENT_WISE_ABSOLUTE_VALUE = "clip_element_wise_absolute_value"
+    CLIP_L2_PER_LAYER = "clip_l2_per_layer"
+    CLIP_L2_PER_PARAM_TYPE = "clip_l2_per_param_type"
+
+
+__all__ = [
+    "Activation",
+    "ConvolutionMode",
+    "GradientNormalization",
+    "LossFunction",
+    "PoolingType",
+    "WeightInit",
+]

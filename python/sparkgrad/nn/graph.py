@@ -53,7 +53,7 @@ from sparkgrad.nn._recurrent import (
     steps_to_rows,
 )
 from sparkgrad.nn.conf import BackpropType, check_backprop, check_network_defaults
-from sparkgrad.nn.enums import Activation, WeightInit
+from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.updaters import Sgd, Updater
 from sparkgrad.nn.vertices import GraphVertex, MergeVertex, vertex_error
@@ -131,6 +131,8 @@ class ComputationGraphConfiguration(Config):
             ComputationGraph).
         tbptt_forward_length: as in MultiLayerConfiguration.
         tbptt_backward_length: as in MultiLayerConfiguration.
+        gradient_normalization: network-wide default, as in MultiLayerConfiguration.
+        gradient_normalization_threshold: network-wide default, as in MultiLayerConfiguration.
     """
 
     inputs: list
@@ -148,6 +150,8 @@ class ComputationGraphConfiguration(Config):
     backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20
+    gradient_normalization: GradientNormalization | str = GradientNormalization.NONE
+    gradient_normalization_threshold: float = 1.0
     # Derived: vertex names in topological order, each vertex's input types and every name's output type.
     topological_order: list = dataclasses.field(init=False, repr=False, compare=False)
     vertex_input_types: dict = dataclasses.field(init=False, repr=False, compare=False)
@@ -361,7 +365,7 @@ class GraphBuilder:
     Args:
         defaults: network-wide settings passed to the configuration (updater, seed, weight_init,
             activation, l1, l2, weight_decay, dtype, backprop_type, tbptt_forward_length,
-            tbptt_backward_length).
+            tbptt_backward_length, gradient_normalization, gradient_normalization_threshold).
     """
 
     def __init__(self, **defaults: Any) -> None:

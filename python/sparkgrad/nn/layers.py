@@ -2,10 +2,12 @@
 
 Each layer knows how to infer its input size from the incoming :class:`InputType` (``infer``), the
 parameters it owns (``param_specs``, in flat-buffer order) and its output type. Fields left ``None``
-(activation, weight_init, l1, l2, weight_decay, updater) take the network-wide defaults.
+(activation, weight_init, l1, l2, weight_decay, updater, gradient_normalization,
+gradient_normalization_threshold) take the network-wide defaults.
 
 Validation (ValueError naming the field): l1, l2 and weight_decay are finite and in [0, MAX_SCALE];
-dropout (a retain probability) is in (0, 1]; batch-norm decay in [0, 1] and eps in (0, MAX_SCALE].
+gradient_normalization_threshold is finite and in (0, MAX_SCALE]; dropout (a retain probability) is in
+(0, 1]; batch-norm decay in [0, 1] and eps in (0, MAX_SCALE].
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from sparkgrad._config import (
     check_range,
     coerce_enum,
 )
-from sparkgrad.nn.enums import Activation, ConvolutionMode, LossFunction, PoolingType, WeightInit
+from sparkgrad.nn.enums import (
+    Activation,
+    ConvolutionMode,
+    GradientNormalization,
+    LossFunction,
+    PoolingType,
+    WeightInit,
+)
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.updaters import Updater, check_updater
 
@@ -72,6 +81,14 @@ def _check_count(field: str, value: Any) -> int:
     return check_int(field, value, minimum=1)
 
 
+# Optional per-layer settings holding an enum (coerced from the member or its string value).
+_ENUM_SETTINGS = {
+    "activation": Activation,
+    "weight_init": WeightInit,
+    "gradient_normalization": GradientNormalization,
+}
+
+
 class Layer(Config):
     """Base of every layer configuration."""
 
@@ -112,13 +129,17 @@ class Layer(Config):
 
     def _common_post_init(self) -> None:
         """Validation of the optional per-layer settings shared by several layer types."""
-        for name in ("activation", "weight_init"):
+        for name, enum_cls in _ENUM_SETTINGS.items():
             if getattr(self, name, None) is not None:
-                enum_cls = Activation if name == "activation" else WeightInit
                 setattr(self, name, coerce_enum(enum_cls, getattr(self, name), name))
-        for name in ("l1", "l2", "weight_decay"):
+        for name, scale_check in (
+            ("l1", check_non_negative),
+            ("l2", check_non_negative),
+            ("weight_decay", check_non_negative),
+            ("gradient_normalization_threshold", check_positive),
+        ):
             if hasattr(self, name):
-                setattr(self, name, _optional(getattr(self, name), check_non_negative, name, MAX_SCALE))
+                setattr(self, name, _optional(getattr(self, name), scale_check, name, MAX_SCALE))
         # (field, its check, checked when None too): for every layer type that has the field
         for name, check, when_none in (
             ("dropout", _check_dropout, False),
@@ -178,6 +199,8 @@ class DenseLayer(Layer):
     dropout: float | None = None
     weight_decay: float | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._common_post_init()
@@ -208,6 +231,8 @@ class OutputLayer(Layer):
     dropout: float | None = None
     weight_decay: float | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._common_post_init()
@@ -302,6 +327,8 @@ class ConvolutionLayer(Layer):
     dropout: float | None = None
     weight_decay: float | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._common_post_init()
@@ -384,6 +411,8 @@ class BatchNormalization(Layer):
     eps: float = 1e-5
     n_in: int | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self.decay = check_range("decay", self.decay, 0.0, 1.0)
@@ -515,6 +544,9 @@ class LSTM(_RecurrentCell):
         dropout: retain probability, on the input; as DenseLayer.
         weight_decay: as DenseLayer.
         updater: as DenseLayer.
+        gradient_normalization: the network's unless set; per param type treats W, RW and b
+            separately.
+        gradient_normalization_threshold: the network's unless set.
     """
 
     n_out: int
@@ -528,6 +560,8 @@ class LSTM(_RecurrentCell):
     dropout: float | None = None
     weight_decay: float | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._common_post_init()
@@ -567,6 +601,8 @@ class SimpleRnn(_RecurrentCell):
     dropout: float | None = None
     weight_decay: float | None = None
     updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._common_post_init()
@@ -604,6 +640,8 @@ class _Wrapper(Layer):
     l2 = property(lambda self: self.layer.l2)
     weight_decay = property(lambda self: self.layer.weight_decay)
     updater = property(lambda self: self.layer.updater)
+    gradient_normalization = property(lambda self: self.layer.gradient_normalization)
+    gradient_normalization_threshold = property(lambda self: self.layer.gradient_normalization_threshold)
 
 
 class BidirectionalMode(enum.Enum):
