@@ -17,6 +17,9 @@ after every epoch:
   sent; for updaters without a velocity the same algorithm as ``sqrt``, so the two show the run-to-run
   noise of the asynchronous delivery).
 
+A gradient-sharing contender followed by ``@`` and a number uses that sparsity target instead of
+``--sparsity`` (``--contenders ddp,sqrt,sqrt@3e-3,sqrt@1e-2`` compares message sizes).
+
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
 softmax). Updaters and learning rates: ``sgd`` Sgd(0.1), ``nesterovs`` Nesterovs(0.05, 0.9), ``adam``
@@ -130,7 +133,11 @@ def run(
     batch: int,
     sparsity: float,
 ) -> dict:
-    """One training run: its accuracy after every epoch, wall time and bytes each worker sent."""
+    """One training run: its accuracy after every epoch, wall time and bytes each worker sent. A
+    gradient-sharing contender may name its own sparsity target: ``sqrt@1e-2``."""
+    name, _, own_sparsity = contender.partition("@")
+    sparsity = float(own_sparsity) if own_sparsity else sparsity
+    shared = name in SHARED
     train, test = _data(model, seed)
     net = _network(model, updater, seed)
     listener = _Accuracy(test)
@@ -142,8 +149,8 @@ def run(
         trainer = ParallelWrapper(
             net, workers=workers, training_mode="averaging", averaging_frequency=PA_FREQUENCY
         )
-    elif contender in SHARED:
-        combination, masking = SHARED[contender]
+    elif shared:
+        combination, masking = SHARED[name]
         algorithm = dataclasses.replace(default_threshold_algorithm(), sparsity_target=sparsity)
         trainer = ParallelWrapper(
             net,
@@ -154,7 +161,7 @@ def run(
         )
     start = time.perf_counter()
     trainer.fit(data, epochs=epochs)
-    sent = trainer.bytes_sent / workers / epochs if contender in SHARED else None
+    sent = trainer.bytes_sent / workers / epochs if shared else None
     return {
         "accuracy": listener.history,
         "seconds": time.perf_counter() - start,
@@ -226,14 +233,16 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
     for row, model in enumerate(models):
         for col, updater in enumerate(updater_names):
             ax = axes[row][col]
-            for contender, (color, style) in styles.items():
-                key = f"{model}/{updater}/{1 if contender == 'local' else n}/{contender}"
-                if key not in results:
-                    continue
+            shown = [f"{model}/{updater}/1/local"] + [
+                key for key in results if key.startswith(f"{model}/{updater}/{n}/")
+            ]
+            for key in (key for key in shown if key in results):
+                contender = key.rsplit("/", 1)[1]
+                color, style = styles.get(contender, (None, "-."))  # e.g. sqrt@1e-2: the next color
                 curves = np.array([r["accuracy"] for r in results[key]["runs"]])
                 x = np.arange(1, curves.shape[1] + 1)
-                ax.plot(x, np.median(curves, axis=0), color=color, linestyle=style, label=contender)
-                ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.12)
+                (line,) = ax.plot(x, np.median(curves, axis=0), color=color, linestyle=style, label=contender)
+                ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=line.get_color(), alpha=0.12)
             ax.set_title(f"{model} {updater}, {n} workers", fontsize=9)
             ax.set_ylim(0.8, 1.0)
             ax.grid(alpha=0.3)
