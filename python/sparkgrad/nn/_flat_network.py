@@ -288,15 +288,20 @@ class FlatNetwork:
 
     def _normalize_gradient(self) -> None:
         """DL4J's gradient normalization of the raw gradient, in place. Norms are computed in the
-        gradient's dtype (as DL4J's); scale factors stay on the device (no read-back), and a zero gradient
-        stays zero."""
+        gradient's dtype (as DL4J's) without overflow; scale factors stay on the device (no read-back), and
+        a zero gradient stays zero."""
         xp = self._device.xp
         for mode, threshold, sl in self._normalized:
             g = self._grad[sl]
             if mode is GradientNormalization.CLIP_ELEMENT_WISE_ABSOLUTE_VALUE:
                 xp.clip(g, -threshold, threshold, out=g)
                 continue
-            norm = xp.sqrt(xp.dot(g, g))
+            # the norm of g / max|g|, times max|g|: a finite gradient of float32 elements above 1.8e19
+            # (an exploding RNN with a finite loss) would overflow dot(g, g) and scale to 0
+            peak = xp.maximum(g.max(), -g.min())
+            peak = xp.where(peak > 0, peak, 1)
+            unit = g / peak
+            norm = peak * xp.sqrt(xp.dot(unit, unit))
             if mode in _RENORMALIZE:
                 g /= xp.where(norm > 0, norm, 1)
             else:  # clip L2: a factor of exactly 1 where the norm is within the threshold

@@ -490,3 +490,20 @@ def test_normalized_training_on_a_device_is_bitwise_the_cpu_and_reads_nothing_ba
         copies[mode] = emu.downloads - before
         np.testing.assert_array_equal(on_device.params(), cpu.params())
     assert len(set(copies.values())) == 1, copies
+
+
+@pytest.mark.parametrize("mode", [GN.CLIP_L2_PER_LAYER, GN.RENORMALIZE_L2_PER_LAYER])
+def test_a_finite_gradient_too_large_to_square_is_still_normalized(mode: GradientNormalization) -> None:
+    """An exploding float32 gradient (elements above sqrt(float32 max), 1.8e19) with a finite loss: its
+    squared norm overflows, which used to scale the whole layer to zero instead of to the threshold."""
+    net = _dense(dtype="float32", gradient_normalization=mode, gradient_normalization_threshold=0.5)
+    rng = np.random.default_rng(0)
+    huge = (rng.normal(size=net.num_params()) * 1e25).astype(np.float32)
+    with np.errstate(over="ignore"):
+        assert np.isfinite(huge).all() and not np.isfinite(np.dot(huge, huge))
+    net._grad[:] = huge
+    net._normalize_gradient()
+    for a, b in ((0, 25), (25, 43)):  # Dense(4 -> 5) and Output(5 -> 3), each normalized as one vector
+        expected = huge[a:b].astype(np.float64) / np.linalg.norm(huge[a:b].astype(np.float64))
+        expected *= 0.5 if mode is GN.CLIP_L2_PER_LAYER else 1.0
+        np.testing.assert_allclose(net._grad[a:b], expected, rtol=4 * (b - a + 2) * np.finfo(np.float32).eps)
