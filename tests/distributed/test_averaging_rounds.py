@@ -141,6 +141,9 @@ def test_a_partition_reporting_a_round_twice_is_refused(free_port: int) -> None:
         try:
             ones = np.ones(3, np.float32)
             _contribute(first, {"partition": 0, "minibatches": 1, "score": 0.0}, ones)
+            # the first report must reach the controller first: on a loaded machine the second worker's
+            # frame overtook it once, and the refused duplicate was then the first worker's
+            assert wait_until(lambda: 0 in ctl._rounds.get((0, 0), {}))
             with pytest.raises(TransportError, match="reported round"):
                 second.average(0, 0, {"partition": 0, "minibatches": 1, "score": 0.0}, ones)
             assert ctl.rounds_averaged == 0
