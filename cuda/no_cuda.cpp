@@ -39,7 +39,9 @@ namespace compress::cuda {
 template <typename T>
 std::int64_t threshold_select(const T*, std::int64_t, double, std::int32_t*) { no_cuda("threshold_encode"); }
 template <typename T>
-void threshold_commit(T*, std::int64_t, double, std::int64_t, std::int32_t*) { no_cuda("threshold_encode"); }
+void threshold_commit(T*, std::int64_t, double, std::int64_t, const std::int32_t*, std::int32_t*) {
+  no_cuda("threshold_encode");
+}
 template <typename T>
 std::int64_t bitmap_encode(T*, std::int64_t, double, std::int32_t*) { no_cuda("bitmap_encode"); }
 template <typename T>
@@ -51,7 +53,7 @@ void clip(T*, std::int64_t, T) { no_cuda("clip"); }
 
 #define SPARKGRAD_NO_CUDA_COMPRESS(T)                                                   \
   template std::int64_t threshold_select<T>(const T*, std::int64_t, double, std::int32_t*); \
-  template void threshold_commit<T>(T*, std::int64_t, double, std::int64_t, std::int32_t*); \
+  template void threshold_commit<T>(T*, std::int64_t, double, std::int64_t, const std::int32_t*, std::int32_t*); \
   template std::int64_t bitmap_encode<T>(T*, std::int64_t, double, std::int32_t*);      \
   template void decode<T>(const char*, const std::int32_t*, std::int64_t, T*, std::int64_t, std::int32_t); \
   template void accumulate<T>(T*, const T*, std::int64_t);                              \

@@ -62,18 +62,24 @@ test)
     check_import
     # the modules holding `cuda` cases; the Spark ones need Java and pyspark, which a GPU machine may lack
     modules=(
+        tests/python/compress/test_cuda_threshold.py
         tests/python/nn/test_cuda_kernels.py
         tests/python/nn/test_device.py
-        tests/python/compress/test_cuda_threshold.py
+        tests/python/nn/test_gradient_normalization.py
+        tests/python/nn/test_inference_fold.py
         tests/python/compress/test_compress_device.py
         tests/python/compress/test_encoding_device.py
+        tests/python/test_momentum_masking.py
         tests/python/test_parallel.py
+        tests/distributed/test_mixed_device_fit.py
     )
     if "$python" -c "import pyspark" 2>/dev/null && command -v java >/dev/null; then
         modules+=(tests/spark/test_worker_device_cuda.py)
     fi
     set -o pipefail
-    "$python" -m pytest -p no:cacheprovider -m cuda -v "${modules[@]}" 2>&1 | tee "$logs/cuda_tests.log"
+    # -n: pytest-xdist's processes share the GPU (the cases are small); PYTEST_WORKERS=0 runs them in one
+    "$python" -m pytest -p no:cacheprovider -m cuda -n "${PYTEST_WORKERS:-8}" -rs "${modules[@]}" 2>&1 |
+        tee "$logs/cuda_tests.log"
     ;;
 bench)
     check_import

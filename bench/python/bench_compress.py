@@ -2,7 +2,7 @@
 ``--device cuda``, the CUDA codecs in GB/s against the GPU's memory bandwidth.
 
 Usage: PYTHONPATH=python:tests/python python bench/python/bench_compress.py [--n 4194304] [--reps 5]
-       [--device cpu|cuda]
+       [--device cpu|cuda] [--sizes-only]
 
 Prints one line per configuration. CPU: native and reference times (minimum over repetitions),
 ns/param, and the speed-up of native over the reference. CUDA: GPU time (CUDA events, minimum over
@@ -32,6 +32,7 @@ from reference import compress as ref  # noqa: E402
 
 import sparkgrad  # noqa: E402
 from sparkgrad import compress, cuda  # noqa: E402
+from sparkgrad._native import _core  # noqa: E402
 from sparkgrad.compress import (  # noqa: E402
     EncodingHandler,
     FixedThresholdAlgorithm,
@@ -160,7 +161,7 @@ def handler_step(dtype: type) -> Callable[[Any], object]:
     return step
 
 
-def run_cuda(n: int, reps: int) -> None:
+def run_cuda(n: int, reps: int, sizes_only: bool) -> None:
     cupy = gpu_or_exit()
     gpu = cuda.devices()[cupy.cuda.Device().id]
     peak = peak_bandwidth(cupy)
@@ -169,7 +170,7 @@ def run_cuda(n: int, reps: int) -> None:
         f"(compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]}), "
         f"peak memory bandwidth {peak / 1e9:.0f} GB/s; CPU: OpenMP threads={sparkgrad.get_num_threads()}"
     )
-    for dtype in (np.float32, np.float64):
+    for dtype in () if sizes_only else (np.float32, np.float64):
         for density in (1e-4, 1e-3, 1e-2, 1e-1):
             host = residual(n, density, dtype)
             dev = cupy.asarray(host)
@@ -192,13 +193,24 @@ def run_cuda(n: int, reps: int) -> None:
                     f"gpu {t_gpu * 1e3:8.3f} ms {rate / 1e9:8.1f} GB/s ({rate / peak:6.1%} of peak)  "
                     f"cpu native {t_cpu * 1e3:8.2f} ms  speed-up {t_cpu / t_gpu:7.1f}x"
                 )
-    print("sparse encode by vector size (float32, density 1e-3)")
+    print(
+        "sparse encode by vector size (float32, density 1e-3): the whole encode (threshold_encode), its "
+        "selection pass alone, and CuPy's max of the same vector (one read: the least any encoder does)"
+    )
     for size in (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 27):
         dev = cupy.asarray(residual(size, 1e-3, np.float32))
-        t_gpu = best_gpu_seconds(cupy, native_sparse, dev, reps)
-        rate = size * 4 / t_gpu
-        print(f"n={size:>10d}  gpu {t_gpu * 1e3:8.3f} ms {rate / 1e9:8.1f} GB/s ({rate / peak:6.1%} of peak)")
-        del dev
+        work = cupy.empty(_core.cuda_threshold_select_words(size, np.dtype(np.float32)), dtype=np.int32)
+
+        def select(r: Any, size: int = size, work: Any = work) -> object:
+            return cuda.launch(_core.cuda_threshold_select, r.data.ptr, size, r.dtype, 1.0, work.data.ptr)
+
+        cells = []
+        for fn in (native_sparse, select, lambda r: r.max()):
+            t_gpu = best_gpu_seconds(cupy, fn, dev, reps)
+            rate = size * 4 / t_gpu
+            cells.append(f"{t_gpu * 1e3:7.3f} ms {rate / 1e9:7.1f} GB/s ({rate / peak:6.1%})")
+        print(f"n={size:>10d}  encode {cells[0]}  select {cells[1]}  cupy max {cells[2]}")
+        del dev, work
 
 
 def main() -> None:
@@ -206,9 +218,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1 << 22)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--sizes-only", action="store_true", help="cuda: only the table by vector size")
     args = parser.parse_args()
     if args.device == "cuda":
-        run_cuda(args.n, args.reps)
+        run_cuda(args.n, args.reps, args.sizes_only)
     else:
         run_cpu(args.n, args.reps)
 

@@ -161,31 +161,42 @@ void init_compress(py::module_& m) {
 
   // CUDA: raw device pointers; dtype is a numpy dtype. Shapes are checked by sparkgrad.compress.
   m.def(
+      "cuda_threshold_select_words",
+      [](std::int64_t n, const py::dtype& dtype) {
+        check_encode_args("threshold_encode", n, 1.0);
+        return with_float_dtype("threshold_encode", "residual", dtype,
+                                [&](auto tag) { return cuda::threshold_select_words<decltype(tag)>(n); });
+      },
+      py::arg("n"), py::arg("dtype"), "Words of cuda_threshold_select's working buffer for n elements.");
+  m.def(
       "cuda_threshold_select",
-      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t message) {
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t work) {
         check_encode_args("threshold_encode", n, threshold);
         return with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
           using T = decltype(tag);
           py::gil_scoped_release release;
-          return cuda::threshold_select(device_ptr<const T>(x), n, threshold, device_ptr<std::int32_t>(message));
+          return cuda::threshold_select(device_ptr<const T>(x), n, threshold, device_ptr<std::int32_t>(work));
         });
       },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("message"),
-      "Entries of every |x[i]| >= threshold into the payload of message: (4 + n,), ascending; returns "
-      "their count.");
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("work"),
+      "Selects every |x[i]| >= threshold into work: (cuda_threshold_select_words(n, dtype),); returns their "
+      "count.");
   m.def(
       "cuda_threshold_commit",
       [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::int64_t entries,
-         std::uintptr_t message) {
+         std::uintptr_t work, std::uintptr_t message) {
         check_encode_args("threshold_encode", n, threshold);
         with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
           using T = decltype(tag);
           py::gil_scoped_release release;
-          cuda::threshold_commit(device_ptr<T>(x), n, threshold, entries, device_ptr<std::int32_t>(message));
+          cuda::threshold_commit(device_ptr<T>(x), n, threshold, entries, device_ptr<const std::int32_t>(work),
+                                 device_ptr<std::int32_t>(message));
         });
       },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("message"),
-      "Header of the sparse message holding `entries` selected entries; moves those elements of x by threshold.");
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("work"),
+      py::arg("message"),
+      "The sparse message of the first `entries` selected elements into message: (4 + entries,); moves those "
+      "elements of x by threshold.");
   m.def(
       "cuda_bitmap_encode",
       [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t out) {

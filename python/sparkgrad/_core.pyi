@@ -66,6 +66,7 @@ __all__: list[str] = [
     "cuda_sync_each_op",
     "cuda_threshold_commit",
     "cuda_threshold_select",
+    "cuda_threshold_select_words",
     "cuda_updater_apply",
     "decode",
     "dropout_backward",
@@ -597,10 +598,11 @@ def cuda_threshold_commit(
     dtype: numpy.dtype[typing.Any],
     threshold: typing.SupportsFloat | typing.SupportsIndex,
     entries: typing.SupportsInt | typing.SupportsIndex,
+    work: typing.SupportsInt | typing.SupportsIndex,
     message: typing.SupportsInt | typing.SupportsIndex,
 ) -> None:
     """
-    Header of the sparse message holding `entries` selected entries; moves those elements of x by threshold.
+    The sparse message of the first `entries` selected elements into message: (4 + entries,); moves those elements of x by threshold.
     """
 
 def cuda_threshold_select(
@@ -608,10 +610,17 @@ def cuda_threshold_select(
     n: typing.SupportsInt | typing.SupportsIndex,
     dtype: numpy.dtype[typing.Any],
     threshold: typing.SupportsFloat | typing.SupportsIndex,
-    message: typing.SupportsInt | typing.SupportsIndex,
+    work: typing.SupportsInt | typing.SupportsIndex,
 ) -> int:
     """
-    Entries of every |x[i]| >= threshold into the payload of message: (4 + n,), ascending; returns their count.
+    Selects every |x[i]| >= threshold into work: (cuda_threshold_select_words(n, dtype),); returns their count.
+    """
+
+def cuda_threshold_select_words(
+    n: typing.SupportsInt | typing.SupportsIndex, dtype: numpy.dtype[typing.Any]
+) -> int:
+    """
+    Words of cuda_threshold_select's working buffer for n elements.
     """
 
 def cuda_updater_apply(

@@ -132,25 +132,27 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     if not _is_device_array(residual):
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
-    selected, count = _device_select(ptr, n, dtype, t)
-    message = _device_commit(ptr, n, dtype, t, selected, count if limit < 0 else min(count, limit))
-    return message.copy()  # a view would keep the worst-case buffer of n entries alive
+    work, count = _device_select(ptr, n, dtype, t)
+    return _device_commit(ptr, n, dtype, t, work, count if limit < 0 else min(count, limit))
 
 
 def _device_select(ptr: int, n: int, dtype: np.dtype, threshold: float) -> tuple[Array, int]:
-    """One pass over a device residual: a buffer of ``HEADER_WORDS + n`` words whose payload starts with the
-    entries of every qualifying element (ascending), and their count. The residual is not modified."""
+    """One pass over a device residual: a working buffer holding the entries of every qualifying element
+    (ascending within each tile) and each tile's offset among them, and their count. The residual is not
+    modified."""
     _require_cuda_build("threshold_encode")
-    buffer = _cupy().empty(HEADER_WORDS + n, dtype=np.int32)
-    count = cuda.launch(_core.cuda_threshold_select, ptr, n, dtype, threshold, buffer.data.ptr)
-    return buffer, int(count)
+    work = _cupy().empty(_core.cuda_threshold_select_words(n, dtype), dtype=np.int32)
+    count = cuda.launch(_core.cuda_threshold_select, ptr, n, dtype, threshold, work.data.ptr)
+    return work, int(count)
 
 
-def _device_commit(ptr: int, n: int, dtype: np.dtype, threshold: float, buffer: Array, entries: int) -> Array:
-    """The sparse message of the first ``entries`` selected elements (a view of ``buffer``); moves those
+def _device_commit(ptr: int, n: int, dtype: np.dtype, threshold: float, work: Array, entries: int) -> Array:
+    """The sparse message of the first ``entries`` selected elements (ascending index order); moves those
     elements of the residual toward zero by the threshold."""
-    cuda.launch(_core.cuda_threshold_commit, ptr, n, dtype, threshold, entries, buffer.data.ptr)
-    return buffer[: HEADER_WORDS + entries]
+    message = _cupy().empty(HEADER_WORDS + entries, dtype=np.int32)
+    commit = _core.cuda_threshold_commit
+    cuda.launch(commit, ptr, n, dtype, threshold, entries, work.data.ptr, message.data.ptr)
+    return message
 
 
 def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
@@ -267,13 +269,13 @@ def _device_encode_smaller(residual: Array, threshold: float) -> tuple[np.ndarra
     host. Returns ``(message, is_bitmap)``; ``(None, False)`` with the residual untouched when nothing
     qualifies."""
     ptr, n, dtype = _device_vector("encode", "residual", residual, writable=True)
-    selected, count = _device_select(ptr, n, dtype, threshold)
+    work, count = _device_select(ptr, n, dtype, threshold)
     if HEADER_WORDS + count > _bitmap_words(n):
         message, _ = bitmap_encode(residual, threshold)
         return message.get(), True
     if count == 0:
         return None, False
-    return _device_commit(ptr, n, dtype, threshold, selected, count).get(), False
+    return _device_commit(ptr, n, dtype, threshold, work, count).get(), False
 
 
 def _header(op: str, message: Array) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import sparkgrad
 from sparkgrad.compress import FixedThresholdAlgorithm
 from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.nn import (
@@ -110,3 +111,24 @@ def test_masking_leaves_updaters_without_velocity_alone() -> None:
 def test_bad_momentum_masking_names_the_argument() -> None:
     with pytest.raises(ValueError, match="momentum_masking"):
         ParallelWrapper(_multilayer(updaters.Sgd(), updaters.Sgd()), momentum_masking="yes")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("make", [_multilayer, _graph], ids=["multilayer", "graph"])
+def test_mask_momentum_on_the_gpu_zeroes_exactly_what_the_cpu_zeroes(make) -> None:
+    """The same masking on a network on cuda:0 with a GPU vector: the velocity elements that were non-zero
+    before stay bit-identical (masking only writes zeros) and the sent ones become 0, as on the CPU."""
+    if not sparkgrad.cuda_available():
+        pytest.skip("CUDA build with a visible GPU is required")
+    cp = pytest.importorskip("cupy")
+    net = make(updaters.Nesterovs(0.1, 0.9), updaters.Adam(1e-2)).to("cuda:0")
+    for _ in range(3):
+        net.apply_update(net.compute_update(_data())[0])
+    hidden = 4 * 6 + 6
+    state = net.updater_state().copy()
+    sent = np.zeros(net.num_params())
+    sent[[0, 7, hidden - 1, hidden, net.num_params() - 1]] = [0.5, -0.25, 1e-30, 0.5, -0.5]
+    net.mask_momentum(cp.asarray(sent))
+    expected = state.copy()
+    expected[[0, 7, hidden - 1]] = 0
+    np.testing.assert_array_equal(net.updater_state(), expected)

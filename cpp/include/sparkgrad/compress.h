@@ -197,15 +197,28 @@ void clip(T* residual, std::int64_t n, T limit);
 namespace cuda {
 
 // Sparse encoding in two steps, so the caller can choose the format (or a boundary) from the count before
-// anything changes. threshold_select writes the entries of every element with |x[i]| >= threshold, in
-// ascending index order, to the payload of message: (kHeaderWords + n,) (a worst-case buffer), in one
-// pass over x, and returns their count; x is not modified. threshold_commit then makes the first
-// kHeaderWords + entries words of that buffer a sparse message of the first `entries` of them: it writes
-// the header and moves those elements of x toward zero by the threshold, as threshold_encode does.
+// anything changes. threshold_select reads x once and writes, into `work` (threshold_select_words(n)
+// words), the entries of every element with |x[i]| >= threshold, ascending within each tile of
+// kSelectTile elements, and each tile's offset among them; it returns their count and does not modify x.
+// threshold_commit then writes the sparse message of the first `entries` of them (in ascending index
+// order) to message: (kHeaderWords + entries,) and moves those elements of x toward zero by the
+// threshold, as threshold_encode does.
 template <typename T>
-std::int64_t threshold_select(const T* x, std::int64_t n, double threshold, std::int32_t* message);
+inline constexpr std::int64_t kSelectTile = 16384 / sizeof(T);  // 256 threads x 4 loads of 16 bytes
+
+// The working buffer's words: a slice of entries per tile (n in all), the tiles' counts (int32, one extra)
+// and their offsets (int64, one extra, 8-byte aligned).
 template <typename T>
-void threshold_commit(T* x, std::int64_t n, double threshold, std::int64_t entries, std::int32_t* message);
+inline std::int64_t threshold_select_words(std::int64_t n) {
+  const std::int64_t tiles = (n + kSelectTile<T> - 1) / kSelectTile<T>;
+  const std::int64_t counts_end = n + tiles + 1;
+  return counts_end + (counts_end & 1) + 2 * (tiles + 1);
+}
+template <typename T>
+std::int64_t threshold_select(const T* x, std::int64_t n, double threshold, std::int32_t* work);
+template <typename T>
+void threshold_commit(T* x, std::int64_t n, double threshold, std::int64_t entries, const std::int32_t* work,
+                      std::int32_t* message);
 
 // out: (bitmap_length(n),); returns the number of elements encoded.
 template <typename T>

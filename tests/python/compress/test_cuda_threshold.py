@@ -1,6 +1,7 @@
-"""The GPU encoders write the CPU encoders' bytes (cuda/compress/threshold.cu: per-block counts, an exclusive
-scan and ballot-ordered compaction, so entries are ascending whatever the launch order), including the
-values where float comparisons are easy to get wrong, and lead to the same sparse/bitmap choice."""
+"""The GPU encoders write the CPU encoders' bytes (cuda/compress/threshold.cu: per-tile compaction ordered
+by a block scan, a scan of the tiles' counts and a gather, so entries are ascending whatever the launch
+order), including the values where float comparisons are easy to get wrong, unaligned vectors (scalar
+loads) and more tiles than the count scan has threads, and lead to the same sparse/bitmap choice."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from sparkgrad._native import _core
 
 pytestmark = pytest.mark.cuda
 
-SIZES = [1, 15, 16, 17, 511, 512, 513, 100_003]
+# around the 16-byte loads and the tiles (4096 floats, 2048 doubles), and many tiles
+SIZES = [1, 15, 16, 17, 511, 512, 513, 2047, 2048, 4097, 100_003]
+MANY_TILES = 5_000_011  # > 1024 tiles in both dtypes: the count scan's threads take several each
 
 
 @pytest.fixture
@@ -78,3 +81,18 @@ def test_gpu_bitmap_and_format_choice_match_cpu(cp: Any, n: int, dtype: Any, den
     assert gpu_dense == dense
     chosen = (compress.bitmap_encode(cp.asarray(host), 0.5)[0] if gpu_dense else sparse).get()
     assert chosen.tobytes() == smaller.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("offset", [0, 1, 3], ids=["aligned", "offset1", "offset3"])
+def test_gpu_threshold_encode_of_many_tiles_and_unaligned_views(cp: Any, dtype: Any, offset: int) -> None:
+    host = _residual(MANY_TILES + offset, dtype, 0.01, seed=offset)
+    cpu_residual = host[offset:].copy()
+    expected = compress.threshold_encode(cpu_residual, 0.5)
+    on_gpu = cp.asarray(host)
+    gpu_residual = on_gpu[offset:]  # a view: 4 or 8 bytes past an aligned start when offset > 0
+    assert (gpu_residual.data.ptr % 16 == 0) == (offset * np.dtype(dtype).itemsize % 16 == 0)
+    message = compress.threshold_encode(gpu_residual, 0.5)
+    assert message.get().tobytes() == expected.tobytes()
+    assert on_gpu[offset:].get().tobytes() == cpu_residual.tobytes()
+    assert on_gpu[:offset].get().tobytes() == host[:offset].tobytes()

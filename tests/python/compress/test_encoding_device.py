@@ -93,15 +93,15 @@ class _StandInGpu:
         self._ran()
         _core.accumulate(self.buffers[residual], self.buffers[update])
 
-    def cuda_threshold_select(self, x, n, dtype, threshold, message) -> int:
+    def cuda_threshold_select(self, x, n, dtype, threshold, work) -> int:
         self._ran()
         full = _core.threshold_encode(self.buffers[x].copy(), threshold, -1)
-        self.buffers[message][4 : full.size] = full[4:]
+        self.buffers[work][: full.size - 4] = full[4:]  # the real layout is per tile; only commit reads it
         return int(full[0])
 
-    def cuda_threshold_commit(self, x, n, dtype, threshold, entries, message) -> None:
+    def cuda_threshold_commit(self, x, n, dtype, threshold, entries, work, message) -> None:
         self._ran()
-        self.buffers[message][: 4 + entries] = _core.threshold_encode(self.buffers[x], threshold, entries)
+        self.buffers[message][:] = _core.threshold_encode(self.buffers[x], threshold, entries)
 
     def cuda_bitmap_encode(self, x, n, dtype, threshold, out) -> int:
         self._ran()

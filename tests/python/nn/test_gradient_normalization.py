@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from emulated_device import EmulatedDevice
 
+import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     LSTM,
@@ -507,3 +508,26 @@ def test_a_finite_gradient_too_large_to_square_is_still_normalized(mode: Gradien
         expected = huge[a:b].astype(np.float64) / np.linalg.norm(huge[a:b].astype(np.float64))
         expected *= 0.5 if mode is GN.CLIP_L2_PER_LAYER else 1.0
         np.testing.assert_allclose(net._grad[a:b], expected, rtol=4 * (b - a + 2) * np.finfo(np.float32).eps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.parametrize("mode", [m for m in GN if m is not GN.NONE], ids=lambda m: m.value)
+def test_normalized_training_on_the_gpu_matches_the_cpu(name: str, mode: GradientNormalization) -> None:
+    """Three normalized SGD steps on cuda:0 against the CPU in float64. The kernels differ only in their
+    summation order: each gradient element sums at most batch x steps x the widest fan-in products
+    (`terms`), each rounding by eps, and the normalization's norms and scales add a few roundings, so
+    the parameters differ by at most steps x 16 x terms x eps x the largest parameter (a loose bound:
+    the threshold 0.05 is far from every norm here, so no clip decision can flip)."""
+    if not sparkgrad.cuda_available():
+        pytest.skip("CUDA build with a visible GPU is required")
+    pytest.importorskip("cupy")
+    cpu = NETWORKS[name](gradient_normalization=mode, gradient_normalization_threshold=0.05)
+    gpu = NETWORKS[name](gradient_normalization=mode, gradient_normalization_threshold=0.05).to("cuda:0")
+    batches = [_data(cpu, seed) for seed in range(3)]
+    cpu.fit(batches)
+    gpu.fit(batches)
+    terms = 6 * 5 * 8  # batch x time steps x the widest fan-in of the three networks
+    tol = len(batches) * 16 * terms * EPS * float(np.abs(cpu.params()).max())
+    np.testing.assert_allclose(gpu.params(), cpu.params(), rtol=0, atol=tol)
+    assert not np.array_equal(cpu.params(), NETWORKS[name]().params())  # it trained

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from reference import nn as ref
 
+import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     ActivationLayer,
@@ -117,6 +118,19 @@ def _folded_and_unfused(net: Any, x: np.ndarray, graph: bool) -> tuple[np.ndarra
     return folded, unfused
 
 
+def _assert_near_reference(
+    out: np.ndarray, x: np.ndarray, params: dict[str, np.ndarray], bound: np.ndarray, relu: bool
+) -> None:
+    """``out`` within 2 x bound of the float64 batch-normalised convolution (and relu)."""
+    z = ref.conv2d_forward(x, params["W"], params["b"], (H, W), (1, 1), (1, 1))
+    expected = ref.batchnorm_forward_inference(
+        z, params["gamma"], params["beta"], params["mean"], params["var"], EPS
+    )
+    if relu:
+        expected = np.maximum(expected, 0)
+    assert np.all(np.abs(out - expected.reshape(x.shape[0], -1)) <= 2 * bound)
+
+
 CHANNELS = [(3, 5), (16, 16)]  # im2col, and Winograd (both channel counts >= 16)
 
 
@@ -143,13 +157,7 @@ def test_folded_inference_matches_the_layer_by_layer_path(dtype: Any, c: int, k:
     assert np.any(folded != unfused)
     # and both are the batch-normalised convolution (float64 reference; bound doubled for the reference's
     # own difference from either path)
-    z = ref.conv2d_forward(x, params["W"], params["b"], (H, W), (1, 1), (1, 1))
-    expected = ref.batchnorm_forward_inference(
-        z, params["gamma"], params["beta"], params["mean"], params["var"], EPS
-    )
-    if network != "mln_no_activation":
-        expected = np.maximum(expected, 0)
-    assert np.all(np.abs(folded - expected.reshape(x.shape[0], -1)) <= 2 * bound)
+    _assert_near_reference(folded, x, params, bound, relu=network != "mln_no_activation")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -208,3 +216,28 @@ def test_clone_keeps_the_fold_setting() -> None:
     net.fold_batch_norm = False
     assert net.clone().fold_batch_norm is False
     assert _mln(3, 4, np.float32, [LossLayer(activation="identity", loss="mse")]).clone().fold_batch_norm
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("c", "k"), CHANNELS)
+@pytest.mark.parametrize("network", ["mln", "graph"])
+def test_folded_inference_on_the_gpu(dtype: Any, c: int, k: int, network: str) -> None:
+    """The fold on cuda:0 (its convolution is im2col + cuBLAS, whose rounding bound the Winograd one
+    dominates): within the same bound of the layer-by-layer GPU path and of the float64 reference."""
+    if not sparkgrad.cuda_available():
+        pytest.skip("CUDA build with a visible GPU is required")
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(c * 1000 + k + 7)
+    graph = network == "graph"
+    net: Any = (
+        _graph(c, k, dtype) if graph else _mln(c, k, dtype, [ActivationLayer("relu"), LossLayer(loss="mse")])
+    )
+    params = _perturb(net, rng)
+    net = net.to("cuda:0")
+    x = rng.normal(0, 1, (4, c, H, W)).astype(dtype)
+    folded, unfused = (cp.asnumpy(a) for a in _folded_and_unfused(net, cp.asarray(x), graph))
+    bound = _fold_bound(x, params, UNIT_ROUNDOFF[dtype]).reshape(x.shape[0], -1)
+    assert np.all(np.abs(folded.astype(np.float64) - unfused) <= bound)
+    assert np.any(folded != unfused)
+    _assert_near_reference(folded, x, params, bound, relu=True)
