@@ -88,6 +88,16 @@ def test_gpu_problems_are_named(monkeypatch) -> None:
         resolve_worker_device("cuda:1", _Task(), {})
 
 
+def test_an_explicit_device_needs_no_task_context(usable_gpus, monkeypatch) -> None:
+    """worker_device="cuda:N" or "cpu" resolves outside a Spark task, without pyspark (a worker driven
+    directly, as tests/distributed/test_mixed_device_fit.py does); "auto" still asks the task."""
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark raises ImportError
+    assert resolve_worker_device("cuda:1", environ={}) == "cuda:1"
+    assert resolve_worker_device("cpu", environ={}) == "cpu"
+    with pytest.raises(ImportError):
+        resolve_worker_device("auto", environ={})
+
+
 def test_malformed_devices_are_rejected(usable_gpus) -> None:
     with pytest.raises(
         ValueError, match=r"worker_device: expected one of auto, cpu, cuda, cuda:N, got 'tpu'"

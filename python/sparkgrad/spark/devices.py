@@ -99,12 +99,12 @@ def resolve_worker_device(
     option = check_worker_device("worker_device", option)
     if option == "cpu":
         return "cpu"
+    if option != "cuda" and option != "auto":  # an explicit cuda:N needs no task context (nor pyspark)
+        return _usable(option, f"worker_device={option!r}")
     if task_context is None:
         from pyspark import TaskContext
 
         task_context = TaskContext.get()
-    if option != "cuda" and option != "auto":
-        return _usable(option, f"worker_device={option!r}")
     gpus = assigned_gpus(task_context)
     if gpus:
         address = gpus[0]

@@ -297,10 +297,10 @@ class SharedWorker:
                 iteration if latest is not None else max(iteration, snap.iteration),
                 max(epoch, snap.epoch),
             ).build(device=device)
+            self._init_training()  # the encoding buffers: a GPU out of memory must not leak the connection
         except BaseException:
             self.conn.close()
             raise
-        self._init_training()
         self.stats: SparkTrainingStats | None = None
         self._init_event = event(start, gpu=device_index(device)) if job.collect_stats else None
         self._state_reported: float | None = None  # monotonic time of the last updater-state report
