@@ -28,6 +28,7 @@ TorchDistributor runs in local mode (torchrun on the driver machine): its execut
 and pyarrow, which the benchmark environment does not install.
 
 Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.97] [--seeds 1 2 3]
+       [--fixed-start] [--dl4j] [--sparsity 3e-3 ...]
 """
 
 from __future__ import annotations
@@ -169,6 +170,13 @@ def main() -> int:
         action="store_true",
         help="add SharedTrainingMaster whose threshold starts at 2e-2 (start_at_target=False, DL4J's start)",
     )
+    parser.add_argument(
+        "--sparsity",
+        type=float,
+        nargs="*",
+        default=[],
+        help="a SharedTrainingMaster row per value: the default threshold algorithm with this target",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -235,6 +243,15 @@ def main() -> int:
                 DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=False
             ),
         )
+    for sparsity in args.sparsity:
+
+        def with_sparsity(seed: int, target: float = sparsity) -> SharedTrainingMaster:
+            algorithm = TargetSparsityThresholdAlgorithm(
+                DEFAULT_INITIAL_THRESHOLD, target, start_at_target=True
+            )
+            return SharedTrainingMaster(void, batch_size_per_worker=BATCH, threshold_algorithm=algorithm)
+
+        contenders[f"SharedTrainingMaster (sparsity {sparsity:g})"] = with_sparsity
     runs: dict[str, list[dict]] = {name: [] for name in [*contenders, "TorchDistributor DDP (gloo)"]}
     try:
         rdd = spark.sparkContext.parallelize(train.split(1), WORKERS).cache()
