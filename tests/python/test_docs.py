@@ -29,6 +29,7 @@ PUBLIC_MODULES = [
     "sparkgrad.ml",
     "sparkgrad.mlflow",
     "sparkgrad.nn",
+    "sparkgrad.nn.schedules",
     "sparkgrad.nn.updaters",
     "sparkgrad.parallel",
     "sparkgrad.spark",

@@ -3,7 +3,7 @@ parameter buffer."""
 
 from __future__ import annotations
 
-from sparkgrad.nn import updaters
+from sparkgrad.nn import schedules, updaters
 from sparkgrad.nn.conf import MultiLayerConfiguration
 from sparkgrad.nn.enums import (
     Activation,
@@ -108,5 +108,6 @@ __all__ = [
     "UnstackVertex",
     "VertexSpec",
     "WeightInit",
+    "schedules",
     "updaters",
 ]

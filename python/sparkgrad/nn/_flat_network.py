@@ -421,17 +421,24 @@ class FlatNetwork:
             l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
             if l1 > 0 or l2 > 0:
                 kernels.regularize_gradient(w, g, l1, l2)
+        # Schedules (learning rate, momentum) read the counters before this step's increment, as in
+        # DL4J; weight decay scales by the same step's (scheduled) learning rate.
+        iteration, epoch = int(self.iteration_count), int(self.epoch_count)
+        for block in self._blocks:  # a scheduled value out of range fails before any state changes
+            block.updater.kernel_kwargs(iteration, epoch)
         for block in self._blocks:
             block.updater.apply(
                 grad[block.start : block.stop],
                 self._state[block.state_start : block.state_stop],
-                self.iteration_count,
+                iteration,
                 kernels,
+                epoch,
             )
         for w, g, key in self._weights:
             wd = self.conf.setting(key, "weight_decay")
             if wd > 0:
-                kernels.apply_weight_decay(w, g, wd * self.conf.setting(key, "updater").learning_rate)
+                lr = self.conf.setting(key, "updater").learning_rate_at(iteration, epoch)
+                kernels.apply_weight_decay(w, g, wd * lr)
         for sl, rt in self._stats:  # running statistics: params -= (old - new) sets them to new
             c = rt.new_mean.shape[0]
             grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
