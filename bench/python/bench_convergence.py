@@ -18,7 +18,10 @@ after every epoch:
   noise of the asynchronous delivery).
 
 A gradient-sharing contender followed by ``@`` and a number uses that sparsity target instead of
-``--sparsity`` (``--contenders ddp,sqrt,sqrt@3e-3,sqrt@1e-2`` compares message sizes).
+``--sparsity`` (``--contenders ddp,sqrt,sqrt@3e-3,sqrt@1e-2`` compares message sizes). One followed by
+``+warmup`` ramps each worker's learning rate linearly over its first epoch of steps (``RampSchedule``: the
+gradual warm-up of Goyal et al. 2017 for large effective batches; ``sum+warmup`` is their linear scaling
+rule with warm-up, since DL4J's sum takes N workers' steps at once).
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -68,6 +71,7 @@ from sparkgrad.nn import (
     TrainingListener,
     updaters,
 )
+from sparkgrad.nn.schedules import RampSchedule
 from sparkgrad.parallel import ParallelWrapper
 
 UPDATERS: dict[str, Callable[[], Any]] = {
@@ -84,7 +88,7 @@ SHARED = {**{c: (c, False) for c in UPDATE_COMBINATIONS}, "masked": ("sqrt", Tru
 PA_FREQUENCY = 5  # the "pa" contender averages every 5 minibatches per worker (DL4J's example setting)
 
 
-def _network(model: str, updater: str, seed: int) -> MultiLayerNetwork:
+def _network(model: str, updater: str, seed: int, warmup_steps: int = 0) -> MultiLayerNetwork:
     if model == "mlp":
         layers = [DenseLayer(128, activation="relu"), DenseLayer(128, activation="relu"), OutputLayer(10)]
         input_type = InputType.feed_forward(64)
@@ -99,9 +103,10 @@ def _network(model: str, updater: str, seed: int) -> MultiLayerNetwork:
     else:
         layers = [LastTimeStep(LSTM(32)), OutputLayer(10)]
         input_type = InputType.recurrent(8)
-    conf = MultiLayerConfiguration(
-        layers, input_type=input_type, updater=UPDATERS[updater](), weight_init="relu", seed=seed
-    )
+    rule = UPDATERS[updater]()
+    if warmup_steps:
+        rule = dataclasses.replace(rule, learning_rate=RampSchedule(rule.learning_rate, warmup_steps))
+    conf = MultiLayerConfiguration(layers, input_type=input_type, updater=rule, weight_init="relu", seed=seed)
     return MultiLayerNetwork(conf).init()
 
 
@@ -134,12 +139,17 @@ def run(
     sparsity: float,
 ) -> dict:
     """One training run: its accuracy after every epoch, wall time and bytes each worker sent. A
-    gradient-sharing contender may name its own sparsity target: ``sqrt@1e-2``."""
+    gradient-sharing contender may name its own sparsity target (``sqrt@1e-2``) and a warm-up
+    (``sum+warmup``)."""
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
+    name, _, warmup = name.partition("+")
+    if warmup not in ("", "warmup"):
+        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][@SPARSITY]")
     shared = name in SHARED
     train, test = _data(model, seed)
-    net = _network(model, updater, seed)
+    warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
+    net = _network(model, updater, seed, warmup_steps)
     listener = _Accuracy(test)
     net.set_listeners(listener)
     size = batch * workers if contender == "ddp" else batch
