@@ -424,15 +424,16 @@ class FlatNetwork:
         # Schedules (learning rate, momentum) read the counters before this step's increment, as in
         # DL4J; weight decay scales by the same step's (scheduled) learning rate.
         iteration, epoch = int(self.iteration_count), int(self.epoch_count)
-        for block in self._blocks:  # a scheduled value out of range fails before any state changes
-            block.updater.kernel_kwargs(iteration, epoch)
-        for block in self._blocks:
+        # every block's values first: a scheduled value out of range fails before any state changes
+        hyper = [block.updater.kernel_kwargs(iteration, epoch) for block in self._blocks]
+        for block, values in zip(self._blocks, hyper):
             block.updater.apply(
                 grad[block.start : block.stop],
                 self._state[block.state_start : block.state_stop],
                 iteration,
                 kernels,
                 epoch,
+                values,
             )
         for w, g, key in self._weights:
             wd = self.conf.setting(key, "weight_decay")

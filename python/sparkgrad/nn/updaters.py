@@ -47,7 +47,15 @@ class Updater(Config):
         """Length of the flat state this updater keeps for ``n`` parameters."""
         return int(_core.updater_state_size(self.kind, n))
 
-    def apply(self, gradient: Any, state: Any, iteration: int, kernels: Any, epoch: int = 0) -> None:
+    def apply(
+        self,
+        gradient: Any,
+        state: Any,
+        iteration: int,
+        kernels: Any,
+        epoch: int = 0,
+        hyper: dict[str, float] | None = None,
+    ) -> None:
         """Turn ``gradient`` into the update in place, advancing ``state`` (0-based ``iteration``).
 
         Args:
@@ -56,8 +64,10 @@ class Updater(Config):
             iteration: 0-based iteration (the network's count before this step).
             kernels: the kernel namespace of the arrays' device (``Device.kernels``).
             epoch: 0-based epoch (the network's count of completed epochs), read by EPOCH schedules.
+            hyper: this step's :meth:`kernel_kwargs` when the caller has evaluated them already.
         """
-        kernels.updater_apply(self.kind, gradient, state, iteration, **self.kernel_kwargs(iteration, epoch))
+        values = self.kernel_kwargs(iteration, epoch) if hyper is None else hyper
+        kernels.updater_apply(self.kind, gradient, state, iteration, **values)
 
 
 def _scheduled(
