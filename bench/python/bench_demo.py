@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
-import sys
 import time
+
+from local_spark import local_session
 
 
 def main() -> None:
@@ -27,9 +27,6 @@ def main() -> None:
     parser.add_argument("--decay", type=float, default=None, help="also with this epoch decay")
     parser.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     from sparkgrad.datasets import load_digits
     from sparkgrad.nn import MultiLayerNetwork
     from sparkgrad.nn.schedules import ExponentialSchedule
@@ -45,15 +42,7 @@ def main() -> None:
         scheduled = dataclasses.replace(rule, learning_rate=rate)
         return MultiLayerNetwork(dataclasses.replace(net.conf, updater=scheduled)).init()
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("local[2]")
     train, test = load_digits(test_fraction=0.2, seed=0, shape="image")
     rdd = spark.sparkContext.parallelize(train.split(1), 2).cache()
     rdd.count()

@@ -34,12 +34,12 @@ Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.9
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
+from local_spark import local_session
 
 WORKERS = 2
 BATCH = 32
@@ -179,10 +179,6 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    from pyspark.sql import SparkSession
-
     from sparkgrad.compress import (
         DEFAULT_INITIAL_THRESHOLD,
         DEFAULT_SPARSITY_TARGET,
@@ -200,15 +196,7 @@ def main() -> int:
 
     train, test = load_digits(test_fraction=0.2, seed=0, shape="flat")
     t0 = time.monotonic()
-    spark = (
-        SparkSession.builder.master(f"local[{WORKERS}]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session(f"local[{WORKERS}]")
     spark.sparkContext.parallelize(range(WORKERS), WORKERS).map(lambda x: x).collect()  # start Python workers
     startup = time.monotonic() - t0
     void = VoidConfiguration(unicast_port=args.port, controller_address="127.0.0.1")

@@ -16,12 +16,12 @@ Usage: PYTHONPATH=python python bench/python/bench_spark_ml_fit.py [--rows 20000
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
+from local_spark import local_session
 
 
 def _frame(spark, rows: int, noise: float, seed: int):
@@ -49,24 +49,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-shared", action="store_true", help="leave out SharedTrainingMaster")
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    from pyspark.sql import SparkSession
 
     from sparkgrad.ml import SparkgradClassifier
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, OutputLayer
     from sparkgrad.nn.updaters import Adam
     from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("local[2]")
     conf = MultiLayerConfiguration(
         [DenseLayer(128, activation="relu"), OutputLayer(10)],
         input_type=InputType.feed_forward(64),

@@ -1,0 +1,25 @@
+"""The local SparkSession of the Spark benchmarks: no UI, no console progress bar, the driver on the loopback
+interface (nothing leaves 127.0.0.1), Spark's own log at ERROR."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def local_session(master: str) -> Any:
+    """A SparkSession on ``master`` (``local[N]``) whose Python workers run this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
