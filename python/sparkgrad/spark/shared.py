@@ -124,8 +124,7 @@ class _ProgressController(Controller):
         if self.updates_applied == applied:  # rejected
             return
         message = update_payload(payload)
-        # word 3 is the bitmap flag: a bitmap's word 0 is the vector length, its entries are the nonzeros
-        encoded = int(np.count_nonzero(self._scratch)) if message[3] == 1 else int(message[0])
+        encoded = encoded_count(message, self._scratch, is_bitmap=message[3] == 1)  # word 3: bitmap flag
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
 

@@ -398,12 +398,16 @@ class SharedWorker:
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
         message = self.handler.encode(update, iteration, epoch)
-        sent = 0
+        recording = stats is not None or self.job.encoding_debug_mode
+        sent = encoded = 0
         if message is not None:
             sent = self.conn.send_update(message, iteration, epoch)
             self._apply_message(message)
             if self.job.momentum_masking:
                 self.net.mask_momentum(self._scratch)  # the scratch holds the message decoded
+            if recording:  # now: pacing and progress syncs below decode peers' messages into the scratch
+                with self.net.device.scope():  # a count over a GPU array runs on that GPU
+                    encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         self.minibatches += 1
         if self.job.staleness_window:
             with Timer(stats, WORKER_PEERS):
@@ -413,12 +417,8 @@ class SharedWorker:
             # a report without "partition" counts nothing: it only carries the loss to the progress line
             report = self._progress_report()
             self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
-        if stats is None and not self.job.encoding_debug_mode:
+        if not recording:
             return self._pause()
-        encoded = 0
-        if message is not None:  # the scratch buffer still holds the message decoded
-            with self.net.device.scope():  # a count over a GPU array runs on that GPU
-                encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         density = encoded / self.net.num_params()
         threshold = float(self.handler.last_threshold or 0.0)
         if stats is not None:
