@@ -91,6 +91,8 @@ void gemm<double>(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, st
 
 namespace {
 
+constexpr std::int64_t kSmallGemm = 1000000;  // OpenBLAS's bound (multiply-adds) for its small-matrix kernels
+
 // Whether OpenBLAS picked a core with small-matrix GEMM kernels (SMALL_MATRIX_OPT: SkylakeX and the
 // AVX-512 cores after it, reported under their own names).
 bool blas_has_small_kernels() {
@@ -119,7 +121,6 @@ template <typename T>
 void gemm_in_small_pieces(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
                           std::int64_t ldc) {
-  constexpr std::int64_t kSmallGemm = 1000000;  // OpenBLAS's bound for its small-matrix kernels
   if (!blas_has_small_kernels() || m == 0 || n == 0 || k == 0 || m * n * k <= kSmallGemm) {
     gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
@@ -133,6 +134,65 @@ void gemm_in_small_pieces(Transpose ta, Transpose tb, std::int64_t m, std::int64
   }
   gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+template <typename T>
+FixedOperandGemm<T>::FixedOperandGemm(Transpose trans_b, std::int64_t m, std::int64_t k, std::int64_t n,
+                                      const T* b, std::int64_t ldb)
+    : m_(m), k_(k), n_(n), panel_(n), chunk_(k) {
+  constexpr std::int64_t kLanes = 64 / sizeof(T);  // one AVX-512 register
+  if (blas_has_small_kernels() && m > 0 && k > 0 && m * k * n > kSmallGemm) {
+    // even one register's width is too much with all of k: cut k into equal chunks that fit
+    if (const std::int64_t fit = kSmallGemm / (m * kLanes); m * k * kLanes > kSmallGemm && fit > 0) {
+      const std::int64_t chunks = (k + fit - 1) / fit;
+      chunk_ = (k + chunks - 1) / chunks;
+    }
+    const std::int64_t widest = kSmallGemm / (m * chunk_) / kLanes * kLanes;
+    if (widest > 0) {
+      // an even number of panels as equal as whole registers allow, so two or four threads share them evenly
+      const std::int64_t count = ((n + widest - 1) / widest + 1) / 2 * 2;
+      panel_ = ((n + count - 1) / count + kLanes - 1) / kLanes * kLanes;
+    } else {
+      chunk_ = k;
+    }
+  }
+  panels_.resize(static_cast<std::size_t>(k * n));
+  constexpr std::int64_t kTile = 16;  // rows of op(b) transposed at a time, so the reads stay in cache
+  for (std::int64_t j0 = 0; j0 < n; j0 += panel_) {
+    const std::int64_t w = std::min(panel_, n - j0);
+    T* dst = panels_.data() + j0 * k;
+    if (trans_b == Transpose::No) {
+      for (std::int64_t r = 0; r < k; ++r) std::copy(b + r * ldb + j0, b + r * ldb + j0 + w, dst + r * w);
+      continue;
+    }
+    for (std::int64_t r0 = 0; r0 < k; r0 += kTile) {
+      const std::int64_t r1 = std::min(r0 + kTile, k);
+      for (std::int64_t j = 0; j < w; ++j) {
+        for (std::int64_t r = r0; r < r1; ++r) dst[r * w + j] = b[(j0 + j) * ldb + r];
+      }
+    }
+  }
+}
+
+template <typename T>
+void FixedOperandGemm<T>::multiply(const T* a, std::int64_t lda, T beta, T* c, std::int64_t ldc) const {
+  if (panel_ >= n_ && chunk_ >= k_) {  // one call, which OpenBLAS may thread itself: not inside a parallel region
+    gemm<T>(Transpose::No, Transpose::No, m_, n_, k_, T(1), a, lda, panels_.data(), n_, beta, c, ldc);
+    return;
+  }
+  const std::int64_t count = (n_ + panel_ - 1) / panel_;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t p = 0; p < count; ++p) {
+    const std::int64_t j0 = p * panel_, w = std::min(panel_, n_ - j0);
+    const T* panel = panels_.data() + j0 * k_;
+    for (std::int64_t r0 = 0; r0 < k_; r0 += chunk_) {  // the chunks of k in order, each adding to c
+      gemm<T>(Transpose::No, Transpose::No, m_, w, std::min(chunk_, k_ - r0), T(1), a + r0, lda, panel + r0 * w, w,
+              r0 == 0 ? beta : T(1), c + j0, ldc);
+    }
+  }
+}
+
+template class FixedOperandGemm<float>;
+template class FixedOperandGemm<double>;
 
 template void gemm_in_small_pieces<float>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, float,
                                           const float*, std::int64_t, const float*, std::int64_t, float, float*,

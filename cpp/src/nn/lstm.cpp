@@ -109,14 +109,12 @@ void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T*
   // Every row starts as the bias, then one GEMM adds the input projection of every time step.
   for (std::int64_t row = 0; row < n * t_len; ++row) std::copy(b, b + g4, gates + row * g4);
   gemm<T>(Transpose::No, Transpose::No, n * t_len, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
+  const FixedOperandGemm<T> recurrent(Transpose::No, n, h, g4, rw, g4);
   for (std::int64_t t = 0; t < t_len; ++t) {
     // z[:, t] += h_{t-1} RW; rows of step t are strided by t_len in the (n, t, .) layout.
     const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
     const std::int64_t ld_prev = t > 0 ? t_len * h : h;
-    if (h_prev != nullptr) {
-      gemm<T>(Transpose::No, Transpose::No, n, g4, h, T(1), h_prev, ld_prev, rw, g4, T(1), gates + t * g4,
-              t_len * g4);
-    }
+    if (h_prev != nullptr) recurrent.multiply(h_prev, ld_prev, T(1), gates + t * g4, t_len * g4);
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t row = i * t_len + t;
@@ -138,12 +136,9 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
   for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
     std::fill(dgates + i * t_len * g4, dgates + (i * t_len + first_step) * g4, T(0));
   }
+  const FixedOperandGemm<T> recurrent_t(Transpose::Yes, n, g4, h, rw, g4);
   for (std::int64_t t = t_len - 1; t >= first_step; --t) {
-    if (t < t_len - 1) {
-      // dh_rec = dz_{t+1} RW^T
-      gemm<T>(Transpose::No, Transpose::Yes, n, h, g4, T(1), dgates + (t + 1) * g4, t_len * g4, rw, g4, T(0),
-              dh_rec.data(), h);
-    }
+    if (t < t_len - 1) recurrent_t.multiply(dgates + (t + 1) * g4, t_len * g4, T(0), dh_rec.data(), h);  // dz RW^T
     T* dh_rec_p = dh_rec.data();
     T* dc_p = dc_next.data();
 #pragma omp parallel if (n * h >= kGateParallelMin)

@@ -79,12 +79,11 @@ void simple_rnn_forward(Activation kind, double alpha_in, const LstmShape& s, co
   const T alpha = static_cast<T>(alpha_in);
   // x W for every step, parked in hs: step t reads its rows before it overwrites them with its output.
   gemm<T>(Transpose::No, Transpose::No, n * t_len, h, s.c, T(1), x, s.c, w, h, T(0), hs, h);
+  const FixedOperandGemm<T> recurrent(Transpose::No, n, h, h, rw, h);
   for (std::int64_t t = 0; t < t_len; ++t) {
     // act[:, t] = h_{t-1} RW; rows of step t are strided by ld in the (n, t, h) layout.
     const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
-    if (h_prev != nullptr) {
-      gemm<T>(Transpose::No, Transpose::No, n, h, h, T(1), h_prev, t > 0 ? ld : h, rw, h, T(0), act + t * h, ld);
-    }
+    if (h_prev != nullptr) recurrent.multiply(h_prev, t > 0 ? ld : h, T(0), act + t * h, ld);
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
       forward_row(kind, alpha, h, b, h_prev != nullptr, act + i * ld + t * h, hs + i * ld + t * h,
@@ -102,10 +101,11 @@ void simple_rnn_backward(Activation kind, double alpha_in, const LstmShape& s, c
   for (std::int64_t i = 0; i < n; ++i) {  // truncated steps get no gradient
     std::fill(dz + i * ld, dz + i * ld + first_step * h, T(0));
   }
+  const FixedOperandGemm<T> recurrent_t(Transpose::Yes, n, h, h, rw, h);
   for (std::int64_t t = t_len - 1; t >= first_step; --t) {
     const bool has_next = t < t_len - 1;
     if (has_next) {  // dz[:, t] = dz[:, t+1] RW^T: the gradient reaching h_t through step t+1
-      gemm<T>(Transpose::No, Transpose::Yes, n, h, h, T(1), dz + (t + 1) * h, ld, rw, h, T(0), dz + t * h, ld);
+      recurrent_t.multiply(dz + (t + 1) * h, ld, T(0), dz + t * h, ld);
     }
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {

@@ -218,10 +218,12 @@ def test_simple_rnn_backward_first_step_truncates_like_a_sequence_starting_there
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cell", ["lstm", "simple_rnn"])
-def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell):
-    """Rows of a step are split over threads above the fork threshold (n * h >= 4096): same bits."""
+@pytest.mark.parametrize("n, h", [(40, 128), (64, 256)])
+def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell, n, h):
+    """Rows of a step are split over threads above the fork threshold (n * h >= 4096), and so are the
+    column panels of a step's product (the larger shape's LSTM backward also cuts k): same bits."""
     rng = np.random.default_rng(5)
-    n, t, c, h = 40, 3, 5, 128
+    t, c = 3, 5
     g = 4 * h if cell == "lstm" else h
     x, w, rw = (0.3 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, g), (h, g)))
     b, dh = rng.normal(size=g).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
@@ -258,3 +260,47 @@ def test_simple_rnn_kernel_errors_name_the_argument():
     grads = [np.zeros_like(a) for a in (w, rw, b)]
     with pytest.raises(ValueError, match=r"\[simple_rnn_backward\] first_step must be in \[0, 3\)"):
         _core.simple_rnn_backward(x, w, rw, *out, out[0], np.zeros_like(out[0]), *grads, first_step=3)
+
+
+@pytest.mark.parametrize("cell, n, h", [("lstm", 64, 256), ("simple_rnn", 64, 512)])
+def test_recurrent_kernels_are_right_where_the_step_products_are_cut_into_panels(cell, n, h):
+    """Step products above 1e6 multiply-adds run as column panels, here of 8-56 columns, the LSTM's
+    float32 backward also with k in two chunks, where OpenBLAS has small-matrix kernels
+    (FixedOperandGemm): float64 against the NumPy forward and directional derivatives of the loss
+    sum(dh * hs), float32 against float64."""
+    rng = np.random.default_rng(11)
+    t, c = 3, 5
+    g = 4 * h if cell == "lstm" else h
+    x, w, rw = rng.normal(size=(n, t, c)), rng.normal(size=(c, g)) / c, rng.normal(size=(h, g)) / np.sqrt(h)
+    b, dh, h0 = 0.1 * rng.normal(size=g), rng.normal(size=(n, t, h)), rng.normal(size=(n, h))
+
+    def run(x, w, rw, b, dh, h0):
+        if cell == "lstm":
+            hs, _, grads = _run(x, w, rw, b, dh, None, h0, h0, "tanh", "sigmoid")
+        else:
+            hs, _, grads = _run_rnn(x, w, rw, b, dh, None, h0, "tanh")
+        return hs, grads
+
+    hs, grads = run(x, w, rw, b, dh, h0)
+    if cell == "lstm":
+        expected = ref.lstm_forward(x, w, rw, b, None, h0, h0, "tanh", "sigmoid")[0]
+    else:
+        expected = ref.simple_rnn_forward(x, w, rw, b, None, h0, "tanh", 0.3)
+    np.testing.assert_allclose(hs, expected, **_tol(np.float64, t, c + h))
+    inputs = [x, w, rw, b]
+    for i, grad in enumerate(grads):
+        direction = rng.normal(size=inputs[i].shape)
+        eps = 1e-6
+        loss = []
+        for sign in (1, -1):
+            moved = list(inputs)
+            moved[i] = inputs[i] + sign * eps * direction
+            loss.append(float(np.sum(dh * run(*moved, dh, h0)[0])))
+        numeric = (loss[0] - loss[1]) / (2 * eps)
+        # central differences: O(eps^2) truncation and ~eps64 * |loss| / eps of round-off
+        assert float(np.sum(grad * direction)) == pytest.approx(numeric, rel=1e-6, abs=1e-6)
+    hs32, grads32 = run(*(a.astype(np.float32) for a in (x, w, rw, b, dh, h0)))
+    tol = _tol(np.float32, t, c + h)
+    np.testing.assert_allclose(hs32, hs, **tol)
+    for got, want in zip(grads32, grads):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol["atol"] * (1 + np.abs(want).max()))
