@@ -166,6 +166,18 @@ def test_bad_arguments_raise_and_keep_the_residual() -> None:
         handler.residual[0] = 1.0
 
 
+def test_the_residual_before_the_first_update_is_zeros_of_the_handlers_dtype() -> None:
+    # the residual is allocated where the first update lives; until then it reads as zeros
+    handler = EncodingHandler(5, FixedThresholdAlgorithm(1.0), dtype="float32")
+    assert handler.device is None
+    before = handler.residual
+    assert before.dtype == np.float32 and before.shape == (5,) and not before.any()
+    assert not before.flags.writeable
+    assert handler.encode(np.full(5, 0.25, np.float32), 0, 0) is None
+    assert handler.device == "cpu"
+    np.testing.assert_array_equal(handler.residual, np.full(5, 0.25, np.float32))
+
+
 def test_update_scale_encodes_the_scaled_update() -> None:
     """A handler with update_scale s sends, and keeps in its residual, exactly what a plain handler does
     for s * update (the combination of the workers' updates, sparkgrad.compress.update_scale)."""
