@@ -15,7 +15,11 @@ after every epoch:
   scaled by 1/sqrt(N) (sparkgrad's default), by their mean, or by their sum (DL4J, Strom);
 - ``masked``: ``sqrt`` with momentum factor masking (a worker's Nesterov velocity zeroed where its message
   sent; for updaters without a velocity the same algorithm as ``sqrt``, so the two show the run-to-run
-  noise of the asynchronous delivery).
+  noise of the asynchronous delivery);
+- ``spark``: SharedTrainingMaster with its defaults (but the threshold algorithm at ``--sparsity``) on a
+  local Spark with ``workers`` task slots (``local[N]``, one partition per worker), through
+  ``SparkMultiLayer.fit(rdd, epochs, epoch_callback)``: the real transport, controller and staleness bound
+  instead of the in-process one. Meant for worker counts up to the machine's cores.
 
 A gradient-sharing contender followed by ``@`` and a number uses that sparsity target instead of
 ``--sparsity`` (``--contenders ddp,sqrt,sqrt@3e-3,sqrt@1e-2`` compares message sizes). One followed by
@@ -120,6 +124,48 @@ def _data(model: str, seed: int) -> tuple[Any, Any]:
     return train, test
 
 
+_SPARK: dict[str, Any] = {}  # the local SparkSession of the ``spark`` contender and its task slots
+
+
+def _spark_session(workers: int) -> Any:
+    """A ``local[workers]`` SparkSession, replacing one with another slot count."""
+    from local_spark import local_session
+
+    if _SPARK.get("workers") != workers:
+        if "session" in _SPARK:
+            _SPARK["session"].stop()
+        _SPARK.update(session=local_session(f"local[{workers}]"), workers=workers)
+    return _SPARK["session"]
+
+
+def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epochs: int, batch: int,
+               seed: int, sparsity: float) -> dict:  # fmt: skip
+    """The ``spark`` contender: SharedTrainingMaster on a local Spark, accuracy after every epoch."""
+    from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
+
+    spark = _spark_session(workers)
+    algorithm = dataclasses.replace(default_threshold_algorithm(), sparsity_target=sparsity)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=batch, threshold_algorithm=algorithm, rng_seed=seed, progress=False
+    )
+    rdd = spark.sparkContext.parallelize(train.split(1), workers)
+    history: list[float] = []
+    start = time.perf_counter()
+    with SparkMultiLayer(spark, net, master) as model:
+        model.fit(
+            rdd,
+            epochs=epochs,
+            epoch_callback=lambda epoch, network: history.append(float(network.evaluate(test).accuracy())),
+        )
+    return {
+        "accuracy": history,
+        "seconds": time.perf_counter() - start,
+        "bytes_per_worker_epoch": master.last_traffic["worker_update_bytes_sent"] / workers / epochs,
+        "params": int(net.num_params()),
+        "steps_per_epoch": math.ceil(train.num_examples() / batch),
+    }
+
+
 class _Accuracy(TrainingListener):
     def __init__(self, test: Any) -> None:
         self.test, self.history = test, []
@@ -150,6 +196,8 @@ def run(
     train, test = _data(model, seed)
     warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
     net = _network(model, updater, seed, warmup_steps)
+    if name == "spark":
+        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity)
     listener = _Accuracy(test)
     net.set_listeners(listener)
     size = batch * workers if contender == "ddp" else batch
@@ -238,6 +286,7 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
         "mean": ("tab:green", "-."),
         "sum": ("tab:red", ":"),
         "masked": ("tab:gray", "-"),
+        "spark": ("tab:brown", "-"),
     }
     n = max(workers)
     for row, model in enumerate(models):
