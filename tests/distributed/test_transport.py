@@ -7,8 +7,11 @@ import hmac
 import logging
 import math
 import multiprocessing as mp
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -690,3 +693,27 @@ def test_the_old_single_module_is_a_deprecated_alias_of_the_split_transport() ->
         old = importlib.import_module("sparkgrad.transport.zmq_transport")
     assert old.Controller is transport.Controller and old.WorkerConnection is transport.WorkerConnection
     assert old.RateLimitedLog is RateLimitedLog
+
+
+def test_a_connection_dropped_in_a_reference_cycle_without_close_does_not_hang_the_collector() -> None:
+    # pyzmq tracks a context's sockets weakly and its Context.__del__ terminates it: collected together
+    # with its connection in a cycle, the context's term() waited forever for the cycle's open socket
+    script = "\n".join(
+        [
+            "import gc",
+            "from wire_helpers import CONTROLLER_KEY, FAST, SECRET",
+            "from sparkgrad.transport import WorkerConnection",
+            "conn = WorkerConnection(",
+            "    '127.0.0.1', 1, 0x77, 5, SECRET, 10, FAST, controller_key=CONTROLLER_KEY",
+            ")",
+            "conn.cycle = conn",
+            "del conn",
+            "gc.collect()",
+            "print('collected')",
+        ]
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "collected", done.stderr

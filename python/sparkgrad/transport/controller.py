@@ -107,6 +107,7 @@ from sparkgrad.transport.limits import (
     check_update_threshold,
     endpoint,
     is_count,
+    owned_context,
 )
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
 from sparkgrad.transport.relay import relay_address_ok
@@ -239,7 +240,7 @@ class Controller:
         self._epoch_decisions: dict[int, bool] = {}
         self._finished_epochs: queue.Queue[int] = queue.Queue()
         self._releases: queue.Queue[tuple[int, bool]] = queue.Queue()
-        self._ctx = zmq.Context()
+        self._ctx, self._release = owned_context(self)  # released by close(), or when collected without it
         # the driver wakes the controller thread through an inproc pair (sockets stay single-threaded)
         wake = f"inproc://sparkgrad-controller-wake-{job_id:x}-{id(self):x}"
         self._wake_in = self._ctx.socket(zmq.PAIR)
@@ -264,10 +265,7 @@ class Controller:
                 self._sock.bind(endpoint(host, port))
         except zmq.ZMQError as exc:
             self._connections.close()
-            self._sock.close()
-            self._wake_in.close()
-            self._wake_out.close()
-            self._ctx.term()
+            self._release()
             raise TransportError(
                 f"controller cannot listen on {endpoint(host, port)}: {exc} "
                 "(is the port in use, or the address not one of this machine's? set VoidConfiguration."
@@ -347,8 +345,7 @@ class Controller:
             return
         self._stop.set()
         self._thread.join()
-        self._wake_out.close()
-        self._ctx.term()
+        self._release()
 
     def __enter__(self) -> Controller:
         return self

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 import zmq
@@ -105,6 +106,36 @@ def bounded_socket(
     sock.setsockopt(zmq.RCVHWM, _frames(config, max_frame))
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
     return sock
+
+
+class _HoldingContext(zmq.Context):
+    """A ZeroMQ context holding a strong reference to every open socket it made. pyzmq tracks them weakly,
+    so when their owner dies in a reference cycle the sockets drop out of destroy()'s view before it runs,
+    and its term() then waits for them forever."""
+
+    _held: list[zmq.Socket] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held = []
+
+    def socket(self, *args: Any, **kwargs: Any) -> zmq.Socket:
+        sock = super().socket(*args, **kwargs)
+        self._held = [s for s in self._held if not s.closed]
+        self._held.append(sock)
+        return sock
+
+
+def owned_context(owner: object) -> tuple[zmq.Context, Callable[[], None]]:
+    """A ZeroMQ context for ``owner`` and the call that closes its sockets and terminates it (idempotent).
+
+    The call also runs when ``owner`` is garbage-collected without making it, and at exit: a connection
+    dropped without ``close()`` (a failure path, a reference cycle) used to leave its context to
+    ``Context.__del__``, whose ``term()`` waits forever in a cycle for sockets the same collection has not
+    closed yet, hanging the interpreter.
+    """
+    ctx = _HoldingContext()
+    return ctx, weakref.finalize(owner, ctx.destroy, 0)
 
 
 def _frames(config: ZmqTransportConfiguration, frame_bytes: int) -> int:
@@ -299,4 +330,5 @@ __all__ = [
     "check_update_threshold",
     "endpoint",
     "is_count",
+    "owned_context",
 ]

@@ -74,6 +74,7 @@ from sparkgrad.transport.limits import (
     check_update_threshold,
     endpoint,
     is_count,
+    owned_context,
 )
 from sparkgrad.transport.relay import MeshRelay, relay_address_ok
 from sparkgrad.transport.signing import ControllerVerifier
@@ -157,7 +158,7 @@ class WorkerConnection(MeshRelay):
         self._link_next: int | None = None  # PLAIN: the number the controller's next frame must carry
         self._replay = Replay()
         self._seq = 0
-        self._ctx = zmq.Context()
+        self._ctx, self._release = owned_context(self)  # released by close(), or when collected without it
         self._average_values = check_int("average_values", average_values, minimum=0)
         self._max_state_payload = max(8 * num_params, updater_state_bytes)  # PARAMS, UPDATER_STATE
         # the controller's frames end with its signature
@@ -197,8 +198,7 @@ class WorkerConnection(MeshRelay):
         try:
             self._open_relay(relay_host)
         except TransportError:
-            self._sock.close()
-            self._ctx.term()
+            self._release()
             raise
 
     @property
@@ -798,7 +798,7 @@ class WorkerConnection(MeshRelay):
                     pass
             sock.close()
         self._sock.close()
-        self._ctx.term()
+        self._release()
 
 
 __all__ = ["RejoinRequired", "WorkerConnection"]
