@@ -315,6 +315,22 @@ def message_length(message: Array) -> int:
     return int(_header("message_length", message)[1])
 
 
+def message_indices(message: np.ndarray) -> np.ndarray | None:
+    """The indices a sparse host message changes (``abs(entry) - 1`` for each entry, in its order), or None
+    for a bitmap, which may change any. For a message :func:`decode` accepts.
+
+    Args:
+        message: 1-D int32 numpy message.
+
+    Returns:
+        An int32 array of indices (repeats kept), or None.
+    """
+    header = _header("message_indices", message)
+    if header[3] == 1:
+        return None
+    return np.abs(message[HEADER_WORDS : HEADER_WORDS + int(header[0])]) - 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Threshold algorithms
 # ---------------------------------------------------------------------------------------------
@@ -1003,6 +1019,7 @@ __all__ = [
     "bitmap_encode",
     "decode",
     "decode_host_message",
+    "message_indices",
     "message_length",
     "message_threshold",
     "threshold_decode",

@@ -505,11 +505,18 @@ class FlatNetwork:
         return update.copy(), score
 
     @on_device
-    def params_finite(self) -> bool:
+    def params_finite(self, indices: Any = None) -> bool:
         """Whether every parameter is finite: one float64 sum on the network's device (no temporary of
-        the parameters' size); only a sum that overflows float64 looks at every element."""
+        the parameters' size); only a sum that overflows float64 looks at every element.
+
+        Args:
+            indices: only these parameters (an integer array, e.g. those a sparse update changed: the
+                others kept their values).
+        """
         self._require_init()
         xp = self._device.xp
+        if indices is not None:
+            return bool(xp.isfinite(self._params[self._device.asarray(indices)]).all())
         with np.errstate(over="ignore", invalid="ignore"):  # an overflowing or nan sum is the answer
             total = float(xp.sum(self._params, dtype=xp.float64))
         return math.isfinite(total) or bool(xp.isfinite(self._params).all())

@@ -42,6 +42,7 @@ from sparkgrad.compress import (
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
+    message_indices,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
@@ -344,7 +345,7 @@ class SharedWorker:
         """Apply a peer's update; one that leaves a parameter non-finite is refused (the connection counts
         it and this worker re-joins for the controller's parameters, which never took it)."""
         self._apply_message(message)
-        if not self.net.params_finite():
+        if not self.net.params_finite(message_indices(message)):  # a sparse one changed only its indices
             raise FrameRejected(
                 "non_finite",
                 f"update from worker {header.sender} (threshold {float(message[2:3].view('<f4')[0]):.6g}) "

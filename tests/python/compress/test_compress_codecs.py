@@ -130,6 +130,17 @@ def test_sparse_format_header_and_single_entry() -> None:
     assert compress.message_length(message) == 4
 
 
+@given(st.lists(st.sampled_from([-2.0, -0.1, 0.0, 0.3, 1.5]), min_size=1, max_size=64))
+def test_message_indices_are_what_a_sparse_message_changes_and_none_for_a_bitmap(values) -> None:
+    residual = np.array(values, dtype=np.float32)
+    sparse = compress.threshold_encode(residual.copy(), 1.0)
+    decoded = np.zeros_like(residual)
+    compress.decode(sparse, decoded)
+    np.testing.assert_array_equal(compress.message_indices(sparse), np.flatnonzero(decoded))
+    bitmap, _ = compress.bitmap_encode(residual.copy(), 1.0)
+    assert compress.message_indices(bitmap) is None
+
+
 def test_nothing_qualifies_gives_header_only_and_keeps_residual() -> None:
     residual = np.full(10, 1e-5, dtype=np.float32)
     message = compress.threshold_encode(residual, 1e-3)

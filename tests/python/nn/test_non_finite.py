@@ -112,3 +112,18 @@ def test_params_finite_sees_one_inf_or_nan_even_where_the_sum_overflows(dtype: s
         params[5] = bad
         net.set_params(params)
         assert not net.params_finite()
+
+
+def test_params_finite_over_indices_looks_at_those_parameters_only() -> None:
+    # a worker checks only what a peer's sparse update changed: the other parameters kept their values
+    conf = MultiLayerConfiguration(
+        [DenseLayer(8, activation="tanh"), OutputLayer(3, activation="softmax", loss="mcxent")],
+        input_type=InputType.feed_forward(6),
+    )
+    net = MultiLayerNetwork(conf).init()
+    params = net.params().copy()
+    params[5] = np.inf
+    net.set_params(params)
+    assert not net.params_finite()
+    assert net.params_finite(np.array([0, 4, 6, 4], dtype=np.int32))
+    assert not net.params_finite(np.array([6, 5], dtype=np.int32))
