@@ -290,3 +290,40 @@ def test_terminal_gets_one_tqdm_line() -> None:
     assert ended and "loss 0.25" in ended[-1] and "1.5 kB on the wire" in ended[-1]
     assert "density 1.00e-02" in ended[-1] and "threshold 2.00e-02" in ended[-1]
     assert frames[-1].startswith("epoch 2/2") and "| 0/1 [" in frames[-1]  # the next epoch expects 1
+
+
+def _fail_partition_1_and_let_0_run(rows):
+    import time
+
+    from pyspark import BarrierTaskContext
+
+    if BarrierTaskContext.get().partitionId() == 1:
+        raise ValueError("task 1 failed")
+    time.sleep(3)
+    return rows
+
+
+def test_a_failed_action_returns_once_its_other_tasks_have_ended(spark) -> None:
+    # Spark fails a barrier job at its first failed task and kills the others after that; callers release
+    # the job's broadcasts when run_spark returns, and a killed task that still held one logged Spark's
+    # internal error with a Java trace ("Block broadcast_N does not exist")
+    from sparkgrad.spark.common import run_spark
+
+    sc = spark.sparkContext
+    job = sc.parallelize(range(2), 2).barrier().mapPartitions(_fail_partition_1_and_let_0_run)
+    tracker = sc.statusTracker()
+    known = set(tracker.getJobIdsForGroup())  # jobs outside any group: the fixture's and earlier tests'
+    with pytest.raises(TrainingError, match="ValueError: task 1 failed"):
+        run_spark("probe", job.collect)
+    assert sc.getLocalProperty("spark.jobGroup.id") is None  # its own job group was the action's only
+    assert set(tracker.getJobIdsForGroup()) == known  # the job ran in that group
+    sc.setJobGroup("sparkgrad-test-failed-action", "the caller's own group")
+    try:
+        with pytest.raises(TrainingError, match="ValueError: task 1 failed"):
+            run_spark("probe", job.collect)
+        assert sc.getLocalProperty("spark.jobGroup.id") == "sparkgrad-test-failed-action"
+        (failed,) = tracker.getJobIdsForGroup("sparkgrad-test-failed-action")
+        stages = tracker.getJobInfo(failed).stageIds
+        assert stages and all(tracker.getStageInfo(stage).numActiveTasks == 0 for stage in stages)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -302,14 +303,64 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
     from pyspark import SparkContext
     from pyspark.errors import PythonException
 
-    try:
-        with quiet_task_failures(SparkContext._active_spark_context):
+    sc = SparkContext._active_spark_context
+    with quiet_task_failures(sc), _job_group(sc) as group:
+        earlier = _group_jobs(sc, group)
+        try:
             return action()
-    except (Py4JJavaError, PythonException) as exc:
-        text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
-        _log.debug("%s failed on an executor; Spark's report:\n%s", what, exc)
-        error = executor_error(what, text)
+        except (Py4JJavaError, PythonException) as exc:
+            text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
+            _log.debug("%s failed on an executor; Spark's report:\n%s", what, exc)
+            error = executor_error(what, text)
+            # Spark kills the failed job's other tasks after failing it: a caller that then destroyed the
+            # broadcasts they read made Spark log internal errors with Java traces ("Block broadcast_N
+            # does not exist") as they ended, after the quiet logging above was over
+            _await_job_tasks(sc, group, earlier)
     raise error
+
+
+# how long a failed action waits for its job's remaining tasks to end (Python tasks are killed within
+# spark.python.task.killTimeout, 2 s by default, of their cancellation)
+_TASKS_END_WAIT_S = 30.0
+
+
+@contextmanager
+def _job_group(sc: Any) -> Iterator[str | None]:
+    """The job group of the calling thread's Spark jobs: its own when it has one, else a fresh one for the
+    duration (None without a SparkContext)."""
+    if getattr(sc, "_jsc", None) is None:
+        yield None
+        return
+    current = sc.getLocalProperty("spark.jobGroup.id")
+    if current is not None:
+        yield current
+        return
+    group = f"sparkgrad-{uuid.uuid4().hex}"
+    sc.setLocalProperty("spark.jobGroup.id", group)
+    try:
+        yield group
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _group_jobs(sc: Any, group: str | None) -> set[int]:
+    return set() if group is None else set(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def _await_job_tasks(sc: Any, group: str | None, earlier: set[int]) -> None:
+    """Wait, at most _TASKS_END_WAIT_S, until no task of the group's jobs started after ``earlier`` runs."""
+    if group is None:
+        return
+    tracker = sc.statusTracker()
+    jobs = [tracker.getJobInfo(job) for job in _group_jobs(sc, group) - earlier]
+    stages = [stage for info in jobs if info is not None for stage in info.stageIds]
+    deadline = time.monotonic() + _TASKS_END_WAIT_S
+    while time.monotonic() < deadline:
+        infos = [tracker.getStageInfo(stage) for stage in stages]
+        if all(info is None or info.numActiveTasks == 0 for info in infos):
+            return
+        time.sleep(0.05)
+    _log.debug("tasks of job group %s still running %.0f s after it failed", group, _TASKS_END_WAIT_S)
 
 
 def use_driver_interpreter(sc: SparkContext) -> None:
