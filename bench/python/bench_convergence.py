@@ -25,7 +25,9 @@ A gradient-sharing contender followed by ``@`` and a number uses that sparsity t
 ``--sparsity`` (``--contenders ddp,sqrt,sqrt@3e-3,sqrt@1e-2`` compares message sizes). One followed by
 ``+warmup`` ramps each worker's learning rate linearly over its first epoch of steps (``RampSchedule``: the
 gradual warm-up of Goyal et al. 2017 for large effective batches; ``sum+warmup`` is their linear scaling
-rule with warm-up, since DL4J's sum takes N workers' steps at once).
+rule with warm-up, since DL4J's sum takes N workers' steps at once). One followed by ``+clip`` clips each
+worker's residual as DL4J's default does (``ResidualClippingPostProcessor(5.0, 5)``: to 5 thresholds every
+5 iterations), instead of keeping all of it.
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -59,7 +61,12 @@ from typing import Any, Callable
 import numpy as np
 
 import sparkgrad
-from sparkgrad.compress import DEFAULT_SPARSITY_TARGET, UPDATE_COMBINATIONS, default_threshold_algorithm
+from sparkgrad.compress import (
+    DEFAULT_SPARSITY_TARGET,
+    UPDATE_COMBINATIONS,
+    ResidualClippingPostProcessor,
+    default_threshold_algorithm,
+)
 from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.datasets import load_digits
 from sparkgrad.nn import (
@@ -139,14 +146,18 @@ def _spark_session(workers: int) -> Any:
 
 
 def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epochs: int, batch: int,
-               seed: int, sparsity: float) -> dict:  # fmt: skip
+               seed: int, sparsity: float, post: Any) -> dict:  # fmt: skip
     """The ``spark`` contender: SharedTrainingMaster on a local Spark, accuracy after every epoch."""
     from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
 
     spark = _spark_session(workers)
     algorithm = dataclasses.replace(default_threshold_algorithm(), sparsity_target=sparsity)
     master = SharedTrainingMaster(
-        batch_size_per_worker=batch, threshold_algorithm=algorithm, rng_seed=seed, progress=False
+        batch_size_per_worker=batch,
+        threshold_algorithm=algorithm,
+        residual_post_processor=post,
+        rng_seed=seed,
+        progress=False,
     )
     rdd = spark.sparkContext.parallelize(train.split(1), workers)
     history: list[float] = []
@@ -185,19 +196,21 @@ def run(
     sparsity: float,
 ) -> dict:
     """One training run: its accuracy after every epoch, wall time and bytes each worker sent. A
-    gradient-sharing contender may name its own sparsity target (``sqrt@1e-2``) and a warm-up
-    (``sum+warmup``)."""
+    gradient-sharing contender may name its own sparsity target (``sqrt@1e-2``), a warm-up
+    (``sum+warmup``) and residual clipping (``sqrt+clip``)."""
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
-    name, _, warmup = name.partition("+")
-    if warmup not in ("", "warmup"):
-        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][@SPARSITY]")
+    name, *modifiers = name.split("+")
+    if not set(modifiers) <= {"warmup", "clip"}:
+        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][+clip][@SPARSITY]")
+    warmup = "warmup" in modifiers
+    post = ResidualClippingPostProcessor() if "clip" in modifiers else None
     shared = name in SHARED
     train, test = _data(model, seed)
     warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
     net = _network(model, updater, seed, warmup_steps)
     if name == "spark":
-        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity)
+        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity, post)
     listener = _Accuracy(test)
     net.set_listeners(listener)
     size = batch * workers if contender == "ddp" else batch
@@ -215,6 +228,7 @@ def run(
             workers=workers,
             update_combination=combination,
             threshold_algorithm=algorithm,
+            residual_post_processor=post,
             momentum_masking=masking,
         )
     start = time.perf_counter()
