@@ -27,7 +27,9 @@ A gradient-sharing contender followed by ``@`` and a number uses that sparsity t
 gradual warm-up of Goyal et al. 2017 for large effective batches; ``sum+warmup`` is their linear scaling
 rule with warm-up, since DL4J's sum takes N workers' steps at once). One followed by ``+clip`` clips each
 worker's residual as DL4J's default does (``ResidualClippingPostProcessor(5.0, 5)``: to 5 thresholds every
-5 iterations), instead of keeping all of it.
+5 iterations), instead of keeping all of it; any contender followed by ``+gclip`` clips each layer's gradient
+to an L2 norm of 1 before the updater (``gradient_normalization="clip_l2_per_layer"``: the local gradient
+clipping of Deep Gradient Compression, Lin et al. 2018, in DL4J's per-layer form).
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -99,7 +101,9 @@ SHARED = {**{c: (c, False) for c in UPDATE_COMBINATIONS}, "masked": ("sqrt", Tru
 PA_FREQUENCY = 5  # the "pa" contender averages every 5 minibatches per worker (DL4J's example setting)
 
 
-def _network(model: str, updater: str, seed: int, warmup_steps: int = 0) -> MultiLayerNetwork:
+def _network(
+    model: str, updater: str, seed: int, warmup_steps: int = 0, clip_gradients: bool = False
+) -> MultiLayerNetwork:
     if model == "mlp":
         layers = [DenseLayer(128, activation="relu"), DenseLayer(128, activation="relu"), OutputLayer(10)]
         input_type = InputType.feed_forward(64)
@@ -117,7 +121,14 @@ def _network(model: str, updater: str, seed: int, warmup_steps: int = 0) -> Mult
     rule = UPDATERS[updater]()
     if warmup_steps:
         rule = dataclasses.replace(rule, learning_rate=RampSchedule(rule.learning_rate, warmup_steps))
-    conf = MultiLayerConfiguration(layers, input_type=input_type, updater=rule, weight_init="relu", seed=seed)
+    conf = MultiLayerConfiguration(
+        layers,
+        input_type=input_type,
+        updater=rule,
+        weight_init="relu",
+        seed=seed,
+        gradient_normalization="clip_l2_per_layer" if clip_gradients else "none",
+    )
     return MultiLayerNetwork(conf).init()
 
 
@@ -201,22 +212,22 @@ def run(
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
     name, *modifiers = name.split("+")
-    if not set(modifiers) <= {"warmup", "clip"}:
-        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][+clip][@SPARSITY]")
+    if not set(modifiers) <= {"warmup", "clip", "gclip"}:
+        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][+clip][+gclip][@SPARSITY]")
     warmup = "warmup" in modifiers
     post = ResidualClippingPostProcessor() if "clip" in modifiers else None
     shared = name in SHARED
     train, test = _data(model, seed)
     warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
-    net = _network(model, updater, seed, warmup_steps)
+    net = _network(model, updater, seed, warmup_steps, clip_gradients="gclip" in modifiers)
     if name == "spark":
         return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity, post)
     listener = _Accuracy(test)
     net.set_listeners(listener)
-    size = batch * workers if contender == "ddp" else batch
+    size = batch * workers if name == "ddp" else batch
     data = ListDataSetIterator(train, batch_size=size, shuffle=True, seed=seed)
     trainer: Any = net
-    if contender == "pa":
+    if name == "pa":
         trainer = ParallelWrapper(
             net, workers=workers, training_mode="averaging", averaging_frequency=PA_FREQUENCY
         )
