@@ -305,7 +305,6 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
 
     sc = SparkContext._active_spark_context
     with quiet_task_failures(sc), _job_group(sc) as group:
-        earlier = _group_jobs(sc, group)
         try:
             return action()
         except (Py4JJavaError, PythonException) as exc:
@@ -315,7 +314,7 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
             # Spark kills the failed job's other tasks after failing it: a caller that then destroyed the
             # broadcasts they read made Spark log internal errors with Java traces ("Block broadcast_N
             # does not exist") as they ended, after the quiet logging above was over
-            _await_job_tasks(sc, group, earlier)
+            _await_job_tasks(sc, group)
     raise error
 
 
@@ -343,16 +342,13 @@ def _job_group(sc: Any) -> Iterator[str | None]:
         sc.setLocalProperty("spark.jobGroup.id", None)
 
 
-def _group_jobs(sc: Any, group: str | None) -> set[int]:
-    return set() if group is None else set(sc.statusTracker().getJobIdsForGroup(group))
-
-
-def _await_job_tasks(sc: Any, group: str | None, earlier: set[int]) -> None:
-    """Wait, at most _TASKS_END_WAIT_S, until no task of the group's jobs started after ``earlier`` runs."""
+def _await_job_tasks(sc: Any, group: str | None) -> None:
+    """Wait, at most _TASKS_END_WAIT_S, until no task of the group's jobs runs (a caller's group may hold
+    earlier jobs too: their stages have none)."""
     if group is None:
         return
     tracker = sc.statusTracker()
-    jobs = [tracker.getJobInfo(job) for job in _group_jobs(sc, group) - earlier]
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
     stages = [stage for info in jobs if info is not None for stage in info.stageIds]
     deadline = time.monotonic() + _TASKS_END_WAIT_S
     while time.monotonic() < deadline:

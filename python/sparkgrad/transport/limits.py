@@ -113,7 +113,7 @@ class _HoldingContext(zmq.Context):
     so when their owner dies in a reference cycle the sockets drop out of destroy()'s view before it runs,
     and its term() then waits for them forever."""
 
-    _held: list[zmq.Socket] = []
+    _held: list[zmq.Socket] = []  # declared here: pyzmq takes unknown instance attributes for socket options
 
     def __init__(self) -> None:
         super().__init__()
