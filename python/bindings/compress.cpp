@@ -127,6 +127,44 @@ void init_compress(py::module_& m) {
       py::arg("message"), py::arg("target"), py::arg("flag"),
       "target += decoded message after validation; flag 0 sparse, 1 bitmap, -1 either.");
   m.def(
+      "pack_message",
+      [](const py::handle& message) -> py::object {
+        auto msg = checked_vector<std::int32_t>("pack_message", "message", message);
+        const std::int32_t* pm = msg.data();
+        const std::int64_t len = msg.shape(0);
+        std::int64_t size;
+        {
+          py::gil_scoped_release release;
+          size = packed_size(pm, len);
+        }
+        if (size < 0 || size >= 4 * len) return py::none();
+        py::bytes out(nullptr, static_cast<std::size_t>(size));
+        auto* po = reinterpret_cast<std::uint8_t*>(PyBytes_AsString(out.ptr()));
+        py::gil_scoped_release release;
+        pack_sparse(pm, len, po);
+        return out;
+      },
+      py::arg("message"),
+      "The packed wire form of a sparse message with strictly ascending entries, or None when it has "
+      "none or would not be smaller.");
+  m.def(
+      "unpack_message",
+      [](const py::buffer& packed) -> Message {
+        const char* op = "unpack_message";
+        const py::buffer_info info = packed.request();
+        if (info.itemsize != 1 || info.ndim != 1 || (info.shape[0] > 1 && info.strides[0] != 1)) {
+          throw_invalid(op, "packed must be a contiguous 1-D buffer of bytes");
+        }
+        const auto* pp = static_cast<const std::uint8_t*>(info.ptr);
+        const std::int64_t len = info.shape[0];
+        Message out(kHeaderWords + packed_entries(op, pp, len));
+        std::int32_t* po = out.mutable_data();
+        py::gil_scoped_release release;
+        unpack_sparse(op, pp, len, po);
+        return out;
+      },
+      py::arg("packed"), "The int32 sparse message of a packed one, every byte checked.");
+  m.def(
       "accumulate",
       [](const py::handle& residual, const py::handle& update) {
         const char* op = "accumulate";

@@ -87,6 +87,7 @@ __all__: list[str] = [
     "lstm_forward",
     "max_threads",
     "openmp_version",
+    "pack_message",
     "pool2d_backward",
     "pool2d_forward",
     "regularize_gradient",
@@ -95,6 +96,7 @@ __all__: list[str] = [
     "simple_rnn_backward",
     "simple_rnn_forward",
     "threshold_encode",
+    "unpack_message",
     "updater_apply",
     "updater_state_size",
 ]
@@ -840,6 +842,11 @@ def openmp_version() -> int:
     The OpenMP specification date the core was built with.
     """
 
+def pack_message(message: typing.Any) -> bytes | None:
+    """
+    The packed wire form of a sparse message with strictly ascending entries, or None when it has none or would not be smaller.
+    """
+
 def pool2d_backward(
     kind: str,
     dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
@@ -942,6 +949,11 @@ def threshold_encode(
 ) -> numpy.typing.NDArray[numpy.int32]:
     """
     Sparse threshold encoding of `residual` (modified in place); boundary < 0 means unlimited.
+    """
+
+def unpack_message(packed: typing.Any) -> numpy.typing.NDArray[numpy.int32]:
+    """
+    The int32 sparse message of a packed one, every byte checked.
     """
 
 def updater_apply(

@@ -55,6 +55,7 @@ from sparkgrad.compress import (
     ThresholdAlgorithm,
     apply_message,
     default_threshold_algorithm,
+    pack_message,
     update_scale,
 )
 from sparkgrad.device import CPU, Device, resolve_device
@@ -201,7 +202,7 @@ class ParallelWrapper:
         self.threshold_algorithm = threshold_algorithm or default_threshold_algorithm()
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
-        self.bytes_sent = 0  # shared_gradients: bytes of the messages the workers sent, over every fit
+        self.bytes_sent = 0  # shared_gradients: wire bytes of the messages the workers sent, over every fit
         self._workers: list[_Worker] = []
         self._master_scratch: Any = None  # shared_gradients: messages decoded for the wrapped network
         self._master_lock = threading.Lock()
@@ -400,7 +401,8 @@ class ParallelWrapper:
             net.mask_momentum(worker.scratch)  # the scratch holds the message decoded
         master = self.network
         with self._master_lock:
-            self.bytes_sent += message.nbytes
+            packed = pack_message(message)  # what the message would take in an UPDATE frame
+            self.bytes_sent += message.nbytes if packed is None else len(packed)
             if _device(master) is _device(net):  # the worker's decoded message serves as it is
                 master.apply_update(worker.scratch)
             else:

@@ -28,8 +28,10 @@ from wire_helpers import (
     worker_job,
 )
 
+from sparkgrad import compress
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import (
+    HEADER_SIZE,
     THRESHOLD_GROWTH_LIMIT,
     FrameKey,
     MessageType,
@@ -219,6 +221,41 @@ def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(
         np.testing.assert_array_equal(ctl.params(), expected)
         assert np.isfinite(ctl.params()).all()
         assert ctl.updates_applied == 4 and ctl.counters.rejected_reasons == {"non_finite": 1}
+
+
+def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_port: int) -> None:
+    """A packed UPDATE carries a valid tag and bytes that do not unpack (a gap past the vector): refused
+    as malformed naming its sender, counted, the parameters untouched; a PACKED flag on a control frame
+    is refused by the header alone. The same update packed and as raw int32 words change the parameters
+    alike."""
+    n, job = 64, 0x11
+    message = sparse_message([3, 9, 40], [1, -1, 1], n, 0.5)
+    packed = compress.pack_message(message)
+    assert packed is not None and len(packed) < message.nbytes
+    with controller(np.zeros(n, np.float32), job, free_port) as ctl:
+        conn = WorkerConnection(
+            "127.0.0.1", free_port, job, 42, SECRET, n, FAST, controller_key=CONTROLLER_KEY
+        )
+        try:
+            conn.hello({})
+            assert conn.send_update(message, 1, 0) == HEADER_SIZE + len(packed)
+            conn._send(MessageType.UPDATE, message.data.cast("B"), iteration=2)  # raw, as a bitmap travels
+            conn.sync(lambda h, m: None)
+            expected = np.zeros(n, np.float32)
+            expected[[3, 9, 40]] = np.float32(2 * 0.5) * np.array([-1, 1, -1], np.float32)  # params -= update
+            np.testing.assert_array_equal(ctl.params(), expected)
+            conn._send(MessageType.HELLO, b"{}", flags=Flag.PACKED)
+            bad = bytearray(packed)
+            bad[-1] = 0x7F  # the last gap now runs past element 63
+            conn._send(MessageType.UPDATE, bytes(bad), iteration=3, flags=Flag.PACKED)
+            with pytest.raises(
+                TransportError, match="UPDATE from worker 42: .*addresses element 1[0-9]+ of a vector of 64"
+            ):
+                conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), expected)
+        assert ctl.updates_applied == 2 and ctl.counters.rejected_reasons == {"malformed": 2}
 
 
 # -- item 7: the JSON nesting pre-scan is linear; configuration text is size-limited -----------------

@@ -55,7 +55,6 @@ from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared import SECRET_BYTES, SharedTrainingMaster, _ProgressController
 from sparkgrad.spark.shared_worker import SharedJob, SharedWorker, WorkerResult
 from sparkgrad.transport import ZmqTransportConfiguration
-from sparkgrad.transport.frame import update_payload
 
 pytestmark = pytest.mark.distributed
 
@@ -107,15 +106,12 @@ class _RecordingController(_ProgressController):
         self.magnitude = np.zeros(self._params.size, np.float64)
         self.min_threshold = np.inf
 
-    def _apply_and_relay(self, identity: bytes, header: Any, payload: memoryview, frame: bytes) -> None:
-        applied = self.updates_applied
-        super()._apply_and_relay(identity, header, payload, frame)
-        if self.updates_applied != applied:
-            decoded = self._scratch
-            self.touches += decoded != 0
-            self.magnitude += np.abs(decoded)
-            threshold = float(update_payload(payload)[2:3].view("<f4")[0])
-            self.min_threshold = min(self.min_threshold, threshold)
+    def _applied(self, header: Any, message: np.ndarray) -> None:
+        decoded = self._scratch
+        self.touches += decoded != 0
+        self.magnitude += np.abs(decoded)
+        threshold = float(message[2:3].view("<f4")[0])
+        self.min_threshold = min(self.min_threshold, threshold)
 
 
 class _Gpu:

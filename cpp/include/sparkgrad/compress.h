@@ -181,6 +181,25 @@ template <typename T>
 void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n,
             std::int32_t expected_flag);
 
+// ---- packed wire form of a sparse message --------------------------------------------------------
+// A sparse message with strictly ascending indices, as it travels in an UPDATE frame: its 4 header words
+// (little-endian int32), then one sign bit per entry (bit k % 8 of byte k / 8, set for a negative entry,
+// unused bits clear), then per entry the gap to the previous index minus one (the first: its index) as
+// an unsigned LEB128 varint of at most 5 bytes. At the densities of gradient sharing a gap takes 1-2
+// bytes against the 4 of an int32 entry.
+// Bytes pack_sparse would write for msg: (len,), or -1 when msg is not a sparse message with strictly
+// ascending entries in +-[1, n] (it then travels as it is). Reads only.
+std::int64_t packed_size(const std::int32_t* msg, std::int64_t len);
+// Writes the packed form (packed_size(msg, len) bytes, which must be >= 0) to out.
+void pack_sparse(const std::int32_t* msg, std::int64_t len, std::uint8_t* out);
+// Entries of a packed message of `len` bytes after checking its header (flag 0, word 0 >= 0, word 1 >= 0)
+// and that the payload has room for that many entries; throws std::invalid_argument naming `op`.
+std::int64_t packed_entries(const char* op, const std::uint8_t* packed, std::int64_t len);
+// Writes the int32 message (kHeaderWords + packed_entries words) of a packed one to out, checking every
+// byte: sign bits, varints (at most 5 bytes, no overlong form), indices below word 1, and that
+// the entries end exactly at the last byte. Throws std::invalid_argument naming `op`.
+void unpack_sparse(const char* op, const std::uint8_t* packed, std::int64_t len, std::int32_t* out);
+
 // ---- residual vector work ------------------------------------------------------------------------
 
 // residual: (n,) += update: (n,).

@@ -88,7 +88,6 @@ from sparkgrad.spark.shared_worker import (
 )
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
-from sparkgrad.transport.frame import update_payload
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -118,12 +117,7 @@ class _ProgressController(Controller):
         super().__init__(*args, **kwargs)
         self.progress = progress
 
-    def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
-        applied = self.updates_applied
-        super()._apply_and_relay(identity, header, payload, frame)
-        if self.updates_applied == applied:  # rejected
-            return
-        message = update_payload(payload)
+    def _applied(self, header: Header, message: np.ndarray) -> None:
         encoded = encoded_count(message, self._scratch, is_bitmap=message[3] == 1)  # word 3: bitmap flag
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)

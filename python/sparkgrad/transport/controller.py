@@ -895,6 +895,9 @@ class Controller:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
         return check_update_threshold(message, self._threshold_reference, f"worker {sender}")
 
+    def _applied(self, header: Header, message: np.ndarray) -> None:
+        """Called with each update this controller applied (before relaying it); for subclasses."""
+
     def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
         sender = header.sender
         try:
@@ -904,7 +907,7 @@ class Controller:
                     f"update from worker {sender}: {header.payload_length} bytes, expected 16 to "
                     f"{self._update_limit} for {self._params.size} parameters",
                 )
-            message = update_payload(payload)
+            message = update_payload(header, payload, f"worker {sender}")
             threshold = self._check_threshold(sender, message)
             with self._lock:
                 self._scratch.fill(0)
@@ -930,6 +933,7 @@ class Controller:
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
             self._refuse(identity, sender, exc)
             return
+        self._applied(header, message)
         if self._mesh is None:
             targets = [other for other in self._peers if other != sender]
         else:  # the root's children only (the sender too: it relays its own update to its subtree)

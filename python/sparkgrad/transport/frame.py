@@ -6,7 +6,7 @@ Header layout (little-endian, ``struct`` format ``<4sBBHQIIIIqI32sII``, 84 bytes
 offset size    field
 ====== ======= ====================================================================================
 0      4       magic ``b"SGRD"``
-4      1       version (currently 4; a receiver rejects any other version)
+4      1       version (currently 5; a receiver rejects any other version)
 5      1       message type (:class:`MessageType`)
 6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed, signed)
 8      8       job id (unsigned; random per fit, frames of another job are rejected)
@@ -22,8 +22,8 @@ offset size    field
 ====== ======= ====================================================================================
 
 Version 3 (issue 21) added the recipient field and the PLAIN link numbers; version 4 the controller's
-Ed25519 signature (below). A peer of another version is refused as ``malformed`` before anything else is
-read.
+Ed25519 signature (below); version 5 the packed UPDATE payload. A peer of another version is refused as
+``malformed`` before anything else is read.
 
 Controller signature (version 4, :mod:`.signing`): a frame with the ``SIGNED`` flag ends with a 64-byte
 Ed25519 signature, counted in the header's payload length, over :func:`signed_message` (the header with
@@ -79,8 +79,11 @@ payload at most :data:`CONTROL_PAYLOAD_LIMIT` bytes.
 
 Payloads by message type:
 
-- ``UPDATE``: the raw int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32,
-  ``payload length / 4`` words). Never pickled.
+- ``UPDATE``: with the ``PACKED`` flag, a sparse message in the packed form of
+  :func:`sparkgrad.compress.pack_message` (its header words, sign bits, index gaps as varints: 1-2 bytes
+  an entry where an int32 takes 4), which every sender uses when it is smaller; without it, the raw
+  int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32, ``payload length /
+  4`` words). Either way the first 16 bytes are the message's 4 header words. Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
 - ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
 - ``AVERAGE`` and ``AVERAGED`` (ParameterAveragingTrainingMaster's rounds, :func:`averaging_payload`): a
@@ -119,10 +122,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sparkgrad.compress import unpack_message
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 4
+VERSION = 5
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
@@ -168,6 +172,7 @@ class Flag(enum.IntFlag):
     AUTHENTICATED = 2  # the auth tag holds an HMAC-SHA256 of header (tag zeroed) + payload
     RELAYED = 4  # the frame was forwarded by the controller or a MESH node
     SIGNED = 8  # the payload ends with the controller's Ed25519 signature (:mod:`.signing`)
+    PACKED = 16  # UPDATE payload in the packed form of sparkgrad.compress.pack_message
 
 
 class FrameRejected(CorruptDataError):
@@ -372,9 +377,9 @@ def decode_frame(
 
     Checks, in order: header length, magic, version, message type, payload length (against the frame,
     and against ``max_payload(type)`` when given: reason ``oversized``), whole int32 words of an
-    UPDATE, all before the tag: they only reject, so an unauthenticated frame costs no HMAC unless it
-    is well-formed. Then the ``AUTHENTICATED`` flag and the tag (constant time). Job id, recipient and
-    replay are the receiver's checks.
+    unpacked UPDATE and the PACKED flag only on an UPDATE, all before the tag: they only reject, so an
+    unauthenticated frame costs no HMAC unless it is well-formed. Then the ``AUTHENTICATED`` flag and the
+    tag (constant time). Job id, recipient and replay are the receiver's checks.
 
     Args:
         frame: the received bytes.
@@ -419,7 +424,9 @@ def decode_frame(
         raise FrameRejected(
             "oversized", f"frame from {peer}: {mtype.name} payload of {length} bytes exceeds {limit}"
         )
-    if mtype == MessageType.UPDATE and length % 4:
+    if flags & Flag.PACKED and mtype != MessageType.UPDATE:
+        raise FrameRejected("malformed", f"frame from {peer}: {mtype.name} with the PACKED flag")
+    if mtype == MessageType.UPDATE and not flags & Flag.PACKED and length % 4:
         raise FrameRejected(
             "malformed", f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"
         )
@@ -429,9 +436,20 @@ def decode_frame(
     return header, view[HEADER_SIZE : HEADER_SIZE + length]
 
 
-def update_payload(payload: memoryview) -> np.ndarray:
-    """View an UPDATE payload as the int32 message (copy-free, read-only)."""
-    return np.frombuffer(payload, dtype="<i4")
+def update_header(payload: memoryview) -> np.ndarray:
+    """The 4 int32 header words of an UPDATE payload of at least 16 bytes, packed or not (copy-free)."""
+    return np.frombuffer(payload[:16], dtype="<i4")
+
+
+def update_payload(header: Header, payload: memoryview, peer: str) -> np.ndarray:
+    """The int32 message of an UPDATE payload: the raw one viewed (copy-free, read-only), a ``PACKED`` one
+    unpacked; a packed payload that does not unpack raises FrameRejected("malformed") naming ``peer``."""
+    if not header.flags & Flag.PACKED:
+        return np.frombuffer(payload, dtype="<i4")
+    try:
+        return unpack_message(payload)
+    except ValueError as exc:
+        raise FrameRejected("malformed", f"UPDATE from {peer}: {exc}") from None
 
 
 def params_payload(header: Header, payload: memoryview) -> np.ndarray:

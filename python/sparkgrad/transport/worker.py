@@ -41,6 +41,7 @@ import numpy as np
 import zmq
 
 from sparkgrad._config import check_int
+from sparkgrad.compress import pack_message
 from sparkgrad.errors import CorruptDataError, TransportError
 from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
@@ -64,6 +65,7 @@ from sparkgrad.transport.frame import (
     params_payload,
     parse_averaging_payload,
     parse_json_payload,
+    update_header,
     update_payload,
 )
 from sparkgrad.transport.limits import (
@@ -301,7 +303,7 @@ class WorkerConnection(MeshRelay):
                 raise FrameRejected("malformed", f"UPDATE from {peer}: {header.payload_length} bytes")
             if self._threshold_reference is not None:
                 check_update_threshold(
-                    update_payload(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
+                    update_header(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
                 )
         elif from_parent:
             if kind != MessageType.ERROR or header.sender != self.parent_id:
@@ -391,7 +393,7 @@ class WorkerConnection(MeshRelay):
         after applying it) raises FrameRejected: counted, and this worker re-joins for the controller's
         parameters, which never included it (the controller refuses such an update before relaying)."""
         try:
-            on_update(header, update_payload(payload))
+            on_update(header, update_payload(header, payload, f"worker {header.sender}"))
         except FrameRejected as exc:
             self._rejected(exc)
             raise RejoinRequired(
@@ -622,9 +624,13 @@ class WorkerConnection(MeshRelay):
         )
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
-        """Send one encoded int32 update; returns the frame size in bytes."""
+        """Send one encoded int32 update, packed when that is smaller; returns the frame size in bytes."""
         message = np.ascontiguousarray(message, dtype="<i4")
-        size = self._send(MessageType.UPDATE, message.data, iteration=iteration, epoch=epoch)
+        packed = pack_message(message)
+        if packed is None:
+            size = self._send(MessageType.UPDATE, message.data, iteration=iteration, epoch=epoch)
+        else:
+            size = self._send(MessageType.UPDATE, packed, iteration=iteration, epoch=epoch, flags=Flag.PACKED)
         self.counters.update_bytes += size
         self.counters.update_frames += 1
         return size

@@ -90,3 +90,48 @@ def encode_smaller(residual: np.ndarray, threshold: float) -> tuple[np.ndarray |
         return (message if count else None), False, r
     message, _, r = bitmap_encode(residual, threshold)
     return message, True, r
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def pack_message(message: np.ndarray) -> bytes | None:
+    """The packed form of a sparse message (sparkgrad.compress.pack_message): header words, sign bits
+    (little bit order), gaps minus one as LEB128 varints; None unless sparse, ascending and smaller."""
+    if message.size < 4 or message[3] != 0 or message[0] != message.size - 4 or message[1] < 0:
+        return None
+    entries = message[4:].astype(np.int64)
+    indices = np.abs(entries) - 1
+    if np.any(entries == 0) or np.any(indices >= message[1]) or np.any(np.diff(indices) <= 0):
+        return None
+    gaps = np.diff(indices, prepend=-1) - 1
+    body = b"".join(_varint(int(g)) for g in gaps)
+    signs = np.packbits(entries < 0, bitorder="little").tobytes()
+    packed = message[:4].astype("<i4").tobytes() + signs + body
+    return packed if len(packed) < message.nbytes else None
+
+
+def unpack_message(packed: bytes) -> np.ndarray:
+    """Inverse of :func:`pack_message` for a well-formed packed message (no checks)."""
+    header = np.frombuffer(packed[:16], dtype="<i4")
+    count = int(header[0])
+    signs = np.unpackbits(np.frombuffer(packed[16 : 16 + (count + 7) // 8], np.uint8), bitorder="little")
+    pos, previous, entries = 16 + (count + 7) // 8, -1, []
+    for k in range(count):
+        gap, shift = 0, 0
+        while True:
+            byte = packed[pos]
+            pos += 1
+            gap |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        previous += 1 + gap
+        entries.append(-(previous + 1) if signs[k] else previous + 1)
+    return np.array([*header, *entries], dtype=np.int32)
