@@ -459,7 +459,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
         workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
         threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
-            ``TargetSparsityThresholdAlgorithm(2e-2, 1e-3)`` (DL4J's default was
+            ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
             them).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
