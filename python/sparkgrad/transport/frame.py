@@ -8,7 +8,7 @@ offset size    field
 0      4       magic ``b"SGRD"``
 4      1       version (currently 5; a receiver rejects any other version)
 5      1       message type (:class:`MessageType`)
-6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed, signed)
+6      2       flags (:class:`Flag` bits: payload dtype, authenticated, relayed, signed, packed)
 8      8       job id (unsigned; random per fit, frames of another job are rejected)
 16     4       sender id (worker id; 0 = controller)
 20     4       relay id (MESH: the node that forwarded the frame; ``NO_RELAY`` when sent directly)
