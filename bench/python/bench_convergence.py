@@ -46,7 +46,7 @@ parameters' bytes per worker and step). Writes
 
     PYTHONPATH=python python bench/python/bench_convergence.py [--models mlp,cnn,lstm] \\
         [--updaters sgd,nesterovs,adam,rmsprop,adagrad] [--workers 2,4,8,16] [--seeds 5] [--epochs 15] \\
-        [--batch 16] [--target 0.97] [--sparsity 1e-3] [--out bench/results]
+        [--batch 16] [--target 0.97] [--sparsity 3e-3] [--out bench/results]
 """
 
 from __future__ import annotations

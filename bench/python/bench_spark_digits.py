@@ -11,7 +11,7 @@ every --seeds (model initialisation and data order); the table reports the media
 epochs to the target and of wall time, and the mean bytes per step.
 
 SharedTrainingMaster runs with its defaults (nothing tuned for this data): one partition per worker,
-every epoch of a fit in one Spark job, default_threshold_algorithm() (a 1e-3 sparsity target, starting at
+every epoch of a fit in one Spark job, default_threshold_algorithm() (a 3e-3 sparsity target, starting at
 the first update's target quantile, at most 2e-2), no residual clipping. ``--dl4j`` adds a row with
 DL4J's defaults (AdaptiveThresholdAlgorithm(), ResidualClippingPostProcessor(5, 5), one minibatch per
 partition).
