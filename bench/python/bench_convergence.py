@@ -29,7 +29,9 @@ rule with warm-up, since DL4J's sum takes N workers' steps at once). One followe
 worker's residual as DL4J's default does (``ResidualClippingPostProcessor(5.0, 5)``: to 5 thresholds every
 5 iterations), instead of keeping all of it; any contender followed by ``+gclip`` clips each layer's gradient
 to an L2 norm of 1 before the updater (``gradient_normalization="clip_l2_per_layer"``: the local gradient
-clipping of Deep Gradient Compression, Lin et al. 2018, in DL4J's per-layer form).
+clipping of Deep Gradient Compression, Lin et al. 2018, in DL4J's per-layer form). A gradient-sharing
+contender followed by ``+encoded`` has each worker apply to its own replica only what its message carries,
+as DL4J's workers do (``own_update="encoded"``), instead of its whole update (the default ``"full"``).
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -64,6 +66,7 @@ import numpy as np
 
 import sparkgrad
 from sparkgrad.compress import (
+    DEFAULT_OWN_UPDATE,
     DEFAULT_SPARSITY_TARGET,
     UPDATE_COMBINATIONS,
     ResidualClippingPostProcessor,
@@ -157,7 +160,7 @@ def _spark_session(workers: int) -> Any:
 
 
 def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epochs: int, batch: int,
-               seed: int, sparsity: float, post: Any) -> dict:  # fmt: skip
+               seed: int, sparsity: float, post: Any, own_update: str) -> dict:  # fmt: skip
     """The ``spark`` contender: SharedTrainingMaster on a local Spark, accuracy after every epoch."""
     from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
 
@@ -169,6 +172,7 @@ def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epoc
         residual_post_processor=post,
         rng_seed=seed,
         progress=False,
+        own_update=own_update,
     )
     rdd = spark.sparkContext.parallelize(train.split(1), workers)
     history: list[float] = []
@@ -212,16 +216,19 @@ def run(
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
     name, *modifiers = name.split("+")
-    if not set(modifiers) <= {"warmup", "clip", "gclip"}:
-        raise ValueError(f"contender {contender!r}: expected NAME[+warmup][+clip][+gclip][@SPARSITY]")
+    if not set(modifiers) <= {"warmup", "clip", "gclip", "encoded"}:
+        raise ValueError(
+            f"contender {contender!r}: expected NAME[+warmup][+clip][+gclip][+encoded][@SPARSITY]"
+        )
     warmup = "warmup" in modifiers
     post = ResidualClippingPostProcessor() if "clip" in modifiers else None
+    own_update = "encoded" if "encoded" in modifiers else DEFAULT_OWN_UPDATE
     shared = name in SHARED
     train, test = _data(model, seed)
     warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
     net = _network(model, updater, seed, warmup_steps, clip_gradients="gclip" in modifiers)
     if name == "spark":
-        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity, post)
+        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity, post, own_update)
     listener = _Accuracy(test)
     net.set_listeners(listener)
     size = batch * workers if name == "ddp" else batch
@@ -241,6 +248,7 @@ def run(
             threshold_algorithm=algorithm,
             residual_post_processor=post,
             momentum_masking=masking,
+            own_update=own_update,
         )
     start = time.perf_counter()
     trainer.fit(data, epochs=epochs)
@@ -322,7 +330,10 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
             ]
             for key in (key for key in shown if key in results):
                 contender = key.rsplit("/", 1)[1]
-                color, style = styles.get(contender, (None, "-."))  # e.g. sqrt@1e-2: the next color
+                # e.g. sqrt@1e-2: the next color; X+encoded (DL4J's own update): X's color, dotted
+                color, style = styles.get(contender.removesuffix("+encoded"), (None, "-."))
+                if contender.endswith("+encoded"):
+                    style = ":"
                 curves = np.array([r["accuracy"] for r in results[key]["runs"]])
                 x = np.arange(1, curves.shape[1] + 1)
                 (line,) = ax.plot(x, np.median(curves, axis=0), color=color, linestyle=style, label=contender)

@@ -171,6 +171,11 @@ def main() -> int:
         help="add SharedTrainingMaster whose threshold starts at 2e-2 (start_at_target=False, DL4J's start)",
     )
     parser.add_argument(
+        "--encoded",
+        action="store_true",
+        help="add SharedTrainingMaster whose workers apply only what their messages carry (DL4J's)",
+    )
+    parser.add_argument(
         "--sparsity",
         type=float,
         nargs="*",
@@ -230,6 +235,10 @@ def main() -> int:
             threshold_algorithm=TargetSparsityThresholdAlgorithm(
                 DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=False
             ),
+        )
+    if args.encoded:
+        contenders["SharedTrainingMaster (own_update encoded)"] = lambda seed: SharedTrainingMaster(
+            void, batch_size_per_worker=BATCH, own_update="encoded"
         )
     for sparsity in args.sparsity:
 

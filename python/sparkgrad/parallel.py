@@ -13,13 +13,14 @@ several epochs does. Minibatches are dealt round-robin (minibatch
 
 - ``"shared_gradients"`` (default): the in-process form of :class:`~sparkgrad.spark.SharedTrainingMaster`'s
   worker loop. A worker applies the messages its peers sent since its last step, computes its update,
-  adds it to its own :class:`~sparkgrad.compress.EncodingHandler` residual and encodes it (on its
-  device: a GPU worker copies only the finished message to the host), then applies the decoded message
-  to itself and to the wrapped network (the controller's role: the authoritative copy) and queues the
-  message for every peer. Every replica thus applies every message exactly once.
-  At each epoch end the replicas take the wrapped network's parameters (identical up to the rounding of
-  the order the messages were applied in); at the end of ``fit`` the wrapped network gets the workers'
-  mean updater state, as in SharedTrainingMaster.
+  applies it to itself (``own_update="full"``, the default; ``"encoded"`` applies only what its message
+  carries, as DL4J does), adds it to its own :class:`~sparkgrad.compress.EncodingHandler` residual and
+  encodes it (on its device: a GPU worker copies only the finished message to the host), then applies
+  the decoded message to the wrapped network (the controller's role: the authoritative copy) and queues
+  the message for every peer. Every replica thus applies every message exactly once, and its own
+  update in full. At each epoch end the replicas take the wrapped network's parameters, each keeping
+  its own unsent residual applied; at the end of ``fit`` the wrapped network gets the workers' mean
+  updater state, as in SharedTrainingMaster.
 - ``"averaging"``: every ``averaging_frequency`` minibatches per worker (a round of ``workers *
   averaging_frequency`` minibatches, and at the end of every epoch) the parameters, and with
   ``average_updaters`` the updater states, of the workers that trained in that round are averaged (in
@@ -48,14 +49,18 @@ import numpy as np
 from sparkgrad._config import check_int, coerce_enum
 from sparkgrad._native import _core
 from sparkgrad.compress import (
+    DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
     EncodingHandler,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
+    check_own_update,
     default_threshold_algorithm,
     pack_message,
+    share_update,
+    take_params,
     update_scale,
 )
 from sparkgrad.device import CPU, Device, resolve_device
@@ -138,6 +143,9 @@ class ParallelWrapper:
         momentum_masking: ``"shared_gradients"`` mode: as SharedTrainingMaster's, zero a worker's Nesterov
             velocity where its message sent the parameter (Deep Gradient Compression's momentum factor
             masking; default False, DL4J's behaviour).
+        own_update: ``"shared_gradients"`` mode: as SharedTrainingMaster's, what a worker applies to its
+            own replica of its own update: ``"full"`` (default: all of it, at once) or ``"encoded"``
+            (DL4J's: what its message carries); see :data:`~sparkgrad.compress.OWN_UPDATES`.
         devices: one device per worker (``"cpu"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`;
             a device may repeat); default: every worker on the wrapped network's device. For one worker
             per GPU: ``[f"cuda:{gpu.index}" for gpu in sparkgrad.cuda.devices()]``.
@@ -161,6 +169,7 @@ class ParallelWrapper:
         devices: Sequence[Any] | None = None,
         update_combination: str = DEFAULT_UPDATE_COMBINATION,
         momentum_masking: bool = False,
+        own_update: str = DEFAULT_OWN_UPDATE,
     ) -> None:
         required = _FLAT_API + (("device", "to") if devices is not None else ())
         missing = [name for name in required if not hasattr(network, name)]
@@ -199,6 +208,7 @@ class ParallelWrapper:
         if not isinstance(momentum_masking, bool):
             raise ValueError(f"momentum_masking: expected a bool, got {momentum_masking!r}")
         self.momentum_masking = momentum_masking
+        self.own_update = check_own_update(own_update)
         self.threshold_algorithm = threshold_algorithm or default_threshold_algorithm()
         self.residual_post_processor = residual_post_processor or NoOpResidualPostProcessor()
         self.last_score: float | None = None
@@ -237,7 +247,7 @@ class ParallelWrapper:
             if shared:
                 self._master_scratch = _zeros(_device(master), params)
         for w in self._workers:  # the wrapped network may have changed since the last fit
-            w.net.set_params(params)
+            self._take_params(w, params)
             w.net.set_updater_state(state)
             w.net.iteration_count, w.net.epoch_count = int(master.iteration_count), int(master.epoch_count)
         # OpenMP thread counts are per thread (a new thread starts from the default): each worker gets its
@@ -390,13 +400,13 @@ class ParallelWrapper:
                 break
             self._apply_message(worker, message)
         update, worker.last_score = net.compute_update(batch)
-        message = handler.encode(update, int(net.iteration_count), int(net.epoch_count))
+        iteration, epoch = int(net.iteration_count), int(net.epoch_count)
+        message = share_update(handler, net, update, iteration, epoch, self.own_update, worker.scratch)
         if message is None:
             return
         for peer in self._workers:
             if peer is not worker:
                 peer.inbox.put(message)
-        self._apply_message(worker, message)
         if self.momentum_masking:
             net.mask_momentum(worker.scratch)  # the scratch holds the message decoded
         master = self.network
@@ -411,6 +421,12 @@ class ParallelWrapper:
     @staticmethod
     def _apply_message(worker: _Worker, message: np.ndarray) -> None:
         apply_message(message, worker.net, worker.scratch)
+
+    def _take_params(self, worker: _Worker, params: np.ndarray) -> None:
+        if worker.handler is None:
+            worker.net.set_params(params)
+        else:
+            take_params(worker.net, params, worker.handler, self.own_update)
 
     def _average(self) -> None:
         """Barrier action (one thread, the others waiting): average the workers that trained this round."""
@@ -437,7 +453,7 @@ class ParallelWrapper:
         for w in self._workers:
             if w.handler is not None:  # every message is in the master: drop the queued copies
                 _drain(w.inbox)
-                w.net.set_params(params)
+                take_params(w.net, params, w.handler, self.own_update)
             w.net.epoch_count = int(w.net.epoch_count) + 1
         master.epoch_count = int(master.epoch_count) + 1
         master.iteration_count = max(int(w.net.iteration_count) for w in self._workers)

@@ -189,6 +189,9 @@ def mixed_fit(
         rng_seed=seed,
         progress=False,
         worker_device="auto",
+        # every replica applies exactly the messages the controller applied, so the parameters below show
+        # a missed or repeated update ("full", the default, keeps each worker's own residual applied too)
+        own_update="encoded",
         # a broken fit fails within a minute instead of the default 10 minutes at an epoch barrier
         transport=ZmqTransportConfiguration(sync_timeout_ms=30_000, epoch_timeout_ms=60_000),
     )

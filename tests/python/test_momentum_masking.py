@@ -80,7 +80,7 @@ def test_mask_momentum_names_a_vector_of_the_wrong_length() -> None:
 def _fit_one_worker(updater: updaters.Updater, masking: bool) -> tuple[ParallelWrapper, MultiLayerNetwork]:
     net = _multilayer(updater, updater)
     wrapper = ParallelWrapper(
-        net, workers=1, threshold_algorithm=FixedThresholdAlgorithm(2e-3), momentum_masking=masking
+        net, workers=1, threshold_algorithm=FixedThresholdAlgorithm(1e-2), momentum_masking=masking
     )
     wrapper.fit(ListDataSetIterator(_data(64, seed=1), batch_size=8), epochs=2)
     return wrapper, net

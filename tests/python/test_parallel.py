@@ -175,7 +175,8 @@ def _assert_no_update_mass_lost(
     wrapper: ParallelWrapper, master: _Recorder, initial: np.ndarray, log: list
 ) -> None:
     """sum(updates) / sqrt(workers) == (initial - final params) + sum(residuals); messages reached the
-    wrapped network, at most one per minibatch, and the replicas end on its parameters."""
+    wrapped network, at most one per minibatch, and each replica ends on its parameters minus the
+    replica's own unsent residual (own_update="full": it applied all of its updates)."""
     residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
     applied = initial - master.params()
     assert wrapper.update_scale == 1.0 / math.sqrt(len(wrapper._workers))
@@ -185,7 +186,7 @@ def _assert_no_update_mass_lost(
     np.testing.assert_allclose(applied + residuals, total, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)
     assert 0 < master.applied <= len(log)
     for w in wrapper._workers:
-        np.testing.assert_array_equal(w.net.params(), master.params())
+        np.testing.assert_array_equal(w.net.params(), master.params() - _host(w.handler.residual))
 
 
 @pytest.mark.parametrize(

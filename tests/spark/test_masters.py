@@ -227,6 +227,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         rng_seed=4,
         encoding_debug_mode=True,
         momentum_masking=True,
+        own_update="encoded",
     )
     pa = ParameterAveragingTrainingMaster(
         num_workers=3,
@@ -261,6 +262,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"staleness_bound": 1}, "staleness_bound"),
         (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
         (SharedTrainingMaster, {"momentum_masking": 1}, "momentum_masking"),
+        (SharedTrainingMaster, {"own_update": "sent"}, "own_update"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
     ],
@@ -274,12 +276,14 @@ def test_bad_master_options_name_the_field(cls, kwargs, field) -> None:
             cls.from_json(text)
 
 
-def test_momentum_masking_reaches_the_workers_job() -> None:
-    """The option travels in the job the executors train by (the worker's use of it:
+def test_momentum_masking_and_own_update_reach_the_workers_job() -> None:
+    """The options travel in the job the executors train by (the worker's use of them:
     tests/distributed/test_worker_masking.py)."""
     for masking in (True, False):
         options = SharedTrainingMaster(momentum_masking=masking)._job_options(2, 2)
         assert options["momentum_masking"] is masking
+    assert SharedTrainingMaster()._job_options(2, 2)["own_update"] == "full"
+    assert SharedTrainingMaster(own_update="encoded")._job_options(2, 2)["own_update"] == "encoded"
 
 
 def test_controller_address_resolution_order(monkeypatch) -> None:

@@ -53,10 +53,12 @@ import numpy as np
 
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.compress import (
+    DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
+    check_own_update,
     default_threshold_algorithm,
     update_scale,
 )
@@ -508,6 +510,12 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             2018; default False, DL4J's behaviour). On the digits study it reached the target about an
             epoch sooner with an MLP and a CNN at 2-8 workers, and ended the LSTM lower (0.918 against
             0.935 at 2 workers), so it is an option, not the default. Other updaters are unaffected.
+        own_update: what a worker applies to its own replica of its own update: ``"full"`` (default:
+            all of it at once, keeping its unsent residual applied when it takes the controller's
+            parameters, so its own steps are never held back by its encoder) or ``"encoded"`` (DL4J's:
+            only what its message carries, as every other replica does). With Nesterov momentum on the
+            digits study (2 workers on Spark, 10 seeds) ``"full"`` reached 96% in 2 median epochs and
+            ``"encoded"`` in 6 (DDP: 3.5); see :data:`~sparkgrad.compress.OWN_UPDATES`.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -533,6 +541,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     worker_device: str = "auto"
     update_combination: str = DEFAULT_UPDATE_COMBINATION
     momentum_masking: bool = False
+    own_update: str = DEFAULT_OWN_UPDATE
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -543,6 +552,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         update_scale(self.update_combination, 1)  # checks the name
         if not isinstance(self.momentum_masking, bool):
             raise ValueError(f"momentum_masking: expected a bool, got {self.momentum_masking!r}")
+        self.own_update = check_own_update(self.own_update)
         self.rdd_data_set_num_examples = check_int(
             "rdd_data_set_num_examples", self.rdd_data_set_num_examples, 1
         )
@@ -668,6 +678,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "staleness_window": self.staleness_bound // 2,
             "update_scale": update_scale(self.update_combination, min(partitions, slots)),
             "momentum_masking": self.momentum_masking,
+            "own_update": self.own_update,
         }
 
     def _epoch_state(self, network: Any, controller: Controller) -> None:

@@ -38,11 +38,14 @@ from typing import Any
 import numpy as np
 
 from sparkgrad.compress import (
+    DEFAULT_OWN_UPDATE,
     EncodingHandler,
     ResidualPostProcessor,
     ThresholdAlgorithm,
     apply_message,
     message_indices,
+    share_update,
+    take_params,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
@@ -117,6 +120,7 @@ class SharedJob:
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
     update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
     momentum_masking: bool = False  # zero the velocity where a message sent (FlatNetwork.mask_momentum)
+    own_update: str = DEFAULT_OWN_UPDATE  # what a worker applies of its own update (compress.OWN_UPDATES)
     # parameter averaging
     averaging: AveragingRounds | None = None
 
@@ -335,8 +339,12 @@ class SharedWorker:
 
     def _take_params(self, params: np.ndarray, iteration: int, epoch: int) -> None:
         """MESH resynchronisation: the controller's parameters replace this replica's."""
-        self.net.set_params(params)
+        self._set_params(params)
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
+
+    def _set_params(self, params: np.ndarray) -> None:
+        """The controller's parameters, with this worker's unsent residual kept applied (take_params)."""
+        take_params(self.net, params, self.handler, self.job.own_update)
 
     def _apply_message(self, message: np.ndarray) -> None:
         apply_message(message, self.net, self._scratch)
@@ -360,7 +368,7 @@ class SharedWorker:
         )
         if params is None:
             raise TrainingError(f"worker {self.tag}: the controller sent no parameters on re-join")
-        self.net.set_params(params)
+        self._set_params(params)
         self.net.iteration_count = max(int(self.net.iteration_count), iteration)
         self.net.epoch_count = max(int(self.net.epoch_count), epoch)
         self.rejoins += 1
@@ -379,7 +387,7 @@ class SharedWorker:
         )
 
     def step(self, ds: Any) -> None:
-        """Train one minibatch: peers' updates, own update, encode, send, apply own message."""
+        """Train one minibatch: peers' updates, own update (encoded and applied, share_update), send."""
         stats = self.stats
         with Timer(stats, WORKER_PEERS):
             try:
@@ -398,12 +406,13 @@ class SharedWorker:
         self._epoch_steps += 1
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
-        message = self.handler.encode(update, iteration, epoch)
+        message = share_update(
+            self.handler, self.net, update, iteration, epoch, self.job.own_update, self._scratch
+        )
         recording = stats is not None or self.job.encoding_debug_mode
         sent = encoded = 0
         if message is not None:
             sent = self.conn.send_update(message, iteration, epoch)
-            self._apply_message(message)
             if self.job.momentum_masking:
                 self.net.mask_momentum(self._scratch)  # the scratch holds the message decoded
             if recording:  # now: pacing and progress syncs below decode peers' messages into the scratch
@@ -608,6 +617,9 @@ class AveragingWorker(SharedWorker):
 
     def _init_training(self) -> None:
         self.rounds = 0
+
+    def _set_params(self, params: np.ndarray) -> None:
+        self.net.set_params(params)
 
     def _threshold_state(self) -> None:
         return None
