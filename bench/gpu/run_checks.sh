@@ -8,9 +8,9 @@
 #   bash bench/gpu/run_checks.sh test     # pytest -m cuda over the kernel, device and wrapper tests
 #   bash bench/gpu/run_checks.sh bench    # bench_nn, bench_train_step, bench_compress, bench_parallel
 #
-# Logs go to $OUT (default build/gpu/logs). Packages the machine lacks (scipy-openblas32, pyzmq) travel
-# as wheels in .whl/ (bash bench/gpu/fetch_wheels.sh on a machine with the package index) and are
-# installed from there into build/gpu/site. CUDAARCHS defaults to the visible GPU's architecture.
+# Logs go to $OUT (default build/gpu/logs). Packages the machine lacks (scipy-openblas32, pyzmq,
+# cryptography) travel as wheels in .whl/ (bash bench/gpu/fetch_wheels.sh on a machine with the package
+# index) and are installed from there into build/gpu/site. CUDAARCHS defaults to the visible GPU's architecture.
 #
 # The build needs nvcc but no GPU, so it can run beforehand on a development machine with the GPU
 # machine's Python version (PYTHON=python3.12 CUDAARCHS=90 ... build, with nvidia-cublas installed in that
@@ -49,7 +49,10 @@ build)
     fi
     arch="${CUDAARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)}"
     echo "building for sm_$arch with cuBLAS from $cublas"
-    # --target replaces the previous build's package; the carried wheels installed above stay beside it
+    # the compilers on PATH, not the environment's CXX: the CUDA image sets CXX=/opt/gcc/bin/g++, a wrapper
+    # with which every C++ exception thrown from a CUDA translation unit (a malformed message refused on
+    # the GPU, say) killed the process with a segmentation fault (H200, 2026-11-27; /usr/bin/g++: 442 passed)
+    CXX="${GPU_CXX:-g++}" CC="${GPU_CC:-gcc}" CUDAHOSTCXX="${GPU_CXX:-g++}" \
     SPARKGRAD_ENABLE_CUDA=ON SPARKGRAD_BUILD_BENCH=ON SPARKGRAD_CUBLAS_ROOT="$cublas" CUDAARCHS="$arch" \
         CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
         "$python" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$site" \
