@@ -1062,7 +1062,8 @@ def share_update(
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
         network: the worker's replica (``apply_update`` on ``update``'s device).
         update: the update the replica's updater computed.
-        iteration, epoch: the replica's counters (drive the threshold algorithm).
+        iteration: the replica's iteration count (drives the threshold algorithm).
+        epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
         scratch: the decode buffer on the replica's device; holds the message decoded afterwards.
 
