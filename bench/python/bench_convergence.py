@@ -32,6 +32,8 @@ to an L2 norm of 1 before the updater (``gradient_normalization="clip_l2_per_lay
 clipping of Deep Gradient Compression, Lin et al. 2018, in DL4J's per-layer form). A gradient-sharing
 contender followed by ``+encoded`` has each worker apply to its own replica only what its message carries,
 as DL4J's workers do (``own_update="encoded"``), instead of its whole update (the default ``"full"``).
+``spark`` followed by ``+sqrt``, ``+mean`` or ``+sum`` combines the workers' updates that way instead of
+SharedTrainingMaster's default.
 
 Models: ``mlp`` (64-128-128-10, relu), ``cnn`` (the 8x8 digit images: conv 16 3x3 same relu, max-pool 2,
 dense 64 relu, softmax), ``lstm`` (each image as a sequence of 8 rows of 8 pixels: LSTM 32, last step,
@@ -68,6 +70,7 @@ import sparkgrad
 from sparkgrad.compress import (
     DEFAULT_OWN_UPDATE,
     DEFAULT_SPARSITY_TARGET,
+    DEFAULT_UPDATE_COMBINATION,
     UPDATE_COMBINATIONS,
     ResidualClippingPostProcessor,
     default_threshold_algorithm,
@@ -160,7 +163,7 @@ def _spark_session(workers: int) -> Any:
 
 
 def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epochs: int, batch: int,
-               seed: int, sparsity: float, post: Any, own_update: str) -> dict:  # fmt: skip
+               seed: int, sparsity: float, post: Any, own_update: str, combination: str) -> dict:  # fmt: skip
     """The ``spark`` contender: SharedTrainingMaster on a local Spark, accuracy after every epoch."""
     from sparkgrad.spark import SharedTrainingMaster, SparkMultiLayer
 
@@ -173,6 +176,7 @@ def _run_spark(net: MultiLayerNetwork, train: Any, test: Any, workers: int, epoc
         rng_seed=seed,
         progress=False,
         own_update=own_update,
+        update_combination=combination,
     )
     rdd = spark.sparkContext.parallelize(train.split(1), workers)
     history: list[float] = []
@@ -216,10 +220,15 @@ def run(
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
     name, *modifiers = name.split("+")
-    if not set(modifiers) <= {"warmup", "clip", "gclip", "encoded"}:
+    combinations = [m for m in modifiers if m in UPDATE_COMBINATIONS]
+    if not set(modifiers) - set(combinations) <= {"warmup", "clip", "gclip", "encoded"} or (
+        combinations and (name != "spark" or len(combinations) > 1)
+    ):
         raise ValueError(
-            f"contender {contender!r}: expected NAME[+warmup][+clip][+gclip][+encoded][@SPARSITY]"
+            f"contender {contender!r}: expected NAME[+warmup][+clip][+gclip][+encoded][@SPARSITY], "
+            f"spark also [+COMBINATION]"
         )
+    combination = combinations[0] if combinations else DEFAULT_UPDATE_COMBINATION
     warmup = "warmup" in modifiers
     post = ResidualClippingPostProcessor() if "clip" in modifiers else None
     own_update = "encoded" if "encoded" in modifiers else DEFAULT_OWN_UPDATE
@@ -228,7 +237,9 @@ def run(
     warmup_steps = math.ceil(train.num_examples() / (batch * workers)) if warmup else 0
     net = _network(model, updater, seed, warmup_steps, clip_gradients="gclip" in modifiers)
     if name == "spark":
-        return _run_spark(net, train, test, workers, epochs, batch, seed, sparsity, post, own_update)
+        return _run_spark(
+            net, train, test, workers, epochs, batch, seed, sparsity, post, own_update, combination
+        )
     listener = _Accuracy(test)
     net.set_listeners(listener)
     size = batch * workers if name == "ddp" else batch
@@ -320,6 +331,9 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
         "sum": ("tab:red", ":"),
         "masked": ("tab:gray", "-"),
         "spark": ("tab:brown", "-"),
+        "spark+sqrt": ("tab:purple", "-."),
+        "spark+mean": ("tab:green", "-."),
+        "spark+sum": ("tab:red", "-."),
     }
     n = max(workers)
     for row, model in enumerate(models):

@@ -1,6 +1,8 @@
 """The demo's fit repeated: how often its last epoch falls, and its bytes ratio, with the demo's constant
-Adam(5e-3) and optionally the same rate under an epoch ExponentialSchedule, or the workers applying only what
-their messages carry (``--encoded``: ``own_update="encoded"``, DL4J's), alternating in one Spark session.
+Adam(5e-3) and optionally the same rate under an epoch ExponentialSchedule, the workers applying only what
+their messages carry (``--encoded``: ``own_update="encoded"``, DL4J's), or their updates scaled by
+1/sqrt(workers) (``--sqrt``: ``update_combination="sqrt"``, where the default sums Adam's), alternating in one
+Spark session.
 
 Each run is ``sparkgrad demo``'s training (sparkgrad.spark.demo: its network, data, master options and 6
 epochs) with the test accuracy evaluated after every epoch. Per variant: final accuracy (mean, standard
@@ -8,7 +10,7 @@ deviation, minimum), how many runs ended below their fifth epoch and the largest
 dense/sent bytes ratio as the demo reports it (every worker step's N float32 values, relayed to the other
 worker, against the bytes on the wire).
 
-Usage: PYTHONPATH=python python bench/python/bench_demo.py [--repeats 20] [--decay 0.75] [--encoded]
+Usage: PYTHONPATH=python python bench/python/bench_demo.py [--repeats 20] [--decay 0.75] [--encoded] [--sqrt]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--decay", type=float, default=None, help="also with this epoch decay")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--encoded", action="store_true", help="also with own_update='encoded'")
+    parser.add_argument("--sqrt", action="store_true", help="also with update_combination='sqrt'")
     args = parser.parse_args()
     from sparkgrad.datasets import load_digits
     from sparkgrad.nn import MultiLayerNetwork
@@ -48,21 +51,24 @@ def main() -> None:
     train, test = load_digits(test_fraction=0.2, seed=0, shape="image")
     rdd = spark.sparkContext.parallelize(train.split(1), 2).cache()
     rdd.count()
-    # (epoch decay or None, own_update)
-    variants: list[tuple[float | None, str]] = [(None, "full")]
+    # (epoch decay or None, own_update, update_combination)
+    variants: list[tuple[float | None, str, str]] = [(None, "full", "auto")]
     if args.decay is not None:
-        variants.append((args.decay, "full"))
+        variants.append((args.decay, "full", "auto"))
     if args.encoded:
-        variants.append((None, "encoded"))
-    runs: dict[tuple[float | None, str], list[dict]] = {v: [] for v in variants}
+        variants.append((None, "encoded", "auto"))
+    if args.sqrt:
+        variants.append((None, "full", "sqrt"))
+    runs: dict[tuple[float | None, str, str], list[dict]] = {v: [] for v in variants}
     try:
         for rep in range(args.repeats):
-            for decay, own_update in variants:
+            for decay, own_update, combination in variants:
                 master = SharedTrainingMaster(
                     VoidConfiguration(unicast_port=0, controller_address="127.0.0.1"),
                     batch_size_per_worker=16,
                     rng_seed=7,
                     own_update=own_update,
+                    update_combination=combination,
                 )
                 curve: list[float] = []
 
@@ -79,23 +85,24 @@ def main() -> None:
                 run = {
                     "decay": decay,
                     "own_update": own_update,
+                    "update_combination": combination,
                     "rep": rep,
                     "accuracy": curve,
                     "ratio": ratio,
                 }
-                runs[decay, own_update].append(run)
+                runs[decay, own_update, combination].append(run)
                 print(json.dumps({**run, "seconds": round(time.monotonic() - start, 2)}), flush=True)
     finally:
         spark.stop()
-    for (decay, own_update), results in runs.items():
+    for (decay, own_update, combination), results in runs.items():
         finals = [r["accuracy"][-1] for r in results]
         falls = [r["accuracy"][-2] - r["accuracy"][-1] for r in results]
         ratios = [r["ratio"] for r in results]
         name = "constant Adam(5e-3)" if decay is None else f"ExponentialSchedule(epoch, 5e-3, {decay:g})"
-        name += f", own_update {own_update}"
+        name += f", own_update {own_update}, {combination}"
         spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
         print(
-            f"{name:42s} runs {len(results)}  final {statistics.mean(finals):.4f} +- {spread:.4f} "
+            f"{name:55s} runs {len(results)}  final {statistics.mean(finals):.4f} +- {spread:.4f} "
             f"(min {min(finals):.4f})  last epoch fell in {sum(f > 0 for f in falls)} "
             f"(max {max(falls):.4f})  bytes ratio {min(ratios):.1f}-{max(ratios):.1f}x"
         )

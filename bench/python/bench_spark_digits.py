@@ -28,7 +28,7 @@ TorchDistributor runs in local mode (torchrun on the driver machine): its execut
 and pyarrow, which the benchmark environment does not install.
 
 Usage: PYTHONPATH=python python bench/python/bench_spark_digits.py [--target 0.97] [--seeds 1 2 3]
-       [--fixed-start] [--dl4j] [--sparsity 3e-3 ...]
+       [--fixed-start] [--dl4j] [--encoded] [--sqrt] [--sparsity 3e-3 ...]
 """
 
 from __future__ import annotations
@@ -176,6 +176,11 @@ def main() -> int:
         help="add SharedTrainingMaster whose workers apply only what their messages carry (DL4J's)",
     )
     parser.add_argument(
+        "--sqrt",
+        action="store_true",
+        help="add SharedTrainingMaster dividing each worker's update by sqrt(N) (default: sums Adam's)",
+    )
+    parser.add_argument(
         "--sparsity",
         type=float,
         nargs="*",
@@ -239,6 +244,10 @@ def main() -> int:
     if args.encoded:
         contenders["SharedTrainingMaster (own_update encoded)"] = lambda seed: SharedTrainingMaster(
             void, batch_size_per_worker=BATCH, own_update="encoded"
+        )
+    if args.sqrt:
+        contenders["SharedTrainingMaster (update_combination sqrt)"] = lambda seed: SharedTrainingMaster(
+            void, batch_size_per_worker=BATCH, update_combination="sqrt"
         )
     for sparsity in args.sparsity:
 

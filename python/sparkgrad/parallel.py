@@ -138,8 +138,10 @@ class ParallelWrapper:
             worker encodes with its own clone.
         residual_post_processor: ``"shared_gradients"`` mode: default ``NoOpResidualPostProcessor()``.
         update_combination: ``"shared_gradients"`` mode: how the workers' updates combine, as
-            SharedTrainingMaster's: ``"sqrt"`` (default: each update divided by ``sqrt(workers)``),
-            ``"mean"`` or ``"sum"`` (DL4J's); see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+            SharedTrainingMaster's: ``"auto"`` (default: ``"sum"`` when the network's ``updaters`` are
+            all of the Adam family or RmsProp, else ``"sqrt"``), ``"sqrt"`` (each update divided by
+            ``sqrt(workers)``), ``"mean"`` or ``"sum"`` (DL4J's); see
+            :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
         momentum_masking: ``"shared_gradients"`` mode: as SharedTrainingMaster's, zero a worker's Nesterov
             velocity where its message sent the parameter (Deep Gradient Compression's momentum factor
             masking; default False, DL4J's behaviour).
@@ -203,7 +205,7 @@ class ParallelWrapper:
             raise ValueError(
                 f"residual_post_processor: expected a ResidualPostProcessor, got {residual_post_processor!r}"
             )
-        self.update_scale = update_scale(update_combination, self.workers)
+        self.update_scale = update_scale(update_combination, self.workers, getattr(network, "updaters", ()))
         self.update_combination = update_combination
         if not isinstance(momentum_masking, bool):
             raise ValueError(f"momentum_masking: expected a bool, got {momentum_masking!r}")

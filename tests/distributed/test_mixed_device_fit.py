@@ -241,7 +241,7 @@ def mixed_fit(
             barrier=True,
             shuffle_seed=master.rng_seed,
             worker_device=master.worker_device,
-            **master._job_options(len(partitions), len(partitions)),
+            **master._job_options(network, len(partitions), len(partitions)),
         )
         job_bytes = pickle.dumps(job)
         for task in tasks:

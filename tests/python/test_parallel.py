@@ -4,6 +4,7 @@ thread hygiene."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from typing import Any
@@ -172,15 +173,17 @@ def test_two_workers_averaging_equals_hand_computed_average() -> None:
 
 
 def _assert_no_update_mass_lost(
-    wrapper: ParallelWrapper, master: _Recorder, initial: np.ndarray, log: list
+    wrapper: ParallelWrapper, master: _Recorder, initial: np.ndarray, log: list, scale: float | None = None
 ) -> None:
-    """sum(updates) / sqrt(workers) == (initial - final params) + sum(residuals); messages reached the
-    wrapped network, at most one per minibatch, and each replica ends on its parameters minus the
-    replica's own unsent residual (own_update="full": it applied all of its updates)."""
+    """sum(updates) * scale (default 1 / sqrt(workers)) == (initial - final params) + sum(residuals);
+    messages reached the wrapped network, at most one per minibatch, and each replica ends on its
+    parameters minus the replica's own unsent residual (own_update="full": it applied all of its
+    updates)."""
     residuals = sum(_host(w.handler.residual) for w in wrapper._workers)
     applied = initial - master.params()
-    assert wrapper.update_scale == 1.0 / math.sqrt(len(wrapper._workers))
-    total = sum(log) / math.sqrt(len(wrapper._workers))
+    scale = 1.0 / math.sqrt(len(wrapper._workers)) if scale is None else scale
+    assert wrapper.update_scale == scale
+    total = sum(log) * scale
     # each element is a sum of <= len(log) updates and messages: a few float64 roundings of the largest term
     scale = max(float(np.abs(np.stack(log)).sum(axis=0).max()), 1.0)
     np.testing.assert_allclose(applied + residuals, total, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)
@@ -235,6 +238,32 @@ def test_shared_gradients_loses_no_update_mass(
     # the wrapped network got its updates on its own device, never a worker's array from another device
     assert master.update_types == {type(net._params)}
     assert type(net._params) is (DeviceArray if master_on_device else np.ndarray)
+
+
+def test_shared_gradients_sum_the_updates_of_adam_by_default() -> None:
+    """update_combination="auto": with Adam every worker's update counts whole (scale 1), with an Sgd
+    layer among the Adam ones 1 / sqrt(workers); a named combination is used as it is."""
+    log: list[np.ndarray] = []
+    master = _Recorder(_net("float64", updaters.Adam(1e-2)), log)
+    initial = master.params().copy()
+    wrapper = ParallelWrapper(
+        master,
+        workers=3,
+        threshold_algorithm=FixedThresholdAlgorithm(1e-3),
+        residual_post_processor=NoOpResidualPostProcessor(),
+    )
+    wrapper.fit(_batches(9, dtype="float64"), epochs=2)
+    assert len(log) == 18
+    _assert_no_update_mass_lost(wrapper, master, initial, log, scale=1.0)
+    conf = _net().conf
+    mixed = MultiLayerNetwork(
+        dataclasses.replace(
+            conf, layers=[dataclasses.replace(conf.layers[0], updater=updaters.Sgd(0.1)), conf.layers[1]]
+        )
+    ).init()
+    assert ParallelWrapper(mixed, workers=4).update_scale == 0.5
+    assert ParallelWrapper(_net(), workers=4, update_combination="sqrt").update_scale == 0.5
+    assert ParallelWrapper(_net(), workers=4, update_combination="mean").update_scale == 0.25
 
 
 def test_shared_gradients_normalize_each_worker_gradient_before_encoding() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -11,6 +12,7 @@ from helpers import RecordingHook, accuracy, foreign_address, mlp_conf, port, su
 
 from sparkgrad.compress import AdaptiveThresholdAlgorithm
 from sparkgrad.data import DataSet
+from sparkgrad.nn import MultiLayerNetwork, updaters
 from sparkgrad.spark import (
     DefaultRepartitioner,
     ParameterAveragingTrainingMaster,
@@ -279,11 +281,33 @@ def test_bad_master_options_name_the_field(cls, kwargs, field) -> None:
 def test_momentum_masking_and_own_update_reach_the_workers_job() -> None:
     """The options travel in the job the executors train by (the worker's use of them:
     tests/distributed/test_worker_masking.py)."""
+    net = MultiLayerNetwork(mlp_conf()).init()
     for masking in (True, False):
-        options = SharedTrainingMaster(momentum_masking=masking)._job_options(2, 2)
+        options = SharedTrainingMaster(momentum_masking=masking)._job_options(net, 2, 2)
         assert options["momentum_masking"] is masking
-    assert SharedTrainingMaster()._job_options(2, 2)["own_update"] == "full"
-    assert SharedTrainingMaster(own_update="encoded")._job_options(2, 2)["own_update"] == "encoded"
+    assert SharedTrainingMaster()._job_options(net, 2, 2)["own_update"] == "full"
+    assert SharedTrainingMaster(own_update="encoded")._job_options(net, 2, 2)["own_update"] == "encoded"
+
+
+def test_the_workers_update_scale_follows_the_combination_and_the_networks_updaters() -> None:
+    """ "auto" sums an Adam network's updates and scales an Sgd one's (or one with an Sgd layer) by
+    1/sqrt(workers), the workers being as many as the fit's task slots allow."""
+    adam = MultiLayerNetwork(mlp_conf()).init()
+    sgd = MultiLayerNetwork(dataclasses.replace(mlp_conf(), updater=updaters.Sgd(0.1))).init()
+    conf = mlp_conf()
+    mixed = MultiLayerNetwork(
+        dataclasses.replace(
+            conf, layers=[dataclasses.replace(conf.layers[0], updater=updaters.Sgd(0.1)), conf.layers[1]]
+        )
+    ).init()
+    assert [u.kind for u in mixed.updaters] == ["sgd", "adam"]
+    master = SharedTrainingMaster()
+    assert master._job_options(adam, 4, 4)["update_scale"] == 1.0
+    assert master._job_options(sgd, 4, 4)["update_scale"] == 0.5
+    assert master._job_options(mixed, 4, 4)["update_scale"] == 0.5
+    assert master._job_options(sgd, 8, 4)["update_scale"] == 0.5  # 4 slots: 4 workers at once
+    assert SharedTrainingMaster(update_combination="sqrt")._job_options(adam, 4, 4)["update_scale"] == 0.5
+    assert SharedTrainingMaster(update_combination="mean")._job_options(adam, 4, 4)["update_scale"] == 0.25
 
 
 def test_controller_address_resolution_order(monkeypatch) -> None:

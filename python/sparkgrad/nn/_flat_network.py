@@ -335,6 +335,13 @@ class FlatNetwork:
         self._require_init()
         self._copy_into(self._params, flat, "params")
 
+    @property
+    def updaters(self) -> tuple[Any, ...]:
+        """The updater configuration of every range of trained parameters, in flat-buffer order (layers
+        sharing one updater in a row count once)."""
+        self._require_init()
+        return tuple(block.updater for block in self._blocks)
+
     @on_device
     def updater_state(self) -> np.ndarray:
         """The flat updater state (empty for stateless updaters such as Sgd) as a NumPy array: the live

@@ -499,7 +499,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     def _controller_options(self) -> dict[str, Any]:
         return {"averaging": True, "average_updater_state": self.save_updater}
 
-    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+    def _job_options(self, network: Any, partitions: int, slots: int) -> dict[str, Any]:
         return {"averaging": self._rounds}
 
     def _epoch_state(self, network: Any, controller: Controller) -> None:

@@ -293,8 +293,8 @@ class ControllerFit(ABC):
         """The Controller keyword arguments of this master's fit."""
 
     @abstractmethod
-    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
-        """The SharedJob fields of this master's fit besides the common ones."""
+    def _job_options(self, network: Any, partitions: int, slots: int) -> dict[str, Any]:
+        """The SharedJob fields of this master's fit of ``network`` besides the common ones."""
 
     @abstractmethod
     def _epoch_state(self, network: Any, controller: Controller) -> None:
@@ -390,7 +390,7 @@ class ControllerFit(ABC):
                     self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
                 ),
                 worker_device=self.worker_device,
-                **self._job_options(partitions, slots),
+                **self._job_options(network, partitions, slots),
             )
             bc = sc.broadcast(job)
             try:
@@ -499,11 +499,13 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             GPU worker encodes on its GPU and only the messages cross to the host, so GPU and CPU
             workers can share one fit. The ``SharedWorkerGetInitialModelTimeMs`` stats events record
             each worker's device as ``gpu`` (-1: CPU).
-        update_combination: how the updates of the N workers training at once combine: ``"sqrt"``
-            (default: each worker sends its update divided by sqrt(N), the square-root scaling rule of an
-            N-times larger batch, so the learning rate and updater that work on one machine work here),
-            ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's: every update at
-            full size, N workers taking about N times the step). The convergence study of the performance
+        update_combination: how the updates of the N workers training at once combine: ``"auto"``
+            (default: ``"sum"`` when every updater of the network is of the Adam family or RmsProp, whose
+            steps are about their learning rate whatever the gradient's size, else ``"sqrt"``), ``"sqrt"``
+            (each worker sends its update divided by sqrt(N), the square-root scaling rule of an N-times
+            larger batch), ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's:
+            every update at full size, N workers taking about N times the step). Either way the learning
+            rate and updater that work on one machine work here; the convergence study of the performance
             guide compares them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
         momentum_masking: after a worker sends its update, zero its Nesterov velocity wherever the
             message sent the parameter (Deep Gradient Compression's momentum factor masking, Lin et al.
@@ -666,7 +668,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
         }
 
-    def _job_options(self, partitions: int, slots: int) -> dict[str, Any]:
+    def _job_options(self, network: Any, partitions: int, slots: int) -> dict[str, Any]:
         return {
             "progress_interval_s": PROGRESS_REPORT_INTERVAL_S if self.progress else 0.0,
             "threshold_algorithm": self.current_threshold_algorithm,
@@ -676,7 +678,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "debug_longer_iterations": self.debug_longer_iterations,
             "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
             "staleness_window": self.staleness_bound // 2,
-            "update_scale": update_scale(self.update_combination, min(partitions, slots)),
+            "update_scale": update_scale(self.update_combination, min(partitions, slots), network.updaters),
             "momentum_masking": self.momentum_masking,
             "own_update": self.own_update,
         }

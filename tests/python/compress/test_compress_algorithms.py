@@ -13,14 +13,17 @@ from sparkgrad.compress import (
     DEFAULT_INITIAL_THRESHOLD,
     DEFAULT_SPARSITY_TARGET,
     DEFAULT_UPDATE_COMBINATION,
+    SUMMED_UPDATERS,
     AdaptiveThresholdAlgorithm,
     FixedThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualClippingPostProcessor,
     TargetSparsityThresholdAlgorithm,
     default_threshold_algorithm,
+    update_combination_for,
     update_scale,
 )
+from sparkgrad.nn import updaters
 
 DECAY = 0.5 ** (1 / 20)
 UPD = np.zeros(4, dtype=np.float32)
@@ -241,6 +244,32 @@ def test_update_scale_by_combination() -> None:
     assert update_scale("sum", 4) == 1.0
     assert update_scale("mean", 4) == 0.25
     assert update_scale("sqrt", 4) == 0.5
-    assert DEFAULT_UPDATE_COMBINATION == "sqrt"
-    with pytest.raises(ValueError, match="update_combination: expected one of sqrt, mean, sum, got 'avg'"):
+    assert update_scale("sqrt", 4, [updaters.Adam()]) == 0.5  # a named combination ignores the updaters
+    assert DEFAULT_UPDATE_COMBINATION == "auto"
+    with pytest.raises(
+        ValueError, match="update_combination: expected one of auto, sqrt, mean, sum, got 'avg'"
+    ):
         update_scale("avg", 2)
+
+
+def test_auto_sums_the_updates_of_the_adam_family_and_rmsprop_only() -> None:
+    """ "auto" sums when every updater that trains parameters divides its step by a running average of the
+    squared gradients; any other updater among them (or none known) gives the square-root rule."""
+    summed = [updaters.Adam(), updaters.AdaMax(), updaters.Nadam(), updaters.AmsGrad(), updaters.RmsProp()]
+    assert sorted(u.kind for u in summed) == sorted(SUMMED_UPDATERS)
+    assert update_scale("auto", 4, summed) == 1.0
+    assert update_scale("auto", 4, [updaters.NoOp(), updaters.Adam()]) == 1.0  # a frozen layer takes no step
+    assert update_combination_for("auto", [updaters.RmsProp()]) == "sum"
+    for others in (
+        [updaters.Sgd()],
+        [updaters.Nesterovs()],
+        [updaters.AdaGrad()],
+        [updaters.AdaDelta()],
+        [updaters.Adam(), updaters.Sgd()],
+        [updaters.NoOp()],
+        [],
+    ):
+        assert update_scale("auto", 4, others) == 0.5, others
+        assert update_combination_for("auto", others) == "sqrt"
+    with pytest.raises(ValueError, match="update_combination"):
+        update_combination_for("Auto", [updaters.Adam()])
