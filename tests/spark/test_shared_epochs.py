@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import accuracy, mlp_conf, port, subset
@@ -9,6 +11,8 @@ from helpers import accuracy, mlp_conf, port, subset
 from sparkgrad.compress import TargetSparsityThresholdAlgorithm, bitmap_encode, decode, threshold_encode
 from sparkgrad.data import DataSet
 from sparkgrad.errors import TrainingError
+from sparkgrad.nn.schedules import MapSchedule
+from sparkgrad.nn.updaters import Sgd
 from sparkgrad.spark import (
     DefaultRepartitioner,
     SharedTrainingMaster,
@@ -58,6 +62,21 @@ def test_all_epochs_run_in_one_job_and_the_callback_sees_the_controller_params(s
     # a second fit continues the epoch numbering
     sm.fit(small_rdd, epochs=1, epoch_callback=callback)
     assert seen[-1][:2] == (3, 4) and sm.network.epoch_count == 4
+
+
+def test_the_workers_follow_an_epoch_learning_rate_schedule(spark, small_rdd) -> None:
+    # the demo anneals its rate for the last epoch: the epoch count must reach the workers' updaters
+    # within the one job. A rate of 0 in epoch 0 makes every update exactly 0: nothing is sent, the
+    # controller's parameters stay the initial ones; the rate of epoch 1 then trains them.
+    rate = MapSchedule("epoch", {0: 0.0, 1: 0.1})
+    conf = dataclasses.replace(mlp_conf(hidden=16), updater=Sgd(rate))
+    sm = SparkMultiLayer(spark, conf, _master())
+    initial = sm.network.params().copy()
+    seen: list[np.ndarray] = []
+    sm.fit(small_rdd, epochs=2, epoch_callback=lambda epoch, network: seen.append(network.params().copy()))
+    assert sm.training_master.last_traffic["spark_jobs"] == 1
+    np.testing.assert_array_equal(seen[0], initial)
+    assert not np.array_equal(seen[1], initial)
 
 
 def test_a_true_callback_stops_every_worker_after_that_epoch(spark, small_rdd) -> None:
