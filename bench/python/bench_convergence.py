@@ -9,10 +9,12 @@ after every epoch:
   computes (N workers of ``batch`` examples each, gradients averaged, one step), without a process group;
 - ``pa``: ParallelWrapper's ``averaging`` mode, parameters averaged every 5 minibatches per worker
   (ParameterAveragingTrainingMaster's algorithm);
-- ``sqrt`` / ``mean`` / ``sum``: ParallelWrapper's ``shared_gradients`` mode with ``workers`` threads (the
-  in-process transport of SharedTrainingMaster's worker step: threshold-encoded messages, delivered
-  asynchronously) and the default threshold algorithm at ``--sparsity``, combining the workers' updates
-  scaled by 1/sqrt(N) (sparkgrad's default), by their mean, or by their sum (DL4J, Strom);
+- ``auto`` / ``sqrt`` / ``mean`` / ``sum``: ParallelWrapper's ``shared_gradients`` mode with ``workers``
+  threads (the in-process transport of SharedTrainingMaster's worker step: threshold-encoded messages,
+  delivered asynchronously) and the default threshold algorithm at ``--sparsity``, combining the workers'
+  updates as sparkgrad's default chooses for the updater (``auto``: their sum for the Adam family and
+  RmsProp, scaled by 1/sqrt(N) otherwise), scaled by 1/sqrt(N), by their mean, or by their sum (DL4J,
+  Strom);
 - ``masked``: ``sqrt`` with momentum factor masking (a worker's Nesterov velocity zeroed where its message
   sent; for updaters without a velocity the same algorithm as ``sqrt``, so the two show the run-to-run
   noise of the asynchronous delivery);
