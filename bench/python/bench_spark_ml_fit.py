@@ -1,6 +1,8 @@
 """Spark ML fit time on a large DataFrame: SparkgradClassifier with ParameterAveragingTrainingMaster, its
 rounds in one Spark job (averaging_jobs="one", the default) against DL4J's Spark job per round
-("per_round"), with SharedTrainingMaster (the estimators' default) as a reference.
+("per_round"), with SharedTrainingMaster (the estimators' default) as a reference, and with ``--local`` the
+same network trained on one machine over the same rows (batch --batch, and DDP's 2 x --batch) for the
+accuracy the hyperparameters give without Spark.
 
 Data: a DataFrame of --rows rows, 64 features (digits with Gaussian pixel noise, sd --noise, around the
 1437 training digits) and a label column; the test set is the 360 held-out digits. Model: MLP
@@ -10,7 +12,7 @@ epoch. The contenders run alternately for --repeats rounds; the table gives the 
 DataFrame is cached and counted before any fit) and the median test accuracy, and each contender's time
 as a ratio to ParameterAveraging's job per round measured in the same run.
 
-Usage: PYTHONPATH=python python bench/python/bench_spark_ml_fit.py [--rows 200000] [--repeats 2]
+Usage: PYTHONPATH=python python bench/python/bench_spark_ml_fit.py [--rows 200000] [--repeats 2] [--local]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from local_spark import local_session
 def _frame(spark, rows: int, noise: float, seed: int):
     from pyspark.ml.linalg import Vectors
 
+    from sparkgrad.data import DataSet
     from sparkgrad.datasets import load_digits
 
     train, test = load_digits(test_fraction=0.2, seed=0, shape="flat")
@@ -37,7 +40,7 @@ def _frame(spark, rows: int, noise: float, seed: int):
     data = [(Vectors.dense(row), float(label)) for row, label in zip(x.tolist(), y.tolist())]
     df = spark.createDataFrame(data, ["features", "label"]).repartition(2).cache()
     df.count()
-    return df, test
+    return df, test, DataSet(x, np.eye(10, dtype=np.float32)[y])
 
 
 def main() -> int:
@@ -48,10 +51,12 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-shared", action="store_true", help="leave out SharedTrainingMaster")
+    parser.add_argument("--local", action="store_true", help="also train on one machine, no Spark")
     args = parser.parse_args()
 
+    from sparkgrad.data import ListDataSetIterator
     from sparkgrad.ml import SparkgradClassifier
-    from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, OutputLayer
+    from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
     from sparkgrad.nn.updaters import Adam
     from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
 
@@ -62,27 +67,47 @@ def main() -> int:
         updater=Adam(1e-2),
         seed=1,
     )
-    contenders = {
+    masters = {
         "ParameterAveraging, job per round": lambda: ParameterAveragingTrainingMaster(
             averaging_jobs="per_round", rng_seed=1, progress=False
         ),
         "ParameterAveraging, one job": lambda: ParameterAveragingTrainingMaster(rng_seed=1, progress=False),
     }
     if not args.skip_shared:
-        contenders["SharedTrainingMaster (default)"] = lambda: SharedTrainingMaster(progress=False)
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    accuracies: dict[str, list[float]] = {name: [] for name in contenders}
+        masters["SharedTrainingMaster (default)"] = lambda: SharedTrainingMaster(progress=False)
     try:
-        df, test = _frame(spark, args.rows, args.noise, seed=0)
-        for repeat in range(args.repeats):
-            for name, make in contenders.items():
+        df, test, rows = _frame(spark, args.rows, args.noise, seed=0)
+
+        def on_spark(make):  # a fit through the estimator with this master
+            def fit(repeat: int):
                 classifier = SparkgradClassifier(
                     networkConf=conf, trainingMaster=make(), epochs=args.epochs, batchSize=args.batch
                 )
+                return classifier.fit(df).network
+
+            return fit
+
+        def on_one_machine(batch: int):  # the same rows, shuffled by the repeat's number
+            def fit(repeat: int):
+                net = MultiLayerNetwork(conf).init()
+                data = ListDataSetIterator(rows, batch_size=batch, shuffle=True, seed=repeat)
+                net.fit(data, epochs=args.epochs)
+                return net
+
+            return fit
+
+        contenders = {name: on_spark(make) for name, make in masters.items()}
+        if args.local:
+            contenders[f"one machine, batch {args.batch}"] = on_one_machine(args.batch)
+            contenders[f"one machine, batch {2 * args.batch} (DDP's)"] = on_one_machine(2 * args.batch)
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        accuracies: dict[str, list[float]] = {name: [] for name in contenders}
+        for repeat in range(args.repeats):
+            for name, fit in contenders.items():
                 start = time.monotonic()
-                model = classifier.fit(df)
+                network = fit(repeat)
                 times[name].append(time.monotonic() - start)
-                accuracies[name].append(model.network.evaluate(test).accuracy())
+                accuracies[name].append(network.evaluate(test).accuracy())
                 print(
                     f"repeat {repeat} {name}: {times[name][-1]:.1f} s, accuracy {accuracies[name][-1]:.4f}",
                     flush=True,
