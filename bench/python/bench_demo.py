@@ -69,10 +69,11 @@ def main() -> None:
         net = demo_network(args.epochs)
         if rate == "annealed":
             return net
+        first = net.conf.updater.learning_rate.values[0]  # the demo's rate before it anneals
         updater = (
-            Adam(5e-3)
+            Adam(first)
             if rate == "constant"
-            else Adam(ExponentialSchedule("epoch", 5e-3, float(rate.split()[-1])))
+            else Adam(ExponentialSchedule("epoch", first, float(rate.split()[-1])))
         )
         return MultiLayerNetwork(dataclasses.replace(net.conf, updater=updater)).init()
 
