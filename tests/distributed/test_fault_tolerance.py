@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller
+from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, wait_until
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import MessageType, WorkerConnection
@@ -169,8 +169,12 @@ def test_the_epoch_barrier_waits_for_every_worker_and_forgets_one_that_left(free
 
 def test_pending_epoch_reports_of_a_worker_that_left_do_not_count(free_port: int) -> None:
     with _barrier_of_two(free_port) as (ctl, (a, b, c)):
+        received = ctl.counters.messages_received
         a._send(MessageType.EPOCH_END, epoch=5)  # reports epoch 5, then its task is killed
         a.close()
+        # the controller reads its peers fairly, not in the order they sent: b's report must come after
+        # a's EPOCH_END and BYE, as it does when a task dies long before the others finish
+        assert wait_until(lambda: ctl.counters.messages_received >= received + 2)
         out: dict = {}
         second = _end_epoch_in_thread(b, 5, out)
         assert ctl.next_finished_epoch(0.5) is None  # a's report no longer counts
