@@ -86,12 +86,24 @@ template <typename T>
 void loss_gradient(const LossSpec&, const T*, const T*, const T*, MaskLayout, T*, std::int64_t, std::int64_t) {
   no_cuda("loss_gradient");
 }
+ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape&, ConvAlgorithm requested) {
+  if (requested == ConvAlgorithm::Winograd) {
+    throw_invalid(op, "algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col");
+  }
+  no_cuda(op);
+}
 template <typename T>
-void conv2d_forward(const Conv2dShape&, const T*, const T*, const T*, T*) { no_cuda("conv2d_forward"); }
+void conv2d_forward(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm) {
+  no_cuda("conv2d_forward");
+}
 template <typename T>
-void conv2d_backward_input(const Conv2dShape&, const T*, const T*, T*) { no_cuda("conv2d_backward_input"); }
+void conv2d_backward_input(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm) {
+  no_cuda("conv2d_backward_input");
+}
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape&, const T*, const T*, T*) { no_cuda("conv2d_backward_weight"); }
+void conv2d_backward_weight(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm) {
+  no_cuda("conv2d_backward_weight");
+}
 template <typename T>
 void pool2d_forward(PoolKind, const Pool2dShape&, const T*, T*, std::int64_t*) { no_cuda("pool2d_forward"); }
 template <typename T>
@@ -168,9 +180,9 @@ void l2_distance_backward(const T*, const T*, const T*, const T*, T*, T*, std::i
                               std::int64_t);                                                                   \
   template void loss_gradient<T>(const LossSpec&, const T*, const T*, const T*, MaskLayout, T*, std::int64_t,   \
                                  std::int64_t);                                                                \
-  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*);                      \
-  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*);                         \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);                        \
+  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm);  \
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);          \
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);         \
   template void pool2d_forward<T>(PoolKind, const Pool2dShape&, const T*, T*, std::int64_t*);                 \
   template void pool2d_backward<T>(PoolKind, const Pool2dShape&, const T*, T*, const std::int64_t*);          \
   template void global_pool_forward<T>(PoolKind, const T*, T*, std::int64_t*, std::int64_t, std::int64_t);    \

@@ -70,14 +70,16 @@ __global__ void col2im_kernel(Geometry<I> g, I m, const T* col, T* dx) {
   }
 }
 
-// product: (k, m*pq) -> y: (m, k, pq), plus b[k] when b is given (one add, as bias_add).
+// product: (k, m*pq) -> y: (m, k, pq), plus b[k] when b is given (one add, as bias_add), then max(., 0)
+// when relu.
 template <typename T, typename I>
-__global__ void to_images_kernel(const T* product, const T* b, I k, I m, I pq, T* y) {
+__global__ void to_images_kernel(const T* product, const T* b, bool relu, I k, I m, I pq, T* y) {
   const I total = m * k * pq;
   for (I e = static_cast<I>(first_index()); e < total; e += static_cast<I>(grid_stride())) {
     const I image = e / (k * pq), channel = (e / pq) % k, j = e % pq;
-    const T v = product[channel * m * pq + image * pq + j];
-    y[e] = b != nullptr ? v + b[channel] : v;
+    T v = product[channel * m * pq + image * pq + j];
+    if (b != nullptr) v += b[channel];
+    y[e] = relu && !(v > T(0)) ? T(0) : v;
   }
 }
 
@@ -127,13 +129,14 @@ struct Layout {
                                                                                  dx);
     }
   }
-  void to_images(const T* product, const T* b, T* y) const {
+  void to_images(const T* product, const T* b, bool relu, T* y) const {
     const std::int64_t pq = g.p * g.q, total = m * g.k * pq;
     if (small) {
       to_images_kernel<T, std::int32_t><<<blocks_for(total), kThreads, 0, stream>>>(
-          product, b, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(m), static_cast<std::int32_t>(pq), y);
+          product, b, relu, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(m),
+          static_cast<std::int32_t>(pq), y);
     } else {
-      to_images_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(product, b, g.k, m, pq, y);
+      to_images_kernel<T, std::int64_t><<<blocks_for(total), kThreads, 0, stream>>>(product, b, relu, g.k, m, pq, y);
     }
   }
   void from_images(const T* dy, T* out) const {
@@ -164,9 +167,17 @@ void by_chunks(const char* op, const Conv2dShape& g, Step step) {
 
 }  // namespace
 
+ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape&, ConvAlgorithm requested) {
+  if (requested == ConvAlgorithm::Winograd) {
+    throw_invalid(op, "algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col");
+  }
+  return requested == ConvAlgorithm::Auto ? ConvAlgorithm::Im2col : requested;
+}
+
 // x: (n, c, h, w), weights: (k, c*r*s), b: (k) or null -> y: (n, k, p, q).
 template <typename T>
-void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y) {
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu,
+                    ConvAlgorithm) {
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n == 0 || g.k == 0 || pq == 0) return;
   by_chunks<T>("conv2d_forward", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
@@ -174,13 +185,13 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
     chunk.im2col(x + i * image, col);
     sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
                             product, cols);
-    chunk.to_images(product, b, y + i * g.k * pq);
+    chunk.to_images(product, b, relu, y + i * g.k * pq);
   });
 }
 
 // dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w).
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx, ConvAlgorithm) {
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n * image == 0) return;
   by_chunks<T>("conv2d_backward_input", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
@@ -194,7 +205,7 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
 
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = dy' col^T over all images, dy' = dy as (k, n*p*q).
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw, ConvAlgorithm) {
   const char* op = "conv2d_backward_weight";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.k * crs == 0) return;
@@ -213,9 +224,9 @@ void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw
 }
 
 #define SPARKGRAD_CONV2D(T)                                                                            \
-  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*);             \
-  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*);                \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);
+  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);        \
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);
 SPARKGRAD_CONV2D(float)
 SPARKGRAD_CONV2D(double)
 

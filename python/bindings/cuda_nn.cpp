@@ -183,14 +183,20 @@ void init_cuda(py::module_& m) {
   // (a = x, b = dy, out = dw).
   m.def(
       "cuda_conv2d",
-      [](int which, const std::array<std::int64_t, 13>& s, Ptr a, Ptr b, Ptr bias, Ptr out,
-         const std::string& dtype) {
+      [](int which, const std::array<std::int64_t, 13>& s, Ptr a, Ptr b, Ptr bias, Ptr out, bool relu,
+         const std::string& algorithm, const std::string& dtype) {
         const nn::Conv2dShape g{s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12]};
-        with_dtype("conv2d", dtype, [&](auto tag) {
+        const char* op = which == 0 ? "conv2d_forward" : which == 1 ? "conv2d_backward_input" : "conv2d_backward_weight";
+        const nn::ConvAlgorithm algo = nn::cuda::conv2d_algorithm(op, g, nn::parse_conv_algorithm(op, algorithm));
+        with_dtype(op, dtype, [&](auto tag) {
           using T = decltype(tag);
-          if (which == 0) nn::cuda::conv2d_forward(g, dev<const T>(a), dev<const T>(b), dev<const T>(bias), dev<T>(out));
-          else if (which == 1) nn::cuda::conv2d_backward_input(g, dev<const T>(a), dev<const T>(b), dev<T>(out));
-          else nn::cuda::conv2d_backward_weight(g, dev<const T>(a), dev<const T>(b), dev<T>(out));
+          if (which == 0) {
+            nn::cuda::conv2d_forward(g, dev<const T>(a), dev<const T>(b), dev<const T>(bias), dev<T>(out), relu, algo);
+          } else if (which == 1) {
+            nn::cuda::conv2d_backward_input(g, dev<const T>(a), dev<const T>(b), dev<T>(out), algo);
+          } else {
+            nn::cuda::conv2d_backward_weight(g, dev<const T>(a), dev<const T>(b), dev<T>(out), algo);
+          }
         });
       },
       Release());

@@ -394,15 +394,6 @@ def _conv_geometry(op: str, v: dict, names: tuple[str, str, str], strides_pads: 
     return _conv_shape(op, image, kernel, out, strides_pads)
 
 
-def _conv_algorithm(op: str, algorithm: str) -> None:
-    """The GPU convolutions are im2col + cuBLAS whatever the CPU would pick: ``auto`` and ``im2col``
-    run them; Winograd (the CPU's ``winograd``) has no GPU kernel, so asking for it is an error."""
-    if algorithm not in ("auto", "im2col"):
-        known = algorithm == "winograd"
-        why = "has no GPU kernel, use auto or im2col" if known else "is unknown, expected auto or im2col"
-        raise ValueError(f"[{op}] algorithm '{algorithm}' {why}")
-
-
 def conv2d_forward(
     x: Any,
     w: Any,
@@ -416,10 +407,9 @@ def conv2d_forward(
     algorithm: str = "auto",
 ) -> None:
     """``y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b)``; padding reads zeros.
-    ``activation``: identity or relu (as the CPU kernel's fused epilogue); ``algorithm``: see
-    :func:`_conv_algorithm`."""
+    ``activation``: identity or relu (as the CPU kernel's fused epilogue); ``algorithm``: auto (cuDNN in a
+    build with it, else im2col), cudnn or im2col (the own kernels: im2col + cuBLAS)."""
     op = "conv2d_forward"
-    _conv_algorithm(op, algorithm)
     if activation not in ("identity", "relu"):
         raise ValueError(
             f"[{op}] activation must be identity or relu (the fused epilogues), got '{activation}'"
@@ -431,11 +421,9 @@ def conv2d_forward(
     g = _conv_geometry(op, v, ("x", "w", "y"), (stride_h, stride_w, pad_top, pad_left))
     if b is not None:
         _shape(op, "b", v["b"], (g[4],))
-    launch(
-        _core.cuda_conv2d, 0, g, v["x"].ptr, v["w"].ptr, v["b"].ptr if b is not None else 0, v["y"].ptr, dtype
-    )
-    if activation == "relu":
-        activation_forward("relu", y, y)
+    bias = v["b"].ptr if b is not None else 0
+    relu = activation == "relu"
+    launch(_core.cuda_conv2d, 0, g, v["x"].ptr, v["w"].ptr, bias, v["y"].ptr, relu, algorithm, dtype)
 
 
 def conv2d_backward_input(
@@ -450,10 +438,9 @@ def conv2d_backward_input(
 ) -> None:
     """``dx (N, C, H, W)`` from dy (N, K, P, Q) and w (K, C, R, S)."""
     op = "conv2d_backward_input"
-    _conv_algorithm(op, algorithm)
     v, dtype = _floats(op, dy=(dy, False), w=(w, False), dx=(dx, True))
     g = _conv_geometry(op, v, ("dx", "w", "dy"), (stride_h, stride_w, pad_top, pad_left))
-    launch(_core.cuda_conv2d, 1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, dtype)
+    launch(_core.cuda_conv2d, 1, g, v["dy"].ptr, v["w"].ptr, 0, v["dx"].ptr, False, algorithm, dtype)
 
 
 def conv2d_backward_weight(
@@ -468,10 +455,9 @@ def conv2d_backward_weight(
 ) -> None:
     """``dw (K, C, R, S)`` from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch."""
     op = "conv2d_backward_weight"
-    _conv_algorithm(op, algorithm)
     v, dtype = _floats(op, x=(x, False), dy=(dy, False), dw=(dw, True))
     g = _conv_geometry(op, v, ("x", "dw", "dy"), (stride_h, stride_w, pad_top, pad_left))
-    launch(_core.cuda_conv2d, 2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, dtype)
+    launch(_core.cuda_conv2d, 2, g, v["x"].ptr, v["dy"].ptr, 0, v["dw"].ptr, False, algorithm, dtype)
 
 
 def _pool(backward: bool, kind: str, big: Any, small: Any, geometry: tuple[int, ...], argmax: Any) -> None:

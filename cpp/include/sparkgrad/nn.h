@@ -63,10 +63,11 @@ struct Conv2dShape {
   std::int64_t p, q;        // output height, width
   std::int64_t stride_h, stride_w, pad_top, pad_left;
 };
-// How a convolution is computed: im2col + GEMM, or Winograd F(2x2, 3x3) (3x3 kernels, stride 1, padding
-// <= 2). Auto picks per shape by the rule measured in conv2d.cpp.
-enum class ConvAlgorithm : std::uint8_t { Auto, Im2col, Winograd };
-// Parses "auto", "im2col" or "winograd"; throws std::invalid_argument "[op] ..." otherwise.
+// How a convolution is computed: im2col + GEMM, Winograd F(2x2, 3x3) (3x3 kernels, stride 1, padding
+// <= 2; CPU only) or cuDNN (GPU only, in a build that found cuDNN). Auto picks per shape by the rule
+// measured in conv2d.cpp on the CPU, and cuDNN where it was built on the GPU.
+enum class ConvAlgorithm : std::uint8_t { Auto, Im2col, Winograd, Cudnn };
+// Parses "auto", "im2col", "winograd" or "cudnn"; throws std::invalid_argument "[op] ..." otherwise.
 ConvAlgorithm parse_conv_algorithm(const char* op, const std::string& name);
 bool conv2d_winograd_applies(const Conv2dShape& g);
 // What `requested` runs as for g (never Auto); throws "[op] ..." for Winograd on a shape it cannot compute.
@@ -247,12 +248,18 @@ template <typename T>
 void loss_gradient(const LossSpec& spec, const T* labels, const T* preout, const T* mask, MaskLayout layout,
                    T* grad, std::int64_t n, std::int64_t c);
 
+// What `requested` runs as on the GPU for g (Im2col or Cudnn, never Auto); throws "[op] ..." for
+// Winograd, or for cuDNN in a build without it.
+ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested);
 template <typename T>
-void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y);
+void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
+                    ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+                           ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw,
+                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 
 template <typename T>
 void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax);

@@ -200,7 +200,8 @@ ConvAlgorithm parse_conv_algorithm(const char* op, const std::string& name) {
   if (name == "auto") return ConvAlgorithm::Auto;
   if (name == "im2col") return ConvAlgorithm::Im2col;
   if (name == "winograd") return ConvAlgorithm::Winograd;
-  throw_invalid(op, "unknown algorithm '", name, "', expected one of auto im2col winograd");
+  if (name == "cudnn") return ConvAlgorithm::Cudnn;
+  throw_invalid(op, "unknown algorithm '", name, "', expected one of auto im2col winograd cudnn");
 }
 
 bool conv2d_winograd_applies(const Conv2dShape& g) {
@@ -215,6 +216,9 @@ bool conv2d_winograd_applies(const Conv2dShape& g) {
 // 3.1, 3.1, 3.5.
 constexpr std::int64_t kWinogradMinChannels = 16;
 ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested) {
+  if (requested == ConvAlgorithm::Cudnn) {
+    throw_invalid(op, "algorithm 'cudnn' runs on a GPU only, use auto, im2col or winograd on the CPU");
+  }
   const bool applies = conv2d_winograd_applies(g);
   if (requested == ConvAlgorithm::Winograd && !applies) {
     throw_invalid(op, "algorithm 'winograd' needs 3x3 kernels, stride 1 and padding <= 2, got ", g.r, "x", g.s,

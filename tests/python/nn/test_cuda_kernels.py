@@ -931,24 +931,27 @@ def test_scale_shift_and_l2_vertices_match_cpu(cp: Any, dtype: Any) -> None:
     _close(gdb, db, 1)
 
 
+CONV_FAKES = {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "y": (2, 4, 6, 6)}
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (
-            lambda: cuda.conv2d_backward_weight(None, None, None, 1, 1, 0, 0, algorithm="winograd"),
-            r"\[conv2d_backward_weight\] algorithm 'winograd' has no GPU kernel, use auto or im2col",
+            lambda f: cuda.conv2d_backward_weight(f["x"], f["y"], f["w"], 1, 1, 0, 0, algorithm="winograd"),
+            r"\[conv2d_backward_weight\] algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col",
         ),
         (
-            lambda: cuda.conv2d_backward_input(None, None, None, 1, 1, 0, 0, algorithm="fft"),
-            r"\[conv2d_backward_input\] algorithm 'fft' is unknown, expected auto or im2col",
+            lambda f: cuda.conv2d_backward_input(f["y"], f["w"], f["x"], 1, 1, 0, 0, algorithm="fft"),
+            r"\[conv2d_backward_input\] unknown algorithm 'fft', expected one of auto im2col winograd cudnn",
         ),
         (
-            lambda: cuda.conv2d_forward(None, None, None, None, 1, 1, 0, 0, activation="tanh"),
+            lambda f: cuda.conv2d_forward(f["x"], f["w"], None, f["y"], 1, 1, 0, 0, activation="tanh"),
             r"\[conv2d_forward\] activation must be identity or relu \(the fused epilogues\), got 'tanh'",
         ),
     ],
 )
 def test_conv2d_front_doors_reject_winograd_and_unfused_activations(call: Any, message: str) -> None:
-    # Checked before any array is touched: the GPU runs im2col + cuBLAS and fuses relu only.
+    # Checked before any kernel runs: the GPU has cuDNN and im2col + cuBLAS, and fuses relu only.
     with pytest.raises(ValueError, match=message):
-        call()
+        call(_fakes(CONV_FAKES))
