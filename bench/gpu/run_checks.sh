@@ -28,10 +28,13 @@ python="${PYTHON:-python3}"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
-# the extension finds libcublas through an RPATH relative to an installed wheel; under --target it is
-# elsewhere, so the loader is told where the nvidia-cublas wheel keeps it
-cublas="$("$python" cuda/find_cublas.py)" || { echo "run_checks.sh: no cuBLAS (nvidia-cublas)" >&2; exit 1; }
+# the extension finds libcublas (and libcudnn) through an RPATH relative to an installed wheel; under
+# --target they are elsewhere, so the loader is told where the nvidia-cublas (and nvidia-cudnn) wheels keep them
+cublas="$("$python" cuda/find_nvidia.py cublas)" || { echo "run_checks.sh: no cuBLAS (nvidia-cublas)" >&2; exit 1; }
 export LD_LIBRARY_PATH="$cublas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN is optional: without it the convolutions run the own kernels (say so in the build log)
+cudnn="$("$python" cuda/find_nvidia.py cudnn)" || cudnn=""
+if [[ -n "$cudnn" ]]; then export LD_LIBRARY_PATH="$cudnn/lib:$LD_LIBRARY_PATH"; fi
 
 # the checks must run the CUDA build in $site, not another sparkgrad (an editable install's import hook
 # takes precedence over PYTHONPATH)
@@ -48,12 +51,13 @@ build)
         "$python" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
     fi
     arch="${CUDAARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)}"
-    echo "building for sm_$arch with cuBLAS from $cublas"
+    echo "building for sm_$arch with cuBLAS from $cublas and cuDNN from ${cudnn:-nowhere (own convolution kernels)}"
     # the compilers on PATH, not the environment's CXX: the CUDA image sets CXX=/opt/gcc/bin/g++, a wrapper
     # with which every C++ exception thrown from a CUDA translation unit (a malformed message refused on
     # the GPU, say) killed the process with a segmentation fault (H200, 2026-11-27; /usr/bin/g++: 442 passed)
     CXX="${GPU_CXX:-g++}" CC="${GPU_CC:-gcc}" CUDAHOSTCXX="${GPU_CXX:-g++}" \
-    SPARKGRAD_ENABLE_CUDA=ON SPARKGRAD_BUILD_BENCH=ON SPARKGRAD_CUBLAS_ROOT="$cublas" CUDAARCHS="$arch" \
+    SPARKGRAD_ENABLE_CUDA=ON SPARKGRAD_BUILD_BENCH=ON SPARKGRAD_CUBLAS_ROOT="$cublas" SPARKGRAD_CUDNN_ROOT="$cudnn" \
+        CUDAARCHS="$arch" \
         CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
         "$python" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$site" \
         --config-settings=build-dir="$work/build" . 2>&1 | tee "$logs/build.log"
@@ -67,6 +71,7 @@ test)
     modules=(
         tests/python/compress/test_cuda_threshold.py
         tests/python/nn/test_cuda_kernels.py
+        tests/python/nn/test_cuda_conv.py
         tests/python/nn/test_device.py
         tests/python/nn/test_gradient_normalization.py
         tests/python/nn/test_inference_fold.py

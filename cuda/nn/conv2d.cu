@@ -1,4 +1,5 @@
-// CUDA twin of cpp/src/nn/conv2d.cpp: im2col + one cuBLAS GEMM (the same row-major call as on the CPU) for
+// CUDA twin of cpp/src/nn/conv2d.cpp. Where cuDNN was built in and can compute the shape, it runs the
+// convolution (conv2d_cudnn.cu) and one pass here adds the bias and relu. Otherwise: im2col + one cuBLAS GEMM (the same row-major call as on the CPU) for
 // a chunk of images at once. The column matrix of a chunk is (c*r*s, images*p*q), so each pass is a single
 // large GEMM rather than one small GEMM per image; the (k, images*p*q) product and the (images, k, p*q)
 // layout of y and dy are exchanged by a permuting copy (with the bias added on the way out). col2im is a
@@ -6,10 +7,28 @@
 // in the GEMM (beta = 1), so every result is deterministic.
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "kernel_util.cuh"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
+
+#ifdef SPARKGRAD_HAS_CUDNN
+#include "conv2d_cudnn.cuh"
+#else
+// Without cuDNN, conv2d_algorithm below never picks it: every convolution runs the own kernels.
+namespace sparkgrad::nn::cuda::cudnn {
+std::string unsupported(const Conv2dShape&) {
+  return "sparkgrad was built without cuDNN (pip install nvidia-cudnn-cu13, then rebuild with SPARKGRAD_ENABLE_CUDA=ON)";
+}
+template <typename T>
+void forward(const Conv2dShape&, const T*, const T*, T*) {}
+template <typename T>
+void backward_input(const Conv2dShape&, const T*, const T*, T*) {}
+template <typename T>
+void backward_weight(const Conv2dShape&, const T*, const T*, T*) {}
+}  // namespace sparkgrad::nn::cuda::cudnn
+#endif
 
 namespace sparkgrad::nn::cuda {
 
@@ -79,6 +98,18 @@ __global__ void to_images_kernel(const T* product, const T* b, bool relu, I k, I
     const I image = e / (k * pq), channel = (e / pq) % k, j = e % pq;
     T v = product[channel * m * pq + image * pq + j];
     if (b != nullptr) v += b[channel];
+    y[e] = relu && !(v > T(0)) ? T(0) : v;
+  }
+}
+
+// y: (images, k, pq) += b[k] when b is given, then max(., 0) when relu: cuDNN's output, in place. cuDNN
+// takes fewer than 2^31 elements, so the indices are 32-bit.
+template <typename T>
+__global__ void bias_relu_kernel(T* y, const T* b, bool relu, std::int32_t k, std::int32_t pq, std::int32_t total) {
+  for (std::int32_t e = static_cast<std::int32_t>(first_index()); e < total;
+       e += static_cast<std::int32_t>(grid_stride())) {
+    T v = y[e];
+    if (b != nullptr) v += b[(e / pq) % k];
     y[e] = relu && !(v > T(0)) ? T(0) : v;
   }
 }
@@ -167,20 +198,37 @@ void by_chunks(const char* op, const Conv2dShape& g, Step step) {
 
 }  // namespace
 
-ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape&, ConvAlgorithm requested) {
+// Auto: cuDNN wherever it can compute the shape (measured faster at every size of bench_train_step:
+// docs/guides/performance.md#gpu), else the own kernels.
+ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested) {
   if (requested == ConvAlgorithm::Winograd) {
     throw_invalid(op, "algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col");
   }
-  return requested == ConvAlgorithm::Auto ? ConvAlgorithm::Im2col : requested;
+  if (requested == ConvAlgorithm::Im2col) return requested;
+  const std::string why_not = cudnn::unsupported(g);
+  if (why_not.empty()) return ConvAlgorithm::Cudnn;
+  if (requested == ConvAlgorithm::Cudnn) throw_invalid(op, "algorithm 'cudnn': ", why_not, "; use auto or im2col");
+  return ConvAlgorithm::Im2col;
 }
 
 // x: (n, c, h, w), weights: (k, c*r*s), b: (k) or null -> y: (n, k, p, q).
 template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu,
-                    ConvAlgorithm) {
+                    ConvAlgorithm algorithm) {
+  const char* op = "conv2d_forward";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n == 0 || g.k == 0 || pq == 0) return;
-  by_chunks<T>("conv2d_forward", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
+  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
+    cudnn::forward(g, x, weights, y);
+    if (b != nullptr || relu) {
+      const std::int64_t total = g.n * g.k * pq;
+      bias_relu_kernel<T><<<blocks_for(total), kThreads, 0, gpu::current_stream()>>>(
+          y, b, relu, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(pq), static_cast<std::int32_t>(total));
+      check_kernels(op);
+    }
+    return;
+  }
+  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
     const std::int64_t cols = chunk.m * pq;
     chunk.im2col(x + i * image, col);
     sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
@@ -191,10 +239,15 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
 
 // dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w).
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx, ConvAlgorithm) {
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx, ConvAlgorithm algorithm) {
+  const char* op = "conv2d_backward_input";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n * image == 0) return;
-  by_chunks<T>("conv2d_backward_input", g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
+  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
+    cudnn::backward_input(g, dy, weights, dx);
+    return;
+  }
+  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
     const std::int64_t cols = chunk.m * pq;
     if (cols > 0 && g.k > 0) chunk.from_images(dy + i * g.k * pq, dy_t);
     sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, dy_t, cols, T(0),
@@ -205,13 +258,17 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
 
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = dy' col^T over all images, dy' = dy as (k, n*p*q).
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw, ConvAlgorithm) {
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw, ConvAlgorithm algorithm) {
   const char* op = "conv2d_backward_weight";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.k * crs == 0) return;
   if (g.n == 0 || pq == 0) {
     fill_zero(op, dw, sizeof(T) * static_cast<std::size_t>(g.k * crs));
     check_kernels(op);
+    return;
+  }
+  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
+    cudnn::backward_weight(g, x, dy, dw);
     return;
   }
   by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {

@@ -44,4 +44,10 @@ __device__ A block_sum(A value) {
   return total;
 }
 
+// out[j] = sum of x[i, j, e] over i < n and e < inner for x: (n, c, inner), accumulated in double and
+// rounded once, as the CPU does (bias gradients, LSTM/SimpleRnn db). Deterministic: blocks sum fixed
+// chunks of images in a fixed order, and a second pass adds the chunks in order. (cuda/nn/bias.cu)
+template <typename T>
+void channel_sums(const char* op, const T* x, T* out, std::int64_t n, std::int64_t c, std::int64_t inner);
+
 }  // namespace sparkgrad::detail::cuda

@@ -2,8 +2,8 @@
 // the bias broadcast into every row, the input projection of all steps in one cuBLAS GEMM, then per step
 // one recurrent GEMM and one fused kernel for the gate nonlinearities, cell, output and mask. Backward: per
 // step one GEMM (dz_{t+1} RW^T) and one fused kernel, then one GEMM per weight gradient over all steps; db
-// sums the rows in double in the CPU's order. The kernels and GEMMs of one call queue on the default
-// stream; launches are checked as they go and the call waits once at the end.
+// sums the rows in double (channel_sums). The kernels and GEMMs of one call queue on the calling thread's
+// stream (gpu::set_stream); launches are checked as they go.
 #include "activation.cuh"
 #include "kernel_util.cuh"
 #include "sparkgrad/common.h"
@@ -124,16 +124,6 @@ __global__ void previous_h_kernel(LstmShape s, const T* hs, const T* h0, T* h_pr
   }
 }
 
-// db: (g4) = column sums of dz: (rows, g4), one thread per column adding the rows in order in double.
-template <typename T>
-__global__ void column_sum_kernel(const T* dz, T* db, std::int64_t rows, std::int64_t g4) {
-  for (std::int64_t j = first_index(); j < g4; j += grid_stride()) {
-    double acc = 0.0;
-    for (std::int64_t row = 0; row < rows; ++row) acc += dz[row * g4 + j];
-    db[j] = static_cast<T>(acc);
-  }
-}
-
 }  // namespace
 
 // x: (n, t, c); w: (c, 4h); rw: (h, 4h); b: (4h); mask: (n, t) or null; h0, c0: (n, h) or null;
@@ -200,8 +190,7 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
   check_cuda(op, cudaGetLastError());
   sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, h, g4, rows, T(1), h_prev.get(), h, dgates, g4, T(0), drw,
                           g4);
-  column_sum_kernel<<<blocks_for(g4), kThreads, 0, gpu::current_stream()>>>(dgates, db, rows, g4);
-  check_cuda(op, cudaGetLastError());
+  channel_sums(op, dgates, db, rows, g4, std::int64_t{1});  // column sums of dgates: (rows, 4h)
   if (dx != nullptr && s.c > 0) {
     sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, rows, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
   }

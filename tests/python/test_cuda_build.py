@@ -18,10 +18,20 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_FOUND = subprocess.run(
-    [sys.executable, str(ROOT / "cuda" / "find_cublas.py")], capture_output=True, text=True
-)
-CUBLAS_ROOT = _FOUND.stdout.strip() if _FOUND.returncode == 0 else None
+
+
+def _wheel_root(library: str) -> str | None:
+    """The root of NVIDIA's wheel of ``library`` (cublas, cudnn) in this environment, or None."""
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "cuda" / "find_nvidia.py"), library], capture_output=True, text=True
+    )
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+CUBLAS_ROOT = _wheel_root("cublas")
+CUDNN_ROOT = _wheel_root("cudnn")  # optional: the build then compiles and links the cuDNN convolutions
+# the unpacked wheel has no site-packages/nvidia beside it: the loader is pointed at the wheels' libraries
+NVIDIA_LIBS = ":".join(f"{root}/lib" for root in (CUBLAS_ROOT, CUDNN_ROOT) if root)
 
 
 @pytest.mark.slow
@@ -32,6 +42,7 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
         **os.environ,
         "SPARKGRAD_ENABLE_CUDA": "ON",
         "SPARKGRAD_CUBLAS_ROOT": CUBLAS_ROOT,
+        **({"SPARKGRAD_CUDNN_ROOT": CUDNN_ROOT} if CUDNN_ROOT else {}),
         "CUDAARCHS": "80",
         "CMAKE_BUILD_PARALLEL_LEVEL": "2",
     }
@@ -51,11 +62,10 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
     site_packages = Path(np.__file__).resolve().parents[1]
     loaded = subprocess.run(
         [sys.executable, "-S", "-c", probe],
-        # the unpacked wheel has no site-packages/nvidia beside it: point the loader at the cuBLAS wheel
         env={
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(site_packages)]),
-            "LD_LIBRARY_PATH": f"{CUBLAS_ROOT}/lib",
+            "LD_LIBRARY_PATH": NVIDIA_LIBS,
         },
         capture_output=True,
         text=True,
@@ -67,7 +77,7 @@ def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
     if int(gpus) == 0:  # with a GPU the benchmark would run for minutes: only the GPU-less answer is checked
         import scipy_openblas32  # a runtime dependency: the build's isolated copy is gone by now
 
-        libs = f"{CUBLAS_ROOT}/lib:{scipy_openblas32.get_lib_dir()}"
+        libs = f"{NVIDIA_LIBS}:{scipy_openblas32.get_lib_dir()}"
         bench = subprocess.run(
             [str(tmp_path / "build" / "bench" / "cpp" / "bench_nn"), "--device", "cuda"],
             env={**os.environ, "LD_LIBRARY_PATH": libs},

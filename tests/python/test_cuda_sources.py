@@ -11,18 +11,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = sorted((ROOT / "cuda").rglob("*.cu"))
-# cuBLAS headers come from NVIDIA's wheel (pip install nvidia-cublas), as the CUDA build takes them
-_FOUND = subprocess.run(
-    [sys.executable, str(ROOT / "cuda" / "find_cublas.py")], capture_output=True, text=True
-)
-CUBLAS_INCLUDE = Path(_FOUND.stdout.strip()) / "include" if _FOUND.returncode == 0 else None
+
+
+def _wheel_include(library: str) -> Path | None:
+    """include/ of NVIDIA's wheel of ``library`` (cublas, cudnn), as the CUDA build takes its headers."""
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "cuda" / "find_nvidia.py"), library], capture_output=True, text=True
+    )
+    return Path(found.stdout.strip()) / "include" if found.returncode == 0 else None
+
+
+CUBLAS_INCLUDE = _wheel_include("cublas")  # pip install nvidia-cublas
+CUDNN_INCLUDE = _wheel_include("cudnn")  # pip install nvidia-cudnn-cu13
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=[str(p.relative_to(ROOT)) for p in CUDA_SOURCES])
 def test_cuda_source_compiles(source: Path, tmp_path: Path) -> None:
-    if CUBLAS_INCLUDE is None and "cublas_v2.h" in source.read_text():
+    text = source.read_text()
+    if CUBLAS_INCLUDE is None and "cublas_v2.h" in text:
         pytest.skip("cuBLAS headers are not installed (pip install nvidia-cublas)")
+    if CUDNN_INCLUDE is None and "cudnn.h" in text:
+        pytest.skip("cuDNN headers are not installed (pip install nvidia-cudnn-cu13)")
     # CUDA sources see only the public C++ headers (no pybind11, no Python): the same flags CMake uses.
     # sm_90 here and sm_80 in test_cuda_build.py: both architectures of the default list are compiled.
     cmd = [
@@ -39,6 +49,8 @@ def test_cuda_source_compiles(source: Path, tmp_path: Path) -> None:
         "-Xcompiler",
         "-fopenmp",
         *(["-I", str(CUBLAS_INCLUDE)] if CUBLAS_INCLUDE else []),
+        # conv2d.cu takes the cuDNN path where the build found cuDNN, its own kernels only otherwise
+        *(["-I", str(CUDNN_INCLUDE), "-DSPARKGRAD_HAS_CUDNN"] if CUDNN_INCLUDE else []),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"nvcc failed on {source.name}:\n{result.stderr}"

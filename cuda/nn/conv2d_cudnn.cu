@@ -1,0 +1,279 @@
+// Convolutions through cuDNN (its convolution API: cudnnConvolutionForward / BackwardData / BackwardFilter).
+// One handle per host thread and device, bound to the calling thread's stream (as blas.cu does for
+// cuBLAS). Each shape gets a plan once: its descriptors and, per pass, the algorithm cudnnFind*Ex measured
+// fastest on the first call's own buffers among the deterministic ones (results reproducible run to run,
+// as the own kernels are) that fit the search's workspace. Every call then takes that algorithm's workspace
+// from the device's stream-ordered pool. Float32 runs on the FMA units (CUDNN_FMA_MATH): no TF32 rounding
+// of the operands, as the own kernels and PyTorch with TF32 off.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+#include <vector>
+
+#include "conv2d_cudnn.cuh"
+#include "kernel_util.cuh"
+#include "sparkgrad/common.h"
+
+namespace sparkgrad::nn::cuda::cudnn {
+
+namespace {
+using namespace sparkgrad::detail::cuda;
+
+void check(const char* op, cudnnStatus_t status) {
+  if (status != CUDNN_STATUS_SUCCESS) throw_runtime(op, "cuDNN error: ", cudnnGetErrorString(status));
+}
+
+// The calling thread's handle for the current device, on the calling thread's stream.
+cudnnHandle_t handle(const char* op) {
+  struct Destroy {
+    void operator()(cudnnContext* h) const { cudnnDestroy(h); }
+  };
+  thread_local std::vector<std::unique_ptr<cudnnContext, Destroy>> owned;  // indexed by device ordinal
+  int device = 0;
+  check_cuda(op, cudaGetDevice(&device));
+  if (owned.size() <= static_cast<std::size_t>(device)) owned.resize(static_cast<std::size_t>(device) + 1);
+  auto& slot = owned[static_cast<std::size_t>(device)];
+  if (!slot) {
+    cudnnHandle_t h = nullptr;
+    check(op, cudnnCreate(&h));
+    slot.reset(h);
+  }
+  const cudaStream_t stream = gpu::current_stream();
+  cudaStream_t bound = nullptr;
+  check(op, cudnnGetStream(slot.get(), &bound));
+  if (bound != stream) check(op, cudnnSetStream(slot.get(), stream));
+  return slot.get();
+}
+
+enum class Pass : int { Forward = 0, BackwardInput = 1, BackwardWeight = 2 };
+
+struct Choice {
+  int algorithm;
+  std::size_t workspace;  // bytes
+};
+
+// The descriptors of one shape and dtype (read-only once made, so threads share them) and the algorithm
+// chosen for each pass, found on its first call.
+struct Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;  // (n, c, h, w), (n, k, p, q); also dx and dy
+  cudnnFilterDescriptor_t w = nullptr;               // (k, c, r, s); also dw
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  std::array<std::optional<Choice>, 3> chosen;  // by Pass
+};
+
+using Key = std::array<std::int64_t, 16>;  // device, dtype size, the 13 numbers of Conv2dShape, spare
+
+template <typename T>
+constexpr cudnnDataType_t data_type() {
+  return std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+}
+
+template <typename T>
+Plan make_plan(const char* op, const Conv2dShape& g) {
+  const auto i = [](std::int64_t v) { return static_cast<int>(v); };  // unsupported() checked the range
+  Plan plan;
+  plan.math = std::is_same_v<T, float> ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  check(op, cudnnCreateTensorDescriptor(&plan.x));
+  check(op, cudnnCreateTensorDescriptor(&plan.y));
+  check(op, cudnnCreateFilterDescriptor(&plan.w));
+  check(op, cudnnCreateConvolutionDescriptor(&plan.conv));
+  check(op, cudnnSetTensor4dDescriptor(plan.x, CUDNN_TENSOR_NCHW, data_type<T>(), i(g.n), i(g.c), i(g.h), i(g.w)));
+  check(op, cudnnSetTensor4dDescriptor(plan.y, CUDNN_TENSOR_NCHW, data_type<T>(), i(g.n), i(g.k), i(g.p), i(g.q)));
+  check(op, cudnnSetFilter4dDescriptor(plan.w, data_type<T>(), CUDNN_TENSOR_NCHW, i(g.k), i(g.c), i(g.r), i(g.s)));
+  check(op, cudnnSetConvolution2dDescriptor(plan.conv, i(g.pad_top), i(g.pad_left), i(g.stride_h), i(g.stride_w), 1,
+                                            1, CUDNN_CROSS_CORRELATION, data_type<T>()));
+  check(op, cudnnSetConvolutionMathType(plan.conv, plan.math));
+  std::array<int, 4> out{};
+  check(op, cudnnGetConvolution2dForwardOutputDim(plan.conv, plan.x, plan.w, &out[0], &out[1], &out[2], &out[3]));
+  if (out != std::array<int, 4>{i(g.n), i(g.k), i(g.p), i(g.q)}) {
+    throw_runtime(op, "cuDNN computes a (", out[0], ", ", out[1], ", ", out[2], ", ", out[3], ") output, not (", g.n,
+                  ", ", g.k, ", ", g.p, ", ", g.q, ")");
+  }
+  return plan;
+}
+
+// Plans live as long as the process (one per shape a program uses), so they are never destroyed: no
+// cuDNN call runs from a static destructor after the library may have gone.
+std::mutex plans_mutex;
+std::map<Key, Plan>& plans() {
+  static auto* all = new std::map<Key, Plan>();
+  return *all;
+}
+
+// The cuDNN calls of each pass, with its three arrays named as the pass names them: a and b in, out written.
+template <Pass P>
+struct Api;
+
+template <>
+struct Api<Pass::Forward> {  // a = x, b = w, out = y
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int kAlgorithms = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
+                                                   bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Plan& p, const void* a, const void* b, void* out, int* found,
+                            Perf* perf, void* ws, std::size_t bytes) {
+    return cudnnFindConvolutionForwardAlgorithmEx(h, p.x, a, p.w, b, p.conv, p.y, out, kAlgorithms, found, perf, ws,
+                                                  bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Plan& p, int algo, const void* one, const void* a, const void* b,
+                           void* ws, std::size_t bytes, const void* zero, void* out) {
+    return cudnnConvolutionForward(h, one, p.x, a, p.w, b, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws,
+                                   bytes, zero, p.y, out);
+  }
+};
+
+template <>
+struct Api<Pass::BackwardInput> {  // a = dy, b = w, out = dx
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x,
+                                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Plan& p, const void* a, const void* b, void* out, int* found,
+                            Perf* perf, void* ws, std::size_t bytes) {
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, b, p.y, a, p.conv, p.x, out, kAlgorithms, found, perf,
+                                                       ws, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Plan& p, int algo, const void* one, const void* a, const void* b,
+                           void* ws, std::size_t bytes, const void* zero, void* out) {
+    return cudnnConvolutionBackwardData(h, one, p.w, b, p.y, a, p.conv, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+                                        ws, bytes, zero, p.x, out);
+  }
+};
+
+template <>
+struct Api<Pass::BackwardWeight> {  // a = x, b = dy, out = dw
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
+                                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Plan& p, const void* a, const void* b, void* out, int* found,
+                            Perf* perf, void* ws, std::size_t bytes) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, a, p.y, b, p.conv, p.w, out, kAlgorithms, found, perf,
+                                                         ws, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Plan& p, int algo, const void* one, const void* a, const void* b,
+                           void* ws, std::size_t bytes, const void* zero, void* out) {
+    return cudnnConvolutionBackwardFilter(h, one, p.x, a, p.y, b, p.conv,
+                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws, bytes, zero, p.w, out);
+  }
+};
+
+// The most workspace the search may take: 1 GiB, or half the free device memory when less is free.
+std::size_t search_workspace_limit(const char* op) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(op, cudaMemGetInfo(&free_bytes, &total_bytes));
+  return std::min<std::size_t>(std::size_t{1} << 30, free_bytes / 2);
+}
+
+// Times the pass's algorithms on the call's own arrays (out is overwritten, as the call does anyway) and
+// returns the fastest deterministic one that keeps the plan's math (no tensor-core conversion under
+// CUDNN_FMA_MATH).
+template <Pass P>
+Choice find(const char* op, cudnnHandle_t h, const Plan& plan, const void* a, const void* b, void* out) {
+  const std::size_t limit = search_workspace_limit(op);
+  std::size_t most = 0;
+  for (int algo = 0; algo < Api<P>::kAlgorithms; ++algo) {
+    std::size_t bytes = 0;  // algorithms that cannot run this shape answer NOT_SUPPORTED: skipped
+    if (Api<P>::workspace(h, plan, algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= limit) most = std::max(most, bytes);
+  }
+  DeviceBuffer<unsigned char> workspace(op, static_cast<std::int64_t>(most));
+  typename Api<P>::Perf perf[Api<P>::kAlgorithms];
+  int found = 0;
+  check(op, Api<P>::find(h, plan, a, b, out, &found, perf, workspace.get(), most));
+  for (int i = 0; i < found; ++i) {  // fastest first
+    const auto& r = perf[i];
+    const bool keeps_math = plan.math != CUDNN_FMA_MATH ||
+                            (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+    if (r.status == CUDNN_STATUS_SUCCESS && r.determinism == CUDNN_DETERMINISTIC && r.memory <= most && keeps_math) {
+      return {static_cast<int>(r.algo), r.memory};
+    }
+  }
+  throw_runtime(op, "cuDNN found no deterministic algorithm for this convolution; use algorithm='im2col'");
+}
+
+template <Pass P, typename T>
+void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* out) {
+  cudnnHandle_t h = handle(op);
+  int device = 0;
+  check_cuda(op, cudaGetDevice(&device));
+  const Key key{device,    sizeof(T),  g.n,        g.c,        g.h,     g.w,      g.k,  g.r,
+                g.s,       g.p,        g.q,        g.stride_h, g.stride_w, g.pad_top, g.pad_left, 0};
+  const Plan* plan = nullptr;
+  Choice choice{};
+  {
+    // the search runs under the lock: once per shape and pass, and a second thread asking for the same
+    // plan waits for its result instead of timing the algorithms again
+    std::lock_guard<std::mutex> lock(plans_mutex);
+    auto it = plans().find(key);
+    if (it == plans().end()) it = plans().emplace(key, make_plan<T>(op, g)).first;
+    Plan& p = it->second;
+    auto& slot = p.chosen[static_cast<int>(P)];
+    if (!slot) slot = find<P>(op, h, p, a, b, out);
+    plan = &p;
+    choice = *slot;
+  }
+  DeviceBuffer<unsigned char> workspace(op, static_cast<std::int64_t>(choice.workspace));
+  const T one = 1, zero = 0;  // float scaling factors for float data, double for double (cuDNN's rule)
+  check(op, Api<P>::run(h, *plan, choice.algorithm, &one, a, b, workspace.get(), choice.workspace, &zero, out));
+  check_kernels(op);
+}
+
+}  // namespace
+
+std::string unsupported(const Conv2dShape& g) {
+  std::ostringstream why;
+  const auto symmetric = [](std::int64_t in, std::int64_t pad, std::int64_t kernel, std::int64_t stride,
+                            std::int64_t out) {
+    const std::int64_t span = in + 2 * pad - kernel;
+    return span >= 0 && span / stride + 1 == out;
+  };
+  if (std::min({g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.p, g.q}) < 1) {
+    why << "cuDNN takes no empty tensor";
+  } else if (!symmetric(g.h, g.pad_top, g.r, g.stride_h, g.p) || !symmetric(g.w, g.pad_left, g.s, g.stride_w, g.q)) {
+    why << "cuDNN pads both sides evenly, and a (" << g.p << ", " << g.q << ") output from (" << g.h << ", " << g.w
+        << ") with padding (" << g.pad_top << ", " << g.pad_left << ") needs uneven padding";
+  } else if (std::max({g.n * g.c * g.h * g.w, g.n * g.k * g.p * g.q, g.k * g.c * g.r * g.s}) > INT_MAX) {
+    why << "cuDNN's descriptors take tensors of fewer than 2^31 elements";
+  }
+  return why.str();
+}
+
+template <typename T>
+void forward(const Conv2dShape& g, const T* x, const T* weights, T* y) {
+  run_pass<Pass::Forward>("conv2d_forward", g, x, weights, y);
+}
+
+template <typename T>
+void backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
+  run_pass<Pass::BackwardInput>("conv2d_backward_input", g, dy, weights, dx);
+}
+
+template <typename T>
+void backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
+  run_pass<Pass::BackwardWeight>("conv2d_backward_weight", g, x, dy, dw);
+}
+
+#define SPARKGRAD_CONV2D_CUDNN(T)                                                   \
+  template void forward<T>(const Conv2dShape&, const T*, const T*, T*);          \
+  template void backward_input<T>(const Conv2dShape&, const T*, const T*, T*);   \
+  template void backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);
+SPARKGRAD_CONV2D_CUDNN(float)
+SPARKGRAD_CONV2D_CUDNN(double)
+
+}  // namespace sparkgrad::nn::cuda::cudnn
