@@ -37,11 +37,10 @@ template void gemm<double>(Transpose, Transpose, std::int64_t, std::int64_t, std
 namespace compress::cuda {
 
 template <typename T>
-std::int64_t threshold_select(const T*, std::int64_t, double, std::int32_t*) { no_cuda("threshold_encode"); }
+void threshold_encode(T*, std::int64_t, double, std::int64_t, std::int32_t*) { no_cuda("threshold_encode"); }
+std::int64_t message_entries(const std::int32_t*) { no_cuda("threshold_encode"); }
 template <typename T>
-void threshold_commit(T*, std::int64_t, double, std::int64_t, const std::int32_t*, std::int32_t*) {
-  no_cuda("threshold_encode");
-}
+HostMessage encode_smaller(T*, std::int64_t, double) { no_cuda("threshold_encode"); }
 template <typename T>
 std::int64_t bitmap_encode(T*, std::int64_t, double, std::int32_t*) { no_cuda("bitmap_encode"); }
 template <typename T>
@@ -52,8 +51,8 @@ template <typename T>
 void clip(T*, std::int64_t, T) { no_cuda("clip"); }
 
 #define SPARKGRAD_NO_CUDA_COMPRESS(T)                                                   \
-  template std::int64_t threshold_select<T>(const T*, std::int64_t, double, std::int32_t*); \
-  template void threshold_commit<T>(T*, std::int64_t, double, std::int64_t, const std::int32_t*, std::int32_t*); \
+  template void threshold_encode<T>(T*, std::int64_t, double, std::int64_t, std::int32_t*); \
+  template HostMessage encode_smaller<T>(T*, std::int64_t, double);                    \
   template std::int64_t bitmap_encode<T>(T*, std::int64_t, double, std::int32_t*);      \
   template void decode<T>(const char*, const std::int32_t*, std::int64_t, T*, std::int64_t, std::int32_t); \
   template void accumulate<T>(T*, const T*, std::int64_t);                              \

@@ -1,6 +1,7 @@
 // Threshold-encoding codecs (sparkgrad.compress). NumPy entry points check arguments, then release the
 // GIL around each native pass; cuda_* entry points take raw device pointers from CuPy arrays
 // (__cuda_array_interface__) and reach cuda/compress (or the throwing stand-ins without CUDA).
+#include <cstring>
 #include <string>
 
 #include "array_args.h"
@@ -199,42 +200,43 @@ void init_compress(py::module_& m) {
 
   // CUDA: raw device pointers; dtype is a numpy dtype. Shapes are checked by sparkgrad.compress.
   m.def(
-      "cuda_threshold_select_words",
-      [](std::int64_t n, const py::dtype& dtype) {
-        check_encode_args("threshold_encode", n, 1.0);
-        return with_float_dtype("threshold_encode", "residual", dtype,
-                                [&](auto tag) { return cuda::threshold_select_words<decltype(tag)>(n); });
-      },
-      py::arg("n"), py::arg("dtype"), "Words of cuda_threshold_select's working buffer for n elements.");
-  m.def(
-      "cuda_threshold_select",
-      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t work) {
-        check_encode_args("threshold_encode", n, threshold);
-        return with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
-          using T = decltype(tag);
-          py::gil_scoped_release release;
-          return cuda::threshold_select(device_ptr<const T>(x), n, threshold, device_ptr<std::int32_t>(work));
-        });
-      },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("work"),
-      "Selects every |x[i]| >= threshold into work: (cuda_threshold_select_words(n, dtype),); returns their "
-      "count.");
-  m.def(
-      "cuda_threshold_commit",
-      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::int64_t entries,
-         std::uintptr_t work, std::uintptr_t message) {
+      "cuda_threshold_encode",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::int64_t boundary,
+         std::uintptr_t message) {
         check_encode_args("threshold_encode", n, threshold);
         with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
           using T = decltype(tag);
           py::gil_scoped_release release;
-          cuda::threshold_commit(device_ptr<T>(x), n, threshold, entries, device_ptr<const std::int32_t>(work),
+          cuda::threshold_encode(device_ptr<T>(x), n, threshold, boundary < 0 ? n : boundary,
                                  device_ptr<std::int32_t>(message));
         });
       },
-      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("entries"), py::arg("work"),
-      py::arg("message"),
-      "The sparse message of the first `entries` selected elements into message: (4 + entries,); moves those "
-      "elements of x by threshold.");
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"), py::arg("boundary"), py::arg("message"),
+      "Queues the sparse encoding of the first min(count, boundary) qualifying elements (boundary < 0: all) "
+      "into message: (4 + min(n, boundary),) without waiting; word 0 holds the entry count once the stream "
+      "has run.");
+  m.def(
+      "cuda_message_entries",
+      [](std::uintptr_t message) {
+        py::gil_scoped_release release;
+        return cuda::message_entries(device_ptr<const std::int32_t>(message));
+      },
+      py::arg("message"), "Word 0 of a device message once the current stream has run.");
+  m.def(
+      "cuda_encode_smaller",
+      [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold) -> std::pair<Message, bool> {
+        check_encode_args("threshold_encode", n, threshold);
+        const cuda::HostMessage host = with_float_dtype("threshold_encode", "residual", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          return cuda::encode_smaller(device_ptr<T>(x), n, threshold);
+        });
+        Message out(host.length);
+        std::memcpy(out.mutable_data(), host.words, sizeof(std::int32_t) * static_cast<std::size_t>(host.length));
+        return {std::move(out), host.bitmap};
+      },
+      py::arg("x"), py::arg("n"), py::arg("dtype"), py::arg("threshold"),
+      "encode_smaller of a device residual: (host message, is_bitmap).");
   m.def(
       "cuda_bitmap_encode",
       [](std::uintptr_t x, std::int64_t n, const py::dtype& dtype, double threshold, std::uintptr_t out) {

@@ -49,6 +49,7 @@ __all__: list[str] = [
     "cuda_dropout_forward",
     "cuda_elementwise_backward",
     "cuda_elementwise_forward",
+    "cuda_encode_smaller",
     "cuda_gemm",
     "cuda_global_pool",
     "cuda_l2_distance_backward",
@@ -58,15 +59,14 @@ __all__: list[str] = [
     "cuda_loss",
     "cuda_lstm_backward",
     "cuda_lstm_forward",
+    "cuda_message_entries",
     "cuda_pool2d",
     "cuda_regularize_gradient",
     "cuda_scale_shift",
     "cuda_set_stream",
     "cuda_set_sync_each_op",
     "cuda_sync_each_op",
-    "cuda_threshold_commit",
-    "cuda_threshold_select",
-    "cuda_threshold_select_words",
+    "cuda_threshold_encode",
     "cuda_updater_apply",
     "decode",
     "dropout_backward",
@@ -425,6 +425,16 @@ def cuda_elementwise_forward(
     arg3: typing.SupportsInt | typing.SupportsIndex,
     arg4: str,
 ) -> None: ...
+def cuda_encode_smaller(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+    threshold: typing.SupportsFloat | typing.SupportsIndex,
+) -> tuple[numpy.typing.NDArray[numpy.int32], bool]:
+    """
+    encode_smaller of a device residual: (host message, is_bitmap).
+    """
+
 def cuda_gemm(
     arg0: bool,
     arg1: bool,
@@ -552,6 +562,11 @@ def cuda_lstm_forward(
     arg15: typing.SupportsFloat | typing.SupportsIndex,
     arg16: str,
 ) -> None: ...
+def cuda_message_entries(message: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Word 0 of a device message once the current stream has run.
+    """
+
 def cuda_pool2d(
     arg0: bool,
     arg1: str,
@@ -594,35 +609,16 @@ def cuda_sync_each_op() -> bool:
     Whether every CUDA op waits for the device.
     """
 
-def cuda_threshold_commit(
+def cuda_threshold_encode(
     x: typing.SupportsInt | typing.SupportsIndex,
     n: typing.SupportsInt | typing.SupportsIndex,
     dtype: numpy.dtype[typing.Any],
     threshold: typing.SupportsFloat | typing.SupportsIndex,
-    entries: typing.SupportsInt | typing.SupportsIndex,
-    work: typing.SupportsInt | typing.SupportsIndex,
+    boundary: typing.SupportsInt | typing.SupportsIndex,
     message: typing.SupportsInt | typing.SupportsIndex,
 ) -> None:
     """
-    The sparse message of the first `entries` selected elements into message: (4 + entries,); moves those elements of x by threshold.
-    """
-
-def cuda_threshold_select(
-    x: typing.SupportsInt | typing.SupportsIndex,
-    n: typing.SupportsInt | typing.SupportsIndex,
-    dtype: numpy.dtype[typing.Any],
-    threshold: typing.SupportsFloat | typing.SupportsIndex,
-    work: typing.SupportsInt | typing.SupportsIndex,
-) -> int:
-    """
-    Selects every |x[i]| >= threshold into work: (cuda_threshold_select_words(n, dtype),); returns their count.
-    """
-
-def cuda_threshold_select_words(
-    n: typing.SupportsInt | typing.SupportsIndex, dtype: numpy.dtype[typing.Any]
-) -> int:
-    """
-    Words of cuda_threshold_select's working buffer for n elements.
+    Queues the sparse encoding of the first min(count, boundary) qualifying elements (boundary < 0: all) into message: (4 + min(n, boundary),) without waiting; word 0 holds the entry count once the stream has run.
     """
 
 def cuda_updater_apply(

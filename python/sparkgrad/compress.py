@@ -125,7 +125,9 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
         boundary: encode at most this many entries, lowest indices first; others keep their residual.
 
     Returns:
-        The int32 message; header-only (``n == 0``) when nothing qualifies.
+        The int32 message; header-only (``n == 0``) when nothing qualifies. For a CuPy residual, a view of
+        a buffer of ``HEADER_WORDS + min(N, boundary)`` words (see :func:`threshold_encode_into`, which
+        does not wait for the GPU to learn the count).
     """
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
@@ -133,27 +135,64 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     if not _is_device_array(residual):
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
-    work, count = _device_select(ptr, n, dtype, t)
-    return _device_commit(ptr, n, dtype, t, work, count if limit < 0 else min(count, limit))
+    _require_cuda_build(op)
+    out = _cupy().empty(_sparse_capacity(n, limit), dtype=np.int32)
+    cuda.launch(_core.cuda_threshold_encode, ptr, n, dtype, t, limit, out.data.ptr)
+    return out[: HEADER_WORDS + cuda.launch(_core.cuda_message_entries, out.data.ptr)]
 
 
-def _device_select(ptr: int, n: int, dtype: np.dtype, threshold: float) -> tuple[Array, int]:
-    """One pass over a device residual: a working buffer holding the entries of every qualifying element
-    (ascending within each tile) and each tile's offset among them, and their count. The residual is not
-    modified."""
-    _require_cuda_build("threshold_encode")
-    work = _cupy().empty(_core.cuda_threshold_select_words(n, dtype), dtype=np.int32)
-    count = cuda.launch(_core.cuda_threshold_select, ptr, n, dtype, threshold, work.data.ptr)
-    return work, int(count)
+def threshold_encode_into(residual: Array, threshold: float, out: Array, boundary: int | None = None) -> None:
+    """:func:`threshold_encode` into a caller's buffer; for a CuPy residual it returns as soon as the
+    encoding is queued on the current stream, without waiting for the GPU.
+
+    The message is ``out[:HEADER_WORDS + out[0]]``: word 0 holds the number of entries once the encoding
+    has run (for a CuPy residual: after the next synchronisation with the stream, which the caller may
+    need anyway, to copy the message to the host say). Words past the message are left undefined.
+
+    Args:
+        residual: 1-D C-contiguous float32/float64 numpy (or CuPy) array, modified in place.
+        threshold: positive threshold (rounded to float32, as stored in the message).
+        out: 1-D C-contiguous writable int32 array on the residual's device, of at least
+            ``HEADER_WORDS + min(N, boundary)`` words (``HEADER_WORDS + N`` without a boundary).
+        boundary: encode at most this many entries, lowest indices first; others keep their residual.
+    """
+    op = "threshold_encode"
+    t = _check_threshold(op, threshold)
+    limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
+    if _is_device_array(residual) != _is_device_array(out):
+        raise TypeError(f"[{op}] residual and out must both be numpy arrays or both CuPy arrays")
+    if not _is_device_array(residual):
+        if (
+            not isinstance(out, np.ndarray)
+            or out.ndim != 1
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            raise ValueError(f"[{op}] out must be a writable 1-D C-contiguous array")
+        _check_out(op, out.dtype, out.shape[0], int(np.size(residual)), limit)
+        message = _core.threshold_encode(residual, t, limit)
+        out[: message.size] = message
+        return
+    ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
+    optr, length, odtype = _device_vector(op, "out", out, writable=True)
+    _check_out(op, odtype, length, n, limit)
+    _require_cuda_build(op)
+    cuda.launch(_core.cuda_threshold_encode, ptr, n, dtype, t, limit, optr)
 
 
-def _device_commit(ptr: int, n: int, dtype: np.dtype, threshold: float, work: Array, entries: int) -> Array:
-    """The sparse message of the first ``entries`` selected elements (ascending index order); moves those
-    elements of the residual toward zero by the threshold."""
-    message = _cupy().empty(HEADER_WORDS + entries, dtype=np.int32)
-    commit = _core.cuda_threshold_commit
-    cuda.launch(commit, ptr, n, dtype, threshold, entries, work.data.ptr, message.data.ptr)
-    return message
+def _check_out(op: str, dtype: np.dtype, length: int, n: int, limit: int) -> None:
+    """Raises unless an output buffer of ``length`` words of ``dtype`` holds any sparse message of ``n``
+    elements with at most ``limit`` entries."""
+    if dtype != np.int32:
+        raise ValueError(f"[{op}] out must have dtype int32, got {dtype}")
+    capacity = _sparse_capacity(n, limit)
+    if length < capacity:
+        raise ValueError(f"[{op}] out must hold at least {capacity} words, got {length}")
+
+
+def _sparse_capacity(n: int, limit: int) -> int:
+    """Words of the longest sparse message of ``n`` elements with at most ``limit`` entries (< 0: any)."""
+    return HEADER_WORDS + (n if limit < 0 else min(n, limit))
 
 
 def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
@@ -274,21 +313,6 @@ def apply_message(message: np.ndarray, network: Any, scratch: Array) -> None:
     """
     decode_message_into(message, scratch)
     network.apply_update(scratch)
-
-
-def _device_encode_smaller(residual: Array, threshold: float) -> tuple[np.ndarray | None, bool]:
-    """The GPU twin of ``_core.encode_smaller`` for the handler: counts on the device, picks the smaller
-    format by ``sparse_is_smaller``'s rule (compress.h), encodes once and copies only the message to the
-    host. Returns ``(message, is_bitmap)``; ``(None, False)`` with the residual untouched when nothing
-    qualifies."""
-    ptr, n, dtype = _device_vector("encode", "residual", residual, writable=True)
-    work, count = _device_select(ptr, n, dtype, threshold)
-    if HEADER_WORDS + count > _bitmap_words(n):
-        message, _ = bitmap_encode(residual, threshold)
-        return message.get(), True
-    if count == 0:
-        return None, False
-    return _device_commit(ptr, n, dtype, threshold, work, count).get(), False
 
 
 def _header(op: str, message: Array) -> np.ndarray:
@@ -934,12 +958,12 @@ class EncodingHandler:
             self._residual,
         )
         if on_device:
-            message, dense = _device_encode_smaller(self._residual, float(threshold))
+            message, dense = cuda.launch(_core.cuda_encode_smaller, rptr, n, dtype, float(threshold))
         else:
             message, dense = _core.encode_smaller(self._residual, float(threshold))
         self._last_threshold = float(threshold)
         self._last_was_dense = bool(dense)
-        if message is None or (not dense and message[0] == 0):
+        if not dense and message[0] == 0:
             self._last_sparsity = 0.0
             return None
         self._last_sparsity = None if dense else message.shape[0] / self._n
@@ -1179,5 +1203,6 @@ __all__ = [
     "pack_message",
     "threshold_decode",
     "threshold_encode",
+    "threshold_encode_into",
     "unpack_message",
 ]

@@ -215,29 +215,30 @@ void clip(T* residual, std::int64_t n, T limit);
 // validated by the callers (the Python front door) except message contents, which decode validates.
 namespace cuda {
 
-// Sparse encoding in two steps, so the caller can choose the format (or a boundary) from the count before
-// anything changes. threshold_select reads x once and writes, into `work` (threshold_select_words(n)
-// words), the entries of every element with |x[i]| >= threshold, ascending within each tile of
-// kSelectTile elements, and each tile's offset among them; it returns their count and does not modify x.
-// threshold_commit then writes the sparse message of the first `entries` of them (in ascending index
-// order) to message: (kHeaderWords + entries,) and moves those elements of x toward zero by the
-// threshold, as threshold_encode does.
+// Sparse encoding in one pass over x, queued on the calling thread's stream without waiting for it: writes
+// the message of the first min(count, limit) elements with |x[i]| >= threshold (ascending index order) to
+// message, whose capacity is kHeaderWords + min(n, limit) words, and moves each of them toward zero by
+// the threshold, as the CPU's threshold_plan + threshold_encode with boundary `limit` (>= 0). The entry
+// count reaches the host only in header word 0, once the stream has run (message_entries reads it).
 template <typename T>
-inline constexpr std::int64_t kSelectTile = 16384 / sizeof(T);  // 256 threads x 4 loads of 16 bytes
+void threshold_encode(T* x, std::int64_t n, double threshold, std::int64_t limit, std::int32_t* message);
 
-// The working buffer's words: a slice of entries per tile (n in all), the tiles' counts (int32, one extra)
-// and their offsets (int64, one extra, 8-byte aligned).
+// Word 0 of a device message (a sparse message's entry count) after waiting for the calling thread's stream.
+std::int64_t message_entries(const std::int32_t* message);
+
+// A message in host memory owned by the calling thread, valid until its next call of this namespace.
+struct HostMessage {
+  const std::int32_t* words;
+  std::int64_t length;
+  bool bitmap;
+};
+
+// The encoding handler's step (the CPU's is encode_smaller in python/bindings/compress.cpp): encodes x as
+// the sparse message when sparse_is_smaller(count, n), else as the bitmap message, moving x exactly as
+// the CPU does, and copies the message to the host. The common sparse case is one pass over x and one
+// wait for the stream; a bitmap takes a second round trip.
 template <typename T>
-inline std::int64_t threshold_select_words(std::int64_t n) {
-  const std::int64_t tiles = (n + kSelectTile<T> - 1) / kSelectTile<T>;
-  const std::int64_t counts_end = n + tiles + 1;
-  return counts_end + (counts_end & 1) + 2 * (tiles + 1);
-}
-template <typename T>
-std::int64_t threshold_select(const T* x, std::int64_t n, double threshold, std::int32_t* work);
-template <typename T>
-void threshold_commit(T* x, std::int64_t n, double threshold, std::int64_t entries, const std::int32_t* work,
-                      std::int32_t* message);
+HostMessage encode_smaller(T* x, std::int64_t n, double threshold);
 
 // out: (bitmap_length(n),); returns the number of elements encoded.
 template <typename T>

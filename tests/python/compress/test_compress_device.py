@@ -32,20 +32,48 @@ def _residual(n: int, dtype, seed: int = 0) -> np.ndarray:
     return r.astype(dtype)
 
 
+def _encode_into(xp, residual, boundary):
+    """threshold_encode_into a buffer with spare words, then the message it holds."""
+    n = residual.shape[0]
+    out = xp.full(4 + (n if boundary is None else min(n, boundary)) + 3, -7, dtype=np.int32)
+    compress.threshold_encode_into(residual, 0.5, out, boundary)
+    return out[: 4 + int(_host(out[:1])[0])]
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("boundary", [None, 7])
-def test_threshold_encode_on_device_matches_reference(device, n, dtype, boundary) -> None:
+@pytest.mark.parametrize("into", [False, True], ids=["threshold_encode", "threshold_encode_into"])
+def test_threshold_encode_on_device_matches_reference(device, n, dtype, boundary, into) -> None:
     xp = _xp(device)
     host = _residual(n, dtype)
     expected, expected_residual = ref.threshold_encode(host, 0.5, boundary)
     residual = xp.asarray(host)
-    message = compress.threshold_encode(residual, 0.5, boundary)
+    if into:
+        message = _encode_into(xp, residual, boundary)
+    else:
+        message = compress.threshold_encode(residual, 0.5, boundary)
     assert _host(message).tobytes() == expected.tobytes()
     assert _host(residual).tobytes() == expected_residual.tobytes()
     target = xp.zeros(n, dtype=dtype)
     compress.decode(message, target)
     np.testing.assert_array_equal(_host(target), ref.decode(expected, np.zeros(n, dtype)))
+
+
+@pytest.mark.parametrize(
+    ("out", "error", "match"),
+    [
+        (np.zeros(6, np.int32), ValueError, r"out must hold at least 7 words, got 6"),
+        (np.zeros(7, np.int64), ValueError, "out must have dtype int32"),
+        (np.zeros((7, 1), np.int32), ValueError, "1-D"),
+    ],
+)
+def test_threshold_encode_into_refuses_a_buffer_before_encoding(device, out, error, match) -> None:
+    xp = _xp(device)
+    residual = xp.asarray(np.array([1.0, 0.0, -1.0], np.float32))
+    with pytest.raises(error, match=match):
+        compress.threshold_encode_into(residual, 0.5, xp.asarray(out))
+    np.testing.assert_array_equal(_host(residual), [1.0, 0.0, -1.0])
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -93,15 +93,17 @@ class _StandInGpu:
         self._ran()
         _core.accumulate(self.buffers[residual], self.buffers[update])
 
-    def cuda_threshold_select(self, x, n, dtype, threshold, work) -> int:
+    def cuda_threshold_encode(self, x, n, dtype, threshold, boundary, message) -> None:
         self._ran()
-        full = _core.threshold_encode(self.buffers[x].copy(), threshold, -1)
-        self.buffers[work][: full.size - 4] = full[4:]  # the real layout is per tile; only commit reads it
-        return int(full[0])
+        encoded = _core.threshold_encode(self.buffers[x], threshold, boundary)
+        self.buffers[message][: encoded.size] = encoded
 
-    def cuda_threshold_commit(self, x, n, dtype, threshold, entries, work, message) -> None:
+    def cuda_message_entries(self, message) -> int:
+        return int(self.buffers[message][0])
+
+    def cuda_encode_smaller(self, x, n, dtype, threshold) -> tuple[np.ndarray, bool]:
         self._ran()
-        self.buffers[message][:] = _core.threshold_encode(self.buffers[x], threshold, entries)
+        return _core.encode_smaller(self.buffers[x], threshold)
 
     def cuda_bitmap_encode(self, x, n, dtype, threshold, out) -> int:
         self._ran()
@@ -170,6 +172,18 @@ def test_device_handler_sends_the_host_handlers_bytes(gpu, dtype, adaptive) -> N
     assert formats == {compress.FLAG_SPARSE, compress.FLAG_BITMAP}
     assert set(gpu.kernel_devices) == {1}
     assert (host.device, device.device) == ("cpu", "cuda:1")
+
+
+@pytest.mark.parametrize("boundary", [None, 0, 5])
+def test_device_threshold_encode_reads_the_count_from_the_header(gpu, boundary) -> None:
+    host = np.random.default_rng(2).normal(size=1000).astype(np.float32)
+    expected = compress.threshold_encode(host.copy(), 0.5, boundary)
+    residual = gpu.asarray(host)
+    message = compress.threshold_encode(residual, 0.5, boundary)  # a view of the buffer's message words
+    assert message.get().tobytes() == expected.tobytes()
+    out = gpu.asarray(np.full(4 + 1000, -7, np.int32))
+    compress.threshold_encode_into(gpu.asarray(host), 0.5, out, boundary)
+    assert out.get()[: expected.size].tobytes() == expected.tobytes()
 
 
 def test_residual_follows_the_first_updates_gpu(gpu) -> None:
