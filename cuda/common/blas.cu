@@ -2,7 +2,10 @@
 // row-major (m, n) matrix is its column-major transpose, so c = op(a) op(b) is computed as
 // c^T = op(b)^T op(a)^T with the operands swapped. One handle per host thread and device (cuBLAS handles
 // are not meant to be shared between threads, and a handle is bound to the device current when it was
-// created), created on first use; each GEMM runs on the calling thread's stream (gpu::set_stream).
+// created), created on first use; each GEMM runs on the calling thread's stream (gpu::set_stream). A
+// float32 GEMM runs in the calling thread's precision (gpu::set_precision): bf16 or fp16 go through
+// cublasGemmEx with float32 A, B, C and a FAST_16BF / FAST_16F compute type (16-bit operands on the tensor
+// cores, float32 accumulation).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -68,8 +71,17 @@ void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
   cublasHandle_t h = handle_on_current_stream();
   if constexpr (std::is_same_v<T, float>) {
-    check_cublas(cublasSgemm(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
-                             a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+    const Precision precision = current_precision();
+    if (precision == Precision::Float32) {
+      check_cublas(cublasSgemm(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
+                               a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+    } else {  // mixed precision: float32 buffers, operands rounded to 16 bits on the tensor cores
+      const cublasComputeType_t compute =
+          precision == Precision::Bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
+      check_cublas(cublasGemmEx(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, CUDA_R_32F,
+                                static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                                static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+    }
   } else {
     check_cublas(cublasDgemm(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, static_cast<int>(ldb),
                              a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
