@@ -27,8 +27,8 @@ void init_precision(py::module_& m) {
       "cuda_set_precision", [](const std::string& name) { gpu::set_precision(parse_precision(name)); },
       py::arg("precision"),
       "Sets the calling thread's precision of float32 GEMMs on the current GPU: 'float32', 'bf16' or 'fp16' "
-      "(16-bit operands on the tensor cores, float32 accumulation and output). The CPU build keeps the value "
-      "per thread; its kernels ignore it.");
+      "(tensor cores, operands losing at most what 16 bits lose, float32 accumulation and output). The CPU "
+      "build keeps the value per thread; its kernels ignore it.");
   m.def(
       "cuda_precision", []() { return std::string(kNames[static_cast<int>(gpu::current_precision())]); },
       "The calling thread's GEMM precision on the current GPU ('float32' until set).");

@@ -588,7 +588,7 @@ def cuda_scale_shift(
 ) -> None: ...
 def cuda_set_precision(precision: str) -> None:
     """
-    Sets the calling thread's precision of float32 GEMMs on the current GPU: 'float32', 'bf16' or 'fp16' (16-bit operands on the tensor cores, float32 accumulation and output). The CPU build keeps the value per thread; its kernels ignore it.
+    Sets the calling thread's precision of float32 GEMMs on the current GPU: 'float32', 'bf16' or 'fp16' (tensor cores, operands losing at most what 16 bits lose, float32 accumulation and output). The CPU build keeps the value per thread; its kernels ignore it.
     """
 
 def cuda_set_stream(stream: typing.SupportsInt | typing.SupportsIndex) -> None:

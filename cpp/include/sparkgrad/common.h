@@ -139,9 +139,10 @@ void set_sync_each_op(bool on);
 bool sync_each_op();
 
 // Compute precision of the calling thread's float32 GEMMs, per device like the stream: Float32, or
-// operands rounded to bfloat16 / float16 on the tensor cores with float32 accumulation and output, so
-// every buffer stays float32 (mixed precision, set by a network around its passes). Float64 GEMMs ignore
-// it. Float32 until set; the CPU build keeps one value per thread, which its kernels ignore.
+// tensor-core products whose operands lose at most what bfloat16 / float16 loses (TF32, or operands
+// rounded to 16 bits: cuda/common/blas.cu) with float32 accumulation and output, so every buffer stays
+// float32 (mixed precision, set by a network around its passes). Float64 GEMMs ignore it. Float32 until
+// set; the CPU build keeps one value per thread, which its kernels ignore.
 enum class Precision : std::uint8_t { Float32, Bf16, Fp16 };
 void set_precision(Precision precision);
 Precision current_precision();

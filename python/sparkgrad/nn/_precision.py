@@ -1,19 +1,20 @@
 """Mixed precision (a network configuration's ``precision``): the GEMM mode and fp16's loss scaler.
 
-"bf16" and "fp16" change only how the GPU's float32 GEMMs compute: cuBLAS rounds their operands to 16
-bits on the tensor cores and accumulates in float32 (cuda/common/blas.cu). Every buffer stays float32:
+"bf16" and "fp16" change only how the GPU's float32 GEMMs compute: on the tensor cores, their operands
+losing at most what 16 bits lose (cuBLAS's TF32 path, or operands rounded to bfloat16 / float16 for large
+products), with float32 accumulation (cuda/common/blas.cu). Every buffer stays float32:
 parameters (the master weights), gradients, activations, updater state and the residual of threshold
 encoding. The mode is a thread-local, per-device setting of the native module; a network sets it around
 each of its entry points on a GPU (:func:`gemm_precision`) and restores the previous one after, so
 networks of different precisions in different threads, or one running inside another's listener, do not
 interfere.
 
-float16 holds magnitudes from 2**-24 to 65504: small loss gradients would round to zero in the backward
-GEMMs. :class:`LossScaler` is PyTorch's GradScaler for the network's flat gradient: the output layers
-multiply the loss gradient by ``scale``; the training step checks the flat gradient once (a non-finite
-element: the step is skipped, the scale halves) and multiplies it by ``1 / scale`` (exact: the scale is a
-power of two) before gradient normalization, l1/l2, the updater and weight decay. bfloat16 has float32's
-exponent range and needs no scaling.
+float16 holds magnitudes from 2**-24 to 65504: small loss gradients would round to zero in a backward
+GEMM with float16 operands. :class:`LossScaler` is PyTorch's GradScaler for the network's flat gradient:
+the output layers multiply the loss gradient by ``scale``; the training step checks the flat gradient
+once (a non-finite element: the step is skipped, the scale halves) and multiplies it by ``1 / scale``
+(exact: the scale is a power of two) before gradient normalization, l1/l2, the updater and weight decay.
+bfloat16 has float32's exponent range and needs no scaling.
 """
 
 from __future__ import annotations

@@ -94,10 +94,11 @@ class MultiLayerConfiguration(Config):
         weight_decay: default for layers that leave it None; finite, in [0, MAX_SCALE].
         dtype: "float32" or "float64" for parameters, gradients and activations.
         precision: "float32" (default), "bf16" or "fp16": mixed precision on a GPU, like PyTorch's
-            autocast. The GPU's float32 GEMMs (dense layers, the im2col convolutions, LSTMs) round their
-            operands to bfloat16 / float16 on the tensor cores and accumulate in float32; every buffer
-            (parameters as master weights, gradients, activations, updater state, the residual of
-            threshold encoding) stays float32. "fp16" adds dynamic loss scaling (as PyTorch's
+            autocast. The GPU's float32 GEMMs (dense layers, the im2col convolutions, LSTMs) run on the
+            tensor cores with operands losing at most what bfloat16 / float16 loses (TF32, or operands
+            rounded to 16 bits for large products) and accumulate in float32; every buffer (parameters
+            as master weights, gradients, activations, updater state, the residual of threshold
+            encoding) stays float32. "fp16" adds dynamic loss scaling (as PyTorch's
             GradScaler: ``MultiLayerNetwork.loss_scale``). Needs dtype float32. The CPU kernels compute
             in float32 whatever the setting: a network training on the CPU warns once and trains as
             "float32" (no loss scaling), as PyTorch's GradScaler does without CUDA, so one configuration

@@ -538,6 +538,43 @@ def test_the_gemm_mode_reaches_cublas(cp: Any, precision: str) -> None:
     np.testing.assert_allclose(cp.asnumpy(double), 256 * (1 + 2.0**-12) ** 2, rtol=1e-15)
 
 
+def _round_to_16_bits(x: np.ndarray, precision: str) -> np.ndarray:
+    """float32 ``x`` rounded to bfloat16 (to nearest, ties to even) or float16, as float64."""
+    if precision == "fp16":
+        return x.astype(np.float16).astype(np.float64)
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (False, True), (True, False), (True, True)])
+def test_large_products_round_their_operands_to_16_bits(
+    cp: Any, precision: str, trans_a: bool, trans_b: bool
+) -> None:
+    """m = n = 4096 (1/m + 1/n <= 1/2048, cuda/common/blas.cu): both operands are rounded to 16 bits first
+    and multiplied with float32 accumulation, so the result is the exact product of the rounded operands
+    within float32 summation error (k = 64 terms). 1 + 2**-9, which TF32 keeps, rounds to 1 in bfloat16;
+    a float16 operand of 70000 overflows."""
+    rng = np.random.default_rng(2)
+    m = n = 4096
+    k = 64
+    a = rng.normal(size=(k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.normal(size=(n, k) if trans_b else (k, n)).astype(np.float32)
+    ra, rb = _round_to_16_bits(a, precision), _round_to_16_bits(b, precision)
+    ra, rb = (ra.T if trans_a else ra), (rb.T if trans_b else rb)
+    with gemm_precision(precision):
+        got = cp.asnumpy(cuda.gemm(cp.asarray(a), cp.asarray(b), trans_a=trans_a, trans_b=trans_b))
+    bound = k * 2.0**-24 * (np.abs(ra) @ np.abs(rb))
+    assert np.all(np.abs(got - ra @ rb) <= bound)
+    value = 70000.0 if precision == "fp16" else 1 + 2.0**-9
+    with gemm_precision(precision):
+        c = cuda.gemm(cp.full((m, k), value, cp.float32), cp.full((k, n), 2.0**-20, cp.float32))
+    expected = math.inf if precision == "fp16" else k * 2.0**-20
+    assert float(c[0, 0]) == expected and float(c[-1, -1]) == expected
+
+
 def _gpu_mlp(precision: str) -> MultiLayerNetwork:
     conf = MultiLayerConfiguration(
         [DenseLayer(256, activation="relu"), DenseLayer(256, activation="relu"), OutputLayer(10)],
