@@ -30,7 +30,7 @@ message saying what is missing when there is no usable GPU (sparkgrad built with
 GPU, or a CPU-only PyTorch).
 
 ``--precision bf16|fp16`` (GPU only) trains in mixed precision: sparkgrad with the configuration's
-``precision`` (16-bit GEMM operands, float32 buffers; fp16 with its dynamic loss scaling), PyTorch under
+``precision`` (tensor-core GEMMs, float32 buffers; fp16 with its dynamic loss scaling), PyTorch under
 ``torch.autocast(device_type="cuda", dtype=torch.bfloat16 / torch.float16)``, fp16 with
 ``torch.amp.GradScaler``; both keep float32 master weights and optimizer state (target: sparkgrad <=
 1.0x PyTorch's step time).
