@@ -18,9 +18,12 @@ bool built() { return false; }
 void set_stream(std::uintptr_t) {}  // every op reports the missing CUDA itself, naming the op
 namespace {
 bool sync_flag = false;
+thread_local Precision precision_mode = Precision::Float32;  // kept so that the binding round-trips
 }  // namespace
 void set_sync_each_op(bool on) { sync_flag = on; }
 bool sync_each_op() { return sync_flag; }
+void set_precision(Precision precision) { precision_mode = precision; }
+Precision current_precision() { return precision_mode; }
 std::vector<DeviceInfo> devices() { no_cuda("cuda_devices"); }
 template <typename T>
 void gemm(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t, const T*,

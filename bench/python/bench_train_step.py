@@ -8,6 +8,12 @@ Configurations (Adam, softmax + cross-entropy, random data):
          3x3 -> add the block input -> relu] -> maxpool 2 -> conv 32 3x3 relu -> [the same block with 32
          channels] -> maxpool 2 -> softmax 10, all convolutions "same"; batch 64
   lstm:  the LSTM of bench_lstm.py: input 64, hidden 256, 50 time steps, softmax 10 at the last step, batch 64
+The realistic sizes of issue 42 (selected with --models; their GEMMs are large enough for the tensor
+cores to matter):
+  mlp_large:  1024-4096-4096-10 (relu), batch 1024
+  vgg:        32x32x3 -> two conv 64 3x3 relu -> maxpool 2 -> two conv 128 3x3 relu -> maxpool 2 -> dense 256
+              relu -> softmax 10, all convolutions "same"; batch 256
+  lstm_large: LSTM input 256, hidden 512, 64 time steps, softmax 10 at the last step, batch 256
 
 Prints three lines per configuration: the median and the minimum wall time over the rounds, and the
 minimum process CPU time (all threads), each as ms/step for both and the ratio sparkgrad / PyTorch
@@ -23,8 +29,15 @@ float32: PyTorch's convolutions would otherwise run in TF32 on the tensor cores 
 message saying what is missing when there is no usable GPU (sparkgrad built without CUDA, no CuPy, no
 GPU, or a CPU-only PyTorch).
 
+``--precision bf16|fp16`` (GPU only) trains in mixed precision: sparkgrad with the configuration's
+``precision`` (tensor-core GEMMs, float32 buffers; fp16 with its dynamic loss scaling), PyTorch under
+``torch.autocast(device_type="cuda", dtype=torch.bfloat16 / torch.float16)``, fp16 with
+``torch.amp.GradScaler``; both keep float32 master weights and optimizer state (target: sparkgrad <=
+1.0x PyTorch's step time).
+
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
-        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm]
+        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm,mlp_large,vgg,lstm_large] \
+        [--precision float32|bf16|fp16]
 """
 
 from __future__ import annotations
@@ -57,7 +70,17 @@ from sparkgrad.nn import (
     updaters,
 )
 
-LSTM_IN, LSTM_HIDDEN, LSTM_STEPS = 64, 256, 50
+# (batch, input shape: features, (channels, height, width) or (size, time steps)) of every model
+MODELS = {
+    "mlp": (128, (784,)),
+    "lenet": (64, (1, 28, 28)),
+    "resnet": (64, (1, 28, 28)),
+    "lstm": (64, (64, 50)),
+    "mlp_large": (1024, (1024,)),
+    "vgg": (256, (3, 32, 32)),
+    "lstm_large": (256, (256, 64)),
+}
+LSTM_HIDDEN = {"lstm": 256, "lstm_large": 512}
 
 
 def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> str:
@@ -70,9 +93,11 @@ def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> s
     return f"{name}relu"
 
 
-def _residual_graph(device: Device) -> ComputationGraph:
+def _residual_graph(device: Device, precision: str) -> ComputationGraph:
     same = {"kernel_size": (3, 3), "convolution_mode": "same"}
-    b = ComputationGraphConfiguration.builder(updater=updaters.Adam(1e-3), weight_init="relu", seed=0)
+    b = ComputationGraphConfiguration.builder(
+        updater=updaters.Adam(1e-3), weight_init="relu", seed=0, precision=precision
+    )
     b.add_inputs("image").set_input_types(InputType.convolutional(28, 28, 1))
     b.add_layer("stem", ConvolutionLayer(16, activation="relu", **same), "image")
     block = _residual_block(b, "block1", "stem", 16)
@@ -84,17 +109,33 @@ def _residual_graph(device: Device) -> ComputationGraph:
     return ComputationGraph(b.set_outputs("out").build(), device=device).init()
 
 
-def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray, device: Device) -> Callable[[], None]:
+def _sparkgrad_step(
+    name: str, x: np.ndarray, y: np.ndarray, device: Device, precision: str
+) -> Callable[[], None]:
     if name == "resnet":
-        graph = _residual_graph(device)
+        graph = _residual_graph(device, precision)
         ds = DataSet(x, y)
         return lambda: graph.fit(ds)
-    if name == "mlp":
-        layers = [DenseLayer(1024, activation="relu"), DenseLayer(512, activation="relu"), OutputLayer(10)]
-        input_type = InputType.feed_forward(784)
-    elif name == "lstm":
-        layers = [LastTimeStep(LSTM(LSTM_HIDDEN)), OutputLayer(10)]
-        input_type = InputType.recurrent(LSTM_IN)
+    same = {"kernel_size": (3, 3), "convolution_mode": "same", "activation": "relu"}
+    if name in ("mlp", "mlp_large"):
+        widths = (1024, 512) if name == "mlp" else (4096, 4096)
+        layers = [DenseLayer(n, activation="relu") for n in widths] + [OutputLayer(10)]
+        input_type = InputType.feed_forward(x.shape[1])
+    elif name in LSTM_HIDDEN:
+        layers = [LastTimeStep(LSTM(LSTM_HIDDEN[name])), OutputLayer(10)]
+        input_type = InputType.recurrent(x.shape[1])
+    elif name == "vgg":
+        layers = [
+            ConvolutionLayer(64, **same),
+            ConvolutionLayer(64, **same),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            ConvolutionLayer(128, **same),
+            ConvolutionLayer(128, **same),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            DenseLayer(256, activation="relu"),
+            OutputLayer(10),
+        ]
+        input_type = InputType.convolutional(32, 32, 3)
     else:
         layers = [
             ConvolutionLayer(20, kernel_size=(5, 5), activation="identity"),
@@ -105,27 +146,32 @@ def _sparkgrad_step(name: str, x: np.ndarray, y: np.ndarray, device: Device) -> 
             OutputLayer(10),
         ]
         input_type = InputType.convolutional(28, 28, 1)
-    conf = MultiLayerConfiguration(layers, input_type=input_type, updater=updaters.Adam(1e-3), seed=0)
+    conf = MultiLayerConfiguration(
+        layers, input_type=input_type, updater=updaters.Adam(1e-3), seed=0, precision=precision
+    )
     net = MultiLayerNetwork(conf, device=device).init()
     ds = DataSet(x, y)
     return lambda: net.fit(ds)
 
 
-def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callable[[], None]:
+def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str, precision: str) -> Callable[[], None]:
     import torch
     from torch import nn
 
     torch.manual_seed(0)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
-    if name == "lstm":
-        model = _torch_last_step_lstm()
+    if name in LSTM_HIDDEN:
+        model = _torch_last_step_lstm(x.shape[1], LSTM_HIDDEN[name])
         xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)))  # (batch, time, size)
     elif name == "resnet":
         model = _torch_residual_cnn()
-    elif name == "mlp":
+    elif name in ("mlp", "mlp_large"):
+        a, b = (1024, 512) if name == "mlp" else (4096, 4096)
         model = nn.Sequential(
-            nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)
+            nn.Linear(x.shape[1], a), nn.ReLU(), nn.Linear(a, b), nn.ReLU(), nn.Linear(b, 10)
         )
+    elif name == "vgg":
+        model = _torch_vgg()
     else:
         model = nn.Sequential(
             nn.Conv2d(1, 20, 5),
@@ -140,28 +186,63 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str) -> Callabl
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
+    if precision == "float32":
 
-    def step() -> None:  # the host minibatch goes to the device every step, as in sparkgrad's fit
+        def step() -> None:  # the host minibatch goes to the device every step, as in sparkgrad's fit
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(xt.to(device)), yt.to(device)).backward()
+            opt.step()
+
+        return step
+    # PyTorch's recipe for automatic mixed precision: forward and loss under autocast, float32 parameters
+    # and optimizer state; fp16 scales the loss and skips steps with a non-finite gradient
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+
+    def mixed_step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(xt.to(device)), yt.to(device)).backward()
-        opt.step()
+        with torch.autocast(device_type="cuda", dtype=dtype):
+            loss = loss_fn(model(xt.to(device)), yt.to(device))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
-    return step
+    return mixed_step
 
 
-def _torch_last_step_lstm():
+def _torch_last_step_lstm(size: int, hidden: int):
     from torch import nn
 
     class LastStepLstm(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.lstm = nn.LSTM(LSTM_IN, LSTM_HIDDEN, batch_first=True)
-            self.head = nn.Linear(LSTM_HIDDEN, 10)
+            self.lstm = nn.LSTM(size, hidden, batch_first=True)
+            self.head = nn.Linear(hidden, 10)
 
         def forward(self, x):
             return self.head(self.lstm(x)[0][:, -1])
 
     return LastStepLstm()
+
+
+def _torch_vgg():
+    from torch import nn
+
+    def conv(c_in: int, c_out: int) -> list:
+        return [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU()]
+
+    return nn.Sequential(
+        *conv(3, 64),
+        *conv(64, 64),
+        nn.MaxPool2d(2, 2),
+        *conv(64, 128),
+        *conv(128, 128),
+        nn.MaxPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(128 * 8 * 8, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
+    )
 
 
 def _torch_residual_block(channels: int):
@@ -225,14 +306,28 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating timed rounds; median and minimum are reported"
     )
-    parser.add_argument("--models", default="mlp,lenet,resnet,lstm")
+    parser.add_argument(
+        "--models", default="mlp,lenet,resnet,lstm", help=f"comma-separated, of {','.join(MODELS)}"
+    )
     parser.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="where both frameworks train"
     )
     parser.add_argument(
         "--torch-tf32", action="store_true", help="let PyTorch's GPU convolutions and GEMMs use TF32"
     )
+    parser.add_argument(
+        "--precision",
+        choices=["float32", "bf16", "fp16"],
+        default="float32",
+        help="mixed precision (GPU only): sparkgrad's configuration precision vs PyTorch's autocast",
+    )
     args = parser.parse_args()
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if args.precision != "float32" and args.device != "cuda":
+        parser.error(f"--precision {args.precision} needs --device cuda (the CPU kernels compute in float32)")
 
     import torch
 
@@ -245,18 +340,16 @@ def main() -> None:
     if args.device == "cuda":
         device = _gpu(torch)
         syncs = {"sparkgrad": device.xp.cuda.Device(0).synchronize, "torch": torch.cuda.synchronize}
-        where = f"gpu={torch.cuda.get_device_name(0)} torch_tf32={args.torch_tf32}"
+        where = f"gpu={torch.cuda.get_device_name(0)} torch_tf32={args.torch_tf32} precision={args.precision}"
     print(f"device={device.name} {where} torch={torch.__version__} sparkgrad={sparkgrad.__version__}")
     rng = np.random.default_rng(0)
-    for name in args.models.split(","):
-        batch, shape = {"mlp": (128, (784,)), "lstm": (64, (LSTM_IN, LSTM_STEPS))}.get(
-            name, (64, (1, 28, 28))
-        )
+    for name in models:
+        batch, shape = MODELS[name]
         x = rng.random((batch, *shape), dtype=np.float32)
         y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
         steps = {
-            "sparkgrad": _sparkgrad_step(name, x, y, device),
-            "torch": _torch_step(name, x, y, args.device),
+            "sparkgrad": _sparkgrad_step(name, x, y, device, args.precision),
+            "torch": _torch_step(name, x, y, args.device, args.precision),
         }
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
         for key, step in steps.items():  # warm-up: buffer allocation, BLAS/oneDNN/cuBLAS initialisation
@@ -269,7 +362,7 @@ def main() -> None:
             stat = statistics.median if label == "median" else min
             sg, pt = (stat(t[pick] for t in times[k]) for k in ("sparkgrad", "torch"))
             line = (
-                f"{name:6s} batch={batch:4d} {label:7s} sparkgrad {sg:8.2f} ms/step  torch {pt:8.2f} ms/step"
+                f"{name:10s} batch={batch:4d} {label:7s} sparkgrad {sg:8.2f} ms/step  torch {pt:8.2f} ms/step"
             )
             print(f"{line}  ratio {sg / pt:5.2f}x")
 

@@ -1,5 +1,5 @@
 // CUDA build: a GPU counts as available when the runtime reports at least one device; the calling
-// thread's stream per device, and the debug switch that waits after every op.
+// thread's stream and GEMM precision per device, and the debug switch that waits after every op.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -36,6 +36,8 @@ std::atomic<bool> sync_flag{[] {
 
 // The calling thread's stream for each device ordinal (absent: the legacy default stream).
 thread_local std::vector<cudaStream_t> thread_streams;
+// The calling thread's GEMM precision for each device ordinal (absent: Float32).
+thread_local std::vector<Precision> thread_precisions;
 
 // Scratch buffers come from the device's stream-ordered pool (cudaMallocAsync). By default the pool
 // returns its memory to the driver at every synchronization, and the next step pays cudaMalloc again;
@@ -77,6 +79,17 @@ cudaStream_t current_stream() {
   const int device = current_device("current_stream");
   return static_cast<std::size_t>(device) < thread_streams.size() ? thread_streams[static_cast<std::size_t>(device)]
                                                                   : nullptr;
+}
+
+void set_precision(Precision precision) {
+  const auto device = static_cast<std::size_t>(current_device("set_precision"));
+  if (thread_precisions.size() <= device) thread_precisions.resize(device + 1, Precision::Float32);
+  thread_precisions[device] = precision;
+}
+
+Precision current_precision() {
+  const auto device = static_cast<std::size_t>(current_device("current_precision"));
+  return device < thread_precisions.size() ? thread_precisions[device] : Precision::Float32;
 }
 
 void set_sync_each_op(bool on) { sync_flag.store(on); }

@@ -8,6 +8,7 @@ void init_compress(py::module_& m);
 void init_nn(py::module_& m);
 void init_optim(py::module_& m);
 void init_cuda(py::module_& m);
+void init_precision(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sparkgrad native core (private; use the sparkgrad package)";
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
   init_nn(m);
   init_optim(m);
   init_cuda(m);
+  init_precision(m);
 }

@@ -61,8 +61,10 @@ __all__: list[str] = [
     "cuda_lstm_forward",
     "cuda_message_entries",
     "cuda_pool2d",
+    "cuda_precision",
     "cuda_regularize_gradient",
     "cuda_scale_shift",
+    "cuda_set_precision",
     "cuda_set_stream",
     "cuda_set_sync_each_op",
     "cuda_sync_each_op",
@@ -578,6 +580,11 @@ def cuda_pool2d(
     arg5: typing.SupportsInt | typing.SupportsIndex,
     arg6: str,
 ) -> None: ...
+def cuda_precision() -> str:
+    """
+    The calling thread's GEMM precision on the current GPU ('float32' until set).
+    """
+
 def cuda_regularize_gradient(
     arg0: typing.SupportsInt | typing.SupportsIndex,
     arg1: typing.SupportsInt | typing.SupportsIndex,
@@ -594,6 +601,11 @@ def cuda_scale_shift(
     arg4: typing.SupportsFloat | typing.SupportsIndex,
     arg5: str,
 ) -> None: ...
+def cuda_set_precision(precision: str) -> None:
+    """
+    Sets the calling thread's precision of float32 GEMMs on the current GPU: 'float32', 'bf16' or 'fp16' (tensor cores, operands losing at most what 16 bits lose, float32 accumulation and output). The CPU build keeps the value per thread; its kernels ignore it.
+    """
+
 def cuda_set_stream(stream: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Runs the calling thread's CUDA ops on the current device on this stream (a raw cudaStream_t; sparkgrad.cuda passes CuPy's current stream before each op). No-op in the CPU build.

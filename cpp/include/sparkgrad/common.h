@@ -138,6 +138,15 @@ void set_stream(std::uintptr_t stream);
 void set_sync_each_op(bool on);
 bool sync_each_op();
 
+// Compute precision of the calling thread's float32 GEMMs, per device like the stream: Float32, or
+// tensor-core products whose operands lose at most what bfloat16 / float16 loses (TF32, or operands
+// rounded to 16 bits: cuda/common/blas.cu) with float32 accumulation and output, so every buffer stays
+// float32 (mixed precision, set by a network around its passes). Float64 GEMMs ignore it. Float32 until
+// set; the CPU build keeps one value per thread, which its kernels ignore.
+enum class Precision : std::uint8_t { Float32, Bf16, Fp16 };
+void set_precision(Precision precision);
+Precision current_precision();
+
 // The row-major gemm above through cuBLAS (cuda/common/blas.cu): a, b, c are device pointers.
 template <typename T>
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,

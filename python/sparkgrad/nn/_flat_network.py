@@ -12,7 +12,8 @@ construction, :meth:`FlatNetwork.to` later) in the same layout, and every runtim
 through that device's array module and kernel namespace. Host data crosses to the device once per
 minibatch where it enters (features, labels, masks); parameters, gradients, updater state and
 activations stay on the device. Every public entry point runs inside the device's ``scope`` (the
-current GPU).
+current GPU) and, off the CPU, with the GEMMs in the configuration's ``precision``
+(:mod:`sparkgrad.nn._precision`; fp16 steps go through a :class:`~sparkgrad.nn._precision.LossScaler`).
 
 On top of the subclass's ``_gradient`` (flat gradient, score) it implements the training step
 (gradient normalization, regularization, updater, weight decay, batch-norm running statistics, the
@@ -25,18 +26,21 @@ model name is the class name) and ``clone``. A unit's key is whatever the config
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
+import warnings
 from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
 import numpy as np
 
 from sparkgrad.data.inputs import training_batches
-from sparkgrad.device import Device, is_gpu_array, resolve_device
-from sparkgrad.errors import TrainingError
+from sparkgrad.device import CPU, Device, is_gpu_array, resolve_device
+from sparkgrad.errors import CorruptDataError, TrainingError
 from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
+from sparkgrad.nn._precision import LossScaler, gemm_precision
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
 from sparkgrad.nn._runtime import InferenceFold, build_runtime, inference_folds
 from sparkgrad.nn.conf import BackpropType
@@ -61,11 +65,12 @@ _RENORMALIZE = (
 
 
 def on_device(method: F) -> F:
-    """Runs a network method inside its device's scope (where GPU allocations and kernels go)."""
+    """Runs a network method inside its device's scope (where GPU allocations and kernels go), its GEMMs
+    in the configuration's precision off the CPU."""
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self._device.scope():
+        with self._device.scope(), self._gemm_precision():
             return method(self, *args, **kwargs)
 
     return run  # type: ignore[return-value]
@@ -102,6 +107,9 @@ class FlatNetwork:
         self._device = resolve_device(device)
         self.conf = conf
         self.dtype = np.dtype(conf.dtype)
+        # fp16's dynamic loss scaling; kept on every device, used off the CPU (float32 kernels there)
+        self._loss_scaler = LossScaler() if conf.precision == "fp16" else None
+        self._warned_cpu_precision = False
         self.iteration_count = 0
         self.epoch_count = 0
         self.listeners: list[TrainingListener] = []
@@ -114,8 +122,9 @@ class FlatNetwork:
         """(setting key, layer config, input type) of every layer, in flat-buffer order."""
         raise NotImplementedError  # every network type overrides this
 
-    def _gradient(self, dataset: Any) -> float:
-        """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+    def _gradient(self, dataset: Any, loss_scale: float = 1.0) -> float:
+        """Flat gradient (no regularization) of the loss times ``loss_scale`` into ``self._grad``; returns
+        the (unscaled) score with penalties."""
         raise NotImplementedError  # every network type overrides this
 
     def score(self, dataset: Any = None) -> float:
@@ -201,6 +210,42 @@ class FlatNetwork:
         if train or not self.fold_batch_norm:
             return {}, set()
         return self._folds, {key for fold in self._folds.values() for key in fold.absorbed}
+
+    def _gemm_precision(self) -> Any:
+        """The context in which the network's kernels run at its precision: the GPU's GEMM mode (set for
+        float32 networks too, so that a float32 network called inside a bf16 one computes in float32)."""
+        return contextlib.nullcontext() if self._device is CPU else gemm_precision(self.conf.precision)
+
+    def _step_loss_scaler(self) -> LossScaler | None:
+        """The loss scaler a training step uses: fp16 off the CPU. Mixed precision on the CPU warns once
+        per network (the CPU kernels compute in float32) and trains as float32."""
+        if self.conf.precision == "float32":
+            return None
+        if self._device is CPU:
+            if not self._warned_cpu_precision:
+                self._warned_cpu_precision = True
+                warnings.warn(
+                    f"precision {self.conf.precision!r} has no effect on the CPU: its kernels compute in "
+                    "float32 (and without loss scaling); mixed precision applies on a GPU",
+                    UserWarning,
+                    stacklevel=5,  # the caller of fit / compute_update
+                )
+            return None
+        return self._loss_scaler
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale of an fp16 network (dynamic loss scaling, as PyTorch's
+        ``GradScaler.get_scale()``); None for float32 and bf16. Read-only: it starts at 2**16, doubles
+        after 2000 consecutive steps with a finite gradient and halves at each skipped step. Saved and
+        loaded with the updater state; it changes only when the network trains on a GPU."""
+        return None if self._loss_scaler is None else self._loss_scaler.scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Training steps an fp16 network skipped for a non-finite gradient (0 for float32 and bf16). A
+        skipped step changes neither the parameters, the updater state nor ``iteration_count``."""
+        return 0 if self._loss_scaler is None else self._loss_scaler.skipped_steps
 
     @property
     def device(self) -> Device:
@@ -415,14 +460,27 @@ class FlatNetwork:
         score = self._gradient(dataset)
         return self._grad.copy(), score
 
-    def _compute_update(self, dataset: Any) -> tuple[Any, float]:
-        score = self._gradient(dataset)
+    def _compute_update(self, dataset: Any) -> tuple[Any, float, bool]:
+        """(the flat update, the score, whether the step counts): an fp16 step with a non-finite gradient
+        is skipped, its update zero."""
+        scaler = self._step_loss_scaler()
+        score = self._gradient(dataset, 1.0 if scaler is None else scaler.scale)
         grad = self._grad
         xp, kernels = self._device.xp, self._device.kernels
         # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
-        # On a GPU this check and the one after the updater each read back one boolean.
-        if not (np.isfinite(score) and bool(xp.isfinite(grad).all())):
-            self._raise_non_finite("score" if not np.isfinite(score) else "gradient", score, dataset)
+        # On a GPU this check and the one after the updater each read back one boolean. The score is
+        # unscaled (the scale enters at the loss gradient): a non-finite one is an error at any precision.
+        if not np.isfinite(score):
+            self._raise_non_finite("score", score, dataset)
+        finite = bool(xp.isfinite(grad).all())
+        if scaler is not None:
+            if not finite:  # overflow of the scaled gradient: skip the step (a zero update), back off
+                scaler.update(False)
+                grad.fill(0)
+                return grad, score, False
+            grad *= 1.0 / scaler.scale  # a power of two: exact
+        elif not finite:
+            self._raise_non_finite("gradient", score, dataset)
         self._normalize_gradient()
         for w, g, key in self._weights:
             l1, l2 = self.conf.setting(key, "l1"), self.conf.setting(key, "l2")
@@ -453,8 +511,10 @@ class FlatNetwork:
             grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
         if not bool(xp.isfinite(grad).all()):
             self._raise_non_finite("update", score, dataset)
+        if scaler is not None:
+            scaler.update(True)
         self.iteration_count += 1
-        return grad, score
+        return grad, score, True
 
     def _result(self, y: Any, given: Any) -> Any:
         """A new array holding ``y`` (an array of the device): on the device when ``given`` (the
@@ -500,7 +560,10 @@ class FlatNetwork:
         """gradient -> gradient normalization -> l1/l2 -> updater -> weight decay: the flat vector that
         ``fit`` subtracts.
 
-        Advances the updater state and ``iteration_count``; parameters are unchanged.
+        Advances the updater state and ``iteration_count``; parameters are unchanged. An fp16 network on
+        a GPU whose scaled gradient is not finite skips the step (``skipped_steps``): the update is zero
+        (nothing for gradient sharing to encode), the updater state and ``iteration_count`` stay as they
+        were and the loss scale halves.
 
         Args:
             dataset: a minibatch with features and labels (host arrays, or arrays of the device).
@@ -508,7 +571,7 @@ class FlatNetwork:
         Returns:
             (a copy of the flat update on the network's device, the minibatch score).
         """
-        update, score = self._compute_update(dataset)
+        update, score, _ = self._compute_update(dataset)
         return update.copy(), score
 
     @on_device
@@ -542,7 +605,8 @@ class FlatNetwork:
     # -- training -----------------------------------------------------------------------------
     @on_device
     def fit(self: N, data: Any, labels: Any = None, epochs: int = 1, batch_size: int | None = None) -> N:
-        """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners.
+        """Train: each minibatch is ``apply_update(compute_update(batch)[0])`` plus listeners (a step an fp16
+        network skips for a non-finite gradient is neither applied nor reported to the listeners).
 
         Args:
             data: a DataSet or MultiDataSet (one minibatch per epoch unless ``batch_size`` is given), a
@@ -562,7 +626,9 @@ class FlatNetwork:
         batches = training_batches(data, labels, batch_size, epochs)
         for _ in range(epochs):
             for batch in self._training_batches(batches):
-                update, _ = self._compute_update(batch)
+                update, _, stepped = self._compute_update(batch)
+                if not stepped:  # fp16 skipped it: no update, no iteration for the listeners
+                    continue
                 self.apply_update(update)
                 for listener in self.listeners:
                     listener.iteration_done(self, self.iteration_count, self.epoch_count)
@@ -647,7 +713,8 @@ class FlatNetwork:
         Args:
             path_or_binary_file: a path (created or truncated) or a writable binary file object.
             save_updater: also save the updater state (recorded in the file either way, so that a
-                loader can tell a state that was not saved from one that was lost).
+                loader can tell a state that was not saved from one that was lost) and an fp16
+                network's loss-scaler state (scale, good steps, skipped steps).
 
         Raises:
             ValueError: non-finite parameters or updater state (such a file could not be loaded).
@@ -661,6 +728,7 @@ class FlatNetwork:
             self._device.to_host(self._state) if save_updater else None,
             self.iteration_count,
             self.epoch_count,
+            self._loss_scaler.state() if save_updater and self._loss_scaler is not None else None,
         )
 
     @classmethod
@@ -671,9 +739,10 @@ class FlatNetwork:
 
         Args:
             path_or_binary_file: a path or a readable, seekable binary file object.
-            load_updater: restore the updater state. A file saved with ``save_updater=False`` (or by a
-                stateless updater) has none and loads with a fresh (zero) state; a state the file
-                says was saved but that is missing or damaged is an error either way.
+            load_updater: restore the updater state and an fp16 network's loss-scaler state. A file
+                saved with ``save_updater=False`` (or by a stateless updater) has none and loads with a
+                fresh (zero) state; a state the file says was saved but that is missing or damaged is
+                an error either way. Without a saved loss-scaler state the scaler starts afresh.
             device: the device of the loaded network (as for the constructor).
 
         Returns:
@@ -694,14 +763,22 @@ class FlatNetwork:
                 state = reader.vector(model_files.STATE_MEMBER, net._state.size, dtype)
                 if load_updater:
                     net.set_updater_state(state)
+            scaler = reader.loss_scaler
+            if scaler is not None and net._loss_scaler is None:
+                raise CorruptDataError(
+                    f"{reader.name}: {model_files.META_MEMBER}: holds a loss-scaler state, but the "
+                    f"configuration's precision is {conf.precision!r}, not 'fp16'"
+                )
+            if scaler is not None and load_updater:
+                net._loss_scaler = scaler
             net.iteration_count = reader.iteration_count
             net.epoch_count = reader.epoch_count
         return net
 
     @on_device
     def clone(self: N) -> N:
-        """An independent copy on the same device: configuration, parameters, updater state, counters and
-        ``fold_batch_norm``."""
+        """An independent copy on the same device: configuration, parameters, updater state, counters, an
+        fp16 network's loss-scaler state and ``fold_batch_norm``."""
         self._require_init()
         net = type(self)(copy.deepcopy(self.conf), device=self._device).init(self._params)
         net.set_updater_state(self._state)
@@ -709,6 +786,7 @@ class FlatNetwork:
         net._dropout_seed = self._dropout_seed
         net._last_score = self._last_score
         net.fold_batch_norm = self.fold_batch_norm
+        net._loss_scaler = copy.copy(self._loss_scaler)
         return net
 
 

@@ -58,7 +58,8 @@ class OutputRuntime:
     """Loss on top of a pre-activation: OutputLayer (dense preout) and LossLayer (input as preout).
 
     ``forward`` returns the activated output; ``loss`` computes per-example scores and dL/dpreout
-    divided by ``n_examples`` (DL4J: the score is the mean over the minibatch).
+    divided by ``n_examples`` (DL4J: the score is the mean over the minibatch) and multiplied by the
+    loss scale of fp16 training.
     """
 
     def __init__(self, conf: Any, dense: DenseRuntime | None, device: Device) -> None:
@@ -95,14 +96,20 @@ class OutputRuntime:
         return out
 
     def backward(
-        self, labels: np.ndarray, mask: np.ndarray | None, n_examples: int, need_dx: bool
+        self,
+        labels: np.ndarray,
+        mask: np.ndarray | None,
+        n_examples: int,
+        need_dx: bool,
+        loss_scale: float = 1.0,
     ) -> np.ndarray | None:
-        """dL/dpreout of the mean loss, pushed through the dense part; returns dL/dx or None."""
+        """dL/dpreout of the mean loss times ``loss_scale``, pushed through the dense part; returns dL/dx
+        or None."""
         dz = self.buf("dz", self.z.shape, self.z.dtype)
         self.k.loss_gradient(
             self.conf.loss.value, self.activation.value, labels, self.z, dz, mask=mask, alpha=self.alpha
         )
-        dz *= 1.0 / n_examples
+        dz *= loss_scale / n_examples
         if self.dense is None:
             return dz
         return self.dense.backward_preout(dz, need_dx)

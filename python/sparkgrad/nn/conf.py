@@ -13,6 +13,7 @@ from sparkgrad.nn.layers import Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
+PRECISIONS = ("float32", "bf16", "fp16")
 # Per-layer settings that fall back to the network-wide value when a layer leaves them None.
 INHERITED = (
     "activation",
@@ -36,7 +37,7 @@ class BackpropType(enum.Enum):
 def check_network_defaults(conf: Any) -> None:
     """Validate (and coerce) the network-wide defaults every network configuration has:
     updater, seed, weight_init, activation, l1, l2, weight_decay, gradient_normalization (and its
-    threshold) and dtype."""
+    threshold), dtype and precision."""
     conf.weight_init = coerce_enum(WeightInit, conf.weight_init, "weight_init")
     conf.activation = coerce_enum(Activation, conf.activation, "activation")
     conf.gradient_normalization = coerce_enum(
@@ -52,6 +53,13 @@ def check_network_defaults(conf: Any) -> None:
         conf.seed = check_int("seed", conf.seed, minimum=0)
     if conf.dtype not in _DTYPES:
         raise ValueError(f"dtype: expected float32 or float64, got {conf.dtype!r}")
+    if conf.precision not in PRECISIONS:
+        raise ValueError(f"precision: expected 'float32', 'bf16' or 'fp16', got {conf.precision!r}")
+    if conf.precision != "float32" and conf.dtype != "float32":
+        raise ValueError(
+            f"precision: {conf.precision!r} computes with float32 master weights and needs dtype float32, "
+            f"got dtype {conf.dtype}"
+        )
 
 
 def check_backprop(conf: Any, sequences: bool, described: str) -> None:
@@ -85,6 +93,16 @@ class MultiLayerConfiguration(Config):
         l2: default for layers that leave it None; finite, in [0, MAX_SCALE].
         weight_decay: default for layers that leave it None; finite, in [0, MAX_SCALE].
         dtype: "float32" or "float64" for parameters, gradients and activations.
+        precision: "float32" (default), "bf16" or "fp16": mixed precision on a GPU, like PyTorch's
+            autocast. The GPU's float32 GEMMs (dense layers, the im2col convolutions, LSTMs) run on the
+            tensor cores with operands losing at most what bfloat16 / float16 loses (TF32, or operands
+            rounded to 16 bits for large products) and accumulate in float32; every buffer (parameters
+            as master weights, gradients, activations, updater state, the residual of threshold
+            encoding) stays float32. "fp16" adds dynamic loss scaling (as PyTorch's
+            GradScaler: ``MultiLayerNetwork.loss_scale``). Needs dtype float32. The CPU kernels compute
+            in float32 whatever the setting: a network training on the CPU warns once and trains as
+            "float32" (no loss scaling), as PyTorch's GradScaler does without CUDA, so one configuration
+            serves GPU and CPU workers alike.
         backprop_type: "standard", or "truncated_bptt" (recurrent input and output): ``fit`` trains each
             minibatch as segments of ``tbptt_forward_length`` time steps, one update per segment, the
             recurrent state carried from segment to segment and gradients flowing back at most
@@ -106,6 +124,7 @@ class MultiLayerConfiguration(Config):
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
+    precision: str = "float32"
     backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20

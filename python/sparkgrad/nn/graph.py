@@ -125,6 +125,7 @@ class ComputationGraphConfiguration(Config):
         l2: network-wide default, as in MultiLayerConfiguration.
         weight_decay: network-wide default, as in MultiLayerConfiguration.
         dtype: as in MultiLayerConfiguration.
+        precision: as in MultiLayerConfiguration ("float32", "bf16" or "fp16": mixed precision on a GPU).
         backprop_type: as in MultiLayerConfiguration; truncated BPTT needs a recurrent input and a
             per-time-step output. ``fit`` cuts every sequence (recurrent inputs and outputs, with their
             masks) into segments and passes the other inputs and labels whole to every segment (DL4J's
@@ -147,6 +148,7 @@ class ComputationGraphConfiguration(Config):
     l2: float = 0.0
     weight_decay: float = 0.0
     dtype: str = "float32"
+    precision: str = "float32"
     backprop_type: BackpropType | str = BackpropType.STANDARD
     tbptt_forward_length: int = 20
     tbptt_backward_length: int = 20
@@ -364,7 +366,7 @@ class GraphBuilder:
 
     Args:
         defaults: network-wide settings passed to the configuration (updater, seed, weight_init,
-            activation, l1, l2, weight_decay, dtype, backprop_type, tbptt_forward_length,
+            activation, l1, l2, weight_decay, dtype, precision, backprop_type, tbptt_forward_length,
             tbptt_backward_length, gradient_normalization, gradient_normalization_threshold).
     """
 
@@ -699,8 +701,9 @@ class ComputationGraph(FlatNetwork):
         self._device.kernels.elementwise_forward("add", [xp.ascontiguousarray(g) for g in grads], out)
         return out
 
-    def _gradient(self, dataset: Any) -> float:
-        """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+    def _gradient(self, dataset: Any, loss_scale: float = 1.0) -> float:
+        """Flat gradient (no regularization) of the loss times ``loss_scale`` into ``self._grad``; returns
+        the (unscaled) score with penalties."""
         self._require_init()
         xs, ys, label_masks, input_masks = self._prepare(dataset)
         sequences = [x.shape[1] for x, t in zip(xs, self.conf.input_types) if t.kind == "recurrent"]
@@ -717,7 +720,7 @@ class ComputationGraph(FlatNetwork):
             node = self._by_name[name]
             n = node.input_shape[0]  # examples (sequences), whatever the rows of the output
             score += float(node.runtime.scores(y, mask).sum()) / n
-            dx = node.runtime.backward(y, mask, n, need_dx=node.need_dx)
+            dx = node.runtime.backward(y, mask, n, need_dx=node.need_dx, loss_scale=loss_scale)
             if dx is not None:
                 grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
         for node in reversed(self._nodes):

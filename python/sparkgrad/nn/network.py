@@ -164,18 +164,20 @@ class MultiLayerNetwork(FlatNetwork):
     def _n_examples(self, dataset: Any) -> int:
         return int(np.shape(dataset.features)[0])
 
-    def _backward(self, labels: np.ndarray, mask: np.ndarray | None, n: int) -> None:
-        """Backward pass after ``_forward(activate_output=False)``: gradients into ``self._grad``."""
+    def _backward(self, labels: np.ndarray, mask: np.ndarray | None, n: int, loss_scale: float) -> None:
+        """Backward pass after ``_forward(activate_output=False)``: gradients of the loss times
+        ``loss_scale`` into ``self._grad``."""
         out: OutputRuntime = self._runtimes[-1]
-        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1)
+        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1, loss_scale=loss_scale)
         for i in range(len(self._runtimes) - 2, -1, -1):
             assert dy is not None  # every layer above the first passes dL/dx down
             dy = layer_backward(self._runtimes[i], dy, self._traces[i], need_dx=i > 0)
         for sl, _ in self._stats:
             self._grad[sl] = 0.0
 
-    def _gradient(self, dataset: Any) -> float:
-        """Flat gradient (no regularization) into ``self._grad``; returns the score with penalties."""
+    def _gradient(self, dataset: Any, loss_scale: float = 1.0) -> float:
+        """Flat gradient (no regularization) of the loss times ``loss_scale`` into ``self._grad``; returns
+        the (unscaled) score with penalties."""
         self._require_init()
         x, fmask = self._inputs(dataset)
         labels, mask = self._labels(dataset, x, fmask)
@@ -185,7 +187,7 @@ class MultiLayerNetwork(FlatNetwork):
             x, train=True, activate_output=False, mask=fmask, stateful=steps is not None, backward_steps=steps
         )
         score = float(self._runtimes[-1].scores(labels, mask).sum()) / n
-        self._backward(labels, mask, n)
+        self._backward(labels, mask, n, loss_scale)
         self._last_score = score + self._penalty()
         return self._last_score
 

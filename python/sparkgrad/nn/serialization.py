@@ -8,11 +8,16 @@ Members (ZIP_DEFLATED; exactly these, each once, no archive comment, nothing bef
 
     member                 content
     sparkgrad-format.json  metadata, a JSON object with exactly these keys:
-                             format_version   int: 2 (this release writes 2, reads 1 and 2)
+                             format_version   int: 2, or 3 with a loss-scaler state (this release
+                                              writes 2 and 3, reads 1 to 3)
                              model            str: the model class, e.g. "MultiLayerNetwork"
                              iteration_count  int, 0 <= n < 2**63
                              epoch_count      int, 0 <= n < 2**63
-                             updater_state    bool: whether updaterState.bin was saved (version 2 only)
+                             updater_state    bool: whether updaterState.bin was saved (version 2+)
+                             loss_scaler      (version 3 only) an fp16 network's dynamic loss scaling,
+                                              saved with the updater state: {"scale": finite float in
+                                              (0, 3.4e38], "good_steps": int in [0, 2000),
+                                              "skipped_steps": int in [0, 2**63)}
     configuration.json     the configuration's ``to_json()``
     coefficients.bin       .npy (header version 1.0 or 2.0, no pickles): 1-D, ``num_params`` finite
                            elements of exactly the configuration's dtype
@@ -21,8 +26,10 @@ Members (ZIP_DEFLATED; exactly these, each once, no archive comment, nothing bef
                            updater (Sgd, NoOp) writes ``updater_state: false`` and no member.
 
 Version 1 (sparkgrad before issue 8) had no ``updater_state`` key: its updater state is present
-exactly when the member is. A damaged member name cannot hide the state in either version, because
-any name outside the table is an error; version 2 also tells "not saved" from "lost".
+exactly when the member is. A damaged member name cannot hide the state in any version, because any
+name outside the table is an error; version 2 also tells "not saved" from "lost". Version 3 is written
+only for a file with a loss-scaler state (an fp16 network saved with its updater state), so every other
+file stays readable by releases that read version 2.
 
 Reading treats every byte as hostile. Each member's declared sizes are checked before anything is
 allocated (against the archive's size, deflate's maximum ratio of 1032:1, and what the configuration
@@ -49,9 +56,10 @@ import numpy as np
 from sparkgrad._config import MAX_CONFIG_BYTES
 from sparkgrad._io import open_input, open_output
 from sparkgrad.errors import CorruptDataError
+from sparkgrad.nn._precision import LossScaler
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # the newest version written; files without a loss-scaler state are written as 2
+READABLE_VERSIONS = (1, 2, 3)
 META_MEMBER = "sparkgrad-format.json"
 CONF_MEMBER = "configuration.json"
 COEFF_MEMBER = "coefficients.bin"
@@ -59,6 +67,7 @@ STATE_MEMBER = "updaterState.bin"
 _META_KEYS = {
     1: {"format_version", "model", "iteration_count", "epoch_count"},
     2: {"format_version", "model", "iteration_count", "epoch_count", "updater_state"},
+    3: {"format_version", "model", "iteration_count", "epoch_count", "updater_state", "loss_scaler"},
 }
 MAX_META_BYTES = 1 << 16
 MAX_CONF_BYTES = MAX_CONFIG_BYTES  # what the configuration parser accepts at all
@@ -97,6 +106,7 @@ def write_model(
     updater_state: np.ndarray | None,
     iteration_count: int,
     epoch_count: int,
+    loss_scaler: dict[str, Any] | None = None,
 ) -> None:
     """Write a model file.
 
@@ -109,6 +119,8 @@ def write_model(
         updater_state: the flat updater state, or None (or empty) to save none.
         iteration_count: iterations trained so far.
         epoch_count: epochs trained so far.
+        loss_scaler: an fp16 network's loss-scaler state (``LossScaler.state()``), or None; a file with
+            one is format version 3.
 
     Raises:
         ValueError: non-finite parameters or updater state (the reader would reject the file).
@@ -120,13 +132,15 @@ def write_model(
                 f"{name}: element {_first_non_finite(array)} is not finite; a model file with non-finite "
                 "values cannot be loaded, so it is not written"
             )
-    meta = {
-        "format_version": FORMAT_VERSION,
+    meta: dict[str, Any] = {
+        "format_version": 2,
         "model": model,
         "iteration_count": int(iteration_count),
         "epoch_count": int(epoch_count),
         "updater_state": save_state,
     }
+    if loss_scaler is not None:
+        meta.update(format_version=3, loss_scaler=LossScaler.from_state(loss_scaler).state())
     with _output(target) as out, zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         _write_member(zf, META_MEMBER, json.dumps(meta))
         _write_member(zf, CONF_MEMBER, conf_json)
@@ -209,6 +223,11 @@ class ModelReader:
     def has_updater_state(self) -> bool:
         """Whether the file holds an updater state."""
         return self._has_state
+
+    @property
+    def loss_scaler(self) -> LossScaler | None:
+        """The validated loss-scaler state (version 3), or None."""
+        return self._loss_scaler
 
     @property
     def iteration_count(self) -> int:
@@ -388,6 +407,7 @@ class ModelReader:
                 f"{self.name}: {META_MEMBER}: updater_state must be true or false, "
                 f"got {meta['updater_state']!r}"
             )
+        self._loss_scaler = LossScaler.from_state(meta["loss_scaler"]) if version >= 3 else None
         return meta
 
     def _npy_header(self, f: BinaryIO, member: str, length: int) -> tuple[np.dtype, int]:

@@ -407,11 +407,12 @@ def test_unpickled_and_strided_inputs_train_like_the_originals(name: str) -> Non
 
 def test_layers_reach_the_kernels_only_through_their_device() -> None:
     """A direct ``_core`` kernel call in sparkgrad.nn would take NumPy arrays only: on a GPU it fails, and
-    the emulated device (whose arrays NumPy accepts) could not tell. Only host-side queries may remain."""
+    the emulated device (whose arrays NumPy accepts) could not tell. Only host-side queries may remain
+    (and the calling thread's GEMM precision, which takes no array)."""
     calls = set()
     for path in Path(sparkgrad.nn.__file__).parent.glob("*.py"):
         calls |= set(re.findall(r"\b_core\.(\w+)\(", path.read_text()))
-    assert calls == {"updater_state_size"}
+    assert calls == {"updater_state_size", "cuda_precision", "cuda_set_precision"}
 
 
 def test_every_kernel_call_binds_to_the_gpu_front_door(emu: EmulatedDevice) -> None:

@@ -168,7 +168,7 @@ _DROP = object()
 def _cases(net: MultiLayerNetwork, good: dict[str, bytes]) -> dict[str, tuple[dict[str, bytes], str, str]]:
     """name -> (members, the member the message must name, a fragment of the message)."""
     params, state = net.params(), net.updater_state()
-    conf64 = net.conf.to_json().replace('"float32"', '"float64"')
+    conf64 = net.conf.to_json().replace('"dtype": "float32"', '"dtype": "float64"')
     assert MultiLayerConfiguration.from_json(conf64).dtype == "float64"
     buffer = io.BytesIO()
     np.lib.format.write_array(buffer, np.array([None] * params.size, dtype=object), allow_pickle=True)
@@ -203,7 +203,7 @@ def _cases(net: MultiLayerNetwork, good: dict[str, bytes]) -> dict[str, tuple[di
         "unknown key": (with_(meta=_meta(extra=1)), META, "keys"),
         "missing key": (with_(meta=_meta(epoch_count=_DROP)), META, "keys"),
         "flag not bool": (with_(meta=_meta(updater_state=1)), META, "updater_state must be"),
-        "version 3": (with_(meta=_meta(format_version=3)), META, "format_version 3"),
+        "version 4": (with_(meta=_meta(format_version=4)), META, "format_version 4"),
         "version string": (with_(meta=_meta(format_version="2")), META, "format_version"),
         "other model": (with_(meta=_meta(model="ComputationGraph")), META, "ComputationGraph"),
         "meta list": (with_(meta=b"[2]"), META, "JSON object"),
