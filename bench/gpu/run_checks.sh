@@ -6,7 +6,12 @@
 #
 #   bash bench/gpu/run_checks.sh build    # CUDA build of sparkgrad + bench binaries (a few minutes)
 #   bash bench/gpu/run_checks.sh test     # pytest -m cuda over the kernel, device and wrapper tests
-#   bash bench/gpu/run_checks.sh bench    # bench_nn, bench_train_step, bench_compress, bench_parallel
+#   bash bench/gpu/run_checks.sh bench    # bench_train_step, bench_compress, bench_op_overhead, ...
+#   bash bench/gpu/run_checks.sh device   # on the GPU machine with a build made elsewhere: the wheels
+#                                         # of .whl/ into build/gpu/site, then test and bench
+#
+# BEFORE_SITE=<folder with another build's sparkgrad/> makes `bench` also time that build's front door and
+# training steps in the same run, for before/after ratios on one machine.
 #
 # Logs go to $OUT (default build/gpu/logs). Packages the machine lacks (scipy-openblas32, pyzmq,
 # cryptography) travel as wheels in .whl/ (bash bench/gpu/fetch_wheels.sh on a machine with the package
@@ -18,7 +23,7 @@
 # `test` and `bench` run from them. That is how the first GPU run (an H200) was done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:?usage: run_checks.sh build|test|bench}"
+stage="${1:?usage: run_checks.sh build|test|bench|device}"
 root="$PWD"
 work="$root/build/gpu"
 site="$work/site"
@@ -72,6 +77,7 @@ test)
         tests/python/compress/test_cuda_threshold.py
         tests/python/nn/test_cuda_kernels.py
         tests/python/nn/test_cuda_conv.py
+        tests/python/nn/test_precision.py
         tests/python/nn/test_device.py
         tests/python/nn/test_gradient_normalization.py
         tests/python/nn/test_inference_fold.py
@@ -93,17 +99,35 @@ bench)
     check_import
     openblas="$("$python" -c "import scipy_openblas32; print(scipy_openblas32.get_lib_dir())")"
     failed=()
-    # each benchmark runs whatever the others do; the stage fails at the end if any did
+    # each benchmark runs whatever the others do, within BENCH_TIMEOUT seconds (default 600), most
+    # telling first; the stage fails at the end if any did
     run_bench() {  # run_bench NAME COMMAND...
         local name="$1"
         shift
         echo "== $name: $*" | tee -a "$logs/gpu_bench.log"
-        "$@" 2>&1 | tee -a "$logs/gpu_bench.log" || failed+=("$name")
+        timeout "${BENCH_TIMEOUT:-600}" "$@" 2>&1 | tee -a "$logs/gpu_bench.log" || failed+=("$name")
     }
     : >"$logs/gpu_bench.log"
     set -o pipefail
-    run_bench bench_nn env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$openblas" "$work/build/bench/cpp/bench_nn" --device cuda
-    run_bench train_step "$python" bench/python/bench_train_step.py --device cuda --rounds 5
+    step="bench/python/bench_train_step.py --device cuda"
+    models="mlp,lenet,resnet,lstm,mlp_large,vgg,lstm_large"
+    before=(env PYTHONPATH="${BEFORE_SITE:-}:$PYTHONPATH")  # BEFORE_SITE's sparkgrad first
+    run_bench train_step "$python" $step --rounds 5 --models "$models"
+    if [[ -n "${BEFORE_SITE:-}" ]]; then
+        # the same steps on the other build (float32, which every build has)
+        run_bench train_step_before "${before[@]}" "$python" $step --rounds 5 --models "$models"
+    fi
+    run_bench encode_sizes "$python" bench/python/bench_compress.py --device cuda --sizes-only --reps 10
+    run_bench op_overhead "$python" bench/python/bench_op_overhead.py --device cuda
+    if [[ -n "${BEFORE_SITE:-}" ]]; then
+        run_bench op_overhead_before "${before[@]}" "$python" bench/python/bench_op_overhead.py --device cuda
+    fi
+    run_bench train_step_bf16 "$python" $step --rounds 5 --models lenet,resnet,mlp_large,vgg,lstm_large --precision bf16
+    run_bench train_step_fp16 "$python" $step --rounds 3 --models mlp_large,vgg,lstm_large --precision fp16
+    bench_nn="$work/build/bench/cpp/bench_nn"  # absent where only build/gpu/site travelled
+    if [[ -x "$bench_nn" ]]; then
+        run_bench bench_nn env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$openblas" "$bench_nn" --device cuda
+    fi
     run_bench compress "$python" bench/python/bench_compress.py --device cuda
     run_bench parallel_gpu_gpu "$python" bench/python/bench_parallel.py --devices cuda:0,cuda:0 --batches 64 --rounds 3
     run_bench parallel_gpu_cpu "$python" bench/python/bench_parallel.py --devices cuda:0,cpu --batches 64 --rounds 3
@@ -112,8 +136,17 @@ bench)
         exit 1
     fi
     ;;
+device)
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        "$python" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
+    fi
+    status=0
+    bash "$0" test || status=1
+    bash "$0" bench || status=1
+    exit "$status"
+    ;;
 *)
-    echo "run_checks.sh: unknown stage '$stage' (build, test or bench)" >&2
+    echo "run_checks.sh: unknown stage '$stage' (build, test, bench or device)" >&2
     exit 2
     ;;
 esac

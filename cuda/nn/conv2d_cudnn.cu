@@ -4,7 +4,12 @@
 // fastest on the first call's own buffers among the deterministic ones (results reproducible run to run,
 // as the own kernels are) that fit the search's workspace. Every call then takes that algorithm's workspace
 // from the device's stream-ordered pool. Float32 runs on the FMA units (CUDNN_FMA_MATH): no TF32 rounding
-// of the operands, as the own kernels and PyTorch with TF32 off.
+// of the operands, as the own kernels and PyTorch with TF32 off. Under mixed precision (the calling
+// thread's gpu::current_precision(), set by a bf16 or fp16 network) a float32 convolution narrows its two
+// inputs to bfloat16 / float16, runs on the tensor cores with float32 accumulation, and widens the result
+// back: every buffer the network keeps stays float32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -71,27 +76,35 @@ struct Plan {
   std::array<std::optional<Choice>, 3> chosen;  // by Pass
 };
 
-using Key = std::array<std::int64_t, 16>;  // device, dtype size, the 13 numbers of Conv2dShape, spare
+using Key = std::array<std::int64_t, 16>;  // device, element type, the 13 numbers of Conv2dShape, precision
 
+// The element type the convolution runs in: T itself, or the 16-bit type mixed precision narrows to.
 template <typename T>
 constexpr cudnnDataType_t data_type() {
-  return std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  if constexpr (std::is_same_v<T, double>) return CUDNN_DATA_DOUBLE;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CUDNN_DATA_BFLOAT16;
+  if constexpr (std::is_same_v<T, __half>) return CUDNN_DATA_HALF;
+  return CUDNN_DATA_FLOAT;
 }
 
-template <typename T>
+// E: the element type (float, double, __nv_bfloat16, __half). 16-bit convolutions accumulate in float32
+// (cuDNN's PSEUDO_BFLOAT16 / PSEUDO_HALF configurations) on the tensor cores.
+template <typename E>
 Plan make_plan(const char* op, const Conv2dShape& g) {
+  constexpr bool narrow = sizeof(E) == 2;
   const auto i = [](std::int64_t v) { return static_cast<int>(v); };  // unsupported() checked the range
   Plan plan;
-  plan.math = std::is_same_v<T, float> ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  plan.math = narrow ? CUDNN_TENSOR_OP_MATH : std::is_same_v<E, float> ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  const cudnnDataType_t type = data_type<E>(), compute = narrow ? CUDNN_DATA_FLOAT : type;
   check(op, cudnnCreateTensorDescriptor(&plan.x));
   check(op, cudnnCreateTensorDescriptor(&plan.y));
   check(op, cudnnCreateFilterDescriptor(&plan.w));
   check(op, cudnnCreateConvolutionDescriptor(&plan.conv));
-  check(op, cudnnSetTensor4dDescriptor(plan.x, CUDNN_TENSOR_NCHW, data_type<T>(), i(g.n), i(g.c), i(g.h), i(g.w)));
-  check(op, cudnnSetTensor4dDescriptor(plan.y, CUDNN_TENSOR_NCHW, data_type<T>(), i(g.n), i(g.k), i(g.p), i(g.q)));
-  check(op, cudnnSetFilter4dDescriptor(plan.w, data_type<T>(), CUDNN_TENSOR_NCHW, i(g.k), i(g.c), i(g.r), i(g.s)));
+  check(op, cudnnSetTensor4dDescriptor(plan.x, CUDNN_TENSOR_NCHW, type, i(g.n), i(g.c), i(g.h), i(g.w)));
+  check(op, cudnnSetTensor4dDescriptor(plan.y, CUDNN_TENSOR_NCHW, type, i(g.n), i(g.k), i(g.p), i(g.q)));
+  check(op, cudnnSetFilter4dDescriptor(plan.w, type, CUDNN_TENSOR_NCHW, i(g.k), i(g.c), i(g.r), i(g.s)));
   check(op, cudnnSetConvolution2dDescriptor(plan.conv, i(g.pad_top), i(g.pad_left), i(g.stride_h), i(g.stride_w), 1,
-                                            1, CUDNN_CROSS_CORRELATION, data_type<T>()));
+                                            1, CUDNN_CROSS_CORRELATION, compute));
   check(op, cudnnSetConvolutionMathType(plan.conv, plan.math));
   std::array<int, 4> out{};
   check(op, cudnnGetConvolution2dForwardOutputDim(plan.conv, plan.x, plan.w, &out[0], &out[1], &out[2], &out[3]));
@@ -114,9 +127,15 @@ std::map<Key, Plan>& plans() {
 template <Pass P>
 struct Api;
 
+// Elements of x: (n, c, h, w), w: (k, c, r, s) and y: (n, k, p, q).
+std::int64_t x_size(const Conv2dShape& g) { return g.n * g.c * g.h * g.w; }
+std::int64_t w_size(const Conv2dShape& g) { return g.k * g.c * g.r * g.s; }
+std::int64_t y_size(const Conv2dShape& g) { return g.n * g.k * g.p * g.q; }
+
 template <>
 struct Api<Pass::Forward> {  // a = x, b = w, out = y
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {x_size(g), w_size(g), y_size(g)}; }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
@@ -137,6 +156,7 @@ struct Api<Pass::Forward> {  // a = x, b = w, out = y
 template <>
 struct Api<Pass::BackwardInput> {  // a = dy, b = w, out = dx
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {y_size(g), w_size(g), x_size(g)}; }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x,
@@ -157,6 +177,7 @@ struct Api<Pass::BackwardInput> {  // a = dy, b = w, out = dx
 template <>
 struct Api<Pass::BackwardWeight> {  // a = x, b = dy, out = dw
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {x_size(g), y_size(g), w_size(g)}; }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
@@ -207,13 +228,14 @@ Choice find(const char* op, cudnnHandle_t h, const Plan& plan, const void* a, co
   throw_runtime(op, "cuDNN found no deterministic algorithm for this convolution; use algorithm='im2col'");
 }
 
-template <Pass P, typename T>
-void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* out) {
+// Runs pass P with elements E on device arrays a, b -> out, finding its algorithm on the first call.
+template <Pass P, typename E>
+void run_in(const char* op, const Conv2dShape& g, gpu::Precision precision, const E* a, const E* b, E* out) {
   cudnnHandle_t h = handle(op);
   int device = 0;
   check_cuda(op, cudaGetDevice(&device));
-  const Key key{device,    sizeof(T),  g.n,        g.c,        g.h,     g.w,      g.k,  g.r,
-                g.s,       g.p,        g.q,        g.stride_h, g.stride_w, g.pad_top, g.pad_left, 0};
+  const Key key{device, static_cast<std::int64_t>(data_type<E>()), g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.p, g.q,
+                g.stride_h, g.stride_w, g.pad_top, g.pad_left, static_cast<std::int64_t>(precision)};
   const Plan* plan = nullptr;
   Choice choice{};
   {
@@ -221,7 +243,7 @@ void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* o
     // plan waits for its result instead of timing the algorithms again
     std::lock_guard<std::mutex> lock(plans_mutex);
     auto it = plans().find(key);
-    if (it == plans().end()) it = plans().emplace(key, make_plan<T>(op, g)).first;
+    if (it == plans().end()) it = plans().emplace(key, make_plan<E>(op, g)).first;
     Plan& p = it->second;
     auto& slot = p.chosen[static_cast<int>(P)];
     if (!slot) slot = find<P>(op, h, p, a, b, out);
@@ -229,9 +251,58 @@ void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* o
     choice = *slot;
   }
   DeviceBuffer<unsigned char> workspace(op, static_cast<std::int64_t>(choice.workspace));
-  const T one = 1, zero = 0;  // float scaling factors for float data, double for double (cuDNN's rule)
+  // cuDNN's scaling factors are double for double data and float for every other type
+  using Scale = std::conditional_t<std::is_same_v<E, double>, double, float>;
+  const Scale one = 1, zero = 0;
   check(op, Api<P>::run(h, *plan, choice.algorithm, &one, a, b, workspace.get(), choice.workspace, &zero, out));
   check_kernels(op);
+}
+
+template <typename H>
+__global__ void narrow_kernel(const float* in, H* out, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    if constexpr (std::is_same_v<H, __half>) {
+      out[i] = __float2half_rn(in[i]);  // beyond 65504: inf, which the fp16 loss scaler detects
+    } else {
+      out[i] = __float2bfloat16_rn(in[i]);
+    }
+  }
+}
+
+template <typename H>
+__global__ void widen_kernel(const H* in, float* out, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    if constexpr (std::is_same_v<H, __half>) {
+      out[i] = __half2float(in[i]);
+    } else {
+      out[i] = __bfloat162float(in[i]);
+    }
+  }
+}
+
+// Pass P of float32 arrays in 16-bit H: a and b narrowed into scratch, out widened from it.
+template <Pass P, typename H>
+void run_narrowed(const char* op, const Conv2dShape& g, gpu::Precision precision, const float* a, const float* b,
+                  float* out) {
+  const auto [a_size, b_size, out_size] = Api<P>::sizes(g);
+  DeviceBuffer<H> a16(op, a_size), b16(op, b_size), out16(op, out_size);
+  const cudaStream_t stream = gpu::current_stream();
+  narrow_kernel<H><<<blocks_for(a_size), kThreads, 0, stream>>>(a, a16.get(), a_size);
+  narrow_kernel<H><<<blocks_for(b_size), kThreads, 0, stream>>>(b, b16.get(), b_size);
+  check_cuda(op, cudaGetLastError());
+  run_in<P, H>(op, g, precision, a16.get(), b16.get(), out16.get());
+  widen_kernel<H><<<blocks_for(out_size), kThreads, 0, stream>>>(out16.get(), out, out_size);
+  check_kernels(op);
+}
+
+template <Pass P, typename T>
+void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    const gpu::Precision precision = gpu::current_precision();
+    if (precision == gpu::Precision::Bf16) return run_narrowed<P, __nv_bfloat16>(op, g, precision, a, b, out);
+    if (precision == gpu::Precision::Fp16) return run_narrowed<P, __half>(op, g, precision, a, b, out);
+  }
+  run_in<P, T>(op, g, gpu::Precision::Float32, a, b, out);
 }
 
 }  // namespace
