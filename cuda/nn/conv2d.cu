@@ -6,7 +6,11 @@
 // gather (one thread per input element, no atomics), and the weight gradient accumulates over the chunks
 // in the GEMM (beta = 1), so every result is deterministic.
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "kernel_util.cuh"
@@ -22,11 +26,11 @@ std::string unsupported(const Conv2dShape&) {
   return "sparkgrad was built without cuDNN (pip install nvidia-cudnn-cu13, then rebuild with SPARKGRAD_ENABLE_CUDA=ON)";
 }
 template <typename T>
-void forward(const Conv2dShape&, const T*, const T*, T*) {}
+bool forward(const Conv2dShape&, const T*, const T*, T*) { return false; }
 template <typename T>
-void backward_input(const Conv2dShape&, const T*, const T*, T*) {}
+bool backward_input(const Conv2dShape&, const T*, const T*, T*) { return false; }
 template <typename T>
-void backward_weight(const Conv2dShape&, const T*, const T*, T*) {}
+bool backward_weight(const Conv2dShape&, const T*, const T*, T*) { return false; }
 }  // namespace sparkgrad::nn::cuda::cudnn
 #endif
 
@@ -196,10 +200,89 @@ void by_chunks(const char* op, const Conv2dShape& g, Step step) {
   check_kernels(op);
 }
 
+// What auto runs for one pass of one shape, element type and precision, measured on its first call.
+enum class Runner : std::uint8_t { Cudnn, Own };
+using PassKey = std::array<std::int64_t, 17>;  // device, pass, element size, precision, the 13 shape numbers
+std::mutex runners_mutex;
+std::map<PassKey, Runner>& runners() {
+  static auto* chosen = new std::map<PassKey, Runner>();  // process lifetime, like cuDNN's plans
+  return *chosen;
+}
+
+// Milliseconds the work run() queues on the calling thread's stream takes (waits for it).
+template <typename Run>
+float elapsed_ms(const char* op, Run run) {
+  const cudaStream_t stream = gpu::current_stream();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check_cuda(op, cudaEventCreate(&start));
+  check_cuda(op, cudaEventCreate(&stop));
+  float ms = 0.0f;
+  const cudaError_t recorded = cudaEventRecord(start, stream);
+  run();
+  cudaError_t status = recorded != cudaSuccess ? recorded : cudaEventRecord(stop, stream);
+  if (status == cudaSuccess) status = cudaEventSynchronize(stop);
+  if (status == cudaSuccess) status = cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  check_cuda(op, status);
+  return ms;
+}
+
+// Runs one pass of a convolution: cudnn_pass() (false: cuDNN has no algorithm for it) or own_pass(). An
+// explicit algorithm runs as asked. Auto runs the own kernels where cuDNN cannot compute the shape, and
+// elsewhere times both twice on the first call of each shape, pass, element type and precision and keeps
+// the faster: cuDNN wins the large convolutions, while for small ones (the residual CNN's 16-channel 28x28
+// planes at batch 64) a deterministic cuDNN algorithm can lose to one im2col GEMM. The choice is the
+// process's: two processes may round differently where their timings differ (an explicit algorithm pins it).
+template <typename T, typename CudnnPass, typename OwnPass>
+void run_pass(const char* op, int pass, const Conv2dShape& g, ConvAlgorithm requested, CudnnPass cudnn_pass,
+              OwnPass own_pass) {
+  if (nn::cuda::conv2d_algorithm(op, g, requested) == ConvAlgorithm::Im2col) return own_pass();
+  if (requested == ConvAlgorithm::Cudnn) {
+    if (!cudnn_pass()) {
+      throw_invalid(op, "algorithm 'cudnn': cuDNN has no deterministic algorithm for this convolution in this ",
+                    "precision; use auto or im2col");
+    }
+    return;
+  }
+  int device = 0;
+  check_cuda(op, cudaGetDevice(&device));
+  const PassKey key{device,     pass,       sizeof(T),  static_cast<std::int64_t>(gpu::current_precision()),
+                    g.n,        g.c,        g.h,        g.w,
+                    g.k,        g.r,        g.s,        g.p,
+                    g.q,        g.stride_h, g.stride_w, g.pad_top,
+                    g.pad_left};
+  std::optional<Runner> known;
+  {
+    std::lock_guard<std::mutex> lock(runners_mutex);
+    const auto it = runners().find(key);
+    if (it != runners().end()) known = it->second;
+  }
+  if (known) {
+    if (*known == Runner::Own || !cudnn_pass()) own_pass();
+    return;
+  }
+  Runner winner = Runner::Own;
+  if (cudnn_pass()) {  // its first call finds cuDNN's algorithm; then both are timed twice, alternately
+    float own_ms = elapsed_ms(op, own_pass), cudnn_ms = elapsed_ms(op, [&] { cudnn_pass(); });
+    own_ms = std::min(own_ms, elapsed_ms(op, own_pass));
+    cudnn_ms = std::min(cudnn_ms, elapsed_ms(op, [&] { cudnn_pass(); }));
+    if (cudnn_ms <= own_ms) {
+      winner = Runner::Cudnn;
+    } else {
+      own_pass();  // the result every later call of this shape gives, to the last bit
+    }
+  } else {
+    own_pass();
+  }
+  std::lock_guard<std::mutex> lock(runners_mutex);
+  runners().emplace(key, winner);
+}
+
 }  // namespace
 
-// Auto: cuDNN wherever it can compute the shape (measured faster at every size of bench_train_step:
-// docs/guides/performance.md#gpu), else the own kernels.
+// cuDNN where it can compute the shape (auto then measures which is faster: run_pass above), else the own
+// kernels.
 ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorithm requested) {
   if (requested == ConvAlgorithm::Winograd) {
     throw_invalid(op, "algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col");
@@ -218,23 +301,26 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
   const char* op = "conv2d_forward";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n == 0 || g.k == 0 || pq == 0) return;
-  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
-    cudnn::forward(g, x, weights, y);
+  const auto with_cudnn = [&] {
+    if (!cudnn::forward(g, x, weights, y)) return false;
     if (b != nullptr || relu) {
       const std::int64_t total = g.n * g.k * pq;
       bias_relu_kernel<T><<<blocks_for(total), kThreads, 0, gpu::current_stream()>>>(
           y, b, relu, static_cast<std::int32_t>(g.k), static_cast<std::int32_t>(pq), static_cast<std::int32_t>(total));
       check_kernels(op);
     }
-    return;
-  }
-  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
-    const std::int64_t cols = chunk.m * pq;
-    chunk.im2col(x + i * image, col);
-    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
-                            product, cols);
-    chunk.to_images(product, b, relu, y + i * g.k * pq);
-  });
+    return true;
+  };
+  const auto with_own_kernels = [&] {
+    by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* product) {
+      const std::int64_t cols = chunk.m * pq;
+      chunk.im2col(x + i * image, col);
+      sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
+                              product, cols);
+      chunk.to_images(product, b, relu, y + i * g.k * pq);
+    });
+  };
+  run_pass<T>(op, 0, g, algorithm, with_cudnn, with_own_kernels);
 }
 
 // dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w).
@@ -243,17 +329,16 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
   const char* op = "conv2d_backward_input";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n * image == 0) return;
-  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
-    cudnn::backward_input(g, dy, weights, dx);
-    return;
-  }
-  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
-    const std::int64_t cols = chunk.m * pq;
-    if (cols > 0 && g.k > 0) chunk.from_images(dy + i * g.k * pq, dy_t);
-    sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, dy_t, cols, T(0),
-                            col, cols);
-    chunk.col2im(col, dx + i * image);
-  });
+  const auto with_own_kernels = [&] {
+    by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
+      const std::int64_t cols = chunk.m * pq;
+      if (cols > 0 && g.k > 0) chunk.from_images(dy + i * g.k * pq, dy_t);
+      sparkgrad::gpu::gemm<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, dy_t, cols, T(0),
+                              col, cols);
+      chunk.col2im(col, dx + i * image);
+    });
+  };
+  run_pass<T>(op, 1, g, algorithm, [&] { return cudnn::backward_input(g, dy, weights, dx); }, with_own_kernels);
 }
 
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = dy' col^T over all images, dy' = dy as (k, n*p*q).
@@ -267,17 +352,16 @@ void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw
     check_kernels(op);
     return;
   }
-  if (nn::cuda::conv2d_algorithm(op, g, algorithm) == ConvAlgorithm::Cudnn) {
-    cudnn::backward_weight(g, x, dy, dw);
-    return;
-  }
-  by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
-    const std::int64_t cols = chunk.m * pq;
-    chunk.im2col(x + i * image, col);
-    chunk.from_images(dy + i * g.k * pq, dy_t);
-    sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, g.k, crs, cols, T(1), dy_t, cols, col, cols,
-                            i == 0 ? T(0) : T(1), dw, crs);
-  });
+  const auto with_own_kernels = [&] {
+    by_chunks<T>(op, g, [&](const Layout<T>& chunk, std::int64_t i, T* col, T* dy_t) {
+      const std::int64_t cols = chunk.m * pq;
+      chunk.im2col(x + i * image, col);
+      chunk.from_images(dy + i * g.k * pq, dy_t);
+      sparkgrad::gpu::gemm<T>(Transpose::No, Transpose::Yes, g.k, crs, cols, T(1), dy_t, cols, col, cols,
+                              i == 0 ? T(0) : T(1), dw, crs);
+    });
+  };
+  run_pass<T>(op, 2, g, algorithm, [&] { return cudnn::backward_weight(g, x, dy, dw); }, with_own_kernels);
 }
 
 #define SPARKGRAD_CONV2D(T)                                                                            \

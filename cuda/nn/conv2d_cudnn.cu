@@ -74,6 +74,7 @@ struct Plan {
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   std::array<std::optional<Choice>, 3> chosen;  // by Pass
+  std::array<bool, 3> unusable{};               // by Pass: cuDNN refused the shape in this element type
 };
 
 using Key = std::array<std::int64_t, 16>;  // device, element type, the 13 numbers of Conv2dShape, precision
@@ -136,6 +137,10 @@ template <>
 struct Api<Pass::Forward> {  // a = x, b = w, out = y
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {x_size(g), w_size(g), y_size(g)}; }
+  static bool transform_based(int algo) {
+    return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+  }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
@@ -157,6 +162,10 @@ template <>
 struct Api<Pass::BackwardInput> {  // a = dy, b = w, out = dx
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {y_size(g), w_size(g), x_size(g)}; }
+  static bool transform_based(int algo) {
+    return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+  }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x,
@@ -178,6 +187,10 @@ template <>
 struct Api<Pass::BackwardWeight> {  // a = x, b = dy, out = dw
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   static std::array<std::int64_t, 3> sizes(const Conv2dShape& g) { return {x_size(g), y_size(g), w_size(g)}; }
+  static bool transform_based(int algo) {
+    return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+  }
   static constexpr int kAlgorithms = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   static cudnnStatus_t workspace(cudnnHandle_t h, const Plan& p, int algo, std::size_t* bytes) {
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
@@ -203,10 +216,14 @@ std::size_t search_workspace_limit(const char* op) {
 }
 
 // Times the pass's algorithms on the call's own arrays (out is overwritten, as the call does anyway) and
-// returns the fastest deterministic one that keeps the plan's math (no tensor-core conversion under
-// CUDNN_FMA_MATH).
+// returns the fastest deterministic one that keeps the plan's math, or nothing when none can run. Under
+// CUDNN_FMA_MATH (float32) that excludes tensor-core conversion and the FFT and non-fused Winograd
+// algorithms: on an H200 one of them computed a float32 5x5 convolution 2% off (0.05 on outputs of about
+// 2, fifty times the error of any sum of its products), where the GEMM-like ones keep the own kernels'
+// error bound.
 template <Pass P>
-Choice find(const char* op, cudnnHandle_t h, const Plan& plan, const void* a, const void* b, void* out) {
+std::optional<Choice> find(const char* op, cudnnHandle_t h, const Plan& plan, const void* a, const void* b,
+                           void* out) {
   const std::size_t limit = search_workspace_limit(op);
   std::size_t most = 0;
   for (int algo = 0; algo < Api<P>::kAlgorithms; ++algo) {
@@ -216,21 +233,24 @@ Choice find(const char* op, cudnnHandle_t h, const Plan& plan, const void* a, co
   DeviceBuffer<unsigned char> workspace(op, static_cast<std::int64_t>(most));
   typename Api<P>::Perf perf[Api<P>::kAlgorithms];
   int found = 0;
-  check(op, Api<P>::find(h, plan, a, b, out, &found, perf, workspace.get(), most));
+  // a configuration cuDNN does not take (seen: BAD_PARAM for some bfloat16 shapes) is no algorithm
+  if (Api<P>::find(h, plan, a, b, out, &found, perf, workspace.get(), most) != CUDNN_STATUS_SUCCESS) return {};
   for (int i = 0; i < found; ++i) {  // fastest first
     const auto& r = perf[i];
-    const bool keeps_math = plan.math != CUDNN_FMA_MATH ||
-                            (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
-    if (r.status == CUDNN_STATUS_SUCCESS && r.determinism == CUDNN_DETERMINISTIC && r.memory <= most && keeps_math) {
-      return {static_cast<int>(r.algo), r.memory};
+    const bool exact = plan.math != CUDNN_FMA_MATH ||
+                       (r.mathType != CUDNN_TENSOR_OP_MATH && r.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+                        !Api<P>::transform_based(static_cast<int>(r.algo)));
+    if (r.status == CUDNN_STATUS_SUCCESS && r.determinism == CUDNN_DETERMINISTIC && r.memory <= most && exact) {
+      return Choice{static_cast<int>(r.algo), r.memory};
     }
   }
-  throw_runtime(op, "cuDNN found no deterministic algorithm for this convolution; use algorithm='im2col'");
+  return {};
 }
 
-// Runs pass P with elements E on device arrays a, b -> out, finding its algorithm on the first call.
+// Runs pass P with elements E on device arrays a, b -> out, finding its algorithm on the first call; false
+// (nothing run) when cuDNN has no algorithm for it.
 template <Pass P, typename E>
-void run_in(const char* op, const Conv2dShape& g, gpu::Precision precision, const E* a, const E* b, E* out) {
+bool run_in(const char* op, const Conv2dShape& g, gpu::Precision precision, const E* a, const E* b, E* out) {
   cudnnHandle_t h = handle(op);
   int device = 0;
   check_cuda(op, cudaGetDevice(&device));
@@ -246,7 +266,12 @@ void run_in(const char* op, const Conv2dShape& g, gpu::Precision precision, cons
     if (it == plans().end()) it = plans().emplace(key, make_plan<E>(op, g)).first;
     Plan& p = it->second;
     auto& slot = p.chosen[static_cast<int>(P)];
-    if (!slot) slot = find<P>(op, h, p, a, b, out);
+    bool& unusable = p.unusable[static_cast<int>(P)];
+    if (!slot && !unusable) {
+      slot = find<P>(op, h, p, a, b, out);
+      unusable = !slot;
+    }
+    if (unusable) return false;
     plan = &p;
     choice = *slot;
   }
@@ -256,6 +281,7 @@ void run_in(const char* op, const Conv2dShape& g, gpu::Precision precision, cons
   const Scale one = 1, zero = 0;
   check(op, Api<P>::run(h, *plan, choice.algorithm, &one, a, b, workspace.get(), choice.workspace, &zero, out));
   check_kernels(op);
+  return true;
 }
 
 template <typename H>
@@ -282,7 +308,7 @@ __global__ void widen_kernel(const H* in, float* out, std::int64_t n) {
 
 // Pass P of float32 arrays in 16-bit H: a and b narrowed into scratch, out widened from it.
 template <Pass P, typename H>
-void run_narrowed(const char* op, const Conv2dShape& g, gpu::Precision precision, const float* a, const float* b,
+bool run_narrowed(const char* op, const Conv2dShape& g, gpu::Precision precision, const float* a, const float* b,
                   float* out) {
   const auto [a_size, b_size, out_size] = Api<P>::sizes(g);
   DeviceBuffer<H> a16(op, a_size), b16(op, b_size), out16(op, out_size);
@@ -290,19 +316,20 @@ void run_narrowed(const char* op, const Conv2dShape& g, gpu::Precision precision
   narrow_kernel<H><<<blocks_for(a_size), kThreads, 0, stream>>>(a, a16.get(), a_size);
   narrow_kernel<H><<<blocks_for(b_size), kThreads, 0, stream>>>(b, b16.get(), b_size);
   check_cuda(op, cudaGetLastError());
-  run_in<P, H>(op, g, precision, a16.get(), b16.get(), out16.get());
+  if (!run_in<P, H>(op, g, precision, a16.get(), b16.get(), out16.get())) return false;
   widen_kernel<H><<<blocks_for(out_size), kThreads, 0, stream>>>(out16.get(), out, out_size);
   check_kernels(op);
+  return true;
 }
 
 template <Pass P, typename T>
-void run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* out) {
+bool run_pass(const char* op, const Conv2dShape& g, const T* a, const T* b, T* out) {
   if constexpr (std::is_same_v<T, float>) {
     const gpu::Precision precision = gpu::current_precision();
     if (precision == gpu::Precision::Bf16) return run_narrowed<P, __nv_bfloat16>(op, g, precision, a, b, out);
     if (precision == gpu::Precision::Fp16) return run_narrowed<P, __half>(op, g, precision, a, b, out);
   }
-  run_in<P, T>(op, g, gpu::Precision::Float32, a, b, out);
+  return run_in<P, T>(op, g, gpu::Precision::Float32, a, b, out);
 }
 
 }  // namespace
@@ -326,24 +353,24 @@ std::string unsupported(const Conv2dShape& g) {
 }
 
 template <typename T>
-void forward(const Conv2dShape& g, const T* x, const T* weights, T* y) {
-  run_pass<Pass::Forward>("conv2d_forward", g, x, weights, y);
+bool forward(const Conv2dShape& g, const T* x, const T* weights, T* y) {
+  return run_pass<Pass::Forward>("conv2d_forward", g, x, weights, y);
 }
 
 template <typename T>
-void backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
-  run_pass<Pass::BackwardInput>("conv2d_backward_input", g, dy, weights, dx);
+bool backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx) {
+  return run_pass<Pass::BackwardInput>("conv2d_backward_input", g, dy, weights, dx);
 }
 
 template <typename T>
-void backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
-  run_pass<Pass::BackwardWeight>("conv2d_backward_weight", g, x, dy, dw);
+bool backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw) {
+  return run_pass<Pass::BackwardWeight>("conv2d_backward_weight", g, x, dy, dw);
 }
 
 #define SPARKGRAD_CONV2D_CUDNN(T)                                                   \
-  template void forward<T>(const Conv2dShape&, const T*, const T*, T*);          \
-  template void backward_input<T>(const Conv2dShape&, const T*, const T*, T*);   \
-  template void backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);
+  template bool forward<T>(const Conv2dShape&, const T*, const T*, T*);          \
+  template bool backward_input<T>(const Conv2dShape&, const T*, const T*, T*);   \
+  template bool backward_weight<T>(const Conv2dShape&, const T*, const T*, T*);
 SPARKGRAD_CONV2D_CUDNN(float)
 SPARKGRAD_CONV2D_CUDNN(double)
 

@@ -14,14 +14,16 @@ namespace sparkgrad::nn::cuda::cudnn {
 // whose padding is uneven is not), and every tensor must be non-empty with 32-bit dimensions.
 std::string unsupported(const Conv2dShape& g);
 
+// Each pass returns false, having run nothing, when cuDNN has no algorithm for g in the calling thread's
+// precision that is deterministic and (in float32) as exact as a sum of products (gpu::current_precision).
 // x: (n, c, h, w), weights: (k, c, r, s) -> y: (n, k, p, q) (overwritten).
 template <typename T>
-void forward(const Conv2dShape& g, const T* x, const T* weights, T* y);
+bool forward(const Conv2dShape& g, const T* x, const T* weights, T* y);
 // dy: (n, k, p, q), weights: (k, c, r, s) -> dx: (n, c, h, w) (overwritten).
 template <typename T>
-void backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
+bool backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx);
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c, r, s) summed over the batch (overwritten).
 template <typename T>
-void backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
+bool backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw);
 
 }  // namespace sparkgrad::nn::cuda::cudnn

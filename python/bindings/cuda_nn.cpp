@@ -187,7 +187,9 @@ void init_cuda(py::module_& m) {
          const std::string& algorithm, const std::string& dtype) {
         const nn::Conv2dShape g{s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12]};
         const char* op = which == 0 ? "conv2d_forward" : which == 1 ? "conv2d_backward_input" : "conv2d_backward_weight";
-        const nn::ConvAlgorithm algo = nn::cuda::conv2d_algorithm(op, g, nn::parse_conv_algorithm(op, algorithm));
+        // checked here, before any kernel: auto is resolved per call by the twins (cuda/nn/conv2d.cu)
+        const nn::ConvAlgorithm algo = nn::parse_conv_algorithm(op, algorithm);
+        nn::cuda::conv2d_algorithm(op, g, algo);
         with_dtype(op, dtype, [&](auto tag) {
           using T = decltype(tag);
           if (which == 0) {

@@ -202,7 +202,7 @@ def test_threshold_encode_into_checks_its_buffer(cp: Any) -> None:
         compress.threshold_encode_into(residual, 0.5, cp.zeros(6, np.int32))
     with pytest.raises(ValueError, match="out must have dtype int32"):
         compress.threshold_encode_into(residual, 0.5, cp.zeros(7, np.int64))
-    with pytest.raises(TypeError, match="both numpy arrays or both CuPy arrays"):
+    with pytest.raises(TypeError, match="both be numpy arrays or both CuPy arrays"):
         compress.threshold_encode_into(residual, 0.5, np.zeros(7, np.int32))
     np.testing.assert_array_equal(residual.get(), [1.0, 0.0, -1.0])  # refused before anything moved
     out = cp.zeros(5, np.int32)
