@@ -105,6 +105,10 @@ SPARKGRAD_NO_CUDA_KERNEL(lstm_forward, const LstmSpec&, const LstmShape&, const 
 SPARKGRAD_NO_CUDA_KERNEL(lstm_backward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,
                          const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*,
                          std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(simple_rnn_forward, Activation, double, const LstmShape&, const T*, const T*, const T*,
+                         const T*, const T*, const T*, T*, T*)
+SPARKGRAD_NO_CUDA_KERNEL(simple_rnn_backward, Activation, double, const LstmShape&, const T*, const T*, const T*,
+                         const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(elementwise_forward, ElementWiseOp, const T* const*, std::int64_t, T*, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(elementwise_backward, ElementWiseOp, const T* const*, std::int64_t, const T*, T* const*,
                          std::int64_t)

@@ -298,6 +298,16 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
 
+// The input projection of every step in one cuBLAS GEMM, then one recurrent GEMM and one fused kernel per
+// step; softmax normalizes each row of h values as on the CPU.
+template <typename T>
+void simple_rnn_forward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w, const T* rw,
+                        const T* b, const T* mask, const T* h0, T* hs, T* act);
+template <typename T>
+void simple_rnn_backward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w,
+                         const T* rw, const T* mask, const T* h0, const T* hs, const T* act, const T* dh, T* dz,
+                         T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
 // inputs and dx are host arrays of k device pointers.
 template <typename T>
 void elementwise_forward(ElementWiseOp kind, const T* const* inputs, std::int64_t k, T* y, std::int64_t size);
