@@ -7,7 +7,6 @@ void init_common(py::module_& m);
 void init_compress(py::module_& m);
 void init_nn(py::module_& m);
 void init_optim(py::module_& m);
-void init_cuda(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sparkgrad native core (private; use the sparkgrad package)";
@@ -15,5 +14,4 @@ PYBIND11_MODULE(_core, m) {
   init_compress(m);
   init_nn(m);
   init_optim(m);
-  init_cuda(m);
 }
