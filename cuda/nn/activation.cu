@@ -38,34 +38,17 @@ __global__ void backward_kernel(Activation kind, T alpha, const T* x, const T* y
   }
 }
 
-// x, y: (rows, cols); y[i] = softmax(x[i]).
+// x, y: (rows, cols); y[i] = softmax(x[i]), one thread per row.
 template <typename T>
 __global__ void softmax_kernel(const T* x, T* y, std::int64_t rows, std::int64_t cols) {
-  for (std::int64_t i = first_index(); i < rows; i += grid_stride()) {
-    const T* xi = x + i * cols;
-    T* yi = y + i * cols;
-    T peak = xi[0];
-    for (std::int64_t j = 1; j < cols; ++j) peak = fmax(peak, xi[j]);
-    T sum = 0;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      yi[j] = exp(xi[j] - peak);
-      sum += yi[j];
-    }
-    const T inv = T(1) / sum;
-    for (std::int64_t j = 0; j < cols; ++j) yi[j] *= inv;
-  }
+  for (std::int64_t i = first_index(); i < rows; i += grid_stride()) softmax_row(x + i * cols, y + i * cols, cols);
 }
 
 // dx = y * (dy - sum(dy * y)) per row; dx may alias dy.
 template <typename T>
 __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t i = first_index(); i < rows; i += grid_stride()) {
-    const T* yi = y + i * cols;
-    const T* dyi = dy + i * cols;
-    T* dxi = dx + i * cols;
-    T dot = 0;
-    for (std::int64_t j = 0; j < cols; ++j) dot += dyi[j] * yi[j];
-    for (std::int64_t j = 0; j < cols; ++j) dxi[j] = yi[j] * (dyi[j] - dot);
+    softmax_backward_row(y + i * cols, dy + i * cols, dx + i * cols, cols);
   }
 }
 

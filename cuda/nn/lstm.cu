@@ -6,6 +6,7 @@
 // stream (gpu::set_stream); launches are checked as they go.
 #include "activation.cuh"
 #include "kernel_util.cuh"
+#include "recurrent_util.cuh"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
 
@@ -14,21 +15,7 @@ namespace sparkgrad::nn::cuda {
 namespace {
 using namespace sparkgrad::detail::cuda;
 using device::forward_value;
-
-// f'(z) written in terms of y = f(z), as the CPU's act_grad_block (every elementwise kind allows it).
-template <typename T>
-__device__ T grad_from_output(Activation kind, T alpha, T y) {
-  switch (kind) {
-    case Activation::Relu: return y > T(0) ? T(1) : T(0);
-    case Activation::LeakyRelu: return y > T(0) ? T(1) : alpha;
-    case Activation::Elu: return y > T(0) ? T(1) : y + alpha;
-    case Activation::Tanh: return T(1) - y * y;
-    case Activation::Sigmoid: return y * (T(1) - y);
-    case Activation::Softplus: return -expm1(-y);
-    case Activation::HardTanh: return (y > T(-1) && y < T(1)) ? T(1) : T(0);
-    default: return T(1);  // Identity (softmax is rejected by the binding)
-  }
-}
+using device::grad_from_output;
 
 // The activation kinds and their alphas in T, passed by value to the step kernels.
 template <typename T>
@@ -107,20 +94,6 @@ __global__ void backward_step_kernel(StepSpec<T> sp, LstmShape s, std::int64_t t
     dz[2 * h + j] = dh_t * ac * grad_from_output(sp.gate, sp.gate_alpha, o);
     dz[3 * h + j] = dc_t * a * grad_from_output(sp.gate, sp.gate_alpha, ig);
     dc[e] = dc_t * f;
-  }
-}
-
-// h_prev: (n, t, h), row (i, t) = h_{t-1} of example i (h0 or zero at t = 0).
-template <typename T>
-__global__ void previous_h_kernel(LstmShape s, const T* hs, const T* h0, T* h_prev) {
-  const std::int64_t h = s.h, total = s.n * s.t * h;
-  for (std::int64_t e = first_index(); e < total; e += grid_stride()) {
-    const std::int64_t row = e / h, t = row % s.t;
-    if (t > 0) {
-      h_prev[e] = hs[e - h];
-    } else {
-      h_prev[e] = h0 != nullptr ? h0[(row / s.t) * h + e % h] : T(0);
-    }
   }
 }
 

@@ -1,68 +1,40 @@
-// Helpers for the nn and optim bindings: float32/float64 dispatch, shape checks and optional arrays, all
-// raising ValueError "[op] ..." that names the argument.
+// Helpers of the nn, optim and common bindings: float32/float64 dispatch, the call of the CPU or CUDA twin
+// for the arrays' device, and scalar checks, all raising "[op] ..." errors that name the argument.
 #pragma once
 
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <sstream>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "array_args.h"
 
 namespace sparkgrad::bindings {
 
-using Shape = std::vector<std::int64_t>;
-
-inline Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
-
-inline std::string shape_text(const Shape& s) {
-  std::ostringstream out;
-  out << '(';
-  for (std::size_t i = 0; i < s.size(); ++i) out << (i ? ", " : "") << s[i];
-  out << (s.size() == 1 ? ",)" : ")");
-  return out.str();
-}
-
-// Calls fn(T{}) with T = float or double after the dtype of `ref` (argument `name`).
+// Calls fn(T{}) with T = float or double after the dtype of `ref`.
 template <typename Fn>
-decltype(auto) dispatch_float(const char* op, const char* name, const py::handle& ref, Fn&& fn) {
-  if (!py::isinstance<py::array>(ref)) {
-    throw_invalid(op, name, " must be a numpy array, got ", std::string(py::str(py::type::of(ref))));
-  }
-  const py::dtype dtype = py::reinterpret_borrow<py::array>(ref).dtype();
-  if (has_dtype<float>(dtype)) return fn(float{});
-  if (has_dtype<double>(dtype)) return fn(double{});
-  throw_invalid(op, name, " must be float32 or float64, got ", std::string(py::str(dtype)));
+decltype(auto) dispatch_float(const char* op, const ArrayView& ref, Fn&& fn) {
+  if (ref.dtype() == Dtype::Float32) return fn(float{});
+  if (ref.dtype() == Dtype::Float64) return fn(double{});
+  throw_invalid(op, ref.name(), " must be float32 or float64, got ", ref.dtype_text());
 }
 
-template <typename A>
-void require_shape(const char* op, const char* name, const A& a, const Shape& expected) {
-  if (shape_of(a) != expected) {
-    throw_invalid(op, name, " must have shape ", shape_text(expected), ", got ", shape_text(shape_of(a)));
+// Runs cpu() for host arrays, gpu() for device arrays (on the caller's CuPy stream), with the GIL released.
+template <typename Cpu, typename Gpu>
+void run_on(const Place& place, Cpu&& cpu, Gpu&& gpu) {
+  if (place.gpu) {
+    use_callers_stream();
+    py::gil_scoped_release release;
+    gpu();
+  } else {
+    py::gil_scoped_release release;
+    cpu();
   }
 }
 
-template <typename A>
-void require_ndim(const char* op, const char* name, const A& a, std::initializer_list<py::ssize_t> allowed,
-                  const char* layout) {
-  for (py::ssize_t d : allowed) {
-    if (a.ndim() == d) return;
-  }
-  throw_invalid(op, name, " must be ", layout, ", got shape ", shape_text(shape_of(a)));
-}
-
-// Data pointer of an optional array argument (None -> nullptr), checked like checked_array.
-template <typename T>
-const T* optional_data(const char* op, const char* name, const py::object& arr,
-                       py::array_t<T, py::array::c_style>* keep) {
-  if (arr.is_none()) return nullptr;
-  *keep = checked_array<T>(op, name, arr);
-  return keep->data();
-}
+// area::fn(args...) for host arrays, area::cuda::fn(args...) for device arrays: the twins share one
+// declaration (cpp/include/sparkgrad/<area>.h), so one argument list serves both.
+#define SPARKGRAD_RUN_TWIN(place, area, fn, ...) \
+  ::sparkgrad::bindings::run_on((place), [&] { area::fn(__VA_ARGS__); }, [&] { area::cuda::fn(__VA_ARGS__); })
 
 inline void require_positive(const char* op, const char* name, std::int64_t v) {
   if (v < 1) throw_invalid(op, name, " must be >= 1, got ", v);

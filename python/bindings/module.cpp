@@ -7,7 +7,6 @@ void init_common(py::module_& m);
 void init_compress(py::module_& m);
 void init_nn(py::module_& m);
 void init_optim(py::module_& m);
-void init_cuda(py::module_& m);
 void init_precision(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
@@ -16,6 +15,5 @@ PYBIND11_MODULE(_core, m) {
   init_compress(m);
   init_nn(m);
   init_optim(m);
-  init_cuda(m);
   init_precision(m);
 }

@@ -1,8 +1,11 @@
-// Bindings of the neural-network kernels (cpp/include/sparkgrad/nn.h): argument checks with the GIL
-// held, then the kernel with the GIL released.
+// Bindings of the neural-network kernels (cpp/include/sparkgrad/nn.h): the one front door of each kernel
+// for host and device arrays alike. Its arguments are checked once with the GIL held (ArrayView:
+// dtype, C order, shape, writability, one device), then the CPU twin nn::f or the CUDA twin
+// nn::cuda::f runs with the GIL released.
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernel_args.h"
@@ -18,159 +21,169 @@ namespace {
 struct ChannelView {
   std::int64_t n, c, inner;
 };
-template <typename A>
-ChannelView channel_view(const char* op, const char* name, const A& a) {
-  require_ndim(op, name, a, {2, 4}, "(N, C) or (N, C, H, W)");
+ChannelView channel_view(const ArrayView& a) {
+  a.require_ndim({2, 4}, "(N, C) or (N, C, H, W)");
   const std::int64_t inner = a.ndim() == 4 ? a.shape(2) * a.shape(3) : 1;
   return {a.shape(0), a.shape(1), inner};
 }
 
 // Elementwise arrays viewed as (rows, cols); softmax needs a true 2-D (N, C) array.
-std::pair<std::int64_t, std::int64_t> activation_view(const char* op, nn::Activation kind, const py::array& x) {
+std::pair<std::int64_t, std::int64_t> activation_view(nn::Activation kind, const ArrayView& x) {
   if (kind == nn::Activation::Softmax) {
-    require_ndim(op, "x", x, {2}, "2-D (N, C) for softmax");
+    x.require_ndim({2}, "2-D (N, C) for softmax");
     return {x.shape(0), x.shape(1)};
   }
   const std::int64_t rows = x.ndim() == 0 ? 1 : x.shape(0);
-  return {rows, rows == 0 ? 0 : static_cast<std::int64_t>(x.size()) / rows};
+  return {rows, rows == 0 ? 0 : x.size() / rows};
 }
 
-void bias_add(const py::array& x_in, const py::array& b_in) {
-  dispatch_float("bias_add", "x", x_in, [&](auto tag) {
+void bias_add(py::handle x_in, py::handle b_in) {
+  const char* op = "bias_add";
+  const ArrayView x(op, "x", x_in), b(op, "b", b_in);
+  const Place place = common_place(op, {&x, &b});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>("bias_add", "x", x_in, true);
-    auto b = checked_array<T>("bias_add", "b", b_in);
-    const ChannelView v = channel_view("bias_add", "x", x);
-    require_shape("bias_add", "b", b, {v.c});
-    py::gil_scoped_release release;
-    nn::bias_add<T>(x.mutable_data(), b.data(), v.n, v.c, v.inner);
+    x.require<T>(true);
+    b.require<T>();
+    const ChannelView v = channel_view(x);
+    b.require_shape({v.c});
+    SPARKGRAD_RUN_TWIN(place, nn, bias_add<T>, x.mutable_data<T>(), b.data<T>(), v.n, v.c, v.inner);
   });
 }
 
-void bias_grad(const py::array& dy_in, const py::array& db_in) {
-  dispatch_float("bias_grad", "dy", dy_in, [&](auto tag) {
+void bias_grad(py::handle dy_in, py::handle db_in) {
+  const char* op = "bias_grad";
+  const ArrayView dy(op, "dy", dy_in), db(op, "db", db_in);
+  const Place place = common_place(op, {&dy, &db});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>("bias_grad", "dy", dy_in);
-    auto db = checked_array<T>("bias_grad", "db", db_in, true);
-    const ChannelView v = channel_view("bias_grad", "dy", dy);
-    require_shape("bias_grad", "db", db, {v.c});
-    py::gil_scoped_release release;
-    nn::bias_grad<T>(dy.data(), db.mutable_data(), v.n, v.c, v.inner);
+    dy.require<T>();
+    db.require<T>(true);
+    const ChannelView v = channel_view(dy);
+    db.require_shape({v.c});
+    SPARKGRAD_RUN_TWIN(place, nn, bias_grad<T>, dy.data<T>(), db.mutable_data<T>(), v.n, v.c, v.inner);
   });
 }
 
-void activation_forward(const std::string& name, const py::array& x_in, const py::array& y_in, double alpha) {
+void activation_forward(const std::string& name, py::handle x_in, py::handle y_in, double alpha) {
   const char* op = "activation_forward";
   const nn::Activation kind = nn::parse_activation(op, name);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in);
+  const Place place = common_place(op, {&x, &y});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    require_shape(op, "y", y, shape_of(x));
-    const auto [rows, cols] = activation_view(op, kind, x);
-    py::gil_scoped_release release;
-    nn::activation_forward<T>(kind, alpha, x.data(), y.mutable_data(), rows, cols);
+    x.require<T>();
+    y.require<T>(true);
+    y.require_shape(x.shape());
+    const auto [rows, cols] = activation_view(kind, x);
+    SPARKGRAD_RUN_TWIN(place, nn, activation_forward<T>, kind, alpha, x.data<T>(), y.mutable_data<T>(), rows, cols);
   });
 }
 
-void activation_backward(const std::string& name, const py::array& x_in, const py::array& y_in,
-                         const py::array& dy_in, const py::array& dx_in, double alpha) {
+void activation_backward(const std::string& name, py::handle x_in, py::handle y_in, py::handle dy_in,
+                         py::handle dx_in, double alpha) {
   const char* op = "activation_backward";
   const nn::Activation kind = nn::parse_activation(op, name);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), dy(op, "dy", dy_in), dx(op, "dx", dx_in);
+  const Place place = common_place(op, {&x, &y, &dy, &dx});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    const Shape shape = shape_of(x);
-    require_shape(op, "y", y, shape);
-    require_shape(op, "dy", dy, shape);
-    require_shape(op, "dx", dx, shape);
-    const auto [rows, cols] = activation_view(op, kind, x);
-    py::gil_scoped_release release;
-    nn::activation_backward<T>(kind, alpha, x.data(), y.data(), dy.data(), dx.mutable_data(), rows, cols);
+    x.require<T>();
+    y.require<T>();
+    dy.require<T>();
+    dx.require<T>(true);
+    y.require_shape(x.shape());
+    dy.require_shape(x.shape());
+    dx.require_shape(x.shape());
+    const auto [rows, cols] = activation_view(kind, x);
+    SPARKGRAD_RUN_TWIN(place, nn, activation_backward<T>, kind, alpha, x.data<T>(), y.data<T>(), dy.data<T>(),
+                       dx.mutable_data<T>(), rows, cols);
   });
 }
 
 // Shared by loss_score and loss_gradient: out is scores (N,) or grad (N, C).
 template <bool Gradient>
-void loss_call(const char* op, const std::string& loss, const std::string& activation, const py::array& labels_in,
-               const py::array& preout_in, const py::array& out_in, const py::object& mask_in, double alpha) {
+void loss_call(const char* op, const std::string& loss, const std::string& activation, py::handle labels_in,
+               py::handle preout_in, py::handle out_in, py::handle mask_in, double alpha) {
   const nn::LossSpec spec{nn::parse_loss(op, loss), nn::parse_activation(op, activation), alpha};
-  dispatch_float(op, "preout", preout_in, [&](auto tag) {
+  const ArrayView preout(op, "preout", preout_in), labels(op, "labels", labels_in);
+  const ArrayView out(op, Gradient ? "grad" : "scores", out_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in);
+  const Place place = common_place(op, {&preout, &labels, &out, &mask});
+  dispatch_float(op, preout, [&](auto tag) {
     using T = decltype(tag);
-    auto preout = checked_array<T>(op, "preout", preout_in);
-    auto labels = checked_array<T>(op, "labels", labels_in);
-    auto out = checked_array<T>(op, Gradient ? "grad" : "scores", out_in, true);
-    require_ndim(op, "preout", preout, {2}, "2-D (N, C)");
+    preout.require<T>();
+    labels.require<T>();
+    out.require<T>(true);
+    preout.require_ndim({2}, "2-D (N, C)");
     const std::int64_t n = preout.shape(0), c = preout.shape(1);
-    require_shape(op, "labels", labels, {n, c});
-    require_shape(op, Gradient ? "grad" : "scores", out, Gradient ? Shape{n, c} : Shape{n});
-    py::array_t<T, py::array::c_style> mask_keep;
-    const T* mask = optional_data<T>(op, "mask", mask_in, &mask_keep);
+    labels.require_shape({n, c});
+    out.require_shape(Gradient ? Shape{n, c} : Shape{n});
+    mask.require<T>();
     nn::MaskLayout layout = nn::MaskLayout::None;
-    if (mask) {
-      const Shape ms = shape_of(mask_keep);
-      if (ms == Shape{n} || ms == Shape{n, 1}) {
+    if (mask.present()) {
+      if (mask.shape() == Shape{n} || mask.shape() == Shape{n, 1}) {
         layout = nn::MaskLayout::PerExample;
-      } else if (ms == Shape{n, c}) {
+      } else if (mask.shape() == Shape{n, c}) {
         layout = nn::MaskLayout::PerOutput;
       } else {
         throw_invalid(op, "mask must have shape (", n, ",), (", n, ", 1) or (", n, ", ", c, "), got ",
-                      shape_text(ms));
+                      shape_text(mask.shape()));
       }
     }
-    py::gil_scoped_release release;
     if constexpr (Gradient) {
-      nn::loss_gradient<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+      SPARKGRAD_RUN_TWIN(place, nn, loss_gradient<T>, spec, labels.data<T>(), preout.data<T>(), mask.data<T>(),
+                         layout, out.mutable_data<T>(), n, c);
     } else {
-      nn::loss_score<T>(spec, labels.data(), preout.data(), mask, layout, out.mutable_data(), n, c);
+      SPARKGRAD_RUN_TWIN(place, nn, loss_score<T>, spec, labels.data<T>(), preout.data<T>(), mask.data<T>(), layout,
+                         out.mutable_data<T>(), n, c);
     }
   });
 }
 
-void dropout_forward(const py::array& x_in, const py::array& y_in, const py::array& mask_in, double retain,
-                     std::uint64_t seed) {
+void dropout_forward(py::handle x_in, py::handle y_in, py::handle mask_in, double retain, std::uint64_t seed) {
   const char* op = "dropout_forward";
   if (!(retain > 0.0 && retain <= 1.0)) throw_invalid(op, "retain must be in (0, 1], got ", retain);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), mask(op, "mask", mask_in);
+  const Place place = common_place(op, {&x, &y, &mask});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    auto mask = checked_array<T>(op, "mask", mask_in, true);
-    require_shape(op, "y", y, shape_of(x));
-    require_shape(op, "mask", mask, shape_of(x));
-    py::gil_scoped_release release;
-    nn::dropout_forward<T>(x.data(), y.mutable_data(), mask.mutable_data(), x.size(), retain, seed);
+    x.require<T>();
+    y.require<T>(true);
+    mask.require<T>(true);
+    y.require_shape(x.shape());
+    mask.require_shape(x.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, dropout_forward<T>, x.data<T>(), y.mutable_data<T>(), mask.mutable_data<T>(),
+                       x.size(), retain, seed);
   });
 }
 
-void dropout_backward(const py::array& dy_in, const py::array& mask_in, const py::array& dx_in) {
+void dropout_backward(py::handle dy_in, py::handle mask_in, py::handle dx_in) {
   const char* op = "dropout_backward";
-  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+  const ArrayView dy(op, "dy", dy_in), mask(op, "mask", mask_in), dx(op, "dx", dx_in);
+  const Place place = common_place(op, {&dy, &mask, &dx});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto mask = checked_array<T>(op, "mask", mask_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    require_shape(op, "mask", mask, shape_of(dy));
-    require_shape(op, "dx", dx, shape_of(dy));
-    py::gil_scoped_release release;
-    nn::dropout_backward<T>(dy.data(), mask.data(), dx.mutable_data(), dy.size());
+    dy.require<T>();
+    mask.require<T>();
+    dx.require<T>(true);
+    mask.require_shape(dy.shape());
+    dx.require_shape(dy.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, dropout_backward<T>, dy.data<T>(), mask.data<T>(), dx.mutable_data<T>(),
+                       dy.size());
   });
 }
 
 // Pooling geometry from the input (N, C, H, W) and output (N, C, P, Q) arrays; every window must overlap
 // the input so that max and average are defined.
-template <typename A, typename B>
-nn::Pool2dShape pool_shape(const char* op, const char* x_name, const A& x, const char* y_name, const B& y,
-                           std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w,
-                           std::int64_t pad_top, std::int64_t pad_left) {
-  require_ndim(op, x_name, x, {4}, "4-D (N, C, H, W)");
-  require_ndim(op, y_name, y, {4}, "4-D (N, C, P, Q)");
+nn::Pool2dShape pool_shape(const char* op, const ArrayView& x, const ArrayView& y, std::int64_t kernel_h,
+                           std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                           std::int64_t pad_left) {
+  x.require_ndim({4}, "4-D (N, C, H, W)");
+  y.require_ndim({4}, "4-D (N, C, P, Q)");
   if (y.shape(0) != x.shape(0) || y.shape(1) != x.shape(1)) {
-    throw_invalid(op, y_name, " must have shape (", x.shape(0), ", ", x.shape(1), ", P, Q), got ",
-                  shape_text(shape_of(y)));
+    throw_invalid(op, y.name(), " must have shape (", x.shape(0), ", ", x.shape(1), ", P, Q), got ",
+                  shape_text(y.shape()));
   }
   require_positive(op, "kernel_h", kernel_h);
   require_positive(op, "kernel_w", kernel_w);
@@ -190,97 +203,95 @@ nn::Pool2dShape pool_shape(const char* op, const char* x_name, const A& x, const
   return g;
 }
 
-// The int64 argmax array: required (with `shape`) for max pooling, ignored otherwise.
-std::int64_t* argmax_data(const char* op, nn::PoolKind kind, const py::object& argmax_in, const Shape& shape,
-                          py::array_t<std::int64_t, py::array::c_style>* keep, bool writable) {
-  if (kind != nn::PoolKind::Max) return nullptr;
-  if (argmax_in.is_none()) throw_invalid(op, "argmax is required for max pooling");
-  *keep = checked_array<std::int64_t>(op, "argmax", argmax_in, writable);
-  require_shape(op, "argmax", *keep, shape);
-  // Read-only for backward (const there); writability was checked above for forward.
-  return const_cast<std::int64_t*>(keep->data());
+// The int64 argmax array of max pooling (absent otherwise: other kinds ignore the argument).
+ArrayView argmax_view(const char* op, nn::PoolKind kind, py::handle argmax_in) {
+  if (kind == nn::PoolKind::Max && argmax_in.is_none()) throw_invalid(op, "argmax is required for max pooling");
+  return ArrayView::optional(op, "argmax", kind == nn::PoolKind::Max ? argmax_in : py::none());
 }
 
-void pool2d_forward(const std::string& kind_name, const py::array& x_in, const py::array& y_in, std::int64_t kernel_h,
+void pool2d_forward(const std::string& kind_name, py::handle x_in, py::handle y_in, std::int64_t kernel_h,
                     std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
-                    std::int64_t pad_left, const py::object& argmax_in) {
+                    std::int64_t pad_left, py::handle argmax_in) {
   const char* op = "pool2d_forward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), argmax = argmax_view(op, kind, argmax_in);
+  const Place place = common_place(op, {&x, &y, &argmax});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    const nn::Pool2dShape g = pool_shape(op, "x", x, "y", y, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
-    py::array_t<std::int64_t, py::array::c_style> keep;
-    std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(y), &keep, true);
-    py::gil_scoped_release release;
-    nn::pool2d_forward<T>(kind, g, x.data(), y.mutable_data(), argmax);
+    x.require<T>();
+    y.require<T>(true);
+    const nn::Pool2dShape g = pool_shape(op, x, y, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
+    argmax.require<std::int64_t>(true);
+    argmax.require_shape(y.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, pool2d_forward<T>, kind, g, x.data<T>(), y.mutable_data<T>(),
+                       argmax.mutable_data<std::int64_t>());
   });
 }
 
-void pool2d_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in,
-                     std::int64_t kernel_h, std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w,
-                     std::int64_t pad_top, std::int64_t pad_left, const py::object& argmax_in) {
+void pool2d_backward(const std::string& kind_name, py::handle dy_in, py::handle dx_in, std::int64_t kernel_h,
+                     std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
+                     std::int64_t pad_left, py::handle argmax_in) {
   const char* op = "pool2d_backward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, false);
-  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+  const ArrayView dy(op, "dy", dy_in), dx(op, "dx", dx_in), argmax = argmax_view(op, kind, argmax_in);
+  const Place place = common_place(op, {&dy, &dx, &argmax});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    const nn::Pool2dShape g =
-        pool_shape(op, "dx", dx, "dy", dy, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
-    py::array_t<std::int64_t, py::array::c_style> keep;
-    const std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(dy), &keep, false);
-    py::gil_scoped_release release;
-    nn::pool2d_backward<T>(kind, g, dy.data(), dx.mutable_data(), argmax);
+    dy.require<T>();
+    dx.require<T>(true);
+    const nn::Pool2dShape g = pool_shape(op, dx, dy, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left);
+    argmax.require<std::int64_t>();
+    argmax.require_shape(dy.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, pool2d_backward<T>, kind, g, dy.data<T>(), dx.mutable_data<T>(),
+                       argmax.data<std::int64_t>());
   });
 }
 
-void global_pool_forward(const std::string& kind_name, const py::array& x_in, const py::array& y_in,
-                         const py::object& argmax_in) {
+void global_pool_forward(const std::string& kind_name, py::handle x_in, py::handle y_in, py::handle argmax_in) {
   const char* op = "global_pool_forward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, true);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), argmax = argmax_view(op, kind, argmax_in);
+  const Place place = common_place(op, {&x, &y, &argmax});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    require_ndim(op, "x", x, {4}, "4-D (N, C, H, W)");
+    x.require<T>();
+    y.require<T>(true);
+    x.require_ndim({4}, "4-D (N, C, H, W)");
     if (x.shape(2) * x.shape(3) == 0) throw_invalid(op, "x must have a non-empty (H, W) plane");
-    require_shape(op, "y", y, {x.shape(0), x.shape(1)});
-    py::array_t<std::int64_t, py::array::c_style> keep;
-    std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(y), &keep, true);
-    py::gil_scoped_release release;
-    nn::global_pool_forward<T>(kind, x.data(), y.mutable_data(), argmax, x.shape(0) * x.shape(1),
-                               x.shape(2) * x.shape(3));
+    y.require_shape({x.shape(0), x.shape(1)});
+    argmax.require<std::int64_t>(true);
+    argmax.require_shape(y.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, global_pool_forward<T>, kind, x.data<T>(), y.mutable_data<T>(),
+                       argmax.mutable_data<std::int64_t>(), x.shape(0) * x.shape(1), x.shape(2) * x.shape(3));
   });
 }
 
-void global_pool_backward(const std::string& kind_name, const py::array& dy_in, const py::array& dx_in,
-                          const py::object& argmax_in) {
+void global_pool_backward(const std::string& kind_name, py::handle dy_in, py::handle dx_in, py::handle argmax_in) {
   const char* op = "global_pool_backward";
   const nn::PoolKind kind = nn::parse_pool_kind(op, kind_name, true);
-  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+  const ArrayView dy(op, "dy", dy_in), dx(op, "dx", dx_in), argmax = argmax_view(op, kind, argmax_in);
+  const Place place = common_place(op, {&dy, &dx, &argmax});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    require_ndim(op, "dx", dx, {4}, "4-D (N, C, H, W)");
+    dy.require<T>();
+    dx.require<T>(true);
+    dx.require_ndim({4}, "4-D (N, C, H, W)");
     if (dx.shape(2) * dx.shape(3) == 0) throw_invalid(op, "dx must have a non-empty (H, W) plane");
-    require_shape(op, "dy", dy, {dx.shape(0), dx.shape(1)});
-    py::array_t<std::int64_t, py::array::c_style> keep;
-    const std::int64_t* argmax = argmax_data(op, kind, argmax_in, shape_of(dy), &keep, false);
-    py::gil_scoped_release release;
-    nn::global_pool_backward<T>(kind, dy.data(), dx.mutable_data(), argmax, dx.shape(0) * dx.shape(1),
-                                dx.shape(2) * dx.shape(3));
+    dy.require_shape({dx.shape(0), dx.shape(1)});
+    argmax.require<std::int64_t>();
+    argmax.require_shape(dy.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, global_pool_backward<T>, kind, dy.data<T>(), dx.mutable_data<T>(),
+                       argmax.data<std::int64_t>(), dx.shape(0) * dx.shape(1), dx.shape(2) * dx.shape(3));
   });
 }
 
-// A per-channel (C,) batch-norm vector.
+// Per-channel (C,) batch-norm vectors.
 template <typename T>
-py::array_t<T, py::array::c_style> channel_vector(const char* op, const char* name, const py::handle& arr,
-                                                  std::int64_t c, bool writable = false) {
-  auto v = checked_array<T>(op, name, arr, writable);
-  require_shape(op, name, v, {c});
-  return v;
+void require_channel_vectors(std::int64_t c, std::initializer_list<std::pair<const ArrayView*, bool>> vectors) {
+  for (const auto& [v, writable] : vectors) {
+    v->template require<T>(writable);
+    v->require_shape({c});
+  }
 }
 
 void check_batchnorm_hyper(const char* op, double eps, double decay = 0.0) {
@@ -288,93 +299,102 @@ void check_batchnorm_hyper(const char* op, double eps, double decay = 0.0) {
   if (!(decay >= 0.0 && decay <= 1.0)) throw_invalid(op, "decay must be in [0, 1], got ", decay);
 }
 
-void batchnorm_forward_train(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
-                             const py::array& y_in, const py::array& mean_in, const py::array& var_in,
-                             const py::array& running_mean_in, const py::array& running_var_in, double decay,
-                             double eps) {
+void batchnorm_forward_train(py::handle x_in, py::handle gamma_in, py::handle beta_in, py::handle y_in,
+                             py::handle mean_in, py::handle var_in, py::handle running_mean_in,
+                             py::handle running_var_in, double decay, double eps) {
   const char* op = "batchnorm_forward_train";
   check_batchnorm_hyper(op, eps, decay);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), gamma(op, "gamma", gamma_in), beta(op, "beta", beta_in);
+  const ArrayView mean(op, "batch_mean", mean_in), var(op, "batch_var", var_in);
+  const ArrayView running_mean(op, "running_mean", running_mean_in), running_var(op, "running_var", running_var_in);
+  const Place place = common_place(op, {&x, &y, &gamma, &beta, &mean, &var, &running_mean, &running_var});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    const ChannelView v = channel_view(op, "x", x);
-    require_shape(op, "y", y, shape_of(x));
-    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
-    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
-    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c, true);
-    auto var = channel_vector<T>(op, "batch_var", var_in, v.c, true);
-    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c, true);
-    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c, true);
-    py::gil_scoped_release release;
-    nn::batchnorm_forward_train<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), y.mutable_data(),
-                                   mean.mutable_data(), var.mutable_data(), running_mean.mutable_data(),
-                                   running_var.mutable_data(), decay, eps);
+    x.require<T>();
+    y.require<T>(true);
+    const ChannelView v = channel_view(x);
+    y.require_shape(x.shape());
+    require_channel_vectors<T>(v.c, {{&gamma, false}, {&beta, false}, {&mean, true}, {&var, true},
+                                     {&running_mean, true}, {&running_var, true}});
+    SPARKGRAD_RUN_TWIN(place, nn, batchnorm_forward_train<T>, {v.n, v.c, v.inner}, x.data<T>(), gamma.data<T>(),
+                       beta.data<T>(), y.mutable_data<T>(), mean.mutable_data<T>(), var.mutable_data<T>(),
+                       running_mean.mutable_data<T>(), running_var.mutable_data<T>(), decay, eps);
   });
 }
 
-void batchnorm_forward_inference(const py::array& x_in, const py::array& gamma_in, const py::array& beta_in,
-                                 const py::array& running_mean_in, const py::array& running_var_in,
-                                 const py::array& y_in, double eps) {
+void batchnorm_forward_inference(py::handle x_in, py::handle gamma_in, py::handle beta_in, py::handle running_mean_in,
+                                 py::handle running_var_in, py::handle y_in, double eps) {
   const char* op = "batchnorm_forward_inference";
   check_batchnorm_hyper(op, eps);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), gamma(op, "gamma", gamma_in), beta(op, "beta", beta_in);
+  const ArrayView running_mean(op, "running_mean", running_mean_in), running_var(op, "running_var", running_var_in);
+  const Place place = common_place(op, {&x, &y, &gamma, &beta, &running_mean, &running_var});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    const ChannelView v = channel_view(op, "x", x);
-    require_shape(op, "y", y, shape_of(x));
-    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
-    auto beta = channel_vector<T>(op, "beta", beta_in, v.c);
-    auto running_mean = channel_vector<T>(op, "running_mean", running_mean_in, v.c);
-    auto running_var = channel_vector<T>(op, "running_var", running_var_in, v.c);
-    py::gil_scoped_release release;
-    nn::batchnorm_forward_inference<T>({v.n, v.c, v.inner}, x.data(), gamma.data(), beta.data(), running_mean.data(),
-                                       running_var.data(), y.mutable_data(), eps);
+    x.require<T>();
+    y.require<T>(true);
+    const ChannelView v = channel_view(x);
+    y.require_shape(x.shape());
+    require_channel_vectors<T>(v.c, {{&gamma, false}, {&beta, false}, {&running_mean, false}, {&running_var, false}});
+    SPARKGRAD_RUN_TWIN(place, nn, batchnorm_forward_inference<T>, {v.n, v.c, v.inner}, x.data<T>(), gamma.data<T>(),
+                       beta.data<T>(), running_mean.data<T>(), running_var.data<T>(), y.mutable_data<T>(), eps);
   });
 }
 
-void batchnorm_backward(const py::array& x_in, const py::array& dy_in, const py::array& gamma_in,
-                        const py::array& mean_in, const py::array& var_in, const py::array& dx_in,
-                        const py::array& dgamma_in, const py::array& dbeta_in, double eps) {
+void batchnorm_backward(py::handle x_in, py::handle dy_in, py::handle gamma_in, py::handle mean_in, py::handle var_in,
+                        py::handle dx_in, py::handle dgamma_in, py::handle dbeta_in, double eps) {
   const char* op = "batchnorm_backward";
   check_batchnorm_hyper(op, eps);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), dy(op, "dy", dy_in), dx(op, "dx", dx_in), gamma(op, "gamma", gamma_in);
+  const ArrayView mean(op, "batch_mean", mean_in), var(op, "batch_var", var_in);
+  const ArrayView dgamma(op, "dgamma", dgamma_in), dbeta(op, "dbeta", dbeta_in);
+  const Place place = common_place(op, {&x, &dy, &dx, &gamma, &mean, &var, &dgamma, &dbeta});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    const ChannelView v = channel_view(op, "x", x);
-    require_shape(op, "dy", dy, shape_of(x));
-    require_shape(op, "dx", dx, shape_of(x));
-    auto gamma = channel_vector<T>(op, "gamma", gamma_in, v.c);
-    auto mean = channel_vector<T>(op, "batch_mean", mean_in, v.c);
-    auto var = channel_vector<T>(op, "batch_var", var_in, v.c);
-    auto dgamma = channel_vector<T>(op, "dgamma", dgamma_in, v.c, true);
-    auto dbeta = channel_vector<T>(op, "dbeta", dbeta_in, v.c, true);
-    py::gil_scoped_release release;
-    nn::batchnorm_backward<T>({v.n, v.c, v.inner}, x.data(), dy.data(), gamma.data(), mean.data(), var.data(),
-                              dx.mutable_data(), dgamma.mutable_data(), dbeta.mutable_data(), eps);
+    x.require<T>();
+    dy.require<T>();
+    dx.require<T>(true);
+    const ChannelView v = channel_view(x);
+    dy.require_shape(x.shape());
+    dx.require_shape(x.shape());
+    require_channel_vectors<T>(v.c, {{&gamma, false}, {&mean, false}, {&var, false}, {&dgamma, true}, {&dbeta, true}});
+    SPARKGRAD_RUN_TWIN(place, nn, batchnorm_backward<T>, {v.n, v.c, v.inner}, x.data<T>(), dy.data<T>(),
+                       gamma.data<T>(), mean.data<T>(), var.data<T>(), dx.mutable_data<T>(), dgamma.mutable_data<T>(),
+                       dbeta.mutable_data<T>(), eps);
   });
 }
 
-// Convolution geometry from x: (N, C, H, W), w: (K, C, R, S) and y: (N, K, P, Q) shapes (named for errors).
-nn::Conv2dShape conv_shape(const char* op, const char* x_name, const Shape& x, const Shape& w, const char* y_name,
-                           const Shape& y, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top,
-                           std::int64_t pad_left) {
-  if (x.size() != 4) throw_invalid(op, x_name, " must be 4-D (N, C, H, W), got shape ", shape_text(x));
-  if (w.size() != 4 || w[1] != x[1]) {
-    throw_invalid(op, "w must have shape (K, ", x[1], ", R, S), got ", shape_text(w));
+// Convolution geometry from x: (N, C, H, W), w: (K, C, R, S) and y: (N, K, P, Q) (named by their views).
+nn::Conv2dShape conv_shape(const char* op, const ArrayView& x, const ArrayView& w, const ArrayView& y,
+                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left) {
+  x.require_ndim({4}, "4-D (N, C, H, W)");
+  if (w.ndim() != 4 || w.shape(1) != x.shape(1)) {
+    throw_invalid(op, w.name(), " must have shape (K, ", x.shape(1), ", R, S), got ", shape_text(w.shape()));
   }
-  if (w[0] < 1 || w[2] < 1 || w[3] < 1) throw_invalid(op, "w must have K, R, S >= 1, got shape ", shape_text(w));
-  if (y.size() != 4 || y[0] != x[0] || y[1] != w[0]) {
-    throw_invalid(op, y_name, " must have shape (", x[0], ", ", w[0], ", P, Q), got ", shape_text(y));
+  if (w.shape(0) < 1 || w.shape(2) < 1 || w.shape(3) < 1) {
+    throw_invalid(op, w.name(), " must have K, R, S >= 1, got shape ", shape_text(w.shape()));
+  }
+  if (y.ndim() != 4 || y.shape(0) != x.shape(0) || y.shape(1) != w.shape(0)) {
+    throw_invalid(op, y.name(), " must have shape (", x.shape(0), ", ", w.shape(0), ", P, Q), got ",
+                  shape_text(y.shape()));
   }
   require_positive(op, "stride_h", stride_h);
   require_positive(op, "stride_w", stride_w);
   require_non_negative(op, "pad_top", pad_top);
   require_non_negative(op, "pad_left", pad_left);
-  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], stride_h, stride_w, pad_top, pad_left};
+  return {x.shape(0), x.shape(1), x.shape(2), x.shape(3), w.shape(0), w.shape(2), w.shape(3), y.shape(2), y.shape(3),
+          stride_h,   stride_w,   pad_top,    pad_left};
+}
+
+// A ValueError, before any kernel runs, for an algorithm `place` lacks (Winograd on a GPU, cuDNN on the CPU,
+// Winograd or cuDNN on a shape it cannot compute). The twins take the request itself: the GPU's auto
+// measures its choice on the first call of each shape (cuda/nn/conv2d.cu).
+void check_conv_algorithm(const char* op, const Place& place, const nn::Conv2dShape& g, nn::ConvAlgorithm requested) {
+  if (place.gpu) {
+    nn::cuda::conv2d_algorithm(op, g, requested);
+  } else {
+    nn::conv2d_algorithm(op, g, requested);
+  }
 }
 
 // The activations a convolution's forward can fuse: identity or relu (true).
@@ -386,441 +406,438 @@ bool fused_relu(const char* op, const std::string& activation) {
   return kind == nn::Activation::Relu;
 }
 
-void conv2d_forward(const py::array& x_in, const py::array& w_in, const py::object& b_in, const py::array& y_in,
-                    std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
-                    const std::string& activation, const std::string& algorithm) {
+void conv2d_forward(py::handle x_in, py::handle w_in, py::handle b_in, py::handle y_in, std::int64_t stride_h,
+                    std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left, const std::string& activation,
+                    const std::string& algorithm) {
   const char* op = "conv2d_forward";
   const bool relu = fused_relu(op, activation);
   const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), y(op, "y", y_in), b = ArrayView::optional(op, "b", b_in);
+  const Place place = common_place(op, {&x, &w, &y, &b});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    const nn::Conv2dShape g =
-        conv_shape(op, "x", shape_of(x), shape_of(w), "y", shape_of(y), stride_h, stride_w, pad_top, pad_left);
-    py::array_t<T, py::array::c_style> b_keep;
-    const T* b = optional_data<T>(op, "b", b_in, &b_keep);
-    if (b) require_shape(op, "b", b_keep, {g.k});
-    nn::conv2d_algorithm(op, g, requested);  // a Winograd request on a shape it cannot compute: ValueError
-    py::gil_scoped_release release;
-    nn::conv2d_forward<T>(g, x.data(), w.data(), b, y.mutable_data(), relu, requested);
+    x.require<T>();
+    w.require<T>();
+    y.require<T>(true);
+    const nn::Conv2dShape g = conv_shape(op, x, w, y, stride_h, stride_w, pad_top, pad_left);
+    b.require<T>();
+    b.require_shape({g.k});
+    check_conv_algorithm(op, place, g, requested);
+    SPARKGRAD_RUN_TWIN(place, nn, conv2d_forward<T>, g, x.data<T>(), w.data<T>(), b.data<T>(), y.mutable_data<T>(),
+                       relu, requested);
   });
 }
 
-void conv2d_backward_input(const py::array& dy_in, const py::array& w_in, const py::array& dx_in,
-                           std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
+void conv2d_backward_input(py::handle dy_in, py::handle w_in, py::handle dx_in, std::int64_t stride_h,
+                           std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
                            const std::string& algorithm) {
   const char* op = "conv2d_backward_input";
   const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
-  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+  const ArrayView dy(op, "dy", dy_in), w(op, "w", w_in), dx(op, "dx", dx_in);
+  const Place place = common_place(op, {&dy, &w, &dx});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    const nn::Conv2dShape g =
-        conv_shape(op, "dx", shape_of(dx), shape_of(w), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
-    nn::conv2d_algorithm(op, g, requested);
-    py::gil_scoped_release release;
-    nn::conv2d_backward_input<T>(g, dy.data(), w.data(), dx.mutable_data(), requested);
+    dy.require<T>();
+    w.require<T>();
+    dx.require<T>(true);
+    const nn::Conv2dShape g = conv_shape(op, dx, w, dy, stride_h, stride_w, pad_top, pad_left);
+    check_conv_algorithm(op, place, g, requested);
+    SPARKGRAD_RUN_TWIN(place, nn, conv2d_backward_input<T>, g, dy.data<T>(), w.data<T>(), dx.mutable_data<T>(),
+                       requested);
   });
 }
 
-void conv2d_backward_weight(const py::array& x_in, const py::array& dy_in, const py::array& dw_in,
-                            std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
+void conv2d_backward_weight(py::handle x_in, py::handle dy_in, py::handle dw_in, std::int64_t stride_h,
+                            std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
                             const std::string& algorithm) {
   const char* op = "conv2d_backward_weight";
   const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), dy(op, "dy", dy_in), dw(op, "dw", dw_in);
+  const Place place = common_place(op, {&x, &dy, &dw});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dw = checked_array<T>(op, "dw", dw_in, true);
-    const nn::Conv2dShape g =
-        conv_shape(op, "x", shape_of(x), shape_of(dw), "dy", shape_of(dy), stride_h, stride_w, pad_top, pad_left);
-    nn::conv2d_algorithm(op, g, requested);
-    py::gil_scoped_release release;
-    nn::conv2d_backward_weight<T>(g, x.data(), dy.data(), dw.mutable_data(), requested);
+    x.require<T>();
+    dy.require<T>();
+    dw.require<T>(true);
+    const nn::Conv2dShape g = conv_shape(op, x, dw, dy, stride_h, stride_w, pad_top, pad_left);
+    check_conv_algorithm(op, place, g, requested);
+    SPARKGRAD_RUN_TWIN(place, nn, conv2d_backward_weight<T>, g, x.data<T>(), dy.data<T>(), dw.mutable_data<T>(),
+                       requested);
   });
 }
 
 // ---- graph vertices ----------------------------------------------------------------------------------
 
-// Same-shape arrays of one dtype from a Python list (argument `name`, at least `min_count` entries).
-template <typename T>
-std::vector<py::array_t<T, py::array::c_style>> checked_list(const char* op, const char* name, const py::list& in,
-                                                             const Shape& shape, bool writable) {
-  std::vector<py::array_t<T, py::array::c_style>> out;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const std::string item = std::string(name) + "[" + std::to_string(i) + "]";
-    out.push_back(checked_array<T>(op, item.c_str(), in[i], writable));
-    require_shape(op, item.c_str(), out.back(), shape);
+// The arrays of a list argument (`name`: a list or tuple), each named name[i].
+std::vector<ArrayView> array_list(const char* op, const char* name, py::handle list) {
+  if (!py::isinstance<py::list>(list) && !py::isinstance<py::tuple>(list)) {
+    throw py::type_error(op_message(op, name, " must be a list of arrays, got ",
+                                    std::string(py::str(py::type::of(list).attr("__name__")))));
   }
+  std::vector<ArrayView> out;
+  std::size_t i = 0;
+  for (py::handle item : list) out.emplace_back(op, std::string(name) + "[" + std::to_string(i++) + "]", item);
   return out;
 }
 
-template <typename A, typename B>
-bool overlaps(const A& a, const B& b) {
-  const auto* a0 = reinterpret_cast<const char*>(a.data());
-  const auto* b0 = reinterpret_cast<const char*>(b.data());
+// The element-wise op of a vertex with k inputs (k >= 1; subtract takes exactly 2).
+nn::ElementWiseOp elementwise_op(const char* op, const std::string& name, std::size_t k) {
+  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, name);
+  if (k == 0) throw_invalid(op, "inputs must hold at least one array");
+  if (kind == nn::ElementWiseOp::Subtract && k != 2) throw_invalid(op, "subtract needs exactly 2 inputs, got ", k);
+  return kind;
+}
+
+// The place shared by `first` and every view of `lists`.
+Place common_place_with(const char* op, const ArrayView& first, std::initializer_list<const std::vector<ArrayView>*> lists) {
+  std::vector<const ArrayView*> all{&first};
+  for (const auto* list : lists) {
+    for (const ArrayView& v : *list) all.push_back(&v);
+  }
+  return common_place(op, all);
+}
+
+bool overlaps(const ArrayView& a, const ArrayView& b) {
+  const auto* a0 = a.data<char>();
+  const auto* b0 = b.data<char>();
   return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-void elementwise_forward(const std::string& kind_name, const py::list& inputs_in, const py::array& y_in) {
+void elementwise_forward(const std::string& kind_name, py::handle inputs_in, py::handle y_in) {
   const char* op = "elementwise_forward";
-  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, kind_name);
-  if (inputs_in.empty()) throw_invalid(op, "inputs must hold at least one array");
-  if (kind == nn::ElementWiseOp::Subtract && inputs_in.size() != 2) {
-    throw_invalid(op, "subtract needs exactly 2 inputs, got ", inputs_in.size());
-  }
-  dispatch_float(op, "y", y_in, [&](auto tag) {
+  const std::vector<ArrayView> inputs = array_list(op, "inputs", inputs_in);
+  const nn::ElementWiseOp kind = elementwise_op(op, kind_name, inputs.size());
+  const ArrayView y(op, "y", y_in);
+  const Place place = common_place_with(op, y, {&inputs});
+  dispatch_float(op, y, [&](auto tag) {
     using T = decltype(tag);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    const auto inputs = checked_list<T>(op, "inputs", inputs_in, shape_of(y), false);
+    y.require<T>(true);
     std::vector<const T*> ptrs;
-    for (const auto& a : inputs) ptrs.push_back(a.data());
-    py::gil_scoped_release release;
-    nn::elementwise_forward<T>(kind, ptrs.data(), static_cast<std::int64_t>(ptrs.size()), y.mutable_data(),
-                               static_cast<std::int64_t>(y.size()));
+    for (const ArrayView& a : inputs) {
+      a.require<T>();
+      a.require_shape(y.shape());
+      ptrs.push_back(a.data<T>());
+    }
+    const auto k = static_cast<std::int64_t>(ptrs.size());
+    SPARKGRAD_RUN_TWIN(place, nn, elementwise_forward<T>, kind, ptrs.data(), k, y.mutable_data<T>(), y.size());
   });
 }
 
-void elementwise_backward(const std::string& kind_name, const py::list& inputs_in, const py::array& dy_in,
-                          const py::list& dx_in) {
+void elementwise_backward(const std::string& kind_name, py::handle inputs_in, py::handle dy_in, py::handle dx_in) {
   const char* op = "elementwise_backward";
-  const nn::ElementWiseOp kind = nn::parse_elementwise_op(op, kind_name);
-  if (inputs_in.empty()) throw_invalid(op, "inputs must hold at least one array");
-  if (kind == nn::ElementWiseOp::Subtract && inputs_in.size() != 2) {
-    throw_invalid(op, "subtract needs exactly 2 inputs, got ", inputs_in.size());
+  const std::vector<ArrayView> inputs = array_list(op, "inputs", inputs_in);
+  const nn::ElementWiseOp kind = elementwise_op(op, kind_name, inputs.size());
+  const std::vector<ArrayView> dx = array_list(op, "dx", dx_in);
+  if (dx.size() != inputs.size()) {
+    throw_invalid(op, "dx must hold one array per input (", inputs.size(), "), got ", dx.size());
   }
-  if (dx_in.size() != inputs_in.size()) {
-    throw_invalid(op, "dx must hold one array per input (", inputs_in.size(), "), got ", dx_in.size());
-  }
-  dispatch_float(op, "dy", dy_in, [&](auto tag) {
+  const ArrayView dy(op, "dy", dy_in);
+  const Place place = common_place_with(op, dy, {&inputs, &dx});
+  dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    const Shape shape = shape_of(dy);
-    const auto inputs = checked_list<T>(op, "inputs", inputs_in, shape, false);
-    auto dx = checked_list<T>(op, "dx", dx_in, shape, true);
+    dy.require<T>();
     std::vector<const T*> in_ptrs;
     std::vector<T*> dx_ptrs;
+    for (const ArrayView& a : inputs) {
+      a.require<T>();
+      a.require_shape(dy.shape());
+      in_ptrs.push_back(a.data<T>());
+    }
     for (std::size_t i = 0; i < dx.size(); ++i) {
-      in_ptrs.push_back(inputs[i].data());
-      dx_ptrs.push_back(dx[i].mutable_data());
+      dx[i].require<T>(true);
+      dx[i].require_shape(dy.shape());
+      dx_ptrs.push_back(dx[i].mutable_data<T>());
       bool alias = overlaps(dx[i], dy);
       for (std::size_t j = 0; j < dx.size(); ++j) {
         alias = alias || overlaps(dx[i], inputs[j]) || (j < i && overlaps(dx[i], dx[j]));
       }
       if (alias) throw_invalid(op, "dx[", i, "] must not overlap dy, an input or another dx");
     }
-    py::gil_scoped_release release;
-    nn::elementwise_backward<T>(kind, in_ptrs.data(), static_cast<std::int64_t>(in_ptrs.size()), dy.data(),
-                                dx_ptrs.data(), static_cast<std::int64_t>(dy.size()));
+    const auto k = static_cast<std::int64_t>(in_ptrs.size());
+    SPARKGRAD_RUN_TWIN(place, nn, elementwise_backward<T>, kind, in_ptrs.data(), k, dy.data<T>(), dx_ptrs.data(),
+                       dy.size());
   });
 }
 
-void scale_shift(const py::array& x_in, const py::array& y_in, double scale, double shift) {
+void scale_shift(py::handle x_in, py::handle y_in, double scale, double shift) {
   const char* op = "scale_shift";
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in);
+  const Place place = common_place(op, {&x, &y});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    require_shape(op, "y", y, shape_of(x));
-    py::gil_scoped_release release;
-    nn::scale_shift<T>(x.data(), y.mutable_data(), static_cast<std::int64_t>(x.size()), scale, shift);
+    x.require<T>();
+    y.require<T>(true);
+    y.require_shape(x.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, scale_shift<T>, x.data<T>(), y.mutable_data<T>(), x.size(), scale, shift);
   });
 }
 
 // (N, ...) viewed as (n, d) rows.
-template <typename A>
-std::pair<std::int64_t, std::int64_t> row_view(const char* op, const char* name, const A& a) {
-  if (a.ndim() < 1) throw_invalid(op, name, " must have a batch axis, got a 0-d array");
+std::pair<std::int64_t, std::int64_t> row_view(const char* op, const ArrayView& a) {
+  if (a.ndim() < 1) throw_invalid(op, a.name(), " must have a batch axis, got a 0-d array");
   const std::int64_t n = a.shape(0);
-  return {n, n == 0 ? 0 : static_cast<std::int64_t>(a.size()) / n};
+  return {n, n == 0 ? 0 : a.size() / n};
 }
 
 void check_eps(const char* op, double eps) {
   if (!(eps > 0.0 && std::isfinite(eps))) throw_invalid(op, "eps must be a finite number > 0, got ", eps);
 }
 
-void l2_normalize_forward(const py::array& x_in, const py::array& y_in, const py::array& norms_in, double eps) {
+void l2_normalize_forward(py::handle x_in, py::handle y_in, py::handle norms_in, double eps) {
   const char* op = "l2_normalize_forward";
   check_eps(op, eps);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in), norms(op, "norms", norms_in);
+  const Place place = common_place(op, {&x, &y, &norms});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    auto norms = checked_array<T>(op, "norms", norms_in, true);
-    require_shape(op, "y", y, shape_of(x));
-    const auto [n, d] = row_view(op, "x", x);
-    require_shape(op, "norms", norms, {n});
+    x.require<T>();
+    y.require<T>(true);
+    norms.require<T>(true);
+    y.require_shape(x.shape());
+    const auto [n, d] = row_view(op, x);
+    norms.require_shape({n});
     if (overlaps(x, y)) throw_invalid(op, "y must not overlap x");
-    py::gil_scoped_release release;
-    nn::l2_normalize_forward<T>(x.data(), y.mutable_data(), norms.mutable_data(), n, d, eps);
+    SPARKGRAD_RUN_TWIN(place, nn, l2_normalize_forward<T>, x.data<T>(), y.mutable_data<T>(), norms.mutable_data<T>(),
+                       n, d, eps);
   });
 }
 
-void l2_normalize_backward(const py::array& y_in, const py::array& norms_in, const py::array& dy_in,
-                           const py::array& dx_in, double eps) {
+void l2_normalize_backward(py::handle y_in, py::handle norms_in, py::handle dy_in, py::handle dx_in, double eps) {
   const char* op = "l2_normalize_backward";
   check_eps(op, eps);
-  dispatch_float(op, "y", y_in, [&](auto tag) {
+  const ArrayView y(op, "y", y_in), norms(op, "norms", norms_in), dy(op, "dy", dy_in), dx(op, "dx", dx_in);
+  const Place place = common_place(op, {&y, &norms, &dy, &dx});
+  dispatch_float(op, y, [&](auto tag) {
     using T = decltype(tag);
-    auto y = checked_array<T>(op, "y", y_in);
-    auto norms = checked_array<T>(op, "norms", norms_in);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto dx = checked_array<T>(op, "dx", dx_in, true);
-    const Shape shape = shape_of(y);
-    require_shape(op, "dy", dy, shape);
-    require_shape(op, "dx", dx, shape);
-    const auto [n, d] = row_view(op, "y", y);
-    require_shape(op, "norms", norms, {n});
-    py::gil_scoped_release release;
-    nn::l2_normalize_backward<T>(y.data(), norms.data(), dy.data(), dx.mutable_data(), n, d, eps);
+    y.require<T>();
+    norms.require<T>();
+    dy.require<T>();
+    dx.require<T>(true);
+    dy.require_shape(y.shape());
+    dx.require_shape(y.shape());
+    const auto [n, d] = row_view(op, y);
+    norms.require_shape({n});
+    SPARKGRAD_RUN_TWIN(place, nn, l2_normalize_backward<T>, y.data<T>(), norms.data<T>(), dy.data<T>(),
+                       dx.mutable_data<T>(), n, d, eps);
   });
 }
 
-void l2_distance_forward(const py::array& a_in, const py::array& b_in, const py::array& y_in) {
+void l2_distance_forward(py::handle a_in, py::handle b_in, py::handle y_in) {
   const char* op = "l2_distance_forward";
-  dispatch_float(op, "a", a_in, [&](auto tag) {
+  const ArrayView a(op, "a", a_in), b(op, "b", b_in), y(op, "y", y_in);
+  const Place place = common_place(op, {&a, &b, &y});
+  dispatch_float(op, a, [&](auto tag) {
     using T = decltype(tag);
-    auto a = checked_array<T>(op, "a", a_in);
-    auto b = checked_array<T>(op, "b", b_in);
-    auto y = checked_array<T>(op, "y", y_in, true);
-    require_shape(op, "b", b, shape_of(a));
-    const auto [n, d] = row_view(op, "a", a);
-    require_shape(op, "y", y, {n});
-    py::gil_scoped_release release;
-    nn::l2_distance_forward<T>(a.data(), b.data(), y.mutable_data(), n, d);
+    a.require<T>();
+    b.require<T>();
+    y.require<T>(true);
+    b.require_shape(a.shape());
+    const auto [n, d] = row_view(op, a);
+    y.require_shape({n});
+    SPARKGRAD_RUN_TWIN(place, nn, l2_distance_forward<T>, a.data<T>(), b.data<T>(), y.mutable_data<T>(), n, d);
   });
 }
 
-void l2_distance_backward(const py::array& a_in, const py::array& b_in, const py::array& y_in,
-                          const py::array& dy_in, const py::array& da_in, const py::array& db_in, double eps) {
+void l2_distance_backward(py::handle a_in, py::handle b_in, py::handle y_in, py::handle dy_in, py::handle da_in,
+                          py::handle db_in, double eps) {
   const char* op = "l2_distance_backward";
   check_eps(op, eps);
-  dispatch_float(op, "a", a_in, [&](auto tag) {
+  const ArrayView a(op, "a", a_in), b(op, "b", b_in), y(op, "y", y_in), dy(op, "dy", dy_in);
+  const ArrayView da(op, "da", da_in), db(op, "db", db_in);
+  const Place place = common_place(op, {&a, &b, &y, &dy, &da, &db});
+  dispatch_float(op, a, [&](auto tag) {
     using T = decltype(tag);
-    auto a = checked_array<T>(op, "a", a_in);
-    auto b = checked_array<T>(op, "b", b_in);
-    auto y = checked_array<T>(op, "y", y_in);
-    auto dy = checked_array<T>(op, "dy", dy_in);
-    auto da = checked_array<T>(op, "da", da_in, true);
-    auto db = checked_array<T>(op, "db", db_in, true);
-    const Shape shape = shape_of(a);
-    require_shape(op, "b", b, shape);
-    require_shape(op, "da", da, shape);
-    require_shape(op, "db", db, shape);
-    const auto [n, d] = row_view(op, "a", a);
-    require_shape(op, "y", y, {n});
-    require_shape(op, "dy", dy, {n});
+    a.require<T>();
+    b.require<T>();
+    y.require<T>();
+    dy.require<T>();
+    da.require<T>(true);
+    db.require<T>(true);
+    b.require_shape(a.shape());
+    da.require_shape(a.shape());
+    db.require_shape(a.shape());
+    const auto [n, d] = row_view(op, a);
+    y.require_shape({n});
+    dy.require_shape({n});
     if (overlaps(da, db) || overlaps(da, a) || overlaps(da, b) || overlaps(db, a) || overlaps(db, b)) {
       throw_invalid(op, "da and db must not overlap each other, a or b");
     }
-    py::gil_scoped_release release;
-    nn::l2_distance_backward<T>(a.data(), b.data(), y.data(), dy.data(), da.mutable_data(), db.mutable_data(), n,
-                                d, eps);
+    SPARKGRAD_RUN_TWIN(place, nn, l2_distance_backward<T>, a.data<T>(), b.data<T>(), y.data<T>(), dy.data<T>(),
+                       da.mutable_data<T>(), db.mutable_data<T>(), n, d, eps);
   });
 }
 
-// ---- LSTM ------------------------------------------------------------------------------------------
-// (n, t, c, h) from x: (n, t, c) and w: (c, 4h); checks rw: (h, 4h).
-template <typename A>
-nn::LstmShape lstm_shape(const char* op, const A& x, const A& w, const A& rw) {
-  require_ndim(op, "x", x, {3}, "3-D (N, T, C)");
-  require_ndim(op, "w", w, {2}, "2-D (C, 4H)");
+// ---- recurrent layers (LSTM, SimpleRnn) ------------------------------------------------------------
+// (n, t, c, h) from x: (n, t, c) and w: (c, gates * h); checks rw: (h, gates * h). gates: 4 for the LSTM,
+// 1 for SimpleRnn.
+nn::LstmShape recurrent_shape(const char* op, const ArrayView& x, const ArrayView& w, const ArrayView& rw,
+                              std::int64_t gates) {
+  const char* width = gates == 4 ? "4H" : "H";
+  x.require_ndim({3}, "3-D (N, T, C)");
+  w.require_ndim({2}, gates == 4 ? "2-D (C, 4H)" : "2-D (C, H)");
   const std::int64_t n = x.shape(0), t = x.shape(1), c = x.shape(2);
   require_positive(op, "x.shape[0] (examples)", n);
   require_positive(op, "x.shape[1] (time steps)", t);
-  if (w.shape(0) != c || w.shape(1) % 4 != 0 || w.shape(1) == 0) {
-    throw_invalid(op, "w must have shape (", c, ", 4H) with H >= 1, got ", shape_text(shape_of(w)));
+  if (w.shape(0) != c || w.shape(1) % gates != 0 || w.shape(1) == 0) {
+    throw_invalid(op, "w must have shape (", c, ", ", width, ") with H >= 1, got ", shape_text(w.shape()));
   }
-  const std::int64_t h = w.shape(1) / 4;
-  require_shape(op, "rw", rw, {h, 4 * h});
+  const std::int64_t h = w.shape(1) / gates;
+  rw.require_shape({h, gates * h});
   return {n, t, c, h};
 }
 
-// Optional (n, t) mask and (n, h) initial state arrays.
+// The optional per-step mask (n, t) and initial states (n, h) of a recurrent call.
 template <typename T>
-struct LstmOptional {
-  py::array_t<T, py::array::c_style> mask_keep, h0_keep, c0_keep;
-  const T *mask = nullptr, *h0 = nullptr, *c0 = nullptr;
-  LstmOptional(const char* op, const nn::LstmShape& s, const py::object& mask_in, const py::object& h0_in,
-               const py::object& c0_in) {
-    mask = optional_data<T>(op, "mask", mask_in, &mask_keep);
-    if (mask) require_shape(op, "mask", mask_keep, {s.n, s.t});
-    h0 = optional_data<T>(op, "h0", h0_in, &h0_keep);
-    if (h0) require_shape(op, "h0", h0_keep, {s.n, s.h});
-    c0 = optional_data<T>(op, "c0", c0_in, &c0_keep);
-    if (c0) require_shape(op, "c0", c0_keep, {s.n, s.h});
+void require_recurrent_optional(const nn::LstmShape& s, const ArrayView& mask,
+                                std::initializer_list<const ArrayView*> states) {
+  mask.require<T>();
+  mask.require_shape({s.n, s.t});
+  for (const ArrayView* state : states) {
+    state->require<T>();
+    state->require_shape({s.n, s.h});
   }
-};
+}
 
-void lstm_forward(const py::array& x_in, const py::array& w_in, const py::array& rw_in, const py::array& b_in,
-                  const py::array& hs_in, const py::array& cs_in, const py::array& gates_in,
-                  const py::array& act_c_in, const py::object& mask_in, const py::object& h0_in,
-                  const py::object& c0_in, const std::string& activation, const std::string& gate_activation,
-                  double alpha, double gate_alpha) {
+void require_first_step(const char* op, const nn::LstmShape& s, std::int64_t first_step) {
+  if (first_step < 0 || first_step >= s.t) throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
+}
+
+void lstm_forward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle b_in, py::handle hs_in,
+                  py::handle cs_in, py::handle gates_in, py::handle act_c_in, py::handle mask_in, py::handle h0_in,
+                  py::handle c0_in, const std::string& activation, const std::string& gate_activation, double alpha,
+                  double gate_alpha) {
   const char* op = "lstm_forward";
   const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in), b(op, "b", b_in);
+  const ArrayView hs(op, "hs", hs_in), cs(op, "cs", cs_in), gates(op, "gates", gates_in), act_c(op, "act_c", act_c_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const ArrayView c0 = ArrayView::optional(op, "c0", c0_in);
+  const Place place = common_place(op, {&x, &w, &rw, &b, &hs, &cs, &gates, &act_c, &mask, &h0, &c0});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto rw = checked_array<T>(op, "rw", rw_in);
-    auto b = checked_array<T>(op, "b", b_in);
-    const nn::LstmShape s = lstm_shape(op, x, w, rw);
-    require_shape(op, "b", b, {4 * s.h});
-    auto hs = checked_array<T>(op, "hs", hs_in, true);
-    auto cs = checked_array<T>(op, "cs", cs_in, true);
-    auto gates = checked_array<T>(op, "gates", gates_in, true);
-    auto act_c = checked_array<T>(op, "act_c", act_c_in, true);
-    require_shape(op, "hs", hs, {s.n, s.t, s.h});
-    require_shape(op, "cs", cs, {s.n, s.t, s.h});
-    require_shape(op, "act_c", act_c, {s.n, s.t, s.h});
-    require_shape(op, "gates", gates, {s.n, s.t, 4 * s.h});
-    const LstmOptional<T> opt(op, s, mask_in, h0_in, c0_in);
-    py::gil_scoped_release release;
-    nn::lstm_forward<T>(spec, s, x.data(), w.data(), rw.data(), b.data(), opt.mask, opt.h0, opt.c0,
-                        hs.mutable_data(), cs.mutable_data(), gates.mutable_data(), act_c.mutable_data());
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    b.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 4);
+    b.require_shape({4 * s.h});
+    for (const ArrayView* out : {&hs, &cs, &gates, &act_c}) out->require<T>(true);
+    hs.require_shape({s.n, s.t, s.h});
+    cs.require_shape({s.n, s.t, s.h});
+    act_c.require_shape({s.n, s.t, s.h});
+    gates.require_shape({s.n, s.t, 4 * s.h});
+    require_recurrent_optional<T>(s, mask, {&h0, &c0});
+    SPARKGRAD_RUN_TWIN(place, nn, lstm_forward<T>, spec, s, x.data<T>(), w.data<T>(), rw.data<T>(), b.data<T>(),
+                       mask.data<T>(), h0.data<T>(), c0.data<T>(), hs.mutable_data<T>(), cs.mutable_data<T>(),
+                       gates.mutable_data<T>(), act_c.mutable_data<T>());
   });
 }
 
-void lstm_backward(const py::array& x_in, const py::array& w_in, const py::array& rw_in, const py::array& hs_in,
-                   const py::array& cs_in, const py::array& gates_in, const py::array& act_c_in,
-                   const py::array& dh_in, const py::array& dgates_in, const py::array& dw_in,
-                   const py::array& drw_in, const py::array& db_in, const py::object& dx_in,
-                   const py::object& mask_in, const py::object& h0_in, const py::object& c0_in,
-                   const std::string& activation, const std::string& gate_activation, double alpha,
+void lstm_backward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle hs_in, py::handle cs_in,
+                   py::handle gates_in, py::handle act_c_in, py::handle dh_in, py::handle dgates_in, py::handle dw_in,
+                   py::handle drw_in, py::handle db_in, py::handle dx_in, py::handle mask_in, py::handle h0_in,
+                   py::handle c0_in, const std::string& activation, const std::string& gate_activation, double alpha,
                    double gate_alpha, std::int64_t first_step) {
   const char* op = "lstm_backward";
   const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in);
+  const ArrayView hs(op, "hs", hs_in), cs(op, "cs", cs_in), gates(op, "gates", gates_in), act_c(op, "act_c", act_c_in);
+  const ArrayView dh(op, "dh", dh_in), dgates(op, "dgates", dgates_in), dw(op, "dw", dw_in), drw(op, "drw", drw_in);
+  const ArrayView db(op, "db", db_in), dx = ArrayView::optional(op, "dx", dx_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const ArrayView c0 = ArrayView::optional(op, "c0", c0_in);
+  const Place place = common_place(
+      op, {&x, &w, &rw, &hs, &cs, &gates, &act_c, &dh, &dgates, &dw, &drw, &db, &dx, &mask, &h0, &c0});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto rw = checked_array<T>(op, "rw", rw_in);
-    const nn::LstmShape s = lstm_shape(op, x, w, rw);
-    if (first_step < 0 || first_step >= s.t) {
-      throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
-    }
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 4);
+    require_first_step(op, s, first_step);
     const Shape seq{s.n, s.t, s.h};
-    auto hs = checked_array<T>(op, "hs", hs_in);
-    auto cs = checked_array<T>(op, "cs", cs_in);
-    auto act_c = checked_array<T>(op, "act_c", act_c_in);
-    auto dh = checked_array<T>(op, "dh", dh_in);
-    auto gates = checked_array<T>(op, "gates", gates_in);
-    require_shape(op, "hs", hs, seq);
-    require_shape(op, "cs", cs, seq);
-    require_shape(op, "act_c", act_c, seq);
-    require_shape(op, "dh", dh, seq);
-    require_shape(op, "gates", gates, {s.n, s.t, 4 * s.h});
-    auto dgates = checked_array<T>(op, "dgates", dgates_in, true);
-    auto dw = checked_array<T>(op, "dw", dw_in, true);
-    auto drw = checked_array<T>(op, "drw", drw_in, true);
-    auto db = checked_array<T>(op, "db", db_in, true);
-    require_shape(op, "dgates", dgates, {s.n, s.t, 4 * s.h});
-    require_shape(op, "dw", dw, shape_of(w));
-    require_shape(op, "drw", drw, shape_of(rw));
-    require_shape(op, "db", db, {4 * s.h});
-    py::array_t<T, py::array::c_style> dx;
-    if (!dx_in.is_none()) {
-      dx = checked_array<T>(op, "dx", dx_in, true);
-      require_shape(op, "dx", dx, shape_of(x));
-    }
-    T* dx_data = dx_in.is_none() ? nullptr : dx.mutable_data();
-    const LstmOptional<T> opt(op, s, mask_in, h0_in, c0_in);
-    py::gil_scoped_release release;
-    nn::lstm_backward<T>(spec, s, x.data(), w.data(), rw.data(), opt.mask, opt.h0, opt.c0, hs.data(), cs.data(),
-                         gates.data(), act_c.data(), dh.data(), dgates.mutable_data(), dx_data, dw.mutable_data(),
-                         drw.mutable_data(), db.mutable_data(), first_step);
+    for (const ArrayView* in : {&hs, &cs, &act_c, &dh, &gates}) in->require<T>();
+    hs.require_shape(seq);
+    cs.require_shape(seq);
+    act_c.require_shape(seq);
+    dh.require_shape(seq);
+    gates.require_shape({s.n, s.t, 4 * s.h});
+    for (const ArrayView* out : {&dgates, &dw, &drw, &db, &dx}) out->require<T>(true);
+    dgates.require_shape({s.n, s.t, 4 * s.h});
+    dw.require_shape(w.shape());
+    drw.require_shape(rw.shape());
+    db.require_shape({4 * s.h});
+    dx.require_shape(x.shape());
+    require_recurrent_optional<T>(s, mask, {&h0, &c0});
+    SPARKGRAD_RUN_TWIN(place, nn, lstm_backward<T>, spec, s, x.data<T>(), w.data<T>(), rw.data<T>(), mask.data<T>(),
+                       h0.data<T>(), c0.data<T>(), hs.data<T>(), cs.data<T>(), gates.data<T>(), act_c.data<T>(),
+                       dh.data<T>(), dgates.mutable_data<T>(), dx.mutable_data<T>(), dw.mutable_data<T>(),
+                       drw.mutable_data<T>(), db.mutable_data<T>(), first_step);
   });
 }
 
-// ---- SimpleRnn -------------------------------------------------------------------------------------
-// (n, t, c, h) from x: (n, t, c) and w: (c, h); checks rw: (h, h).
-template <typename A>
-nn::LstmShape simple_rnn_shape(const char* op, const A& x, const A& w, const A& rw) {
-  require_ndim(op, "x", x, {3}, "3-D (N, T, C)");
-  require_ndim(op, "w", w, {2}, "2-D (C, H)");
-  const std::int64_t n = x.shape(0), t = x.shape(1), c = x.shape(2), h = w.shape(1);
-  require_positive(op, "x.shape[0] (examples)", n);
-  require_positive(op, "x.shape[1] (time steps)", t);
-  if (w.shape(0) != c || h == 0) {
-    throw_invalid(op, "w must have shape (", c, ", H) with H >= 1, got ", shape_text(shape_of(w)));
-  }
-  require_shape(op, "rw", rw, {h, h});
-  return {n, t, c, h};
-}
-
-void simple_rnn_forward(const py::array& x_in, const py::array& w_in, const py::array& rw_in,
-                        const py::array& b_in, const py::array& hs_in, const py::array& act_in,
-                        const py::object& mask_in, const py::object& h0_in, const std::string& activation,
+void simple_rnn_forward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle b_in, py::handle hs_in,
+                        py::handle act_in, py::handle mask_in, py::handle h0_in, const std::string& activation,
                         double alpha) {
   const char* op = "simple_rnn_forward";
   const nn::Activation kind = nn::parse_activation(op, activation);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in), b(op, "b", b_in);
+  const ArrayView hs(op, "hs", hs_in), act(op, "act", act_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const Place place = common_place(op, {&x, &w, &rw, &b, &hs, &act, &mask, &h0});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto rw = checked_array<T>(op, "rw", rw_in);
-    auto b = checked_array<T>(op, "b", b_in);
-    const nn::LstmShape s = simple_rnn_shape(op, x, w, rw);
-    require_shape(op, "b", b, {s.h});
-    auto hs = checked_array<T>(op, "hs", hs_in, true);
-    auto act = checked_array<T>(op, "act", act_in, true);
-    require_shape(op, "hs", hs, {s.n, s.t, s.h});
-    require_shape(op, "act", act, {s.n, s.t, s.h});
-    const LstmOptional<T> opt(op, s, mask_in, h0_in, py::none());
-    py::gil_scoped_release release;
-    nn::simple_rnn_forward<T>(kind, alpha, s, x.data(), w.data(), rw.data(), b.data(), opt.mask, opt.h0,
-                              hs.mutable_data(), act.mutable_data());
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    b.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 1);
+    b.require_shape({s.h});
+    hs.require<T>(true);
+    act.require<T>(true);
+    hs.require_shape({s.n, s.t, s.h});
+    act.require_shape({s.n, s.t, s.h});
+    require_recurrent_optional<T>(s, mask, {&h0});
+    SPARKGRAD_RUN_TWIN(place, nn, simple_rnn_forward<T>, kind, alpha, s, x.data<T>(), w.data<T>(), rw.data<T>(),
+                       b.data<T>(), mask.data<T>(), h0.data<T>(), hs.mutable_data<T>(), act.mutable_data<T>());
   });
 }
 
-void simple_rnn_backward(const py::array& x_in, const py::array& w_in, const py::array& rw_in,
-                         const py::array& hs_in, const py::array& act_in, const py::array& dh_in,
-                         const py::array& dz_in, const py::array& dw_in, const py::array& drw_in,
-                         const py::array& db_in, const py::object& dx_in, const py::object& mask_in,
-                         const py::object& h0_in, const std::string& activation, double alpha,
-                         std::int64_t first_step) {
+void simple_rnn_backward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle hs_in, py::handle act_in,
+                         py::handle dh_in, py::handle dz_in, py::handle dw_in, py::handle drw_in, py::handle db_in,
+                         py::handle dx_in, py::handle mask_in, py::handle h0_in, const std::string& activation,
+                         double alpha, std::int64_t first_step) {
   const char* op = "simple_rnn_backward";
   const nn::Activation kind = nn::parse_activation(op, activation);
-  dispatch_float(op, "x", x_in, [&](auto tag) {
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in);
+  const ArrayView hs(op, "hs", hs_in), act(op, "act", act_in), dh(op, "dh", dh_in), dz(op, "dz", dz_in);
+  const ArrayView dw(op, "dw", dw_in), drw(op, "drw", drw_in), db(op, "db", db_in);
+  const ArrayView dx = ArrayView::optional(op, "dx", dx_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const Place place = common_place(op, {&x, &w, &rw, &hs, &act, &dh, &dz, &dw, &drw, &db, &dx, &mask, &h0});
+  dispatch_float(op, x, [&](auto tag) {
     using T = decltype(tag);
-    auto x = checked_array<T>(op, "x", x_in);
-    auto w = checked_array<T>(op, "w", w_in);
-    auto rw = checked_array<T>(op, "rw", rw_in);
-    const nn::LstmShape s = simple_rnn_shape(op, x, w, rw);
-    if (first_step < 0 || first_step >= s.t) {
-      throw_invalid(op, "first_step must be in [0, ", s.t, "), got ", first_step);
-    }
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 1);
+    require_first_step(op, s, first_step);
     const Shape seq{s.n, s.t, s.h};
-    auto hs = checked_array<T>(op, "hs", hs_in);
-    auto act = checked_array<T>(op, "act", act_in);
-    auto dh = checked_array<T>(op, "dh", dh_in);
-    require_shape(op, "hs", hs, seq);
-    require_shape(op, "act", act, seq);
-    require_shape(op, "dh", dh, seq);
-    auto dz = checked_array<T>(op, "dz", dz_in, true);
-    auto dw = checked_array<T>(op, "dw", dw_in, true);
-    auto drw = checked_array<T>(op, "drw", drw_in, true);
-    auto db = checked_array<T>(op, "db", db_in, true);
-    require_shape(op, "dz", dz, seq);
-    require_shape(op, "dw", dw, shape_of(w));
-    require_shape(op, "drw", drw, shape_of(rw));
-    require_shape(op, "db", db, {s.h});
-    py::array_t<T, py::array::c_style> dx;
-    if (!dx_in.is_none()) {
-      dx = checked_array<T>(op, "dx", dx_in, true);
-      require_shape(op, "dx", dx, shape_of(x));
-    }
-    T* dx_data = dx_in.is_none() ? nullptr : dx.mutable_data();
-    const LstmOptional<T> opt(op, s, mask_in, h0_in, py::none());
-    py::gil_scoped_release release;
-    nn::simple_rnn_backward<T>(kind, alpha, s, x.data(), w.data(), rw.data(), opt.mask, opt.h0, hs.data(),
-                               act.data(), dh.data(), dz.mutable_data(), dx_data, dw.mutable_data(),
-                               drw.mutable_data(), db.mutable_data(), first_step);
+    for (const ArrayView* in : {&hs, &act, &dh}) in->require<T>();
+    hs.require_shape(seq);
+    act.require_shape(seq);
+    dh.require_shape(seq);
+    for (const ArrayView* out : {&dz, &dw, &drw, &db, &dx}) out->require<T>(true);
+    dz.require_shape(seq);
+    dw.require_shape(w.shape());
+    drw.require_shape(rw.shape());
+    db.require_shape({s.h});
+    dx.require_shape(x.shape());
+    require_recurrent_optional<T>(s, mask, {&h0});
+    SPARKGRAD_RUN_TWIN(place, nn, simple_rnn_backward<T>, kind, alpha, s, x.data<T>(), w.data<T>(), rw.data<T>(),
+                       mask.data<T>(), h0.data<T>(), hs.data<T>(), act.data<T>(), dh.data<T>(), dz.mutable_data<T>(),
+                       dx.mutable_data<T>(), dw.mutable_data<T>(), drw.mutable_data<T>(), db.mutable_data<T>(),
+                       first_step);
   });
 }
 
@@ -835,8 +852,8 @@ void init_nn(py::module_& m) {
         py::arg("dx"), py::arg("alpha") = 0.0, "dx = dL/dx from x, y = f(x) and dy = dL/dy. dx may be dy.");
   m.def(
       "loss_score",
-      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
-         const py::array& scores, const py::object& mask, double alpha) {
+      [](const std::string& loss, const std::string& activation, py::handle labels, py::handle preout,
+         py::handle scores, py::handle mask, double alpha) {
         loss_call<false>("loss_score", loss, activation, labels, preout, scores, mask, alpha);
       },
       py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("scores"),
@@ -844,8 +861,8 @@ void init_nn(py::module_& m) {
       "scores (N,) = per-example loss (sum over columns) of activation(preout) against labels, times mask.");
   m.def(
       "loss_gradient",
-      [](const std::string& loss, const std::string& activation, const py::array& labels, const py::array& preout,
-         const py::array& grad, const py::object& mask, double alpha) {
+      [](const std::string& loss, const std::string& activation, py::handle labels, py::handle preout,
+         py::handle grad, py::handle mask, double alpha) {
         loss_call<true>("loss_gradient", loss, activation, labels, preout, grad, mask, alpha);
       },
       py::arg("loss"), py::arg("activation"), py::arg("labels"), py::arg("preout"), py::arg("grad"),
@@ -883,7 +900,8 @@ void init_nn(py::module_& m) {
         py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"), py::arg("activation") = "identity",
         py::arg("algorithm") = "auto",
         "y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b); padding reads zeros. activation: "
-        "identity or relu (fused). algorithm: auto (per shape), im2col or winograd (3x3, stride 1, padding <= 2).");
+        "identity or relu (fused). algorithm: auto (per shape and device), im2col, winograd (CPU; 3x3, stride 1, "
+        "padding <= 2) or cudnn (GPU).");
   m.def("conv2d_backward_input", &conv2d_backward_input, py::arg("dy"), py::arg("w"), py::arg("dx"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
         py::arg("algorithm") = "auto", "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");

@@ -1,4 +1,6 @@
-// Bindings of the updater and regularization kernels (cpp/include/sparkgrad/optim.h).
+// Bindings of the updater and regularization kernels (cpp/include/sparkgrad/optim.h): one front door per
+// kernel for host and device arrays, checked once (ArrayView), then optim::f or optim::cuda::f with the GIL
+// released.
 #include "kernel_args.h"
 #include "sparkgrad/optim.h"
 
@@ -8,46 +10,53 @@ using namespace sparkgrad::bindings;
 
 namespace {
 
-void updater_apply(const std::string& name, const py::array& grad_in, const py::array& state_in,
-                   std::int64_t iteration, const optim::UpdaterHyper& hyper) {
+void updater_apply(const std::string& name, py::handle grad_in, py::handle state_in, std::int64_t iteration,
+                   const optim::UpdaterHyper& hyper) {
   const char* op = "updater_apply";
   const optim::UpdaterKind kind = optim::parse_updater(op, name);
   require_non_negative(op, "iteration", iteration);
   if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0)) throw_invalid(op, "beta1 must be in [0, 1), got ", hyper.beta1);
   if (!(hyper.beta2 >= 0.0 && hyper.beta2 < 1.0)) throw_invalid(op, "beta2 must be in [0, 1), got ", hyper.beta2);
   if (!(hyper.epsilon >= 0.0)) throw_invalid(op, "epsilon must be >= 0, got ", hyper.epsilon);
-  dispatch_float(op, "gradient", grad_in, [&](auto tag) {
+  const ArrayView grad(op, "gradient", grad_in), state(op, "state", state_in);
+  const Place place = common_place(op, {&grad, &state});
+  dispatch_float(op, grad, [&](auto tag) {
     using T = decltype(tag);
-    auto grad = checked_vector<T>(op, "gradient", grad_in, true);
-    auto state = checked_vector<T>(op, "state", state_in, true);
+    grad.require<T>(true);
+    state.require<T>(true);
+    grad.require_ndim({1}, "1-D");
     const std::int64_t n = grad.shape(0);
-    require_shape(op, "state", state, {optim::updater_state_size(kind, n)});
-    py::gil_scoped_release release;
-    optim::updater_apply<T>(kind, hyper, grad.mutable_data(), state.mutable_data(), n, iteration);
+    state.require_shape({optim::updater_state_size(kind, n)});
+    SPARKGRAD_RUN_TWIN(place, optim, updater_apply<T>, kind, hyper, grad.mutable_data<T>(), state.mutable_data<T>(),
+                       n, iteration);
   });
 }
 
-void regularize_gradient(const py::array& params_in, const py::array& grad_in, double l1, double l2) {
+void regularize_gradient(py::handle params_in, py::handle grad_in, double l1, double l2) {
   const char* op = "regularize_gradient";
-  dispatch_float(op, "params", params_in, [&](auto tag) {
+  const ArrayView params(op, "params", params_in), grad(op, "grad", grad_in);
+  const Place place = common_place(op, {&params, &grad});
+  dispatch_float(op, params, [&](auto tag) {
     using T = decltype(tag);
-    auto params = checked_array<T>(op, "params", params_in);
-    auto grad = checked_array<T>(op, "grad", grad_in, true);
-    require_shape(op, "grad", grad, shape_of(params));
-    py::gil_scoped_release release;
-    optim::regularize_gradient<T>(params.data(), grad.mutable_data(), params.size(), l1, l2);
+    params.require<T>();
+    grad.require<T>(true);
+    grad.require_shape(params.shape());
+    SPARKGRAD_RUN_TWIN(place, optim, regularize_gradient<T>, params.data<T>(), grad.mutable_data<T>(), params.size(),
+                       l1, l2);
   });
 }
 
-void apply_weight_decay(const py::array& params_in, const py::array& update_in, double coeff) {
+void apply_weight_decay(py::handle params_in, py::handle update_in, double coeff) {
   const char* op = "apply_weight_decay";
-  dispatch_float(op, "params", params_in, [&](auto tag) {
+  const ArrayView params(op, "params", params_in), update(op, "update", update_in);
+  const Place place = common_place(op, {&params, &update});
+  dispatch_float(op, params, [&](auto tag) {
     using T = decltype(tag);
-    auto params = checked_array<T>(op, "params", params_in);
-    auto update = checked_array<T>(op, "update", update_in, true);
-    require_shape(op, "update", update, shape_of(params));
-    py::gil_scoped_release release;
-    optim::apply_weight_decay<T>(params.data(), update.mutable_data(), params.size(), coeff);
+    params.require<T>();
+    update.require<T>(true);
+    update.require_shape(params.shape());
+    SPARKGRAD_RUN_TWIN(place, optim, apply_weight_decay<T>, params.data<T>(), update.mutable_data<T>(),
+                       params.size(), coeff);
   });
 }
 
@@ -63,9 +72,8 @@ void init_optim(py::module_& m) {
       py::arg("kind"), py::arg("n"), "Length of the flat updater state for n parameters.");
   m.def(
       "updater_apply",
-      [](const std::string& kind, const py::array& gradient, const py::array& state, std::int64_t iteration,
-         double learning_rate, double beta1, double beta2, double epsilon, double momentum, double rms_decay,
-         double rho) {
+      [](const std::string& kind, py::handle gradient, py::handle state, std::int64_t iteration, double learning_rate,
+         double beta1, double beta2, double epsilon, double momentum, double rms_decay, double rho) {
         updater_apply(kind, gradient, state, iteration,
                       optim::UpdaterHyper{learning_rate, beta1, beta2, epsilon, momentum, rms_decay, rho});
       },

@@ -7,11 +7,11 @@ sparkgrad native core (private; use the sparkgrad package)
 
 from __future__ import annotations
 
-import collections.abc
 import typing
 
 import numpy
 import numpy.typing
+import typing_extensions
 
 __all__: list[str] = [
     "accumulate",
@@ -30,46 +30,20 @@ __all__: list[str] = [
     "conv2d_backward_weight",
     "conv2d_forward",
     "cuda_accumulate",
-    "cuda_activation_backward",
-    "cuda_activation_forward",
-    "cuda_apply_weight_decay",
     "cuda_available",
-    "cuda_batchnorm_backward",
-    "cuda_batchnorm_forward_inference",
-    "cuda_batchnorm_forward_train",
-    "cuda_bias_add",
-    "cuda_bias_grad",
     "cuda_bitmap_encode",
     "cuda_built",
     "cuda_clip",
-    "cuda_conv2d",
     "cuda_decode",
     "cuda_devices",
-    "cuda_dropout_backward",
-    "cuda_dropout_forward",
-    "cuda_elementwise_backward",
-    "cuda_elementwise_forward",
     "cuda_encode_smaller",
-    "cuda_gemm",
-    "cuda_global_pool",
-    "cuda_l2_distance_backward",
-    "cuda_l2_distance_forward",
-    "cuda_l2_normalize_backward",
-    "cuda_l2_normalize_forward",
-    "cuda_loss",
-    "cuda_lstm_backward",
-    "cuda_lstm_forward",
     "cuda_message_entries",
-    "cuda_pool2d",
     "cuda_precision",
-    "cuda_regularize_gradient",
-    "cuda_scale_shift",
     "cuda_set_precision",
     "cuda_set_stream",
     "cuda_set_sync_each_op",
     "cuda_sync_each_op",
     "cuda_threshold_encode",
-    "cuda_updater_apply",
     "decode",
     "dropout_backward",
     "dropout_forward",
@@ -110,10 +84,10 @@ def accumulate(residual: typing.Any, update: typing.Any) -> None:
 
 def activation_backward(
     name: str,
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    y: typing.Any,
+    dy: typing.Any,
+    dx: typing.Any,
     alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
 ) -> None:
     """
@@ -121,33 +95,28 @@ def activation_backward(
     """
 
 def activation_forward(
-    name: str,
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    name: str, x: typing.Any, y: typing.Any, alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0
 ) -> None:
     """
     y = f(x); softmax over axis 1 of a 2-D array. y may be x.
     """
 
 def apply_weight_decay(
-    params: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    update: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    coeff: typing.SupportsFloat | typing.SupportsIndex,
+    params: typing.Any, update: typing.Any, coeff: typing.SupportsFloat | typing.SupportsIndex
 ) -> None:
     """
     update += coeff * params, in place.
     """
 
 def batchnorm_backward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    batch_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    batch_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dgamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dbeta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    dy: typing.Any,
+    gamma: typing.Any,
+    batch_mean: typing.Any,
+    batch_var: typing.Any,
+    dx: typing.Any,
+    dgamma: typing.Any,
+    dbeta: typing.Any,
     eps: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
     """
@@ -155,12 +124,12 @@ def batchnorm_backward(
     """
 
 def batchnorm_forward_inference(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    beta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    running_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    running_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    gamma: typing.Any,
+    beta: typing.Any,
+    running_mean: typing.Any,
+    running_var: typing.Any,
+    y: typing.Any,
     eps: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
     """
@@ -168,14 +137,14 @@ def batchnorm_forward_inference(
     """
 
 def batchnorm_forward_train(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    gamma: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    beta: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    batch_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    batch_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    running_mean: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    running_var: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    gamma: typing.Any,
+    beta: typing.Any,
+    y: typing.Any,
+    batch_mean: typing.Any,
+    batch_var: typing.Any,
+    running_mean: typing.Any,
+    running_var: typing.Any,
     decay: typing.SupportsFloat | typing.SupportsIndex,
     eps: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
@@ -183,18 +152,12 @@ def batchnorm_forward_train(
     Normalizes x with its per-channel batch statistics; updates the running averages in place.
     """
 
-def bias_add(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-) -> None:
+def bias_add(x: typing.Any, b: typing.Any) -> None:
     """
     x[n, c, ...] += b[c] in place; x: (N, C) or (N, C, H, W).
     """
 
-def bias_grad(
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-) -> None:
+def bias_grad(dy: typing.Any, db: typing.Any) -> None:
     """
     db[c] = sum of dy over every axis but 1.
     """
@@ -217,43 +180,47 @@ def clip(residual: typing.Any, limit: typing.SupportsFloat | typing.SupportsInde
     """
 
 def conv2d_backward_input(
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: typing.Any,
+    w: typing.Any,
+    dx: typing.Any,
     stride_h: typing.SupportsInt | typing.SupportsIndex,
     stride_w: typing.SupportsInt | typing.SupportsIndex,
     pad_top: typing.SupportsInt | typing.SupportsIndex,
     pad_left: typing.SupportsInt | typing.SupportsIndex,
+    algorithm: str = "auto",
 ) -> None:
     """
     dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).
     """
 
 def conv2d_backward_weight(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    dy: typing.Any,
+    dw: typing.Any,
     stride_h: typing.SupportsInt | typing.SupportsIndex,
     stride_w: typing.SupportsInt | typing.SupportsIndex,
     pad_top: typing.SupportsInt | typing.SupportsIndex,
     pad_left: typing.SupportsInt | typing.SupportsIndex,
+    algorithm: str = "auto",
 ) -> None:
     """
     dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.
     """
 
 def conv2d_forward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    w: typing.Any,
     b: typing.Any,
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: typing.Any,
     stride_h: typing.SupportsInt | typing.SupportsIndex,
     stride_w: typing.SupportsInt | typing.SupportsIndex,
     pad_top: typing.SupportsInt | typing.SupportsIndex,
     pad_left: typing.SupportsInt | typing.SupportsIndex,
+    activation: str = "identity",
+    algorithm: str = "auto",
 ) -> None:
     """
-    y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)) + b; padding reads zeros.
+    y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b); padding reads zeros. activation: identity or relu (fused). algorithm: auto (per shape and device), im2col, winograd (CPU; 3x3, stride 1, padding <= 2) or cudnn (GPU).
     """
 
 def cuda_accumulate(
@@ -262,98 +229,11 @@ def cuda_accumulate(
     n: typing.SupportsInt | typing.SupportsIndex,
     dtype: numpy.dtype[typing.Any],
 ) -> None: ...
-def cuda_activation_backward(
-    arg0: str,
-    arg1: typing.SupportsFloat | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: str,
-) -> None: ...
-def cuda_activation_forward(
-    arg0: str,
-    arg1: typing.SupportsFloat | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: str,
-) -> None: ...
-def cuda_apply_weight_decay(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsFloat | typing.SupportsIndex,
-    arg4: str,
-) -> None: ...
 def cuda_available() -> bool:
     """
     True if built with CUDA and a GPU is visible.
     """
 
-def cuda_batchnorm_backward(
-    arg0: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
-    ],
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsFloat | typing.SupportsIndex,
-    arg10: str,
-) -> None: ...
-def cuda_batchnorm_forward_inference(
-    arg0: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
-    ],
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsFloat | typing.SupportsIndex,
-    arg8: str,
-) -> None: ...
-def cuda_batchnorm_forward_train(
-    arg0: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(3)"
-    ],
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsFloat | typing.SupportsIndex,
-    arg10: typing.SupportsFloat | typing.SupportsIndex,
-    arg11: str,
-) -> None: ...
-def cuda_bias_add(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
-def cuda_bias_grad(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
 def cuda_bitmap_encode(
     x: typing.SupportsInt | typing.SupportsIndex,
     n: typing.SupportsInt | typing.SupportsIndex,
@@ -372,17 +252,6 @@ def cuda_clip(
     dtype: numpy.dtype[typing.Any],
     limit: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None: ...
-def cuda_conv2d(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(13)"
-    ],
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: str,
-) -> None: ...
 def cuda_decode(
     message: typing.SupportsInt | typing.SupportsIndex,
     length: typing.SupportsInt | typing.SupportsIndex,
@@ -396,37 +265,6 @@ def cuda_devices() -> list:
     The GPUs the CUDA runtime sees: index, name, compute_capability, total_memory (bytes).
     """
 
-def cuda_dropout_backward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: str,
-) -> None: ...
-def cuda_dropout_forward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsFloat | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: str,
-) -> None: ...
-def cuda_elementwise_backward(
-    arg0: str,
-    arg1: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
-def cuda_elementwise_forward(
-    arg0: str,
-    arg1: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: str,
-) -> None: ...
 def cuda_encode_smaller(
     x: typing.SupportsInt | typing.SupportsIndex,
     n: typing.SupportsInt | typing.SupportsIndex,
@@ -437,170 +275,16 @@ def cuda_encode_smaller(
     encode_smaller of a device residual: (host message, is_bitmap).
     """
 
-def cuda_gemm(
-    arg0: bool,
-    arg1: bool,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsFloat | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsInt | typing.SupportsIndex,
-    arg10: typing.SupportsFloat | typing.SupportsIndex,
-    arg11: typing.SupportsInt | typing.SupportsIndex,
-    arg12: typing.SupportsInt | typing.SupportsIndex,
-    arg13: str,
-) -> None: ...
-def cuda_global_pool(
-    arg0: bool,
-    arg1: str,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: str,
-) -> None: ...
-def cuda_l2_distance_backward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsFloat | typing.SupportsIndex,
-    arg9: str,
-) -> None: ...
-def cuda_l2_distance_forward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
-def cuda_l2_normalize_backward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsFloat | typing.SupportsIndex,
-    arg7: str,
-) -> None: ...
-def cuda_l2_normalize_forward(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsFloat | typing.SupportsIndex,
-    arg6: str,
-) -> None: ...
-def cuda_loss(
-    arg0: bool,
-    arg1: str,
-    arg2: str,
-    arg3: typing.SupportsFloat | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsInt | typing.SupportsIndex,
-    arg10: typing.SupportsInt | typing.SupportsIndex,
-    arg11: str,
-) -> None: ...
-def cuda_lstm_backward(
-    arg0: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(4)"
-    ],
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsInt | typing.SupportsIndex,
-    arg10: typing.SupportsInt | typing.SupportsIndex,
-    arg11: typing.SupportsInt | typing.SupportsIndex,
-    arg12: typing.SupportsInt | typing.SupportsIndex,
-    arg13: typing.SupportsInt | typing.SupportsIndex,
-    arg14: typing.SupportsInt | typing.SupportsIndex,
-    arg15: typing.SupportsInt | typing.SupportsIndex,
-    arg16: typing.SupportsInt | typing.SupportsIndex,
-    arg17: typing.SupportsInt | typing.SupportsIndex,
-    arg18: str,
-    arg19: str,
-    arg20: typing.SupportsFloat | typing.SupportsIndex,
-    arg21: typing.SupportsFloat | typing.SupportsIndex,
-    arg22: str,
-) -> None: ...
-def cuda_lstm_forward(
-    arg0: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(4)"
-    ],
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: typing.SupportsInt | typing.SupportsIndex,
-    arg7: typing.SupportsInt | typing.SupportsIndex,
-    arg8: typing.SupportsInt | typing.SupportsIndex,
-    arg9: typing.SupportsInt | typing.SupportsIndex,
-    arg10: typing.SupportsInt | typing.SupportsIndex,
-    arg11: typing.SupportsInt | typing.SupportsIndex,
-    arg12: str,
-    arg13: str,
-    arg14: typing.SupportsFloat | typing.SupportsIndex,
-    arg15: typing.SupportsFloat | typing.SupportsIndex,
-    arg16: str,
-) -> None: ...
 def cuda_message_entries(message: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
     Word 0 of a device message once the current stream has run.
     """
 
-def cuda_pool2d(
-    arg0: bool,
-    arg1: str,
-    arg2: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], "FixedSize(12)"
-    ],
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.SupportsInt | typing.SupportsIndex,
-    arg6: str,
-) -> None: ...
 def cuda_precision() -> str:
     """
     The calling thread's GEMM precision on the current GPU ('float32' until set).
     """
 
-def cuda_regularize_gradient(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsFloat | typing.SupportsIndex,
-    arg4: typing.SupportsFloat | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
-def cuda_scale_shift(
-    arg0: typing.SupportsInt | typing.SupportsIndex,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsFloat | typing.SupportsIndex,
-    arg4: typing.SupportsFloat | typing.SupportsIndex,
-    arg5: str,
-) -> None: ...
 def cuda_set_precision(precision: str) -> None:
     """
     Sets the calling thread's precision of float32 GEMMs on the current GPU: 'float32', 'bf16' or 'fp16' (tensor cores, operands losing at most what 16 bits lose, float32 accumulation and output). The CPU build keeps the value per thread; its kernels ignore it.
@@ -608,7 +292,7 @@ def cuda_set_precision(precision: str) -> None:
 
 def cuda_set_stream(stream: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
-    Runs the calling thread's CUDA ops on the current device on this stream (a raw cudaStream_t; sparkgrad.cuda passes CuPy's current stream before each op). No-op in the CPU build.
+    Runs the calling thread's CUDA ops on the current device on this stream (a raw cudaStream_t). The kernels take CuPy's current stream themselves; the compress codecs' raw cuda_* entry points need this first (sparkgrad.cuda.launch). No-op in the CPU build.
     """
 
 def cuda_set_sync_each_op(on: bool) -> None:
@@ -633,35 +317,20 @@ def cuda_threshold_encode(
     Queues the sparse encoding of the first min(count, boundary) qualifying elements (boundary < 0: all) into message: (4 + min(n, boundary),) without waiting; word 0 holds the entry count once the stream has run.
     """
 
-def cuda_updater_apply(
-    arg0: str,
-    arg1: typing.SupportsInt | typing.SupportsIndex,
-    arg2: typing.SupportsInt | typing.SupportsIndex,
-    arg3: typing.SupportsInt | typing.SupportsIndex,
-    arg4: typing.SupportsInt | typing.SupportsIndex,
-    arg5: typing.Annotated[
-        collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(7)"
-    ],
-    arg6: str,
-) -> None: ...
 def decode(message: typing.Any, target: typing.Any, flag: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     target += decoded message after validation; flag 0 sparse, 1 bitmap, -1 either.
     """
 
-def dropout_backward(
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    mask: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-) -> None:
+def dropout_backward(dy: typing.Any, mask: typing.Any, dx: typing.Any) -> None:
     """
     dx = dy * mask.
     """
 
 def dropout_forward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    mask: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    y: typing.Any,
+    mask: typing.Any,
     retain: typing.SupportsFloat | typing.SupportsIndex,
     seed: typing.SupportsInt | typing.SupportsIndex,
 ) -> None:
@@ -669,16 +338,12 @@ def dropout_forward(
     Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.
     """
 
-def elementwise_backward(
-    kind: str, inputs: list, dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]], dx: list
-) -> None:
+def elementwise_backward(kind: str, inputs: typing.Any, dy: typing.Any, dx: typing.Any) -> None:
     """
     dx[i] = dL/d inputs[i] from dy; max routes dy to the first maximal input.
     """
 
-def elementwise_forward(
-    kind: str, inputs: list, y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]
-) -> None:
+def elementwise_forward(kind: str, inputs: typing.Any, y: typing.Any) -> None:
     """
     y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).
     """
@@ -691,65 +356,51 @@ def encode_smaller(
     """
 
 def gemm(
-    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    a: typing.Any,
+    b: typing.Any,
     trans_a: bool = False,
     trans_b: bool = False,
     alpha: typing.SupportsFloat | typing.SupportsIndex = 1.0,
     beta: typing.SupportsFloat | typing.SupportsIndex = 0.0,
     out: typing.Any = None,
-) -> numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]:
+) -> typing.Any:
     """
-    Row-major GEMM through OpenBLAS: alpha * op(a) @ op(b) + beta * out.
+    Row-major GEMM: alpha * op(a) @ op(b) + beta * out, through OpenBLAS for host arrays and cuBLAS for device arrays. Without out (beta == 0 only) returns a new array (NumPy, or CuPy on a GPU).
     """
 
-def global_pool_backward(
-    kind: str,
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    argmax: typing.Any = None,
-) -> None:
+def global_pool_backward(kind: str, dy: typing.Any, dx: typing.Any, argmax: typing.Any = None) -> None:
     """
     dx (N, C, H, W) from dy (N, C); max needs argmax.
     """
 
-def global_pool_forward(
-    kind: str,
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    argmax: typing.Any = None,
-) -> None:
+def global_pool_forward(kind: str, x: typing.Any, y: typing.Any, argmax: typing.Any = None) -> None:
     """
     Global max / avg / sum pooling of x (N, C, H, W) into y (N, C).
     """
 
 def l2_distance_backward(
-    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    da: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    a: typing.Any,
+    b: typing.Any,
+    y: typing.Any,
+    dy: typing.Any,
+    da: typing.Any,
+    db: typing.Any,
     eps: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
     """
     da = dy (a - b) / max(y, eps), db = -da.
     """
 
-def l2_distance_forward(
-    a: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-) -> None:
+def l2_distance_forward(a: typing.Any, b: typing.Any, y: typing.Any) -> None:
     """
     y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.
     """
 
 def l2_normalize_backward(
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    norms: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    y: typing.Any,
+    norms: typing.Any,
+    dy: typing.Any,
+    dx: typing.Any,
     eps: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
     """
@@ -757,10 +408,7 @@ def l2_normalize_backward(
     """
 
 def l2_normalize_forward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    norms: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    eps: typing.SupportsFloat | typing.SupportsIndex,
+    x: typing.Any, y: typing.Any, norms: typing.Any, eps: typing.SupportsFloat | typing.SupportsIndex
 ) -> None:
     """
     y = x / max(||x_i||, eps) per example (row of the (N, ...) array); norms (N,).
@@ -769,9 +417,9 @@ def l2_normalize_forward(
 def loss_gradient(
     loss: str,
     activation: str,
-    labels: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    preout: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    grad: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    labels: typing.Any,
+    preout: typing.Any,
+    grad: typing.Any,
     mask: typing.Any = None,
     alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
 ) -> None:
@@ -782,9 +430,9 @@ def loss_gradient(
 def loss_score(
     loss: str,
     activation: str,
-    labels: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    preout: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    scores: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    labels: typing.Any,
+    preout: typing.Any,
+    scores: typing.Any,
     mask: typing.Any = None,
     alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
 ) -> None:
@@ -793,18 +441,18 @@ def loss_score(
     """
 
 def lstm_backward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    cs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    gates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    act_c: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dh: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dgates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    drw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    hs: typing.Any,
+    cs: typing.Any,
+    gates: typing.Any,
+    act_c: typing.Any,
+    dh: typing.Any,
+    dgates: typing.Any,
+    dw: typing.Any,
+    drw: typing.Any,
+    db: typing.Any,
     dx: typing.Any = None,
     mask: typing.Any = None,
     h0: typing.Any = None,
@@ -820,14 +468,14 @@ def lstm_backward(
     """
 
 def lstm_forward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    cs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    gates: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    act_c: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    b: typing.Any,
+    hs: typing.Any,
+    cs: typing.Any,
+    gates: typing.Any,
+    act_c: typing.Any,
     mask: typing.Any = None,
     h0: typing.Any = None,
     c0: typing.Any = None,
@@ -850,15 +498,15 @@ def openmp_version() -> int:
     The OpenMP specification date the core was built with.
     """
 
-def pack_message(message: typing.Any) -> bytes | None:
+def pack_message(message: typing.Any) -> typing.Any:
     """
     The packed wire form of a sparse message with strictly ascending entries, or None when it has none or would not be smaller.
     """
 
 def pool2d_backward(
     kind: str,
-    dy: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dx: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    dy: typing.Any,
+    dx: typing.Any,
     kernel_h: typing.SupportsInt | typing.SupportsIndex,
     kernel_w: typing.SupportsInt | typing.SupportsIndex,
     stride_h: typing.SupportsInt | typing.SupportsIndex,
@@ -873,8 +521,8 @@ def pool2d_backward(
 
 def pool2d_forward(
     kind: str,
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    y: typing.Any,
     kernel_h: typing.SupportsInt | typing.SupportsIndex,
     kernel_w: typing.SupportsInt | typing.SupportsIndex,
     stride_h: typing.SupportsInt | typing.SupportsIndex,
@@ -888,8 +536,8 @@ def pool2d_forward(
     """
 
 def regularize_gradient(
-    params: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    grad: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    params: typing.Any,
+    grad: typing.Any,
     l1: typing.SupportsFloat | typing.SupportsIndex,
     l2: typing.SupportsFloat | typing.SupportsIndex,
 ) -> None:
@@ -898,8 +546,8 @@ def regularize_gradient(
     """
 
 def scale_shift(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    y: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    y: typing.Any,
     scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
     shift: typing.SupportsFloat | typing.SupportsIndex = 0.0,
 ) -> None:
@@ -913,16 +561,16 @@ def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
 
 def simple_rnn_backward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    act: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dh: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dz: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    dw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    drw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    db: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    hs: typing.Any,
+    act: typing.Any,
+    dh: typing.Any,
+    dz: typing.Any,
+    dw: typing.Any,
+    drw: typing.Any,
+    db: typing.Any,
     dx: typing.Any = None,
     mask: typing.Any = None,
     h0: typing.Any = None,
@@ -935,12 +583,12 @@ def simple_rnn_backward(
     """
 
 def simple_rnn_forward(
-    x: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    w: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    rw: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    b: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    hs: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    act: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    b: typing.Any,
+    hs: typing.Any,
+    act: typing.Any,
     mask: typing.Any = None,
     h0: typing.Any = None,
     activation: str = "tanh",
@@ -959,15 +607,15 @@ def threshold_encode(
     Sparse threshold encoding of `residual` (modified in place); boundary < 0 means unlimited.
     """
 
-def unpack_message(packed: typing.Any) -> numpy.typing.NDArray[numpy.int32]:
+def unpack_message(packed: typing_extensions.Buffer) -> numpy.typing.NDArray[numpy.int32]:
     """
     The int32 sparse message of a packed one, every byte checked.
     """
 
 def updater_apply(
     kind: str,
-    gradient: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
-    state: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]],
+    gradient: typing.Any,
+    state: typing.Any,
     iteration: typing.SupportsInt | typing.SupportsIndex,
     learning_rate: typing.SupportsFloat | typing.SupportsIndex = 0.0,
     beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9,

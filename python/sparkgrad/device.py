@@ -2,12 +2,14 @@
 
 A :class:`Device` bundles what a network needs to run somewhere: its ``name`` (``"cpu"``, ``"cuda:0"``),
 its array module ``xp`` (NumPy or CuPy: allocation and array arithmetic), its kernel namespace
-``kernels`` (the native module ``_core`` or :mod:`sparkgrad.cuda`, the same functions with the same
-arguments), whether an array is its own (``owns``), the copies across the host boundary
-(``from_host``/``to_host``) and the ``scope`` in which its allocations and kernels run. Networks use
-nothing else, so the device-independent logic (dispatch, memory ownership, array interop) runs the same
-against any backend behind this interface; the test suite checks it on a CPU-only machine against an
-emulated device backed by the CPU kernels.
+``kernels``, whether an array is its own (``owns``), the copies across the host boundary
+(``from_host``/``to_host``) and the ``scope`` in which its allocations and kernels run. On the CPU and on
+every GPU ``kernels`` is the native module ``sparkgrad._core`` itself: each kernel takes host or device
+arrays, checks them once and runs the CPU or the CUDA twin for the arrays' device (a GPU op on CuPy's
+current stream of the current device, which ``scope`` selects). Networks use nothing else, so the
+device-independent logic (memory ownership, array interop) runs the same against any backend behind this
+interface; the test suite checks it on a CPU-only machine against an emulated device backed by the CPU
+kernels.
 
 :func:`resolve_device` turns ``"cpu"``, ``"cuda"`` (GPU 0) or ``"cuda:N"`` into a Device (the same
 object for the same spec) and checks that the GPU can be used.
@@ -44,7 +46,7 @@ class Device:
     Args:
         name: ``"cpu"`` or ``"cuda:N"`` (other backends, such as a test double, pick their own).
         xp: the array module (``numpy``-compatible: ``empty``, ``zeros``, ``copyto``, ...).
-        kernels: the kernel namespace (the functions of ``sparkgrad._core``, same names and arguments).
+        kernels: the kernel namespace (``sparkgrad._core``, or a stand-in with its names and arguments).
     """
 
     def __init__(self, name: str, xp: Any, kernels: Any) -> None:
@@ -119,10 +121,11 @@ class _CpuDevice(Device):
 
 
 class _CudaDevice(Device):
-    """GPU ``index`` through CuPy (arrays, ``cupy.cuda.Device`` as the scope) and :mod:`sparkgrad.cuda`."""
+    """GPU ``index`` through CuPy (arrays, ``cupy.cuda.Device`` as the scope) and the native kernels, which
+    run their CUDA twins for CuPy arrays."""
 
-    def __init__(self, index: int, cupy: Any, kernels: Any) -> None:
-        super().__init__(f"cuda:{index}", cupy, kernels)
+    def __init__(self, index: int, cupy: Any) -> None:
+        super().__init__(f"cuda:{index}", cupy, _core)
         self.index = index
         self._gpu = cupy.cuda.Device(index)
 
@@ -205,7 +208,7 @@ def _cuda_device(index: int) -> Device:
             f"device {name!r}: no such GPU, the CUDA runtime sees {visible} (check the driver and "
             "CUDA_VISIBLE_DEVICES)"
         )
-    return _CudaDevice(index, cupy, cuda)
+    return _CudaDevice(index, cupy)
 
 
 __all__ = ["CPU", "Device", "is_gpu_array", "resolve_device"]

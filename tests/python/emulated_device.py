@@ -3,7 +3,8 @@ array interop) checked on a CPU-only machine behind the same :class:`~sparkgrad.
 as a GPU.
 
 Its arrays are a type of their own (:class:`DeviceArray`, in host memory) that refuses to mix with NumPy
-arrays the way CuPy arrays do; its kernel namespace is the CPU kernels behind a check that every array
+arrays the way CuPy arrays do; its kernel namespace is the native module, the one every real device uses
+(which takes a DeviceArray as a host array and runs the CPU twins), behind a check that every array
 argument is a device array and that the call runs inside the device's scope; it counts the copies across
 the host boundary. Since the kernels are the CPU's, training on it gives bitwise the CPU's parameters.
 """
@@ -90,8 +91,8 @@ class _ArrayModule:
 
 
 class _Kernels:
-    """The emulated device's kernel namespace: ``_core``'s kernels, taking C-contiguous device arrays only
-    (what the GPU front doors in sparkgrad.cuda accept; the CPU binding would copy a strided input)."""
+    """The emulated device's kernel namespace: ``_core``'s kernels, taking device arrays only, inside the
+    device's scope (the native checks do the rest: dtype, C order, shapes, one device)."""
 
     def __init__(self, dev: EmulatedDevice) -> None:
         self._dev = dev
@@ -103,11 +104,9 @@ class _Kernels:
             self._dev.check_scope(name)
             self._dev.calls.append((name, args, kwargs))
             for value in args + tuple(kwargs.values()):
-                for x in value if isinstance(value, list) else [value]:
-                    if isinstance(x, np.ndarray) and not isinstance(x, DeviceArray):
+                for x in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(x, np.ndarray) and not isinstance(x, DeviceArray):  # _is_host, inline
                         raise TypeError(f"[{name}] a host array was passed to a device kernel")
-                    if isinstance(x, DeviceArray) and not x.flags.c_contiguous:
-                        raise ValueError(f"[{name}] a strided device array was passed to a kernel")
             return f(*args, **kwargs)
 
         return run

@@ -1,7 +1,8 @@
 // Neural-network kernels (CPU, OpenMP). Every kernel takes raw row-major buffers plus their sizes and
 // writes caller-allocated outputs (overwritten unless "accumulates" is stated). Kernels never divide by
 // the batch size. The CUDA twins (cuda/nn/<same stem>.cu) implement these declarations in
-// sparkgrad::nn::cuda; the binding (python/bindings/nn.cpp) is the single dispatch point.
+// sparkgrad::nn::cuda. Each kernel has one front door, its binding in python/bindings/nn.cpp: it checks
+// the arguments once, host or device arrays alike, and calls the twin of the arrays' device.
 #pragma once
 
 #include <cstdint>
@@ -225,9 +226,10 @@ void l2_distance_backward(const T* a, const T* b, const T* y, const T* dy, T* da
                           std::int64_t d, double eps);
 
 // ---- CUDA twins (cuda/nn/*.cu; cuda/no_cuda.cpp throws when built without CUDA) -----------------
-// Same declarations, shapes and semantics as above; every array pointer is a device pointer (argmax
-// included). Each call runs on the default stream and returns once the kernels finished, so a fault
-// surfaces at the op that caused it.
+// Same declarations, shapes and semantics as above; every array pointer is a device pointer of the
+// current device (argmax included). Each call queues its work on the calling thread's stream
+// (gpu::set_stream: the binding passes CuPy's current stream) and returns without waiting for it, unless
+// gpu::sync_each_op() is on: then it waits, so an asynchronous fault surfaces at the op that caused it.
 namespace cuda {
 
 template <typename T>
@@ -297,6 +299,16 @@ template <typename T>
 void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
+// The input projection of every step in one cuBLAS GEMM, then one recurrent GEMM and one fused kernel per
+// step; softmax normalizes each row of h values as on the CPU.
+template <typename T>
+void simple_rnn_forward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w, const T* rw,
+                        const T* b, const T* mask, const T* h0, T* hs, T* act);
+template <typename T>
+void simple_rnn_backward(Activation kind, double alpha, const LstmShape& s, const T* x, const T* w,
+                         const T* rw, const T* mask, const T* h0, const T* hs, const T* act, const T* dh, T* dz,
+                         T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
 
 // inputs and dx are host arrays of k device pointers.
 template <typename T>

@@ -1,5 +1,6 @@
 // Updaters and regularization over flat parameter / gradient / state vectors (CPU, OpenMP). The CUDA
-// twins (cuda/optim/<same stem>.cu) implement these declarations in sparkgrad::optim::cuda.
+// twins (cuda/optim/<same stem>.cu) implement these declarations in sparkgrad::optim::cuda; each kernel's
+// one front door is its binding in python/bindings/optim.cpp, which calls the twin of the arrays' device.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,8 @@ template <typename T>
 void apply_weight_decay(const T* params, T* update, std::int64_t n, double coeff);
 
 // ---- CUDA twins (cuda/optim/*.cu; cuda/no_cuda.cpp throws when built without CUDA) --------------
-// Same declarations and semantics; gradient, state, params, grad and update are device pointers.
+// Same declarations and semantics; gradient, state, params, grad and update are device pointers. Each call
+// queues its kernel on the calling thread's stream, as the nn twins do (nn.h).
 namespace cuda {
 
 template <typename T>

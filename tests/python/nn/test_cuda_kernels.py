@@ -1,15 +1,18 @@
-"""The CUDA twins against their CPU twins, and the device-independent front door (sparkgrad.cuda).
+"""The CUDA twins against their CPU twins, and the one front door of every kernel (sparkgrad._core) for
+device arrays.
 
-The `cuda` cases need a CUDA build, a GPU and CuPy; they skip elsewhere. Tolerances: elementwise kernels
-may differ from the CPU by a few ulps (the GPU contracts a*b+c into one FMA and has its own exp/log/tanh),
-so 16 eps relative; kernels that sum L terms get L * eps times the sum of the terms' magnitudes.
-The interop checks (views, shapes, dtypes, dispatch, errors) run on any machine with fake device arrays.
+The `cuda` cases need a CUDA build, a GPU and CuPy; they skip elsewhere. They call each kernel as a network
+does (its Device's ``kernels``: the native module, given CuPy arrays). Tolerances: elementwise kernels may
+differ from the CPU by a few ulps (the GPU has its own exp/log/tanh), so 16 eps relative; kernels that sum L
+terms get L * eps times the sum of the terms' magnitudes. The interop checks (views of
+``__cuda_array_interface__``, DLPack and buffer objects, shapes, dtypes, devices, errors) run on any machine
+with fake device arrays.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
+import array
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -17,19 +20,6 @@ import pytest
 
 from sparkgrad import cuda
 from sparkgrad._native import _core
-
-# sparkgrad.cuda's names that are not kernels (inventory, dispatch, the debug switch)
-NOT_KERNELS = (
-    "GpuInfo",
-    "built",
-    "devices",
-    "summary",
-    "is_device_array",
-    "kernels_for",
-    "set_sync_each_op",
-    "sync_each_op",
-)
-KERNEL_FRONT_DOORS = [name for name in cuda.__all__ if name not in NOT_KERNELS]
 
 DTYPES = [np.float32, np.float64]
 ACTIVATIONS = ["identity", "relu", "leakyrelu", "elu", "tanh", "sigmoid", "softmax", "softplus", "hardtanh"]
@@ -79,60 +69,173 @@ class FakeDeviceArray:
         }
 
 
-# -- device-independent: dispatch and array interop ------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
-def test_kernels_for_dispatches_by_device() -> None:
-    assert cuda.kernels_for(np.zeros(3)) is _core
-    assert cuda.kernels_for(FakeDeviceArray((3,))) is cuda
-    assert cuda.is_device_array(FakeDeviceArray((3,)))
-    assert not cuda.is_device_array(np.zeros(3))
-    for name in KERNEL_FRONT_DOORS:  # every CUDA kernel front door has the CPU twin's name
-        assert hasattr(_core, name), name
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class FakeDlpackDeviceArray:
+    """Only the DLPack protocol, on CUDA device `device` (kDLCUDA = 2): a DLPack 1.0 tensor at a fake
+    address, for the front door's DLPack reading without a GPU. The struct lives as long as this object."""
+
+    def __init__(self, shape: tuple, dtype: Any = np.float32, device: int = 0, readonly: bool = False):
+        self.device = device
+        self._shape = (ctypes.c_int64 * len(shape))(*shape)
+        dt = np.dtype(dtype)
+        code = {"f": 2, "i": 0, "u": 1}[dt.kind]
+        self._tensor = _DLManagedTensorVersioned(
+            1, 0, None, None, 1 if readonly else 0,
+            _DLTensor(0x10000, _DLDevice(2, device), len(shape), _DLDataType(code, 8 * dt.itemsize, 1),
+                      self._shape, None, 0),
+        )  # fmt: skip
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None) -> Any:
+        # no capsule destructor: the tensor belongs to this object, not to the consumer
+        return _PyCapsule_New(ctypes.addressof(self._tensor), b"dltensor_versioned", None)
+
+
+class HostDlpack:
+    """Only the DLPack protocol of a NumPy array (the CPU); `legacy`: a producer from before DLPack 1.0,
+    whose __dlpack__ takes no max_version."""
+
+    def __init__(self, arr: np.ndarray, legacy: bool = False):
+        self.arr, self.legacy = arr, legacy
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.arr.__dlpack_device__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        if self.legacy and kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.arr.__dlpack__(stream=stream, **kwargs)
+
+
+# -- device-independent: the front door's views of every kind of array ---------------------------
+
+
+def test_dlpack_and_buffer_objects_run_on_the_host_path() -> None:
+    rng = np.random.default_rng(0)
+    x, b = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    want = x + b
+    for legacy in (False, True):
+        got = x.copy()
+        _core.bias_add(HostDlpack(got, legacy), HostDlpack(b, legacy))  # written through the DLPack view
+        np.testing.assert_array_equal(got, want)
+    got = x.copy()
+    _core.bias_add(memoryview(got), array.array("f", b.tolist()))  # the buffer protocol
+    np.testing.assert_array_equal(got, want)
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=r"\[bias_add\] x must be writable"):
+        _core.bias_add(HostDlpack(read_only), b)  # DLPack 1.0 says read-only
+    with pytest.raises(ValueError, match=r"\[bias_add\] x must be writable"):
+        _core.bias_add(memoryview(read_only), b)
+    with pytest.raises(ValueError, match=r"\[scale_shift\] y must be writable"):
+        _core.scale_shift(np.float32(1), np.float32(0))  # a scalar is never silently written through a copy
 
 
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
         (
-            lambda: cuda.bias_add(np.zeros((2, 3), np.float32), FakeDeviceArray((3,))),
+            lambda: _core.bias_add(np.zeros((2, 3), np.float32), FakeDeviceArray((3,))),
             TypeError,
-            "x must be a GPU",
+            r"\[bias_add\] b is on a GPU but x is a host array: every array of one call must be on the same",
         ),
         (
-            lambda: cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((4,))),
+            lambda: _core.bias_add(FakeDlpackDeviceArray((2, 3)), np.zeros(3, np.float32)),
+            TypeError,
+            r"\[bias_add\] b is a host array but x is on cuda:0",
+        ),
+        (
+            lambda: _core.bias_add(FakeDlpackDeviceArray((2, 3)), FakeDlpackDeviceArray((3,), device=1)),
+            TypeError,
+            r"\[bias_add\] b is on cuda:1 but x is on cuda:0",
+        ),
+        (
+            lambda: _core.bias_add(FakeDeviceArray((2, 3)), [1.0, 2.0, 3.0]),
+            TypeError,
+            r"\[bias_add\] b must be an array \(NumPy, CuPy, __cuda_array_interface__, DLPack or buffer\), "
+            "got list",
+        ),
+        (
+            lambda: _core.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((4,))),
             ValueError,
             r"b must have shape \(3,\)",
         ),
         (
-            lambda: cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((3,), np.float64)),
+            lambda: _core.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((3,), np.float64)),
             ValueError,
-            "share one dtype",
+            r"\[bias_add\] b must have dtype float32, got float64",
         ),
         (
-            lambda: cuda.bias_add(FakeDeviceArray((2, 3), np.int32), FakeDeviceArray((3,), np.int32)),
+            lambda: _core.bias_add(FakeDlpackDeviceArray((2, 3)), FakeDlpackDeviceArray((3,), np.int64)),
             ValueError,
-            "float32",
+            r"\[bias_add\] b must have dtype float32, got int64",
         ),
         (
-            lambda: cuda.bias_add(FakeDeviceArray((2, 3), strides=(4, 8)), FakeDeviceArray((3,))),
+            lambda: _core.bias_add(FakeDeviceArray((2, 3), np.int32), FakeDeviceArray((3,), np.int32)),
             ValueError,
-            "C-contiguous",
+            r"\[bias_add\] x must be float32 or float64, got int32",
         ),
         (
-            lambda: cuda.bias_add(FakeDeviceArray((2, 3), readonly=True), FakeDeviceArray((3,))),
+            lambda: _core.bias_add(FakeDeviceArray((2, 3), strides=(4, 8)), FakeDeviceArray((3,))),
             ValueError,
-            "writable",
+            r"\[bias_add\] x must be C-contiguous",
         ),
         (
-            lambda: cuda.activation_forward(
+            lambda: _core.bias_add(FakeDeviceArray((2, 3), readonly=True), FakeDeviceArray((3,))),
+            ValueError,
+            r"\[bias_add\] x must be writable",
+        ),
+        (
+            lambda: _core.bias_add(FakeDlpackDeviceArray((2, 3), readonly=True), FakeDlpackDeviceArray((3,))),
+            ValueError,
+            r"\[bias_add\] x must be writable",
+        ),
+        (
+            lambda: _core.activation_forward(
                 "softmax", FakeDeviceArray((2, 3, 4)), FakeDeviceArray((2, 3, 4))
             ),
             ValueError,
-            "softmax needs a 2-D",
+            r"x must be 2-D \(N, C\) for softmax",
         ),
         (
-            lambda: cuda.loss_score(
+            lambda: _core.loss_score(
                 "mse",
                 "identity",
                 FakeDeviceArray((4, 3)),
@@ -144,21 +247,21 @@ def test_kernels_for_dispatches_by_device() -> None:
             "mask must have shape",
         ),
         (
-            lambda: cuda.pool2d_forward(
+            lambda: _core.pool2d_forward(
                 "max", FakeDeviceArray((1, 1, 4, 4)), FakeDeviceArray((1, 1, 2, 2)), 2, 2, 2, 2, 0, 0
             ),
             ValueError,
-            "needs an argmax",
+            "argmax is required for max pooling",
         ),
         (
-            lambda: cuda.pool2d_forward(
+            lambda: _core.pool2d_forward(
                 "avg", FakeDeviceArray((1, 1, 4, 4)), FakeDeviceArray((1, 1, 5, 5)), 2, 2, 2, 2, 0, 0
             ),
             ValueError,
             "windows outside",
         ),
         (
-            lambda: cuda.conv2d_forward(
+            lambda: _core.conv2d_forward(
                 FakeDeviceArray((1, 2, 5, 5)),
                 FakeDeviceArray((3, 1, 3, 3)),
                 None,
@@ -172,17 +275,17 @@ def test_kernels_for_dispatches_by_device() -> None:
             r"w must have shape \(K, 2, R, S\)",
         ),
         (
-            lambda: cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((5,)), 0),
+            lambda: _core.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((5,)), 0),
             ValueError,
             r"state must have shape \(10,\)",
         ),
-        (  # the CPU twin's check: beta1 = 1 makes the bias correction 1 - beta1^t zero
-            lambda: cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, beta1=1.0),
+        (  # beta1 = 1 makes the bias correction 1 - beta1^t zero
+            lambda: _core.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, beta1=1.0),
             ValueError,
             r"beta1 must be in \[0, 1\)",
         ),
-        (  # the CPU twin's check: max pooling would read past an empty plane
-            lambda: cuda.global_pool_forward(
+        (  # max pooling would read past an empty plane
+            lambda: _core.global_pool_forward(
                 "max",
                 FakeDeviceArray((2, 3, 0, 4)),
                 FakeDeviceArray((2, 3)),
@@ -192,16 +295,23 @@ def test_kernels_for_dispatches_by_device() -> None:
             r"x must have a non-empty \(H, W\) plane",
         ),
         (
-            lambda: cuda.batchnorm_forward_inference(
-                *(FakeDeviceArray(s) for s in [(2, 3), (3,), (3,), (3,), (3,), (2, 3)]), eps=0.0
+            lambda: _core.batchnorm_forward_inference(
+                *(FakeDeviceArray(s) for s in [(2, 3), (3,), (3,), (3,), (3,), (2, 3)]), eps=-1.0
             ),
             ValueError,
-            "eps must be > 0",
+            "eps must be >= 0",
         ),
         (
-            lambda: cuda.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), out=FakeDeviceArray((2, 5))),
+            lambda: _core.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), out=FakeDeviceArray((2, 5))),
             ValueError,
             "inner dimensions differ",
+        ),
+        (
+            lambda: _core.gemm(
+                FakeDeviceArray((2, 3)), FakeDeviceArray((3, 5)), out=np.zeros((2, 5), np.float32)
+            ),
+            TypeError,
+            r"\[gemm\] out is a host array but a is on a GPU",
         ),
     ],
 )
@@ -215,11 +325,17 @@ def test_cpu_build_reports_cuda_absent() -> None:
     assert cuda.summary() == ["CUDA: not built (SPARKGRAD_ENABLE_CUDA=ON pip install . builds it)"]
     with pytest.raises(RuntimeError, match="built without CUDA"):
         cuda.devices()
-    # valid arguments reach the native stand-in, which refuses (no pointer is ever dereferenced)
-    with pytest.raises(RuntimeError, match=r"\[bias_add\] sparkgrad was built without CUDA"):
-        cuda.bias_add(FakeDeviceArray((2, 3)), FakeDeviceArray((3,)))
-    with pytest.raises(RuntimeError, match=r"\[updater_apply\] sparkgrad was built without CUDA"):
-        cuda.updater_apply("adam", FakeDeviceArray((5,)), FakeDeviceArray((10,)), 0, learning_rate=0.1)
+
+
+def test_former_kernel_front_doors_are_deprecated_aliases() -> None:
+    with pytest.warns(DeprecationWarning, match=r"sparkgrad\.cuda\.bias_add is deprecated"):
+        assert cuda.bias_add is _core.bias_add
+    with pytest.warns(DeprecationWarning, match=r"sparkgrad\.cuda\.kernels_for is deprecated"):
+        assert cuda.kernels_for(FakeDeviceArray((3,))) is _core
+    with pytest.warns(DeprecationWarning, match=r"use sparkgrad\.device\.is_gpu_array"):
+        assert cuda.is_device_array(FakeDeviceArray((3,)))
+    with pytest.raises(AttributeError):
+        cuda.no_such_kernel  # noqa: B018
 
 
 def test_sync_each_op_is_a_switch() -> None:
@@ -267,8 +383,8 @@ def test_activation_matches_cpu(cp: Any, name: str, dtype: Any) -> None:
     _core.activation_forward(name, x, y, alpha=0.3)
     _core.activation_backward(name, x, y, dy, dx, alpha=0.3)
     gy, gdx = cp.empty_like(cp.asarray(x)), cp.empty_like(cp.asarray(x))
-    cuda.activation_forward(name, cp.asarray(x), gy, alpha=0.3)
-    cuda.activation_backward(name, cp.asarray(x), gy, cp.asarray(dy), gdx, alpha=0.3)
+    _core.activation_forward(name, cp.asarray(x), gy, alpha=0.3)
+    _core.activation_backward(name, cp.asarray(x), gy, cp.asarray(dy), gdx, alpha=0.3)
     terms = 11 if name == "softmax" else 1  # softmax sums a row
     _close(gy, y, terms, scale=np.abs(y).max(axis=1, keepdims=True) if name == "softmax" else None)
     # backward: f'(x) comes from y (1 - y^2 cancels near |y| = 1), so the error scales with |dy| too
@@ -283,11 +399,11 @@ def test_bias_matches_cpu(cp: Any, dtype: Any) -> None:
     x, b = _rand(rng, (6, 5, 4, 3), dtype), _rand(rng, (5,), dtype)
     gx = cp.asarray(x)
     _core.bias_add(x, b)
-    cuda.bias_add(gx, cp.asarray(b))
+    _core.bias_add(gx, cp.asarray(b))
     np.testing.assert_array_equal(gx.get(), x)  # one rounding of the same sum
     db, gdb = np.empty(5, dtype), cp.empty(5, dtype)
     _core.bias_grad(x, db)
-    cuda.bias_grad(gx, gdb)
+    _core.bias_grad(gx, gdb)
     _close(gdb, db, 1, scale=np.abs(x).sum(axis=(0, 2, 3)))  # both sum in double, then round once
 
 
@@ -307,8 +423,8 @@ def test_loss_matches_cpu(cp: Any, loss: str, activation: str, dtype: Any, mask_
     _core.loss_score(loss, activation, labels, preout, scores, mask=mask, alpha=0.0)
     _core.loss_gradient(loss, activation, labels, preout, grad, mask=mask, alpha=0.0)
     gs, gg = cp.empty(13, dtype), cp.empty((13, 7), dtype)
-    cuda.loss_score(loss, activation, cp.asarray(labels), cp.asarray(preout), gs, mask=gmask)
-    cuda.loss_gradient(loss, activation, cp.asarray(labels), cp.asarray(preout), gg, mask=gmask)
+    _core.loss_score(loss, activation, cp.asarray(labels), cp.asarray(preout), gs, mask=gmask)
+    _core.loss_gradient(loss, activation, cp.asarray(labels), cp.asarray(preout), gg, mask=gmask)
     # a score sums 7 columns of log / exp terms (plus a 7-term log-sum-exp)
     _close(gs, scores, 14, scale=np.abs(scores) + np.abs(preout).sum(axis=1) + 1)
     _close(gg, grad, 7, scale=np.abs(grad) + 1)
@@ -322,12 +438,12 @@ def test_dropout_mask_is_bit_identical(cp: Any, dtype: Any, retain: float) -> No
     y, mask = np.empty_like(x), np.empty_like(x)
     _core.dropout_forward(x, y, mask, retain, 2**63 + 12345)
     gy, gmask = cp.empty_like(cp.asarray(x)), cp.empty_like(cp.asarray(x))
-    cuda.dropout_forward(cp.asarray(x), gy, gmask, retain, 2**63 + 12345)
+    _core.dropout_forward(cp.asarray(x), gy, gmask, retain, 2**63 + 12345)
     assert gmask.get().tobytes() == mask.tobytes()
     assert gy.get().tobytes() == y.tobytes()
     dx, gdx = np.empty_like(x), cp.empty_like(gy)
     _core.dropout_backward(x, mask, dx)
-    cuda.dropout_backward(cp.asarray(x), gmask, gdx)
+    _core.dropout_backward(cp.asarray(x), gmask, gdx)
     assert gdx.get().tobytes() == dx.tobytes()
 
 
@@ -348,9 +464,9 @@ def test_conv2d_matches_cpu(cp: Any, dtype: Any, stride: tuple, pad: tuple) -> N
     _core.conv2d_backward_weight(x, dy, dw, *geo)
     gx, gw, gdy = cp.asarray(x), cp.asarray(wt), cp.asarray(dy)
     gy, gdx, gdw = cp.empty(y.shape, dtype), cp.empty(x.shape, dtype), cp.empty(wt.shape, dtype)
-    cuda.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
-    cuda.conv2d_backward_input(gdy, gw, gdx, *geo)
-    cuda.conv2d_backward_weight(gx, gdy, gdw, *geo)
+    _core.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
+    _core.conv2d_backward_input(gdy, gw, gdx, *geo)
+    _core.conv2d_backward_weight(gx, gdy, gdw, *geo)
     bound = np.abs(x).max() * np.abs(wt).max()
     _close(gy, y, c * r * s + 1, scale=bound)
     _close(gdx, dx, k * r * s, scale=np.abs(dy).max() * np.abs(wt).max())
@@ -380,9 +496,9 @@ def test_conv2d_batch_beyond_one_scratch_chunk_matches_cpu(cp: Any) -> None:
         cp.empty(x.shape, np.float32),
         cp.empty(wt.shape, np.float32),
     )
-    cuda.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
-    cuda.conv2d_backward_input(gdy, gw, gdx, *geo)
-    cuda.conv2d_backward_weight(gx, gdy, gdw, *geo)
+    _core.conv2d_forward(gx, gw, cp.asarray(b), gy, *geo)
+    _core.conv2d_backward_input(gdy, gw, gdx, *geo)
+    _core.conv2d_backward_weight(gx, gdy, gdw, *geo)
     _close(gy, y, c * 9 + 1, scale=np.abs(x).max() * np.abs(wt).max())
     _close(gdx, dx, k * 9, scale=np.abs(dy).max() * np.abs(wt).max())
     _close(gdw, dw, n * h * w, scale=np.abs(dy).max() * np.abs(x).max())
@@ -392,17 +508,45 @@ def test_conv2d_batch_beyond_one_scratch_chunk_matches_cpu(cp: Any) -> None:
 def test_kernels_run_in_order_on_cupys_current_stream(cp: Any) -> None:
     # On a non-blocking stream the legacy default stream does not wait for queued CuPy work: a kernel
     # launched there would read x before the additions finished. On CuPy's current stream it reads 50.
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = cp._core.Stream(non_blocking=True)
     with stream:
         x = cp.zeros(1 << 24, np.float32)
         for _ in range(50):
             x += 1
         y = cp.empty_like(x)
-        cuda.activation_forward("identity", x, y)
-        out = cuda.gemm(y[:64].reshape(8, 8), cp.eye(8, dtype=np.float32))
+        _core.activation_forward("identity", x, y)
+        out = _core.gemm(y[:64].reshape(8, 8), cp.eye(8, dtype=np.float32))
     stream.synchronize()
     assert float(y.min()) == 50.0 and float(y.max()) == 50.0
     np.testing.assert_array_equal(out.get(), np.full((8, 8), 50.0, np.float32))
+
+
+@pytest.mark.cuda
+def test_every_kind_of_gpu_array_runs_the_cuda_twin(cp: Any) -> None:
+    """A CuPy array, a bare __cuda_array_interface__ and a CUDA DLPack producer: one view, one kernel."""
+
+    class Interface:
+        def __init__(self, arr: Any) -> None:
+            self.arr, self.__cuda_array_interface__ = arr, arr.__cuda_array_interface__
+
+    class Dlpack:
+        def __init__(self, arr: Any) -> None:
+            self.arr = arr
+
+        def __dlpack_device__(self) -> Any:
+            return self.arr.__dlpack_device__()
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return self.arr.__dlpack__(**kwargs)
+
+    rng = np.random.default_rng(13)
+    x, b = rng.normal(size=(6, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32)
+    for wrap in (lambda a: a, Interface, Dlpack):
+        gx = cp.asarray(x)
+        _core.bias_add(wrap(gx), wrap(cp.asarray(b)))
+        np.testing.assert_array_equal(gx.get(), x + b)  # one rounding of the same sum
+    with pytest.raises(TypeError, match=r"\[bias_add\] b is a host array but x is on cuda:0"):
+        _core.bias_add(cp.asarray(x), b)
 
 
 @pytest.mark.cuda
@@ -420,8 +564,8 @@ def test_pooling_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
     _core.pool2d_backward(kind, dy, dx, *geo, argmax=argmax)
     gy, gdx = cp.empty(y.shape, dtype), cp.empty(x.shape, dtype)
     gargmax = cp.empty(y.shape, np.int64) if kind == "max" else None
-    cuda.pool2d_forward(kind, cp.asarray(x), gy, *geo, argmax=gargmax)
-    cuda.pool2d_backward(kind, cp.asarray(dy), gdx, *geo, argmax=gargmax)
+    _core.pool2d_forward(kind, cp.asarray(x), gy, *geo, argmax=gargmax)
+    _core.pool2d_backward(kind, cp.asarray(dy), gdx, *geo, argmax=gargmax)
     if kind == "max":
         np.testing.assert_array_equal(gargmax.get(), argmax)
         np.testing.assert_array_equal(gy.get(), y)
@@ -432,11 +576,11 @@ def test_pooling_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
         gy2, y2 = cp.empty((2, 3), dtype), np.empty((2, 3), dtype)
         am, gam = (np.empty((2, 3), np.int64), cp.empty((2, 3), np.int64)) if gkind == "max" else (None, None)
         _core.global_pool_forward(gkind, x, y2, argmax=am)
-        cuda.global_pool_forward(gkind, cp.asarray(x), gy2, argmax=gam)
+        _core.global_pool_forward(gkind, cp.asarray(x), gy2, argmax=gam)
         _close(gy2, y2, 1, scale=np.abs(x).sum(axis=(2, 3)))  # summed in double, rounded once
         dx2, gdx2 = np.empty_like(x), cp.empty(x.shape, dtype)
         _core.global_pool_backward(gkind, y2, dx2, argmax=am)
-        cuda.global_pool_backward(gkind, cp.asarray(y2), gdx2, argmax=gam)
+        _core.global_pool_backward(gkind, cp.asarray(y2), gdx2, argmax=gam)
         np.testing.assert_array_equal(gdx2.get(), dx2)
 
 
@@ -450,9 +594,9 @@ def test_out_of_range_argmax_is_refused_with_the_debug_switch_and_dropped_withou
     try:
         cuda.set_sync_each_op(True)
         with pytest.raises(ValueError, match=r"\[pool2d_backward\] an argmax value is outside \[0, 16\)"):
-            cuda.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
+            _core.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
         cuda.set_sync_each_op(False)
-        cuda.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
+        _core.pool2d_backward("max", dy, dx, *geo, argmax=argmax)
     finally:
         cuda.set_sync_each_op(before)
     expected = np.zeros(16, np.float32)
@@ -475,7 +619,7 @@ def test_batchnorm_matches_cpu(cp: Any, dtype: Any, shape: tuple) -> None:
     _core.batchnorm_forward_train(
         x, gamma, beta, y, host["mean"], host["var"], host["rm"], host["rv"], 0.9, 1e-5
     )
-    cuda.batchnorm_forward_train(
+    _core.batchnorm_forward_train(
         cp.asarray(x),
         cp.asarray(gamma),
         cp.asarray(beta),
@@ -494,7 +638,7 @@ def test_batchnorm_matches_cpu(cp: Any, dtype: Any, shape: tuple) -> None:
     dx, dg, db = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
     gdx, gdg, gdb = cp.empty(shape, dtype), cp.empty(c, dtype), cp.empty(c, dtype)
     _core.batchnorm_backward(x, dy, gamma, host["mean"], host["var"], dx, dg, db, 1e-5)
-    cuda.batchnorm_backward(
+    _core.batchnorm_backward(
         cp.asarray(x), cp.asarray(dy), cp.asarray(gamma), dev["mean"], dev["var"], gdx, gdg, gdb, 1e-5
     )
     _close(gdb, db, 1, scale=np.abs(dy).sum() + 1)
@@ -514,7 +658,7 @@ def test_updater_matches_cpu(cp: Any, dtype: Any, kind: str) -> None:
         g = _rand(rng, (n,), dtype)
         gg = cp.asarray(g)
         _core.updater_apply(kind, g, state, iteration, learning_rate=0.01)
-        cuda.updater_apply(kind, gg, gstate, iteration, learning_rate=0.01)
+        _core.updater_apply(kind, gg, gstate, iteration, learning_rate=0.01)
         _close(gg, g, 4, scale=np.abs(g) + 1e-6)
         _close(gstate, state, 4, scale=np.abs(state) + 1e-6)
 
@@ -526,18 +670,18 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
     w, g = _rand(rng, (500,), dtype), _rand(rng, (500,), dtype)
     gg, gw = cp.asarray(g), cp.asarray(w)
     _core.regularize_gradient(w, g, 1e-3, 1e-2)
-    cuda.regularize_gradient(gw, gg, 1e-3, 1e-2)
+    _core.regularize_gradient(gw, gg, 1e-3, 1e-2)
     _close(gg, g, 2, scale=np.abs(g) + np.abs(w) * 1e-2 + 1e-3)
     u, gu = g.copy(), gg.copy()
     _core.apply_weight_decay(w, u, 0.05)
-    cuda.apply_weight_decay(gw, gu, 0.05)
+    _core.apply_weight_decay(gw, gu, 0.05)
     _close(gu, u, 2, scale=np.abs(u) + np.abs(w) * 0.05)
     a, b = _rand(rng, (17, 40), dtype), _rand(rng, (23, 40), dtype)
     c = cp.empty((17, 23), dtype)
-    assert cuda.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, out=c) is c
+    assert _core.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, out=c) is c
     _close(c, a @ b.T, 40, scale=np.abs(a) @ np.abs(b).T)
     _close(
-        cuda.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, alpha=0.5),
+        _core.gemm(cp.asarray(a), cp.asarray(b), trans_b=True, alpha=0.5),
         0.5 * a @ b.T,
         40,
         scale=np.abs(a) @ np.abs(b).T,
@@ -545,22 +689,6 @@ def test_regularization_and_gemm_match_cpu(cp: Any, dtype: Any) -> None:
 
 
 # -- recurrent and graph-vertex kernels ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", KERNEL_FRONT_DOORS)
-def test_front_door_has_the_cpu_twins_arguments(name: str) -> None:
-    """Callers swap the module by device (kernels_for), so names, order and defaults must agree."""
-    doc = getattr(_core, name).__doc__.splitlines()[0]  # pybind11: "name(x: type, ..., alpha: float = 0.0)"
-    cpu_names = re.findall(r"(?:\(|, )(\w+): ", doc)
-    cpu_defaults = {}
-    for arg in cpu_names:
-        match = re.search(rf"(?:\(|, ){arg}: [^=,]*? = ([^,)]+)", doc)
-        if match:
-            cpu_defaults[arg] = match.group(1)
-    params = inspect.signature(getattr(cuda, name)).parameters
-    assert list(params) == cpu_names
-    defaults = {k: repr(p.default) for k, p in params.items() if p.default is not inspect.Parameter.empty}
-    assert defaults == cpu_defaults
 
 
 def _fakes(shapes: dict[str, tuple], dtype: Any = np.float32) -> dict[str, FakeDeviceArray]:
@@ -593,11 +721,11 @@ LSTM_BACKWARD = {
 
 
 def _lstm_forward(shapes: dict[str, tuple] = LSTM_FORWARD, **kwargs: Any) -> None:
-    cuda.lstm_forward(**_fakes(shapes), **kwargs)
+    _core.lstm_forward(**_fakes(shapes), **kwargs)
 
 
 def _lstm_backward(shapes: dict[str, tuple] = LSTM_BACKWARD, **kwargs: Any) -> None:
-    cuda.lstm_backward(**_fakes(shapes), **kwargs)
+    _core.lstm_backward(**_fakes(shapes), **kwargs)
 
 
 def _with(shapes: dict[str, tuple], **changes: tuple) -> dict[str, tuple]:
@@ -606,7 +734,7 @@ def _with(shapes: dict[str, tuple], **changes: tuple) -> dict[str, tuple]:
 
 def _elementwise(kind: str, shapes: list[tuple], y: tuple = (4, 3)) -> None:
     f = _fakes({"y": y, **{f"in{i}": s for i, s in enumerate(shapes)}})
-    cuda.elementwise_forward(kind, [f[f"in{i}"] for i in range(len(shapes))], f["y"])
+    _core.elementwise_forward(kind, [f[f"in{i}"] for i in range(len(shapes))], f["y"])
 
 
 def _elementwise_backward(n_inputs: int, n_dx: int, dx0_is_dy: bool = False) -> None:
@@ -618,19 +746,19 @@ def _elementwise_backward(n_inputs: int, n_dx: int, dx0_is_dy: bool = False) -> 
         }
     )
     dx = [f["dy"] if (i == 0 and dx0_is_dy) else f[f"dx{i}"] for i in range(n_dx)]
-    cuda.elementwise_backward("add", [f[f"in{i}"] for i in range(n_inputs)], f["dy"], dx)
+    _core.elementwise_backward("add", [f[f"in{i}"] for i in range(n_inputs)], f["dy"], dx)
 
 
 def _l2_normalize(
     x: tuple = (4, 3), y: tuple = (4, 3), norms: tuple = (4,), eps: float = 1e-8, alias: bool = False
 ) -> None:
     f = _fakes({"x": x, "y": y, "norms": norms})
-    cuda.l2_normalize_forward(f["x"], f["x"] if alias else f["y"], f["norms"], eps)
+    _core.l2_normalize_forward(f["x"], f["x"] if alias else f["y"], f["norms"], eps)
 
 
 def _l2_distance_backward(alias: bool) -> None:
     f = _fakes({"a": (4, 3), "b": (4, 3), "y": (4,), "dy": (4,), "da": (4, 3), "db": (4, 3)})
-    cuda.l2_distance_backward(f["a"], f["b"], f["y"], f["dy"], f["da"], f["da"] if alias else f["db"], 1e-8)
+    _core.l2_distance_backward(f["a"], f["b"], f["y"], f["dy"], f["da"], f["da"] if alias else f["db"], 1e-8)
 
 
 @pytest.mark.parametrize(
@@ -651,11 +779,11 @@ def _l2_distance_backward(alias: bool) -> None:
         (lambda: _lstm_forward(activation="softmax"), ValueError, "softmax is not an elementwise activation"),
         (lambda: _lstm_forward(gate_activation="swish"), ValueError, "unknown activation"),
         (
-            lambda: cuda.lstm_forward(
+            lambda: _core.lstm_forward(
                 **_fakes(LSTM_FORWARD), h0=FakeDeviceArray((2, 5), np.float64, ptr=1 << 30)
             ),
             ValueError,
-            "share one dtype",
+            r"\[lstm_forward\] h0 must have dtype float32, got float64",
         ),
         (lambda: _lstm_backward(first_step=3), ValueError, r"first_step must be in \[0, 3\), got 3"),
         (lambda: _lstm_backward(first_step=-1), ValueError, r"first_step must be in \[0, 3\)"),
@@ -678,27 +806,27 @@ def _l2_distance_backward(alias: bool) -> None:
         (lambda: _elementwise("median", [(4, 3)]), ValueError, "unknown element-wise op 'median'"),
         (lambda: _elementwise("add", []), ValueError, "at least one array"),
         (
-            lambda: cuda.elementwise_forward(
+            lambda: _core.elementwise_forward(
                 "add", FakeDeviceArray((4, 3)), FakeDeviceArray((4, 3), ptr=1 << 30)
             ),
             TypeError,
-            "inputs must be a list",
+            r"\[elementwise_forward\] inputs must be a list of arrays, got FakeDeviceArray",
         ),
         (lambda: _elementwise_backward(2, 1), ValueError, r"dx must hold one array per input \(2\), got 1"),
         (lambda: _elementwise_backward(2, 2, dx0_is_dy=True), ValueError, r"dx\[0\] must not overlap"),
         (
-            lambda: cuda.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((3, 4), ptr=1 << 30), 2.0),
+            lambda: _core.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((3, 4), ptr=1 << 30), 2.0),
             ValueError,
             r"y must have shape \(4, 3\)",
         ),
-        (lambda: _l2_normalize(eps=0.0), ValueError, "eps must be a finite number > 0, got 0.0"),
+        (lambda: _l2_normalize(eps=0.0), ValueError, r"eps must be a finite number > 0, got 0$"),
         (lambda: _l2_normalize(eps=float("inf")), ValueError, "eps must be a finite number > 0"),
         (lambda: _l2_normalize(norms=(3,)), ValueError, r"norms must have shape \(4,\)"),
         (lambda: _l2_normalize(x=(), y=()), ValueError, "x must have a batch axis"),
         (lambda: _l2_normalize(alias=True), ValueError, "y must not overlap x"),
         (lambda: _l2_distance_backward(alias=True), ValueError, "da and db must not overlap"),
         (
-            lambda: cuda.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4, 1)})),
+            lambda: _core.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4, 1)})),
             ValueError,
             r"y must have shape \(4,\)",
         ),
@@ -709,31 +837,112 @@ def test_recurrent_and_vertex_front_doors_reject_bad_arguments(call: Any, error:
         call()
 
 
+SIMPLE_RNN_FORWARD = {"x": (2, 3, 4), "w": (4, 5), "rw": (5, 5), "b": (5,), "hs": (2, 3, 5), "act": (2, 3, 5)}
+SIMPLE_RNN_BACKWARD = {
+    **{k: v for k, v in SIMPLE_RNN_FORWARD.items() if k != "b"},
+    **{"dh": (2, 3, 5), "dz": (2, 3, 5), "dw": (4, 5), "drw": (5, 5), "db": (5,)},
+}
+CONV = {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "b": (4,), "y": (2, 4, 6, 6)}
+POOL = {"x": (2, 3, 4, 4), "y": (2, 3, 2, 2)}
+POOL_GEOMETRY = {"kernel_h": 2, "kernel_w": 2, "stride_h": 2, "stride_w": 2, "pad_top": 0, "pad_left": 0}
+BATCHNORM = ("x", "gamma", "beta", "y", "batch_mean", "batch_var", "running_mean", "running_var")
+
+
+def _f(*shapes: tuple, dtype: Any = np.float32) -> list[FakeDeviceArray]:
+    return list(_fakes({str(i): s for i, s in enumerate(shapes)}, dtype).values())
+
+
+# valid arguments for every kernel: each passes every front-door check
 VALID_CALLS = {
-    "lstm_forward": lambda: cuda.lstm_forward(
+    "bias_add": lambda: _core.bias_add(*_f((4, 3), (3,))),
+    "bias_grad": lambda: _core.bias_grad(*_f((4, 3, 2, 2), (3,))),
+    "activation_forward": lambda: _core.activation_forward("softmax", *_f((4, 3), (4, 3))),
+    "activation_backward": lambda: _core.activation_backward(
+        "elu", *_f((4, 3), (4, 3), (4, 3), (4, 3)), alpha=1.0
+    ),
+    "loss_score": lambda: _core.loss_score(
+        "mcxent", "softmax", *_f((4, 3), (4, 3), (4,)), mask=_f((4, 1))[0]
+    ),
+    "loss_gradient": lambda: _core.loss_gradient(
+        "mse", "identity", *_f((4, 3), (4, 3), (4, 3)), mask=_f((4, 3))[0]
+    ),
+    "dropout_forward": lambda: _core.dropout_forward(*_f((4, 3), (4, 3), (4, 3)), 0.5, 2**64 - 1),
+    "dropout_backward": lambda: _core.dropout_backward(*_f((4, 3), (4, 3), (4, 3))),
+    "conv2d_forward": lambda: _core.conv2d_forward(
+        **_fakes(CONV), stride_h=1, stride_w=1, pad_top=0, pad_left=0
+    ),
+    "conv2d_backward_input": lambda: _core.conv2d_backward_input(
+        *_f((2, 4, 6, 6), (4, 3, 3, 3), (2, 3, 8, 8)), 1, 1, 0, 0
+    ),
+    "conv2d_backward_weight": lambda: _core.conv2d_backward_weight(
+        *_f((2, 3, 8, 8), (2, 4, 6, 6), (4, 3, 3, 3)), 1, 1, 0, 0
+    ),
+    "pool2d_forward": lambda: _core.pool2d_forward(
+        "max", **_fakes(POOL), **POOL_GEOMETRY, argmax=_f((2, 3, 2, 2), dtype=np.int64)[0]
+    ),
+    "pool2d_backward": lambda: _core.pool2d_backward("avg", *_f((2, 3, 2, 2), (2, 3, 4, 4)), **POOL_GEOMETRY),
+    "global_pool_forward": lambda: _core.global_pool_forward("sum", *_f((2, 3, 4, 4), (2, 3))),
+    "global_pool_backward": lambda: _core.global_pool_backward(
+        "max", *_f((2, 3), (2, 3, 4, 4)), argmax=_f((2, 3), dtype=np.int64)[0]
+    ),
+    "batchnorm_forward_train": lambda: _core.batchnorm_forward_train(
+        **_fakes({k: (2, 3) if k in ("x", "y") else (3,) for k in BATCHNORM}), decay=0.9, eps=1e-5
+    ),
+    "batchnorm_forward_inference": lambda: _core.batchnorm_forward_inference(
+        *_f((2, 3), (3,), (3,), (3,), (3,), (2, 3)), eps=1e-5
+    ),
+    "batchnorm_backward": lambda: _core.batchnorm_backward(
+        *_f((2, 3), (2, 3), (3,), (3,), (3,), (2, 3), (3,), (3,)), eps=1e-5
+    ),
+    "lstm_forward": lambda: _core.lstm_forward(
         **_fakes({**LSTM_FORWARD, "mask": (2, 3), "h0": (2, 5), "c0": (2, 5)})
     ),
-    "lstm_backward": lambda: cuda.lstm_backward(
+    "lstm_backward": lambda: _core.lstm_backward(
         **_fakes({**LSTM_BACKWARD, "dx": (2, 3, 4), "mask": (2, 3)}), first_step=2
+    ),
+    "simple_rnn_forward": lambda: _core.simple_rnn_forward(
+        **_fakes({**SIMPLE_RNN_FORWARD, "mask": (2, 3), "h0": (2, 5)}), activation="softmax"
+    ),
+    "simple_rnn_backward": lambda: _core.simple_rnn_backward(
+        **_fakes({**SIMPLE_RNN_BACKWARD, "dx": (2, 3, 4), "h0": (2, 5)}), first_step=1
     ),
     "elementwise_forward": lambda: _elementwise("max", [(4, 3)] * 3),
     "elementwise_backward": lambda: _elementwise_backward(2, 2),
-    "scale_shift": lambda: cuda.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((4, 3)), 2.0, 1.0),
+    "scale_shift": lambda: _core.scale_shift(FakeDeviceArray((4, 3)), FakeDeviceArray((4, 3)), 2.0, 1.0),
     "l2_normalize_forward": lambda: _l2_normalize(),
-    "l2_normalize_backward": lambda: cuda.l2_normalize_backward(
+    "l2_normalize_backward": lambda: _core.l2_normalize_backward(
         **_fakes({"y": (4, 3), "norms": (4,), "dy": (4, 3), "dx": (4, 3)}), eps=1e-8
     ),
-    "l2_distance_forward": lambda: cuda.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4,)})),
+    "l2_distance_forward": lambda: _core.l2_distance_forward(**_fakes({"a": (4, 3), "b": (4, 3), "y": (4,)})),
     "l2_distance_backward": lambda: _l2_distance_backward(alias=False),
+    "updater_apply": lambda: _core.updater_apply("adam", *_f((5,), (10,)), 0, learning_rate=0.1),
+    "regularize_gradient": lambda: _core.regularize_gradient(*_f((5,), (5,)), 1e-3, 1e-2),
+    "apply_weight_decay": lambda: _core.apply_weight_decay(*_f((5,), (5,)), 0.1),
+    "gemm": lambda: _core.gemm(*_f((2, 3), (5, 3)), trans_b=True, beta=1.0, out=_f((2, 5))[0]),
 }
+
+
+def test_every_kernel_has_a_valid_device_call() -> None:
+    assert sorted(VALID_CALLS) == sorted(cuda._FORMER_KERNELS)  # every kernel that has a CUDA twin
 
 
 @pytest.mark.skipif(cuda.built(), reason="the CPU build's stand-ins")
 @pytest.mark.parametrize("op", sorted(VALID_CALLS))
-def test_cpu_build_recurrent_and_vertex_kernels_report_cuda_absent(op: str) -> None:
-    # valid arguments pass every front-door check and reach the native stand-in
+def test_cpu_build_kernels_take_device_arrays_and_report_cuda_absent(op: str) -> None:
+    # valid device arrays pass every front-door check and reach the native stand-in, which refuses the op
+    # (no pointer is ever dereferenced)
     with pytest.raises(RuntimeError, match=rf"\[{op}\] sparkgrad was built without CUDA"):
         VALID_CALLS[op]()
+
+
+def test_device_arrays_of_every_kind_reach_the_same_checks() -> None:
+    # the DLPack view of a CUDA tensor reads as a __cuda_array_interface__ one does
+    with pytest.raises(
+        ValueError, match=r"\[simple_rnn_forward\] act must have shape \(2, 3, 5\), got \(2, 3, 4\)"
+    ):
+        _core.simple_rnn_forward(
+            **{k: FakeDlpackDeviceArray(s) for k, s in {**SIMPLE_RNN_FORWARD, "act": (2, 3, 4)}.items()}
+        )
 
 
 LSTM_CASES = [  # (case, activation, gate activation, alpha)
@@ -774,7 +983,7 @@ def test_lstm_matches_cpu(cp: Any, dtype: Any, case: str, activation: str, gate:
     _core.lstm_forward(x, w, rw, b, **fwd, **opts, **kw)
     gfwd = {k: cp.empty(v.shape, dtype) for k, v in fwd.items()}
     gx, gw, grw = cp.asarray(x), cp.asarray(w), cp.asarray(rw)
-    cuda.lstm_forward(gx, gw, grw, cp.asarray(b), **gfwd, **dev_opts, **kw)
+    _core.lstm_forward(gx, gw, grw, cp.asarray(b), **gfwd, **dev_opts, **kw)
 
     eps = ELEMENTWISE_ULPS * np.finfo(dtype).eps
     h_prev = np.concatenate([opts.get("h0", np.zeros((n, h), dtype))[:, None], fwd["hs"][:, :-1]], axis=1)
@@ -793,7 +1002,7 @@ def test_lstm_matches_cpu(cp: Any, dtype: Any, case: str, activation: str, gate:
     _core.lstm_backward(x, w, rw, *fwd.values(), dh, **grads, dx=dx, **bwd_kw)
     ggrads = {k: cp.empty(v.shape, dtype) for k, v in grads.items()}
     gdx = None if dx is None else cp.empty(x.shape, dtype)
-    cuda.lstm_backward(
+    _core.lstm_backward(
         gx, gw, grw, *gfwd.values(), cp.asarray(dh), **ggrads, dx=gdx, **{**bwd_kw, **dev_opts}
     )
 
@@ -846,10 +1055,10 @@ def test_simple_rnn_matches_cpu(cp: Any, dtype: Any, activation: str, state_mask
     g = {k: cp.asarray(v) for k, v in opt.items() if k in ("mask", "h0")}
     gx, gw, grw, gdh = (cp.asarray(a) for a in (x, w, rw, dh))
     ghs, gact = cp.empty(hs.shape, dtype), cp.empty(hs.shape, dtype)
-    cuda.simple_rnn_forward(gx, gw, grw, cp.asarray(b), ghs, gact, activation=activation, alpha=0.7, **g)
+    _core.simple_rnn_forward(gx, gw, grw, cp.asarray(b), ghs, gact, activation=activation, alpha=0.7, **g)
     ggrads = {k: cp.empty(v.shape, dtype) for k, v in grads.items()}
     gdx = cp.empty(x.shape, dtype)
-    cuda.simple_rnn_backward(
+    _core.simple_rnn_backward(
         gx, gw, grw, ghs, gact, gdh, **ggrads, dx=gdx, first_step=first_step, activation=activation,
         alpha=0.7, **g,
     )  # fmt: skip
@@ -880,8 +1089,8 @@ def test_elementwise_vertex_matches_cpu_exactly(cp: Any, dtype: Any, kind: str) 
     _core.elementwise_backward(kind, inputs, dy, dx)
     ginputs = [cp.asarray(a) for a in inputs]
     gy, gdx = cp.empty(y.shape, dtype), [cp.empty(y.shape, dtype) for _ in range(k)]
-    cuda.elementwise_forward(kind, ginputs, gy)
-    cuda.elementwise_backward(kind, ginputs, cp.asarray(dy), gdx)
+    _core.elementwise_forward(kind, ginputs, gy)
+    _core.elementwise_backward(kind, ginputs, cp.asarray(dy), gdx)
     # the same additions and multiplications in the same order, none a multiply-add pair the GPU could
     # fuse: every rounding is the CPU's
     np.testing.assert_array_equal(gy.get(), y)
@@ -900,17 +1109,17 @@ def test_scale_shift_and_l2_vertices_match_cpu(cp: Any, dtype: Any) -> None:
     y = np.empty_like(x)
     _core.scale_shift(x, y, 1.7, -0.3)
     gy = cp.empty(x.shape, dtype)
-    cuda.scale_shift(cp.asarray(x), gy, 1.7, -0.3)
+    _core.scale_shift(cp.asarray(x), gy, 1.7, -0.3)
     _close(gy, y, 1, scale=np.abs(x * 1.7) + 0.3)  # the GPU may fuse x * scale + shift
 
     norms, gnorms = np.empty(n, dtype), cp.empty(n, dtype)
     _core.l2_normalize_forward(x, y, norms, eps)
-    cuda.l2_normalize_forward(cp.asarray(x), gy, gnorms, eps)
+    _core.l2_normalize_forward(cp.asarray(x), gy, gnorms, eps)
     _close(gnorms, norms, d)  # a d-term sum of squares in double, rounded once
     _close(gy, y, d)
     dx, gdx = np.empty_like(x), cp.empty(x.shape, dtype)
     _core.l2_normalize_backward(y, norms, dy, dx, eps)  # the CPU's forward outputs for both
-    cuda.l2_normalize_backward(cp.asarray(y), cp.asarray(norms), cp.asarray(dy), gdx, eps)
+    _core.l2_normalize_backward(cp.asarray(y), cp.asarray(norms), cp.asarray(dy), gdx, eps)
     dot = np.abs(dy * y).sum(axis=1, keepdims=True)
     _close(gdx, dx, d, scale=(np.abs(dy) + np.abs(y) * dot) / norms[:, None])
 
@@ -918,13 +1127,13 @@ def test_scale_shift_and_l2_vertices_match_cpu(cp: Any, dtype: Any) -> None:
     b[4] = a[4]  # distance 0: the backward divides by eps
     dist, gdist = np.empty(n, dtype), cp.empty(n, dtype)
     _core.l2_distance_forward(a, b, dist)
-    cuda.l2_distance_forward(cp.asarray(a), cp.asarray(b), gdist)
+    _core.l2_distance_forward(cp.asarray(a), cp.asarray(b), gdist)
     _close(gdist, dist, d)
     ddist = _rand(rng, (n,), dtype)
     da, db = np.empty_like(a), np.empty_like(a)
     gda, gdb = cp.empty(a.shape, dtype), cp.empty(a.shape, dtype)
     _core.l2_distance_backward(a, b, dist, ddist, da, db, eps)
-    cuda.l2_distance_backward(
+    _core.l2_distance_backward(
         cp.asarray(a), cp.asarray(b), cp.asarray(dist), cp.asarray(ddist), gda, gdb, eps
     )
     _close(gda, da, 1)  # (a - b) * dy / max(y, eps) in double, rounded once
@@ -938,15 +1147,15 @@ CONV_FAKES = {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "y": (2, 4, 6, 6)}
     ("call", "message"),
     [
         (
-            lambda f: cuda.conv2d_backward_weight(f["x"], f["y"], f["w"], 1, 1, 0, 0, algorithm="winograd"),
+            lambda f: _core.conv2d_backward_weight(f["x"], f["y"], f["w"], 1, 1, 0, 0, algorithm="winograd"),
             r"\[conv2d_backward_weight\] algorithm 'winograd' has no GPU kernel, use auto, cudnn or im2col",
         ),
         (
-            lambda f: cuda.conv2d_backward_input(f["y"], f["w"], f["x"], 1, 1, 0, 0, algorithm="fft"),
+            lambda f: _core.conv2d_backward_input(f["y"], f["w"], f["x"], 1, 1, 0, 0, algorithm="fft"),
             r"\[conv2d_backward_input\] unknown algorithm 'fft', expected one of auto im2col winograd cudnn",
         ),
         (
-            lambda f: cuda.conv2d_forward(f["x"], f["w"], None, f["y"], 1, 1, 0, 0, activation="tanh"),
+            lambda f: _core.conv2d_forward(f["x"], f["w"], None, f["y"], 1, 1, 0, 0, activation="tanh"),
             r"\[conv2d_forward\] activation must be identity or relu \(the fused epilogues\), got 'tanh'",
         ),
     ],
