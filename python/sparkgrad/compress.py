@@ -125,9 +125,9 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
         boundary: encode at most this many entries, lowest indices first; others keep their residual.
 
     Returns:
-        The int32 message; header-only (``n == 0``) when nothing qualifies. For a CuPy residual, a view of
-        a buffer of ``HEADER_WORDS + min(N, boundary)`` words (see :func:`threshold_encode_into`, which
-        does not wait for the GPU to learn the count).
+        The int32 message; header-only (``n == 0``) when nothing qualifies. For a CuPy residual a CuPy
+        array of exactly the message's size (the call waits once to learn it; see
+        :func:`threshold_encode_into`, which does not wait).
     """
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
@@ -138,7 +138,8 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     _require_cuda_build(op)
     out = _cupy().empty(_sparse_capacity(n, limit), dtype=np.int32)
     cuda.launch(_core.cuda_threshold_encode, ptr, n, dtype, t, limit, out.data.ptr)
-    return out[: HEADER_WORDS + cuda.launch(_core.cuda_message_entries, out.data.ptr)]
+    # a copy of the message's size: a view would keep the worst-case buffer (as large as the residual) alive
+    return out[: HEADER_WORDS + cuda.launch(_core.cuda_message_entries, out.data.ptr)].copy()
 
 
 def threshold_encode_into(residual: Array, threshold: float, out: Array, boundary: int | None = None) -> None:
