@@ -179,7 +179,7 @@ def test_device_threshold_encode_reads_the_count_from_the_header(gpu, boundary) 
     host = np.random.default_rng(2).normal(size=1000).astype(np.float32)
     expected = compress.threshold_encode(host.copy(), 0.5, boundary)
     residual = gpu.asarray(host)
-    message = compress.threshold_encode(residual, 0.5, boundary)  # a view of the buffer's message words
+    message = compress.threshold_encode(residual, 0.5, boundary)  # a copy of the buffer's message words
     assert message.get().tobytes() == expected.tobytes()
     out = gpu.asarray(np.full(4 + 1000, -7, np.int32))
     compress.threshold_encode_into(gpu.asarray(host), 0.5, out, boundary)
