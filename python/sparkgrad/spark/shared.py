@@ -51,10 +51,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sparkgrad._config import Config, check_int, coerce_enum
+from sparkgrad._config import Config, check_int, check_range, coerce_enum
 from sparkgrad.compress import (
     DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
+    MAX_THRESHOLD,
+    MIN_THRESHOLD,
+    AdaptiveThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
@@ -464,6 +467,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
             them).
+        updates_threshold: DL4J's ``updatesThreshold(t)``: the adaptive threshold algorithm starting at
+            ``t``, i.e. ``threshold_algorithm=AdaptiveThresholdAlgorithm(t)`` (give one or the other).
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -525,6 +530,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     rdd_data_set_num_examples: int = 1
     workers_per_node: int = -1
     threshold_algorithm: ThresholdAlgorithm | None = None
+    updates_threshold: float | None = None
     residual_post_processor: ResidualPostProcessor | None = None
     mesh_build_mode: MeshBuildMode = MeshBuildMode.PLAIN
     staleness_bound: int = 4
@@ -567,6 +573,15 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             raise ValueError(
                 f"threshold_algorithm: expected a ThresholdAlgorithm, got {self.threshold_algorithm!r}"
             )
+        if self.updates_threshold is not None:
+            self.updates_threshold = check_range(
+                "updates_threshold", self.updates_threshold, MIN_THRESHOLD, MAX_THRESHOLD
+            )
+            if self.threshold_algorithm is not None:
+                raise ValueError(
+                    "updates_threshold: give updates_threshold (the adaptive algorithm starting there) or "
+                    "threshold_algorithm, not both"
+                )
         if self.residual_post_processor is not None and not isinstance(
             self.residual_post_processor, ResidualPostProcessor
         ):
@@ -608,7 +623,10 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     @property
     def current_threshold_algorithm(self) -> ThresholdAlgorithm:
         """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
-        return self._threshold_state or self.threshold_algorithm or default_threshold_algorithm()
+        configured = self.threshold_algorithm
+        if configured is None and self.updates_threshold is not None:
+            configured = AdaptiveThresholdAlgorithm(self.updates_threshold)
+        return self._threshold_state or configured or default_threshold_algorithm()
 
     def execute_training(
         self,
