@@ -15,6 +15,7 @@ from sparkgrad.data import DataSet
 from sparkgrad.nn import MultiLayerNetwork, updaters
 from sparkgrad.spark import (
     DefaultRepartitioner,
+    EqualRepartitioner,
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
     SparkMultiLayer,
@@ -238,7 +239,8 @@ def test_masters_round_trip_json_and_yaml() -> None:
         repartition_strategy="spark_default",
         training_hooks=(TrainingHook(),),
     )
-    for master in (shared, pa):
+    equal = ParameterAveragingTrainingMaster(repartition_strategy=EqualRepartitioner())
+    for master in (shared, pa, equal):
         cls = type(master)
         assert cls.from_json(master.to_json()) == master
         assert cls.from_yaml(master.to_yaml()) == master
@@ -265,6 +267,8 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
         (SharedTrainingMaster, {"momentum_masking": 1}, "momentum_masking"),
         (SharedTrainingMaster, {"own_update": "sent"}, "own_update"),
+        (SharedTrainingMaster, {"repartitioner": "default"}, "repartitioner"),
+        (ParameterAveragingTrainingMaster, {"repartition_strategy": "approximate"}, "repartition_strategy"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
     ],

@@ -50,6 +50,7 @@ from sparkgrad.spark.config import (
     AveragingJobs,
     RDDTrainingApproach,
     Repartition,
+    Repartitioner,
     RepartitionStrategy,
     TrainingHook,
     VoidConfiguration,
@@ -211,7 +212,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         save_updater: average and keep the updater state (else every round starts from the driver's).
         worker_prefetch_num_batches: minibatches a worker loads ahead in a background thread (0: none).
         repartition: when to repartition each split (``Repartition``).
-        repartition_strategy: how (``RepartitionStrategy``).
+        repartition_strategy: how: ``"balanced"`` (:class:`~sparkgrad.spark.EqualRepartitioner`),
+            ``"spark_default"`` (Spark's hash repartition) or a :class:`~sparkgrad.spark.Repartitioner`,
+            called with a minibatch's worth of elements as ``min_per_partition`` and the workers as
+            ``num_workers``.
         storage_level: Spark storage level of the training data (trained directly).
         storage_level_streams: storage level of path RDDs (fit_paths / exported files).
         rdd_training_approach: ``"auto"`` (default: train directly from the persisted RDD while its
@@ -260,7 +264,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     save_updater: bool = True
     worker_prefetch_num_batches: int = 0
     repartition: Repartition = Repartition.ALWAYS
-    repartition_strategy: RepartitionStrategy = RepartitionStrategy.BALANCED
+    repartition_strategy: RepartitionStrategy | Repartitioner = RepartitionStrategy.BALANCED
     storage_level: str = "MEMORY_ONLY_SER"
     storage_level_streams: str = "MEMORY_ONLY"
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
@@ -296,9 +300,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
         )
         self.repartition = coerce_enum(Repartition, self.repartition, "repartition")
-        self.repartition_strategy = coerce_enum(
-            RepartitionStrategy, self.repartition_strategy, "repartition_strategy"
-        )
+        if not isinstance(self.repartition_strategy, Repartitioner):
+            self.repartition_strategy = coerce_enum(
+                RepartitionStrategy, self.repartition_strategy, "repartition_strategy"
+            )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
         self.storage_level_streams = check_storage_level("storage_level_streams", self.storage_level_streams)
         self.rdd_training_approach = coerce_enum(
@@ -398,6 +403,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             self.last_stats = stats
         return score
 
+    def _min_per_partition(self, data: TrainingData) -> int:
+        """The elements of one worker minibatch (a Repartitioner's ``min_per_partition``)."""
+        return max(1, self.batch_size_per_worker // data.examples_per_unit)
+
     def _rounds_per_epoch(self, data: TrainingData, workers: int) -> int:
         """The number of balanced random splits (averaging rounds) of an epoch."""
         per_split = max(
@@ -460,7 +469,13 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         workers = self.num_workers or min(sc.defaultParallelism, slots)
         with Timer(stats, REPARTITION):
             units = repartition(
-                data.rdd, self.repartition, self.repartition_strategy, workers, data.num_units, data.counts
+                data.rdd,
+                self.repartition,
+                self.repartition_strategy,
+                workers,
+                data.num_units,
+                data.counts,
+                self._min_per_partition(data),
             )
         partitions = units.getNumPartitions()
         if partitions > slots:
@@ -529,7 +544,13 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
                 continue
             with Timer(stats, REPARTITION):
                 part = repartition(
-                    split, self.repartition, self.repartition_strategy, workers, size, part_counts
+                    split,
+                    self.repartition,
+                    self.repartition_strategy,
+                    workers,
+                    size,
+                    part_counts,
+                    self._min_per_partition(data),
                 )
             scores.append(self._average_round(sc, network, part, data, stats, progress))
         return float(np.mean([s for s in scores if s is not None])) if scores else float("nan")

@@ -71,14 +71,13 @@ from sparkgrad.spark.common import (
     run_spark,
 )
 from sparkgrad.spark.config import (
-    DefaultRepartitioner,
     MeshBuildMode,
     RDDTrainingApproach,
     VoidConfiguration,
     check_storage_level,
 )
 from sparkgrad.spark.devices import check_worker_device
-from sparkgrad.spark.partitioning import shuffle_in_place
+from sparkgrad.spark.partitioning import DefaultRepartitioner, Repartitioner, shuffle_in_place
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared_worker import (
     SharedJob,
@@ -480,9 +479,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         storage_level: storage level of the training RDD.
-        repartitioner: None (default): one balanced partition per Spark task slot, every epoch of a fit
-            in one barrier job; ``DefaultRepartitioner()`` is DL4J's one minibatch per partition (one
-            Spark job per epoch once there are more partitions than slots).
+        repartitioner: a :class:`~sparkgrad.spark.Repartitioner`, called with a minibatch's worth of
+            elements as ``min_per_partition`` and the task slots as ``num_workers``. None (default): one
+            balanced partition per Spark task slot, every epoch of a fit in one barrier job;
+            ``DefaultRepartitioner()`` is DL4J's one minibatch per partition (one Spark job per epoch
+            once there are more partitions than slots).
         worker_prefetch_num_batches: minibatches loaded ahead by a background thread on each worker.
         encoding_debug_mode: log threshold, density and residual statistics for every worker step.
         collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
@@ -532,7 +533,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
     storage_level: str = "MEMORY_ONLY_SER"
-    repartitioner: DefaultRepartitioner | None = None
+    repartitioner: Repartitioner | None = None
     worker_prefetch_num_batches: int = 2
     encoding_debug_mode: bool = False
     collect_training_stats: bool = False
@@ -585,8 +586,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "direct_memory_budget_mb", self.direct_memory_budget_mb, minimum=0
         )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
-        if self.repartitioner is not None and not isinstance(self.repartitioner, DefaultRepartitioner):
-            raise ValueError(f"repartitioner: expected a DefaultRepartitioner, got {self.repartitioner!r}")
+        if self.repartitioner is not None and not isinstance(self.repartitioner, Repartitioner):
+            raise ValueError(f"repartitioner: expected a Repartitioner, got {self.repartitioner!r}")
         self.worker_prefetch_num_batches = check_int(
             "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
         )
@@ -650,7 +651,9 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
                 seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
-            units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
+            units = repartitioner.repartition(
+                data.rdd, min_per, slots, total=data.num_units, counts=data.counts, seed=seed
+            )
         results, _ = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )
