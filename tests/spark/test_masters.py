@@ -231,6 +231,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         encoding_debug_mode=True,
         momentum_masking=True,
         own_update="encoded",
+        task_threads=2,
     )
     pa = ParameterAveragingTrainingMaster(
         num_workers=3,
@@ -239,7 +240,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         repartition_strategy="spark_default",
         training_hooks=(TrainingHook(),),
     )
-    equal = ParameterAveragingTrainingMaster(repartition_strategy=EqualRepartitioner())
+    equal = ParameterAveragingTrainingMaster(repartition_strategy=EqualRepartitioner(), task_threads=1)
     for master in (shared, pa, equal):
         cls = type(master)
         assert cls.from_json(master.to_json()) == master
@@ -267,7 +268,9 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
         (SharedTrainingMaster, {"momentum_masking": 1}, "momentum_masking"),
         (SharedTrainingMaster, {"own_update": "sent"}, "own_update"),
+        (SharedTrainingMaster, {"task_threads": 0}, "task_threads"),
         (SharedTrainingMaster, {"repartitioner": "default"}, "repartitioner"),
+        (ParameterAveragingTrainingMaster, {"task_threads": 1.5}, "task_threads"),
         (ParameterAveragingTrainingMaster, {"repartition_strategy": "approximate"}, "repartition_strategy"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),

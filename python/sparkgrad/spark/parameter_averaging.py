@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from sparkgrad import get_num_threads
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.common import (
@@ -66,6 +67,7 @@ from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared import ControllerFit, _task_slots
 from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.spark.threads import check_task_threads, task_threads
 from sparkgrad.transport import Controller, ZmqTransportConfiguration
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,7 @@ class _SplitJob:
     hooks: tuple
     collect_stats: bool
     worker_device: str
+    task_threads: int | None
 
 
 def _train_partition(job_bc: Any) -> Any:
@@ -173,29 +176,30 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
     stats = SparkTrainingStats() if job_bc.value.collect_stats else None
     with Timer(stats, "ParameterAveragingWorkerBroadcastGetValueTimeMs"):
         job: _SplitJob = job_bc.value
-    batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
-    net = None
-    score, n_batches = 0.0, 0
-    while True:
-        t = now_ms()
-        ds = next(batches, None)
-        if ds is None:
-            break
+    with task_threads(job.task_threads):
+        batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
+        net = None
+        score, n_batches = 0.0, 0
+        while True:
+            t = now_ms()
+            ds = next(batches, None)
+            if ds is None:
+                break
+            if stats is not None:
+                stats.add(WORKER_GET_DATA, event(t))
+            if net is None:
+                device = resolve_worker_device(job.worker_device)
+                with Timer(stats, WORKER_INIT, gpu=device_index(device)):
+                    net = job.snapshot.build(device=device)
+            with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
+                score = fit_minibatch(net, ds, job.hooks)
+            n_batches += 1
+        if net is None:  # empty partition: excluded from the average
+            return
         if stats is not None:
-            stats.add(WORKER_GET_DATA, event(t))
-        if net is None:
-            device = resolve_worker_device(job.worker_device)
-            with Timer(stats, WORKER_INIT, gpu=device_index(device)):
-                net = job.snapshot.build(device=device)
-        with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
-            score = fit_minibatch(net, ds, job.hooks)
-        n_batches += 1
-    if net is None:  # empty partition: excluded from the average
-        return
-    if stats is not None:
-        stats.add(WORKER_TOTAL, event(start))
-    updater = to_host(net.updater_state()) if job.save_updater else None
-    yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
+            stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
+        updater = to_host(net.updater_state()) if job.save_updater else None
+        yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
 
 
 @dataclass
@@ -243,6 +247,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         transport: ``averaging_jobs="one"``: transport timeouts
             (:class:`~sparkgrad.transport.ZmqTransportConfiguration`; None = defaults; a round waits at
             most ``epoch_timeout_ms`` for the slowest worker).
+        task_threads: the OpenMP/OpenBLAS threads of every Spark task of a model with this master
+            (training, evaluation, scoring, inference); None (default): the task's CPUs,
+            ``spark.task.cpus``. Set for the task and restored after it
+            (:mod:`sparkgrad.spark.threads`). The ``WorkerFlatMapTotalTimeMs`` stats events record it as
+            ``threads``.
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
@@ -278,9 +287,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     averaging_jobs: AveragingJobs = AveragingJobs.ONE
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
     transport: ZmqTransportConfiguration | None = None
+    task_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.worker_device = check_worker_device("worker_device", self.worker_device)
+        self.task_threads = check_task_threads("task_threads", self.task_threads)
         self.averaging_jobs = coerce_enum(AveragingJobs, self.averaging_jobs, "averaging_jobs")
         if not isinstance(self.void_configuration, VoidConfiguration):
             raise ValueError(
@@ -575,6 +586,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
                 tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
                 self.collect_training_stats,
                 self.worker_device,
+                self.task_threads,
             )
             bc = sc.broadcast(job)
         try:

@@ -88,6 +88,7 @@ from sparkgrad.spark.shared_worker import (
     shared_partition,
 )
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.spark.threads import check_task_threads
 from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ class ControllerFit(ABC):
     (:mod:`sparkgrad.spark.shared_worker`); a master says what differs through :meth:`_controller_options`,
     :meth:`_job_options` and :meth:`_epoch_state`. The masters are dataclasses with the fields
     ``void_configuration``, ``transport``, ``batch_size_per_worker``, ``worker_prefetch_num_batches``,
-    ``collect_training_stats``, ``rng_seed``, ``progress`` and ``worker_device``.
+    ``collect_training_stats``, ``rng_seed``, ``progress``, ``worker_device`` and ``task_threads``.
     """
 
     # whether Spark re-runs the barrier stage after a failed task (the workers then re-join the
@@ -285,6 +286,7 @@ class ControllerFit(ABC):
     rng_seed: int | None
     progress: bool
     worker_device: str
+    task_threads: int | None
     last_traffic: dict[str, float]
 
     @abstractmethod
@@ -389,6 +391,7 @@ class ControllerFit(ABC):
                     self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
                 ),
                 worker_device=self.worker_device,
+                task_threads=self.task_threads,
                 **self._job_options(network, partitions, slots),
             )
             bc = sc.broadcast(job)
@@ -519,6 +522,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             only what its message carries, as every other replica does). With Nesterov momentum on the
             digits study (2 workers on Spark, 10 seeds) ``"full"`` reached 96% in 2 median epochs and
             ``"encoded"`` in 6 (DDP: 3.5); see :data:`~sparkgrad.compress.OWN_UPDATES`.
+        task_threads: the OpenMP/OpenBLAS threads of every Spark task of a model with this master
+            (training, evaluation, scoring, inference); None (default): the task's CPUs,
+            ``spark.task.cpus``. Set for the task and restored after it
+            (:mod:`sparkgrad.spark.threads`). The ``WorkerFlatMapTotalTimeMs`` stats events record it as
+            ``threads``.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -545,6 +553,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     update_combination: str = DEFAULT_UPDATE_COMBINATION
     momentum_masking: bool = False
     own_update: str = DEFAULT_OWN_UPDATE
+    task_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -602,6 +611,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         if self.transport is not None and not isinstance(self.transport, ZmqTransportConfiguration):
             raise ValueError(f"transport: expected a ZmqTransportConfiguration, got {self.transport!r}")
         self.worker_device = check_worker_device("worker_device", self.worker_device)
+        self.task_threads = check_task_threads("task_threads", self.task_threads)
         self._runtime_init()
         self._threshold_state: ThresholdAlgorithm | None = None
         self.last_traffic: dict[str, float] = {}

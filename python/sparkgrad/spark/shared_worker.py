@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkgrad import get_num_threads
 from sparkgrad.compress import (
     DEFAULT_OWN_UPDATE,
     EncodingHandler,
@@ -52,6 +53,7 @@ from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, 
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partitioning import split_assignment
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.spark.threads import task_threads
 from sparkgrad.transport import (
     FrameRejected,
     Header,
@@ -109,6 +111,7 @@ class SharedJob:
     barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
     shuffle_seed: int
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    task_threads: int | None = None  # native threads of a task (None: its CPUs; sparkgrad.spark.threads)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     # gradient sharing
     threshold_algorithm: ThresholdAlgorithm | None = None
@@ -526,7 +529,7 @@ class SharedWorker:
             "paced_wait_ms": c.paced_wait_ms,
         }
         if self.stats is not None:
-            self.stats.add(WORKER_TOTAL, event(start))
+            self.stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
         return WorkerResult(
             self.worker_id,
             self.tasks,
@@ -701,14 +704,16 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
         context = TaskContext.get()
         if context is None:
             raise TrainingError("shared_partition: must run inside a Spark task (TaskContext.get() is None)")
-        worker = _worker_for(job_bc.value)
-        try:
-            result = worker.run_task(units, context.partitionId(), first_epoch, epochs)
-        except BaseException:
-            # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
-            _WORKERS.pop(job_bc.value.job_id, None)
-            worker.close()
-            raise
+        job: SharedJob = job_bc.value
+        with task_threads(job.task_threads):
+            worker = _worker_for(job)
+            try:
+                result = worker.run_task(units, context.partitionId(), first_epoch, epochs)
+            except BaseException:
+                # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
+                _WORKERS.pop(job.job_id, None)
+                worker.close()
+                raise
         if result.minibatches:
             yield {result.worker_id: result}
 
