@@ -16,6 +16,7 @@ from sparkgrad.nn import MultiLayerNetwork, updaters
 from sparkgrad.spark import (
     DefaultRepartitioner,
     EqualRepartitioner,
+    NoOpRepartitioner,
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
     SparkMultiLayer,
@@ -251,6 +252,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         own_update="encoded",
         task_threads=2,
     )
+    dl4j = SharedTrainingMaster(updates_threshold=1e-3, workers_per_node=4, repartitioner=NoOpRepartitioner())
     pa = ParameterAveragingTrainingMaster(
         num_workers=3,
         averaging_frequency=2,
@@ -259,7 +261,7 @@ def test_masters_round_trip_json_and_yaml() -> None:
         training_hooks=(TrainingHook(),),
     )
     equal = ParameterAveragingTrainingMaster(repartition_strategy=EqualRepartitioner(), task_threads=1)
-    for master in (shared, pa, equal):
+    for master in (shared, dl4j, pa, equal):
         cls = type(master)
         assert cls.from_json(master.to_json()) == master
         assert cls.from_yaml(master.to_yaml()) == master

@@ -51,10 +51,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sparkgrad._config import Config, check_int, coerce_enum
+from sparkgrad._config import Config, check_int, check_range, coerce_enum
 from sparkgrad.compress import (
     DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
+    MAX_THRESHOLD,
+    MIN_THRESHOLD,
+    AdaptiveThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
@@ -495,6 +498,9 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
             them).
+        updates_threshold: DL4J's ``updatesThreshold(t)``: ``AdaptiveThresholdAlgorithm(t)``, the
+            adaptive algorithm starting at threshold ``t`` (in [MIN_THRESHOLD, MAX_THRESHOLD]); None
+            (default): ``threshold_algorithm`` decides. Giving both is a ValueError.
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -582,6 +588,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     update_combination: str = DEFAULT_UPDATE_COMBINATION
     momentum_masking: bool = False
     own_update: str = DEFAULT_OWN_UPDATE
+    updates_threshold: float | None = None
     task_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -605,6 +612,15 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         ):
             raise ValueError(
                 f"threshold_algorithm: expected a ThresholdAlgorithm, got {self.threshold_algorithm!r}"
+            )
+        if self.updates_threshold is not None:
+            if self.threshold_algorithm is not None:
+                raise ValueError(
+                    "updates_threshold and threshold_algorithm: give one of them (updates_threshold=t is "
+                    "threshold_algorithm=AdaptiveThresholdAlgorithm(t))"
+                )
+            self.updates_threshold = check_range(
+                "updates_threshold", self.updates_threshold, MIN_THRESHOLD, MAX_THRESHOLD
             )
         if self.residual_post_processor is not None and not isinstance(
             self.residual_post_processor, ResidualPostProcessor
@@ -647,8 +663,16 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
 
     @property
     def current_threshold_algorithm(self) -> ThresholdAlgorithm:
-        """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
-        return self._threshold_state or self.threshold_algorithm or default_threshold_algorithm()
+        """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state,
+        else ``threshold_algorithm``, else ``AdaptiveThresholdAlgorithm(updates_threshold)``, else the
+        default."""
+        if self._threshold_state is not None:
+            return self._threshold_state
+        if self.threshold_algorithm is not None:
+            return self.threshold_algorithm
+        if self.updates_threshold is not None:
+            return AdaptiveThresholdAlgorithm(self.updates_threshold)
+        return default_threshold_algorithm()
 
     def execute_training(
         self,
