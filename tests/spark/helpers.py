@@ -90,6 +90,34 @@ class RecordingHook(TrainingHook):
             raise AssertionError("post_update before any iteration")
 
 
+class ThreadsSeen:
+    """An evaluation recording the native thread count (sparkgrad.get_num_threads) of every thread that
+    evaluated a batch: what an executor's evaluation task ran with."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def eval(self, labels, predictions, mask=None) -> None:
+        import sparkgrad
+
+        self.seen.add(sparkgrad.get_num_threads())
+
+    def merge(self, other: ThreadsSeen) -> None:
+        self.seen |= other.seen
+
+
+def threads_column(out: np.ndarray) -> dict[str, np.ndarray]:
+    """with_network_outputs' ``outputs``: the native thread count of the task, once per row."""
+    import sparkgrad
+
+    return {"threads": np.full(len(out), float(sparkgrad.get_num_threads()))}
+
+
+def small_network() -> MultiLayerNetwork:
+    """A small digits MLP, built where it is called (an executor's ``network_of``)."""
+    return MultiLayerNetwork(mlp_conf(hidden=8)).init()
+
+
 class NpzLoader:
     """A custom fit_paths loader: .npz files with arrays x and y."""
 

@@ -15,6 +15,8 @@ from sparkgrad.data import DataSet
 from sparkgrad.nn import MultiLayerNetwork, updaters
 from sparkgrad.spark import (
     DefaultRepartitioner,
+    EqualRepartitioner,
+    NoOpRepartitioner,
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
     SparkMultiLayer,
@@ -207,52 +209,28 @@ def test_shared_direct_with_workers_per_node_and_debug(spark, digits, free_port,
     )
     sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
     sm.fit(rdd)
+    # one worker per host: local[2]'s two task slots train as one worker, in one barrier job
+    assert (master.last_traffic["workers"], master.last_traffic["spark_jobs"]) == (1, 1)
     assert master.last_traffic["worker_minibatches"] == 16
     assert (
         sum(e.extra["examples"] for e in sm.training_stats.events("SharedWorkerComputeUpdateTimesMs")) == 160
     )
 
 
-MINIMAL_EXAMPLE_EPOCHS = 3
+def test_barrier_tasks_beyond_workers_per_node_on_a_host_fail(spark) -> None:
+    from sparkgrad.spark.shared_worker import check_barrier_placement
 
+    def placed(limit: int):
+        def check(it):
+            check_barrier_placement(limit)
+            yield 1
 
-def test_dl4j_minimal_example_in_its_python_spelling(spark, digits, train_rdd, free_port) -> None:
-    """DL4J's minimal gradient-sharing example, ``new SharedTrainingMaster.Builder(voidConfiguration,
-    batchSizePerWorker).updatesThreshold(1e-3).rngSeed(12345).collectTrainingStats(false)
-    .batchSizePerWorker(batchSizePerWorker).build()`` then ``new SparkDl4jMultiLayer(sc, conf, tm)
-    .fit(trainData)``, written with the same names in Python: it trains with the adaptive threshold
-    algorithm starting at 1e-3 (which rose to 0.026-0.033 in every run). The accuracy floor is well
-    below the lowest seen: 0.942-0.958 after 3 epochs over rng_seed 12345, 1, 2, 3, 4, three runs each."""
-    tm = SharedTrainingMaster(
-        VoidConfiguration(unicast_port=free_port, controller_address="127.0.0.1"),
-        batch_size_per_worker=16,
-        updates_threshold=1e-3,
-        rng_seed=12345,
-        collect_training_stats=False,
-    )
-    assert tm.current_threshold_algorithm == AdaptiveThresholdAlgorithm(1e-3)
-    sm = SparkMultiLayer(spark, mlp_conf(), tm)
-    for _ in range(MINIMAL_EXAMPLE_EPOCHS):
-        sm.fit(train_rdd)
-    state = tm.current_threshold_algorithm  # the workers' reduced state after the fits
-    assert isinstance(state, AdaptiveThresholdAlgorithm) and state.initial_threshold == 1e-3
-    assert np.isfinite(state.last_threshold) and state.last_threshold != 1e-3  # it adapted
-    assert accuracy(sm.network, digits[1]) >= 0.9
+        return check
 
-
-def test_updates_threshold_is_the_adaptive_algorithm_and_round_trips() -> None:
-    master = SharedTrainingMaster(updates_threshold=2e-3)
-    assert master.current_threshold_algorithm == AdaptiveThresholdAlgorithm(2e-3)
-    assert SharedTrainingMaster.from_json(master.to_json()) == master
-    assert SharedTrainingMaster.from_yaml(master.to_yaml()).current_threshold_algorithm == (
-        AdaptiveThresholdAlgorithm(2e-3)
-    )
-    assert type(SharedTrainingMaster().current_threshold_algorithm) is not AdaptiveThresholdAlgorithm
-    with pytest.raises(ValueError, match="updates_threshold: give updates_threshold .* not both"):
-        SharedTrainingMaster(updates_threshold=1e-3, threshold_algorithm=AdaptiveThresholdAlgorithm(1e-3))
-    for bad in (0.0, -1e-3, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="updates_threshold"):
-            SharedTrainingMaster(updates_threshold=bad)
+    rdd = spark.sparkContext.parallelize(range(2), 2)
+    assert rdd.barrier().mapPartitions(placed(2)).collect() == [1, 1]  # local[2]: both on this host
+    with pytest.raises(Exception, match=r"workers_per_node=1: Spark placed 2 of this barrier job's 2 tasks"):
+        rdd.barrier().mapPartitions(placed(1)).collect()
 
 
 def test_masters_round_trip_json_and_yaml() -> None:
@@ -272,7 +250,9 @@ def test_masters_round_trip_json_and_yaml() -> None:
         encoding_debug_mode=True,
         momentum_masking=True,
         own_update="encoded",
+        task_threads=2,
     )
+    dl4j = SharedTrainingMaster(updates_threshold=1e-3, workers_per_node=4, repartitioner=NoOpRepartitioner())
     pa = ParameterAveragingTrainingMaster(
         num_workers=3,
         averaging_frequency=2,
@@ -280,7 +260,8 @@ def test_masters_round_trip_json_and_yaml() -> None:
         repartition_strategy="spark_default",
         training_hooks=(TrainingHook(),),
     )
-    for master in (shared, pa):
+    equal = ParameterAveragingTrainingMaster(repartition_strategy=EqualRepartitioner(), task_threads=1)
+    for master in (shared, dl4j, pa, equal):
         cls = type(master)
         assert cls.from_json(master.to_json()) == master
         assert cls.from_yaml(master.to_yaml()) == master
@@ -307,6 +288,10 @@ def test_masters_round_trip_json_and_yaml() -> None:
         (SharedTrainingMaster, {"staleness_bound": -2}, "staleness_bound"),
         (SharedTrainingMaster, {"momentum_masking": 1}, "momentum_masking"),
         (SharedTrainingMaster, {"own_update": "sent"}, "own_update"),
+        (SharedTrainingMaster, {"task_threads": 0}, "task_threads"),
+        (SharedTrainingMaster, {"repartitioner": "default"}, "repartitioner"),
+        (ParameterAveragingTrainingMaster, {"task_threads": 1.5}, "task_threads"),
+        (ParameterAveragingTrainingMaster, {"repartition_strategy": "approximate"}, "repartition_strategy"),
         (VoidConfiguration, {"unicast_port": 70000}, "unicast_port"),
         (VoidConfiguration, {"network_mask": "not-a-net"}, "network_mask"),
     ],

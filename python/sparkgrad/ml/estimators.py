@@ -292,7 +292,13 @@ class SparkgradClassificationModel(_ModelBase, ProbabilisticClassificationModel)
         columns = [(name, key != "prediction") for key, name in names.items()]
         outputs = functools.partial(_classification_columns, names=names, thresholds=self._thresholds())
         return with_network_outputs(
-            dataset, self.getFeaturesCol(), self.network.conf, self._network_getter(dataset), outputs, columns
+            dataset,
+            self.getFeaturesCol(),
+            self.network.conf,
+            self._network_getter(dataset),
+            outputs,
+            columns,
+            self.training_master().task_threads,
         )
 
 
@@ -387,6 +393,7 @@ class SparkgradRegressionModel(_ModelBase, RegressionModel):
             self._network_getter(dataset),
             outputs,
             [(name, vector)],
+            self.training_master().task_threads,
         )
 
 

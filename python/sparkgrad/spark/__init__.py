@@ -7,6 +7,8 @@ or gradient sharing.
   Spark job over the transport (:class:`AveragingJobs`) or DL4J's job per round.
 - :class:`SharedTrainingMaster`: asynchronous sharing of threshold-encoded updates through a ZeroMQ
   controller on the driver (wire format in :mod:`sparkgrad.transport.frame`).
+- :class:`Repartitioner`: how a master spreads the data over partitions (DL4J's interface), with
+  :class:`DefaultRepartitioner`, :class:`EqualRepartitioner` and :class:`NoOpRepartitioner`.
 - :class:`SparkTrainingStats`: phase timings, traffic and per-iteration series with an HTML report.
 - :class:`FitListener`: observes every fit (experiment tracking, :mod:`sparkgrad.spark.tracking`).
 """
@@ -16,9 +18,12 @@ from __future__ import annotations
 from sparkgrad.spark.config import (
     AveragingJobs,
     DefaultRepartitioner,
+    EqualRepartitioner,
     MeshBuildMode,
+    NoOpRepartitioner,
     RDDTrainingApproach,
     Repartition,
+    Repartitioner,
     RepartitionStrategy,
     TrainingHook,
     VoidConfiguration,
@@ -34,13 +39,16 @@ from sparkgrad.transport import ZmqTransportConfiguration
 __all__ = [
     "AveragingJobs",
     "DefaultRepartitioner",
+    "EqualRepartitioner",
     "EventStats",
     "FitListener",
     "MeshBuildMode",
+    "NoOpRepartitioner",
     "ParameterAveragingTrainingMaster",
     "RDDTrainingApproach",
     "Repartition",
     "RepartitionStrategy",
+    "Repartitioner",
     "SharedTrainingMaster",
     "SparkComputationGraph",
     "SparkMultiLayer",

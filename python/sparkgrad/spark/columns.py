@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from sparkgrad.data import rebatch
+from sparkgrad.spark.threads import in_task_threads
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -339,6 +340,7 @@ def with_network_outputs(
     network_of: Callable[[], Any],
     outputs: Callable[[np.ndarray], dict[str, np.ndarray]],
     columns: list[tuple[str, bool]],
+    task_threads: int | None = None,
 ) -> DataFrame:
     """``df`` with columns computed from the network's output appended, in vectorised batches.
 
@@ -350,6 +352,7 @@ def with_network_outputs(
         outputs: ``outputs(network output of a batch)`` -> ``{column name: values}``, a 1-D array per
             number column and a 2-D array per vector column.
         columns: ``(name, is_vector)`` of the new columns, in order; vector columns become ml Vectors.
+        task_threads: the native threads of the tasks (None: their CPUs; :mod:`sparkgrad.spark.threads`).
 
     Returns:
         The DataFrame (lazy: computed when an action runs).
@@ -403,7 +406,9 @@ def with_network_outputs(
             "ignore", message="It is preferred to specify type hints", category=UserWarning
         )
         # pyspark's overloads omit the struct result that Spark accepts for SCALAR_ITER
-        network_udf = arrow_udf(predict, result_type, ArrowUDFType.SCALAR_ITER)  # type: ignore[call-overload]
+        network_udf = arrow_udf(  # type: ignore[call-overload]
+            in_task_threads(task_threads, predict), result_type, ArrowUDFType.SCALAR_ITER
+        )
     temp = f"__sparkgrad_outputs_{uuid.uuid4().hex}"
     with_outputs = df.withColumn(temp, network_udf(features_column(df, features_col, dtype, "featuresCol")))
     field = F.col(temp)

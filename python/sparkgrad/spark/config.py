@@ -1,6 +1,7 @@
-"""Configuration data of distributed training: enums, VoidConfiguration, repartitioner, hooks.
+"""Configuration data of distributed training: enums, VoidConfiguration, hooks.
 
-The repartitioning enums live with the code that acts on them (:mod:`sparkgrad.spark.partitioning`).
+The repartitioners and the repartitioning enums live with the code that acts on them
+(:mod:`sparkgrad.spark.partitioning`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkgrad._config import Config, check_int
-from sparkgrad.spark.partitioning import Repartition, RepartitionStrategy, balanced_repartition
+from sparkgrad.spark.partitioning import (
+    DefaultRepartitioner,
+    EqualRepartitioner,
+    NoOpRepartitioner,
+    Repartition,
+    Repartitioner,
+    RepartitionStrategy,
+)
 from sparkgrad.transport.frame import MIN_SECRET_BYTES
 
 if TYPE_CHECKING:
-    from pyspark import RDD, StorageLevel
+    from pyspark import StorageLevel
 
 
 class MeshBuildMode(enum.Enum):
@@ -230,44 +238,6 @@ def address_in_network(mask: str) -> str | None:
 
 
 @dataclass
-class DefaultRepartitioner(Config):
-    """Spread the data evenly over ``min(max_partitions, ceil(total / min_per_partition))`` partitions.
-
-    Args:
-        max_partitions: upper bound on the number of partitions.
-    """
-
-    max_partitions: int = 5000
-
-    def __post_init__(self) -> None:
-        self.max_partitions = check_int("max_partitions", self.max_partitions, minimum=1)
-
-    def repartition(
-        self,
-        rdd: RDD,
-        min_per_partition: int,
-        total: int,
-        counts: list[int] | None = None,
-        seed: int | None = None,
-    ) -> RDD:
-        """Repartition ``rdd`` (``total`` elements) into equal partitions.
-
-        Args:
-            rdd: the data.
-            min_per_partition: elements each partition should hold at least.
-            total: element count of ``rdd``.
-            counts: per-partition element counts of ``rdd`` if known (saves a Spark job).
-            seed: shuffle the elements with this seed in the same pass (None: contiguous partitions).
-
-        Returns:
-            The repartitioned RDD (``rdd`` itself when already balanced and not shuffled).
-        """
-        per = max(1, min_per_partition)
-        n = min(self.max_partitions, max(1, -(-total // per)))
-        return balanced_repartition(rdd, n, total, counts, seed)
-
-
-@dataclass
 class TrainingHook(Config):
     """Called on the worker around every minibatch update of parameter-averaging training.
 
@@ -285,10 +255,13 @@ class TrainingHook(Config):
 __all__ = [
     "AveragingJobs",
     "DefaultRepartitioner",
+    "EqualRepartitioner",
     "MeshBuildMode",
+    "NoOpRepartitioner",
     "RDDTrainingApproach",
     "Repartition",
     "RepartitionStrategy",
+    "Repartitioner",
     "TrainingHook",
     "VoidConfiguration",
     "address_in_network",

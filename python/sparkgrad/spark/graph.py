@@ -306,7 +306,7 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
             if pending:
                 yield from flush()
 
-        return pair_rdd.mapPartitions(part)
+        return pair_rdd.mapPartitions(self._in_task(part))
 
 
 def _graph_inputs(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast
 
 import numpy as np
 
+from sparkgrad import get_num_threads, set_num_threads
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedDataSetLoader, rebatch
 from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows, network_output
@@ -33,6 +34,7 @@ from sparkgrad.spark.common import (
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
+from sparkgrad.spark.threads import in_task_threads
 from sparkgrad.spark.tracking import FitListener, FitObservers, fit_listeners
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ _log = logging.getLogger(__name__)
 # epoch_callback(epoch, network) -> truthy to stop after that epoch, or a mapping of metrics to record
 # ({"accuracy": 0.95, "stop": False}); see sparkgrad.spark.stats.epoch_callback_result
 NetT = TypeVar("NetT", bound="FlatNetwork")
+T = TypeVar("T")
 EpochCallback = Callable[[int, NetT], Any]
 
 # Per executor process: network copies of the latest evaluation/inference broadcast.
@@ -485,6 +488,12 @@ class SparkNetwork(Generic[NetT]):
             self._checked = key
 
     # -- scoring ------------------------------------------------------------------------------
+    def _in_task(
+        self, part: Callable[[Iterable[Any]], Iterator[T]]
+    ) -> Callable[[Iterable[Any]], Iterator[T]]:
+        """A ``mapPartitions`` function run with the master's ``task_threads`` native threads."""
+        return in_task_threads(self._master.task_threads, part)
+
     def _broadcast(self, lazy: bool = False) -> Any:
         """Broadcast the network; ``lazy``: it backs a returned RDD, so close() releases it."""
         bc = self._sc.broadcast(_InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False)))
@@ -516,7 +525,9 @@ class SparkNetwork(Generic[NetT]):
         try:
             total, count = run_spark(
                 "scoring",
-                lambda: rdd.mapPartitions(part).fold((0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])),
+                lambda: rdd.mapPartitions(self._in_task(part)).fold(
+                    (0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])
+                ),
             )
         finally:
             bc.unpersist()
@@ -546,7 +557,7 @@ class SparkNetwork(Generic[NetT]):
             for ds in rebatch(it, size):
                 yield from (float(s) for s in net.score_examples(ds, include_regularization_terms))
 
-        return rdd.mapPartitions(part)
+        return rdd.mapPartitions(self._in_task(part))
 
     def score_examples_with_key(
         self, pair_rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
@@ -579,7 +590,7 @@ class SparkNetwork(Generic[NetT]):
                 scores = net.score_examples(kind.merge([ds for _, ds in chunk]), include_regularization_terms)
                 yield from ((key, float(s)) for (key, _), s in zip(chunk, scores))
 
-        return pair_rdd.mapPartitions(part)
+        return pair_rdd.mapPartitions(self._in_task(part))
 
     # -- inference ----------------------------------------------------------------------------
     def feed_forward_with_key(self, pair_rdd: RDD, batch_size: int = 64) -> RDD:
@@ -637,7 +648,7 @@ class SparkNetwork(Generic[NetT]):
             if pending:
                 yield from flush()
 
-        return pair_rdd.mapPartitions(part)
+        return pair_rdd.mapPartitions(self._in_task(part))
 
     def predict(self, features: Any) -> Any:
         """Network output for MLlib data on the driver (DL4J ``predict(Vector/Matrix)``).
@@ -795,10 +806,13 @@ class SparkNetwork(Generic[NetT]):
             if not batches:
                 return
             shards = [batches[i::workers] for i in range(workers)]
+            threads = max(1, get_num_threads() // workers)  # the task's threads, shared by the copies
 
             def run(i: int) -> list | None:
                 if not shards[i]:
                     return None
+                # a new thread's OpenMP count is the process default; the pool's threads end with the task
+                set_num_threads(threads)
                 return nets[i].do_evaluation(shards[i], *copy.deepcopy(templates), **network_keywords)
 
             with ThreadPoolExecutor(workers) as pool:
@@ -811,7 +825,9 @@ class SparkNetwork(Generic[NetT]):
         try:
             result = run_spark(
                 "evaluation",
-                lambda: rdd.mapPartitions(part).treeAggregate(None, _merge_lists, _merge_lists, depth=2),
+                lambda: rdd.mapPartitions(self._in_task(part)).treeAggregate(
+                    None, _merge_lists, _merge_lists, depth=2
+                ),
             )
         finally:
             bc.unpersist()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from sparkgrad import get_num_threads
 from sparkgrad._config import Config, check_int, coerce_enum
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark.common import (
@@ -50,6 +51,7 @@ from sparkgrad.spark.config import (
     AveragingJobs,
     RDDTrainingApproach,
     Repartition,
+    Repartitioner,
     RepartitionStrategy,
     TrainingHook,
     VoidConfiguration,
@@ -65,6 +67,7 @@ from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared import ControllerFit, _task_slots
 from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.spark.threads import check_task_threads, task_threads
 from sparkgrad.transport import Controller, ZmqTransportConfiguration
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,7 @@ class _SplitJob:
     hooks: tuple
     collect_stats: bool
     worker_device: str
+    task_threads: int | None
 
 
 def _train_partition(job_bc: Any) -> Any:
@@ -172,29 +176,30 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
     stats = SparkTrainingStats() if job_bc.value.collect_stats else None
     with Timer(stats, "ParameterAveragingWorkerBroadcastGetValueTimeMs"):
         job: _SplitJob = job_bc.value
-    batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
-    net = None
-    score, n_batches = 0.0, 0
-    while True:
-        t = now_ms()
-        ds = next(batches, None)
-        if ds is None:
-            break
+    with task_threads(job.task_threads):
+        batches = worker_batches(units, job.kind, job.loader, job.batch_size, job.prefetch)
+        net = None
+        score, n_batches = 0.0, 0
+        while True:
+            t = now_ms()
+            ds = next(batches, None)
+            if ds is None:
+                break
+            if stats is not None:
+                stats.add(WORKER_GET_DATA, event(t))
+            if net is None:
+                device = resolve_worker_device(job.worker_device)
+                with Timer(stats, WORKER_INIT, gpu=device_index(device)):
+                    net = job.snapshot.build(device=device)
+            with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
+                score = fit_minibatch(net, ds, job.hooks)
+            n_batches += 1
+        if net is None:  # empty partition: excluded from the average
+            return
         if stats is not None:
-            stats.add(WORKER_GET_DATA, event(t))
-        if net is None:
-            device = resolve_worker_device(job.worker_device)
-            with Timer(stats, WORKER_INIT, gpu=device_index(device)):
-                net = job.snapshot.build(device=device)
-        with Timer(stats, WORKER_FIT, examples=ds.num_examples()):
-            score = fit_minibatch(net, ds, job.hooks)
-        n_batches += 1
-    if net is None:  # empty partition: excluded from the average
-        return
-    if stats is not None:
-        stats.add(WORKER_TOTAL, event(start))
-    updater = to_host(net.updater_state()) if job.save_updater else None
-    yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
+            stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
+        updater = to_host(net.updater_state()) if job.save_updater else None
+        yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
 
 
 @dataclass
@@ -211,7 +216,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         save_updater: average and keep the updater state (else every round starts from the driver's).
         worker_prefetch_num_batches: minibatches a worker loads ahead in a background thread (0: none).
         repartition: when to repartition each split (``Repartition``).
-        repartition_strategy: how (``RepartitionStrategy``).
+        repartition_strategy: how: ``"balanced"`` (:class:`~sparkgrad.spark.EqualRepartitioner`),
+            ``"spark_default"`` (Spark's hash repartition) or a :class:`~sparkgrad.spark.Repartitioner`,
+            called with a minibatch's worth of elements as ``min_per_partition`` and the workers as
+            ``num_workers``.
         storage_level: Spark storage level of the training data (trained directly).
         storage_level_streams: storage level of path RDDs (fit_paths / exported files).
         rdd_training_approach: ``"auto"`` (default: train directly from the persisted RDD while its
@@ -239,6 +247,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         transport: ``averaging_jobs="one"``: transport timeouts
             (:class:`~sparkgrad.transport.ZmqTransportConfiguration`; None = defaults; a round waits at
             most ``epoch_timeout_ms`` for the slowest worker).
+        task_threads: the OpenMP/OpenBLAS threads of every Spark task of a model with this master
+            (training, evaluation, scoring, inference); None (default): the task's CPUs,
+            ``spark.task.cpus``. Set for the task and restored after it
+            (:mod:`sparkgrad.spark.threads`). The ``WorkerFlatMapTotalTimeMs`` stats events record it as
+            ``threads``.
 
     A non-finite score, gradient or update on a worker fails the fit with a TrainingError naming the
     worker (partition index and host:pid), the iteration and the first non-finite input.
@@ -260,7 +273,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     save_updater: bool = True
     worker_prefetch_num_batches: int = 0
     repartition: Repartition = Repartition.ALWAYS
-    repartition_strategy: RepartitionStrategy = RepartitionStrategy.BALANCED
+    repartition_strategy: RepartitionStrategy | Repartitioner = RepartitionStrategy.BALANCED
     storage_level: str = "MEMORY_ONLY_SER"
     storage_level_streams: str = "MEMORY_ONLY"
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
@@ -274,9 +287,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     averaging_jobs: AveragingJobs = AveragingJobs.ONE
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
     transport: ZmqTransportConfiguration | None = None
+    task_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.worker_device = check_worker_device("worker_device", self.worker_device)
+        self.task_threads = check_task_threads("task_threads", self.task_threads)
         self.averaging_jobs = coerce_enum(AveragingJobs, self.averaging_jobs, "averaging_jobs")
         if not isinstance(self.void_configuration, VoidConfiguration):
             raise ValueError(
@@ -296,9 +311,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
         )
         self.repartition = coerce_enum(Repartition, self.repartition, "repartition")
-        self.repartition_strategy = coerce_enum(
-            RepartitionStrategy, self.repartition_strategy, "repartition_strategy"
-        )
+        if not isinstance(self.repartition_strategy, Repartitioner):
+            self.repartition_strategy = coerce_enum(
+                RepartitionStrategy, self.repartition_strategy, "repartition_strategy"
+            )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
         self.storage_level_streams = check_storage_level("storage_level_streams", self.storage_level_streams)
         self.rdd_training_approach = coerce_enum(
@@ -398,6 +414,10 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             self.last_stats = stats
         return score
 
+    def _min_per_partition(self, data: TrainingData) -> int:
+        """The elements of one worker minibatch (a Repartitioner's ``min_per_partition``)."""
+        return max(1, self.batch_size_per_worker // data.examples_per_unit)
+
     def _rounds_per_epoch(self, data: TrainingData, workers: int) -> int:
         """The number of balanced random splits (averaging rounds) of an epoch."""
         per_split = max(
@@ -460,7 +480,13 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         workers = self.num_workers or min(sc.defaultParallelism, slots)
         with Timer(stats, REPARTITION):
             units = repartition(
-                data.rdd, self.repartition, self.repartition_strategy, workers, data.num_units, data.counts
+                data.rdd,
+                self.repartition,
+                self.repartition_strategy,
+                workers,
+                data.num_units,
+                data.counts,
+                self._min_per_partition(data),
             )
         partitions = units.getNumPartitions()
         if partitions > slots:
@@ -529,7 +555,13 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
                 continue
             with Timer(stats, REPARTITION):
                 part = repartition(
-                    split, self.repartition, self.repartition_strategy, workers, size, part_counts
+                    split,
+                    self.repartition,
+                    self.repartition_strategy,
+                    workers,
+                    size,
+                    part_counts,
+                    self._min_per_partition(data),
                 )
             scores.append(self._average_round(sc, network, part, data, stats, progress))
         return float(np.mean([s for s in scores if s is not None])) if scores else float("nan")
@@ -554,6 +586,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
                 tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
                 self.collect_training_stats,
                 self.worker_device,
+                self.task_threads,
             )
             bc = sc.broadcast(job)
         try:

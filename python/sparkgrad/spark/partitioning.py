@@ -1,12 +1,17 @@
-"""Repartitioning, balanced random splits and minibatch re-batching of RDDs."""
+"""Repartitioning and balanced random splits of RDDs: the :class:`Repartitioner` interface and its
+built-in implementations, the ``Repartition`` / ``RepartitionStrategy`` options of parameter averaging."""
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from sparkgrad._config import Config, check_int
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -89,6 +94,121 @@ def balanced_repartition(
     return keyed.repartitionAndSortWithinPartitions(n, lambda i: i * n // t).values()
 
 
+class Repartitioner(Config, abc.ABC):
+    """How a training master spreads the training data over Spark partitions before a fit: DL4J's
+    ``org.deeplearning4j.spark.api.Repartitioner``, whose ``repartition(input, minObjectsPerPartition,
+    numExecutors)`` is :meth:`repartition` here.
+
+    SharedTrainingMaster takes one as ``repartitioner`` and ParameterAveragingTrainingMaster as
+    ``repartition_strategy``. Subclass it and implement :meth:`repartition`; write the subclass as a
+    dataclass (its fields are its settings) so that a master holding it still round-trips through
+    JSON/YAML, as the built-in :class:`DefaultRepartitioner`, :class:`EqualRepartitioner` and
+    :class:`NoOpRepartitioner` do. A repartitioner runs on the driver; the RDD it returns is what the
+    workers train on, one task per partition.
+    """
+
+    @abc.abstractmethod
+    def repartition(
+        self,
+        rdd: RDD,
+        min_per_partition: int,
+        num_workers: int,
+        *,
+        total: int | None = None,
+        counts: list[int] | None = None,
+        seed: int | None = None,
+    ) -> RDD:
+        """The training data, repartitioned.
+
+        Args:
+            rdd: the data: one element per DataSet, file path or exported batch of the fit.
+            min_per_partition: the elements of one worker minibatch (``batch_size_per_worker`` over
+                the examples per element, at least 1): DL4J's ``minObjectsPerPartition``.
+            num_workers: the workers the master trains with at once (SharedTrainingMaster: the task
+                slots it may use; ParameterAveragingTrainingMaster: ``num_workers``): DL4J's
+                ``numExecutors``.
+            total: the element count of ``rdd`` (None: count it).
+            counts: the element count of each partition of ``rdd`` if known (saves a Spark job).
+            seed: shuffle the elements with this seed if the repartitioner can (None: keep the order);
+                SharedTrainingMaster passes one per fit with ``rng_seed``.
+
+        Returns:
+            The RDD to train on.
+        """
+
+
+class _EqualPartitions(Repartitioner):
+    """A repartitioner into equal partitions (sizes differing by at most one): the built-ins that only
+    differ in how many partitions they make."""
+
+    @abc.abstractmethod
+    def _partitions(self, total: int, min_per_partition: int, num_workers: int) -> int:
+        """How many partitions ``total`` elements get."""
+
+    def repartition(
+        self,
+        rdd: RDD,
+        min_per_partition: int,
+        num_workers: int,
+        *,
+        total: int | None = None,
+        counts: list[int] | None = None,
+        seed: int | None = None,
+    ) -> RDD:
+        """Equal partitions; ``rdd`` itself when already so and not shuffled. Arguments as for
+        :meth:`Repartitioner.repartition`."""
+        counts = partition_counts(rdd) if counts is None else counts
+        total = sum(counts) if total is None else total
+        n = self._partitions(total, max(1, min_per_partition), max(1, num_workers))
+        return balanced_repartition(rdd, n, total, counts, seed)
+
+
+@dataclasses.dataclass
+class DefaultRepartitioner(_EqualPartitions):
+    """DL4J's ``DefaultRepartitioner``: the data evenly over ``min(max_partitions, ceil(total /
+    min_per_partition))`` partitions (with SharedTrainingMaster's defaults one minibatch per partition);
+    ``num_workers`` is not used.
+
+    Args:
+        max_partitions: upper bound on the number of partitions.
+    """
+
+    max_partitions: int = 5000
+
+    def __post_init__(self) -> None:
+        self.max_partitions = check_int("max_partitions", self.max_partitions, minimum=1)
+
+    def _partitions(self, total: int, min_per_partition: int, num_workers: int) -> int:
+        return min(self.max_partitions, max(1, -(-total // min_per_partition)))
+
+
+@dataclasses.dataclass
+class EqualRepartitioner(_EqualPartitions):
+    """DL4J's ``EqualRepartitioner``: one partition per worker, sizes differing by at most one;
+    ``min_per_partition`` is not used. ParameterAveragingTrainingMaster's ``"balanced"`` strategy."""
+
+    def _partitions(self, total: int, min_per_partition: int, num_workers: int) -> int:
+        return num_workers
+
+
+@dataclasses.dataclass
+class NoOpRepartitioner(Repartitioner):
+    """DL4J's ``NoOpRepartitioner``: the data keeps its partitions."""
+
+    def repartition(
+        self,
+        rdd: RDD,
+        min_per_partition: int,
+        num_workers: int,
+        *,
+        total: int | None = None,
+        counts: list[int] | None = None,
+        seed: int | None = None,
+    ) -> RDD:
+        """``rdd`` itself."""
+        return rdd
+
+
 def shuffle_in_place(rdd: RDD) -> RDD:
     """``rdd``'s partitions, contents and order unchanged, behind a shuffle: a barrier stage over the
     result does not contain ``rdd``'s own chain (Spark refuses a barrier stage whose chain holds an RDD
@@ -101,20 +221,23 @@ def shuffle_in_place(rdd: RDD) -> RDD:
 def repartition(
     rdd: RDD,
     mode: Repartition,
-    strategy: RepartitionStrategy,
+    strategy: RepartitionStrategy | Repartitioner,
     num_partitions: int,
     total: int,
     counts: list[int] | None = None,
+    min_per_partition: int = 1,
 ) -> RDD:
-    """Apply a master's ``repartition`` / ``repartition_strategy`` options.
+    """Apply ParameterAveragingTrainingMaster's ``repartition`` / ``repartition_strategy`` options.
 
     Args:
         rdd: the data.
         mode: when to repartition.
-        strategy: how to repartition.
+        strategy: how to repartition: Spark's hash repartition, :class:`EqualRepartitioner` (BALANCED)
+            or a :class:`Repartitioner`.
         num_partitions: the number of workers.
         total: element count of ``rdd``.
         counts: per-partition counts if already known.
+        min_per_partition: the elements of one worker minibatch (passed on to a Repartitioner).
 
     Returns:
         The (possibly) repartitioned RDD.
@@ -125,7 +248,10 @@ def repartition(
         return rdd
     if strategy == RepartitionStrategy.SPARK_DEFAULT:
         return rdd.repartition(num_partitions)
-    return balanced_repartition(rdd, num_partitions, total, counts)
+    if strategy == RepartitionStrategy.BALANCED:
+        strategy = EqualRepartitioner()
+    assert isinstance(strategy, Repartitioner)  # the master validated it
+    return strategy.repartition(rdd, min_per_partition, num_partitions, total=total, counts=counts)
 
 
 def split_assignment(partition: int, seed: int, num_splits: int, count: int) -> np.ndarray:
@@ -178,8 +304,12 @@ def split_partition_counts(counts: list[int], seed: int, num_splits: int) -> lis
 
 
 __all__ = [
+    "DefaultRepartitioner",
+    "EqualRepartitioner",
+    "NoOpRepartitioner",
     "Repartition",
     "RepartitionStrategy",
+    "Repartitioner",
     "balanced_random_split",
     "balanced_repartition",
     "partition_counts",

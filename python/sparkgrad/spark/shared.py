@@ -74,14 +74,13 @@ from sparkgrad.spark.common import (
     run_spark,
 )
 from sparkgrad.spark.config import (
-    DefaultRepartitioner,
     MeshBuildMode,
     RDDTrainingApproach,
     VoidConfiguration,
     check_storage_level,
 )
 from sparkgrad.spark.devices import check_worker_device
-from sparkgrad.spark.partitioning import shuffle_in_place
+from sparkgrad.spark.partitioning import DefaultRepartitioner, Repartitioner, shuffle_in_place
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
 from sparkgrad.spark.shared_worker import (
     SharedJob,
@@ -92,6 +91,7 @@ from sparkgrad.spark.shared_worker import (
     shared_partition,
 )
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
+from sparkgrad.spark.threads import check_task_threads
 from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
 
 if TYPE_CHECKING:
@@ -212,9 +212,10 @@ def _run_watched(
     return outcome["result"]
 
 
-def _task_slots(sc: SparkContext) -> int:
-    """How many tasks the cluster runs at once: Spark's own count over the registered executors (what a
-    barrier stage is checked against), else default parallelism over ``spark.task.cpus``."""
+def _task_slots(sc: SparkContext, workers_per_node: int = -1) -> int:
+    """How many workers a fit runs at once: the tasks the cluster runs at once (Spark's own count over
+    the registered executors, what a barrier stage is checked against, else default parallelism over
+    ``spark.task.cpus``), and with ``workers_per_node`` > 0 at most that many per executor host."""
     from py4j.protocol import Py4JError
 
     try:
@@ -222,10 +223,32 @@ def _task_slots(sc: SparkContext) -> int:
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
     except Py4JError:  # an internal API: versions without it fall back to the configuration
         slots = 0
-    if slots > 0:
-        return slots
-    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    return max(1, int(sc.defaultParallelism) // max(1, cpus))
+    if slots <= 0:
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        slots = max(1, int(sc.defaultParallelism) // max(1, cpus))
+    if workers_per_node > 0:
+        hosts = _host_slots(sc) or {"": slots}  # unknown hosts: as if there were one
+        slots = min(slots, sum(min(workers_per_node, n) for n in hosts.values()))
+    return max(1, slots)
+
+
+def _host_slots(sc: SparkContext) -> dict[str, int]:
+    """The task slots of every executor host (Spark's status store; local mode: the driver's), or {}
+    when Spark does not say."""
+    from py4j.protocol import Py4JError
+
+    try:
+        executors = sc._jsc.sc().statusStore().executorList(True)
+        entries = [executors.apply(i) for i in range(executors.size())]
+        # the driver is listed too; in local mode it is the only one, and runs the tasks
+        workers = [e for e in entries if str(e.id()) != "driver"] or entries
+        found: dict[str, int] = {}
+        for e in workers:
+            host = str(e.hostPort()).rsplit(":", 1)[0]
+            found[host] = found.get(host, 0) + int(e.maxTasks())
+    except Py4JError:  # an internal API
+        return {}
+    return found
 
 
 def _barrier_ready(rdd: Any) -> bool:
@@ -275,7 +298,7 @@ class ControllerFit(ABC):
     (:mod:`sparkgrad.spark.shared_worker`); a master says what differs through :meth:`_controller_options`,
     :meth:`_job_options` and :meth:`_epoch_state`. The masters are dataclasses with the fields
     ``void_configuration``, ``transport``, ``batch_size_per_worker``, ``worker_prefetch_num_batches``,
-    ``collect_training_stats``, ``rng_seed``, ``progress`` and ``worker_device``.
+    ``collect_training_stats``, ``rng_seed``, ``progress``, ``worker_device`` and ``task_threads``.
     """
 
     # whether Spark re-runs the barrier stage after a failed task (the workers then re-join the
@@ -289,6 +312,7 @@ class ControllerFit(ABC):
     rng_seed: int | None
     progress: bool
     worker_device: str
+    task_threads: int | None
     last_traffic: dict[str, float]
 
     @abstractmethod
@@ -393,6 +417,7 @@ class ControllerFit(ABC):
                     self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
                 ),
                 worker_device=self.worker_device,
+                task_threads=self.task_threads,
                 **self._job_options(network, partitions, slots),
             )
             bc = sc.broadcast(job)
@@ -462,13 +487,20 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         void_configuration: controller port and address resolution.
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
-        workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
+        workers_per_node: at most this many workers train at once on one executor host (-1: one per
+            Spark task slot). The fit counts ``min(workers_per_node, the host's task slots)`` per
+            executor host as its task slots (local mode: ``min(workers_per_node, local[N]'s N)``): the
+            default repartitioning makes that many partitions, all trained in one barrier job, where a
+            task that Spark placed beyond ``workers_per_node`` on its host fails with a TrainingError
+            saying so; with more partitions (one Spark job per epoch) a task waits for a free worker
+            slot of its host. DL4J's ``workersPerNode`` was the training threads of an executor.
         threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
             them).
-        updates_threshold: DL4J's ``updatesThreshold(t)``: the adaptive threshold algorithm starting at
-            ``t``, i.e. ``threshold_algorithm=AdaptiveThresholdAlgorithm(t)`` (give one or the other).
+        updates_threshold: DL4J's ``updatesThreshold(t)``: ``AdaptiveThresholdAlgorithm(t)``, the
+            adaptive algorithm starting at threshold ``t`` (in [MIN_THRESHOLD, MAX_THRESHOLD]); None
+            (default): ``threshold_algorithm`` decides. Giving both is a ValueError.
         residual_post_processor: default ``NoOpResidualPostProcessor()`` (the residual keeps every bit of
             update mass; DL4J's default was ``ResidualClippingPostProcessor(5.0, 5)``).
         mesh_build_mode: ``"plain"`` (star: the controller sends every update to every worker) or ``"mesh"``
@@ -485,9 +517,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         storage_level: storage level of the training RDD.
-        repartitioner: None (default): one balanced partition per Spark task slot, every epoch of a fit
-            in one barrier job; ``DefaultRepartitioner()`` is DL4J's one minibatch per partition (one
-            Spark job per epoch once there are more partitions than slots).
+        repartitioner: a :class:`~sparkgrad.spark.Repartitioner`, called with a minibatch's worth of
+            elements as ``min_per_partition`` and the task slots as ``num_workers``. None (default): one
+            balanced partition per Spark task slot, every epoch of a fit in one barrier job;
+            ``DefaultRepartitioner()`` is DL4J's one minibatch per partition (one Spark job per epoch
+            once there are more partitions than slots).
         worker_prefetch_num_batches: minibatches loaded ahead by a background thread on each worker.
         encoding_debug_mode: log threshold, density and residual statistics for every worker step.
         collect_training_stats: record timings, bytes, messages, density and threshold per iteration.
@@ -523,6 +557,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             only what its message carries, as every other replica does). With Nesterov momentum on the
             digits study (2 workers on Spark, 10 seeds) ``"full"`` reached 96% in 2 median epochs and
             ``"encoded"`` in 6 (DDP: 3.5); see :data:`~sparkgrad.compress.OWN_UPDATES`.
+        task_threads: the OpenMP/OpenBLAS threads of every Spark task of a model with this master
+            (training, evaluation, scoring, inference); None (default): the task's CPUs,
+            ``spark.task.cpus``. Set for the task and restored after it
+            (:mod:`sparkgrad.spark.threads`). The ``WorkerFlatMapTotalTimeMs`` stats events record it as
+            ``threads``.
     """
 
     void_configuration: VoidConfiguration = field(default_factory=VoidConfiguration)
@@ -530,7 +569,6 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     rdd_data_set_num_examples: int = 1
     workers_per_node: int = -1
     threshold_algorithm: ThresholdAlgorithm | None = None
-    updates_threshold: float | None = None
     residual_post_processor: ResidualPostProcessor | None = None
     mesh_build_mode: MeshBuildMode = MeshBuildMode.PLAIN
     staleness_bound: int = 4
@@ -538,7 +576,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
     storage_level: str = "MEMORY_ONLY_SER"
-    repartitioner: DefaultRepartitioner | None = None
+    repartitioner: Repartitioner | None = None
     worker_prefetch_num_batches: int = 2
     encoding_debug_mode: bool = False
     collect_training_stats: bool = False
@@ -550,6 +588,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     update_combination: str = DEFAULT_UPDATE_COMBINATION
     momentum_masking: bool = False
     own_update: str = DEFAULT_OWN_UPDATE
+    updates_threshold: float | None = None
+    task_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.void_configuration, VoidConfiguration):
@@ -574,14 +614,14 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
                 f"threshold_algorithm: expected a ThresholdAlgorithm, got {self.threshold_algorithm!r}"
             )
         if self.updates_threshold is not None:
+            if self.threshold_algorithm is not None:
+                raise ValueError(
+                    "updates_threshold and threshold_algorithm: give one of them (updates_threshold=t is "
+                    "threshold_algorithm=AdaptiveThresholdAlgorithm(t))"
+                )
             self.updates_threshold = check_range(
                 "updates_threshold", self.updates_threshold, MIN_THRESHOLD, MAX_THRESHOLD
             )
-            if self.threshold_algorithm is not None:
-                raise ValueError(
-                    "updates_threshold: give updates_threshold (the adaptive algorithm starting there) or "
-                    "threshold_algorithm, not both"
-                )
         if self.residual_post_processor is not None and not isinstance(
             self.residual_post_processor, ResidualPostProcessor
         ):
@@ -600,8 +640,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "direct_memory_budget_mb", self.direct_memory_budget_mb, minimum=0
         )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
-        if self.repartitioner is not None and not isinstance(self.repartitioner, DefaultRepartitioner):
-            raise ValueError(f"repartitioner: expected a DefaultRepartitioner, got {self.repartitioner!r}")
+        if self.repartitioner is not None and not isinstance(self.repartitioner, Repartitioner):
+            raise ValueError(f"repartitioner: expected a Repartitioner, got {self.repartitioner!r}")
         self.worker_prefetch_num_batches = check_int(
             "worker_prefetch_num_batches", self.worker_prefetch_num_batches, minimum=0
         )
@@ -616,17 +656,23 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         if self.transport is not None and not isinstance(self.transport, ZmqTransportConfiguration):
             raise ValueError(f"transport: expected a ZmqTransportConfiguration, got {self.transport!r}")
         self.worker_device = check_worker_device("worker_device", self.worker_device)
+        self.task_threads = check_task_threads("task_threads", self.task_threads)
         self._runtime_init()
         self._threshold_state: ThresholdAlgorithm | None = None
         self.last_traffic: dict[str, float] = {}
 
     @property
     def current_threshold_algorithm(self) -> ThresholdAlgorithm:
-        """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state."""
-        configured = self.threshold_algorithm
-        if configured is None and self.updates_threshold is not None:
-            configured = AdaptiveThresholdAlgorithm(self.updates_threshold)
-        return self._threshold_state or configured or default_threshold_algorithm()
+        """The threshold algorithm (with state) the next fit starts from: the last fit's reduced state,
+        else ``threshold_algorithm``, else ``AdaptiveThresholdAlgorithm(updates_threshold)``, else the
+        default."""
+        if self._threshold_state is not None:
+            return self._threshold_state
+        if self.threshold_algorithm is not None:
+            return self.threshold_algorithm
+        if self.updates_threshold is not None:
+            return AdaptiveThresholdAlgorithm(self.updates_threshold)
+        return default_threshold_algorithm()
 
     def execute_training(
         self,
@@ -661,14 +707,16 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
-        slots = _task_slots(sc)
+        slots = _task_slots(sc, self.workers_per_node)
         with Timer(stats, MASTER_REPARTITION):
             seed = None
             if self.rng_seed is not None:  # a reproducible order, new for every fit
                 seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
-            units = repartitioner.repartition(data.rdd, min_per, data.num_units, data.counts, seed)
+            units = repartitioner.repartition(
+                data.rdd, min_per, slots, total=data.num_units, counts=data.counts, seed=seed
+            )
         results, _ = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )

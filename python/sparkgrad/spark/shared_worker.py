@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from sparkgrad import get_num_threads
 from sparkgrad.compress import (
     DEFAULT_OWN_UPDATE,
     EncodingHandler,
@@ -52,6 +53,7 @@ from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, 
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partitioning import split_assignment
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.spark.threads import task_threads
 from sparkgrad.transport import (
     FrameRejected,
     Header,
@@ -109,6 +111,7 @@ class SharedJob:
     barrier: bool  # all epochs in one barrier job, EPOCH_END at every epoch end
     shuffle_seed: int
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
+    task_threads: int | None = None  # native threads of a task (None: its CPUs; sparkgrad.spark.threads)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     # gradient sharing
     threshold_algorithm: ThresholdAlgorithm | None = None
@@ -526,7 +529,7 @@ class SharedWorker:
             "paced_wait_ms": c.paced_wait_ms,
         }
         if self.stats is not None:
-            self.stats.add(WORKER_TOTAL, event(start))
+            self.stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
         return WorkerResult(
             self.worker_id,
             self.tasks,
@@ -701,18 +704,49 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
         context = TaskContext.get()
         if context is None:
             raise TrainingError("shared_partition: must run inside a Spark task (TaskContext.get() is None)")
-        worker = _worker_for(job_bc.value)
-        try:
-            result = worker.run_task(units, context.partitionId(), first_epoch, epochs)
-        except BaseException:
-            # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
-            _WORKERS.pop(job_bc.value.job_id, None)
-            worker.close()
-            raise
+        job: SharedJob = job_bc.value
+        if job.barrier and job.workers_per_node > 0:
+            check_barrier_placement(job.workers_per_node)
+        with task_threads(job.task_threads):
+            worker = _worker_for(job)
+            try:
+                result = worker.run_task(units, context.partitionId(), first_epoch, epochs)
+            except BaseException:
+                # its replica may be out of step: a retried task starts a fresh worker that pulls parameters
+                _WORKERS.pop(job.job_id, None)
+                worker.close()
+                raise
         if result.minibatches:
             yield {result.worker_id: result}
 
     return run
+
+
+def check_barrier_placement(workers_per_node: int) -> None:
+    """In a barrier task: fail unless Spark placed at most ``workers_per_node`` of the job's tasks on this
+    task's host.
+
+    The driver sizes a barrier job to at most ``workers_per_node`` tasks per executor host, but Spark
+    places them (data locality, executors with unequal task slots); the check runs before the task joins
+    the controller.
+
+    Raises:
+        TrainingError: more tasks on this host, naming the host and the remedies.
+    """
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    infos = context.getTaskInfos()  # ordered by partition, "host:port" of each task's executor
+    hosts = [info.address.rsplit(":", 1)[0] for info in infos]
+    here = hosts[context.partitionId()]
+    placed = hosts.count(here)
+    if placed > workers_per_node:
+        raise TrainingError(
+            f"workers_per_node={workers_per_node}: Spark placed {placed} of this barrier job's {len(hosts)} "
+            f"tasks on host {here}; give every executor host the same task slots (spark.locality.wait=0 "
+            "keeps data locality from stacking tasks), raise workers_per_node, or use -1 (a worker per "
+            "task slot)"
+        )
 
 
 def reference_threshold(algorithm: ThresholdAlgorithm) -> float:
@@ -740,6 +774,7 @@ __all__ = [
     "SharedJob",
     "SharedWorker",
     "WorkerResult",
+    "check_barrier_placement",
     "encoded_count",
     "reference_threshold",
     "shared_partition",
