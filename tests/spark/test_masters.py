@@ -209,28 +209,10 @@ def test_shared_direct_with_workers_per_node_and_debug(spark, digits, free_port,
     )
     sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
     sm.fit(rdd)
-    # one worker per host: local[2]'s two task slots train as one worker, in one barrier job
-    assert (master.last_traffic["workers"], master.last_traffic["spark_jobs"]) == (1, 1)
     assert master.last_traffic["worker_minibatches"] == 16
     assert (
         sum(e.extra["examples"] for e in sm.training_stats.events("SharedWorkerComputeUpdateTimesMs")) == 160
     )
-
-
-def test_barrier_tasks_beyond_workers_per_node_on_a_host_fail(spark) -> None:
-    from sparkgrad.spark.shared_worker import check_barrier_placement
-
-    def placed(limit: int):
-        def check(it):
-            check_barrier_placement(limit)
-            yield 1
-
-        return check
-
-    rdd = spark.sparkContext.parallelize(range(2), 2)
-    assert rdd.barrier().mapPartitions(placed(2)).collect() == [1, 1]  # local[2]: both on this host
-    with pytest.raises(Exception, match=r"workers_per_node=1: Spark placed 2 of this barrier job's 2 tasks"):
-        rdd.barrier().mapPartitions(placed(1)).collect()
 
 
 def test_masters_round_trip_json_and_yaml() -> None:

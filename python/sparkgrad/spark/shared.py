@@ -212,10 +212,9 @@ def _run_watched(
     return outcome["result"]
 
 
-def _task_slots(sc: SparkContext, workers_per_node: int = -1) -> int:
-    """How many workers a fit runs at once: the tasks the cluster runs at once (Spark's own count over
-    the registered executors, what a barrier stage is checked against, else default parallelism over
-    ``spark.task.cpus``), and with ``workers_per_node`` > 0 at most that many per executor host."""
+def _task_slots(sc: SparkContext) -> int:
+    """How many tasks the cluster runs at once: Spark's own count over the registered executors (what a
+    barrier stage is checked against), else default parallelism over ``spark.task.cpus``."""
     from py4j.protocol import Py4JError
 
     try:
@@ -223,32 +222,10 @@ def _task_slots(sc: SparkContext, workers_per_node: int = -1) -> int:
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
     except Py4JError:  # an internal API: versions without it fall back to the configuration
         slots = 0
-    if slots <= 0:
-        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-        slots = max(1, int(sc.defaultParallelism) // max(1, cpus))
-    if workers_per_node > 0:
-        hosts = _host_slots(sc) or {"": slots}  # unknown hosts: as if there were one
-        slots = min(slots, sum(min(workers_per_node, n) for n in hosts.values()))
-    return max(1, slots)
-
-
-def _host_slots(sc: SparkContext) -> dict[str, int]:
-    """The task slots of every executor host (Spark's status store; local mode: the driver's), or {}
-    when Spark does not say."""
-    from py4j.protocol import Py4JError
-
-    try:
-        executors = sc._jsc.sc().statusStore().executorList(True)
-        entries = [executors.apply(i) for i in range(executors.size())]
-        # the driver is listed too; in local mode it is the only one, and runs the tasks
-        workers = [e for e in entries if str(e.id()) != "driver"] or entries
-        found: dict[str, int] = {}
-        for e in workers:
-            host = str(e.hostPort()).rsplit(":", 1)[0]
-            found[host] = found.get(host, 0) + int(e.maxTasks())
-    except Py4JError:  # an internal API
-        return {}
-    return found
+    if slots > 0:
+        return slots
+    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    return max(1, int(sc.defaultParallelism) // max(1, cpus))
 
 
 def _barrier_ready(rdd: Any) -> bool:
@@ -487,13 +464,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         void_configuration: controller port and address resolution.
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
-        workers_per_node: at most this many workers train at once on one executor host (-1: one per
-            Spark task slot). The fit counts ``min(workers_per_node, the host's task slots)`` per
-            executor host as its task slots (local mode: ``min(workers_per_node, local[N]'s N)``): the
-            default repartitioning makes that many partitions, all trained in one barrier job, where a
-            task that Spark placed beyond ``workers_per_node`` on its host fails with a TrainingError
-            saying so; with more partitions (one Spark job per epoch) a task waits for a free worker
-            slot of its host. DL4J's ``workersPerNode`` was the training threads of an executor.
+        workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
         threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
@@ -707,7 +678,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
-        slots = _task_slots(sc, self.workers_per_node)
+        slots = _task_slots(sc)
         with Timer(stats, MASTER_REPARTITION):
             seed = None
             if self.rng_seed is not None:  # a reproducible order, new for every fit

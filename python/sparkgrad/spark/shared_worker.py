@@ -705,8 +705,6 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
         if context is None:
             raise TrainingError("shared_partition: must run inside a Spark task (TaskContext.get() is None)")
         job: SharedJob = job_bc.value
-        if job.barrier and job.workers_per_node > 0:
-            check_barrier_placement(job.workers_per_node)
         with task_threads(job.task_threads):
             worker = _worker_for(job)
             try:
@@ -720,33 +718,6 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
             yield {result.worker_id: result}
 
     return run
-
-
-def check_barrier_placement(workers_per_node: int) -> None:
-    """In a barrier task: fail unless Spark placed at most ``workers_per_node`` of the job's tasks on this
-    task's host.
-
-    The driver sizes a barrier job to at most ``workers_per_node`` tasks per executor host, but Spark
-    places them (data locality, executors with unequal task slots); the check runs before the task joins
-    the controller.
-
-    Raises:
-        TrainingError: more tasks on this host, naming the host and the remedies.
-    """
-    from pyspark import BarrierTaskContext
-
-    context = BarrierTaskContext.get()
-    infos = context.getTaskInfos()  # ordered by partition, "host:port" of each task's executor
-    hosts = [info.address.rsplit(":", 1)[0] for info in infos]
-    here = hosts[context.partitionId()]
-    placed = hosts.count(here)
-    if placed > workers_per_node:
-        raise TrainingError(
-            f"workers_per_node={workers_per_node}: Spark placed {placed} of this barrier job's {len(hosts)} "
-            f"tasks on host {here}; give every executor host the same task slots (spark.locality.wait=0 "
-            "keeps data locality from stacking tasks), raise workers_per_node, or use -1 (a worker per "
-            "task slot)"
-        )
 
 
 def reference_threshold(algorithm: ThresholdAlgorithm) -> float:
@@ -774,7 +745,6 @@ __all__ = [
     "SharedJob",
     "SharedWorker",
     "WorkerResult",
-    "check_barrier_placement",
     "encoded_count",
     "reference_threshold",
     "shared_partition",
