@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 
-def local_session(master: str) -> Any:
-    """A SparkSession on ``master`` (``local[N]``) whose Python workers run this interpreter."""
+def local_session(master: str, conf: dict[str, str] | None = None) -> Any:
+    """A SparkSession on ``master`` (``local[N]``) whose Python workers run this interpreter, with the
+    settings ``conf`` (e.g. ``spark.driver.memory``, which takes effect only in a fresh process)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -19,6 +20,7 @@ def local_session(master: str) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config(map=conf or {})
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

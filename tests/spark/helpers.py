@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
@@ -224,3 +228,28 @@ def auc_bound(p: np.ndarray, p_err: np.ndarray, positive: np.ndarray) -> float:
     pos, neg = p[positive], p[~positive]
     close = np.abs(pos[:, None] - neg[None, :]) <= p_err[positive][:, None] + p_err[~positive][None, :]
     return float(close.sum()) / max(pos.size * neg.size, 1)
+
+
+def spark_submit() -> tuple[list[str], dict[str, str]]:
+    """A ``spark-submit --master local[2]`` command (pip's, its Python workers on this interpreter, no UI)
+    to extend with options and the job, and the environment the job needs to import this sparkgrad;
+    skips the test without spark-submit or Java."""
+    pytest.importorskip("pyspark")
+    import pyspark
+
+    import sparkgrad
+
+    here = Path(sys.executable).parent / "spark-submit"  # pip's pyspark installs it beside the interpreter
+    submit = str(here) if here.exists() else shutil.which("spark-submit")
+    if submit is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("spark-submit and Java are needed")
+    env = dict(os.environ)
+    # the source tree in development (the installed package in CI): what the driver imports here
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(sparkgrad.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).resolve().parent)  # pip's pyspark is a Spark home
+    env.pop("PYSPARK_PYTHON", None)
+    env.pop("PYSPARK_DRIVER_PYTHON", None)
+    command = [submit, "--master", "local[2]", "--conf", f"spark.pyspark.python={sys.executable}"]
+    return [*command, "--conf", "spark.ui.enabled=false"], env

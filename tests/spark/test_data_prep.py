@@ -104,8 +104,8 @@ def test_auto_trains_directly_within_the_budget_and_exports_above(
             + decision
         ]
         assert bool(_exported_files(tmp_path)) == exported
-        kept = m._prepared[1].rdd  # what the workers read, persisted for the next fits
-        assert kept.is_cached and (kept is rdd) != exported
+        kept = m._prepared[1].rdd  # what the workers read: the persisted RDD, or the files read again
+        assert kept.is_cached != exported and (kept is rdd) != exported
         if exported:  # one record per batch of 16 examples in each of the 2 partitions
             assert m._export_state[2] == 2 * -(-EXAMPLES // 2 // BATCH)
             assert not rdd.is_cached  # the source, persisted for the size estimate, was released

@@ -56,8 +56,7 @@ def test_minimal_example_trains_with_an_adaptive_threshold_from_1e_3(spark, digi
         # one epoch: 0.89-0.91 over network seeds 1-8 (an untrained network scores about 0.1)
         assert accuracy(spark_net.network, digits[1]) > 0.8
         traffic = tm.last_traffic
-        # local[2]: a worker per task slot, in one barrier job (workers_per_node applies to fits of one job
-        # per epoch only: issue 43)
+        # local[2] with workers_per_node=4: min(2 task slots, 1 host x 4) workers, in one barrier job
         assert (traffic["workers"], traffic["spark_jobs"]) == (2, 1)
         # the workers' adaptive algorithm started at 1e-3; every message was denser than its 1e-2 target,
         # so after each worker's first minibatch the threshold rose by 1 / decay_rate a minibatch

@@ -44,8 +44,10 @@ def test_close_and_with_release_persisted_data_exports_and_broadcasts(spark, dig
     sc = spark.sparkContext
     rdd = sc.parallelize(subset(digits[0], 128).split(16), 2)
     test = subset(digits[1], 30)
-    # explicit export (the default, auto, trains this small RDD directly): close() must delete the files
-    with SparkMultiLayer(spark, mlp_conf(hidden=16), _pa(tmp_path, rdd_training_approach="export")) as sm:
+    # explicit export (the default, auto, trains this small RDD directly), its files read back persisted
+    # (DL4J's storage_level_streams; the default streams them): close() must delete and release them
+    master = _pa(tmp_path, rdd_training_approach="export", storage_level_streams="MEMORY_ONLY")
+    with SparkMultiLayer(spark, mlp_conf(hidden=16), master) as sm:
         sm.fit(rdd)
         sm.fit(rdd)  # same RDD: the export and the persisted read-back are reused
         kept = sm.training_master._prepared[1].rdd
@@ -70,7 +72,8 @@ def test_close_and_with_release_persisted_data_exports_and_broadcasts(spark, dig
 
 def test_dropped_model_releases_its_resources(spark, digits, tmp_path) -> None:
     rdd = spark.sparkContext.parallelize(subset(digits[0], 64).split(16), 2)
-    sm = SparkMultiLayer(spark, mlp_conf(hidden=8), _pa(tmp_path, rdd_training_approach="export"))
+    master = _pa(tmp_path, rdd_training_approach="export", storage_level_streams="MEMORY_ONLY")
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=8), master)
     sm.fit(rdd)
     kept = sm.training_master._prepared[1].rdd
     assert kept.is_cached and _exported(tmp_path)

@@ -120,10 +120,10 @@ def test_shared_export_is_reused_and_deleted(shared_fit, spark) -> None:
     _, path, batches = master._export_state
     assert batches == 90 and glob.glob(os.path.join(path, "part-*"))
     assert "SharedMasterExportTimesMs" not in sm.training_stats.keys()  # last fit reused the export
-    kept = master._prepared[1].rdd  # the read-back export stays persisted between fits of the same RDD
-    assert kept.is_cached
+    kept = master._prepared[1].rdd  # the export is read again by every fit: nothing held in memory
+    assert not kept.is_cached and master._prepared[1].exported
     assert master.delete_temp_files(spark) and not os.path.exists(path)
-    assert master._prepared is None and not kept.is_cached
+    assert master._prepared is None
 
 
 def test_parameter_averaging_reaches_95_percent(pa_fit, digits) -> None:
@@ -209,10 +209,28 @@ def test_shared_direct_with_workers_per_node_and_debug(spark, digits, free_port,
     )
     sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
     sm.fit(rdd)
+    # one worker per host: local[2]'s two task slots train as one worker, in one barrier job
+    assert (master.last_traffic["workers"], master.last_traffic["spark_jobs"]) == (1, 1)
     assert master.last_traffic["worker_minibatches"] == 16
     assert (
         sum(e.extra["examples"] for e in sm.training_stats.events("SharedWorkerComputeUpdateTimesMs")) == 160
     )
+
+
+def test_barrier_tasks_beyond_workers_per_node_on_a_host_fail(spark) -> None:
+    from sparkgrad.spark.shared_worker import check_barrier_placement
+
+    def placed(limit: int):
+        def check(it):
+            check_barrier_placement(limit)
+            yield 1
+
+        return check
+
+    rdd = spark.sparkContext.parallelize(range(2), 2)
+    assert rdd.barrier().mapPartitions(placed(2)).collect() == [1, 1]  # local[2]: both on this host
+    with pytest.raises(Exception, match=r"workers_per_node=1: Spark placed 2 of this barrier job's 2 tasks"):
+        rdd.barrier().mapPartitions(placed(1)).collect()
 
 
 def test_masters_round_trip_json_and_yaml() -> None:

@@ -517,7 +517,8 @@ class TrainingMasterBase:
     """Export/Direct/Auto data handling and temp-file bookkeeping common to both training masters.
 
     Subclasses are dataclasses with the fields ``batch_size_per_worker``, ``rdd_data_set_num_examples``,
-    ``rdd_training_approach``, ``export_directory``, ``storage_level`` and ``direct_memory_budget_mb``
+    ``rdd_training_approach``, ``export_directory``, ``storage_level``, ``storage_level_streams`` and
+    ``direct_memory_budget_mb``
     (a subclass without the last field uses :data:`DEFAULT_DIRECT_MEMORY_BUDGET_MB`).
     """
 
@@ -526,6 +527,7 @@ class TrainingMasterBase:
     rdd_training_approach: RDDTrainingApproach
     export_directory: str | None
     storage_level: str
+    storage_level_streams: str
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
 
     def _runtime_init(self) -> None:
@@ -557,8 +559,8 @@ class TrainingMasterBase:
         return f"{root.rstrip('/')}/{self._uid}"
 
     def _storage_level_for(self, kind: str) -> str:
-        """Storage level of a training RDD whose elements are of ``kind`` (overridable per master)."""
-        return self.storage_level
+        """Storage level of a training RDD whose elements are of ``kind``: files are streamed again."""
+        return self.storage_level if kind == "dataset" else self.storage_level_streams
 
     def _export(
         self, sc: SparkContext, rdd: RDD, stats: SparkTrainingStats | None, timer_key: str

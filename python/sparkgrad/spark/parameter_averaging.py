@@ -220,8 +220,12 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             ``"spark_default"`` (Spark's hash repartition) or a :class:`~sparkgrad.spark.Repartitioner`,
             called with a minibatch's worth of elements as ``min_per_partition`` and the workers as
             ``num_workers``.
-        storage_level: Spark storage level of the training data (trained directly).
-        storage_level_streams: storage level of path RDDs (fit_paths / exported files).
+        storage_level: Spark storage level of an RDD of DataSets (or a DataFrame's conversion) between
+            its jobs: ``"MEMORY_AND_DISK"`` (default: what does not fit in memory spills to disk) or
+            DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are recomputed).
+        storage_level_streams: storage level of data read from files (``fit(dir)``, ``fit_paths``,
+            exported data): ``"NONE"`` (default: every job reads the files again, nothing is held) or
+            DL4J's ``"MEMORY_ONLY"``.
         rdd_training_approach: ``"auto"`` (default: train directly from the persisted RDD while its
             DataSets' arrays total at most ``direct_memory_budget_mb``, export above), ``"export"``
             (batch and save the RDD once as files, train from them) or ``"direct"`` (always train from
@@ -274,8 +278,8 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     worker_prefetch_num_batches: int = 0
     repartition: Repartition = Repartition.ALWAYS
     repartition_strategy: RepartitionStrategy | Repartitioner = RepartitionStrategy.BALANCED
-    storage_level: str = "MEMORY_ONLY_SER"
-    storage_level_streams: str = "MEMORY_ONLY"
+    storage_level: str = "MEMORY_AND_DISK"
+    storage_level_streams: str = "NONE"
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
@@ -362,9 +366,6 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         hooks = list(self.training_hooks)
         hooks.remove(hook)
         self.training_hooks = tuple(hooks)
-
-    def _storage_level_for(self, kind: str) -> str:
-        return self.storage_level if kind == "dataset" else self.storage_level_streams
 
     # -- training -----------------------------------------------------------------------------
     def execute_training(

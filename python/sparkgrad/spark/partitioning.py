@@ -91,7 +91,38 @@ def balanced_repartition(
     keyed = rdd.mapPartitionsWithIndex(index)
     if seed is None:
         return keyed.partitionBy(n, lambda i: i * n // t).values()
-    return keyed.repartitionAndSortWithinPartitions(n, lambda i: i * n // t).values()
+    return _shuffle_sorted(keyed, n, t)
+
+
+def _shuffle_sorted(keyed: RDD, n: int, total: int) -> RDD:
+    """The elements of ``(position, element)`` pairs in ``n`` partitions of consecutive positions
+    (``position * n // total``), each in position order: sorted by Spark's JVM shuffle, which spills to
+    disk, so no Python worker holds a partition (PySpark's ``repartitionAndSortWithinPartitions`` sorts in
+    the reading Python worker, up to ``spark.python.worker.memory``).
+
+    A JVM key ``position * n + partition`` both sorts by position and gives the partition: PySpark's
+    partitioner takes a Long key modulo ``n`` (after ``toInt``, hence the bound below).
+    """
+    from pyspark.core.rdd import RDD as CoreRDD
+    from pyspark.serializers import pack_long
+
+    if total * n >= 2**31:  # a key past Int.MaxValue would be truncated by PythonPartitioner
+        return keyed.repartitionAndSortWithinPartitions(n, lambda i: i * n // total).values()
+    ctx = keyed.ctx
+    serializer = ctx._unbatched_serializer
+
+    def encode(it: Iterable[tuple[int, Any]]) -> Iterator[bytes]:
+        for position, x in it:
+            yield pack_long(position * n + position * n // total)
+            yield serializer.dumps(x)
+
+    framed = keyed.mapPartitions(encode)
+    framed._bypass_serializer = True  # type: ignore[attr-defined]
+    jvm: Any = ctx._jvm
+    pairs = jvm.PairwiseRDD(framed._jrdd.rdd()).asJavaPairRDD()
+    partitioner = jvm.PythonPartitioner(n, id(_shuffle_sorted))
+    values = jvm.PythonRDD.valueOfPair(pairs.repartitionAndSortWithinPartitions(partitioner))
+    return CoreRDD(values, ctx, serializer)
 
 
 class Repartitioner(Config, abc.ABC):
@@ -283,9 +314,14 @@ def balanced_random_split(rdd: RDD, num_splits: int, seed: int) -> list[RDD]:
 
     def part(split: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
         def select(index: int, it: Iterable[Any]) -> Iterator[Any]:
-            items = list(it)
-            assign = split_assignment(index, seed, num_splits, len(items))
-            return (x for x, a in zip(items, assign) if a == split)
+            # split_assignment's blocks drawn as the elements stream by: nothing is held
+            rng = np.random.default_rng([seed & 0xFFFFFFFF, index])
+            block = rng.permutation(num_splits)
+            for i, x in enumerate(it):
+                if i and i % num_splits == 0:
+                    block = rng.permutation(num_splits)
+                if block[i % num_splits] == split:
+                    yield x
 
         return select
 

@@ -212,9 +212,10 @@ def _run_watched(
     return outcome["result"]
 
 
-def _task_slots(sc: SparkContext) -> int:
-    """How many tasks the cluster runs at once: Spark's own count over the registered executors (what a
-    barrier stage is checked against), else default parallelism over ``spark.task.cpus``."""
+def _task_slots(sc: SparkContext, workers_per_node: int = -1) -> int:
+    """How many workers a fit runs at once: the tasks the cluster runs at once (Spark's own count over
+    the registered executors, what a barrier stage is checked against, else default parallelism over
+    ``spark.task.cpus``), and with ``workers_per_node`` > 0 at most that many per executor host."""
     from py4j.protocol import Py4JError
 
     try:
@@ -222,10 +223,27 @@ def _task_slots(sc: SparkContext) -> int:
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
     except Py4JError:  # an internal API: versions without it fall back to the configuration
         slots = 0
-    if slots > 0:
-        return slots
-    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    return max(1, int(sc.defaultParallelism) // max(1, cpus))
+    if slots <= 0:
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        slots = max(1, int(sc.defaultParallelism) // max(1, cpus))
+    if workers_per_node > 0:
+        slots = min(slots, _executor_hosts(sc) * workers_per_node)
+    return max(1, slots)
+
+
+def _executor_hosts(sc: SparkContext) -> int:
+    """The hosts of the registered executors (Spark's status store), at least 1: local mode (only the
+    driver is listed) and executors not yet listed count as one host. Their task slots are not read from
+    the store, which can list an executor before its cores (0 slots)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        executors = sc._jsc.sc().statusStore().executorList(True)
+        entries = [executors.apply(i) for i in range(executors.size())]
+        hosts = {str(e.hostPort()).rsplit(":", 1)[0] for e in entries if str(e.id()) != "driver"}
+    except Py4JError:  # an internal API
+        return 1
+    return max(1, len(hosts))
 
 
 def _barrier_ready(rdd: Any) -> bool:
@@ -464,7 +482,13 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         void_configuration: controller port and address resolution.
         batch_size_per_worker: minibatch size each worker trains (exported batch size in Export mode).
         rdd_data_set_num_examples: examples per DataSet of the RDD (Direct mode / fit_paths sizing).
-        workers_per_node: concurrent training tasks per host (-1: one per Spark task slot).
+        workers_per_node: at most this many workers train at once on one executor host (-1: one per
+            Spark task slot). The fit trains ``min(task slots, executor hosts x workers_per_node)``
+            workers (local mode: ``min(local[N]'s N, workers_per_node)``): the
+            default repartitioning makes that many partitions, all trained in one barrier job, where a
+            task that Spark placed beyond ``workers_per_node`` on its host fails with a TrainingError
+            saying so; with more partitions (one Spark job per epoch) a task waits for a free worker
+            slot of its host. DL4J's ``workersPerNode`` was the training threads of an executor.
         threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
@@ -487,7 +511,12 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             ``"direct"``.
         direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
-        storage_level: storage level of the training RDD.
+        storage_level: Spark storage level of an RDD of DataSets (or a DataFrame's conversion) between
+            its counting and training jobs: ``"MEMORY_AND_DISK"`` (default: what does not fit in
+            memory spills to disk) or DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are
+            recomputed).
+        storage_level_streams: storage level of data read from files (``fit(dir)``, ``fit_paths``,
+            exported data): ``"NONE"`` (default: every job reads the files again, nothing is held).
         repartitioner: a :class:`~sparkgrad.spark.Repartitioner`, called with a minibatch's worth of
             elements as ``min_per_partition`` and the task slots as ``num_workers``. None (default): one
             balanced partition per Spark task slot, every epoch of a fit in one barrier job;
@@ -546,7 +575,8 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
-    storage_level: str = "MEMORY_ONLY_SER"
+    storage_level: str = "MEMORY_AND_DISK"
+    storage_level_streams: str = "NONE"
     repartitioner: Repartitioner | None = None
     worker_prefetch_num_batches: int = 2
     encoding_debug_mode: bool = False
@@ -611,6 +641,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             "direct_memory_budget_mb", self.direct_memory_budget_mb, minimum=0
         )
         self.storage_level = check_storage_level("storage_level", self.storage_level)
+        self.storage_level_streams = check_storage_level("storage_level_streams", self.storage_level_streams)
         if self.repartitioner is not None and not isinstance(self.repartitioner, Repartitioner):
             raise ValueError(f"repartitioner: expected a Repartitioner, got {self.repartitioner!r}")
         self.worker_prefetch_num_batches = check_int(
@@ -678,7 +709,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         stats = SparkTrainingStats() if self.collect_training_stats else None
         fit_start = now_ms()
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
-        slots = _task_slots(sc)
+        slots = _task_slots(sc, self.workers_per_node)
         with Timer(stats, MASTER_REPARTITION):
             seed = None
             if self.rng_seed is not None:  # a reproducible order, new for every fit

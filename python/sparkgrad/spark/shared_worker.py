@@ -51,8 +51,9 @@ from sparkgrad.compress import (
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
+from sparkgrad.spark.partition_store import PartitionStore
 from sparkgrad.spark.partitioning import split_assignment
-from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms
+from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, peak_rss_mib, reset_peak_rss
 from sparkgrad.spark.threads import task_threads
 from sparkgrad.transport import (
     FrameRejected,
@@ -71,6 +72,7 @@ WORKER_PEERS = "SharedWorkerApplyPeerUpdatesTimesMs"
 WORKER_COMPUTE = "SharedWorkerComputeUpdateTimesMs"
 WORKER_ENCODE = "SharedWorkerEncodeSendApplyTimesMs"
 WORKER_SYNC = "SharedWorkerSyncTimesMs"
+WORKER_STORE = "WorkerStorePartitionTimeMs"  # the partition written to local disk
 WORKER_TOTAL = "WorkerFlatMapTotalTimeMs"
 AVERAGING_WORKER_INIT = "ParameterAveragingWorkerInitTimeMs"
 AVERAGING_WORKER_FIT = "ParameterAveragingWorkerFitTimesMs"
@@ -491,6 +493,7 @@ class SharedWorker:
         controller already finished (a retried task) are skipped.
         """
         start = now_ms()
+        reset_peak_rss()
         job = self.job
         self.stats = SparkTrainingStats() if job.collect_stats else None
         if self.stats is not None and self._init_event is not None:
@@ -500,17 +503,19 @@ class SharedWorker:
         try:
             if job.workers_per_node > 0 and not job.barrier:
                 lock = _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
-            elements = list(units)  # kept for every epoch: DataSets, exported bytes or paths
-            begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
-            for epoch in range(begin, first_epoch + epochs):
-                self.net.epoch_count = epoch
-                trained = self.minibatches
-                self._train_epoch(elements, epoch, partition)
-                with Timer(self.stats, WORKER_SYNC):
-                    stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
-                self.net.epoch_count = epoch + 1
-                if stop:
-                    break
+            with Timer(self.stats, WORKER_STORE):
+                elements = PartitionStore(units, job.kind)  # on local disk: read again every epoch
+            with elements:
+                begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
+                for epoch in range(begin, first_epoch + epochs):
+                    self.net.epoch_count = epoch
+                    trained = self.minibatches
+                    self._train_epoch(elements, epoch, partition)
+                    with Timer(self.stats, WORKER_SYNC):
+                        stop = self._end_of_epoch(epoch, partition, self.minibatches - trained)
+                    self.net.epoch_count = epoch + 1
+                    if stop:
+                        break
         finally:
             if lock is not None:
                 lock.release()
@@ -529,7 +534,7 @@ class SharedWorker:
             "paced_wait_ms": c.paced_wait_ms,
         }
         if self.stats is not None:
-            self.stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
+            self.stats.add(WORKER_TOTAL, event(start, threads=get_num_threads(), peak_rss_mib=peak_rss_mib()))
         return WorkerResult(
             self.worker_id,
             self.tasks,
@@ -541,7 +546,7 @@ class SharedWorker:
             self.stats,
         )
 
-    def _train_epoch(self, elements: list[Any], epoch: int, partition: int) -> None:
+    def _train_epoch(self, elements: PartitionStore, epoch: int, partition: int) -> None:
         """One epoch over the partition's elements, in a new seeded order: share every minibatch's update."""
         order = np.random.default_rng([self.job.shuffle_seed, epoch, partition]).permutation(len(elements))
         self._train_minibatches((elements[i] for i in order), self._share_minibatch)
@@ -630,7 +635,7 @@ class AveragingWorker(SharedWorker):
     def _report_updater_state(self, partition: int) -> None:
         """Nothing: the controller holds the averaged updater state already."""
 
-    def _train_epoch(self, elements: list[Any], epoch: int, partition: int) -> None:
+    def _train_epoch(self, elements: PartitionStore, epoch: int, partition: int) -> None:
         plan: AveragingRounds = self.job.averaging  # type: ignore[assignment]
         assignment = split_assignment(
             partition, plan.split_seeds[epoch], plan.rounds_per_epoch, len(elements)
@@ -705,6 +710,8 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
         if context is None:
             raise TrainingError("shared_partition: must run inside a Spark task (TaskContext.get() is None)")
         job: SharedJob = job_bc.value
+        if job.barrier and job.workers_per_node > 0:
+            check_barrier_placement(job.workers_per_node)
         with task_threads(job.task_threads):
             worker = _worker_for(job)
             try:
@@ -718,6 +725,33 @@ def shared_partition(job_bc: Any, first_epoch: int, epochs: int) -> Any:
             yield {result.worker_id: result}
 
     return run
+
+
+def check_barrier_placement(workers_per_node: int) -> None:
+    """In a barrier task: fail unless Spark placed at most ``workers_per_node`` of the job's tasks on this
+    task's host.
+
+    The driver sizes a barrier job to at most ``workers_per_node`` tasks per executor host, but Spark
+    places them (data locality, executors with unequal task slots); the check runs before the task joins
+    the controller.
+
+    Raises:
+        TrainingError: more tasks on this host, naming the host and the remedies.
+    """
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    infos = context.getTaskInfos()  # ordered by partition, "host:port" of each task's executor
+    hosts = [info.address.rsplit(":", 1)[0] for info in infos]
+    here = hosts[context.partitionId()]
+    placed = hosts.count(here)
+    if placed > workers_per_node:
+        raise TrainingError(
+            f"workers_per_node={workers_per_node}: Spark placed {placed} of this barrier job's {len(hosts)} "
+            f"tasks on host {here}; give every executor host the same task slots (spark.locality.wait=0 "
+            "keeps data locality from stacking tasks), raise workers_per_node, or use -1 (a worker per "
+            "task slot)"
+        )
 
 
 def reference_threshold(algorithm: ThresholdAlgorithm) -> float:
@@ -745,6 +779,7 @@ __all__ = [
     "SharedJob",
     "SharedWorker",
     "WorkerResult",
+    "check_barrier_placement",
     "encoded_count",
     "reference_threshold",
     "shared_partition",

@@ -53,6 +53,29 @@ def event(start_ms: float, **extra: float) -> EventStats:
     )
 
 
+def reset_peak_rss() -> None:
+    """Restart this process's peak resident set size from its current size (Linux 4.0+; elsewhere a
+    no-op), so that :func:`peak_rss_mib` measures one task in a Python worker that Spark reuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size in MiB since :func:`reset_peak_rss` (Linux: ``VmHWM``);
+    NaN where the system does not report it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
 class Timer:
     """``with stats.timer("Key"):`` records one event under ``Key`` (no-op when ``stats`` is None)."""
 
@@ -545,5 +568,7 @@ __all__ = [
     "event",
     "merge_all",
     "now_ms",
+    "peak_rss_mib",
+    "reset_peak_rss",
     "run_epoch_callback",
 ]
