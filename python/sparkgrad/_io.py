@@ -6,9 +6,21 @@ written with Python's own I/O, with or without Spark. A URI (``hdfs://nn/models/
 ``org.apache.hadoop.fs.FileSystem`` of the active SparkContext, so every scheme and credential the
 Spark session is configured for works, exactly as for Spark's own reads. The bytes cross py4j in chunks
 of :data:`CHUNK_BYTES` in both directions. Without an active SparkContext a ``file:`` URI is still
-served locally; any other scheme needs a running Spark session.
+served locally; any other scheme needs a running Spark session, so it cannot be opened in a Spark task
+(an executor's Python has no JVM): data on such file systems reaches the executors through Spark's own
+readers (:mod:`sparkgrad.spark.storage`).
 
-Model files, the training-stats HTML report and saved evaluations use these functions.
+Every write replaces its file atomically: the bytes go to a hidden temporary sibling
+(``.NAME.sparkgrad-<random>.tmp``), which is then renamed over the target, so a write that fails
+leaves the previous file (or no file) under the name, never a partial one. Locally the temporary file
+is flushed to disk (``fsync``) and takes the previous file's permission bits before ``os.replace``. A
+Hadoop FileSystem has no portable rename that replaces an existing file, so there the previous file is
+first renamed to a hidden backup sibling, the new one renamed into place, and the backup deleted; if
+the second rename fails the backup is renamed back. The previous data therefore always exists under
+the target's name or, had the process died between the two renames, under the backup's.
+
+Model files, DataSet / MultiDataSet files, the training-stats HTML report and saved evaluations use
+these functions.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ import io
 import logging
 import os
 import re
+import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Union
@@ -67,11 +81,14 @@ def _route(path: PathLike) -> tuple[str, Any]:
         return "local", _local_file_uri(str(path))
     raise EnvironmentNotReadyError(
         f"{path}: this URI is opened through Spark's Hadoop FileSystem, which needs an active "
-        "SparkSession on the driver; start one first (or use a local path)"
+        "SparkSession on the driver; start one first (or use a local path). In a Spark task (an "
+        "executor has no JVM gateway) read such data through Spark instead: SparkMultiLayer.fit(directory), "
+        "fit_paths(rdd_of_paths) with the default loader, evaluate(directory), or "
+        "sparkgrad.spark.export_minibatches to write it"
     )
 
 
-def _hadoop_error(path: str, exc: Exception) -> Exception:
+def hadoop_error(path: str, exc: Exception) -> Exception:
     """A Python exception for a Java one, keeping only the Java class and message (not the JVM trace)."""
     java = getattr(exc, "java_exception", None)
     if java is None:
@@ -86,7 +103,8 @@ def _hadoop_error(path: str, exc: Exception) -> Exception:
     return OSError(message)
 
 
-def _filesystem(sc: Any, path: str) -> tuple[Any, Any]:
+def hadoop_filesystem(sc: Any, path: str) -> tuple[Any, Any]:
+    """``(FileSystem, Path)`` of ``path`` in the JVM of ``sc``, with the session's Hadoop configuration."""
     jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
     return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
 
@@ -95,7 +113,7 @@ def _hadoop_read(sc: Any, path: str) -> bytes:
     from py4j.protocol import Py4JJavaError
 
     try:
-        fs, jpath = _filesystem(sc, path)
+        fs, jpath = hadoop_filesystem(sc, path)
         if fs.getFileStatus(jpath).isDirectory():
             raise IsADirectoryError(f"{path}: is a directory, expected a file")
         stream = fs.open(jpath)
@@ -111,26 +129,103 @@ def _hadoop_read(sc: Any, path: str) -> bytes:
         finally:
             stream.close()
     except Py4JJavaError as exc:
-        raise _hadoop_error(path, exc) from None
+        raise hadoop_error(path, exc) from None
+
+
+def _temporary_sibling(name: str, suffix: str) -> str:
+    """A hidden, unique file name beside ``name`` (Hadoop's input formats skip names starting with '.')."""
+    return f".{name}.sparkgrad-{uuid.uuid4().hex}.{suffix}"
 
 
 def _hadoop_write(sc: Any, path: str, data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` to a temporary sibling, then rename it over ``path`` (see the module docstring)."""
     from py4j.protocol import Py4JJavaError
 
     view = memoryview(data).cast("B")
     try:
-        fs, jpath = _filesystem(sc, path)
-        stream = fs.create(jpath, True)
+        fs, jpath = hadoop_filesystem(sc, path)
+        if fs.exists(jpath) and fs.getFileStatus(jpath).isDirectory():
+            raise IsADirectoryError(f"{path}: is a directory, expected a file")
+        parent = jpath.getParent()
+        new_path = sc._jvm.org.apache.hadoop.fs.Path(parent, _temporary_sibling(jpath.getName(), "tmp"))
         try:
-            for start in range(0, len(view), CHUNK_BYTES):
-                stream.write(bytes(view[start : start + CHUNK_BYTES]))
+            stream = fs.create(new_path, False)
+            try:
+                for start in range(0, len(view), CHUNK_BYTES):
+                    stream.write(bytes(view[start : start + CHUNK_BYTES]))
+            finally:
+                stream.close()
+            hadoop_replace(sc, fs, new_path, jpath, path)
         except BaseException:
-            stream.close()
-            fs.delete(jpath, False)  # no half-written file left behind to be read as a whole one
+            _hadoop_discard(fs, new_path)  # no temporary file left behind; the target is as it was
             raise
-        stream.close()
     except Py4JJavaError as exc:
-        raise _hadoop_error(path, exc) from None
+        raise hadoop_error(path, exc) from None
+
+
+def hadoop_replace(sc: Any, fs: Any, new_path: Any, target: Any, path: str) -> None:
+    """Rename ``new_path`` (a JVM Path) to ``target``, replacing an existing file or directory without
+    deleting it first: it is moved to a hidden backup sibling, deleted only once ``new_path`` took its
+    name, and moved back when that fails. ``path`` names the target in errors."""
+    if not fs.exists(target):
+        if not fs.rename(new_path, target):
+            raise OSError(f"{path}: the file system refused to rename the written file to this name")
+        return
+    backup = sc._jvm.org.apache.hadoop.fs.Path(
+        target.getParent(), _temporary_sibling(target.getName(), "old")
+    )
+    if not fs.rename(target, backup):
+        raise OSError(f"{path}: the file system refused to move the previous file aside; it is unchanged")
+    placed = False
+    try:
+        placed = bool(fs.rename(new_path, target))
+    finally:
+        if not placed and not fs.rename(backup, target):
+            raise OSError(
+                f"{path}: the file system refused to rename the written file to this name, and the "
+                f"previous file back from {backup.toString()}, where it is kept"
+            )
+    if not placed:
+        raise OSError(
+            f"{path}: the file system refused to rename the written file to this name; the previous "
+            "file is unchanged"
+        )
+    fs.delete(backup, True)
+
+
+def _hadoop_discard(fs: Any, jpath: Any) -> None:
+    """Delete a temporary file, best effort: a failure here must not hide the error being raised."""
+    from py4j.protocol import Py4JError
+
+    try:
+        fs.delete(jpath, False)
+    except Py4JError as exc:
+        _log.warning("could not delete the temporary file %s: %s", jpath.toString(), exc)
+
+
+@contextmanager
+def _local_replacement(path: str) -> Iterator[BinaryIO]:
+    """A file written to a temporary sibling of ``path``, which atomically replaces ``path`` when the
+    block exits without error (see the module docstring)."""
+    target = os.path.realpath(path)  # a symbolic link keeps pointing at the replaced file
+    directory, name = os.path.split(target)
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"{path}: is a directory, expected a file")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{path}: the directory {directory} does not exist")
+    temporary = os.path.join(directory, _temporary_sibling(name, "tmp"))
+    try:
+        with open(temporary, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(target):
+            shutil.copymode(target, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 def read_bytes(path: PathLike) -> bytes:
@@ -150,15 +245,17 @@ def read_bytes(path: PathLike) -> bytes:
 
 
 def write_bytes(path: PathLike, data: bytes | bytearray | memoryview) -> None:
-    """Create or overwrite the file at ``path`` (a local path or a Hadoop URI) with ``data``.
+    """Create or replace the file at ``path`` (a local path or a Hadoop URI) with ``data``, atomically:
+    a failed write leaves the previous file (see the module docstring).
 
     Raises:
         EnvironmentNotReadyError: a non-``file:`` URI without an active SparkSession.
+        IsADirectoryError: ``path`` is a directory.
         OSError: the file system refused, naming the path.
     """
     kind, where = _route(path)
     if kind == "local":
-        with open(where, "wb") as f:
+        with _local_replacement(where) as f:
             f.write(data)
         return
     _hadoop_write(where, str(path), data)
@@ -179,10 +276,16 @@ def open_input(path: PathLike) -> BinaryIO:
 
 @contextmanager
 def open_output(path: PathLike) -> Iterator[BinaryIO]:
-    """A writable binary file for ``path``; a Hadoop file is written when the block exits without error."""
+    """A writable binary file for ``path``; the file is replaced, atomically, when the block exits
+    without error (an exception leaves the previous file). A local file is written to a temporary
+    sibling as the block goes; a Hadoop file's bytes are gathered in memory and written at the end.
+
+    Raises:
+        The errors of :func:`write_bytes`.
+    """
     kind, where = _route(path)
     if kind == "local":
-        with open(where, "wb") as f:
+        with _local_replacement(where) as f:
             yield f
         return
     buffer = io.BytesIO()
@@ -202,6 +305,9 @@ def write_text(path: PathLike, text: str) -> None:
 
 __all__ = [
     "CHUNK_BYTES",
+    "hadoop_error",
+    "hadoop_filesystem",
+    "hadoop_replace",
     "is_uri",
     "open_input",
     "open_output",

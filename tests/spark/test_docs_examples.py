@@ -33,8 +33,26 @@ def _save_under(tmp_path) -> dict[str, str]:
     return {'"digits-pipeline"': repr((tmp_path / "digits-pipeline").as_uri())}
 
 
+def _data_under(tmp_path) -> dict[str, str]:
+    # the page's hdfs:// URI: a file: URI here, through the same Hadoop FileSystem API
+    return {'"hdfs://namenode:8020/data/digits"': repr((tmp_path / "digits").as_uri())}
+
+
+def _check_spark_training(namespace: dict, output: str) -> None:
+    from sparkgrad.data import DataSet
+
+    assert namespace["written"] == 46 and "46 minibatches" in output
+    data = namespace["data"]
+    assert DataSet.load(f"{data}/saved/test-0.bin") == namespace["test"].split(120)[0]
+    assert namespace["from_paths"].network.epoch_count == 1
+    assert namespace["from_files"].network.epoch_count == 2
+
+
 # page -> (the text to replace in its examples, given tmp_path; a check of the namespace and the output)
-CHECKS = {"docs/guides/spark-ml.md": (_save_under, _check_spark_ml)}
+CHECKS = {
+    "docs/guides/spark-ml.md": (_save_under, _check_spark_ml),
+    "docs/guides/spark-training.md": (_data_under, _check_spark_training),
+}
 
 
 def _forget_global_state() -> None:

@@ -349,11 +349,25 @@ class _Examples:
         return cls._checked(fmt.parse_bytes(data, cls._KIND, source), source)
 
     def save(self, path_or_binary_file: fmt.PathOrFile) -> None:
-        """Write this object to a path (str / os.PathLike / file: URI) or a binary file object.
+        """Write this object to a path or a binary file object.
+
+        A path is a local path (str / os.PathLike) or a URI; a ``file:`` URI works anywhere, any other
+        scheme (``hdfs://``, ``s3a://``, ``abfs://``, ``gs://``...) on the driver of an active Spark
+        session, through its Hadoop FileSystem (the cluster's configuration and credentials). The
+        file is replaced atomically: the record goes to a hidden temporary sibling that is renamed
+        over the target, so a failed write leaves the previous file (or none), never a partial one.
+        Inside Spark tasks, write data sets with :func:`sparkgrad.spark.export_minibatches` instead.
 
         Args:
-            path_or_binary_file: destination; a path is created or truncated, a file object is
+            path_or_binary_file: destination; a path is created or replaced, a file object is
                 written at its current position and left open.
+
+        Raises:
+            EnvironmentNotReadyError: a non-``file:`` URI without an active Spark session (for
+                example in a Spark task).
+            IsADirectoryError: the path is a directory.
+            FileNotFoundError: a local path whose directory does not exist.
+            OSError: the file system refused the write (names the path).
         """
         fmt.save_record(path_or_binary_file, self._KIND, self._groups)
 
@@ -362,11 +376,14 @@ class _Examples:
         """Read an object written by :meth:`save`.
 
         Args:
-            path_or_binary_file: a path (the whole file must be one record) or a binary file object
-                (one record is read from its current position, and the stream must end there: use
-                :meth:`load_records` for a stream of several records).
+            path_or_binary_file: a path, local or a URI as :meth:`save` takes (the whole file must be
+                one record), or a binary file object (one record is read from its current position,
+                and the stream must end there: use :meth:`load_records` for a stream of several
+                records).
 
         Raises:
+            FileNotFoundError: no such file (names it).
+            EnvironmentNotReadyError: a non-``file:`` URI without an active Spark session.
             CorruptDataError: truncated, damaged (checksum), foreign, wrong-version or wrong-kind data,
                 or data after the record; names the file and the field.
         """

@@ -21,8 +21,9 @@ class _SerializedLoader(Generic[E]):
         """Load one object.
 
         Args:
-            source: a path (str / os.PathLike / file: URI), a binary file object, the file's bytes,
-                or a ``(path, bytes)`` pair as produced by Spark's ``binaryFiles``.
+            source: a path (as :meth:`DataSet.load` takes: a local path or ``file:`` URI anywhere,
+                another URI only on the driver), a binary file object, the file's bytes, or a
+                ``(path, bytes)`` pair as produced by Spark's ``binaryFiles``.
 
         Returns:
             The loaded object.

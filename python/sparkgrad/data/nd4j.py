@@ -53,8 +53,9 @@ from typing import Any, Literal, Union
 
 import numpy as np
 
+from sparkgrad._io import read_bytes
 from sparkgrad.data.dataset import DataSet
-from sparkgrad.data.serialization import MAX_RANK, _local_path
+from sparkgrad.data.serialization import MAX_RANK
 from sparkgrad.errors import CorruptDataError
 
 Bytes = Union[bytes, bytearray, memoryview]
@@ -98,7 +99,8 @@ def read_nd4j_dataset(source: Any, name: str | None = None) -> DataSet:
     DataSets to train on, from any file system Spark reads.
 
     Args:
-        source: a local path (str, os.PathLike or ``file:`` URI), a binary file object, the file's
+        source: a path (a local path, or on the driver any URI of the Spark session's Hadoop
+            FileSystem: ``hdfs://``, ``s3a://``, ``file:``...), a binary file object, the file's
             bytes, or a ``(path, bytes)`` pair as Spark's ``binaryFiles`` produces.
         name: the file's name in error messages (default: the path, or ``<bytes>``).
 
@@ -116,10 +118,8 @@ def read_nd4j_dataset(source: Any, name: str | None = None) -> DataSet:
     if isinstance(source, tuple) and len(source) == 2:
         source, name = source[1], os.fsdecode(source[0]) if name is None else name
     if isinstance(source, (str, os.PathLike)):
-        path = _local_path(source)
-        with open(path, "rb") as f:
-            data = f.read()
-        name = path if name is None else name
+        data = read_bytes(source)
+        name = os.fspath(source) if name is None else name
     elif isinstance(source, (bytes, bytearray, memoryview)):
         data = source
     elif callable(getattr(source, "read", None)):

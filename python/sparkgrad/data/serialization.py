@@ -74,10 +74,10 @@ import struct
 import sys
 import zlib
 from typing import BinaryIO, Callable, Iterator, Sequence, TypeGuard, Union
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 
+from sparkgrad._io import open_input, open_output
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"\x89SGD\r\n\x1a\n"
@@ -161,9 +161,14 @@ def write_record(stream: BinaryIO, kind: int, groups: Groups) -> None:
 
 
 def save_record(target: PathOrFile, kind: int, groups: Groups) -> None:
-    """Write one record to a path (created or truncated) or to a binary file object."""
+    """Write one record to a path or to a binary file object.
+
+    A path is a local path or a URI of any file system the active Spark session's Hadoop FileSystem
+    handles (:mod:`sparkgrad._io`); the file is created or replaced atomically, so a failed write
+    leaves the previous file as it was.
+    """
     if _is_path(target):
-        with open(_local_path(target), "wb") as f:
+        with open_output(target) as f:
             write_record(f, kind, groups)
     elif hasattr(target, "write"):
         write_record(target, kind, groups)  # type: ignore[arg-type]
@@ -189,7 +194,7 @@ def load_record(source: PathOrFile, kind: int) -> Groups:
             the record; names the file and the field.
     """
     if _is_path(source):
-        with open(_local_path(source), "rb") as f:
+        with open_input(source) as f:
             return _Reader(f, source_name(source), _remaining(f)).read(kind, whole=True)
     stream = _binary_stream(source)
     return _Reader(stream, source_name(source), _remaining(stream)).read(kind, whole=True)
@@ -209,7 +214,7 @@ def iter_records(source: PathOrFile, kind: int) -> Iterator[Groups]:
         CorruptDataError: a damaged record, or a stream that ends inside a record; names the file.
     """
     if _is_path(source):
-        with open(_local_path(source), "rb") as f:
+        with open_input(source) as f:
             yield from _Reader(f, source_name(source), _remaining(f)).read_all(kind)
         return
     stream = _binary_stream(source)
@@ -469,19 +474,3 @@ def _remaining(stream: BinaryIO) -> int | None:
 
 def _is_path(target: object) -> TypeGuard[str | os.PathLike[str]]:
     return isinstance(target, (str, os.PathLike))
-
-
-def _local_path(target: str | os.PathLike) -> str:
-    """A local file path; accepts ``file:`` URIs as Spark writes them, rejects other schemes."""
-    path = os.fspath(target)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    url = urlparse(path)
-    if url.scheme == "file":
-        return unquote(url.path)  # Spark's URIs percent-encode spaces and the like
-    if len(url.scheme) > 1:  # one letter is a Windows drive
-        raise ValueError(
-            f"{path}: only local paths and file: URIs can be opened directly; for {url.scheme}: data "
-            "read the bytes through Spark (sc.binaryFiles) and use from_bytes / the loader's load_bytes"
-        )
-    return path

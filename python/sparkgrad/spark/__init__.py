@@ -11,6 +11,9 @@ or gradient sharing.
   :class:`DefaultRepartitioner`, :class:`EqualRepartitioner` and :class:`NoOpRepartitioner`.
 - :class:`SparkTrainingStats`: phase timings, traffic and per-iteration series with an HTML report.
 - :class:`FitListener`: observes every fit (experiment tracking, :mod:`sparkgrad.spark.tracking`).
+- :func:`export_minibatches`, :func:`read_saved`: training data on any file system Spark reads (HDFS,
+  S3, ABFS, GCS): minibatches exported once, then fitted and evaluated from the directory
+  (:mod:`sparkgrad.spark.storage`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from sparkgrad.spark.multilayer import SparkMultiLayer, SparkNetwork
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import EventStats, SparkTrainingStats
+from sparkgrad.spark.storage import export_minibatches, read_saved
 from sparkgrad.spark.tracking import FitListener, add_fit_listener, remove_fit_listener
 from sparkgrad.transport import ZmqTransportConfiguration
 
@@ -58,5 +62,7 @@ __all__ = [
     "VoidConfiguration",
     "ZmqTransportConfiguration",
     "add_fit_listener",
+    "export_minibatches",
+    "read_saved",
     "remove_fit_listener",
 ]

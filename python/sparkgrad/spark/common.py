@@ -572,19 +572,11 @@ class TrainingMasterBase:
             self._export_state = None
             self._export_root = self._export_dir(sc)
             path = f"{self._export_root}/{rdd.id()}"
-            batch = self.batch_size_per_worker
-            counter = sc.accumulator(0)
-
-            def export_partition(index: int, it: Iterable[Any]) -> Iterator[tuple[str, bytearray]]:
-                for i, ds in enumerate(rebatch(it, batch)):
-                    counter.add(1)
-                    yield f"dataset_{index}_{i}", bytearray(ds.to_bytes())
+            from sparkgrad.spark.storage import export_minibatches  # storage imports this module
 
             with Timer(stats, timer_key):
-                run_spark(
-                    "export", lambda: rdd.mapPartitionsWithIndex(export_partition).saveAsSequenceFile(path)
-                )
-            self._export_state = (rdd.id(), path, int(counter.value))
+                count = export_minibatches(rdd, path, batch_size=self.batch_size_per_worker)
+            self._export_state = (rdd.id(), path, count)
         return self._export_state[1], self._export_state[2]
 
     def prepare(

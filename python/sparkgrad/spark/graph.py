@@ -132,8 +132,9 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
     def fit_multi_data_set(
         self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback[ComputationGraph] | None = None
     ) -> ComputationGraph:
-        """Train on an RDD of MultiDataSets, or a directory (any Hadoop URI) of MultiDataSets saved with
-        ``MultiDataSet.save``; otherwise as :meth:`fit`.
+        """Train on an RDD of MultiDataSets, or a directory, file or glob (any URI Spark reads) holding
+        an export of :func:`~sparkgrad.spark.export_minibatches` or MultiDataSets saved with
+        ``MultiDataSet.save``, read by :func:`~sparkgrad.spark.read_saved`; otherwise as :meth:`fit`.
 
         Returns:
             The trained graph.
@@ -147,7 +148,8 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
         epochs: int = 1,
         epoch_callback: EpochCallback[ComputationGraph] | None = None,
     ) -> ComputationGraph:
-        """Train on saved MultiDataSets named by an RDD of paths.
+        """Train on saved MultiDataSets named by an RDD of paths; with the default loader Spark reads
+        the files (any URI it reads), as :meth:`fit_paths` says.
 
         Args:
             paths: RDD of path strings.
@@ -189,8 +191,9 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
         *,
         output_index: int = 0,
     ) -> Any:
-        """Classification evaluation of output ``output_index`` over MultiDataSets (a directory is read
-        with ``SerializedMultiDataSetLoader()`` unless ``loader`` says otherwise); as :meth:`evaluate`."""
+        """Classification evaluation of output ``output_index`` over MultiDataSets (a directory, file or
+        glob, read by :func:`~sparkgrad.spark.read_saved`, is loaded with
+        ``SerializedMultiDataSetLoader()`` unless ``loader`` says otherwise); as :meth:`evaluate`."""
         if isinstance(data, str) and loader is None:
             loader = SerializedMultiDataSetLoader()
         return self.evaluate(

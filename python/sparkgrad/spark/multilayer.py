@@ -34,6 +34,7 @@ from sparkgrad.spark.common import (
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
+from sparkgrad.spark.storage import read_files, read_saved, reads_through_spark
 from sparkgrad.spark.threads import in_task_threads
 from sparkgrad.spark.tracking import FitListener, FitObservers, fit_listeners
 
@@ -280,8 +281,11 @@ class SparkNetwork(Generic[NetT]):
 
         Args:
             data: an RDD of DataSets; a DataFrame (columns ``features_col`` and ``label_col``,
-                converted as :meth:`fit_dataframe` says); or a directory (any Hadoop URI) of DataSets
-                saved with ``DataSet.save``, read through Spark's ``binaryFiles`` (never exported).
+                converted as :meth:`fit_dataframe` says); or a directory, file or glob (any URI
+                Spark reads: ``hdfs://``, ``s3a://``, ``abfs://``, ``gs://``, ``file:``) holding an
+                export of :func:`~sparkgrad.spark.export_minibatches` or DataSets saved with
+                ``DataSet.save``, read by Spark (:func:`~sparkgrad.spark.read_saved`, which checks it
+                on the driver first; never exported again).
             epochs: passes over the data, a positive int.
             epoch_callback: ``epoch_callback(epoch, network)``, called on the driver after every
                 epoch: ``epoch`` is the 0-based index of the epoch that just finished in the network's
@@ -313,7 +317,7 @@ class SparkNetwork(Generic[NetT]):
         """``fit`` of an RDD of examples or a directory of saved ones; ``saved`` loads their files."""
         epochs = _check_epochs(epochs, epoch_callback)
         if isinstance(data, str):
-            rdd = self._sc.binaryFiles(data)
+            rdd = read_saved(self._sc, data)
             self._check_first(rdd.map(lambda pb: load_unit("bytes", saved, pb)), "data")
             return self._train(rdd, "bytes", saved, epochs, epoch_callback)
         self._check_rdd(data, "data")
@@ -370,6 +374,13 @@ class SparkNetwork(Generic[NetT]):
     ) -> NetT:
         """Train ``epochs`` passes over saved DataSets named by an RDD of paths (never exported).
 
+        With the default loader (``SerializedDataSetLoader()``, or ``SerializedMultiDataSetLoader()``
+        for a graph's MultiDataSets) the paths are collected on the driver and their files read by
+        Spark's ``binaryFile`` source, so any URI the cluster's Spark reads works (``hdfs://``,
+        ``s3a://``, ``abfs://``, ``gs://``, ``file:``); each path names one file, taken literally, and
+        a missing one raises FileNotFoundError before any training. Another loader is called on the
+        executors with each path, as it is: it must open the path itself.
+
         Args:
             paths: RDD of path strings.
             loader: callable path -> DataSet (default ``SerializedDataSetLoader()``).
@@ -384,6 +395,10 @@ class SparkNetwork(Generic[NetT]):
         loader = SerializedDataSetLoader() if loader is None else loader
         if not callable(loader):
             raise TypeError(f"loader: expected a callable path -> DataSet, got {type(loader).__name__}")
+        if reads_through_spark(loader):
+            first_path, files = read_files(self._sc, paths, "paths")
+            check_dataset_matches(self._network, loader(first_path), "paths")  # read here, on the driver
+            return self._train(files, "bytes", loader, epochs, epoch_callback)
         first = first_element(paths, "paths")
         if not isinstance(first, str):
             raise TypeError(f"paths: expected an RDD of path strings, found {type(first).__name__}")
@@ -673,9 +688,13 @@ class SparkNetwork(Generic[NetT]):
     def _eval_rdd(self, data: Any, loader: Any) -> RDD:
         if isinstance(data, str):
             use = SerializedDataSetLoader() if loader is None else by_value(loader)
-            return self._sc.binaryFiles(data).map(use)
+            return read_saved(self._sc, data).map(use)
         self._check_rdd(data, "data")
-        return data if loader is None else data.map(by_value(loader))
+        if loader is None:
+            return data
+        if reads_through_spark(loader) and isinstance(first_element(data, "data"), str):
+            return read_files(self._sc, data, "data")[1].map(loader)
+        return data.map(by_value(loader))
 
     def evaluate(
         self,
@@ -688,8 +707,11 @@ class SparkNetwork(Generic[NetT]):
         """Classification evaluation over ``data``.
 
         Args:
-            data: RDD of DataSets; or an RDD of paths with ``loader``; or a directory (any Hadoop URI)
-                whose files are read with ``binaryFiles`` and given to ``loader`` as ``(path, bytes)``
+            data: RDD of DataSets; or an RDD of paths with ``loader`` (with a default loader,
+                ``SerializedDataSetLoader()``, the files are read by Spark as in :meth:`fit_paths`);
+                or a directory, file or glob (any URI Spark reads) holding an export of
+                :func:`~sparkgrad.spark.export_minibatches` or saved DataSets, read by
+                :func:`~sparkgrad.spark.read_saved` and given to ``loader`` as ``(name, bytes)``
                 (default ``SerializedDataSetLoader()``).
             labels_list: class names for the report.
             eval_num_workers: network copies per executor task (default ``default_evaluation_workers``).
