@@ -104,8 +104,19 @@ def hadoop_error(path: str, exc: Exception) -> Exception:
 
 
 def hadoop_filesystem(sc: Any, path: str) -> tuple[Any, Any]:
-    """``(FileSystem, Path)`` of ``path`` in the JVM of ``sc``, with the session's Hadoop configuration."""
-    jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
+    """``(FileSystem, Path)`` of ``path`` in the JVM of ``sc``, with the session's Hadoop configuration.
+
+    A well-formed URI is decoded as one (``file:///a%20b`` is the file ``a b``, as ``Path.as_uri()`` and
+    Spark write it); a string that is not one (Hadoop's own ``file:/a b``) is taken as Hadoop's Path
+    string.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    jvm = sc._jvm
+    try:
+        jpath = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(path))
+    except Py4JJavaError:  # java.net.URISyntaxException: raw spaces and the like
+        jpath = jvm.org.apache.hadoop.fs.Path(path)
     return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
 
 

@@ -151,7 +151,11 @@ _MISSING_MODULE = re.compile(
     r"^(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", re.MULTILINE
 )
 # Spark loggers that print a task's whole Python and Java trace (once per failed or killed task)
-_TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.internal.io.SparkHadoopWriter",  # a failed export's task, reported by run_spark
+)
 _quiet_lock = threading.Lock()
 _quiet_depth = 0
 _quiet_saved: dict[str, Any] = {}
@@ -658,10 +662,12 @@ class TrainingMasterBase:
             rdd = data.rdd
         else:
             _log.info("training data: rdd_training_approach=export: exporting it to files")
+        from sparkgrad.spark.storage import read_saved  # storage imports this module
+
         path, _ = self._export(sc, rdd, stats, timer_key)
         self._unpersist()  # the source (if persisted for the size estimate) is no longer needed
         data, _ = self._persist_and_count(
-            sc.sequenceFile(path), "bytes", loader, self.batch_size_per_worker, count_key, stats
+            read_saved(sc, path), "bytes", loader, self.batch_size_per_worker, count_key, stats
         )
         return replace(data, exported=True)
 
