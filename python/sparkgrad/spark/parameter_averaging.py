@@ -221,8 +221,8 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             called with a minibatch's worth of elements as ``min_per_partition`` and the workers as
             ``num_workers``.
         storage_level: Spark storage level of an RDD of DataSets (or a DataFrame's conversion) between
-            its jobs: ``"MEMORY_AND_DISK"`` (default: what does not fit in memory spills to disk) or
-            DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are recomputed).
+            its jobs: ``"DISK_ONLY"`` (default: Spark's local disk, served from the page cache, never
+            the JVM heap) or DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are recomputed).
         storage_level_streams: storage level of data read from files (``fit(dir)``, ``fit_paths``,
             exported data): ``"NONE"`` (default: every job reads the files again, nothing is held) or
             DL4J's ``"MEMORY_ONLY"``.
@@ -278,7 +278,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     worker_prefetch_num_batches: int = 0
     repartition: Repartition = Repartition.ALWAYS
     repartition_strategy: RepartitionStrategy | Repartitioner = RepartitionStrategy.BALANCED
-    storage_level: str = "MEMORY_AND_DISK"
+    storage_level: str = "DISK_ONLY"
     storage_level_streams: str = "NONE"
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB

@@ -512,8 +512,9 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         direct_memory_budget_mb: the AUTO threshold in MiB (default 512; 0 exports every DataSet RDD).
         export_directory: where exports go (any Hadoop URI); default ``hadoop.tmp.dir/sparkgrad``.
         storage_level: Spark storage level of an RDD of DataSets (or a DataFrame's conversion) between
-            its counting and training jobs: ``"MEMORY_AND_DISK"`` (default: what does not fit in
-            memory spills to disk) or DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are
+            its counting and training jobs: ``"DISK_ONLY"`` (default: Spark's local disk, served from
+            the page cache, never the JVM heap; a fit of 1.1 GB with ``"MEMORY_AND_DISK"`` ran a 2 GB
+            heap out of memory) or DL4J's ``"MEMORY_ONLY_SER"`` (partitions that do not fit are
             recomputed).
         storage_level_streams: storage level of data read from files (``fit(dir)``, ``fit_paths``,
             exported data): ``"NONE"`` (default: every job reads the files again, nothing is held).
@@ -575,7 +576,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     rdd_training_approach: RDDTrainingApproach = RDDTrainingApproach.AUTO
     direct_memory_budget_mb: int = DEFAULT_DIRECT_MEMORY_BUDGET_MB
     export_directory: str | None = None
-    storage_level: str = "MEMORY_AND_DISK"
+    storage_level: str = "DISK_ONLY"
     storage_level_streams: str = "NONE"
     repartitioner: Repartitioner | None = None
     worker_prefetch_num_batches: int = 2
