@@ -64,7 +64,7 @@ from sparkgrad.spark.partitioning import (
     split_partition_counts,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.shared import ControllerFit, _task_slots
+from sparkgrad.spark.shared import ControllerFit, _task_slots, dynamic_allocation
 from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.spark.threads import check_task_threads, task_threads
@@ -407,7 +407,14 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         try:
             data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
             examples = data.num_units * data.examples_per_unit
-            fit = self._fit_one_job if self.averaging_jobs == AveragingJobs.ONE else self._fit_job_per_round
+            one_job = self.averaging_jobs == AveragingJobs.ONE
+            if one_job and dynamic_allocation(sc):
+                log.info(
+                    "dynamic allocation is on and Spark runs no barrier stage with it (SPARK-24942): "
+                    "averaging_jobs='one' falls back to DL4J's Spark job per round"
+                )
+                one_job = False
+            fit = self._fit_one_job if one_job else self._fit_job_per_round
             score, trained = fit(sc, network, data, stats, epochs, epoch_callback, epoch_progress)
         finally:
             if stats is not None and trained:

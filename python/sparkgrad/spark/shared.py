@@ -246,6 +246,19 @@ def _executor_hosts(sc: SparkContext) -> int:
     return max(1, len(hosts))
 
 
+def dynamic_allocation(sc: SparkContext) -> bool:
+    """Whether Spark may add and remove executors during a fit, as Spark decides it
+    (``Utils.isDynamicAllocationEnabled``): ``spark.dynamicAllocation.enabled``, in local mode only with
+    ``spark.dynamicAllocation.testing``. Spark then refuses barrier stages (SPARK-24942)."""
+    conf = sc.getConf()
+
+    def on(key: str) -> bool:
+        return (conf.get(key, "false") or "false").strip().lower() == "true"
+
+    local = (conf.get("spark.master", "") or "").startswith("local")
+    return on("spark.dynamicAllocation.enabled") and (not local or on("spark.dynamicAllocation.testing"))
+
+
 def _barrier_ready(rdd: Any) -> bool:
     """Whether Spark runs a barrier stage over ``rdd``: every RDD of its stage (back to the shuffles)
     has ``rdd``'s number of partitions (SPARK-24820 refuses unions, coalesces and the like)."""
@@ -348,6 +361,13 @@ class ControllerFit(ABC):
         secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
         partitions = units.getNumPartitions()
         barrier = partitions <= slots
+        if barrier and dynamic_allocation(sc):
+            log.info(
+                "dynamic allocation is on and Spark runs no barrier stage with it (SPARK-24942): every "
+                "epoch is a Spark job of %d tasks that join the controller as they are scheduled",
+                partitions,
+            )
+            barrier = False
         if barrier and not _barrier_ready(units):
             units = shuffle_in_place(units)
         first_epoch = int(network.epoch_count)
@@ -426,7 +446,7 @@ class ControllerFit(ABC):
                         stage = stage.repartition(1)
                     for part in _run_watched(sc, controller, stage.collect, on_epoch, progress):
                         results = _latest(results, part)
-                else:  # more partitions than slots: one job per epoch
+                else:  # more partitions than slots, or dynamic allocation: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):
                         train = shared_partition(bc, epoch, 1)
                         action = units.mapPartitions(train).collect  # the job starts in _run_watched

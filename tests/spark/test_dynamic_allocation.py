@@ -1,0 +1,42 @@
+"""With Spark's dynamic allocation on (local mode with Spark's testing switch), every master, both network
+types and the estimators train with default options: no barrier stage, which Spark refuses then."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import spark_submit
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).resolve().parent / "jobs" / "dynamic_allocation.py"
+
+
+def test_fits_run_with_dynamic_allocation(tmp_path) -> None:
+    import subprocess
+
+    submit, env = spark_submit()
+    conf = {
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.testing": "true",  # local mode honours it only with this switch
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.local.dir": str(tmp_path),
+    }
+    options = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+    result = subprocess.run(
+        [*submit, *options, str(JOB)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "SPARK-24942" not in result.stderr.replace("(SPARK-24942)", "")  # logged, never raised
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
+    got = json.loads(lines[-1][len("RESULT ") :])
+    assert got["dynamic_allocation"] is True
+    # a Spark job per epoch instead of one barrier job
+    assert got["shared"]["spark_jobs"] == got["graph"]["spark_jobs"] == 3
+    assert got["shared"]["epochs"] == got["averaging"]["epochs"] == 3
+    # 3 epochs on the digits, 3 runs: shared 0.919-0.928, averaging 0.905, graph 0.939-0.953, classifier
+    # 0.922-0.933; chance is 0.1
+    for name in ("shared", "averaging", "graph", "classifier"):
+        assert got[name]["accuracy"] > 0.85, (name, got)
