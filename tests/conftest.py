@@ -1,4 +1,4 @@
-"""Shared fixtures: the cpu/cuda `device` parametrisation and hypothesis profiles."""
+"""Shared fixtures: the cpu/cuda `device` parametrisation and hypothesis profiles; SPARKGRAD_REQUIRE."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-import sparkgrad
-
 # tests/python/reference holds the pure-NumPy references: `from reference.compress import ...`.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "python"))
+# tests/prerequisites.py: `from prerequisites import require_or_skip, ...` in any test module.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prerequisites import require_gpu, required  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -46,14 +48,12 @@ def fuzz_examples(request: pytest.FixtureRequest) -> int:
     return FUZZ_LONG_EXAMPLES if request.config.getoption("--fuzz-long") else FUZZ_EXAMPLES
 
 
-def _cuda_ready() -> bool:
-    if not sparkgrad.cuda_available():
-        return False
+def pytest_configure(config: pytest.Config) -> None:
+    # a misspelt SPARKGRAD_REQUIRE would otherwise require nothing, silently
     try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        required()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(
@@ -61,6 +61,6 @@ def _cuda_ready() -> bool:
 )
 def device(request: pytest.FixtureRequest) -> str:
     """Runs a test once on numpy arrays and once on cupy arrays (skipped without a CUDA build + GPU)."""
-    if request.param == "cuda" and not _cuda_ready():
-        pytest.skip("CUDA build with a visible GPU and cupy is required")
+    if request.param == "cuda":
+        require_gpu()
     return request.param

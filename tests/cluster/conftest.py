@@ -11,12 +11,15 @@ workers) with a module-level ``CLUSTER_WORKER_ENV``, passed to ``harness.up(work
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from prerequisites import require_or_skip
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -42,10 +45,9 @@ def cluster(
 ) -> Iterator[harness.ClusterInfo]:
     """A running 2-worker cluster, links shaped to 1 Gbit/s, Worker environments from the module's
     ``CLUSTER_WORKER_ENV`` (none by default); always torn down, also when a test fails."""
-    pytest.importorskip("pyspark")
+    require_or_skip("cluster", importlib.util.find_spec("pyspark") is not None, "pyspark is not installed")
     reason = harness.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_or_skip("cluster", reason is None, str(reason))
     state_dir = str(tmp_path_factory.mktemp("cluster") / "state")
     try:
         # The Workers inherit this process's environment: a SPARKGRAD_DEVICE of the machine running the
@@ -61,7 +63,7 @@ def cluster(
                 worker_env=getattr(request.module, "CLUSTER_WORKER_ENV", None),
             )
     except harness.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
+        require_or_skip("cluster", False, str(exc))
     try:
         yield info
     finally:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import pytest
 
@@ -12,7 +10,14 @@ import cluster as harness
 from sparkgrad.spark import demo
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs root on Linux")
+@pytest.fixture
+def as_root_on_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    """unavailable_reason() goes past its Linux and root checks (no root needed: nothing is built)."""
+    monkeypatch.setattr(harness.sys, "platform", "linux")
+    monkeypatch.setattr(harness.os, "geteuid", lambda: 0, raising=False)
+
+
+@pytest.mark.usefixtures("as_root_on_linux")
 @pytest.mark.parametrize(
     ("java", "expected"),
     [
@@ -27,6 +32,23 @@ def test_an_old_or_missing_java_is_named(monkeypatch: pytest.MonkeyPatch, java, 
     monkeypatch.setattr(demo, "java_major_version", lambda: 17)
     reason = harness.unavailable_reason()
     assert reason is None or "Java" not in reason
+
+
+@pytest.mark.usefixtures("as_root_on_linux")
+@pytest.mark.parametrize("missing", [("ip", "tc"), ("tc",)])
+def test_a_missing_iproute2_is_named_and_never_installed(monkeypatch: pytest.MonkeyPatch, missing) -> None:
+    monkeypatch.setattr(harness.shutil, "which", lambda name: None if name in missing else f"/usr/bin/{name}")
+    monkeypatch.setattr(demo, "java_major_version", lambda: 17)  # all else present
+
+    def no_commands(*args, **kwargs):
+        raise AssertionError(f"the harness ran {args} on a machine without iproute2")
+
+    monkeypatch.setattr(harness.subprocess, "run", no_commands)
+    monkeypatch.setattr(harness.subprocess, "Popen", no_commands)
+    expected = f"needs iproute2 (missing: {', '.join(missing)}): install it first, e.g. `apt-get install "
+    assert expected in harness.unavailable_reason()
+    with pytest.raises(harness.ClusterUnavailable, match=re.escape(expected)):
+        harness.up(workers=2, state_dir="/nonexistent/never-created")
 
 
 def test_worker_env_items_parse_into_up_s_mapping() -> None:

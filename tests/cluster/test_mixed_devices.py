@@ -21,6 +21,7 @@ from helpers import accuracy, mlp_conf
 
 import cluster as harness  # bench/cluster/cluster.py, on sys.path through conftest.py
 import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.compress import FixedThresholdAlgorithm
 from sparkgrad.errors import TrainingError
 from sparkgrad.nn.updaters import Adam
@@ -112,9 +113,7 @@ def test_only_the_gpu_host_resolves_cuda_and_fails_without_a_gpu(
 
 @pytest.mark.cuda
 def test_gpu_and_cpu_workers_share_one_fit(cluster_spark, shared_master, digits) -> None:
-    if not sparkgrad.cuda_available():
-        pytest.skip("needs a CUDA build of sparkgrad and a visible GPU")
-    pytest.importorskip("cupy")
+    require_gpu()
     rdd = cluster_spark.sparkContext.parallelize(digits[0].split(1), WORKERS)
     # test_cluster_training's configuration: Adam(3e-3) climbs steadily with 2 asynchronous workers
     sm = SparkMultiLayer(cluster_spark, dataclasses.replace(mlp_conf(), updater=Adam(3e-3)), shared_master())

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.data import DataSet
 from sparkgrad.datasets import load_digits
 from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
@@ -295,17 +295,14 @@ def mixed_fit(
         ("cpu", "cpu"),
         pytest.param(
             ("cuda:0", "cpu"),
-            marks=[
-                pytest.mark.cuda,
-                pytest.mark.skipif(not sparkgrad.cuda_available(), reason="CUDA build with a visible GPU"),
-            ],
+            marks=pytest.mark.cuda,
         ),
     ],
     ids=["cpu-cpu", "cuda0-cpu"],
 )
 def test_two_devices_train_digits_in_one_fit(devices: tuple[str, str]) -> None:
     if devices[0] != "cpu":
-        pytest.importorskip("cupy")
+        require_gpu()
     fit = mixed_fit(devices, SEED)
     try:
         for task in fit.tasks:

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from prerequisites import require_or_skip
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,9 +37,9 @@ NVIDIA_LIBS = ":".join(f"{root}/lib" for root in (CUBLAS_ROOT, CUDNN_ROOT) if ro
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.skipif(CUBLAS_ROOT is None, reason="cuBLAS is not installed (pip install nvidia-cublas)")
 def test_cuda_build_links_and_loads(tmp_path: Path) -> None:
+    require_or_skip("nvcc", shutil.which("nvcc") is not None, "nvcc is not installed (the CUDA toolkit)")
+    require_or_skip("nvcc", CUBLAS_ROOT is not None, "cuBLAS is not installed (pip install nvidia-cublas)")
     env = {
         **os.environ,
         "SPARKGRAD_ENABLE_CUDA": "ON",

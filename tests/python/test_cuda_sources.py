@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from prerequisites import require_or_skip
+
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_SOURCES = sorted((ROOT / "cuda").rglob("*.cu"))
 
@@ -25,14 +27,18 @@ CUBLAS_INCLUDE = _wheel_include("cublas")  # pip install nvidia-cublas
 CUDNN_INCLUDE = _wheel_include("cudnn")  # pip install nvidia-cudnn-cu13
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=[str(p.relative_to(ROOT)) for p in CUDA_SOURCES])
 def test_cuda_source_compiles(source: Path, tmp_path: Path) -> None:
+    require_or_skip("nvcc", shutil.which("nvcc") is not None, "nvcc is not installed (the CUDA toolkit)")
     text = source.read_text()
-    if CUBLAS_INCLUDE is None and "cublas_v2.h" in text:
-        pytest.skip("cuBLAS headers are not installed (pip install nvidia-cublas)")
-    if CUDNN_INCLUDE is None and "cudnn.h" in text:
-        pytest.skip("cuDNN headers are not installed (pip install nvidia-cudnn-cu13)")
+    if "cublas_v2.h" in text:
+        require_or_skip(
+            "nvcc", CUBLAS_INCLUDE is not None, "cuBLAS headers are not installed (pip install nvidia-cublas)"
+        )
+    if "cudnn.h" in text:
+        require_or_skip(
+            "nvcc", CUDNN_INCLUDE is not None, "cuDNN headers are missing (pip install nvidia-cudnn-cu13)"
+        )
     # CUDA sources see only the public C++ headers (no pybind11, no Python): the same flags CMake uses.
     # sm_90 here and sm_80 in test_cuda_build.py: both architectures of the default list are compiled.
     cmd = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.compress import FixedThresholdAlgorithm
 from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.nn import (
@@ -118,9 +118,7 @@ def test_bad_momentum_masking_names_the_argument() -> None:
 def test_mask_momentum_on_the_gpu_zeroes_exactly_what_the_cpu_zeroes(make) -> None:
     """The same masking on a network on cuda:0 with a GPU vector: the velocity elements that were non-zero
     before stay bit-identical (masking only writes zeros) and the sent ones become 0, as on the CPU."""
-    if not sparkgrad.cuda_available():
-        pytest.skip("CUDA build with a visible GPU is required")
-    cp = pytest.importorskip("cupy")
+    cp = require_gpu()
     net = make(updaters.Nesterovs(0.1, 0.9), updaters.Adam(1e-2)).to("cuda:0")
     for _ in range(3):
         net.apply_update(net.compute_update(_data())[0])

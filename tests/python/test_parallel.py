@@ -14,6 +14,7 @@ import pytest
 from emulated_device import DeviceArray, EmulatedDevice
 
 import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.compress import FixedThresholdAlgorithm, NoOpResidualPostProcessor
 from sparkgrad.data import DataSet, ListDataSetIterator
 from sparkgrad.device import CPU, resolve_device
@@ -75,10 +76,7 @@ def _host(arr: Any) -> np.ndarray:
     return arr.get() if hasattr(arr, "get") else np.array(arr)
 
 
-_GPU = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not sparkgrad.cuda_available(), reason="CUDA build with a visible GPU is required"),
-]
+_GPU = pytest.mark.cuda  # the test calls require_gpu() for its cuda:0 workers
 
 
 def _no_worker_threads() -> bool:
@@ -210,6 +208,8 @@ def test_shared_gradients_loses_no_update_mass(
     either in the wrapped network (each message applied exactly once) or still in some worker's residual:
     sum(updates) / sqrt(workers) == (initial - final params) + sum(residuals), also when the workers and
     the wrapped network are on different devices."""
+    if devices and "cuda:0" in devices:
+        require_gpu()
     log: list[np.ndarray] = []
     net = _net("float64", updaters.Sgd(0.1))
     if master_on_device:
@@ -483,6 +483,8 @@ class _Accuracy(TrainingListener):
     ids=["cpu", "gpu_and_cpu", "gpu"],
 )
 def test_two_workers_match_single_worker_accuracy_on_digits(devices: list[str] | None) -> None:
+    if devices:
+        require_gpu()
     pytest.importorskip("sklearn")
     from sparkgrad.datasets import load_digits
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from prerequisites import require_java
+
 # tests/spark/helpers.py: `from helpers import ...` in the test modules.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -22,16 +24,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
-def _java_ok() -> bool:
-    return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """local[2] SparkSession: UI off, temp dirs, this interpreter for the Python workers."""
-    pytest.importorskip("pyspark")
-    if not _java_ok():
-        pytest.skip("Java 17+ is required for the Spark tests")
+    require_java()
     from pyspark.sql import SparkSession
 
     tmp = tempfile.mkdtemp(prefix="sparkgrad-spark-tests-")

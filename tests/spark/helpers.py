@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
@@ -233,16 +232,18 @@ def auc_bound(p: np.ndarray, p_err: np.ndarray, positive: np.ndarray) -> float:
 def spark_submit() -> tuple[list[str], dict[str, str]]:
     """A ``spark-submit --master local[2]`` command (pip's, its Python workers on this interpreter, no UI)
     to extend with options and the job, and the environment the job needs to import this sparkgrad;
-    skips the test without spark-submit or Java."""
-    pytest.importorskip("pyspark")
+    skips the test without pyspark or Java 17+ (fails instead with SPARKGRAD_REQUIRE=java)."""
+    # imported here: executors and spark-submit jobs import this module without tests/ on their path
+    from prerequisites import require_java, require_or_skip
+
+    require_java()
     import pyspark
 
     import sparkgrad
 
     here = Path(sys.executable).parent / "spark-submit"  # pip's pyspark installs it beside the interpreter
     submit = str(here) if here.exists() else shutil.which("spark-submit")
-    if submit is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-        pytest.skip("spark-submit and Java are needed")
+    require_or_skip("java", submit is not None, "pyspark's spark-submit is neither on PATH nor beside python")
     env = dict(os.environ)
     # the source tree in development (the installed package in CI): what the driver imports here
     env["PYTHONPATH"] = os.pathsep.join(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,15 +14,14 @@ from pathlib import Path
 import pytest
 
 import sparkgrad
+from prerequisites import require_java
 
 # a Java stack frame as log4j / Py4J print them ("\tat org.apache.spark...")
 _JAVA_FRAME = re.compile(r"^\s+at [\w$.]+\(", re.MULTILINE)
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    pytest.importorskip("pyspark")
-    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-        pytest.skip("Java is needed")
+    require_java()
     env = dict(os.environ)
     # the source tree in development (the installed package in CI), as the driver imports it here
     env["PYTHONPATH"] = os.pathsep.join(

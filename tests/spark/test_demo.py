@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from prerequisites import require_java
 from sparkgrad.cli import main
 from sparkgrad.errors import EnvironmentNotReadyError
 from sparkgrad.spark.demo import check_environment, java_major_version
@@ -42,7 +43,5 @@ def test_java_8_version_string_and_missing_java(tmp_path, monkeypatch) -> None:
 
 def test_current_java_is_accepted(monkeypatch) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
-    version = java_major_version()
-    if version is None or version < 17:
-        pytest.skip("no Java 17+ on this machine")
+    require_java()
     check_environment()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import mlp_conf, subset
 
+from prerequisites import require_or_skip
 from sparkgrad.spark import ParameterAveragingTrainingMaster, SparkMultiLayer
 from sparkgrad.spark.stats import EventStats, SparkTrainingStats
 
@@ -262,8 +263,7 @@ document.body.setAttribute("data-check",
 
 def test_report_renders_at_1280_px_in_headless_chromium(tmp_path) -> None:
     browser = _chromium()
-    if browser is None:
-        pytest.skip("no Chromium installed")
+    require_or_skip("chromium", browser is not None, "no Chromium or Chrome on PATH (install chromium)")
     report = tmp_path / "report.html"
     _stats().export_html(report)
     probe = tmp_path / "probe.html"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from helpers import mlp_conf, port, subset
 
 import sparkgrad
+from prerequisites import require_java
 from sparkgrad import cuda
 from sparkgrad.errors import TrainingError
 from sparkgrad.spark import (
@@ -214,9 +214,7 @@ _GPU_JOB = textwrap.dedent(
 
 
 def test_task_resolves_the_gpu_spark_assigned(tmp_path) -> None:
-    pytest.importorskip("pyspark")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Java 17+ is required for the Spark tests")
+    require_java()
     discovery = tmp_path / "gpus.sh"
     discovery.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     discovery.chmod(0o755)

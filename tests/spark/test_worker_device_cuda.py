@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import accuracy, mlp_conf, port
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.compress import AdaptiveThresholdAlgorithm
 from sparkgrad.spark import (
     ParameterAveragingTrainingMaster,
@@ -16,17 +16,14 @@ from sparkgrad.spark import (
     VoidConfiguration,
 )
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not sparkgrad.cuda_available(), reason="CUDA build with a visible GPU is required"),
-]
+pytestmark = pytest.mark.cuda
 
 EPOCHS = 12
 
 
 @pytest.fixture(autouse=True)
-def _cupy() -> None:
-    pytest.importorskip("cupy")
+def _gpu() -> None:
+    require_gpu()
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from prerequisites import require_gpu
 from sparkgrad import compress, cuda
 from sparkgrad._native import _core
 
@@ -28,9 +29,7 @@ LARGE = (1 << 24) + 3  # the benchmark's size, with a tail
 
 @pytest.fixture
 def cp() -> Any:
-    if not (cuda.built() and _core.cuda_available()):
-        pytest.skip("CUDA build with a visible GPU is required")
-    return pytest.importorskip("cupy")
+    return require_gpu()
 
 
 def _specials(dtype: Any) -> np.ndarray:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad import compress
 from sparkgrad._native import _core
 from sparkgrad.compress import (
@@ -298,9 +298,7 @@ def test_apply_message_on_the_host() -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_cupy_handler_sends_the_host_handlers_bytes(dtype) -> None:
-    if not sparkgrad.cuda_available():
-        pytest.skip("CUDA build with a visible GPU is required")
-    cupy = pytest.importorskip("cupy")
+    cupy = require_gpu()
 
     n = 50_001
     host, gpu_handler = _handlers(n, dtype, adaptive=True)

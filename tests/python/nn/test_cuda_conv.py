@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sparkgrad import cuda
+from prerequisites import require_gpu
 from sparkgrad._native import _core
 from sparkgrad.device import resolve_device
 
@@ -34,9 +34,7 @@ UNEVEN = {"uneven_same"}
 
 @pytest.fixture(scope="module")
 def cp() -> Any:
-    if not (cuda.built() and _core.cuda_available()):
-        pytest.skip("CUDA build with a visible GPU is required")
-    return pytest.importorskip("cupy")
+    return require_gpu()
 
 
 @pytest.fixture(scope="module")

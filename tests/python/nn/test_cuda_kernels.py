@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from prerequisites import require_gpu
 from sparkgrad import cuda
 from sparkgrad._native import _core
 
@@ -354,9 +355,7 @@ def test_sync_each_op_is_a_switch() -> None:
 
 @pytest.fixture
 def cp() -> Any:
-    if not (cuda.built() and _core.cuda_available()):
-        pytest.skip("CUDA build with a visible GPU is required")
-    return pytest.importorskip("cupy")
+    return require_gpu()
 
 
 def _close(gpu: Any, cpu: np.ndarray, terms: int = 1, scale: np.ndarray | float | None = None) -> None:

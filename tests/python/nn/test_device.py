@@ -23,6 +23,7 @@ import pytest
 from emulated_device import DeviceArray, EmulatedDevice
 
 import sparkgrad.nn
+from prerequisites import require_gpu
 from sparkgrad import cuda
 from sparkgrad import device as devices
 from sparkgrad._native import _core
@@ -654,9 +655,7 @@ def test_non_finite_training_error_names_the_input_on_the_device(emu: EmulatedDe
 # -- a real GPU --------------------------------------------------------------------------------------
 @pytest.fixture
 def cp() -> Any:
-    if not (cuda.built() and _core.cuda_available()):
-        pytest.skip("CUDA build with a visible GPU is required")
-    return pytest.importorskip("cupy")
+    return require_gpu()
 
 
 @pytest.mark.cuda

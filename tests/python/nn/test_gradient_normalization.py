@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from emulated_device import EmulatedDevice
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     LSTM,
@@ -519,9 +519,7 @@ def test_normalized_training_on_the_gpu_matches_the_cpu(name: str, mode: Gradien
     (`terms`), each rounding by eps, and the normalization's norms and scales add a few roundings, so
     the parameters differ by at most steps x 16 x terms x eps x the largest parameter (a loose bound:
     the threshold 0.05 is far from every norm here, so no clip decision can flip)."""
-    if not sparkgrad.cuda_available():
-        pytest.skip("CUDA build with a visible GPU is required")
-    pytest.importorskip("cupy")
+    require_gpu()
     cpu = NETWORKS[name](gradient_normalization=mode, gradient_normalization_threshold=0.05)
     gpu = NETWORKS[name](gradient_normalization=mode, gradient_normalization_threshold=0.05).to("cuda:0")
     batches = [_data(cpu, seed) for seed in range(3)]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from reference import nn as ref
 
-import sparkgrad
+from prerequisites import require_gpu
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     ActivationLayer,
@@ -225,9 +225,7 @@ def test_clone_keeps_the_fold_setting() -> None:
 def test_folded_inference_on_the_gpu(dtype: Any, c: int, k: int, network: str) -> None:
     """The fold on cuda:0 (its convolution is im2col + cuBLAS, whose rounding bound the Winograd one
     dominates): within the same bound of the layer-by-layer GPU path and of the float64 reference."""
-    if not sparkgrad.cuda_available():
-        pytest.skip("CUDA build with a visible GPU is required")
-    cp = pytest.importorskip("cupy")
+    cp = require_gpu()
     rng = np.random.default_rng(c * 1000 + k + 7)
     graph = network == "graph"
     net: Any = (

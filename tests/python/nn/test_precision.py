@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from emulated_device import EmulatedDevice
 
+from prerequisites import require_gpu
 from sparkgrad import cuda
 from sparkgrad._native import _core
 from sparkgrad.compress import EncodingHandler, FixedThresholdAlgorithm
@@ -508,9 +509,7 @@ def test_a_loss_scaler_state_without_fp16_is_corrupt_data(tmp_path: Path) -> Non
 # -- a real GPU ------------------------------------------------------------------------------------------
 @pytest.fixture
 def cp() -> Any:
-    if not (cuda.built() and _core.cuda_available()):
-        pytest.skip("CUDA build with a visible GPU is required")
-    return pytest.importorskip("cupy")
+    return require_gpu()
 
 
 # unit roundoff of the 16-bit operands (bfloat16: 8 significant bits, float16: 11)
