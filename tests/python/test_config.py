@@ -286,12 +286,38 @@ def test_the_float_field_table_covers_every_config_family():
     assert len(names) >= 40
 
 
+def _assert_nan_means_not_set(cls: type, field: str) -> None:
+    """A threshold algorithm's state field takes nan as "not set yet": kept, written to JSON as "nan" and
+    read back, and the algorithm acts as if it had no such state."""
+    algorithm = _build(cls, **{field: math.nan})
+    assert math.isnan(getattr(algorithm, field))
+    data = algorithm.to_dict()
+    assert data[field] == "nan"
+    assert math.isnan(getattr(cls.from_json(json.dumps(data)), field))
+    zeros = np.zeros(8, np.float32)
+    if field == "last_threshold":
+        # no threshold yet: the first step starts at initial_threshold (a stored one would rise from
+        # itself after a dense message)
+        assert algorithm.calculate_threshold(0, 0, None, True, None, zeros) == algorithm.initial_threshold
+        assert algorithm.last_threshold == algorithm.initial_threshold
+        stored = _build(cls, last_threshold=1e-3)
+        assert stored.calculate_threshold(0, 0, None, True, None, zeros) > 1e-3
+    else:
+        # a stored threshold but no sparsity: with none passed in, there is nothing to adapt from
+        algorithm = _build(cls, last_threshold=1e-3, last_sparsity=math.nan)
+        with pytest.raises(ValueError, match="no previous sparsity"):
+            algorithm.calculate_threshold(0, 0, None, False, None, zeros)
+        stored = _build(cls, last_threshold=1e-3, last_sparsity=1.0)
+        assert stored.calculate_threshold(0, 0, None, False, None, zeros) > 1e-3  # denser than any target
+
+
 @pytest.mark.parametrize(("cls", "field"), _FLOAT_FIELDS, ids=[f"{c.__name__}.{f}" for c, f in _FLOAT_FIELDS])
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e300, -1.0])
 def test_every_float_field_rejects_non_finite_and_out_of_range_values(cls, field, bad):
     default = {f.name: f.default for f in dataclasses.fields(cls)}[field]
     if isinstance(default, float) and math.isnan(default) and math.isnan(bad):
-        return  # state fields (last_threshold, last_sparsity) use nan for "not set yet"
+        _assert_nan_means_not_set(cls, field)  # state fields (last_threshold, last_sparsity)
+        return
     with pytest.raises(ValueError, match=rf"(^|\W){field}: "):
         _build(cls, **{field: bad})
     # the same value read from JSON ("inf"/"nan" are how non-finite floats are written)

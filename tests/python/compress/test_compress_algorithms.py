@@ -232,12 +232,16 @@ def test_threshold_rises_twice_as_fast_while_catching_up(start_at_target: bool) 
 
 def test_default_threshold_algorithm_starts_at_the_first_updates() -> None:
     algorithm = default_threshold_algorithm()
-    assert algorithm == TargetSparsityThresholdAlgorithm(
-        DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=True
-    )
-    update = np.full(4000, 1e-4, np.float32)
-    update[:3] = 2e-3  # 4 of 4,000 at the 1e-3 target: the 4th largest magnitude
-    assert algorithm.calculate_threshold(0, 0, None, None, None, update) == pytest.approx(1e-4)
+    # by value: a changed default fails here (and in test_masters' defaults test), not only its docs
+    assert (DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET) == (2e-2, 3e-3)
+    assert algorithm == TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)
+    assert algorithm.decay_rate == 0.5 ** (1 / 20)
+    assert math.isnan(algorithm.last_threshold) and math.isnan(algorithm.last_sparsity)
+    # magnitudes 4e-3, 3.999e-3, ... 1e-6, all distinct: 12 of 4,000 at the 3e-3 target, so the first
+    # threshold is the 12th largest magnitude (a 1e-3 target would give the 4th, 3.997e-3)
+    update = (np.arange(4000, 0, -1) * 1e-6).astype(np.float32)
+    assert algorithm.calculate_threshold(0, 0, None, None, None, update) == float(update[11])
+    assert update[11] == np.float32(3.989e-3)
 
 
 def test_update_scale_by_combination() -> None:

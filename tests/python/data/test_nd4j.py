@@ -104,7 +104,7 @@ def test_reads_features_and_labels_of_a_classification_file(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("type_name", list(JAVA_TYPES))
-@pytest.mark.parametrize("mode", ["MIXED_DATA_TYPES", "LONG_SHAPE", "HEAP"])
+@pytest.mark.parametrize("mode", ["MIXED_DATA_TYPES", "LONG_SHAPE", "HEAP", "DIRECT"])
 @pytest.mark.parametrize("order", ["c", "f"])
 def test_every_type_mode_and_order_reads_back_the_values(type_name: str, mode: str, order: str) -> None:
     rng = np.random.default_rng(1)
@@ -246,27 +246,46 @@ def test_damaged_or_foreign_files_name_the_file_and_field(case: str) -> None:
 
 
 @st.composite
-def nd4j_file(draw: st.DrawFn) -> bytes:
+def nd4j_file(draw: st.DrawFn) -> tuple[bytes, dict[str, np.ndarray | None], type]:
+    """A valid file, the arrays it was written from (what reading it must give back) and their dtype."""
     type_name = draw(st.sampled_from(["FLOAT", "DOUBLE", "INT", "LONG", "HALF", "BOOL"]))
     dtype = JAVA_TYPES[type_name][1]
     n = draw(st.integers(0, 3))
     shape = (n, *draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
     x = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
-    mask = np.ones((n, 2), dtype) if draw(st.booleans()) else None
-    return dataset_save(
+
+    def mask() -> np.ndarray | None:
+        if not draw(st.booleans()):
+            return None
+        bits = draw(st.lists(st.booleans(), min_size=2 * n, max_size=2 * n))
+        return np.array(bits, dtype=bool).reshape(n, 2).astype(dtype)
+
+    same = draw(st.booleans())
+    labels = x[:, :1] if draw(st.booleans()) else None
+    features_mask = mask()
+    labels_mask = mask() if same or labels is not None else None  # a labels mask needs labels
+    data = dataset_save(
         x,
-        x[:, :1] if draw(st.booleans()) else None,
-        mask,
-        same=draw(st.booleans()),
+        labels,
+        features_mask,
+        labels_mask,
+        same=same,
         type_name=type_name,
         order=draw(st.sampled_from(["c", "f"])),
         mode=draw(st.sampled_from(["MIXED_DATA_TYPES", "LONG_SHAPE", "HEAP", "DIRECT"])),
     )
+    expected = {
+        "features": x,
+        "labels": x if same else labels,
+        "features_mask": features_mask,
+        "labels_mask": labels_mask,
+    }
+    return data, expected, dtype
 
 
 @st.composite
 def damaged(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(nd4j_file()))
+    data = bytearray(draw(nd4j_file())[0])
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(["flip", "set", "truncate", "insert", "delete"]))
         at = draw(st.integers(0, max(len(data) - 1, 0)))
@@ -285,9 +304,11 @@ def damaged(draw: st.DrawFn) -> bytes:
 
 def test_fuzz_valid_files_read_back_and_damaged_ones_raise_corrupt_data_error(fuzz_examples: int) -> None:
     @given(valid=nd4j_file(), bad=damaged())
-    def run(valid: bytes, bad: bytes) -> None:
-        ds = read_nd4j_dataset(valid)
+    def run(valid: tuple[bytes, dict[str, np.ndarray | None], type], bad: bytes) -> None:
+        data, expected, dtype = valid
+        ds = read_nd4j_dataset(data)
         assert isinstance(ds, DataSet)
+        assert_same(ds, expected, dtype)  # every array value by value, masks included, or None
         try:
             read_nd4j_dataset(bad, name="fuzzed.bin")
         except CorruptDataError as exc:

@@ -473,4 +473,11 @@ def test_recurrent_input_applies_layers_per_time_step() -> None:
     labels = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (2, 6))].transpose(0, 2, 1)
     scores = net.score_examples(DataSet(x, labels))
     assert scores.shape == (2,)
-    assert net.evaluate(DataSet(x, labels)).accuracy() >= 0.0
+    # every (example, time step) is one evaluated row: the confusion matrix counts the output's argmax
+    # over the classes against the label's, 2 x 6 = 12 rows in all
+    evaluation = net.evaluate(DataSet(x, labels))
+    expected = np.zeros((3, 3), np.int64)
+    np.add.at(expected, (labels.argmax(axis=1).ravel(), out.argmax(axis=1).ravel()), 1)
+    np.testing.assert_array_equal(evaluation.confusion_matrix(), expected)
+    assert evaluation.num_rows() == 12
+    assert evaluation.accuracy() == np.trace(expected) / 12
