@@ -53,6 +53,13 @@ def _is_device_array(arr: Any) -> bool:
     return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
 
 
+def _without_codec(arr: Any) -> bool:
+    """Whether ``arr`` is an array of a device the codecs have no kernels for: neither NumPy nor a CUDA
+    array (another backend behind :class:`~sparkgrad.device.Device`, such as the tests' emulated device).
+    Its data crosses to the host explicitly, through its device's ``to_host`` / ``from_host``."""
+    return not isinstance(arr, np.ndarray) and not _is_device_array(arr)
+
+
 def _device_vector(op: str, name: str, arr: Any, writable: bool) -> tuple[int, int, np.dtype]:
     """(pointer, length, dtype) of a 1-D C-contiguous CuPy array."""
     cai = arr.__cuda_array_interface__
@@ -310,10 +317,24 @@ def apply_message(message: np.ndarray, network: Any, scratch: Array) -> None:
     Args:
         message: 1-D int32 numpy message.
         network: anything with ``apply_update`` taking an array of ``scratch``'s device.
-        scratch: 1-D float32/float64 numpy or CuPy array of the network's parameter length.
+        scratch: 1-D float32/float64 numpy or CuPy array of the network's parameter length (or an array
+            of ``network.device`` that the codecs have no kernels for: decoded on the host, uploaded).
     """
-    decode_message_into(message, scratch)
+    _decode_on_device(message, network, scratch)
     network.apply_update(scratch)
+
+
+def _decode_on_device(message: np.ndarray, network: Any, scratch: Array) -> None:
+    """:func:`decode_message_into` for the scratch of ``network``'s device: decoded on the host and
+    uploaded (``device.from_host``) for a device the codecs have no kernels for."""
+    if not _without_codec(scratch):
+        decode_message_into(message, scratch)
+        return
+    device = network.device
+    host = np.zeros(scratch.shape, scratch.dtype)
+    decode_host_message(message, host)
+    with device.scope():
+        device.xp.copyto(scratch, device.from_host(host))
 
 
 def _header(op: str, message: Array) -> np.ndarray:
@@ -1104,7 +1125,9 @@ def share_update(
 ) -> np.ndarray | None:
     """A gradient-sharing worker's own step: encodes ``update`` with ``handler`` and applies it to the
     worker's replica as ``own_update`` says (:data:`OWN_UPDATES`). SharedTrainingMaster's workers and
-    ParallelWrapper's threads both take their step here.
+    ParallelWrapper's threads both take their step here. On a device the codecs have no kernels for
+    (neither the CPU nor a CUDA GPU) the update is encoded on the host, downloaded with the replica's
+    ``device.to_host``, and the decoded message is uploaded with its ``from_host``.
 
     Args:
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
@@ -1118,14 +1141,17 @@ def share_update(
     Returns:
         The message to send to the peers, or None when nothing reached the threshold.
     """
-    message = handler.encode(update, iteration, epoch)
+    # a device the codecs have no kernels for: the residual lives on the host, the update goes there
+    # through the device's counted download
+    on_host = network.device.to_host(update) if _without_codec(update) else update
+    message = handler.encode(on_host, iteration, epoch)
     if own_update == "full":
         scale = handler.update_scale
         network.apply_update(update if scale == 1.0 else update * update.dtype.type(scale))
     if message is None:
         return None
     if own_update == "full":
-        decode_message_into(message, scratch)
+        _decode_on_device(message, network, scratch)
     else:
         apply_message(message, network, scratch)
     return message

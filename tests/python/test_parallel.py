@@ -72,7 +72,9 @@ def _batches(n: int, dtype: str = "float32", rows: int = 8) -> list[DataSet]:
 
 
 def _host(arr: Any) -> np.ndarray:
-    """A host copy of a NumPy, emulated-device or CuPy array."""
+    """A host copy of a NumPy, emulated-device or CuPy array (outside the emulated device's counts)."""
+    if isinstance(arr, DeviceArray):
+        return EmulatedDevice.peek(arr)
     return arr.get() if hasattr(arr, "get") else np.array(arr)
 
 

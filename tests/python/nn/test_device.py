@@ -308,7 +308,7 @@ def _arrays_everywhere(net: Any, kind: type) -> None:
         if id(value) in seen:
             return
         seen.add(id(value))
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, DeviceArray)):
             found += 1
             assert type(value) is kind, f"{path} is a {type(value).__name__}"
         elif isinstance(value, dict):
@@ -464,7 +464,7 @@ def test_output_returns_the_kind_of_array_it_was_given(emu: EmulatedDevice, name
         assert type(host) is np.ndarray
         assert type(dev) is DeviceArray
         np.testing.assert_array_equal(host, want)
-        np.testing.assert_array_equal(dev.view(np.ndarray), want)
+        np.testing.assert_array_equal(emu.peek(dev), want)
 
 
 def test_a_foreign_gpu_array_gets_a_device_array_back(emu: EmulatedDevice, monkeypatch) -> None:
@@ -481,7 +481,7 @@ def test_a_foreign_gpu_array_gets_a_device_array_back(emu: EmulatedDevice, monke
     net = _mlp().init().to(emu)
     out = net.output(ForeignGpuArray(x))
     assert type(out) is DeviceArray
-    np.testing.assert_array_equal(out.view(np.ndarray), _mlp().init().output(x))
+    np.testing.assert_array_equal(emu.peek(out), _mlp().init().output(x))
 
 
 def test_rnn_time_step_on_the_device_matches_the_cpu(emu: EmulatedDevice) -> None:
@@ -494,7 +494,7 @@ def test_rnn_time_step_on_the_device_matches_the_cpu(emu: EmulatedDevice) -> Non
     net.rnn_clear_previous_state()
     dev = net.rnn_time_step(emu.put(x))
     assert type(dev) is DeviceArray
-    np.testing.assert_array_equal(dev.view(np.ndarray), reference.rnn_time_step(x))
+    np.testing.assert_array_equal(emu.peek(dev), reference.rnn_time_step(x))
 
 
 # -- copies across the host boundary ---------------------------------------------------------------
@@ -532,7 +532,7 @@ def test_a_fit_step_copies_only_its_host_inputs_to_the_device(
     assert (emu.uploads, emu.downloads) == (0, 0)
     assert type(update) is DeviceArray
     want_update, want_score = reference.compute_update(batch)
-    np.testing.assert_array_equal(update.view(np.ndarray), want_update)
+    np.testing.assert_array_equal(emu.peek(update), want_update)
     assert score == want_score
     net.apply_update(update)
     reference.apply_update(want_update)
