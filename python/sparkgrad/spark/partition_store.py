@@ -76,7 +76,7 @@ class PartitionStore:
         """Bytes of the spilled elements (0 for paths)."""
         return int(self._offsets[-1])
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int | np.integer) -> Any:
         if self._paths is not None:
             return self._paths[index]
         start, end = int(self._offsets[index]), int(self._offsets[index + 1])
