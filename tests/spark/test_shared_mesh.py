@@ -1,4 +1,5 @@
-"""SharedTrainingMaster with the MESH topology on local[2] (two workers: both children of the controller)."""
+"""SharedTrainingMaster with the MESH topology on local[2]: fan-out 1 makes the two workers a chain (the
+controller's one child relays every update to the other worker)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,10 @@ def test_mesh_fit_learns_and_workers_end_equal_to_the_driver(spark, digits) -> N
     traffic = master.last_traffic
     assert traffic["epochs"] == 3 and traffic["worker_minibatches"] == 3 * 256 // 16
     assert accuracy(sm.network, digits[1]) > before + 0.2
+    applied = traffic["updates_applied"]
+    assert applied > 0 and traffic["controller_peers_dropped"] == 0
+    # the tree was used: the controller sends every update to its one child only (the fan-out) ...
+    assert traffic["controller_update_frames_relayed"] == applied
+    # ... and that child relays each to the other worker: the workers sent their own updates and one
+    # relay per update (PLAIN: their own updates only, the controller relaying to every other worker)
+    assert traffic["worker_update_frames_sent"] == 2 * applied

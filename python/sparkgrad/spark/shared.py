@@ -470,6 +470,7 @@ class ControllerFit(ABC):
             "controller_messages_received": c.messages_received,
             "controller_messages_sent": c.messages_sent,
             "controller_update_bytes_relayed": c.update_bytes,
+            "controller_update_frames_relayed": c.update_frames,
             "controller_frames_rejected": c.frames_rejected,
             **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
             "controller_peers_dropped": c.peers_dropped,

@@ -523,6 +523,7 @@ class SharedWorker:
         c = self.conn.counters
         counters = {
             "update_bytes_sent": c.update_bytes,
+            "update_frames_sent": c.update_frames,  # own updates and (MESH) those relayed to children
             "bytes_sent": c.bytes_sent,
             "bytes_received": c.bytes_received,
             "messages_sent": c.messages_sent,
