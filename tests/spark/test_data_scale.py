@@ -4,6 +4,7 @@ re-read every epoch, and the files of exported data are streamed, never held by 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from helpers import mlp_conf, spark_submit
 
 from sparkgrad.data import DataSet
+from sparkgrad.errors import CorruptDataError
 from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkMultiLayer
 from sparkgrad.spark.partition_store import PartitionStore
 
@@ -82,6 +84,34 @@ def test_the_store_gives_back_every_element_in_any_order(tmp_path) -> None:
     with PartitionStore(iter(pairs), "bytes", str(tmp_path)) as store:
         assert [store[i] for i in (2, 1, 0)] == pairs[::-1]
     assert PartitionStore(iter(["p", "q"]), "path")[1] == "q"
+
+
+def test_an_encrypted_store_holds_no_plaintext_and_refuses_altered_bytes(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("cryptography")
+    import tempfile
+
+    files = []
+    real = tempfile.TemporaryFile
+
+    def kept(*args, **kwargs):  # the store's unnamed file, kept open here to read it back
+        f = real(*args, **kwargs)
+        files.append(f)
+        return f
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", kept)
+    marker = b"sparkgrad-plaintext-marker" * 40
+    pairs = [("a", marker), ("b", b"x" * 100)]
+    for encrypt in (False, True):
+        with PartitionStore(iter(pairs), "bytes", str(tmp_path), encrypt=encrypt) as store:
+            assert [store[i] for i in (1, 0)] == pairs[::-1] and store[-1] == pairs[-1]
+            raw = os.pread(files[-1].fileno(), store.nbytes, 0)
+            assert (marker in raw) != encrypt  # sealed: 16 bytes of tag per element
+            assert store.nbytes == sum(len(b) for _, b in pairs) + (32 if encrypt else 0)
+            if encrypt:
+                os.pwrite(files[-1].fileno(), bytes([raw[5] ^ 1]), 5)  # one bit flipped on disk
+                with pytest.raises(CorruptDataError, match="element 0: altered on local disk"):
+                    store[0]
+                assert store[1] == pairs[1]
 
 
 def test_the_store_names_an_element_that_is_not_a_dataset(tmp_path) -> None:

@@ -7,7 +7,9 @@ as it arrives to an unnamed temporary file in Spark's local directory (``SPARK_L
 Spark spills its own shuffle data; the file disappears when the worker process exits, even killed) and
 reads one element at a time back by index: the worker holds an offset per element, its prefetch queue
 and the element being read. The operating system's page cache keeps a partition that fits in memory
-as fast as a list; one that does not is read from disk.
+as fast as a list; one that does not is read from disk. With ``encrypt`` (the fit's
+``spark.io.encryption.enabled``, Spark's switch for its own spills) every element is stored sealed with
+AES-256-GCM under a key made for the store, which never leaves the worker's memory.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sparkgrad.data import DataSet, MultiDataSet
+from sparkgrad.errors import CorruptDataError
 
 # element classes of the "dataset" kind, by the tag stored beside each element
 _CLASSES = (DataSet, MultiDataSet)
@@ -41,13 +44,20 @@ class PartitionStore:
     ``i`` in the form it arrived in.
     """
 
-    def __init__(self, units: Iterable[Any], kind: str, directory: str | None = None) -> None:
+    def __init__(
+        self, units: Iterable[Any], kind: str, directory: str | None = None, encrypt: bool = False
+    ) -> None:
         self.kind = kind
         self._paths: list[Any] | None = None
+        self._cipher: Any = None
         if kind == "path":
             self._paths = list(units)
             self._offsets = np.zeros(len(self._paths) + 1, np.int64)
             return
+        if encrypt:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            self._cipher = AESGCM(AESGCM.generate_key(bit_length=256))
         self._file = tempfile.TemporaryFile(prefix="sparkgrad-partition-", dir=directory or local_directory())
         self._names: list[str] = []
         tags = bytearray()
@@ -60,6 +70,8 @@ class PartitionStore:
                 else:
                     name, data = unit
                     self._names.append(name)
+                if self._cipher is not None:
+                    data = self._cipher.encrypt(_nonce(len(offsets) - 1), bytes(data), None)
                 offsets.append(offsets[-1] + self._file.write(data))
             self._file.flush()
         except BaseException:
@@ -77,12 +89,20 @@ class PartitionStore:
         return int(self._offsets[-1])
 
     def __getitem__(self, index: int | np.integer) -> Any:
+        index = range(len(self))[index]  # an int in range (IndexError otherwise), also for numpy ints
         if self._paths is not None:
             return self._paths[index]
         start, end = int(self._offsets[index]), int(self._offsets[index + 1])
         data = os.pread(self._file.fileno(), end - start, start)
         if len(data) != end - start:
             raise OSError(f"{self._file.name}: the spilled partition ended at element {index}")
+        if self._cipher is not None:
+            from cryptography.exceptions import InvalidTag
+
+            try:
+                data = self._cipher.decrypt(_nonce(index), data, None)
+            except InvalidTag:
+                raise CorruptDataError(f"spilled partition element {index}: altered on local disk") from None
         if self.kind == "bytes":
             return self._names[index], data
         return _CLASSES[self._tags[index]].from_bytes(data, source=f"spilled partition element {index}")
@@ -97,6 +117,11 @@ class PartitionStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _nonce(index: int) -> bytes:
+    """The GCM nonce of element ``index``: unique per element under the store's own key."""
+    return index.to_bytes(12, "big")
 
 
 def _tag(unit: Any, index: int) -> int:

@@ -246,17 +246,18 @@ def _executor_hosts(sc: SparkContext) -> int:
     return max(1, len(hosts))
 
 
+def _conf_flag(sc: SparkContext, key: str) -> bool:
+    """A boolean Spark setting of ``sc`` (false when unset)."""
+    return (sc.getConf().get(key, "false") or "false").strip().lower() == "true"
+
+
 def dynamic_allocation(sc: SparkContext) -> bool:
     """Whether Spark may add and remove executors during a fit, as Spark decides it
     (``Utils.isDynamicAllocationEnabled``): ``spark.dynamicAllocation.enabled``, in local mode only with
     ``spark.dynamicAllocation.testing``. Spark then refuses barrier stages (SPARK-24942)."""
-    conf = sc.getConf()
-
-    def on(key: str) -> bool:
-        return (conf.get(key, "false") or "false").strip().lower() == "true"
-
-    local = (conf.get("spark.master", "") or "").startswith("local")
-    return on("spark.dynamicAllocation.enabled") and (not local or on("spark.dynamicAllocation.testing"))
+    local = (sc.getConf().get("spark.master", "") or "").startswith("local")
+    testing = _conf_flag(sc, "spark.dynamicAllocation.testing")
+    return _conf_flag(sc, "spark.dynamicAllocation.enabled") and (not local or testing)
 
 
 def _barrier_ready(rdd: Any) -> bool:
@@ -433,6 +434,7 @@ class ControllerFit(ABC):
                 ),
                 worker_device=self.worker_device,
                 task_threads=self.task_threads,
+                encrypt_store=_conf_flag(sc, "spark.io.encryption.enabled"),
                 **self._job_options(network, partitions, slots),
             )
             bc = sc.broadcast(job)

@@ -115,6 +115,7 @@ class SharedJob:
     worker_device: str = "auto"  # the master's option, resolved on the executor (sparkgrad.spark.devices)
     task_threads: int | None = None  # native threads of a task (None: its CPUs; sparkgrad.spark.threads)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
+    encrypt_store: bool = False  # spark.io.encryption.enabled: the partition stored on local disk encrypted
     # gradient sharing
     threshold_algorithm: ThresholdAlgorithm | None = None
     residual_post_processor: ResidualPostProcessor | None = None
@@ -504,7 +505,8 @@ class SharedWorker:
             if job.workers_per_node > 0 and not job.barrier:
                 lock = _SlotLock(job.job_id, job.workers_per_node, job.transport.sync_timeout_ms / 1000)
             with Timer(self.stats, WORKER_STORE):
-                elements = PartitionStore(units, job.kind)  # on local disk: read again every epoch
+                # on local disk, read again every epoch
+                elements = PartitionStore(units, job.kind, encrypt=job.encrypt_store)
             with elements:
                 begin = max(first_epoch, self.joined_epoch) if job.barrier else first_epoch
                 for epoch in range(begin, first_epoch + epochs):
