@@ -1,5 +1,6 @@
 """With Spark's dynamic allocation on (local mode with Spark's testing switch), every master, both network
-types and the estimators train with default options: no barrier stage, which Spark refuses then."""
+types and the estimators train with default options: no barrier stage, which Spark refuses then. A Spark
+Connect session, which has no SparkContext, is refused with what to use instead."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from pathlib import Path
 import pytest
 from helpers import spark_submit
 
-pytestmark = pytest.mark.slow
-
 JOB = Path(__file__).resolve().parent / "jobs" / "dynamic_allocation.py"
 
 
+@pytest.mark.slow
 def test_fits_run_with_dynamic_allocation(tmp_path) -> None:
     import subprocess
 
@@ -40,3 +40,16 @@ def test_fits_run_with_dynamic_allocation(tmp_path) -> None:
     # 0.922-0.933; chance is 0.1
     for name in ("shared", "averaging", "graph", "classifier"):
         assert got[name]["accuracy"] > 0.85, (name, got)
+
+
+def test_a_connect_session_is_refused_with_what_to_use_instead() -> None:
+    from sparkgrad.errors import EnvironmentNotReadyError
+    from sparkgrad.spark.common import spark_context
+
+    # a stand-in from Connect's module (no Connect server here): its sparkContext attribute would raise
+    connect_session = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()
+    expected = r"spark: a Spark Connect session .* classic SparkSession"
+    with pytest.raises(EnvironmentNotReadyError, match=expected):
+        spark_context(connect_session)
+    with pytest.raises(TypeError, match="expected a SparkSession or SparkContext, got int"):
+        spark_context(3)

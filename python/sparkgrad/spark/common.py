@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkgrad.data import rebatch
-from sparkgrad.errors import TrainingError
+from sparkgrad.errors import EnvironmentNotReadyError, TrainingError
 from sparkgrad.spark.config import RDDTrainingApproach, storage_level
 from sparkgrad.spark.partitioning import partition_sizes
 from sparkgrad.spark.stats import SparkTrainingStats, Timer
@@ -140,6 +140,13 @@ def spark_context(spark: Any) -> SparkContext:
 
     if isinstance(spark, SparkContext):
         return spark
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise EnvironmentNotReadyError(
+            "spark: a Spark Connect session (SparkSession.builder.remote(...), Databricks shared or "
+            "serverless compute) has no SparkContext, and sparkgrad's fits, evaluation and scoring run "
+            "Spark jobs through one; use a classic SparkSession (a dedicated cluster, spark-submit, "
+            "pyspark without remote()); see docs/guides/cluster.md (Running on managed Spark)"
+        )
     sc = getattr(spark, "sparkContext", None)
     if isinstance(sc, SparkContext):
         return sc
