@@ -176,8 +176,11 @@ def test_pending_epoch_reports_of_a_worker_that_left_do_not_count(free_port: int
         # a's EPOCH_END and BYE, as it does when a task dies long before the others finish
         assert wait_until(lambda: ctl.counters.messages_received >= received + 2)
         out: dict = {}
+        received = ctl.counters.messages_received
         second = _end_epoch_in_thread(b, 5, out)
-        assert ctl.next_finished_epoch(0.5) is None  # a's report no longer counts
+        # b's report reached the controller (no time window), and a's no longer counts with it
+        assert wait_until(lambda: ctl.counters.messages_received > received)
+        assert ctl.next_finished_epoch(0.5) is None
         third = _end_epoch_in_thread(c, 5, out)
         assert ctl.next_finished_epoch(20) == 5
         ctl.release_epoch(5, stop=False)
@@ -191,11 +194,15 @@ def test_a_partition_reported_again_by_a_rerun_task_counts_once(free_port: int) 
     not make two of two: the epoch waits for the other partition, which nobody has trained yet."""
     with _barrier_of_two(free_port) as (ctl, (killed, rerun, other)):
         out: dict = {}
+        received = ctl.counters.messages_received
         first = _end_epoch_in_thread(killed, 0, out, {"partition": 0, "minibatches": 4})
+        assert wait_until(lambda: ctl.counters.messages_received > received)  # the report arrived
         assert ctl.next_finished_epoch(0.3) is None
         again = _end_epoch_in_thread(rerun, 0, out, {"partition": 0, "minibatches": 4})
-        assert ctl.next_finished_epoch(0.5) is None  # partition 0 twice: still one of two
-        assert ctl.retrained_minibatches == 4
+        # the re-run's report was counted as retraining (no time window), and partition 0 twice is
+        # still one of two
+        assert wait_until(lambda: ctl.retrained_minibatches == 4)
+        assert ctl.next_finished_epoch(0.5) is None
         last = _end_epoch_in_thread(other, 0, out, {"partition": 1, "minibatches": 3})
         assert ctl.next_finished_epoch(20) == 0
         ctl.release_epoch(0, stop=False)

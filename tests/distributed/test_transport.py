@@ -625,11 +625,19 @@ def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(fre
 
     started: list[int] = []  # minibatches the worker began
     failure: list[BaseException] = []
+    waiting = threading.Event()  # the worker entered pace's wait for an acknowledgement
 
     def paced_worker() -> None:
         conn = WorkerConnection(
             "127.0.0.1", free_port, job, 1, SECRET, n, FAST, controller_key=CONTROLLER_KEY
         )
+        await_acks = conn._await_acks
+
+        def observed(on_update):
+            waiting.set()
+            return await_acks(on_update)
+
+        conn._await_acks = observed
         try:
             conn.hello({})
             for step in range(steps):
@@ -646,9 +654,9 @@ def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(fre
     with controller(np.zeros(n, np.float32), job, free_port, decode=stalling_decode) as ctl:
         thread = threading.Thread(target=paced_worker)
         thread.start()
-        # the SYNC after minibatch 2 is not acknowledged while update 1 is stuck: minibatch 5 must wait
-        assert wait_until(lambda: len(started) == 2 * window)
-        thread.join(0.3)
+        # the SYNC after minibatch 2 is not acknowledged while update 1 is stuck: the worker waits in pace
+        # after minibatch 4, before it starts minibatch 5 (no time window: it is inside the wait)
+        assert waiting.wait(20)
         assert started == list(range(2 * window)) and ctl.updates_applied == 0
         gate.set()
         thread.join(20)
