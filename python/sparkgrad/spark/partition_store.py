@@ -50,14 +50,17 @@ class PartitionStore:
         self.kind = kind
         self._paths: list[Any] | None = None
         self._cipher: Any = None
+        self._invalid_tag: type[Exception] = Exception  # the cipher's refusal of altered bytes
         if kind == "path":
             self._paths = list(units)
             self._offsets = np.zeros(len(self._paths) + 1, np.int64)
             return
         if encrypt:
+            from cryptography.exceptions import InvalidTag
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
             self._cipher = AESGCM(AESGCM.generate_key(bit_length=256))
+            self._invalid_tag = InvalidTag
         self._file = tempfile.TemporaryFile(prefix="sparkgrad-partition-", dir=directory or local_directory())
         self._names: list[str] = []
         tags = bytearray()
@@ -97,11 +100,9 @@ class PartitionStore:
         if len(data) != end - start:
             raise OSError(f"{self._file.name}: the spilled partition ended at element {index}")
         if self._cipher is not None:
-            from cryptography.exceptions import InvalidTag
-
             try:
                 data = self._cipher.decrypt(_nonce(index), data, None)
-            except InvalidTag:
+            except self._invalid_tag:
                 raise CorruptDataError(f"spilled partition element {index}: altered on local disk") from None
         if self.kind == "bytes":
             return self._names[index], data
