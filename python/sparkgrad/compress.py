@@ -479,6 +479,12 @@ class ThresholdAlgorithm(Config, abc.ABC):
         """An independent copy with the same hyper-parameters and state."""
         return dataclasses.replace(self)  # type: ignore[type-var]
 
+    def to_finite_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the fields holding NaN (state not set yet, which ``from_dict`` gives
+        back as its NaN default): the form JSON carries, which has no NaN (control payloads,
+        checkpoints)."""
+        return {k: v for k, v in self.to_dict().items() if not (isinstance(v, float) and math.isnan(v))}
+
 
 class ThresholdAlgorithmReducer(abc.ABC):
     """Combines threshold-algorithm states: ``add`` instances, ``merge`` reducers, ``final_result``."""

@@ -10,7 +10,7 @@ from sparkgrad._config import Config, check_int
 
 if TYPE_CHECKING:
     from sparkgrad.nn import ComputationGraphConfiguration, MultiLayerConfiguration
-    from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
+    from sparkgrad.spark import CheckpointConfig, ParameterAveragingTrainingMaster, SharedTrainingMaster
 
 DEFAULT_EPOCHS = 1
 DEFAULT_BATCH_SIZE = 32
@@ -99,6 +99,56 @@ class SparkgradParams(Params):
         "examples per minibatch of each worker (>= 1)",
         typeConverter=TypeConverters.toInt,
     )
+    checkpointDir: Param[str] = Param(
+        Params._dummy(),
+        "checkpointDir",
+        "where the fit writes checkpoints (a local directory or Hadoop URI); unset: none",
+        typeConverter=TypeConverters.toString,
+    )
+    checkpointInterval: Param[int] = Param(
+        Params._dummy(),
+        "checkpointInterval",
+        "epochs between checkpoints (>= 1), or -1 for none; the last epoch is always checkpointed",
+        typeConverter=TypeConverters.toInt,
+    )
+    keepCheckpoints: Param[int] = Param(
+        Params._dummy(),
+        "keepCheckpoints",
+        "complete checkpoints kept (>= 1); older ones are deleted",
+        typeConverter=TypeConverters.toInt,
+    )
+    validationIndicatorCol: Param[str] = Param(
+        Params._dummy(),
+        "validationIndicatorCol",
+        "a boolean column: its true rows are validation data, scored after every epoch and not trained "
+        "on; the fit then stops early and returns the network of the best epoch (unset: no early stopping)",
+        typeConverter=TypeConverters.toString,
+    )
+    earlyStoppingMetric: Param[str] = Param(
+        Params._dummy(),
+        "earlyStoppingMetric",
+        "what early stopping scores on the validation rows: loss, or a metric of "
+        "sparkgrad.spark.early_stopping.EvaluationScoreCalculator (accuracy, f1, mse, auc, ...)",
+        typeConverter=TypeConverters.toString,
+    )
+    earlyStoppingPatience: Param[int] = Param(
+        Params._dummy(),
+        "earlyStoppingPatience",
+        "epochs without an improvement of the validation score after which the fit stops (>= 1)",
+        typeConverter=TypeConverters.toInt,
+    )
+    earlyStoppingMinImprovement: Param[float] = Param(
+        Params._dummy(),
+        "earlyStoppingMinImprovement",
+        "the least change of the validation score that counts as an improvement (>= 0)",
+        typeConverter=TypeConverters.toFloat,
+    )
+    resumeFromCheckpoint: Param[bool] = Param(
+        Params._dummy(),
+        "resumeFromCheckpoint",
+        "continue from the newest complete checkpoint in checkpointDir (none there: start afresh)",
+        typeConverter=TypeConverters.toBoolean,
+    )
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -110,6 +160,12 @@ class SparkgradParams(Params):
             trainingMaster=SharedTrainingMaster().to_json(indent=None),
             epochs=DEFAULT_EPOCHS,
             batchSize=DEFAULT_BATCH_SIZE,
+            checkpointInterval=1,
+            keepCheckpoints=3,
+            resumeFromCheckpoint=False,
+            earlyStoppingMetric="loss",
+            earlyStoppingPatience=5,
+            earlyStoppingMinImprovement=0.0,
         )
 
     def getNetworkConf(self) -> str:
@@ -127,6 +183,54 @@ class SparkgradParams(Params):
     def getBatchSize(self) -> int:
         """Examples per minibatch of each worker."""
         return self.getOrDefault(self.batchSize)
+
+    def getCheckpointDir(self) -> str | None:
+        """Where checkpoints are written (None: none)."""
+        return self.getOrDefault(self.checkpointDir) if self.isDefined(self.checkpointDir) else None
+
+    def getCheckpointInterval(self) -> int:
+        """Epochs between checkpoints (-1: none)."""
+        return self.getOrDefault(self.checkpointInterval)
+
+    def getKeepCheckpoints(self) -> int:
+        """Complete checkpoints kept."""
+        return self.getOrDefault(self.keepCheckpoints)
+
+    def getResumeFromCheckpoint(self) -> bool:
+        """Whether the fit continues from the newest complete checkpoint."""
+        return self.getOrDefault(self.resumeFromCheckpoint)
+
+    def getValidationIndicatorCol(self) -> str | None:
+        """The boolean column marking validation rows (None: no early stopping)."""
+        if not self.isDefined(self.validationIndicatorCol):
+            return None
+        return self.getOrDefault(self.validationIndicatorCol)
+
+    def getEarlyStoppingMetric(self) -> str:
+        """What early stopping scores: ``loss`` or an evaluation metric."""
+        return self.getOrDefault(self.earlyStoppingMetric)
+
+    def getEarlyStoppingPatience(self) -> int:
+        """Epochs without improvement before the fit stops."""
+        return self.getOrDefault(self.earlyStoppingPatience)
+
+    def getEarlyStoppingMinImprovement(self) -> float:
+        """The least change that counts as an improvement."""
+        return self.getOrDefault(self.earlyStoppingMinImprovement)
+
+    def checkpoint_configuration(self) -> CheckpointConfig | None:
+        """The fit's checkpoints from ``checkpointDir``, ``checkpointInterval`` and ``keepCheckpoints``
+        (None without a directory or with an interval of -1)."""
+        from sparkgrad.spark import CheckpointConfig
+
+        directory, interval = self.getCheckpointDir(), self.getCheckpointInterval()
+        if interval != -1:
+            interval = check_int("checkpointInterval", interval, minimum=1)
+        if directory is None or interval == -1:
+            if self.getResumeFromCheckpoint():
+                raise ValueError("resumeFromCheckpoint: needs checkpointDir, and checkpointInterval not -1")
+            return None
+        return CheckpointConfig(directory, every_epochs=interval, keep_last=self.getKeepCheckpoints())
 
     def network_configuration(self) -> MultiLayerConfiguration | ComputationGraphConfiguration:
         """The configuration of ``networkConf``: a MultiLayerConfiguration, or a

@@ -54,20 +54,74 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
         _check_classifier_output(conf)
     master = estimator.training_master()
     epochs = check_int("epochs", estimator.getEpochs(), minimum=1)
-    data = dataframe_datasets(
-        dataset,
-        estimator.getFeaturesCol(),
-        estimator.getLabelCol(),
-        conf,
-        master.rdd_data_set_num_examples,
-        task,
-        ("featuresCol", "labelCol"),
-    )
+    validation = estimator.getValidationIndicatorCol()
+
+    def datasets(frame: DataFrame) -> Any:
+        return dataframe_datasets(
+            frame,
+            estimator.getFeaturesCol(),
+            estimator.getLabelCol(),
+            conf,
+            master.rdd_data_set_num_examples,
+            task,
+            ("featuresCol", "labelCol"),
+        )
+
     spark_network = (
         SparkComputationGraph if isinstance(conf, ComputationGraphConfiguration) else SparkMultiLayer
     )
-    with spark_network(dataset.sparkSession, conf, master) as model:
-        return model.fit(data, epochs=epochs)
+    checkpoint, resume = estimator.checkpoint_configuration(), estimator.getResumeFromCheckpoint()
+    if validation is None:
+        with spark_network(dataset.sparkSession, conf, master) as model:
+            return model.fit(datasets(dataset), epochs=epochs, checkpoint=checkpoint, resume=resume)
+    if checkpoint is not None:
+        raise ValueError(
+            "checkpointDir: an early-stopping fit (validationIndicatorCol) is not checkpointed; unset one"
+        )
+    return _train_early_stopping(
+        estimator, dataset, validation, datasets, spark_network(dataset.sparkSession, conf, master), epochs
+    )
+
+
+def _train_early_stopping(
+    estimator: Any, dataset: DataFrame, column: str, datasets: Any, model: Any, epochs: int
+) -> Network:
+    """Train on the rows where ``column`` is false, score the others after every epoch and return the
+    network of the best epoch (Spark ML's ``validationIndicatorCol``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    from sparkgrad.spark.early_stopping import (
+        DataSetLossCalculator,
+        EarlyStoppingConfiguration,
+        EvaluationScoreCalculator,
+        MaxEpochsTerminationCondition,
+        ScoreImprovementEpochTerminationCondition,
+        SparkEarlyStoppingTrainer,
+    )
+
+    if column not in dataset.columns or not isinstance(dataset.schema[column].dataType, BooleanType):
+        raise ValueError(f"validationIndicatorCol: {column!r} is not a boolean column of the dataset")
+    flag = F.col(column)
+    train, held_out = dataset.filter(~flag), dataset.filter(flag)
+    metric = estimator.getEarlyStoppingMetric()
+    scored = datasets(held_out)
+    calculator = (
+        DataSetLossCalculator(scored) if metric == "loss" else EvaluationScoreCalculator(metric, scored)
+    )
+    patience = check_int("earlyStoppingPatience", estimator.getEarlyStoppingPatience(), minimum=1)
+    config = EarlyStoppingConfiguration(
+        calculator,
+        [
+            MaxEpochsTerminationCondition(epochs),
+            ScoreImprovementEpochTerminationCondition(patience, estimator.getEarlyStoppingMinImprovement()),
+        ],
+    )
+    with model:
+        result = SparkEarlyStoppingTrainer(model, config, datasets(train)).fit()
+    if result.best_model is None:
+        raise ValueError(f"validationIndicatorCol: {column!r} marks no row, or no epoch could be scored")
+    return result.best_model
 
 
 def _check_classifier_output(conf: MultiLayerConfiguration | ComputationGraphConfiguration) -> None:
@@ -112,6 +166,38 @@ class _EstimatorParams(SparkgradParams):
     def setBatchSize(self: P, value: int) -> P:
         """Sets ``batchSize``, the examples per minibatch of each worker."""
         return self._set(batchSize=value)
+
+    def setCheckpointDir(self: P, value: str) -> P:
+        """Sets ``checkpointDir``, where the fit writes checkpoints."""
+        return self._set(checkpointDir=value)
+
+    def setCheckpointInterval(self: P, value: int) -> P:
+        """Sets ``checkpointInterval``, the epochs between checkpoints (-1: none)."""
+        return self._set(checkpointInterval=value)
+
+    def setKeepCheckpoints(self: P, value: int) -> P:
+        """Sets ``keepCheckpoints``, the complete checkpoints kept."""
+        return self._set(keepCheckpoints=value)
+
+    def setValidationIndicatorCol(self: P, value: str) -> P:
+        """Sets ``validationIndicatorCol``: its true rows are validation data (early stopping)."""
+        return self._set(validationIndicatorCol=value)
+
+    def setEarlyStoppingMetric(self: P, value: str) -> P:
+        """Sets ``earlyStoppingMetric``: ``loss`` or an evaluation metric."""
+        return self._set(earlyStoppingMetric=value)
+
+    def setEarlyStoppingPatience(self: P, value: int) -> P:
+        """Sets ``earlyStoppingPatience``, epochs without improvement before stopping."""
+        return self._set(earlyStoppingPatience=value)
+
+    def setEarlyStoppingMinImprovement(self: P, value: float) -> P:
+        """Sets ``earlyStoppingMinImprovement``."""
+        return self._set(earlyStoppingMinImprovement=value)
+
+    def setResumeFromCheckpoint(self: P, value: bool) -> P:
+        """Sets ``resumeFromCheckpoint``: continue from the newest complete checkpoint."""
+        return self._set(resumeFromCheckpoint=value)
 
 
 class _ModelBase(SparkgradParams, MLWritable, MLReadable):
@@ -214,6 +300,20 @@ class SparkgradClassifier(
         thresholds: optional per-class thresholds: the class with the largest ``p / t`` is predicted.
         epochs: passes over the training data.
         batchSize: examples per minibatch of each worker.
+        checkpointDir: where the fit writes checkpoints (a local directory or any Hadoop URI); unset,
+            none are written (see :mod:`sparkgrad.spark.checkpoint`).
+        checkpointInterval: epochs between checkpoints (-1: none); the last epoch is always written.
+        keepCheckpoints: complete checkpoints kept.
+        resumeFromCheckpoint: continue from the newest complete checkpoint in ``checkpointDir``: a
+            fit rerun after its driver failed trains only the epochs it had not done.
+        validationIndicatorCol: a boolean column whose true rows are validation data: not trained on,
+            scored after every epoch (on the executors); the fit stops when the score has not
+            improved for ``earlyStoppingPatience`` epochs and the model holds the best epoch's network.
+        earlyStoppingMetric: ``loss``, or a metric of
+            :class:`~sparkgrad.spark.early_stopping.EvaluationScoreCalculator` (``accuracy``, ``f1``,
+            ``mse``, ``auc``...).
+        earlyStoppingPatience: epochs without improvement before stopping.
+        earlyStoppingMinImprovement: the least change of the score that counts as an improvement.
     """
 
     @keyword_only
@@ -230,6 +330,14 @@ class SparkgradClassifier(
         thresholds: list[float] | None = None,
         epochs: int = DEFAULT_EPOCHS,
         batchSize: int = DEFAULT_BATCH_SIZE,
+        checkpointDir: str | None = None,
+        checkpointInterval: int = 1,
+        keepCheckpoints: int = 3,
+        resumeFromCheckpoint: bool = False,
+        validationIndicatorCol: str | None = None,
+        earlyStoppingMetric: str = "loss",
+        earlyStoppingPatience: int = 5,
+        earlyStoppingMinImprovement: float = 0.0,
     ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
@@ -342,6 +450,20 @@ class SparkgradRegressor(Regressor, _EstimatorParams, DefaultParamsWritable, Def
         predictionCol: output, the network's output (double for one output, else Vector).
         epochs: passes over the training data.
         batchSize: examples per minibatch of each worker.
+        checkpointDir: where the fit writes checkpoints (a local directory or any Hadoop URI); unset,
+            none are written (see :mod:`sparkgrad.spark.checkpoint`).
+        checkpointInterval: epochs between checkpoints (-1: none); the last epoch is always written.
+        keepCheckpoints: complete checkpoints kept.
+        resumeFromCheckpoint: continue from the newest complete checkpoint in ``checkpointDir``: a
+            fit rerun after its driver failed trains only the epochs it had not done.
+        validationIndicatorCol: a boolean column whose true rows are validation data: not trained on,
+            scored after every epoch (on the executors); the fit stops when the score has not
+            improved for ``earlyStoppingPatience`` epochs and the model holds the best epoch's network.
+        earlyStoppingMetric: ``loss``, or a metric of
+            :class:`~sparkgrad.spark.early_stopping.EvaluationScoreCalculator` (``accuracy``, ``f1``,
+            ``mse``, ``auc``...).
+        earlyStoppingPatience: epochs without improvement before stopping.
+        earlyStoppingMinImprovement: the least change of the score that counts as an improvement.
     """
 
     @keyword_only
@@ -355,6 +477,14 @@ class SparkgradRegressor(Regressor, _EstimatorParams, DefaultParamsWritable, Def
         predictionCol: str = "prediction",
         epochs: int = DEFAULT_EPOCHS,
         batchSize: int = DEFAULT_BATCH_SIZE,
+        checkpointDir: str | None = None,
+        checkpointInterval: int = 1,
+        keepCheckpoints: int = 3,
+        resumeFromCheckpoint: bool = False,
+        validationIndicatorCol: str | None = None,
+        earlyStoppingMetric: str = "loss",
+        earlyStoppingPatience: int = 5,
+        earlyStoppingMinImprovement: float = 0.0,
     ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)

@@ -707,7 +707,7 @@ class FlatNetwork:
 
     # -- persistence --------------------------------------------------------------------------
     @on_device
-    def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True) -> None:
+    def save(self, path_or_binary_file: PathOrFile, save_updater: bool = True, compress: bool = True) -> None:
         """Write the model as a zip (format documented in :mod:`sparkgrad.nn.serialization`).
 
         Args:
@@ -715,6 +715,8 @@ class FlatNetwork:
             save_updater: also save the updater state (recorded in the file either way, so that a
                 loader can tell a state that was not saved from one that was lost) and an fp16
                 network's loss-scaler state (scale, good steps, skipped steps).
+            compress: deflate the parameters and updater state (False stores them: several times
+                faster to write, a few per cent larger for float32 values; checkpoints use it).
 
         Raises:
             ValueError: non-finite parameters or updater state (such a file could not be loaded).
@@ -729,6 +731,7 @@ class FlatNetwork:
             self.iteration_count,
             self.epoch_count,
             self._loss_scaler.state() if save_updater and self._loss_scaler is not None else None,
+            compress,
         )
 
     @classmethod

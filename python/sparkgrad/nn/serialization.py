@@ -107,6 +107,7 @@ def write_model(
     iteration_count: int,
     epoch_count: int,
     loss_scaler: dict[str, Any] | None = None,
+    compress: bool = True,
 ) -> None:
     """Write a model file.
 
@@ -121,6 +122,8 @@ def write_model(
         epoch_count: epochs trained so far.
         loss_scaler: an fp16 network's loss-scaler state (``LossScaler.state()``), or None; a file with
             one is format version 3.
+        compress: deflate the arrays (False stores them: a copy instead of a deflate pass, which
+            float32 parameters shrink by only a few per cent; what checkpoints use).
 
     Raises:
         ValueError: non-finite parameters or updater state (the reader would reject the file).
@@ -144,9 +147,9 @@ def write_model(
     with _output(target) as out, zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         _write_member(zf, META_MEMBER, json.dumps(meta))
         _write_member(zf, CONF_MEMBER, conf_json)
-        _write_member(zf, COEFF_MEMBER, _npy_bytes(params))
+        _write_member(zf, COEFF_MEMBER, _npy_bytes(params), compress)
         if save_state:
-            _write_member(zf, STATE_MEMBER, _npy_bytes(updater_state))  # type: ignore[arg-type]
+            _write_member(zf, STATE_MEMBER, _npy_bytes(updater_state), compress)  # type: ignore[arg-type]
 
 
 # Members carry a fixed timestamp so that the same network always saves to the same bytes (checksums,
@@ -154,9 +157,9 @@ def write_model(
 _MEMBER_TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 
 
-def _write_member(zf: zipfile.ZipFile, name: str, data: str | bytes) -> None:
+def _write_member(zf: zipfile.ZipFile, name: str, data: str | bytes, compress: bool = True) -> None:
     info = zipfile.ZipInfo(name, date_time=_MEMBER_TIMESTAMP)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     info.external_attr = 0o644 << 16
     zf.writestr(info, data)
 

@@ -18,6 +18,7 @@ or gradient sharing.
 
 from __future__ import annotations
 
+from sparkgrad.spark.checkpoint import CheckpointConfig
 from sparkgrad.spark.config import (
     AveragingJobs,
     DefaultRepartitioner,
@@ -31,6 +32,20 @@ from sparkgrad.spark.config import (
     TrainingHook,
     VoidConfiguration,
 )
+from sparkgrad.spark.early_stopping import (
+    BestScoreEpochTerminationCondition,
+    DataSetLossCalculator,
+    EarlyStoppingConfiguration,
+    EarlyStoppingResult,
+    EvaluationScoreCalculator,
+    FileModelSaver,
+    InMemoryModelSaver,
+    InvalidScoreIterationTerminationCondition,
+    MaxEpochsTerminationCondition,
+    MaxTimeIterationTerminationCondition,
+    ScoreImprovementEpochTerminationCondition,
+    SparkEarlyStoppingTrainer,
+)
 from sparkgrad.spark.graph import SparkComputationGraph
 from sparkgrad.spark.multilayer import SparkMultiLayer, SparkNetwork
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
@@ -42,10 +57,21 @@ from sparkgrad.transport import ZmqTransportConfiguration
 
 __all__ = [
     "AveragingJobs",
+    "BestScoreEpochTerminationCondition",
+    "CheckpointConfig",
+    "DataSetLossCalculator",
     "DefaultRepartitioner",
+    "EarlyStoppingConfiguration",
+    "EarlyStoppingResult",
     "EqualRepartitioner",
+    "EvaluationScoreCalculator",
     "EventStats",
+    "FileModelSaver",
     "FitListener",
+    "InMemoryModelSaver",
+    "InvalidScoreIterationTerminationCondition",
+    "MaxEpochsTerminationCondition",
+    "MaxTimeIterationTerminationCondition",
     "MeshBuildMode",
     "NoOpRepartitioner",
     "ParameterAveragingTrainingMaster",
@@ -53,8 +79,10 @@ __all__ = [
     "Repartition",
     "RepartitionStrategy",
     "Repartitioner",
+    "ScoreImprovementEpochTerminationCondition",
     "SharedTrainingMaster",
     "SparkComputationGraph",
+    "SparkEarlyStoppingTrainer",
     "SparkMultiLayer",
     "SparkNetwork",
     "SparkTrainingStats",

@@ -17,7 +17,8 @@ import numpy as np
 
 from sparkgrad._config import check_int
 from sparkgrad.data import MultiDataSet, SerializedMultiDataSetLoader
-from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, example_ndim
+from sparkgrad.spark.checkpoint import CheckpointConfig
+from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, _FitRequest, example_ndim
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -130,16 +131,24 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
 
     # -- MultiDataSet variants (DL4J names) -----------------------------------------------------
     def fit_multi_data_set(
-        self, data: RDD | str, epochs: int = 1, epoch_callback: EpochCallback[ComputationGraph] | None = None
+        self,
+        data: RDD | str,
+        epochs: int = 1,
+        epoch_callback: EpochCallback[ComputationGraph] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> ComputationGraph:
         """Train on an RDD of MultiDataSets, or a directory, file or glob (any URI Spark reads) holding
         an export of :func:`~sparkgrad.spark.export_minibatches` or MultiDataSets saved with
-        ``MultiDataSet.save``, read by :func:`~sparkgrad.spark.read_saved`; otherwise as :meth:`fit`.
+        ``MultiDataSet.save``, read by :func:`~sparkgrad.spark.read_saved`; otherwise as :meth:`fit`
+        (``checkpoint`` and ``resume`` too).
 
         Returns:
             The trained graph.
         """
-        return self._fit_data(data, SerializedMultiDataSetLoader(), epochs, epoch_callback)
+        request = _FitRequest.of(epochs, epoch_callback, checkpoint, resume)
+        return self._fit_data(data, SerializedMultiDataSetLoader(), request)
 
     def fit_paths_multi_data_set(
         self,
@@ -147,6 +156,9 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
         loader: Any = None,
         epochs: int = 1,
         epoch_callback: EpochCallback[ComputationGraph] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> ComputationGraph:
         """Train on saved MultiDataSets named by an RDD of paths; with the default loader Spark reads
         the files (any URI it reads), as :meth:`fit_paths` says.
@@ -156,12 +168,14 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
             loader: callable path -> MultiDataSet (default ``SerializedMultiDataSetLoader()``).
             epochs: passes over the data, a positive int.
             epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+            checkpoint: as in :meth:`fit`.
+            resume: as in :meth:`fit`.
 
         Returns:
             The trained graph.
         """
         loader = SerializedMultiDataSetLoader() if loader is None else loader
-        return self.fit_paths(paths, loader, epochs, epoch_callback)
+        return self.fit_paths(paths, loader, epochs, epoch_callback, checkpoint=checkpoint, resume=resume)
 
     def calculate_score_multi_data_set(
         self, rdd: RDD, average: bool = True, minibatch_size: int = 64

@@ -18,6 +18,7 @@ import numpy as np
 from sparkgrad import get_num_threads, set_num_threads
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedDataSetLoader, rebatch
+from sparkgrad.spark.checkpoint import Checkpoint, CheckpointConfig, FitCheckpoints
 from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows, network_output
 from sparkgrad.spark.common import (
     NetworkSnapshot,
@@ -271,6 +272,9 @@ class SparkNetwork(Generic[NetT]):
         epoch_callback: EpochCallback[NetT] | None = None,
         features_col: str = "features",
         label_col: str = "label",
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> NetT:
         """Train ``epochs`` passes over ``data`` (one by default) in one call.
 
@@ -303,26 +307,32 @@ class SparkNetwork(Generic[NetT]):
                 since a Spark job started from it waits for task slots the training tasks hold.
             features_col: with a DataFrame, its features column (a Vector or an array of numbers).
             label_col: with a DataFrame, its label column (class indices, or one value per output).
+            checkpoint: write checkpoints of the fit: a :class:`~sparkgrad.spark.CheckpointConfig`, or
+                a directory (local or any Hadoop URI) to write one after every epoch, keeping the last
+                three. A directory that already holds checkpoints needs ``resume=True``.
+            resume: continue from the newest complete checkpoint in ``checkpoint``'s directory (none
+                there: start afresh): the network, its updater state and counters, the master's
+                threshold and data order are restored, and only the epochs of the interrupted fit that
+                were not done are trained (the fit ends at the interrupted fit's first epoch plus
+                ``epochs``). See :mod:`sparkgrad.spark.checkpoint`.
 
         Returns:
             The trained network.
         """
+        request = _FitRequest.of(epochs, epoch_callback, checkpoint, resume)
         if is_dataframe(data):
-            return self.fit_dataframe(data, features_col, label_col, epochs, epoch_callback)
-        return self._fit_data(data, SerializedDataSetLoader(), epochs, epoch_callback)
+            return self._fit_frame(data, features_col, label_col, request)
+        return self._fit_data(data, SerializedDataSetLoader(), request)
 
-    def _fit_data(
-        self, data: RDD | str, saved: Any, epochs: int, epoch_callback: EpochCallback[NetT] | None
-    ) -> NetT:
+    def _fit_data(self, data: RDD | str, saved: Any, request: _FitRequest) -> NetT:
         """``fit`` of an RDD of examples or a directory of saved ones; ``saved`` loads their files."""
-        epochs = _check_epochs(epochs, epoch_callback)
         if isinstance(data, str):
             rdd = read_saved(self._sc, data)
             self._check_first(rdd.map(lambda pb: load_unit("bytes", saved, pb)), "data")
-            return self._train(rdd, "bytes", saved, epochs, epoch_callback)
+            return self._train(rdd, "bytes", saved, request)
         self._check_rdd(data, "data")
         self._check_first(data, "data")
-        return self._train(data, "dataset", saved, epochs, epoch_callback)
+        return self._train(data, "dataset", saved, request)
 
     def fit_dataframe(
         self,
@@ -331,6 +341,9 @@ class SparkNetwork(Generic[NetT]):
         label_col: str = "label",
         epochs: int = 1,
         epoch_callback: EpochCallback[NetT] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> NetT:
         """Train ``epochs`` passes over the rows of a DataFrame (what ``fit(df)`` does).
 
@@ -351,11 +364,16 @@ class SparkNetwork(Generic[NetT]):
                 the target value for one output) or a Vector / array column of one value per output.
             epochs: passes over the data, a positive int.
             epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+            checkpoint: as in :meth:`fit`.
+            resume: as in :meth:`fit`.
 
         Returns:
             The trained network.
         """
-        epochs = _check_epochs(epochs, epoch_callback)
+        request = _FitRequest.of(epochs, epoch_callback, checkpoint, resume)
+        return self._fit_frame(df, features_col, label_col, request)
+
+    def _fit_frame(self, df: DataFrame, features_col: str, label_col: str, request: _FitRequest) -> NetT:
         conf = self._network.conf
         key = (df, features_col, label_col, self._master.rdd_data_set_num_examples, conf.to_json())
         if self._frame is None or self._frame[0] is not df or self._frame[1:-1] != key[1:]:
@@ -363,7 +381,7 @@ class SparkNetwork(Generic[NetT]):
                 df, features_col, label_col, conf, self._master.rdd_data_set_num_examples
             )
             self._frame = (*key, rdd)
-        return self._train(self._frame[-1], "dataset", None, epochs, epoch_callback)
+        return self._train(self._frame[-1], "dataset", None, request)
 
     def fit_paths(
         self,
@@ -371,6 +389,9 @@ class SparkNetwork(Generic[NetT]):
         loader: Any = None,
         epochs: int = 1,
         epoch_callback: EpochCallback[NetT] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> NetT:
         """Train ``epochs`` passes over saved DataSets named by an RDD of paths (never exported).
 
@@ -386,11 +407,13 @@ class SparkNetwork(Generic[NetT]):
             loader: callable path -> DataSet (default ``SerializedDataSetLoader()``).
             epochs: passes over the data, a positive int.
             epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+            checkpoint: as in :meth:`fit`.
+            resume: as in :meth:`fit`.
 
         Returns:
             The trained network.
         """
-        epochs = _check_epochs(epochs, epoch_callback)
+        request = _FitRequest.of(epochs, epoch_callback, checkpoint, resume)
         self._check_rdd(paths, "paths")
         loader = SerializedDataSetLoader() if loader is None else loader
         if not callable(loader):
@@ -398,27 +421,48 @@ class SparkNetwork(Generic[NetT]):
         if reads_through_spark(loader):
             first_path, files = read_files(self._sc, paths, "paths")
             check_dataset_matches(self._network, loader(first_path), "paths")  # read here, on the driver
-            return self._train(files, "bytes", loader, epochs, epoch_callback)
+            return self._train(files, "bytes", loader, request)
         first = first_element(paths, "paths")
         if not isinstance(first, str):
             raise TypeError(f"paths: expected an RDD of path strings, found {type(first).__name__}")
         check_dataset_matches(self._network, loader(first), "paths")
-        return self._train(paths, "path", loader, epochs, epoch_callback)
+        return self._train(paths, "path", loader, request)
 
-    def _train(
-        self, rdd: Any, kind: str, loader: Any, epochs: int, epoch_callback: EpochCallback[NetT] | None
-    ) -> NetT:
-        """The one fit path of every data source and both masters; fit listeners observe it here."""
+    def _train(self, rdd: Any, kind: str, loader: Any, request: _FitRequest) -> NetT:
+        """The one fit path of every data source and both masters; fit listeners observe it here, and
+        checkpoints are read and written here."""
+        epochs, epoch_callback = request.epochs, request.epoch_callback
+        checkpoints = None if request.checkpoint is None else FitCheckpoints(request.checkpoint, self._sc)
+        fit_first = int(self._network.epoch_count)  # the epoch count the (interrupted) fit started at
+        if checkpoints is not None:
+            restored = checkpoints.newest(type(self._network)) if request.resume else None
+            if restored is not None:
+                fit_first = self._resume(restored)
+                if fit_first + epochs <= restored.epoch_count:
+                    _log.info(
+                        "%s: the fit had ended (epoch %d); nothing to train",
+                        restored.name,
+                        fit_first + epochs,
+                    )
+                    return self._network
+                epochs = fit_first + epochs - restored.epoch_count
+            elif not request.resume and (existing := checkpoints.existing()):
+                raise ValueError(
+                    f"checkpoint: {request.checkpoint.directory} already holds checkpoints (the newest after "
+                    f"epoch {existing[0]}): pass resume=True to continue from them, or another directory"
+                )
+            checkpoints.start(int(self._network.epoch_count))
+        fit_end = fit_first + request.epochs
         observers = FitObservers([*fit_listeners(), *self._fit_listeners])
         figures: dict[int, dict[str, float]] = {}  # per epoch: the master's progress figures
         callback = None
-        if self._evaluation_data is not None or epoch_callback is not None or observers:
+        if self._evaluation_data is not None or epoch_callback is not None or observers or checkpoints:
             first = int(self._network.epoch_count)
 
             def callback(epoch: int, network: NetT) -> dict[str, Any]:
                 """The metrics of :attr:`evaluation_data` and those ``epoch_callback`` returned, logged
                 and passed to the fit listeners, and its decision to stop, for the master to record and
-                act on."""
+                act on; then the checkpoint, when one is due."""
                 values: dict[str, float] = {}
                 try:
                     values.update(self._evaluate_epoch(network) if self._evaluation_data is not None else {})
@@ -437,6 +481,8 @@ class SparkNetwork(Generic[NetT]):
                 if values:
                     described = ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in values.items())
                     _log.info("epoch %d/%d: %s", epoch - first + 1, epochs, described)
+                if checkpoints is not None and checkpoints.due(epoch + 1, stop or epoch + 1 >= fit_end):
+                    self._write_checkpoint(checkpoints, network, fit_first, request.epochs)
                 return {**values, "stop": stop}
 
         observers.started(self, epochs)
@@ -452,16 +498,85 @@ class SparkNetwork(Generic[NetT]):
                 epochs=epochs,
                 epoch_callback=callback,
                 epoch_progress=figures.__setitem__ if observers else None,
+                epoch_state=_epoch_state_every(request),
             )
         except BaseException as exc:
             error = exc
             raise
         finally:
+            if checkpoints is not None:
+                checkpoints.wait()
             fit_stats = self._master.last_stats if error is None else None
             if fit_stats is not None:
                 self._stats = (self._stats or SparkTrainingStats()).merge(fit_stats)
             observers.ended(self, fit_stats, error)
         return self._network
+
+    def _write_checkpoint(
+        self, checkpoints: FitCheckpoints, network: NetT, fit_first: int, epochs: int
+    ) -> None:
+        """Checkpoint ``network`` at an epoch end with the master's state and the statistics so far."""
+        master = self._master
+        try:
+            configuration = master.to_dict()
+        except (TypeError, ValueError):  # a hook or repartitioner that is not a configuration
+            configuration = None
+        stats = SparkTrainingStats().merge(self._stats or SparkTrainingStats())
+        if master.last_stats is not None:
+            stats.merge(master.last_stats)
+        checkpoints.write(
+            network,
+            {
+                "fit": {"first_epoch": fit_first, "epochs": epochs},
+                "master": {
+                    "class": type(master).__name__,
+                    "configuration": configuration,
+                    "state": master._checkpoint_state(network),
+                },
+                "stats": stats.to_dict()
+                if self._stats is not None or master.last_stats is not None
+                else None,
+            },
+        )
+
+    def _resume(self, checkpoint: Checkpoint) -> int:
+        """Continue from ``checkpoint``: its network's parameters, updater state and counters, the
+        master's state and the statistics so far. Returns the epoch count the interrupted fit started at."""
+        saved = checkpoint.network
+        if saved.conf.to_json() != self._network.conf.to_json():
+            raise ValueError(
+                f"checkpoint: {checkpoint.name} holds a network of another configuration than this fit's; "
+                "resume it with that network, or write this fit's checkpoints to another directory"
+            )
+        master = checkpoint.record["master"]
+        if master["class"] == type(self._master).__name__:
+            try:
+                self._master._restore_checkpoint_state(master["state"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"checkpoint: {checkpoint.name}: the master's state does not load: {exc}"
+                ) from None
+        else:
+            _log.warning(
+                "%s was written by a %s, this fit trains with a %s: its parameters and updater state are "
+                "used, its threshold and data order are not",
+                checkpoint.name,
+                master["class"],
+                type(self._master).__name__,
+            )
+        if checkpoint.record.get("stats") is not None:
+            self._stats = SparkTrainingStats.from_dict(checkpoint.record["stats"])
+        self._network.set_params(saved.params())
+        self._network.set_updater_state(saved.updater_state())
+        self._network.iteration_count = saved.iteration_count
+        self._network.epoch_count = saved.epoch_count
+        _log.info(
+            "resuming from %s: epoch %d, iteration %d",
+            checkpoint.name,
+            saved.epoch_count,
+            saved.iteration_count,
+        )
+        return int(checkpoint.record["fit"]["first_epoch"])
 
     def add_fit_listener(self, listener: FitListener) -> None:
         """Observe this model's fits with ``listener`` (added once), besides the listeners of every fit
@@ -873,7 +988,13 @@ class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
     _network_type = "MultiLayerNetwork"
 
     def fit_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback[MultiLayerNetwork] | None = None
+        self,
+        rdd: RDD,
+        epochs: int = 1,
+        epoch_callback: EpochCallback[MultiLayerNetwork] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> MultiLayerNetwork:
         """Train on ``pyspark.mllib.regression.LabeledPoint`` data (labels = class indices).
 
@@ -881,15 +1002,23 @@ class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
             rdd: RDD of LabeledPoints.
             epochs: passes over the data, a positive int.
             epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+            checkpoint: as in :meth:`fit`.
+            resume: as in :meth:`fit`.
 
         Returns:
             The trained network.
         """
         classes = int(self._network.conf.output_type.size)
-        return self._fit_points(rdd, classes, epochs, epoch_callback)
+        return self._fit_points(rdd, classes, _FitRequest.of(epochs, epoch_callback, checkpoint, resume))
 
     def fit_continuous_labeled_point(
-        self, rdd: RDD, epochs: int = 1, epoch_callback: EpochCallback[MultiLayerNetwork] | None = None
+        self,
+        rdd: RDD,
+        epochs: int = 1,
+        epoch_callback: EpochCallback[MultiLayerNetwork] | None = None,
+        *,
+        checkpoint: CheckpointConfig | str | None = None,
+        resume: bool = False,
     ) -> MultiLayerNetwork:
         """Train on LabeledPoint data with real-valued labels (one regression output).
 
@@ -897,40 +1026,60 @@ class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
             rdd: RDD of LabeledPoints.
             epochs: passes over the data, a positive int.
             epoch_callback: called after every epoch, as in :meth:`fit` (True stops early).
+            checkpoint: as in :meth:`fit`.
+            resume: as in :meth:`fit`.
 
         Returns:
             The trained network.
         """
-        return self._fit_points(rdd, None, epochs, epoch_callback)
+        return self._fit_points(rdd, None, _FitRequest.of(epochs, epoch_callback, checkpoint, resume))
 
-    def _fit_points(
-        self,
-        rdd: RDD,
-        classes: int | None,
-        epochs: int,
-        epoch_callback: EpochCallback[MultiLayerNetwork] | None,
-    ) -> MultiLayerNetwork:
-        epochs = _check_epochs(epochs, epoch_callback)
+    def _fit_points(self, rdd: RDD, classes: int | None, request: _FitRequest) -> MultiLayerNetwork:
         self._check_rdd(rdd, "rdd")
         batch = self._master.rdd_data_set_num_examples
         dtype = self._network.params().dtype
         datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
         self._check_first(datasets, "rdd")
-        return self._train(datasets, "dataset", SerializedDataSetLoader(), epochs, epoch_callback)
+        return self._train(datasets, "dataset", SerializedDataSetLoader(), request)
 
 
-def _check_epochs(epochs: Any, epoch_callback: Any) -> int:
-    """Validate the ``epochs`` and ``epoch_callback`` arguments of the fit methods; returns ``epochs``."""
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
-        raise TypeError(f"epochs: expected a positive int, got {type(epochs).__name__}")
-    if epochs < 1:
-        raise ValueError(f"epochs: must be >= 1, got {epochs}")
-    if epoch_callback is not None and not callable(epoch_callback):
-        raise TypeError(
-            f"epoch_callback: expected a callable (epoch, network) -> bool or a metrics mapping, or None, "
-            f"got {type(epoch_callback).__name__}"
-        )
-    return int(epochs)
+def _epoch_state_every(request: _FitRequest) -> int:
+    """How often the network must hold the current updater state at an epoch end: every epoch for a
+    callback (it may save the network) or a checkpoint by time, every ``every_epochs`` for checkpoints
+    by epochs, never (0) otherwise (the masters' ``epoch_state``)."""
+    config = request.checkpoint
+    if request.epoch_callback is not None or (config is not None and config.every_minutes is not None):
+        return 1
+    return 0 if config is None or config.every_epochs is None else config.every_epochs
+
+
+@dataclass(frozen=True)
+class _FitRequest:
+    """What a fit method was asked for, validated: its passes, callback and checkpoints."""
+
+    epochs: int
+    epoch_callback: Any
+    checkpoint: CheckpointConfig | None
+    resume: bool
+
+    @classmethod
+    def of(cls, epochs: Any, epoch_callback: Any, checkpoint: Any, resume: Any) -> _FitRequest:
+        """Validate the fit methods' ``epochs``, ``epoch_callback``, ``checkpoint`` and ``resume``."""
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
+            raise TypeError(f"epochs: expected a positive int, got {type(epochs).__name__}")
+        if epochs < 1:
+            raise ValueError(f"epochs: must be >= 1, got {epochs}")
+        if epoch_callback is not None and not callable(epoch_callback):
+            raise TypeError(
+                f"epoch_callback: expected a callable (epoch, network) -> bool or a metrics mapping, or "
+                f"None, got {type(epoch_callback).__name__}"
+            )
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
+        config = CheckpointConfig.of(checkpoint)
+        if resume and config is None:
+            raise ValueError("resume: continues from checkpoints, so it needs checkpoint= (their directory)")
+        return cls(int(epochs), epoch_callback, config, resume)
 
 
 def _output(net: MultiLayerNetwork, x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

@@ -378,6 +378,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         epochs: int = 1,
         epoch_callback: Callable[[int, N], Any] | None = None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
+        epoch_state: int = 0,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average final
         score of the last epoch.
@@ -399,9 +400,13 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             epoch_progress: called on the driver at every epoch end, before ``epoch_callback``, as
                 ``epoch_progress(epoch, figures)`` with the epoch's progress figures (loss, examples/s,
                 see :meth:`~sparkgrad.spark.progress.FitProgress.end_epoch`); experiment tracking uses it.
+            epoch_state: accepted for the masters' common signature: the network holds the averaged
+                updater state at every epoch end anyway (with ``save_updater``).
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
+        self.last_stats = stats  # the running fit's, for its checkpoints
         fit_start = now_ms()
+        self._begin_order(network)
         score, trained, examples = float("nan"), 0, 0
         self.last_retries = {"retried_tasks": 0, "retrained_minibatches": 0}
         try:
@@ -506,7 +511,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         # the split seeds the per-round fit would draw, one per epoch; only the epochs trained are used up
         probe = random.Random()
         probe.setstate(self._rng.getstate())
-        first_epoch = int(network.epoch_count)
+        first_epoch = self._job_first_epoch = int(network.epoch_count)
         self._rounds = AveragingRounds(
             self._rounds_per_epoch(data, workers),
             {first_epoch + e: probe.getrandbits(31) for e in range(epochs)},
@@ -517,6 +522,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )
         trained = int(self.last_traffic["epochs"])
+        self._job_first_epoch = None
         for _ in range(trained):
             self._rng.getrandbits(31)
         if stats is not None:
@@ -541,6 +547,30 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         state = controller.updater_state()
         if self.save_updater and state is not None and state.size:
             network.set_updater_state(state)
+
+    _job_first_epoch: int | None = None  # while a one-job fit runs: the epoch count it started at
+
+    def _checkpoint_state(self, network: Any) -> dict[str, Any]:
+        """Besides the data order: the position of the generator that draws each epoch's split seed
+        (in a one-job fit, advanced by the epochs the job trained so far, as the job-per-round fit
+        would have)."""
+        rng = random.Random()
+        rng.setstate(self._rng.getstate())
+        if self._job_first_epoch is not None:
+            for _ in range(int(network.epoch_count) - self._job_first_epoch):
+                rng.getrandbits(31)
+        version, positions, gauss = rng.getstate()
+        return {**super()._checkpoint_state(network), "split_seeds": [version, list(positions), gauss]}
+
+    def _restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """The next fit draws the split seeds the uninterrupted fit would have drawn too."""
+        super()._restore_checkpoint_state(state)
+        version, positions, gauss = state["split_seeds"]
+        if not isinstance(positions, list) or not all(
+            isinstance(p, int) and 0 <= p < 2**32 for p in positions
+        ):
+            raise ValueError("split_seeds: not a random.Random state")
+        self._rng.setstate((version, tuple(positions), gauss))
 
     def _train_epoch(
         self,

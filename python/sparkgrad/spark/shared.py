@@ -121,6 +121,9 @@ class _ProgressController(Controller):
     def __init__(self, *args: Any, progress: FitProgress, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.progress = progress
+        # the threshold algorithm's state partition 0's worker reported at this epoch's end (a JSON
+        # object, parsed by the master on the driver and then cleared), at the job's ``epoch_state``
+        self.threshold_report: dict[str, Any] | None = None
 
     def _applied(self, header: Header, message: np.ndarray) -> None:
         encoded = encoded_count(message, self._scratch, is_bitmap=message[3] == 1)  # word 3: bitmap flag
@@ -140,6 +143,9 @@ class _ProgressController(Controller):
                 self.progress.loss(float(loss), sender)
             if isinstance(trained, int) and not isinstance(trained, bool) and trained >= 0:
                 self.progress.trained(sender, epoch, trained)
+            state = report.get("threshold_state")
+            if report.get("partition") == 0 and isinstance(state, dict):
+                self.threshold_report = state
         return report
 
 
@@ -313,6 +319,8 @@ class ControllerFit(ABC):
     # whether Spark re-runs the barrier stage after a failed task (the workers then re-join the
     # controller), else the first failure ends the fit with that task's error
     _rerun_failed_stage: ClassVar[bool] = True
+    _resume_order: tuple[int, int] | None = None  # a resumed fit's data order (checkpoint state)
+    _fit_order: tuple[int, int] = (0, 0)  # the running fit's (shuffle seed, epoch its order counts from)
     void_configuration: VoidConfiguration
     transport: ZmqTransportConfiguration | None
     batch_size_per_worker: int
@@ -337,6 +345,29 @@ class ControllerFit(ABC):
         """At every epoch end and at the fit's end: what the driver's network takes from the controller
         besides its parameters and counters."""
 
+    def _begin_order(self, network: Any) -> tuple[int, int]:
+        """The fit's data order: ``(shuffle seed, the epoch count its order counts from)``, a resumed
+        fit's (:meth:`_restore_checkpoint_state`), else the seed of ``rng_seed`` or a new random one."""
+        order, self._resume_order = self._resume_order, None
+        if order is None:
+            seed = self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
+            order = (seed, int(network.epoch_count))
+        self._fit_order = order
+        return order
+
+    def _checkpoint_state(self, network: Any) -> dict[str, Any]:
+        """What a checkpoint holds of this master besides its configuration (the masters add theirs):
+        the data order."""
+        return {"data_order": list(self._fit_order)}
+
+    def _restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`_checkpoint_state`: the next fit (the resumed one) keeps its data order."""
+        seed, epoch = state["data_order"]
+        self._resume_order = (
+            check_int("data_order", seed, minimum=0),
+            check_int("data_order", epoch, minimum=0),
+        )
+
     def _run_job(
         self,
         sc: SparkContext,
@@ -348,9 +379,11 @@ class ControllerFit(ABC):
         epoch_callback: Callable[[int, N], Any] | None,
         slots: int,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
+        epoch_state: int = 0,
     ) -> tuple[dict[int, WorkerResult], Controller]:
         """Train ``network`` in place over ``units`` for ``epochs``; returns the workers' results and
-        the (closed) controller."""
+        the (closed) controller. ``epoch_state`` > 0: at the end of every this many epochs (and of the
+        last) the network holds the current updater state, which one worker reports (checkpoints)."""
         transport = self.transport or ZmqTransportConfiguration()
         void = self.void_configuration
         host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
@@ -429,9 +462,9 @@ class ControllerFit(ABC):
                 prefetch=self.worker_prefetch_num_batches,
                 collect_stats=self.collect_training_stats,
                 barrier=barrier,
-                shuffle_seed=(
-                    self.rng_seed if self.rng_seed is not None else random.SystemRandom().getrandbits(32)
-                ),
+                shuffle_seed=self._fit_order[0],
+                epoch_state=epoch_state,
+                fit_end=first_epoch + epochs,
                 worker_device=self.worker_device,
                 task_threads=self.task_threads,
                 encrypt_store=_conf_flag(sc, "spark.io.encryption.enabled"),
@@ -710,6 +743,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         epochs: int = 1,
         epoch_callback: Callable[[int, N], Any] | None = None,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
+        epoch_state: int = 0,
     ) -> float:
         """Train ``network`` in place for ``epochs`` passes over ``rdd``; returns the average worker score.
 
@@ -729,22 +763,29 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
                 ``epoch_progress(epoch, figures)`` with the epoch's progress figures (loss, examples/s,
                 bytes on the wire, update density, threshold: see
                 :meth:`~sparkgrad.spark.progress.FitProgress.end_epoch`); experiment tracking uses it.
+            epoch_state: > 0: at the end of every this many epochs (and of the last) the network (and
+                ``epoch_callback``) holds the updater state and this master the threshold state of the
+                training so far, as the worker of partition 0 reports them (what a checkpoint holds);
+                0: the updater state is the workers' mean at the fit's end only.
         """
         stats = SparkTrainingStats() if self.collect_training_stats else None
+        self.last_stats = stats  # the running fit's, for its checkpoints
+        self._fit_threshold: ThresholdAlgorithm | None = None
         fit_start = now_ms()
+        _, order_epoch = self._begin_order(network)
         data = self.prepare(sc, rdd, kind, loader, stats, MASTER_EXPORT)
         slots = _task_slots(sc, self.workers_per_node)
         with Timer(stats, MASTER_REPARTITION):
             seed = None
-            if self.rng_seed is not None:  # a reproducible order, new for every fit
-                seed = (self.rng_seed + 1) * 1_000_003 + int(network.epoch_count)
+            if self.rng_seed is not None:  # a reproducible order, new for every fit (not for a resumed one)
+                seed = (self.rng_seed + 1) * 1_000_003 + order_epoch
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
             repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
             units = repartitioner.repartition(
                 data.rdd, min_per, slots, total=data.num_units, counts=data.counts, seed=seed
             )
         results, _ = self._run_job(
-            sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
+            sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress, epoch_state
         )
         with Timer(stats, MASTER_PROCESS):
             score = self._process_results(network, results, stats)
@@ -776,7 +817,31 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         }
 
     def _epoch_state(self, network: Any, controller: Controller) -> None:
-        """Nothing: the updater state is the mean of the workers' at the fit's end (_process_results)."""
+        """At an epoch end the job's ``epoch_state`` names: the updater state and threshold state
+        partition 0's worker reported at this epoch's end (at the fit's end the workers' mean replaces
+        them, :meth:`_process_results`)."""
+        report = getattr(controller, "threshold_report", None)
+        if report is None:
+            return  # not such an epoch: the network keeps the state of the last one (or the fit's start)
+        controller.threshold_report = None  # type: ignore[attr-defined]
+        state = controller.updater_state()
+        if state is not None and state.size:
+            network.set_updater_state(state.astype(network.updater_state().dtype, copy=False))
+        try:
+            self._fit_threshold = ThresholdAlgorithm.from_dict(report)
+        except (TypeError, ValueError) as exc:  # an insider's report: the checkpoint keeps the last good one
+            log.warning("the threshold state partition 0's worker reported is refused: %s", exc)
+
+    def _checkpoint_state(self, network: Any) -> dict[str, Any]:
+        """Besides the data order: the threshold algorithm's state at the epoch end (without
+        ``epoch_state``, the one the fit started from)."""
+        algorithm = self._fit_threshold or self.current_threshold_algorithm
+        return {**super()._checkpoint_state(network), "threshold_algorithm": algorithm.to_finite_dict()}
+
+    def _restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """The next fit starts from the checkpoint's threshold too."""
+        super()._restore_checkpoint_state(state)
+        self._threshold_state = ThresholdAlgorithm.from_dict(state["threshold_algorithm"])
 
     def _process_results(
         self, network: FlatNetwork, results: dict[int, WorkerResult], stats: SparkTrainingStats | None

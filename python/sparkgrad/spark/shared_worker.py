@@ -116,6 +116,10 @@ class SharedJob:
     task_threads: int | None = None  # native threads of a task (None: its CPUs; sparkgrad.spark.threads)
     progress_interval_s: float = 0.0  # > 0: workers report their training loss this often
     encrypt_store: bool = False  # spark.io.encryption.enabled: the partition stored on local disk encrypted
+    # > 0: partition 0's worker reports its updater and threshold state at the end of every this many
+    # epochs of the fit (counted from snapshot.epoch) and of its last (fit_end - 1): what checkpoints hold
+    epoch_state: int = 0
+    fit_end: int = 0
     # gradient sharing
     threshold_algorithm: ThresholdAlgorithm | None = None
     residual_post_processor: ResidualPostProcessor | None = None
@@ -578,23 +582,36 @@ class SharedWorker:
     def _end_of_epoch(self, epoch: int, partition: int, minibatches: int) -> bool:
         """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
         (True: stop), else SYNC (the job boundary is the epoch boundary)."""
-        self._report_updater_state(partition)
+        fresh = partition == 0 and self._epoch_state_due(epoch)
+        self._report_updater_state(partition, fresh)
         report: dict[str, Any] = {"partition": partition, "minibatches": minibatches}
         if self.job.progress_interval_s > 0:
             report.update(self._progress_report())
+        threshold = self._threshold_state()
+        if fresh and threshold is not None:
+            report["threshold_state"] = threshold.to_finite_dict()
         if self.job.barrier:
             return bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
         self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
         return False
 
-    def _report_updater_state(self, partition: int) -> None:
+    def _epoch_state_due(self, epoch: int) -> bool:
+        """Whether the end of ``epoch`` is one the job's ``epoch_state`` asks partition 0 to report."""
+        every = self.job.epoch_state
+        return every > 0 and (
+            (epoch + 1 - self.job.snapshot.epoch) % every == 0 or epoch + 1 >= self.job.fit_end
+        )
+
+    def _report_updater_state(self, partition: int, fresh: bool = False) -> None:
         """The first partition's worker sends its updater state to the controller at its first epoch end
-        and then once ``updater_state_interval_ms`` has passed since its last report: what a late or
+        and then once ``updater_state_interval_ms`` has passed since its last report, and when ``fresh``
+        (an epoch end the job's ``epoch_state`` names: what a checkpoint holds): what a late or
         restarted worker starts from (a zero Adam state at a late iteration would take steps ~3x too
         large), at most that interval plus one epoch old."""
         interval_s = self.job.transport.updater_state_interval_ms / 1000
         last = self._state_reported
-        if partition != 0 or (last is not None and time.monotonic() - last < interval_s):
+        due = fresh or last is None or time.monotonic() - last >= interval_s
+        if partition != 0 or not due:
             return
         state = to_host(self.net.updater_state())
         if state.size:
@@ -635,7 +652,14 @@ class AveragingWorker(SharedWorker):
     def _threshold_state(self) -> None:
         return None
 
-    def _report_updater_state(self, partition: int) -> None:
+    def _epoch_state_due(self, epoch: int) -> bool:
+        """Whether the end of ``epoch`` is one the job's ``epoch_state`` asks partition 0 to report."""
+        every = self.job.epoch_state
+        return every > 0 and (
+            (epoch + 1 - self.job.snapshot.epoch) % every == 0 or epoch + 1 >= self.job.fit_end
+        )
+
+    def _report_updater_state(self, partition: int, fresh: bool = False) -> None:
         """Nothing: the controller holds the averaged updater state already."""
 
     def _train_epoch(self, elements: PartitionStore, epoch: int, partition: int) -> None:

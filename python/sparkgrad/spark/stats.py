@@ -181,6 +181,26 @@ class SparkTrainingStats:
             "counters": dict(self.counters),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SparkTrainingStats:
+        """The statistics :meth:`to_dict` gave (a checkpoint's); ValueError naming what does not fit."""
+        out = cls()
+        try:
+            for key, events in data["events"].items():
+                out._events[str(key)] = [EventStats(**e) for e in events]
+            for worker, records in data["series"].items():
+                out._series[str(worker)] = [{str(k): float(v) for k, v in r.items()} for r in records]
+            for source, pairs in data["scores"].items():
+                out._scores[str(source)] = [(float(i), float(v)) for i, v in pairs]
+            for epoch, metrics in data["epochs"].items():
+                out._epochs[int(epoch)] = {str(k): float(v) for k, v in metrics.items()}
+            out.counters = {str(k): float(v) for k, v in data["counters"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"training stats: not what to_dict() writes ({type(exc).__name__}: {exc})"
+            ) from None
+        return out
+
     def summary(self) -> str:
         """A text table: count, mean, min, max and total duration per key, then the counters."""
         lines = [
