@@ -1,6 +1,9 @@
-"""Time to a target accuracy on a bandwidth-limited 2-worker cluster: SharedTrainingMaster (defaults) and
-ParameterAveragingTrainingMaster against PySpark's TorchDistributor running dense DDP (gloo, executor mode
-on the same cluster), for a communication-bound model.
+"""Time to a target accuracy on a bandwidth-limited 2-worker cluster: SharedTrainingMaster (defaults, and
+with a checkpoint after every epoch) and ParameterAveragingTrainingMaster against PySpark's
+TorchDistributor running DDP (gloo, executor mode on the same cluster): dense, and with DDP's compression
+hooks as a user registers them (fp16_compress_hook; PowerSGD at ranks 1, 2 and 4 with error feedback,
+starting after 10% of the steps; PowerSGD rank 2 inside fp16_compress_wrapper), for a communication-bound
+model.
 
 Cluster: bench/cluster/cluster.py, two worker namespaces with one core each, every link shaped with tc to
 each ``--rates`` value (the cluster is rebuilt per rate). The driver, the Spark master and sparkgrad's
@@ -79,7 +82,7 @@ def link_bytes(info: harness.ClusterInfo) -> int:
     return total
 
 
-def run_sparkgrad(spark, master, rdd, test, args) -> dict:
+def run_sparkgrad(spark, master, rdd, test, args, **fit_options) -> dict:
     from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, OutputLayer
     from sparkgrad.nn.updaters import Adam
     from sparkgrad.spark import SparkMultiLayer
@@ -99,8 +102,14 @@ def run_sparkgrad(spark, master, rdd, test, args) -> dict:
         return progress[-1][1] >= args.target or progress[-1][0] >= args.max_wall
 
     with SparkMultiLayer(spark, conf, master) as model:
-        model.fit(rdd, epochs=args.max_epochs, epoch_callback=evaluate)
-    return {"epochs": len(progress), "seconds": progress[-1][0], "accuracy": progress[-1][1]}
+        model.fit(rdd, epochs=args.max_epochs, epoch_callback=evaluate, **fit_options)
+    ends = [t for t, _ in progress]
+    return {
+        "epochs": len(progress),
+        "seconds": progress[-1][0],
+        "accuracy": progress[-1][1],
+        "epoch_seconds": [round(b - a, 3) for a, b in zip(ends, ends[1:])],  # from the second epoch on
+    }
 
 
 def _torch_train(args: dict) -> dict:
@@ -126,6 +135,7 @@ def _torch_train(args: dict) -> dict:
         n_in = h
     layers.append(torch.nn.Linear(n_in, 10))
     model = DistributedDataParallel(torch.nn.Sequential(*layers))
+    _register_hook(model, args)
     opt = torch.optim.Adam(model.parameters(), lr=args["lr"])
     progress = []
     for epoch in range(1, args["max_epochs"] + 1):
@@ -147,7 +157,33 @@ def _torch_train(args: dict) -> dict:
     return {"epochs": len(progress), "seconds": progress[-1][0], "accuracy": progress[-1][1]}
 
 
-def run_torch(args) -> dict:
+def _register_hook(model, args: dict) -> None:
+    """DDP's gradient compression (a communication hook), as a user of TorchDistributor registers it:
+    ``args["hook"]`` is None (dense all-reduce), ``"fp16"`` or ``"powersgd:RANK"``, ``"powersgd:RANK:fp16"``
+    (PowerSGD with error feedback and warm start, starting after about 10% of the steps as PyTorch's
+    documentation advises, wrapped in fp16 compression for the last)."""
+    hook = args.get("hook")
+    if hook is None:
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return
+    _, rank, *wrap = hook.split(":")
+    steps_per_epoch = -(-args["train"] // (2 * args["batch"]))  # two workers
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=int(rank),
+        start_powerSGD_iter=max(2, steps_per_epoch * args["max_epochs"] // 10),
+        use_error_feedback=True,
+        warm_start=True,
+    )
+    compress = powerSGD_hook.powerSGD_hook
+    model.register_comm_hook(state, default_hooks.fp16_compress_wrapper(compress) if wrap else compress)
+
+
+def run_torch(args, hook: str | None = None) -> dict:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     settings = {
@@ -160,6 +196,7 @@ def run_torch(args) -> dict:
         "max_epochs": args.max_epochs,
         "max_wall": args.max_wall,
         "start": time.time(),
+        "hook": hook,
     }
     distributor = TorchDistributor(num_processes=WORKERS, local_mode=False, use_gpu=False)
     return distributor.run(_torch_train, settings)
@@ -191,6 +228,18 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
                     test,
                     args,
                 ),
+                # the same with a checkpoint after every epoch (bench/results/checkpoints/bandwidth.txt)
+                "SharedTrainingMaster (checkpoints)": lambda: run_sparkgrad(
+                    spark,
+                    SharedTrainingMaster(
+                        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
+                        batch_size_per_worker=args.batch,
+                    ),
+                    rdd,
+                    test,
+                    args,
+                    checkpoint=tempfile.mkdtemp(prefix="sgc-checkpoints-"),
+                ),
                 "ParameterAveraging (freq 5)": lambda: run_sparkgrad(
                     spark,
                     ParameterAveragingTrainingMaster(
@@ -201,6 +250,11 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
                     args,
                 ),
                 "TorchDistributor DDP (gloo)": lambda: run_torch(args),
+                "DDP fp16_compress_hook": lambda: run_torch(args, "fp16"),
+                "DDP PowerSGD rank 1": lambda: run_torch(args, "powersgd:1"),
+                "DDP PowerSGD rank 2": lambda: run_torch(args, "powersgd:2"),
+                "DDP PowerSGD rank 4": lambda: run_torch(args, "powersgd:4"),
+                "DDP PowerSGD rank 2 + fp16": lambda: run_torch(args, "powersgd:2:fp16"),
             }
             for name in args.only or contenders:
                 print(f"{rate} {name}:", flush=True)
@@ -216,7 +270,7 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], help="e.g. 10gbit 1gbit 100mbit")
     parser.add_argument("--target", type=float, default=0.93)
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--max-wall", type=float, default=900.0, help="stop a contender after this long")
