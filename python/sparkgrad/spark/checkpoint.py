@@ -32,10 +32,12 @@ What a checkpoint does not hold: a gradient-sharing worker's residual (the part 
 sent; one vector per worker, as large as the parameters). A resumed fit starts with zero residuals, as a
 fresh fit does, which costs nothing measurable (docs/guides/fault-tolerance.md).
 
-The driver snapshots the network at the epoch end (an in-memory model file written without compression:
-a copy, not a deflate pass) and writes it in a background thread while training goes on; the next
-checkpoint, and the fit's end, wait for that write. A write that fails is logged and warned about, and
-training goes on: the previous checkpoint stays the newest complete one.
+The driver copies the parameters at the epoch end and writes the checkpoint in a background thread while
+training goes on (the model file without compression: a copy, not a deflate pass); the next checkpoint,
+and the fit's end, wait for that write. With gradient sharing the updater state comes from partition 0's
+worker, which sends it once the epoch's barrier let the workers go: the writer waits for it, and the
+transfer overlaps the next epoch instead of holding every worker at the barrier. A write that fails is
+logged and warned about, and training goes on: the previous checkpoint stays the newest complete one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -272,15 +275,16 @@ class FitCheckpoints:
             return time.monotonic() - self._last_time >= 60 * config.every_minutes
         return False
 
-    def write(self, network: Any, record: dict[str, Any]) -> None:
-        """Snapshot ``network`` (a copy of its parameters, updater state and counters) now, and write it
-        with ``record`` in the background; waits for the previous write first."""
+    def write(self, network: Any, record: dict[str, Any], updater_state: Callable[[], np.ndarray]) -> None:
+        """Snapshot ``network`` (a copy of its parameters and counters) now, and write it with
+        ``record`` and the updater state ``updater_state()`` gives (called in the background: it may
+        wait for the state to arrive) in the background; waits for the previous write first."""
         self.wait()
-        snapshot = _Snapshot(  # the arrays copied: training goes on changing the network's
+        snapshot = _Snapshot(  # the parameters copied: training goes on changing the network's
             type(network).__name__,
             network.conf.to_json(),
             network.params().copy(),
-            network.updater_state().copy(),
+            updater_state,
             int(network.iteration_count),
             int(network.epoch_count),
         )
@@ -304,7 +308,7 @@ class FitCheckpoints:
                 network.model,
                 network.conf_json,
                 network.params,
-                network.updater_state,
+                network.updater_state(),
                 network.iteration_count,
                 epoch,
                 compress=False,
@@ -365,7 +369,7 @@ class _Snapshot:
     model: str  # the network class
     conf_json: str
     params: np.ndarray
-    updater_state: np.ndarray
+    updater_state: Callable[[], np.ndarray]
     iteration_count: int
     epoch_count: int
 

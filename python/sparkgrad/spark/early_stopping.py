@@ -210,7 +210,14 @@ class ScoreCalculator(abc.ABC):
 
 
 class DataSetLossCalculator(ScoreCalculator):
-    """The mean loss (with the l1/l2 penalty) over validation data (DL4J ``DataSetLossCalculator``)."""
+    """The mean loss (with the l1/l2 penalty) over validation data (DL4J ``DataSetLossCalculator``).
+
+    Args:
+        data: a DataSet or MultiDataSet (scored on the driver, inside a one-job fit), an RDD of them or a
+            DataFrame (scored on the executors by a Spark job: the trainer then fits an epoch at a time).
+        features_col: with a DataFrame, its features column.
+        label_col: with a DataFrame, its label column.
+    """
 
     minimize = True
 
@@ -228,7 +235,9 @@ class EvaluationScoreCalculator(ScoreCalculator):
         metric: ``accuracy``, ``f1``, ``precision``, ``recall``, ``matthews_correlation``
             (classification); ``mse``, ``mae``, ``rmse``, ``r2``, ``pearson`` (regression, averaged
             over the outputs); ``auc``, ``auprc`` (ROC of a binary output).
-        data, features_col, label_col: as for :class:`DataSetLossCalculator`.
+        data: as for :class:`DataSetLossCalculator`.
+        features_col: as for :class:`DataSetLossCalculator`.
+        label_col: as for :class:`DataSetLossCalculator`.
     """
 
     def __init__(
@@ -414,7 +423,8 @@ class SparkEarlyStoppingTrainer:
         model: a ``SparkMultiLayer`` or ``SparkComputationGraph`` (its training master trains).
         config: the :class:`EarlyStoppingConfiguration`.
         data: the training data, anything the model's ``fit`` takes.
-        features_col, label_col: with a DataFrame, its columns (as for ``fit``).
+        features_col: with a DataFrame, its features column (as for ``fit``).
+        label_col: with a DataFrame, its label column.
 
     A restartable early-stopping fit keeps its latest network with ``save_last_model=True`` and a
     :class:`FileModelSaver`; ``fit(checkpoint=...)`` is for fits of a fixed number of epochs.

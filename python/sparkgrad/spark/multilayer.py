@@ -537,6 +537,7 @@ class SparkNetwork(Generic[NetT]):
                 if self._stats is not None or master.last_stats is not None
                 else None,
             },
+            master._checkpoint_updater_state(network),
         )
 
     def _resume(self, checkpoint: Checkpoint) -> int:
@@ -1044,13 +1045,14 @@ class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
 
 
 def _epoch_state_every(request: _FitRequest) -> int:
-    """How often the network must hold the current updater state at an epoch end: every epoch for a
-    callback (it may save the network) or a checkpoint by time, every ``every_epochs`` for checkpoints
-    by epochs, never (0) otherwise (the masters' ``epoch_state``)."""
+    """How often the network must hold the current updater state at an epoch end (the masters'
+    ``epoch_state``): for checkpoints, every ``every_epochs`` (every epoch when they go by time), else
+    never (0): with gradient sharing one worker then sends its updater state, as large as the parameters
+    or twice (Adam), at those epoch ends, which a callback that only evaluates does not need."""
     config = request.checkpoint
-    if request.epoch_callback is not None or (config is not None and config.every_minutes is not None):
-        return 1
-    return 0 if config is None or config.every_epochs is None else config.every_epochs
+    if config is None:
+        return 0
+    return 1 if config.every_minutes is not None or config.every_epochs is None else config.every_epochs
 
 
 @dataclass(frozen=True)

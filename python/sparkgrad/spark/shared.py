@@ -44,6 +44,7 @@ import logging
 import random
 import secrets
 import socket
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,9 @@ SECRET_BYTES = 32  # 256-bit per-fit secret
 _WATCH_INTERVAL_S = 0.2  # how often the driver checks the controller while the Spark job runs
 _CANCEL_WAIT_S = 60.0
 PROGRESS_REPORT_INTERVAL_S = 2.0  # how often a worker sends its training loss for the progress line
+# how long a checkpoint waits for the updater state partition 0's worker sends after an epoch's barrier
+# (the transfer of a state as large as the parameters, or twice, on the slowest link that is still usable)
+STATE_REPORT_WAIT_S = 60.0
 
 
 class _ProgressController(Controller):
@@ -134,6 +138,16 @@ class _ProgressController(Controller):
         self.progress.minibatches(minibatches)
         if score is not None:
             self.progress.loss(score)
+
+    def updater_state_after(self, reports: int, timeout_s: float) -> np.ndarray | None:
+        """A copy of the updater state of the first report after the ``reports``-th (waiting for it up to
+        ``timeout_s``); None when it did not come, or the controller stopped first."""
+        deadline = time.monotonic() + timeout_s
+        while self.updater_state_reports <= reports:
+            if self._stop.is_set() or time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return self.updater_state()
 
     def _count_trained(self, identity: bytes, sender: int, epoch: int, payload: memoryview) -> dict | None:
         report = super()._count_trained(identity, sender, epoch, payload)
@@ -321,6 +335,8 @@ class ControllerFit(ABC):
     _rerun_failed_stage: ClassVar[bool] = True
     _resume_order: tuple[int, int] | None = None  # a resumed fit's data order (checkpoint state)
     _fit_order: tuple[int, int] = (0, 0)  # the running fit's (shuffle seed, epoch its order counts from)
+    # at an epoch_state epoch end: (the controller, its updater-state reports before this epoch's)
+    _state_reports: tuple[Controller, int] | None = None
     void_configuration: VoidConfiguration
     transport: ZmqTransportConfiguration | None
     batch_size_per_worker: int
@@ -359,6 +375,12 @@ class ControllerFit(ABC):
         """What a checkpoint holds of this master besides its configuration (the masters add theirs):
         the data order."""
         return {"data_order": list(self._fit_order)}
+
+    def _checkpoint_updater_state(self, network: Any) -> Callable[[], np.ndarray]:
+        """The updater state a checkpoint of ``network`` holds, for its background writer to call: the
+        network's own, copied now (gradient sharing: see SharedTrainingMaster)."""
+        state = network.updater_state().copy()
+        return lambda: state
 
     def _restore_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`_checkpoint_state`: the next fit (the resumed one) keeps its data order."""
@@ -445,6 +467,7 @@ class ControllerFit(ABC):
             return stop or finished >= first_epoch + epochs
 
         results: dict[int, WorkerResult] = {}
+        self._state_reports = None
         try:
             if barrier:
                 controller.expect_workers(partitions)
@@ -491,6 +514,8 @@ class ControllerFit(ABC):
                             break
             finally:
                 bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
+            if self._state_reports is not None:  # the last epoch's report is in flight: let it land
+                controller.updater_state_after(self._state_reports[1], STATE_REPORT_WAIT_S)
         finally:
             controller.close()
             progress.close()
@@ -817,20 +842,41 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         }
 
     def _epoch_state(self, network: Any, controller: Controller) -> None:
-        """At an epoch end the job's ``epoch_state`` names: the updater state and threshold state
-        partition 0's worker reported at this epoch's end (at the fit's end the workers' mean replaces
-        them, :meth:`_process_results`)."""
+        """At an epoch end the job's ``epoch_state`` names: the threshold state partition 0's worker
+        reported with this epoch's end, and the count of updater-state reports so far, after which comes
+        the state it sends once the barrier let it go (:meth:`_checkpoint_updater_state`). At the fit's
+        end the workers' mean updater state goes into the network (:meth:`_process_results`)."""
         report = getattr(controller, "threshold_report", None)
         if report is None:
-            return  # not such an epoch: the network keeps the state of the last one (or the fit's start)
+            self._state_reports = None
+            return  # not such an epoch
         controller.threshold_report = None  # type: ignore[attr-defined]
-        state = controller.updater_state()
-        if state is not None and state.size:
-            network.set_updater_state(state.astype(network.updater_state().dtype, copy=False))
+        self._state_reports = (controller, controller.updater_state_reports)
         try:
             self._fit_threshold = ThresholdAlgorithm.from_dict(report)
         except (TypeError, ValueError) as exc:  # an insider's report: the checkpoint keeps the last good one
             log.warning("the threshold state partition 0's worker reported is refused: %s", exc)
+
+    def _checkpoint_updater_state(self, network: Any) -> Callable[[], np.ndarray]:
+        """At an ``epoch_state`` epoch end: the state partition 0's worker sends after the barrier,
+        waited for by the checkpoint's background writer (the network's own, the fit's start or the
+        last report's, if it does not come, with a warning); else the network's own."""
+        if self._state_reports is None:
+            return super()._checkpoint_updater_state(network)
+        controller, reports = self._state_reports
+        fallback = network.updater_state().copy()
+        epoch = int(network.epoch_count)
+
+        def wait() -> np.ndarray:
+            state = controller.updater_state_after(reports, STATE_REPORT_WAIT_S)
+            if state is None or state.size != fallback.size:
+                log.warning(
+                    "the updater state of epoch %d did not arrive: its checkpoint holds an older one", epoch
+                )
+                return fallback
+            return state.astype(fallback.dtype, copy=False)
+
+        return wait
 
     def _checkpoint_state(self, network: Any) -> dict[str, Any]:
         """Besides the data order: the threshold algorithm's state at the epoch end (without

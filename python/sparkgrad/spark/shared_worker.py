@@ -581,19 +581,31 @@ class SharedWorker:
 
     def _end_of_epoch(self, epoch: int, partition: int, minibatches: int) -> bool:
         """Report the epoch's training to the controller: EPOCH_END and its decision in a barrier job
-        (True: stop), else SYNC (the job boundary is the epoch boundary)."""
+        (True: stop), else SYNC (the job boundary is the epoch boundary). At an epoch end the job's
+        ``epoch_state`` names, partition 0's worker adds its threshold state to the report and sends its
+        updater state once the barrier let it go: the transfer, as large as the parameters or twice, then
+        overlaps the next epoch's training instead of holding every worker at the barrier."""
         fresh = partition == 0 and self._epoch_state_due(epoch)
-        self._report_updater_state(partition, fresh)
+        state = None
+        if fresh:
+            state = np.array(to_host(self.net.updater_state()), copy=True)  # the epoch end's, kept
+        else:
+            self._report_updater_state(partition)
         report: dict[str, Any] = {"partition": partition, "minibatches": minibatches}
         if self.job.progress_interval_s > 0:
             report.update(self._progress_report())
         threshold = self._threshold_state()
         if fresh and threshold is not None:
             report["threshold_state"] = threshold.to_finite_dict()
+        stop = False
         if self.job.barrier:
-            return bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
-        self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
-        return False
+            stop = bool(self._rejoining(lambda: self.conn.end_epoch(epoch, self._on_peer, report)))
+        else:
+            self._rejoining(lambda: self.conn.sync(self._on_peer, report, epoch))
+        if state is not None and state.size:
+            self.conn.send_updater_state(state, int(self.net.iteration_count))
+            self._state_reported = time.monotonic()
+        return stop
 
     def _epoch_state_due(self, epoch: int) -> bool:
         """Whether the end of ``epoch`` is one the job's ``epoch_state`` asks partition 0 to report."""
@@ -602,15 +614,14 @@ class SharedWorker:
             (epoch + 1 - self.job.snapshot.epoch) % every == 0 or epoch + 1 >= self.job.fit_end
         )
 
-    def _report_updater_state(self, partition: int, fresh: bool = False) -> None:
+    def _report_updater_state(self, partition: int) -> None:
         """The first partition's worker sends its updater state to the controller at its first epoch end
-        and then once ``updater_state_interval_ms`` has passed since its last report, and when ``fresh``
-        (an epoch end the job's ``epoch_state`` names: what a checkpoint holds): what a late or
+        and then once ``updater_state_interval_ms`` has passed since its last report: what a late or
         restarted worker starts from (a zero Adam state at a late iteration would take steps ~3x too
         large), at most that interval plus one epoch old."""
         interval_s = self.job.transport.updater_state_interval_ms / 1000
         last = self._state_reported
-        due = fresh or last is None or time.monotonic() - last >= interval_s
+        due = last is None or time.monotonic() - last >= interval_s
         if partition != 0 or not due:
             return
         state = to_host(self.net.updater_state())
@@ -659,7 +670,7 @@ class AveragingWorker(SharedWorker):
             (epoch + 1 - self.job.snapshot.epoch) % every == 0 or epoch + 1 >= self.job.fit_end
         )
 
-    def _report_updater_state(self, partition: int, fresh: bool = False) -> None:
+    def _report_updater_state(self, partition: int) -> None:
         """Nothing: the controller holds the averaged updater state already."""
 
     def _train_epoch(self, elements: PartitionStore, epoch: int, partition: int) -> None:
