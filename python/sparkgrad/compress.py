@@ -26,6 +26,7 @@ import numpy as np
 from sparkgrad import cuda
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_range
 from sparkgrad._native import _core
+from sparkgrad.device import is_gpu_array
 
 HEADER_WORDS = 4
 FLAG_SPARSE = 0
@@ -49,20 +50,20 @@ Array = Any  # numpy.ndarray or cupy.ndarray
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_device_array(arr: Any) -> bool:
-    return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
-
-
 def _without_codec(arr: Any) -> bool:
     """Whether ``arr`` is an array of a device the codecs have no kernels for: neither NumPy nor a CUDA
     array (another backend behind :class:`~sparkgrad.device.Device`, such as the tests' emulated device).
     Its data crosses to the host explicitly, through its device's ``to_host`` / ``from_host``."""
-    return not isinstance(arr, np.ndarray) and not _is_device_array(arr)
+    return not isinstance(arr, np.ndarray) and not is_gpu_array(arr)
 
 
 def _device_vector(op: str, name: str, arr: Any, writable: bool) -> tuple[int, int, np.dtype]:
     """(pointer, length, dtype) of a 1-D C-contiguous CuPy array."""
-    cai = arr.__cuda_array_interface__
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is None:  # a GPU array known only through DLPack
+        raise TypeError(
+            f"[{op}] {name}: a GPU array without __cuda_array_interface__; pass cupy.from_dlpack(it)"
+        )
     shape = tuple(cai["shape"])
     dtype = np.dtype(cai["typestr"])
     if len(shape) != 1:
@@ -139,7 +140,7 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
     limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
     _require_cuda_build(op)
@@ -167,9 +168,9 @@ def threshold_encode_into(residual: Array, threshold: float, out: Array, boundar
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
     limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
-    if _is_device_array(residual) != _is_device_array(out):
+    if is_gpu_array(residual) != is_gpu_array(out):
         raise TypeError(f"[{op}] residual and out must both be numpy arrays or both CuPy arrays")
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         if (
             not isinstance(out, np.ndarray)
             or out.ndim != 1
@@ -218,7 +219,7 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
     """
     op = "bitmap_encode"
     t = _check_threshold(op, threshold)
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         message, count = _core.bitmap_encode(residual, t)
         return message, int(count)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
@@ -229,9 +230,9 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
 
 
 def _decode(message: Array, target: Array, flag: int, op: str) -> None:
-    if _is_device_array(target) != _is_device_array(message):
+    if is_gpu_array(target) != is_gpu_array(message):
         raise TypeError(f"[{op}] message and target must both be numpy arrays or both CuPy arrays")
-    if not _is_device_array(target):
+    if not is_gpu_array(target):
         _core.decode(message, target, flag)
         return
     mptr, length = _device_message(op, message)
@@ -285,7 +286,7 @@ def decode_host_message(message: np.ndarray, target: Array) -> None:
     """
     if not isinstance(message, np.ndarray):
         raise TypeError(f"[decode] message must be a host numpy array, got {type(message).__name__}")
-    if not _is_device_array(target):
+    if not is_gpu_array(target):
         decode(message, target)
         return
     cupy = _cupy()
@@ -301,7 +302,7 @@ def decode_message_into(message: np.ndarray, scratch: Array) -> None:
         message: 1-D int32 numpy message.
         scratch: 1-D float32/float64 numpy or CuPy array of the encoded length.
     """
-    on_device = _is_device_array(scratch)
+    on_device = is_gpu_array(scratch)
     # CuPy kernels expect their array's GPU to be the current one
     with _cupy().cuda.Device(_array_gpu(scratch)) if on_device else contextlib.nullcontext():
         scratch.fill(0)
@@ -338,7 +339,7 @@ def _decode_on_device(message: np.ndarray, network: Any, scratch: Array) -> None
 
 
 def _header(op: str, message: Array) -> np.ndarray:
-    if _is_device_array(message):
+    if is_gpu_array(message):
         _device_message(op, message)
         message = _cupy().asnumpy(message[:HEADER_WORDS])
     if not isinstance(message, np.ndarray) or message.dtype != np.int32 or message.ndim != 1:
@@ -723,7 +724,7 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     def _threshold_at_target(self, residual: Array) -> float:
         """The magnitude that ``sparsity_target`` of ``residual`` reaches, within [MIN_THRESHOLD,
         initial_threshold] (initial_threshold when nothing is finite and positive there)."""
-        xp = _cupy() if _is_device_array(residual) else np
+        xp = _cupy() if is_gpu_array(residual) else np
         magnitudes = xp.abs(residual.ravel())
         k = min(magnitudes.size, max(1, math.ceil(self.sparsity_target * magnitudes.size)))
         kth = float(xp.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k])
@@ -825,7 +826,7 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
         if iteration <= 0 or iteration % self.frequency != 0:
             return
         limit = float(last_threshold) * self.threshold_multiple_clip_value
-        if not _is_device_array(residual):
+        if not is_gpu_array(residual):
             _core.clip(residual, limit)
             return
         ptr, n, dtype = _device_vector("clip", "residual", residual, writable=True)
@@ -930,7 +931,7 @@ class EncodingHandler:
     def _check_update(self, update: Any) -> bool:
         """Validates ``update`` against the handler (binding the residual's device on the first call);
         returns whether it is a device array."""
-        on_device = _is_device_array(update)
+        on_device = is_gpu_array(update)
         if on_device:
             _, n, dtype = _device_vector("encode", "update", update, writable=False)
             shape: tuple[int, ...] = (n,)
