@@ -646,8 +646,7 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
 
 # With ``start_at_target``, a message denser than this multiple of the target makes the threshold rise twice
 # as fast: the residual of the first steps grows past a threshold taken from one update, and rising 3.5% a
-# step kept bitmap-sized messages for an epoch (bench/python/bench_convergence.py: 86x fewer bytes than DDP
-# with Adam at 8 workers, against 142x with the faster rise, at the same first-epoch accuracy).
+# step kept bitmap-sized messages for an epoch (measured in docs/guides/performance.md, "Gradient sharing").
 CATCH_UP_SPARSITY = 4.0
 """With ``start_at_target``: above this multiple of the target sparsity the threshold rises twice as fast."""
 
@@ -898,8 +897,8 @@ class EncodingHandler:
             )
         self._algorithm = algorithm.clone()
         self._post = post.clone()
-        # allocated where the first update lives: a host residual made here and dropped when a GPU update
-        # binds (16 MB of float32 for 2^22 parameters) cost a GPU step 0.8 ms of zero-filling
+        # allocated where the first update lives: a host residual made here would be dropped, after being
+        # zero-filled, when a GPU update binds (docs/guides/performance.md, "Threshold encoding" under GPU)
         self._residual: Array | None = None
         self._gpu: int | None = None  # the residual's GPU once a device update bound it there
         self._bound = False
@@ -1050,9 +1049,9 @@ class EncodingHandler:
 #   Those updaters step about their learning rate per element whatever the gradient's size, so N workers'
 #   steps summed are N steps such as local training takes; with a worker's own update applied in full
 #   ("full", below) the sum needed fewer epochs than "sqrt" in every cell of the study for them (MLP,
-#   CNN, LSTM; 2 to 16 workers; Adam on Spark at 2 workers: 4 median epochs to 96%, as DDP, against 5).
-#   Summed, AdaGrad's first steps (its full learning rate on every element) and momentum's amplified
-#   steps overshoot from 8 workers on (AdaGrad 8.5 epochs at 16 workers against 3.5), so they keep "sqrt".
+#   CNN, LSTM; 2 to 16 workers; on Spark too). Summed, AdaGrad's first steps (its full learning rate on
+#   every element) and momentum's amplified steps overshoot from 8 workers on, so they keep "sqrt"
+#   (docs/guides/performance.md, "The default combination sums Adam and RmsProp").
 # - "sqrt": 1 / sqrt(workers), the square-root scaling rule of an N-times larger batch (Krizhevsky 2014;
 #   Malladi et al. 2022 for adaptive updaters). The workers' updates agree in their signal and not in
 #   their noise, so their sum grows the step N-fold and the noise sqrt(N)-fold; this keeps the noise of one
@@ -1096,9 +1095,8 @@ def update_scale(combination: str, workers: int, updaters: Iterable[Any] = ()) -
 # - "full" (default): the whole scaled update, at once; only the peers see it through the threshold. The
 #   replica runs ahead of the controller's parameters by exactly its unsent residual, which it keeps when it
 #   takes the controller's parameters (take_params). Its own steps are then never held back by its encoder,
-#   so momentum builds on the steps it took: with Nesterov momentum on Spark (2 workers, 10 seeds) the
-#   digits MLP reached 96% in 2 median epochs (DDP 3.5, "encoded" 6) and never fell after it ("encoded":
-#   by up to 6.4%).
+#   so momentum builds on the steps it took: with Nesterov momentum it needed fewer epochs than "encoded"
+#   and never fell after reaching the target (docs/guides/performance.md, "A worker's own update").
 # - "encoded": only what its message carries, as DL4J's and Strom's workers do: every replica applies the
 #   same messages, and an element of the update moves the replica by one threshold a step however large it
 #   is, a delay that momentum turns into overshoot.
@@ -1168,9 +1166,9 @@ def take_params(network: Any, params: Array, handler: EncodingHandler, own_updat
 
 # The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper). Its 3e-3
 # target needed as few or fewer epochs than 1e-3 in every cell of the convergence study (3 models, 5
-# updaters, 2 to 16 workers, on Spark too) at >100x fewer bytes than DDP, the packed wire paying for the
-# denser messages (docs/guides/performance.md); DL4J's default is AdaptiveThresholdAlgorithm() with
-# ResidualClippingPostProcessor(5.0, 5).
+# updaters, 2 to 16 workers, on Spark too), the packed wire paying for the denser messages
+# (docs/guides/performance.md, "Packed messages and the 3e-3 default"); DL4J's default is
+# AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
 DEFAULT_INITIAL_THRESHOLD = 2e-2
 """The first threshold of :func:`default_threshold_algorithm`."""
 DEFAULT_SPARSITY_TARGET = 3e-3
@@ -1183,11 +1181,9 @@ def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:
 
     Starting at the first update's target quantile is what makes the first epoch count: from the fixed
     2e-2 start the threshold needs about 100 steps to come down to the updates, so with 8 workers a digits
-    epoch (11 steps each) sent nothing and ended at 0.11 accuracy with Adam or RmsProp, against 0.66 and
-    0.85 from the first update's quantile (ParameterAveraging every 5 minibatches: 0.37 and 0.74); it costs
-    bytes in the first epoch only (at the earlier 1e-3 target, before the packed wire: 142-1150x fewer
-    than DDP's all-reduce over 10 epochs instead of 320-1600x). Measured with
-    ``bench/python/bench_convergence.py``; DL4J's start is ``start_at_target=False``."""
+    epoch (11 steps each) sent nothing; it costs bytes in the first epoch only. Measured with
+    ``bench/python/bench_convergence.py`` (the numbers: the Performance guide, "Gradient sharing: how the
+    workers' updates combine"); DL4J's start is ``start_at_target=False``."""
     return TargetSparsityThresholdAlgorithm(
         DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=True
     )
