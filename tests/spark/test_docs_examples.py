@@ -20,7 +20,8 @@ SPARK_PAGES = [p for p in pages() if p.needs_spark]
 def _check_spark_ml(namespace: dict, output: str, tmp_path) -> None:
     from sparkgrad.ml import SparkgradClassificationModel
 
-    assert namespace["accuracy"] > 0.9  # held-out digits; an untrained network scores about 0.1
+    # held-out digits, seeds 42, 1-4: 0.950-0.961 (an untrained network scores about 0.1)
+    assert namespace["accuracy"] > 0.93
     assert f"test accuracy {namespace['accuracy']:.4f}" in output
     saved = namespace["reloaded"].stages[-1]
     assert isinstance(saved, SparkgradClassificationModel)
