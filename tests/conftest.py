@@ -1,11 +1,14 @@
-"""Shared fixtures: the cpu/cuda `device` parametrisation and hypothesis profiles; SPARKGRAD_REQUIRE."""
+"""Shared fixtures: the cpu/cuda `device` parametrisation, hypothesis profiles and seed; SPARKGRAD_REQUIRE."""
 
 from __future__ import annotations
 
 import os
+import random
+import secrets
 import sys
 from pathlib import Path
 
+import hypothesis.core
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -16,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prerequisites import require_gpu, required  # noqa: E402
 
+# Not derandomized: every run explores new examples from a fresh, printed seed (see _hypothesis_seed)
+# and failing examples are kept in the example database (.hypothesis/) and replayed first next time.
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.register_profile(
     "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -54,6 +59,44 @@ def pytest_configure(config: pytest.Config) -> None:
         required()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    given = config.getoption("--hypothesis-seed")
+    try:
+        config.stash[_SEED] = secrets.randbelow(2**32) if given is None else int(given)
+    except ValueError:
+        raise pytest.UsageError(f"--hypothesis-seed must be an integer, got {given!r}") from None
+    try:
+        hypothesis.core.threadlocal._hypothesis_global_random  # noqa: B018 (what _hypothesis_seed sets)
+    except AttributeError:
+        message = "hypothesis.core has no per-thread generator: update _hypothesis_seed"
+        raise pytest.UsageError(message) from None
+
+
+# One seed per run. Each test's examples come from (seed, test id), so `--hypothesis-seed=N` replays
+# run N's examples for any selection of tests. Hypothesis's own --hypothesis-seed forces one Random(N)
+# for every test and turns the example database off; seeding its per-thread generator instead keeps it.
+_SEED = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    hypothesis.core.global_force_seed = None  # set by hypothesis's plugin from --hypothesis-seed
+
+
+@pytest.fixture(autouse=True)
+def _hypothesis_seed(request: pytest.FixtureRequest) -> None:
+    seed = request.config.stash[_SEED]
+    hypothesis.core.threadlocal._hypothesis_global_random = random.Random(f"{seed}:{request.node.nodeid}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.stash[_SEED]
+    return f"hypothesis seed {seed} (reproduce with --hypothesis-seed={seed})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if exitstatus != 0:
+        seed = config.stash[_SEED]
+        terminalreporter.write_line(f"hypothesis seed {seed}: rerun a failure with --hypothesis-seed={seed}")
 
 
 @pytest.fixture(

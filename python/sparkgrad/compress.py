@@ -26,6 +26,7 @@ import numpy as np
 from sparkgrad import cuda
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_range
 from sparkgrad._native import _core
+from sparkgrad.device import is_gpu_array
 
 HEADER_WORDS = 4
 FLAG_SPARSE = 0
@@ -49,20 +50,20 @@ Array = Any  # numpy.ndarray or cupy.ndarray
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_device_array(arr: Any) -> bool:
-    return not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
-
-
 def _without_codec(arr: Any) -> bool:
     """Whether ``arr`` is an array of a device the codecs have no kernels for: neither NumPy nor a CUDA
     array (another backend behind :class:`~sparkgrad.device.Device`, such as the tests' emulated device).
     Its data crosses to the host explicitly, through its device's ``to_host`` / ``from_host``."""
-    return not isinstance(arr, np.ndarray) and not _is_device_array(arr)
+    return not isinstance(arr, np.ndarray) and not is_gpu_array(arr)
 
 
 def _device_vector(op: str, name: str, arr: Any, writable: bool) -> tuple[int, int, np.dtype]:
     """(pointer, length, dtype) of a 1-D C-contiguous CuPy array."""
-    cai = arr.__cuda_array_interface__
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is None:  # a GPU array known only through DLPack
+        raise TypeError(
+            f"[{op}] {name}: a GPU array without __cuda_array_interface__; pass cupy.from_dlpack(it)"
+        )
     shape = tuple(cai["shape"])
     dtype = np.dtype(cai["typestr"])
     if len(shape) != 1:
@@ -139,7 +140,7 @@ def threshold_encode(residual: Array, threshold: float, boundary: int | None = N
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
     limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         return _core.threshold_encode(residual, t, limit)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
     _require_cuda_build(op)
@@ -167,9 +168,9 @@ def threshold_encode_into(residual: Array, threshold: float, out: Array, boundar
     op = "threshold_encode"
     t = _check_threshold(op, threshold)
     limit = -1 if boundary is None else check_int("boundary", boundary, minimum=0)
-    if _is_device_array(residual) != _is_device_array(out):
+    if is_gpu_array(residual) != is_gpu_array(out):
         raise TypeError(f"[{op}] residual and out must both be numpy arrays or both CuPy arrays")
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         if (
             not isinstance(out, np.ndarray)
             or out.ndim != 1
@@ -218,7 +219,7 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
     """
     op = "bitmap_encode"
     t = _check_threshold(op, threshold)
-    if not _is_device_array(residual):
+    if not is_gpu_array(residual):
         message, count = _core.bitmap_encode(residual, t)
         return message, int(count)
     ptr, n, dtype = _device_vector(op, "residual", residual, writable=True)
@@ -229,9 +230,9 @@ def bitmap_encode(residual: Array, threshold: float) -> tuple[Array, int]:
 
 
 def _decode(message: Array, target: Array, flag: int, op: str) -> None:
-    if _is_device_array(target) != _is_device_array(message):
+    if is_gpu_array(target) != is_gpu_array(message):
         raise TypeError(f"[{op}] message and target must both be numpy arrays or both CuPy arrays")
-    if not _is_device_array(target):
+    if not is_gpu_array(target):
         _core.decode(message, target, flag)
         return
     mptr, length = _device_message(op, message)
@@ -285,7 +286,7 @@ def decode_host_message(message: np.ndarray, target: Array) -> None:
     """
     if not isinstance(message, np.ndarray):
         raise TypeError(f"[decode] message must be a host numpy array, got {type(message).__name__}")
-    if not _is_device_array(target):
+    if not is_gpu_array(target):
         decode(message, target)
         return
     cupy = _cupy()
@@ -301,7 +302,7 @@ def decode_message_into(message: np.ndarray, scratch: Array) -> None:
         message: 1-D int32 numpy message.
         scratch: 1-D float32/float64 numpy or CuPy array of the encoded length.
     """
-    on_device = _is_device_array(scratch)
+    on_device = is_gpu_array(scratch)
     # CuPy kernels expect their array's GPU to be the current one
     with _cupy().cuda.Device(_array_gpu(scratch)) if on_device else contextlib.nullcontext():
         scratch.fill(0)
@@ -338,7 +339,7 @@ def _decode_on_device(message: np.ndarray, network: Any, scratch: Array) -> None
 
 
 def _header(op: str, message: Array) -> np.ndarray:
-    if _is_device_array(message):
+    if is_gpu_array(message):
         _device_message(op, message)
         message = _cupy().asnumpy(message[:HEADER_WORDS])
     if not isinstance(message, np.ndarray) or message.dtype != np.int32 or message.ndim != 1:
@@ -651,8 +652,7 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
 
 # With ``start_at_target``, a message denser than this multiple of the target makes the threshold rise twice
 # as fast: the residual of the first steps grows past a threshold taken from one update, and rising 3.5% a
-# step kept bitmap-sized messages for an epoch (bench/python/bench_convergence.py: 86x fewer bytes than DDP
-# with Adam at 8 workers, against 142x with the faster rise, at the same first-epoch accuracy).
+# step kept bitmap-sized messages for an epoch (measured in docs/guides/performance.md, "Gradient sharing").
 CATCH_UP_SPARSITY = 4.0
 """With ``start_at_target``: above this multiple of the target sparsity the threshold rises twice as fast."""
 
@@ -729,7 +729,7 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     def _threshold_at_target(self, residual: Array) -> float:
         """The magnitude that ``sparsity_target`` of ``residual`` reaches, within [MIN_THRESHOLD,
         initial_threshold] (initial_threshold when nothing is finite and positive there)."""
-        xp = _cupy() if _is_device_array(residual) else np
+        xp = _cupy() if is_gpu_array(residual) else np
         magnitudes = xp.abs(residual.ravel())
         k = min(magnitudes.size, max(1, math.ceil(self.sparsity_target * magnitudes.size)))
         kth = float(xp.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k])
@@ -831,7 +831,7 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
         if iteration <= 0 or iteration % self.frequency != 0:
             return
         limit = float(last_threshold) * self.threshold_multiple_clip_value
-        if not _is_device_array(residual):
+        if not is_gpu_array(residual):
             _core.clip(residual, limit)
             return
         ptr, n, dtype = _device_vector("clip", "residual", residual, writable=True)
@@ -903,8 +903,8 @@ class EncodingHandler:
             )
         self._algorithm = algorithm.clone()
         self._post = post.clone()
-        # allocated where the first update lives: a host residual made here and dropped when a GPU update
-        # binds (16 MB of float32 for 2^22 parameters) cost a GPU step 0.8 ms of zero-filling
+        # allocated where the first update lives: a host residual made here would be dropped, after being
+        # zero-filled, when a GPU update binds (docs/guides/performance.md, "Threshold encoding" under GPU)
         self._residual: Array | None = None
         self._gpu: int | None = None  # the residual's GPU once a device update bound it there
         self._bound = False
@@ -936,7 +936,7 @@ class EncodingHandler:
     def _check_update(self, update: Any) -> bool:
         """Validates ``update`` against the handler (binding the residual's device on the first call);
         returns whether it is a device array."""
-        on_device = _is_device_array(update)
+        on_device = is_gpu_array(update)
         if on_device:
             _, n, dtype = _device_vector("encode", "update", update, writable=False)
             shape: tuple[int, ...] = (n,)
@@ -1055,9 +1055,9 @@ class EncodingHandler:
 #   Those updaters step about their learning rate per element whatever the gradient's size, so N workers'
 #   steps summed are N steps such as local training takes; with a worker's own update applied in full
 #   ("full", below) the sum needed fewer epochs than "sqrt" in every cell of the study for them (MLP,
-#   CNN, LSTM; 2 to 16 workers; Adam on Spark at 2 workers: 4 median epochs to 96%, as DDP, against 5).
-#   Summed, AdaGrad's first steps (its full learning rate on every element) and momentum's amplified
-#   steps overshoot from 8 workers on (AdaGrad 8.5 epochs at 16 workers against 3.5), so they keep "sqrt".
+#   CNN, LSTM; 2 to 16 workers; on Spark too). Summed, AdaGrad's first steps (its full learning rate on
+#   every element) and momentum's amplified steps overshoot from 8 workers on, so they keep "sqrt"
+#   (docs/guides/performance.md, "The default combination sums Adam and RmsProp").
 # - "sqrt": 1 / sqrt(workers), the square-root scaling rule of an N-times larger batch (Krizhevsky 2014;
 #   Malladi et al. 2022 for adaptive updaters). The workers' updates agree in their signal and not in
 #   their noise, so their sum grows the step N-fold and the noise sqrt(N)-fold; this keeps the noise of one
@@ -1101,9 +1101,8 @@ def update_scale(combination: str, workers: int, updaters: Iterable[Any] = ()) -
 # - "full" (default): the whole scaled update, at once; only the peers see it through the threshold. The
 #   replica runs ahead of the controller's parameters by exactly its unsent residual, which it keeps when it
 #   takes the controller's parameters (take_params). Its own steps are then never held back by its encoder,
-#   so momentum builds on the steps it took: with Nesterov momentum on Spark (2 workers, 10 seeds) the
-#   digits MLP reached 96% in 2 median epochs (DDP 3.5, "encoded" 6) and never fell after it ("encoded":
-#   by up to 6.4%).
+#   so momentum builds on the steps it took: with Nesterov momentum it needed fewer epochs than "encoded"
+#   and never fell after reaching the target (docs/guides/performance.md, "A worker's own update").
 # - "encoded": only what its message carries, as DL4J's and Strom's workers do: every replica applies the
 #   same messages, and an element of the update moves the replica by one threshold a step however large it
 #   is, a delay that momentum turns into overshoot.
@@ -1173,9 +1172,9 @@ def take_params(network: Any, params: Array, handler: EncodingHandler, own_updat
 
 # The default threshold algorithm of gradient sharing (SharedTrainingMaster, ParallelWrapper). Its 3e-3
 # target needed as few or fewer epochs than 1e-3 in every cell of the convergence study (3 models, 5
-# updaters, 2 to 16 workers, on Spark too) at >100x fewer bytes than DDP, the packed wire paying for the
-# denser messages (docs/guides/performance.md); DL4J's default is AdaptiveThresholdAlgorithm() with
-# ResidualClippingPostProcessor(5.0, 5).
+# updaters, 2 to 16 workers, on Spark too), the packed wire paying for the denser messages
+# (docs/guides/performance.md, "Packed messages and the 3e-3 default"); DL4J's default is
+# AdaptiveThresholdAlgorithm() with ResidualClippingPostProcessor(5.0, 5).
 DEFAULT_INITIAL_THRESHOLD = 2e-2
 """The first threshold of :func:`default_threshold_algorithm`."""
 DEFAULT_SPARSITY_TARGET = 3e-3
@@ -1188,11 +1187,9 @@ def default_threshold_algorithm() -> TargetSparsityThresholdAlgorithm:
 
     Starting at the first update's target quantile is what makes the first epoch count: from the fixed
     2e-2 start the threshold needs about 100 steps to come down to the updates, so with 8 workers a digits
-    epoch (11 steps each) sent nothing and ended at 0.11 accuracy with Adam or RmsProp, against 0.66 and
-    0.85 from the first update's quantile (ParameterAveraging every 5 minibatches: 0.37 and 0.74); it costs
-    bytes in the first epoch only (at the earlier 1e-3 target, before the packed wire: 142-1150x fewer
-    than DDP's all-reduce over 10 epochs instead of 320-1600x). Measured with
-    ``bench/python/bench_convergence.py``; DL4J's start is ``start_at_target=False``."""
+    epoch (11 steps each) sent nothing; it costs bytes in the first epoch only. Measured with
+    ``bench/python/bench_convergence.py`` (the numbers: the Performance guide, "Gradient sharing: how the
+    workers' updates combine"); DL4J's start is ``start_at_target=False``."""
     return TargetSparsityThresholdAlgorithm(
         DEFAULT_INITIAL_THRESHOLD, DEFAULT_SPARSITY_TARGET, start_at_target=True
     )

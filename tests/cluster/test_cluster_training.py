@@ -204,8 +204,10 @@ def test_parameter_averaging_fit_survives_a_killed_executor(
     marker = str(tmp_path / "killed")
     faulty = fit((KillOwnExecutorOnce(marker),))
     assert os.path.exists(marker) and faulty.network.epoch_count == FAULT_EPOCHS
-    # the lost task is re-run from the same broadcast parameters on a live executor, and counted
-    assert abs(accuracy(faulty.network, digits[1]) - accuracy(clean.network, digits[1])) <= 0.01
+    # the lost task is re-run from the same broadcast parameters on a live executor, and counted; averaging
+    # sums in partition order (float64) whichever task ends first, so the fits agree exactly
+    np.testing.assert_array_equal(faulty.network.params(), clean.network.params())
+    np.testing.assert_array_equal(faulty.network.updater_state(), clean.network.updater_state())
     assert clean.training_master.last_retries == {"retried_tasks": 0, "retrained_minibatches": 0}
     retries = faulty.training_master.last_retries
     assert retries["retried_tasks"] >= 1 and retries["retrained_minibatches"] >= 1, retries

@@ -12,8 +12,11 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from doc_examples import DOCS, ROOT, pages, run_page, unexplained_skips
+
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
 
 LOCAL_PAGES = [p for p in pages() if not p.needs_spark]
 # what a user imports: each has its page in the API reference (docs/reference/*.md, `::: module`)
@@ -87,9 +90,89 @@ def test_api_reference_covers_every_public_module() -> None:
     assert sorted(f"sparkgrad.{m}" for m in top_level if f"sparkgrad.{m}" not in documented) == []
 
 
+# Accuracy bounds: each example trained with its seeds (and data seeds) replaced by 5-6 others; the
+# bound sits below the lowest of them by about the spread, so a change that costs accuracy fails.
+
+
+def _check_local_training(namespace: dict, output: str, tmp_path) -> None:
+    from sparkgrad.nn import MultiLayerNetwork
+
+    test = namespace["test"]
+    # seeds 7, 1-4: convolution 0.919-0.936, clipped 0.897-0.908, scheduled 0.933-0.947, wrapper 0.905-0.914
+    assert namespace["evaluation"].accuracy() > 0.90
+    assert namespace["clipped_net"].evaluate(test).accuracy() > 0.88
+    assert namespace["scheduled_net"].evaluate(test).accuracy() > 0.91
+    assert namespace["net"].evaluate(test).accuracy() > 0.89  # the ParallelWrapper's network
+    # 0.1 for two epochs, then 0.01; the first 20 iterations ramp linearly to it: (i + 1) / 20 of 0.1
+    assert "[0.005, 0.05, 0.1, 0.1] 0.01\n" in output
+    # saved with its updater state and counters, "so training goes on where it stopped"
+    again = namespace["again"]
+    assert again.epoch_count == 3 and again.iteration_count == 3 * len(namespace["train"].split(32))
+    assert np.any(again.updater_state() != 0)
+    reloaded = MultiLayerNetwork.load(tmp_path / "digits-cnn.zip", load_updater=False)
+    np.testing.assert_array_equal(reloaded.params(), again.params())
+    assert reloaded.updater_state() is None or not np.any(reloaded.updater_state())
+
+
+def _check_recurrent(namespace: dict, output: str, tmp_path) -> None:
+    net, x, data = namespace["net"], namespace["x"], namespace["data"]
+    # seeds 0-6 (network and data): accuracy 0.988-1.0 on the training sequences, score 0.005-0.038;
+    # untrained 0.59-0.82 (some untrained networks already separate the signs: the score tells)
+    assert net.evaluate(data).accuracy() > 0.97
+    assert net.score(data) < 0.1
+    assert net.output(x[:2], features_mask=namespace["mask"][:2]).shape == (2, 2)
+    # rnn_time_step continues from the previous call's state: 6 steps then 6 equal all 12 at once, and
+    # differ from the last 6 started afresh. 12 steps, each reducing 1 input + 8 recurrent units.
+    net.rnn_clear_previous_state()
+    whole = net.rnn_time_step(x[:2])
+    net.rnn_clear_previous_state()
+    fresh = net.rnn_time_step(x[:2, :, 6:])
+    net.rnn_clear_previous_state()
+    np.testing.assert_allclose(namespace["rest"], whole, rtol=0, atol=12 * (1 + 8) * FLOAT32_EPS)
+    assert np.abs(namespace["rest"] - fresh).max() > 1e-3
+    # merged: padded to the longest (9 steps) with zeros, the short one's last 5 steps masked
+    merged = namespace["merged"]
+    assert merged.features.shape == (2, 1, 9)
+    np.testing.assert_array_equal(merged.features_mask, [[1] * 4 + [0] * 5, [1] * 9])
+    np.testing.assert_array_equal(merged.features[0, :, 4:], 0)
+    np.testing.assert_array_equal(merged.features[0, :, :4], x[0, :, :4])
+    assert "(2, 1, 9)" in output
+    assert namespace["tag_probabilities"].shape == (64, 5, 10)
+    assert namespace["trend_probabilities"].shape == (64, 2)
+    assert "(64, 5, 10) (64, 2)" in output
+
+
+def _check_migration(namespace: dict, output: str, tmp_path) -> None:
+    from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
+
+    shared, averaging = namespace["shared"], namespace["averaging"]
+    assert (shared.batch_size_per_worker, shared.workers_per_node) == (32, 2)
+    assert (averaging.rdd_data_set_num_examples, averaging.batch_size_per_worker) == (1, 16)
+    assert averaging.averaging_frequency == 5
+    # "every configuration object is a validated dataclass that round-trips through JSON and YAML"
+    assert ParameterAveragingTrainingMaster.from_json(averaging.to_json()) == averaging
+    assert SharedTrainingMaster.from_yaml(shared.to_yaml()) == shared
+    assert ParameterAveragingTrainingMaster.from_yaml(averaging.to_yaml()) == averaging
+
+
+# page -> a check of what the page claims, given the examples' namespace, their output and the directory
+CHECKS = {
+    "docs/guides/local-training.md": _check_local_training,
+    "docs/guides/recurrent.md": _check_recurrent,
+    "docs/migration.md": _check_migration,
+}
+
+
 @pytest.mark.parametrize("page", LOCAL_PAGES, ids=[p.name for p in LOCAL_PAGES])
-def test_page_examples_run(page, tmp_path) -> None:
-    run_page(page, tmp_path)
+def test_page_examples_run(page, tmp_path, capsys) -> None:
+    namespace = run_page(page, tmp_path)
+    if any(not example.skip for example in page.examples):
+        CHECKS[page.name](namespace, capsys.readouterr().out, tmp_path)
+
+
+def test_every_page_that_runs_has_a_check() -> None:
+    runs = {p.name for p in LOCAL_PAGES if any(not example.skip for example in p.examples)}
+    assert sorted(runs ^ set(CHECKS)) == []
 
 
 def test_skipped_examples_say_why_on_the_page() -> None:

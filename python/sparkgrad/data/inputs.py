@@ -16,18 +16,15 @@ import numpy as np
 from sparkgrad._config import check_int
 from sparkgrad.data.dataset import DataSet, MultiDataSet, _Examples
 from sparkgrad.data.iterators import ListDataSetIterator, rebatch
+from sparkgrad.device import is_gpu_array
 
 # Minibatch size of array input when the caller gives none (the size Keras users expect).
 DEFAULT_ARRAY_BATCH_SIZE = 32
 
 
 def _is_array(value: Any) -> bool:
-    # numpy arrays and anything exposing the array protocols (CuPy, pandas) count as arrays
-    return (
-        isinstance(value, np.ndarray)
-        or hasattr(value, "__array__")
-        or hasattr(value, "__cuda_array_interface__")
-    )
+    # numpy arrays, anything exposing the host array protocol (pandas) and GPU arrays count as arrays
+    return isinstance(value, np.ndarray) or hasattr(value, "__array__") or is_gpu_array(value)
 
 
 def _pair_to_dataset(pair: Any, where: str) -> _Examples:

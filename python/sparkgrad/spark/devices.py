@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.device import resolve_device
+from sparkgrad.device import is_gpu_array, resolve_device
 from sparkgrad.errors import TrainingError
 
 DEVICE_ENV = "SPARKGRAD_DEVICE"
@@ -72,7 +72,7 @@ def device_index(device: str) -> int:
 
 def to_host(arr: Any) -> np.ndarray:
     """A host numpy copy of a numpy or GPU array (what a worker sends to the driver)."""
-    if not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__"):
+    if is_gpu_array(arr):
         import cupy
 
         return cupy.asnumpy(arr)

@@ -166,6 +166,22 @@ class _FakeDeviceArray:
         self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (0, False), "version": 3}
 
 
+class _DlpackOnlyGpuArray:
+    """A GPU array known only through DLPack (kDLCUDA = 2): sparkgrad.device.is_gpu_array says GPU."""
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+
+def test_codecs_name_the_conversion_for_a_dlpack_only_gpu_array() -> None:
+    # the codecs read GPU arrays through __cuda_array_interface__: not "must be a numpy array"
+    for encode in (compress.threshold_encode, compress.bitmap_encode):
+        with pytest.raises(
+            TypeError, match=r"a GPU array without __cuda_array_interface__.*cupy\.from_dlpack"
+        ):
+            encode(_DlpackOnlyGpuArray(), 0.5)
+
+
 @pytest.mark.skipif(sparkgrad.cuda_available(), reason="a GPU is available: the CUDA path runs for real")
 def test_device_arrays_need_a_cuda_build() -> None:
     with pytest.raises(RuntimeError, match=r"\[threshold_encode\] .*CUDA"):

@@ -372,6 +372,20 @@ def test_cuda_errors_say_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> Non
         devices._cuda_device.cache_clear()
 
 
+def test_gpu_arrays_are_recognised_in_one_place() -> None:
+    """Only sparkgrad.device.is_gpu_array asks whether an object is a GPU array; everything else calls it
+    (copies had drifted: some missed DLPack producers, so a GPU array read as a host one)."""
+    package = Path(devices.__file__).resolve().parent
+    probe = re.compile(r"hasattr\(\s*\w+\s*,\s*[\"']__(cuda_array_interface|dlpack_device)__")
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if probe.search(line) and path.name != "device.py"
+    ]
+    assert found == []
+
+
 def test_a_cpu_network_refuses_gpu_arrays_clearly() -> None:
     class GpuArray:  # what a network sees of a CuPy array without a GPU
         __cuda_array_interface__ = {"shape": (2, 7), "typestr": "<f4", "data": (0x10000, False), "version": 3}
