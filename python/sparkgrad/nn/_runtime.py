@@ -302,7 +302,8 @@ class EmbeddingRuntime(LayerRuntime):
         flat = x.reshape(-1)
         if flat.dtype.kind in "iu":
             return self.xp.ascontiguousarray(flat, dtype=np.int64)
-        idx = flat.astype(np.int64)
+        with np.errstate(invalid="ignore"):  # nan and huge values: caught just below
+            idx = flat.astype(np.int64)
         exact = self.xp.isfinite(flat) & (idx == flat)
         if not bool(exact.all()):
             pos = int(self.xp.argmin(exact))

@@ -42,6 +42,7 @@ from sparkgrad.nn import (
     DropoutLayer,
     DuplicateToTimeSeriesVertex,
     ElementWiseVertex,
+    EmbeddingSequenceLayer,
     GlobalPoolingLayer,
     InputType,
     L2NormalizeVertex,
@@ -177,6 +178,21 @@ def _lstm_pooled(updater: Any = None) -> MultiLayerNetwork:
     return MultiLayerNetwork(conf)
 
 
+def _embedding(updater: Any = None) -> MultiLayerNetwork:
+    # the table trains row-sparsely (its own Sgd), the rest with the network's updater
+    conf = MultiLayerConfiguration(
+        [
+            EmbeddingSequenceLayer(11, 4, has_bias=True, updater=Sgd(0.2)),
+            LSTM(3),
+            RnnOutputLayer(2),
+        ],
+        input_type=InputType.recurrent(1),
+        updater=updater or Adam(1e-2),
+        seed=17,
+    )
+    return MultiLayerNetwork(conf)
+
+
 def _graph(updater: Any = None) -> ComputationGraph:
     conf = (
         ComputationGraphConfiguration.builder(seed=16, updater=updater or Adam(1e-2), l2=1e-3)
@@ -272,6 +288,10 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             xa = rng.normal(size=(N, 5 if name == "graph" else 6)).astype(np.float32)
             xb = rng.normal(size=(N, 4 if name == "graph" else 6)).astype(np.float32)
             out.append(MultiDataSet([xa, xb], [_one_hot(rng, (N,), 3)]))
+        elif name == "embedding":
+            fmask = _lengths_mask(rng)
+            x = rng.integers(0, 11, (N, 1, T)) * fmask[:, None, :].astype(np.int64)  # padded with 0
+            out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask))
         else:  # recurrent graph
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             ctx = rng.normal(size=(N, 2)).astype(np.float32)
@@ -292,6 +312,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "graph": _graph,
     "vertex_graph": _vertex_graph,
     "recurrent_graph": _recurrent_graph,
+    "embedding": _embedding,
 }
 
 
