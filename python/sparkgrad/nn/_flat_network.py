@@ -586,6 +586,17 @@ class FlatNetwork:
         self.iteration_count += 1
         return grad, score, True
 
+    @on_device
+    def _fit_step(self, dataset: Any) -> tuple[float, bool]:
+        """One training step in place: ``apply_update(compute_update(dataset)[0])`` without the copy of
+        the update and, after a row-sparse step, subtracting only where it wrote, as ``fit`` steps;
+        parameter averaging's workers run it. Returns (score, whether the step counted: an fp16 step with a
+        non-finite gradient changes nothing)."""
+        update, score, stepped = self._compute_update(dataset)
+        if stepped:
+            self._apply_step(update)
+        return score, stepped
+
     def _apply_step(self, update: Any) -> None:
         """``apply_update`` of the update ``_compute_update`` just returned: where a row-sparse step
         wrote it only (the ranges around the tables and the tables' touched rows)."""
@@ -709,7 +720,7 @@ class FlatNetwork:
         batches = training_batches(data, labels, batch_size, epochs)
         for _ in range(epochs):
             for batch in self._training_batches(batches):
-                update, _, stepped = self._compute_update(batch)
+                update, _, stepped = self._compute_update(batch)  # as _fit_step (one frame less: warnings)
                 if not stepped:  # fp16 skipped it: no update, no iteration for the listeners
                     continue
                 self._apply_step(update)
