@@ -89,8 +89,8 @@ class _UpdaterBlock:
 
 class _RowSparseTable:
     """An embedding table whose training step touches only the rows its lookups named: no l1, l2,
-    weight decay or gradient normalization on it, and a row-sparse updater (Sgd, NoOp). ``start`` and
-    ``stop``: its range in the flat buffers."""
+    weight decay or gradient normalization on it, and a row-sparse updater (Sgd, NoOp) or
+    ``lazy_updates``. ``start`` and ``stop``: its range in the flat buffers."""
 
     def __init__(self, runtime: Any, start: int, stop: int) -> None:
         self.runtime, self.start, self.stop = runtime, start, stop
@@ -235,11 +235,11 @@ class FlatNetwork:
         """Which embedding tables train row-sparsely (``_RowSparseTable``), the flat ranges around them
         (``_dense_ranges``) and, per updater block, its ranges and tables."""
         tables = []
-        for (key, _, _), entries, rt in zip(self._units, self._layouts, self._runtimes):
+        for (key, layer, _), entries, rt in zip(self._units, self._layouts, self._runtimes):
             setting = functools.partial(self.conf.setting, key)
             if (
                 isinstance(rt, EmbeddingRuntime)
-                and setting("updater").row_sparse
+                and (setting("updater").row_sparse or layer.lazy_updates)
                 and setting("l1") == setting("l2") == setting("weight_decay") == 0
                 and setting("gradient_normalization") is GradientNormalization.NONE
             ):
@@ -562,6 +562,9 @@ class FlatNetwork:
         hyper = [block.updater.kernel_kwargs(iteration, epoch) for block in self._blocks]
         for block, values in zip(self._blocks, hyper):
             state = self._state[block.state_start : block.state_stop]
+            if sparse and block.tables and state.size:  # lazy_updates: a stateful updater, touched rows
+                self._lazy_update(block, state, iteration, epoch, values)
+                continue
             for sl in block.dense if sparse else (slice(block.start, block.stop),):
                 block.updater.apply(grad[sl], state, iteration, kernels, epoch, values)
             for table in block.tables if sparse else ():  # the touched rows; the others stay zero
@@ -585,6 +588,24 @@ class FlatNetwork:
             table.runtime.grad_clean = sparse
         self.iteration_count += 1
         return grad, score, True
+
+    def _lazy_update(self, block: _UpdaterBlock, state: Any, iteration: int, epoch: int, values: Any) -> None:
+        """The updater of ``block`` (stateful; its state laid out as consecutive blocks of one value per
+        parameter) over the block's ranges around its tables and the tables' touched rows only: those
+        entries of the gradient and of every state block are gathered, stepped and written back."""
+        xp = self._device.xp
+        parts = [xp.arange(sl.start, sl.stop) for sl in block.dense]
+        for table in block.tables:
+            width = table.runtime.conf.n_out
+            rows = table.runtime.touched
+            parts.append((table.start + rows[:, None] * width + xp.arange(width)[None, :]).reshape(-1))
+        pos = xp.concatenate(parts)
+        n = block.stop - block.start
+        state_pos = ((pos - block.start)[None, :] + n * xp.arange(state.size // n)[:, None]).reshape(-1)
+        grad, kept = self._grad[pos], state[state_pos]
+        block.updater.apply(grad, kept, iteration, self._device.kernels, epoch, values)
+        self._grad[pos] = grad
+        state[state_pos] = kept
 
     @on_device
     def _fit_step(self, dataset: Any) -> tuple[float, bool]:

@@ -759,8 +759,9 @@ class _Embedding(Layer):
     def _check_table(self) -> None:
         if self.n_in is None:
             raise ValueError("n_in: required (the number of rows of the table: indices are in [0, n_in))")
-        if not isinstance(self.has_bias, bool):
-            raise ValueError(f"has_bias: expected a bool, got {self.has_bias!r}")
+        for name in ("has_bias", "lazy_updates"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
         return _dense_specs(self.n_in, self.n_out, self.has_bias)
@@ -786,10 +787,17 @@ class EmbeddingLayer(_Embedding):
         l1: as DenseLayer. l1, l2 and weight decay act on every row: the update is then dense.
         l2: as DenseLayer.
         weight_decay: as DenseLayer.
-        updater: as DenseLayer. With Sgd (stateless) a training step's cost follows the rows the batch
-            touches, not the table's size; stateful updaters (Adam, ...) update every row as DL4J does.
+        updater: as DenseLayer. With Sgd or NoOp (stateless) a training step's cost follows the rows the
+            batch touches, not the table's size; stateful updaters (Adam, ...) update every row as DL4J
+            does, unless ``lazy_updates``.
         gradient_normalization: as DenseLayer.
         gradient_normalization_threshold: as DenseLayer.
+        lazy_updates: a stateful updater steps only the rows the batch looked up, the other rows'
+            state (Adam's moments, a velocity) frozen until their next lookup, bias corrections at the
+            network's iteration (TensorFlow's LazyAdam, PyTorch's SparseAdam). NOT DL4J's semantics, which
+            move every row every step; off by default. The table then trains row-sparsely under any
+            updater (without l1, l2, weight decay and gradient normalization); with Sgd or NoOp it
+            changes nothing.
     """
 
     n_in: int
@@ -803,6 +811,7 @@ class EmbeddingLayer(_Embedding):
     updater: Updater | None = None
     gradient_normalization: GradientNormalization | str | None = None
     gradient_normalization_threshold: float | None = None
+    lazy_updates: bool = False
 
     def __post_init__(self) -> None:
         self._check_table()
@@ -840,6 +849,7 @@ class EmbeddingSequenceLayer(_Embedding):
     updater: Updater | None = None
     gradient_normalization: GradientNormalization | str | None = None
     gradient_normalization_threshold: float | None = None
+    lazy_updates: bool = False
 
     def __post_init__(self) -> None:
         self._check_table()

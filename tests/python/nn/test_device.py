@@ -11,6 +11,7 @@ within float32 tolerance; they skip elsewhere.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import re
@@ -178,11 +179,14 @@ def _lstm_pooled(updater: Any = None) -> MultiLayerNetwork:
     return MultiLayerNetwork(conf)
 
 
-def _embedding(updater: Any = None) -> MultiLayerNetwork:
-    # the table trains row-sparsely (its own Sgd), the rest with the network's updater
+def _embedding(updater: Any = None, lazy: bool = False) -> MultiLayerNetwork:
+    # the table trains row-sparsely (its own Sgd, or lazily the network's updater), the rest with the
+    # network's updater
     conf = MultiLayerConfiguration(
         [
-            EmbeddingSequenceLayer(11, 4, has_bias=True, updater=Sgd(0.2)),
+            EmbeddingSequenceLayer(
+                11, 4, has_bias=True, updater=None if lazy else Sgd(0.2), lazy_updates=lazy
+            ),
             LSTM(3),
             RnnOutputLayer(2),
         ],
@@ -288,7 +292,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             xa = rng.normal(size=(N, 5 if name == "graph" else 6)).astype(np.float32)
             xb = rng.normal(size=(N, 4 if name == "graph" else 6)).astype(np.float32)
             out.append(MultiDataSet([xa, xb], [_one_hot(rng, (N,), 3)]))
-        elif name == "embedding":
+        elif name in ("embedding", "embedding_lazy"):
             fmask = _lengths_mask(rng)
             x = rng.integers(0, 11, (N, 1, T)) * fmask[:, None, :].astype(np.int64)  # padded with 0
             out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask))
@@ -313,6 +317,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "vertex_graph": _vertex_graph,
     "recurrent_graph": _recurrent_graph,
     "embedding": _embedding,
+    "embedding_lazy": functools.partial(_embedding, lazy=True),
 }
 
 

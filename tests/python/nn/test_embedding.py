@@ -175,7 +175,9 @@ def test_bad_index_in_a_graph_names_the_vertex():
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_configuration_round_trip(fmt):
     layers = [
-        EmbeddingSequenceLayer(1000, 16, has_bias=True, weight_init="uniform", activation="tanh", l2=1e-4),
+        EmbeddingSequenceLayer(
+            1000, 16, has_bias=True, weight_init="uniform", activation="tanh", l2=1e-4, lazy_updates=True
+        ),
         GlobalPoolingLayer("avg"),
         OutputLayer(3),
     ]
@@ -183,6 +185,7 @@ def test_configuration_round_trip(fmt):
     back = getattr(MultiLayerConfiguration, f"from_{fmt}")(getattr(conf, f"to_{fmt}")())
     assert back == conf
     assert isinstance(back.layers[0], EmbeddingSequenceLayer) and back.layers[0].has_bias
+    assert back.layers[0].lazy_updates
     conf = MultiLayerConfiguration([EmbeddingLayer(50, 4), OutputLayer(2)])
     assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
     assert conf.layer_input_types[0] == InputType.feed_forward(1)  # no input type needed
@@ -203,6 +206,7 @@ def test_parameters_and_weight_init():
         (lambda: EmbeddingLayer(0, 3), "n_in"),
         (lambda: EmbeddingLayer(5, 0), "n_out"),
         (lambda: EmbeddingLayer(5, 3, has_bias=1), "has_bias"),
+        (lambda: EmbeddingSequenceLayer(5, 3, lazy_updates="yes"), "lazy_updates: expected a bool"),
         (
             lambda: MultiLayerConfiguration([DenseLayer(4, n_in=2), EmbeddingLayer(5, 3), OutputLayer(2)]),
             r"layers\[1\] \(EmbeddingLayer\)\.position: .* must be first",
@@ -328,3 +332,39 @@ def test_graph_index_inputs_stay_integers_and_only_embeddings_read_them():
             .set_outputs("out")
             .build()
         )
+
+
+def test_lazy_updates_step_only_the_looked_up_rows_of_a_stateful_updater():
+    # Two steps of Adam: rows looked up in both, or only in the second, have the same gradient history
+    # under lazy and dense (DL4J) updates, so they match bitwise; rows looked up only in the first are
+    # moved again by the dense step (their moments) but frozen by the lazy one.
+    def net(lazy: bool) -> MultiLayerNetwork:
+        layers = [EmbeddingLayer(40, 4, has_bias=True, lazy_updates=lazy), DenseLayer(5), OutputLayer(3)]
+        return _net(layers, updater=Adam(0.05))
+
+    lazy, dense = net(True), net(False)
+    assert lazy._sparse_tables and not dense._sparse_tables
+    first = DataSet(np.array([[1], [2], [3], [2]]), np.eye(3)[[0, 1, 2, 0]])
+    second = DataSet(np.array([[2], [5], [5], [7]]), np.eye(3)[[1, 1, 2, 0]])
+    for n in (lazy, dense):
+        n.fit(first)
+    np.testing.assert_array_equal(lazy.params(), dense.params())  # zero moments: no step elsewhere
+    after_first = lazy.params().copy()
+    state_after_first = lazy.updater_state().copy()
+    for n in (lazy, dense):
+        n.fit(second)
+    table = slice(0, 160)
+    frozen = np.zeros((40, 4), dtype=bool)
+    frozen[[1, 3]] = True
+    frozen = frozen.reshape(-1)
+    lazy_w, dense_w = lazy.params()[table], dense.params()[table]
+    np.testing.assert_array_equal(lazy_w[~frozen], dense_w[~frozen])
+    np.testing.assert_array_equal(lazy_w[frozen], after_first[table][frozen])
+    assert (dense_w[frozen] != after_first[table][frozen]).all()  # DL4J's dense step moved them
+    np.testing.assert_array_equal(lazy.params()[160:], dense.params()[160:])
+    n = lazy.num_params()  # Adam's state: m then v, one block of num_params each
+    for part in (slice(0, n), slice(n, 2 * n)):
+        lazy_s, dense_s = lazy.updater_state()[part], dense.updater_state()[part]
+        np.testing.assert_array_equal(lazy_s[table][frozen], state_after_first[part][table][frozen])
+        np.testing.assert_array_equal(lazy_s[table][~frozen], dense_s[table][~frozen])
+        np.testing.assert_array_equal(lazy_s[160:], dense_s[160:])
