@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from reference import nn as ref
 
-from sparkgrad.data import DataSet
+from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.nn import (
     LSTM,
     ComputationGraph,
@@ -18,6 +18,7 @@ from sparkgrad.nn import (
     GlobalPoolingLayer,
     GraphBuilder,
     InputType,
+    MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
@@ -368,3 +369,34 @@ def test_lazy_updates_step_only_the_looked_up_rows_of_a_stateful_updater():
         np.testing.assert_array_equal(lazy_s[table][frozen], state_after_first[part][table][frozen])
         np.testing.assert_array_equal(lazy_s[table][~frozen], dense_s[table][~frozen])
         np.testing.assert_array_equal(lazy_s[160:], dense_s[160:])
+
+
+def test_graph_with_both_embedding_layers_gradient_check_and_fit():
+    conf = (
+        GraphBuilder(seed=1, updater=Sgd(0.5), dtype="float64")
+        .add_inputs("word", "words")
+        .set_input_types(InputType.feed_forward(1), InputType.recurrent(1))
+        .add_layer("emb", EmbeddingLayer(9, 3, has_bias=True), "word")
+        .add_layer("seq", EmbeddingSequenceLayer(9, 3), "words")
+        .add_layer("pool", GlobalPoolingLayer("avg"), "seq")
+        .add_vertex("merge", MergeVertex(), "emb", "pool")
+        .add_layer("out", OutputLayer(2), "merge")
+        .set_outputs("out")
+        .build()
+    )
+    graph = ComputationGraph(conf).init()
+    assert len(graph._sparse_tables) == 2
+    rng = np.random.default_rng(0)
+    mask = np.ones((5, 4))
+    mask[1, 2:] = 0
+    ds = MultiDataSet(
+        [rng.integers(0, 9, (5, 1)), rng.integers(0, 9, (5, 1, 4))],
+        [np.eye(2)[rng.integers(0, 2, 5)]],
+        features_masks=[None, mask],
+    )
+    grad, _ = graph.compute_gradient_and_score(ds)
+    numeric = ref.numerical_gradient(lambda _: graph.compute_gradient_and_score(ds)[1], graph.params())
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8)
+    before = graph.score(ds)
+    graph.fit(ds, epochs=5)
+    assert graph.score(ds) < before
