@@ -827,7 +827,13 @@ class ComputationGraph(FlatNetwork):
         kinds = [t.kind for t in self.conf.input_types]
         if "recurrent" not in kinds:
             raise ValueError("features: rnn_time_step needs a graph with a recurrent input")
-        arrays = [self._device.asarray(f, self.dtype) for f in features]
+        readers = self.conf.index_readers
+        arrays = [
+            self._device.asarray(
+                f, index_dtype(readers[name], f, self.dtype) if name in readers else self.dtype
+            )
+            for name, f in zip(self.conf.inputs, features)
+        ]
         single = len(arrays) == len(kinds) and all(
             a.ndim == 2 for a, kind in zip(arrays, kinds) if kind == "recurrent"
         )

@@ -236,7 +236,7 @@ class MultiLayerNetwork(FlatNetwork):
         self._require_init()
         if not self.conf.is_recurrent:
             raise ValueError("features: rnn_time_step needs a network with recurrent input")
-        arr = self._device.asarray(features, self.dtype)
+        arr = self._device.asarray(features, index_dtype(self.conf.layers[0], features, self.dtype))
         single = arr.ndim == 2
         x = self._features(arr[:, :, None] if single else arr)
         m = features_mask

@@ -400,3 +400,16 @@ def test_graph_with_both_embedding_layers_gradient_check_and_fit():
     before = graph.score(ds)
     graph.fit(ds, epochs=5)
     assert graph.score(ds) < before
+
+
+def test_rnn_time_step_takes_index_steps():
+    layers = [EmbeddingSequenceLayer(2**24 + 2, 2, activation="identity"), LSTM(3), RnnOutputLayer(2)]
+    net = _net(layers, InputType.recurrent(1))
+    x = np.array([[[2**24 + 1, 3, 2**24]]])
+    whole = net.output(x)
+    steps = [net.rnn_time_step(x[:, :, t]) for t in range(3)]  # (batch, 1): one index per example
+    np.testing.assert_allclose(np.stack(steps, axis=-1), whole, rtol=1e-6, atol=1e-7)
+    net.rnn_clear_previous_state()
+    table = net.params()[: (2**24 + 2) * 2].reshape(-1, 2)
+    table[2**24 + 1] = 100.0  # only the exact index reaches this row
+    assert not np.allclose(net.rnn_time_step(x[:, :, 0]), steps[0])
