@@ -102,6 +102,10 @@ SPARKGRAD_NO_CUDA_KERNEL(batchnorm_backward, const BatchNormShape&, const T*, co
                          T*, T*, T*, double)
 SPARKGRAD_NO_CUDA_KERNEL(dropout_forward, const T*, T*, T*, std::int64_t, double, std::uint64_t)
 SPARKGRAD_NO_CUDA_KERNEL(dropout_backward, const T*, const T*, T*, std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(embedding_forward, const std::int64_t*, const T*, T*, std::int64_t, std::int64_t, std::int64_t,
+                         std::int64_t*)
+SPARKGRAD_NO_CUDA_KERNEL(embedding_backward, const std::int64_t*, const T*, T*, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t*)
 SPARKGRAD_NO_CUDA_KERNEL(lstm_forward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,
                          const T*, const T*, const T*, T*, T*, T*, T*)
 SPARKGRAD_NO_CUDA_KERNEL(lstm_backward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,

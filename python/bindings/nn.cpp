@@ -174,6 +174,34 @@ void dropout_backward(py::handle dy_in, py::handle mask_in, py::handle dx_in) {
   });
 }
 
+// indices (n) int64 into the rows of w (vocab, dim); rows (n, dim) is y (forward) or dy (backward). The
+// twins check every index; an out-of-range one is a ValueError naming its position and value.
+template <bool Backward>
+void embedding_call(const char* op, py::handle indices_in, py::handle w_in, py::handle rows_in) {
+  const ArrayView indices(op, "indices", indices_in), w(op, Backward ? "dw" : "w", w_in),
+      rows(op, Backward ? "dy" : "y", rows_in);
+  const Place place = common_place(op, {&indices, &w, &rows});
+  indices.require<std::int64_t>();
+  indices.require_ndim({1}, "1-D (n)");
+  w.require_ndim({2}, "2-D (vocab, dim)");
+  dispatch_float(op, w, [&](auto tag) {
+    using T = decltype(tag);
+    w.require<T>(Backward);
+    rows.require<T>(!Backward);
+    rows.require_shape({indices.shape(0), w.shape(1)});
+    std::int64_t bad[2] = {-1, 0};
+    const std::int64_t n = indices.shape(0), vocab = w.shape(0), dim = w.shape(1);
+    if constexpr (Backward) {
+      SPARKGRAD_RUN_TWIN(place, nn, embedding_backward<T>, indices.data<std::int64_t>(), rows.data<T>(),
+                         w.mutable_data<T>(), n, vocab, dim, bad);
+    } else {
+      SPARKGRAD_RUN_TWIN(place, nn, embedding_forward<T>, indices.data<std::int64_t>(), w.data<T>(),
+                         rows.mutable_data<T>(), n, vocab, dim, bad);
+    }
+    if (bad[0] >= 0) throw_invalid(op, "index ", bad[1], " at position ", bad[0], " is outside [0, ", vocab, ")");
+  });
+}
+
 // Pooling geometry from the input (N, C, H, W) and output (N, C, P, Q) arrays; every window must overlap
 // the input so that max and average are defined.
 nn::Pool2dShape pool_shape(const char* op, const ArrayView& x, const ArrayView& y, std::int64_t kernel_h,
@@ -871,6 +899,18 @@ void init_nn(py::module_& m) {
   m.def("dropout_forward", &dropout_forward, py::arg("x"), py::arg("y"), py::arg("mask"), py::arg("retain"),
         py::arg("seed"), "Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.");
   m.def("dropout_backward", &dropout_backward, py::arg("dy"), py::arg("mask"), py::arg("dx"), "dx = dy * mask.");
+  m.def(
+      "embedding_forward",
+      [](py::handle indices, py::handle w, py::handle y) { embedding_call<false>("embedding_forward", indices, w, y); },
+      py::arg("indices"), py::arg("w"), py::arg("y"),
+      "y (n, dim) = rows of w (vocab, dim) at indices (n,) int64; ValueError for an index outside [0, vocab).");
+  m.def(
+      "embedding_backward",
+      [](py::handle indices, py::handle dy, py::handle dw) {
+        embedding_call<true>("embedding_backward", indices, dw, dy);
+      },
+      py::arg("indices"), py::arg("dy"), py::arg("dw"),
+      "dw[indices[i]] += dy[i] (accumulates; deterministic for any thread count); ValueError as embedding_forward.");
   const auto pool_args = [](const char* first, const char* second) {
     return std::make_tuple(py::arg("kind"), py::arg(first), py::arg(second), py::arg("kernel_h"), py::arg("kernel_w"),
                            py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),

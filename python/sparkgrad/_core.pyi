@@ -47,6 +47,8 @@ __all__: list[str] = [
     "decode",
     "dropout_backward",
     "dropout_forward",
+    "embedding_backward",
+    "embedding_forward",
     "elementwise_backward",
     "elementwise_forward",
     "encode_smaller",
@@ -336,6 +338,16 @@ def dropout_forward(
 ) -> None:
     """
     Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.
+    """
+
+def embedding_backward(indices: typing.Any, dy: typing.Any, dw: typing.Any) -> None:
+    """
+    dw[indices[i]] += dy[i] (accumulates; deterministic for any thread count); ValueError as embedding_forward.
+    """
+
+def embedding_forward(indices: typing.Any, w: typing.Any, y: typing.Any) -> None:
+    """
+    y (n, dim) = rows of w (vocab, dim) at indices (n,) int64; ValueError for an index outside [0, vocab).
     """
 
 def elementwise_backward(kind: str, inputs: typing.Any, dy: typing.Any, dx: typing.Any) -> None:

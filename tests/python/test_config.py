@@ -232,6 +232,8 @@ _REQUIRED = {
     "LSTM": {"n_out": 2},
     "SimpleRnn": {"n_out": 2},
     "RnnOutputLayer": {"n_out": 2},
+    "EmbeddingLayer": {"n_in": 5, "n_out": 2},
+    "EmbeddingSequenceLayer": {"n_in": 5, "n_out": 2},
 }
 _CONFIG_MODULES = ("sparkgrad.compress", "sparkgrad.nn.conf", "sparkgrad.nn.layers", "sparkgrad.nn.updaters")
 

@@ -130,6 +130,20 @@ template <typename T>
 void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
                         const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
 
+// ---- embedding lookup (cpp/src/nn/embedding.cpp) ------------------------------------------------
+// indices: (n) rows of w: (vocab, dim); y, dy: (n, dim); dw: (vocab, dim). Both kernels first check every
+// index: first_bad (2 values on the host) gets the position of the first one outside [0, vocab) and that
+// index, and then nothing is written; or {-1, 0}.
+// y[i] = w[indices[i]].
+template <typename T>
+void embedding_forward(const std::int64_t* indices, const T* w, T* y, std::int64_t n, std::int64_t vocab,
+                       std::int64_t dim, std::int64_t* first_bad);
+// dw[indices[i]] += dy[i], accumulated (rows no index names are left as they are). Every row's sum runs
+// over its positions in ascending order, whatever the thread count: the result is deterministic.
+template <typename T>
+void embedding_backward(const std::int64_t* indices, const T* dy, T* dw, std::int64_t n, std::int64_t vocab,
+                        std::int64_t dim, std::int64_t* first_bad);
+
 // ---- inverted dropout (cpp/src/nn/dropout.cpp) ----------------------------------------------------
 // x, y, mask: (size). mask[i] = 1/retain with probability retain, else 0, drawn from a counter-based
 // generator of (seed, i): the result does not depend on the thread count. y = x * mask (y may alias x).
@@ -284,6 +298,15 @@ void batchnorm_forward_inference(const BatchNormShape& g, const T* x, const T* g
 template <typename T>
 void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
                         const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
+
+// Index check in one kernel and one read-back of its result; the backward adds in ascending position
+// order per row without atomics (bit-identical to the CPU).
+template <typename T>
+void embedding_forward(const std::int64_t* indices, const T* w, T* y, std::int64_t n, std::int64_t vocab,
+                       std::int64_t dim, std::int64_t* first_bad);
+template <typename T>
+void embedding_backward(const std::int64_t* indices, const T* dy, T* dw, std::int64_t n, std::int64_t vocab,
+                        std::int64_t dim, std::int64_t* first_bad);
 
 // The same (seed, i) -> mask draw as the CPU kernel: bit-identical masks on both devices.
 template <typename T>

@@ -42,7 +42,7 @@ from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._precision import LossScaler, gemm_precision
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
-from sparkgrad.nn._runtime import InferenceFold, build_runtime, inference_folds
+from sparkgrad.nn._runtime import EmbeddingRuntime, InferenceFold, build_runtime, inference_folds
 from sparkgrad.nn.conf import BackpropType
 from sparkgrad.nn.enums import GradientNormalization
 from sparkgrad.nn.input_type import InputType
@@ -82,6 +82,30 @@ class _UpdaterBlock:
     def __init__(self, updater: Any, start: int, stop: int) -> None:
         self.updater, self.start, self.stop = updater, start, stop
         self.state_start = self.state_stop = 0
+        # with row-sparse tables inside: the ranges around them, and the tables (see _RowSparseTable)
+        self.dense: list[slice] = [slice(start, stop)]
+        self.tables: list[_RowSparseTable] = []
+
+
+class _RowSparseTable:
+    """An embedding table whose training step touches only the rows its lookups named: no l1, l2,
+    weight decay or gradient normalization on it, and a row-sparse updater (Sgd, NoOp) or
+    ``lazy_updates``. ``start`` and ``stop``: its range in the flat buffers."""
+
+    def __init__(self, runtime: Any, start: int, stop: int) -> None:
+        self.runtime, self.start, self.stop = runtime, start, stop
+
+
+def _ranges_around(start: int, stop: int, tables: list[_RowSparseTable]) -> list[slice]:
+    """The non-empty ranges of [start, stop) outside the tables' ranges (tables sorted by start)."""
+    ranges, at = [], start
+    for table in tables:
+        if table.start > at:
+            ranges.append(slice(at, table.start))
+        at = table.stop
+    if stop > at:
+        ranges.append(slice(at, stop))
+    return ranges
 
 
 class FlatNetwork:
@@ -199,10 +223,54 @@ class FlatNetwork:
                     self._weights.append((pviews[spec.name], gviews[spec.name], key))
             activation = self.conf.setting(key, "activation") if hasattr(layer, "activation") else None
             runtime = build_runtime(layer, input_type, activation, self.dtype, pviews, gviews, self._device)
+            if isinstance(runtime, EmbeddingRuntime):
+                runtime.where = key
             self._runtimes.append(runtime)
             if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
                 self._stats.append((slice(entries[2][1], entries[-1][2]), runtime))
         self._folds = inference_folds(self._units, self._runtimes, self._sole_consumers())
+        self._plan_row_sparse_step()
+
+    def _plan_row_sparse_step(self) -> None:
+        """Which embedding tables train row-sparsely (``_RowSparseTable``), the flat ranges around them
+        (``_dense_ranges``) and, per updater block, its ranges and tables."""
+        tables = []
+        for (key, layer, _), entries, rt in zip(self._units, self._layouts, self._runtimes):
+            setting = functools.partial(self.conf.setting, key)
+            if (
+                isinstance(rt, EmbeddingRuntime)
+                and (setting("updater").row_sparse or layer.lazy_updates)
+                and setting("l1") == setting("l2") == setting("weight_decay") == 0
+                and setting("gradient_normalization") is GradientNormalization.NONE
+            ):
+                _, start, stop = entries[0]  # W comes first
+                tables.append(_RowSparseTable(rt, start, stop))
+        self._sparse_tables = tables
+        self._dense_ranges = _ranges_around(0, self._n_params, tables)
+        for block in self._blocks:
+            block.tables = [t for t in tables if block.start <= t.start < block.stop]
+            block.dense = _ranges_around(block.start, block.stop, block.tables)
+
+    def _row_sparse(self) -> bool:
+        """Whether this step may touch only the looked-up rows of the row-sparse tables: each table's
+        gradient is zero outside the rows of its last backward (``touched``)."""
+        return bool(self._sparse_tables) and all(t.runtime.touched is not None for t in self._sparse_tables)
+
+    def _all_finite(self, vec: Any, sparse: bool) -> bool:
+        """Whether ``vec`` (gradient or update) is finite where this step may have written it."""
+        xp = self._device.xp
+        if not sparse:
+            return bool(xp.isfinite(vec).all())
+        parts = [vec[sl] for sl in self._dense_ranges]
+        parts += [self._table_rows(vec, t) for t in self._sparse_tables]
+        return all(bool(xp.isfinite(p).all()) for p in parts)
+
+    def _table_rows(self, vec: Any, table: _RowSparseTable) -> Any:
+        """A copy of the touched rows of ``table``'s range of ``vec``: (rows, n_out)."""
+        return self._table(vec, table)[table.runtime.touched]
+
+    def _table(self, vec: Any, table: _RowSparseTable) -> Any:
+        return vec[table.start : table.stop].reshape(-1, table.runtime.conf.n_out)
 
     def _inference_plan(self, train: bool) -> tuple[dict[Any, InferenceFold], set[Any]]:
         """(the folds a forward pass runs, keyed by their convolution's unit; the keys of the units
@@ -466,19 +534,20 @@ class FlatNetwork:
         scaler = self._step_loss_scaler()
         score = self._gradient(dataset, 1.0 if scaler is None else scaler.scale)
         grad = self._grad
-        xp, kernels = self._device.xp, self._device.kernels
+        kernels = self._device.kernels
         # Checked before the updater runs, so a bad batch leaves parameters and updater state untouched.
         # On a GPU this check and the one after the updater each read back one boolean. The score is
         # unscaled (the scale enters at the loss gradient): a non-finite one is an error at any precision.
         if not np.isfinite(score):
             self._raise_non_finite("score", score, dataset)
-        finite = bool(xp.isfinite(grad).all())
+        sparse = self._row_sparse()
+        finite = self._all_finite(grad, sparse)
         if scaler is not None:
             if not finite:  # overflow of the scaled gradient: skip the step (a zero update), back off
                 scaler.update(False)
                 grad.fill(0)
                 return grad, score, False
-            grad *= 1.0 / scaler.scale  # a power of two: exact
+            grad *= 1.0 / scaler.scale  # a power of two: exact (a dense pass: fp16 runs on GPUs)
         elif not finite:
             self._raise_non_finite("gradient", score, dataset)
         self._normalize_gradient()
@@ -492,14 +561,16 @@ class FlatNetwork:
         # every block's values first: a scheduled value out of range fails before any state changes
         hyper = [block.updater.kernel_kwargs(iteration, epoch) for block in self._blocks]
         for block, values in zip(self._blocks, hyper):
-            block.updater.apply(
-                grad[block.start : block.stop],
-                self._state[block.state_start : block.state_stop],
-                iteration,
-                kernels,
-                epoch,
-                values,
-            )
+            state = self._state[block.state_start : block.state_stop]
+            if sparse and block.tables and state.size:  # lazy_updates: a stateful updater, touched rows
+                self._lazy_update(block, state, iteration, epoch, values)
+                continue
+            for sl in block.dense if sparse else (slice(block.start, block.stop),):
+                block.updater.apply(grad[sl], state, iteration, kernels, epoch, values)
+            for table in block.tables if sparse else ():  # the touched rows; the others stay zero
+                rows = self._table_rows(grad, table)
+                block.updater.apply(rows.reshape(-1), state, iteration, kernels, epoch, values)
+                self._table(grad, table)[table.runtime.touched] = rows
         for w, g, key in self._weights:
             wd = self.conf.setting(key, "weight_decay")
             if wd > 0:
@@ -509,12 +580,56 @@ class FlatNetwork:
             c = rt.new_mean.shape[0]
             grad[sl.start : sl.start + c] = self._params[sl.start : sl.start + c] - rt.new_mean
             grad[sl.start + c : sl.stop] = self._params[sl.start + c : sl.stop] - rt.new_var
-        if not bool(xp.isfinite(grad).all()):
+        if not self._all_finite(grad, sparse):
             self._raise_non_finite("update", score, dataset)
         if scaler is not None:
             scaler.update(True)
+        for table in self._sparse_tables:  # its gradient is zero but for the touched rows, then
+            table.runtime.grad_clean = sparse
         self.iteration_count += 1
         return grad, score, True
+
+    def _lazy_update(self, block: _UpdaterBlock, state: Any, iteration: int, epoch: int, values: Any) -> None:
+        """The updater of ``block`` (stateful; its state laid out as consecutive blocks of one value per
+        parameter) over the block's ranges around its tables and the tables' touched rows only: those
+        entries of the gradient and of every state block are gathered, stepped and written back."""
+        xp = self._device.xp
+        parts = [xp.arange(sl.start, sl.stop) for sl in block.dense]
+        for table in block.tables:
+            width = table.runtime.conf.n_out
+            rows = table.runtime.touched
+            parts.append((table.start + rows[:, None] * width + xp.arange(width)[None, :]).reshape(-1))
+        pos = xp.concatenate(parts)
+        n = block.stop - block.start
+        state_pos = ((pos - block.start)[None, :] + n * xp.arange(state.size // n)[:, None]).reshape(-1)
+        grad, kept = self._grad[pos], state[state_pos]
+        block.updater.apply(grad, kept, iteration, self._device.kernels, epoch, values)
+        self._grad[pos] = grad
+        state[state_pos] = kept
+
+    @on_device
+    def _fit_step(self, dataset: Any) -> tuple[float, bool]:
+        """One training step in place: ``apply_update(compute_update(dataset)[0])`` without the copy of
+        the update and, after a row-sparse step, subtracting only where it wrote, as ``fit`` steps;
+        parameter averaging's workers run it. Returns (score, whether the step counted: an fp16 step with a
+        non-finite gradient changes nothing)."""
+        update, score, stepped = self._compute_update(dataset)
+        if stepped:
+            self._apply_step(update)
+        return score, stepped
+
+    def _apply_step(self, update: Any) -> None:
+        """``apply_update`` of the update ``_compute_update`` just returned: where a row-sparse step
+        wrote it only (the ranges around the tables and the tables' touched rows)."""
+        if not (self._sparse_tables and all(t.runtime.grad_clean for t in self._sparse_tables)):
+            self.apply_update(update)
+            return
+        params = self._params
+        for sl in self._dense_ranges:
+            params[sl] -= update[sl]
+        for table in self._sparse_tables:
+            touched = table.runtime.touched
+            self._table(params, table)[touched] -= self._table_rows(update, table)
 
     def _result(self, y: Any, given: Any) -> Any:
         """A new array holding ``y`` (an array of the device): on the device when ``given`` (the
@@ -626,10 +741,10 @@ class FlatNetwork:
         batches = training_batches(data, labels, batch_size, epochs)
         for _ in range(epochs):
             for batch in self._training_batches(batches):
-                update, _, stepped = self._compute_update(batch)
+                update, _, stepped = self._compute_update(batch)  # as _fit_step (one frame less: warnings)
                 if not stepped:  # fp16 skipped it: no update, no iteration for the listeners
                     continue
-                self.apply_update(update)
+                self._apply_step(update)
                 for listener in self.listeners:
                     listener.iteration_done(self, self.iteration_count, self.epoch_count)
             self.epoch_count += 1

@@ -282,6 +282,78 @@ class ActivationRuntime(LayerRuntime):
         return self._activation_backward(self.x, self.y, dy) if need_dx else None
 
 
+class EmbeddingRuntime(LayerRuntime):
+    """EmbeddingLayer, and EmbeddingSequenceLayer at every time step: ``z = W[index] + b``.
+
+    The weight gradient is row-sparse: a backward zeroes only the rows the previous one wrote, when the
+    network says (``grad_clean``) that nothing else wrote the table's gradient since, else the whole
+    table, then adds the batch's rows. ``touched`` holds the sorted distinct rows of the last backward.
+    ``where`` is the unit's key (layer index or vertex name), named in errors.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.where: Any = "?"
+        self.touched: Any = None
+        self.grad_clean = False
+
+    def _indices(self, x: np.ndarray) -> np.ndarray:
+        """The (N,) int64 indices of (N, 1) input: integer arrays as they are, floats that hold integers."""
+        flat = x.reshape(-1)
+        if flat.dtype.kind in "iu":
+            return self.xp.ascontiguousarray(flat, dtype=np.int64)
+        with np.errstate(invalid="ignore"):  # nan and huge values: caught just below
+            idx = flat.astype(np.int64)
+        exact = self.xp.isfinite(flat) & (idx == flat)
+        if not bool(exact.all()):
+            pos = int(self.xp.argmin(exact))
+            raise L.layer_error(
+                self.where,
+                self.conf,
+                "input",
+                f"index {float(flat[pos])!r} at position {pos} is not an integer",
+            )
+        return idx
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.idx = self._indices(x)
+        self.z = self.buf("z", (self.idx.shape[0], self.conf.n_out))
+        try:
+            self.k.embedding_forward(self.idx, self.params[L.WEIGHT], self.z)
+        except ValueError as e:  # "[embedding_forward] index 7 at position 3 is outside [0, 5)"
+            raise L.layer_error(self.where, self.conf, "input", str(e).split("] ", 1)[-1]) from None
+        if self.conf.has_bias:
+            self.k.bias_add(self.z, self.params[L.BIAS])
+        self.y = self._activate(self.z)
+        return self.y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        """Writes the table's gradient (rows outside the batch zero) and the bias's; indices have no
+        gradient, so this returns None."""
+        dz = self._activation_backward(self.z, self.y, dy)
+        gw = self.grads[L.WEIGHT]
+        if self.grad_clean and self.touched is not None:
+            gw[self.touched] = 0
+        else:
+            gw.fill(0)
+        self.k.embedding_backward(self.idx, dz, gw)
+        self.touched = self.xp.unique(self.idx)
+        self.grad_clean = False  # until the network says its step wrote no other row
+        if self.conf.has_bias:
+            self.k.bias_grad(dz, self.grads[L.BIAS])
+        return None
+
+
+def index_dtype(layer: Any, features: Any, dtype: np.dtype) -> Any:
+    """The dtype network input ``features`` takes on the device when ``layer`` reads it: for an embedding
+    layer int64 if they are integers (exact for any table) and float64 otherwise (integers exact up to
+    2**53; the layer checks that they are integers), else the network's ``dtype``."""
+    if not layer.takes_indices:
+        return dtype
+    kind = np.dtype(getattr(features, "dtype", np.float64)).kind
+    return np.int64 if kind in "iub" else np.float64
+
+
 class InferenceFold:
     """A ConvolutionLayer, the BatchNormalization that alone reads its output and, when the batch norm
     feeds only an identity or relu ActivationLayer, that activation: in inference (not training) they
@@ -345,6 +417,8 @@ _RUNTIMES = {
     L.BatchNormalization: BatchNormRuntime,
     L.DropoutLayer: DropoutRuntime,
     L.ActivationLayer: ActivationRuntime,
+    L.EmbeddingLayer: EmbeddingRuntime,
+    L.EmbeddingSequenceLayer: EmbeddingRuntime,
 }
 
 
@@ -369,4 +443,11 @@ def build_runtime(
     return OutputRuntime(conf, runtime, device) if isinstance(conf, L.OutputLayer) else runtime
 
 
-__all__ = ["InferenceFold", "OutputRuntime", "build_runtime", "inference_folds"]
+__all__ = [
+    "EmbeddingRuntime",
+    "InferenceFold",
+    "index_dtype",
+    "OutputRuntime",
+    "build_runtime",
+    "inference_folds",
+]

@@ -9,7 +9,7 @@ from typing import Any
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, check_positive, coerce_enum
 from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.input_type import InputType
-from sparkgrad.nn.layers import Layer, infer_layer, layer_error
+from sparkgrad.nn.layers import EmbeddingSequenceLayer, Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
@@ -146,6 +146,13 @@ class MultiLayerConfiguration(Config):
                 raise ValueError(f"layers[{i}]: expected a layer configuration, got {layer!r}")
             if layer.is_output and i != len(self.layers) - 1:
                 raise layer_error(i, layer, "position", "an output layer must be the last layer")
+            if layer.takes_indices and i != 0:
+                raise layer_error(
+                    i,
+                    layer,
+                    "position",
+                    "an embedding layer reads the network's index input: it must be first",
+                )
         if not self.layers[-1].is_output:
             raise layer_error(
                 len(self.layers) - 1,
@@ -164,7 +171,11 @@ class MultiLayerConfiguration(Config):
         current = self.input_type
         if current is None:
             first = self.layers[0]
-            n_in = getattr(first, "n_in", None)
+            if isinstance(first, EmbeddingSequenceLayer):
+                raise layer_error(
+                    0, first, "input", "needs input_type=InputType.recurrent(1) (index sequences)"
+                )
+            n_in = 1 if first.takes_indices else getattr(first, "n_in", None)
             if n_in is None:
                 raise layer_error(0, first, "n_in", "required when the configuration has no input_type")
             current = InputType.feed_forward(n_in)

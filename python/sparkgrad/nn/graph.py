@@ -52,6 +52,7 @@ from sparkgrad.nn._recurrent import (
     sequence_mask,
     steps_to_rows,
 )
+from sparkgrad.nn._runtime import index_dtype
 from sparkgrad.nn.conf import BackpropType, check_backprop, check_network_defaults
 from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.input_type import InputType
@@ -239,6 +240,32 @@ class ComputationGraphConfiguration(Config):
         for name in self.inputs:
             if not consumers[name]:
                 raise ValueError(f"inputs: {name!r} feeds no vertex")
+        for spec in self.vertices:
+            source = spec.inputs[0]
+            if not (spec.is_layer and spec.vertex.takes_indices):
+                continue
+            if source not in self.inputs:
+                raise L.layer_error(
+                    spec.name,
+                    spec.vertex,
+                    "inputs",
+                    f"an embedding layer reads a graph input (the indices), got vertex {source!r}",
+                )
+            others = [
+                c for c in consumers[source] if not getattr(self._specs[c].vertex, "takes_indices", False)
+            ]
+            if others:
+                raise L.layer_error(
+                    spec.name,
+                    spec.vertex,
+                    "inputs",
+                    f"input {source!r} holds indices: only embedding layers may read it, not {others}",
+                )
+
+    @property
+    def index_readers(self) -> dict[str, L.Layer]:
+        """{input name: an embedding layer reading it}: the inputs that hold indices."""
+        return {s.inputs[0]: s.vertex for s in self.vertices if s.is_layer and s.vertex.takes_indices}
 
     def _check_reachability(self) -> None:
         """Every vertex must lead to an output: a dead branch would get no gradient."""
@@ -538,7 +565,10 @@ class ComputationGraph(FlatNetwork):
         out: list[np.ndarray] = []
         for k, (name, raw, it) in enumerate(zip(names, features, self.conf.input_types)):
             where = f"features[{k}] (input {name!r})"
-            x = self._device.asarray(raw, self.dtype)
+            reader = self.conf.index_readers.get(name)
+            x = self._device.asarray(
+                raw, self.dtype if reader is None else index_dtype(reader, raw, self.dtype)
+            )
             if it.kind == "recurrent":
                 x = sequence_features(x, it, self._device, where)  # (N, T, C)
             elif it.kind == "convolutional_flat":
@@ -797,7 +827,13 @@ class ComputationGraph(FlatNetwork):
         kinds = [t.kind for t in self.conf.input_types]
         if "recurrent" not in kinds:
             raise ValueError("features: rnn_time_step needs a graph with a recurrent input")
-        arrays = [self._device.asarray(f, self.dtype) for f in features]
+        readers = self.conf.index_readers
+        arrays = [
+            self._device.asarray(
+                f, index_dtype(readers[name], f, self.dtype) if name in readers else self.dtype
+            )
+            for name, f in zip(self.conf.inputs, features)
+        ]
         single = len(arrays) == len(kinds) and all(
             a.ndim == 2 for a, kind in zip(arrays, kinds) if kind == "recurrent"
         )

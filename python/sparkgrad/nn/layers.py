@@ -127,6 +127,12 @@ class Layer(Config):
         """True when ``infer`` itself handles recurrent input types (recurrent and Rnn* layers)."""
         return self.takes_sequences
 
+    @property
+    def takes_indices(self) -> bool:
+        """True for the embedding layers: their input is the network's integer index input (never another
+        layer's activations), and they pass no gradient back to it."""
+        return False
+
     def _common_post_init(self) -> None:
         """Validation of the optional per-layer settings shared by several layer types."""
         for name, enum_cls in _ENUM_SETTINGS.items():
@@ -735,6 +741,135 @@ class RnnLossLayer(LossLayer):
         return self, InputType.recurrent(input_type.size, input_type.time_steps)
 
 
+# ---- embedding layers ------------------------------------------------------------------------------
+
+
+class _Embedding(Layer):
+    """Base of the embedding layers: a lookup table ``W`` (n_in, n_out) whose rows are the indices'
+    vectors, plus an optional bias; the gradient touches only the looked-up rows."""
+
+    n_in: int
+    n_out: int
+    has_bias: bool
+
+    @property
+    def takes_indices(self) -> bool:
+        return True
+
+    def _check_table(self) -> None:
+        if self.n_in is None:
+            raise ValueError("n_in: required (the number of rows of the table: indices are in [0, n_in))")
+        for name in ("has_bias", "lazy_updates"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return _dense_specs(self.n_in, self.n_out, self.has_bias)
+
+
+@dataclasses.dataclass
+class EmbeddingLayer(_Embedding):
+    """DL4J's EmbeddingLayer: input (batch, 1) of integer indices in [0, n_in), one per example; output
+    (batch, n_out) = ``activation(W[index] + b)``. Equivalent to a DenseLayer on one-hot input, without
+    the one-hot vectors. It must read the network's input (the first layer; a graph vertex reading a
+    graph input); an index outside [0, n_in) is a ValueError naming the layer, the index and its
+    position. Features may be integer arrays (kept exact) or floats holding integers.
+
+    Parameters: ``W`` (n_in, n_out), initialised by ``weight_init`` with fan-in n_in and fan-out n_out
+    (DL4J's), then ``b`` (n_out) when ``has_bias``.
+
+    Args:
+        n_in: the number of rows (the vocabulary size).
+        n_out: the size of each row (the embedding size).
+        activation: the network's unless set (DL4J's default is the network's too).
+        weight_init: as DenseLayer.
+        has_bias: whether the layer has a bias (DL4J's default: no).
+        l1: as DenseLayer. l1, l2 and weight decay act on every row: the update is then dense.
+        l2: as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer. With Sgd or NoOp (stateless) a training step's cost follows the rows the
+            batch touches, not the table's size; stateful updaters (Adam, ...) update every row as DL4J
+            does, unless ``lazy_updates``.
+        gradient_normalization: as DenseLayer.
+        gradient_normalization_threshold: as DenseLayer.
+        lazy_updates: a stateful updater steps only the rows the batch looked up, the other rows'
+            state (Adam's moments, a velocity) frozen until their next lookup, bias corrections at the
+            network's iteration (TensorFlow's LazyAdam, PyTorch's SparseAdam). NOT DL4J's semantics, which
+            move every row every step; off by default. The table then trains row-sparsely under any
+            updater (without l1, l2, weight decay and gradient normalization); with Sgd or NoOp it
+            changes nothing.
+    """
+
+    n_in: int
+    n_out: int
+    activation: Activation | str | None = None
+    weight_init: WeightInit | str | None = None
+    has_bias: bool = False
+    l1: float | None = None
+    l2: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+    lazy_updates: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_table()
+        self._common_post_init()
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        if input_type.kind != "feed_forward" or input_type.size != 1:
+            raise layer_error(
+                index,
+                self,
+                "input",
+                f"needs one index per example, feed_forward(1); got {input_type.describe()}",
+            )
+        return self, InputType.feed_forward(self.n_out)
+
+
+@dataclasses.dataclass
+class EmbeddingSequenceLayer(_Embedding):
+    """DL4J's EmbeddingSequenceLayer: a sequence of indices per example, input (batch, 1, time) (DL4J's
+    NCW layout; ``InputType.recurrent(1)`` or ``recurrent(1, time)``), output (batch, n_out, time) with
+    ``activation(W[index] + b)`` at every step. With a features mask (batch, time) a masked step outputs
+    zero and sends no gradient to the table (DL4J multiplies the output by the mask); its index is still
+    checked, so pad with a valid index (0). Parameters, the first-layer rule and the arguments are
+    :class:`EmbeddingLayer`'s.
+    """
+
+    n_in: int
+    n_out: int
+    activation: Activation | str | None = None
+    weight_init: WeightInit | str | None = None
+    has_bias: bool = False
+    l1: float | None = None
+    l2: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+    lazy_updates: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_table()
+        self._common_post_init()
+
+    @property
+    def recurrent_aware(self) -> bool:
+        return True  # runs at every step (the network's per-step path), its output a sequence
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        if input_type.kind != "recurrent" or input_type.size != 1 or input_type.channels:
+            raise layer_error(
+                index,
+                self,
+                "input",
+                f"needs a sequence of indices, InputType.recurrent(1); got {input_type.describe()}",
+            )
+        return self, InputType.recurrent(self.n_out, input_type.time_steps)
+
+
 __all__ = [
     "ActivationLayer",
     "BatchNormalization",
@@ -743,6 +878,8 @@ __all__ = [
     "ConvolutionLayer",
     "DenseLayer",
     "DropoutLayer",
+    "EmbeddingLayer",
+    "EmbeddingSequenceLayer",
     "GlobalPoolingLayer",
     "LSTM",
     "LastTimeStep",

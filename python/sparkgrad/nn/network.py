@@ -25,7 +25,7 @@ from sparkgrad.nn._recurrent import (
     sequence_mask,
     steps_to_rows,
 )
-from sparkgrad.nn._runtime import OutputRuntime
+from sparkgrad.nn._runtime import OutputRuntime, index_dtype
 from sparkgrad.nn.conf import MultiLayerConfiguration
 from sparkgrad.nn.input_type import InputType
 
@@ -54,9 +54,9 @@ class MultiLayerNetwork(FlatNetwork):
     def _features(self, features: Any) -> Any:
         """Features as the first layer sees them: on the device, contiguous, network dtype, NCHW;
         recurrent (N, T, C)."""
-        x = self._device.asarray(features, self.dtype)
+        x = self._device.asarray(features, index_dtype(self.conf.layers[0], features, self.dtype))
         it = self.conf.input_type
-        expected = it.shape() if it is not None else (self.conf.layers[0].n_in,)
+        expected = it.shape() if it is not None else self.conf.layer_input_types[0].shape()
         if it is not None and it.kind == "recurrent":
             return sequence_features(x, it, self._device, "features")
         if it is not None and it.kind == "convolutional_flat":
@@ -236,7 +236,7 @@ class MultiLayerNetwork(FlatNetwork):
         self._require_init()
         if not self.conf.is_recurrent:
             raise ValueError("features: rnn_time_step needs a network with recurrent input")
-        arr = self._device.asarray(features, self.dtype)
+        arr = self._device.asarray(features, index_dtype(self.conf.layers[0], features, self.dtype))
         single = arr.ndim == 2
         x = self._features(arr[:, :, None] if single else arr)
         m = features_mask

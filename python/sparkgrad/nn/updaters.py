@@ -31,6 +31,9 @@ class Updater(Config):
     # Whether the first ``n`` elements of the state are a velocity that gradient sharing zeroes where a
     # worker's message sent the parameter (DGC's momentum factor masking, FlatNetwork.mask_momentum).
     masks_momentum: ClassVar[bool] = False
+    # Whether a zero gradient entry gets a zero update and no state changes (stateless, elementwise):
+    # then an embedding table's rows that no lookup touched need no step (FlatNetwork's row-sparse step).
+    row_sparse: ClassVar[bool] = False
     learning_rate: float | Schedule
 
     def learning_rate_at(self, iteration: int = 0, epoch: int = 0) -> float:
@@ -101,6 +104,7 @@ class Sgd(Updater):
     """Plain stochastic gradient descent: ``update = learning_rate * gradient``."""
 
     kind: ClassVar[str] = "sgd"
+    row_sparse: ClassVar[bool] = True
     learning_rate: float | Schedule = 1e-3
 
     def __post_init__(self) -> None:
@@ -246,6 +250,7 @@ class NoOp(Updater):
     """Leaves parameters unchanged (update is zero); weight decay is off too."""
 
     kind: ClassVar[str] = "noop"
+    row_sparse: ClassVar[bool] = True
 
     @property
     def learning_rate(self) -> float:  # type: ignore[override]

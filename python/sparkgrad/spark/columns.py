@@ -10,6 +10,12 @@ network's input type takes (``(channels, height, width)`` for convolutional inpu
 indices (one-hot encoded here), or a Vector/array of one value per network output. A ComputationGraph
 takes part when it has one input and one output (one features column, one label column).
 
+A network whose input layer is an embedding layer takes indices: an EmbeddingLayer one integer per row
+(a number column: integer types stay exact int64; floating ones, as StringIndexer writes, must hold
+integers), an EmbeddingSequenceLayer an array of integers per row, of any length: each batch is padded
+with index 0 to its longest sequence (or the input type's fixed length) and the lengths become the
+features mask.
+
 Needs pyarrow and pyspark 4.1 or later, as the ``spark`` extra pins them (``transform`` uses
 ``arrow_udf``, new in pyspark 4.1; :mod:`sparkgrad.ml` checks the version when imported).
 """
@@ -43,6 +49,9 @@ _RECORD_EXAMPLES = 4096
 PREDICT_CHUNK = 512
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
+# what an embedding layer reading the network input takes per row (index_input)
+INDICES = "indices"
+INDEX_SEQUENCES = "index_sequences"
 
 
 def is_dataframe(value: object) -> TypeIs[DataFrame]:
@@ -70,6 +79,34 @@ def _single_io(conf: NetworkConfiguration) -> tuple[InputType | None, int]:
     return conf.input_types[0], int(conf.output_types[conf.outputs[0]].size)
 
 
+def index_input(conf: NetworkConfiguration) -> str | None:
+    """:data:`INDICES` when the network's input is an EmbeddingLayer's, :data:`INDEX_SEQUENCES` when it is
+    an EmbeddingSequenceLayer's, else None.
+
+    Raises:
+        ValueError: a graph with several inputs or outputs, or index sequences into recurrent output
+            (a column holds one label per example, not one per step).
+    """
+    from sparkgrad.nn import EmbeddingSequenceLayer, MultiLayerConfiguration
+
+    _single_io(conf)
+    if isinstance(conf, MultiLayerConfiguration):
+        layer, output = conf.layers[0], conf.output_type
+    else:
+        layer, output = conf.index_readers.get(conf.inputs[0]), conf.output_types[conf.outputs[0]]
+    if layer is None or not layer.takes_indices:
+        return None
+    if not isinstance(layer, EmbeddingSequenceLayer):
+        return INDICES
+    if output.kind == "recurrent":
+        raise ValueError(
+            f"network: index sequences in, {output.describe()} out: a label column holds one label per "
+            "example, not one per step; end the network in a feed-forward output (LastTimeStep, global "
+            "pooling) or train on an RDD of DataSets with (batch, n_out, time) labels"
+        )
+    return INDEX_SEQUENCES
+
+
 def example_shape(conf: NetworkConfiguration) -> tuple[int, ...]:
     """Shape of one example's features as a network built from ``conf`` takes them from a column.
 
@@ -78,8 +115,8 @@ def example_shape(conf: NetworkConfiguration) -> tuple[int, ...]:
             with several inputs or outputs.
     """
     it, _ = _single_io(conf)
-    if it is None:  # only a MultiLayerConfiguration has none
-        return (int(cast("MultiLayerConfiguration", conf).layers[0].n_in),)
+    if it is None:  # only a MultiLayerConfiguration has none: its first layer's n_in (1 for indices)
+        return cast("MultiLayerConfiguration", conf).layer_input_types[0].shape()
     if it.kind == "recurrent":
         raise ValueError(
             f"network: recurrent input {it.describe()} does not fit a DataFrame column of one vector per "
@@ -97,9 +134,17 @@ def output_size(conf: NetworkConfiguration) -> int:
     return _single_io(conf)[1]
 
 
-def network_output(network: Any, x: np.ndarray) -> Any:
-    """Output of a network with one output (a MultiLayerNetwork, or a graph's only output) for ``x``."""
-    out = network.output(x)
+def network_output(network: Any, x: np.ndarray, mask: np.ndarray | None = None) -> Any:
+    """Output of a network with one output (a MultiLayerNetwork, or a graph's only output) for ``x`` and
+    its features mask ``mask`` (index sequences)."""
+    from sparkgrad.nn import MultiLayerNetwork
+
+    if mask is None:
+        out = network.output(x)
+    elif isinstance(network, MultiLayerNetwork):
+        out = network.output(x, features_mask=mask)
+    else:
+        out = network.output(x, features_masks=[mask])
     return out[0] if isinstance(out, list) else out
 
 
@@ -132,8 +177,10 @@ def _spark_float(dtype: str) -> Any:
     return T.FloatType() if dtype == "float32" else T.DoubleType()
 
 
-def features_column(df: DataFrame, name: str, dtype: str, what: str) -> Column:
-    """Column ``name`` of ``df`` (a Vector or an array of numbers) as an array of ``dtype`` values.
+def features_column(df: DataFrame, name: str, dtype: str, what: str, indices: str | None = None) -> Column:
+    """Column ``name`` of ``df`` (a Vector or an array of numbers) as an array of ``dtype`` values; for
+    ``indices`` (:func:`index_input`) a number column (INDICES) or an array of numbers (INDEX_SEQUENCES),
+    as longs when integer-typed and as doubles otherwise (checked to be integers on the executors).
 
     Raises:
         ValueError: no such column.
@@ -143,6 +190,21 @@ def features_column(df: DataFrame, name: str, dtype: str, what: str) -> Column:
     from pyspark.sql import types as T
 
     data_type = _field(df, name, what).dataType
+    if indices is not None:
+        array = isinstance(data_type, T.ArrayType)
+        element = data_type.elementType if array else data_type
+        exact = T.LongType() if isinstance(element, T.IntegralType) else T.DoubleType()
+        if isinstance(element, T.NumericType) and array == (indices == INDEX_SEQUENCES):
+            return _col(name).cast(T.ArrayType(exact) if array else exact)
+        if indices == INDICES and _is_vector(data_type):
+            return vector_to_array(_col(name), "float64")
+        wanted = (
+            "an array of indices per row" if indices == INDEX_SEQUENCES else "one index (a number) per row"
+        )
+        raise TypeError(
+            f"{what}: column {name!r} has type {data_type.simpleString()}, but the network's embedding "
+            f"layer takes {wanted}"
+        )
     if _is_vector(data_type):
         return vector_to_array(_col(name), dtype)
     if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.NumericType):
@@ -216,6 +278,62 @@ def arrow_rows(column: pa.Array | pa.ChunkedArray, width: int, dtype: str, what:
     return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(column), width)
 
 
+def _index_values(values: np.ndarray, what: str) -> np.ndarray:
+    """Indices as int64: integer values as they are, floating ones only when they hold integers."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(values) & (values == np.floor(values)) & (np.abs(values) < 2.0**63))
+    if bad.any():
+        raise ValueError(f"{what}: indices must be integers, found {values[bad][:5]}")
+    return values.astype(np.int64)
+
+
+def network_features(
+    column: pa.Array | pa.ChunkedArray, conf: NetworkConfiguration, what: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A record batch's features column (as :func:`features_column` made it) as the network's input and
+    its features mask: ``(rows, *example_shape)`` values and None; for INDICES ``(rows, 1)`` int64 and
+    None; for INDEX_SEQUENCES ``(rows, 1, time)`` int64 padded with 0 to the batch's longest sequence
+    (or the input type's fixed length) and the ``(rows, time)`` mask of the lengths.
+
+    Raises:
+        ValueError: nulls, rows of another length, indices that are not integers, empty sequences or
+            sequences longer than the input type's fixed length.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = index_input(conf)
+    if kind is None:
+        shape = example_shape(conf)
+        return arrow_rows(column, math.prod(shape), conf.dtype, what).reshape(-1, *shape), None
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if kind == INDICES:
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):  # a Vector of 1 value
+            return _index_values(arrow_rows(column, 1, "float64", what), what), None
+        if column.null_count:
+            raise ValueError(f"{what}: {column.null_count} rows are null")
+        return _index_values(column.to_numpy(zero_copy_only=False), what).reshape(-1, 1), None
+    if column.null_count:
+        raise ValueError(f"{what}: {column.null_count} rows are null")
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    fixed = _single_io(conf)[0].time_steps  # type: ignore[union-attr]  # recurrent: an input type
+    if lengths.size and lengths.min() < 1:
+        raise ValueError(f"{what}: {int((lengths < 1).sum())} rows hold an empty sequence")
+    if fixed is not None and lengths.size and lengths.max() > fixed:
+        raise ValueError(f"{what}: a sequence has {lengths.max()} indices, the input type takes {fixed}")
+    values = column.flatten()
+    if values.null_count:
+        raise ValueError(f"{what}: {values.null_count} indices inside the arrays are null")
+    steps = fixed or (int(lengths.max()) if lengths.size else 1)
+    present = np.arange(steps)[None, :] < lengths[:, None]
+    x = np.zeros((len(column), steps), dtype=np.int64)
+    x[present] = _index_values(values.to_numpy(zero_copy_only=False), what)  # row by row, in order
+    return x[:, None, :], present.astype(conf.dtype)
+
+
 def label_matrix(
     column: pa.Array | pa.ChunkedArray, n_out: int, task: str, dtype: str, what: str
 ) -> np.ndarray:
@@ -276,7 +394,8 @@ def dataframe_datasets(
     Args:
         df: the training DataFrame.
         features_col: a Vector or array column of the features, ``prod(example_shape(conf))`` values
-            per row (an image's values in channels, height, width order).
+            per row (an image's values in channels, height, width order); indices for an embedding
+            input (see the module docstring).
         label_col: class indices or values (see :func:`label_matrix`), or a Vector/array column of
             one value per network output.
         conf: the network's configuration.
@@ -298,15 +417,16 @@ def dataframe_datasets(
 
     from sparkgrad.data import DataSet
 
-    shape = example_shape(conf)
-    width = math.prod(shape)
+    indices = index_input(conf)
+    if indices is None:
+        example_shape(conf)  # recurrent value input: an error naming the network
     n_out = output_size(conf)
     task = task or (CLASSIFICATION if n_out > 1 else REGRESSION)
     dtype = conf.dtype
     feature_what = f"{names[0]} {features_col!r}"
     label_what = f"{names[1]} {label_col!r}"
     selected = df.select(
-        features_column(df, features_col, dtype, names[0]).alias("features"),
+        features_column(df, features_col, dtype, names[0], indices).alias("features"),
         labels_column(df, label_col, dtype, n_out, task, names[1]).alias("labels"),
     )
 
@@ -315,8 +435,9 @@ def dataframe_datasets(
 
         def datasets() -> Iterator[DataSet]:
             for batch in batches:
-                x = arrow_rows(batch.column(0), width, dtype, feature_what).reshape(-1, *shape)
-                yield DataSet(x, label_matrix(batch.column(1), n_out, task, dtype, label_what))
+                x, mask = network_features(batch.column(0), conf, feature_what)
+                labels = label_matrix(batch.column(1), n_out, task, dtype, label_what)
+                yield DataSet(x, labels, features_mask=mask)
 
         records: list[bytes] = []
         for ds in rebatch(datasets(), examples_per_dataset):
@@ -369,8 +490,9 @@ def with_network_outputs(
     for name, _ in columns:
         if name in df.columns:
             raise ValueError(f"output column {name!r} already exists in the DataFrame")
-    shape = example_shape(conf)
-    width = math.prod(shape)
+    indices = index_input(conf)
+    if indices is None:
+        example_shape(conf)  # recurrent value input: an error naming the network
     dtype = conf.dtype
     n_out = output_size(conf)
     what = f"featuresCol {features_col!r}"
@@ -386,8 +508,13 @@ def with_network_outputs(
 
         net = network_of()
         for features in batches:
-            x = arrow_rows(features, width, dtype, what).reshape(-1, *shape)
-            chunks = [network_output(net, x[i : i + PREDICT_CHUNK]) for i in range(0, len(x), PREDICT_CHUNK)]
+            x, mask = network_features(features, conf, what)
+            chunks = [
+                network_output(
+                    net, x[i : i + PREDICT_CHUNK], None if mask is None else mask[i : i + PREDICT_CHUNK]
+                )
+                for i in range(0, len(x), PREDICT_CHUNK)
+            ]
             values = outputs(np.concatenate(chunks) if chunks else np.empty((0, n_out)))
             arrays = []
             for name, vector in columns:
@@ -410,7 +537,8 @@ def with_network_outputs(
             in_task_threads(task_threads, predict), result_type, ArrowUDFType.SCALAR_ITER
         )
     temp = f"__sparkgrad_outputs_{uuid.uuid4().hex}"
-    with_outputs = df.withColumn(temp, network_udf(features_column(df, features_col, dtype, "featuresCol")))
+    column = features_column(df, features_col, dtype, "featuresCol", indices)
+    with_outputs = df.withColumn(temp, network_udf(column))
     field = F.col(temp)
     return with_outputs.select(
         *[_col(c) for c in df.columns],
@@ -422,7 +550,8 @@ def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.n
     """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes.
 
     Returns:
-        ``(batch, single, module)``: the features ``(n, *example_shape)`` in the network's dtype,
+        ``(batch, single, module)``: the features ``(n, *example_shape)`` in the network's dtype
+            (indices in float64: ``(n, 1)``, or ``(n, 1, length)`` for index sequences),
         whether ``value`` was one example, and the linalg module (``pyspark.ml.linalg`` or
         ``pyspark.mllib.linalg``) the result should be returned in.
 
@@ -444,6 +573,9 @@ def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.n
         )
     single = isinstance(value, module.Vector)
     rows = np.atleast_2d(value.toArray())
+    indices = index_input(conf)
+    if indices is not None:  # float64: exact indices (the layer checks that they are integers)
+        return (rows if indices == INDICES else rows[:, None, :]), single, module
     shape = example_shape(conf)
     width = math.prod(shape)
     if rows.shape[1] != width:
@@ -454,14 +586,18 @@ def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.n
 
 __all__ = [
     "CLASSIFICATION",
+    "INDEX_SEQUENCES",
+    "INDICES",
     "REGRESSION",
     "dataframe_datasets",
     "example_shape",
     "features_column",
+    "index_input",
     "is_dataframe",
     "label_matrix",
     "labels_column",
     "linalg_rows",
+    "network_features",
     "network_output",
     "output_size",
     "with_network_outputs",

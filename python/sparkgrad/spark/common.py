@@ -714,8 +714,7 @@ def fit_minibatch(net: Any, ds: Any, hooks: Iterable[Any]) -> float:
     for hook in hooks:
         hook.pre_update(ds, net)
     for batch in net._training_batches([ds]):
-        update, score = net.compute_update(batch)
-        net.apply_update(update)
+        score, _ = net._fit_step(batch)  # in place: an embedding table's step stays row-sparse
     for hook in hooks:
         hook.post_update(ds, net)
     return float(score)

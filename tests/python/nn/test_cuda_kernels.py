@@ -303,6 +303,20 @@ def test_dlpack_and_buffer_objects_run_on_the_host_path() -> None:
             "eps must be >= 0",
         ),
         (
+            lambda: _core.embedding_forward(
+                np.array([0, 1]), FakeDeviceArray((5, 3)), FakeDeviceArray((2, 3))
+            ),
+            TypeError,
+            r"\[embedding_forward\] w is on a GPU but indices is a host array",
+        ),
+        (
+            lambda: _core.embedding_backward(
+                FakeDeviceArray((2,), np.int64), FakeDeviceArray((3, 3)), FakeDeviceArray((5, 3))
+            ),
+            ValueError,
+            r"\[embedding_backward\] dy must have shape \(2, 3\)",
+        ),
+        (
             lambda: _core.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), out=FakeDeviceArray((2, 5))),
             ValueError,
             "inner dimensions differ",
@@ -389,6 +403,31 @@ def test_activation_matches_cpu(cp: Any, name: str, dtype: Any) -> None:
     # backward: f'(x) comes from y (1 - y^2 cancels near |y| = 1), so the error scales with |dy| too
     row = (np.abs(dy) * np.abs(y)).sum(axis=1, keepdims=True) if name == "softmax" else 0
     _close(gdx, dx, terms, scale=np.abs(dx) + np.abs(dy) + row)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_matches_cpu(cp: Any, dtype: Any) -> None:
+    rng = np.random.default_rng(2)
+    w = _rand(rng, (50, 7), dtype)
+    indices = rng.integers(0, 50, 3000)  # many repeats per row: the summation order shows
+    dy = _rand(rng, (3000, 7), dtype)
+    y, dw = np.empty((3000, 7), dtype), np.zeros((50, 7), dtype)
+    _core.embedding_forward(indices, w, y)
+    _core.embedding_backward(indices, dy, dw)
+    gy, gdw = cp.empty((3000, 7), dtype), cp.zeros((50, 7), dtype)
+    _core.embedding_forward(cp.asarray(indices), cp.asarray(w), gy)
+    _core.embedding_backward(cp.asarray(indices), cp.asarray(dy), gdw)
+    np.testing.assert_array_equal(gy.get(), y)
+    np.testing.assert_array_equal(gdw.get(), dw)  # the CPU's sums in the CPU's order
+    bad = cp.asarray(np.array([3, 50, 7, -1]))
+    with pytest.raises(
+        ValueError, match=r"\[embedding_forward\] index 50 at position 1 is outside \[0, 50\)"
+    ):
+        _core.embedding_forward(bad, cp.asarray(w), cp.empty((4, 7), dtype))
+    with pytest.raises(ValueError, match=r"\[embedding_backward\] index 50 at position 1"):
+        _core.embedding_backward(bad, cp.empty((4, 7), dtype), gdw)
+    np.testing.assert_array_equal(gdw.get(), dw)  # nothing written
 
 
 @pytest.mark.cuda

@@ -11,6 +11,7 @@ within float32 tolerance; they skip elsewhere.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import re
@@ -42,6 +43,7 @@ from sparkgrad.nn import (
     DropoutLayer,
     DuplicateToTimeSeriesVertex,
     ElementWiseVertex,
+    EmbeddingSequenceLayer,
     GlobalPoolingLayer,
     InputType,
     L2NormalizeVertex,
@@ -177,6 +179,24 @@ def _lstm_pooled(updater: Any = None) -> MultiLayerNetwork:
     return MultiLayerNetwork(conf)
 
 
+def _embedding(updater: Any = None, lazy: bool = False) -> MultiLayerNetwork:
+    # the table trains row-sparsely (its own Sgd, or lazily the network's updater), the rest with the
+    # network's updater
+    conf = MultiLayerConfiguration(
+        [
+            EmbeddingSequenceLayer(
+                11, 4, has_bias=True, updater=None if lazy else Sgd(0.2), lazy_updates=lazy
+            ),
+            LSTM(3),
+            RnnOutputLayer(2),
+        ],
+        input_type=InputType.recurrent(1),
+        updater=updater or Adam(1e-2),
+        seed=17,
+    )
+    return MultiLayerNetwork(conf)
+
+
 def _graph(updater: Any = None) -> ComputationGraph:
     conf = (
         ComputationGraphConfiguration.builder(seed=16, updater=updater or Adam(1e-2), l2=1e-3)
@@ -272,6 +292,10 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             xa = rng.normal(size=(N, 5 if name == "graph" else 6)).astype(np.float32)
             xb = rng.normal(size=(N, 4 if name == "graph" else 6)).astype(np.float32)
             out.append(MultiDataSet([xa, xb], [_one_hot(rng, (N,), 3)]))
+        elif name in ("embedding", "embedding_lazy"):
+            fmask = _lengths_mask(rng)
+            x = rng.integers(0, 11, (N, 1, T)) * fmask[:, None, :].astype(np.int64)  # padded with 0
+            out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask))
         else:  # recurrent graph
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             ctx = rng.normal(size=(N, 2)).astype(np.float32)
@@ -292,6 +316,8 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "graph": _graph,
     "vertex_graph": _vertex_graph,
     "recurrent_graph": _recurrent_graph,
+    "embedding": _embedding,
+    "embedding_lazy": functools.partial(_embedding, lazy=True),
 }
 
 

@@ -480,6 +480,21 @@ def updater_step(
 # ---- dropout -------------------------------------------------------------------------------------
 
 
+# ---- embedding lookup ----------------------------------------------------------------------------
+
+
+def embedding_forward(indices: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return w[indices]
+
+
+def embedding_backward(indices: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> np.ndarray:
+    """``dw`` plus dW of ``y = W[indices]``: each row's positions added in order, in dy's dtype."""
+    dw = dw.copy()
+    for i, row in enumerate(indices):
+        dw[row] += dy[i]
+    return dw
+
+
 def dropout_mask(size: int, retain: float, seed: int) -> np.ndarray:
     """1/retain where the i-th splitmix64 draw of the stream at `seed` is below retain, else 0."""
     with np.errstate(over="ignore"):
