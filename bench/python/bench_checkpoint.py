@@ -64,14 +64,14 @@ def main() -> int:
         checkpoint_module.FitCheckpoints._write_files,
     )
 
-    def timed_write(self, network, record):
+    def timed_write(self, network, record, updater_state):
         start = time.perf_counter()
-        original_write(self, network, record)
+        original_write(self, network, record, updater_state)
         snapshot_s.append(time.perf_counter() - start)
 
-    def timed_files(self, stem, model, text):
+    def timed_files(self, snapshot, record):
         start = time.perf_counter()
-        original_files(self, stem, model, text)
+        original_files(self, snapshot, record)
         write_s.append(time.perf_counter() - start)
 
     checkpoint_module.FitCheckpoints.write = timed_write
