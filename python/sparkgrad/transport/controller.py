@@ -64,6 +64,7 @@ import logging
 import math
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -220,6 +221,11 @@ class Controller:
         self.updates_applied = 0
         self.workers_seen: set[int] = set()
         self._peers: dict[int, bytes] = {}
+        self._owners: dict[bytes, int] = {}  # connection -> its worker (one worker per connection)
+        # MESH: workers to take out of the tree, handled in a loop (a leave sends frames, a failed send
+        # makes another worker leave: a chain as long as the crowd that vanished, never a recursion)
+        self._leaving: deque[int] = deque()
+        self._leaving_busy = False
         self._relay_address: dict[int, str] = {}  # MESH: each worker's relay socket, "host:port"
         self._rejoin_pending: dict[int, bytes] = {}
         self._replay = Replay()
@@ -463,14 +469,13 @@ class Controller:
         status = self._send_raw(identity, frame)
         if status is None:
             return True
-        for sender in list(self._peers):
-            # _forget may send (MESH re-parenting) and drop others on the way: only those still here
-            if self._peers.get(sender) == identity:
-                self._forget(sender)
-                self.counters.drop("queue_full" if status == "full" else "gone")
-                self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
-                if status == "full":
-                    self._rejoin_pending[sender] = identity
+        sender = self._owners.get(identity)
+        if sender is not None:
+            self._forget(sender)  # MESH: may send (re-parenting), queueing more leaves, never recursing
+            self.counters.drop("queue_full" if status == "full" else "gone")
+            self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
+            if status == "full":
+                self._rejoin_pending[sender] = identity
         return False
 
     def _error_reply(self, identity: bytes, worker: int, text: str) -> None:
@@ -580,13 +585,13 @@ class Controller:
                     "a failed task or a lost executor): the rounds of a one-job parameter-averaging fit "
                     "cannot be resumed"
                 )
-            owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
-            if owner is not None:  # one worker per connection: its frames and fate are that worker's
+            owner = self._owners.get(identity)
+            if owner is not None and owner != sender:  # one worker per connection: its frames, its fate
                 text = f"HELLO from worker {sender} on the connection of worker {owner}"
                 self._reject("identity_in_use", text)
                 self._error_reply(identity, sender, text)
                 return
-            self._peers[sender] = identity
+            self._register(sender, identity)
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
             if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
@@ -688,11 +693,20 @@ class Controller:
         self._updater_state_iteration = header.iteration
         self.updater_state_reports += 1
 
+    def _register(self, sender: int, identity: bytes) -> None:
+        old = self._peers.get(sender)
+        if old is not None:  # reconnected: its old connection is no longer its
+            self._owners.pop(old, None)
+        self._peers[sender] = identity
+        self._owners[identity] = sender
+
     def _forget(self, sender: int) -> None:
         """A worker left or was dropped: no more relays to it, its pending epoch reports no longer
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
-        if self._peers.pop(sender, None) is None:
+        identity = self._peers.pop(sender, None)
+        if identity is None:
             return
+        self._owners.pop(identity, None)
         for reports in self._epoch_reports.values():
             for slot, workers in list(reports.items()):
                 workers.pop(sender, None)
@@ -736,6 +750,22 @@ class Controller:
         return self._send(identity, self._parent_frame(self._mesh.parent(sender), sender))
 
     def _mesh_leave(self, sender: int) -> None:
+        """Take a worker out of the tree. Leaves are queued and handled one after the other by the
+        outermost call: a leave sends frames, a send that fails drops its worker (:meth:`_send`) and
+        queues its leave here, so 2,000 workers vanishing at once make a loop, not a recursion."""
+        self._leaving.append(sender)
+        if self._leaving_busy:
+            return
+        self._leaving_busy = True
+        try:
+            while self._leaving:
+                node = self._leaving.popleft()
+                if self._mesh is not None and node in self._mesh:
+                    self._mesh_leave_one(node)
+        finally:
+            self._leaving_busy = False
+
+    def _mesh_leave_one(self, sender: int) -> None:
         """Remove a worker from the tree, give its parent and its children's new parents their new lists
         of children, and tell each child its new parent."""
         assert self._mesh is not None
