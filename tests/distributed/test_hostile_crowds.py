@@ -4,13 +4,21 @@ idle strangers holding connections. Fake peers are bare ZeroMQ sockets speaking 
 from __future__ import annotations
 
 import json
+import socket
 
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import FAST, SECRET, controller, sparse_message, wait_until
+from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, sparse_message, wait_until
 
-from sparkgrad.transport import FrameKey, MessageType, ZmqTransportConfiguration, decode_frame, encode_frame
+from sparkgrad.transport import (
+    FrameKey,
+    MessageType,
+    WorkerConnection,
+    ZmqTransportConfiguration,
+    decode_frame,
+    encode_frame,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -18,9 +26,10 @@ KEY = FrameKey(SECRET)
 CROWD = 2000
 
 
-def _dealer(ctx: zmq.Context, port: int) -> zmq.Socket:
+def _dealer(ctx: zmq.Context, port: int, reconnect_ms: int = 100) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, reconnect_ms)
     sock.connect(f"tcp://127.0.0.1:{port}")
     return sock
 
@@ -92,4 +101,53 @@ def test_two_thousand_mesh_workers_vanishing_at_once_do_not_kill_the_controller(
         finally:
             for sock in survivors + crowd:
                 sock.close()
+            ctx.term()
+
+
+def test_two_thousand_idle_strangers_do_not_lock_an_honest_worker_out(free_port: int) -> None:
+    """A stranger without the key held max_connections (1024) idle connections and every honest HELLO
+    then went unanswered. Connections that do not authenticate are now bounded: one address holds at most
+    max_unauthenticated_per_address of them, past max_connections the oldest is closed to make room, and
+    none outlives connect_timeout_ms. 1,000 idle ZeroMQ peers and 1,000 bare TCP connections (no
+    greeting at all), all from 127.0.0.1 like the honest worker: it joins within its timeout."""
+    job = 0x3702
+    config = ZmqTransportConfiguration(connect_timeout_ms=5000, sync_timeout_ms=5000, poll_interval_ms=10)
+    assert config.max_connections == 1024 and config.max_unauthenticated_per_address == 32
+    with controller(np.zeros(4, np.float32), job, free_port, config=config) as ctl:
+        ctx = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, 2 * CROWD)
+        idle: list[zmq.Socket] = []
+        bare: list[socket.socket] = []
+        worker = None
+        try:
+            for _ in range(CROWD // 2):
+                # idle: a stranger that reconnects as fast as it is closed floods instead (security guide)
+                idle.append(_dealer(ctx, free_port, reconnect_ms=600_000))
+                bare.append(socket.create_connection(("127.0.0.1", free_port)))
+            assert wait_until(lambda: ctl._connections.accepted >= CROWD, timeout_s=60)
+            assert ctl._connections.unauthenticated <= config.max_unauthenticated_per_address
+            worker = WorkerConnection(
+                "127.0.0.1", free_port, job, 1, SECRET, 4, config, controller_key=CONTROLLER_KEY
+            )
+            params, _, _ = worker.hello({})  # raises TransportError if no answer within 5 s
+            assert params is not None and ctl.workers_seen == {1}
+            # the strangers' connections are closed, counted; the honest one stays
+            assert wait_until(lambda: ctl._connections.unauthenticated == 0, timeout_s=30)
+            assert wait_until(lambda: ctl._connections.live == 1, timeout_s=30)
+            dropped = ctl.counters.dropped_reasons
+            assert dropped.get("address_limit", 0) >= CROWD - 2 * config.max_unauthenticated_per_address
+            assert (
+                sum(dropped.get(r, 0) for r in ("address_limit", "auth_timeout", "connection_limit")) >= CROWD
+            )
+            bare[-1].settimeout(10)
+            while bare[-1].recv(64):  # the ZMTP greeting, then the end: the controller closed it
+                pass
+            assert ctl.error is None
+        finally:
+            if worker is not None:
+                worker.close()
+            for sock in idle:
+                sock.close()
+            for raw in bare:
+                raw.close()
             ctx.term()

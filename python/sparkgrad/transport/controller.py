@@ -36,8 +36,12 @@ are lost like skipped steps.
 
 Resource limits (:mod:`.limits`): each connection queues at most ``max_queued_bytes`` each way (a
 send queue that fills drops its worker: ``queue_full`` in ``TrafficCounters.dropped_reasons``, next to
-``gone`` and ``silent_parent``), and at most ``max_connections`` connections are live at once: one more
-is refused at its handshake, before any of its frames is read (``connection_limit``).
+``gone`` and ``silent_parent``), and at most ``max_connections`` connections are live at once. A
+connection on which no authenticated frame arrives within ``connect_timeout_ms`` is closed
+(``auth_timeout``), one host holds at most ``max_unauthenticated_per_address`` such connections
+(``address_limit``), and past ``max_connections`` the oldest of them is closed to make room; only when
+every connection is authenticated is one more refused at its handshake (``connection_limit``).
+:class:`~sparkgrad.transport.limits.ConnectionLimit` has the details.
 
 Update sanity: an UPDATE whose threshold fails the fit's bound
 (:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``) is counted and never
@@ -262,7 +266,13 @@ class Controller:
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._connections = ConnectionLimit(
-            self._ctx, self._sock, self._config.max_connections, self.counters, self._log
+            self._ctx,
+            self._sock,
+            self._config.max_connections,
+            self.counters,
+            self._log,
+            timeout_ms=self._config.connect_timeout_ms,
+            per_address=self._config.max_unauthenticated_per_address,
         )
         try:
             if port == 0:  # a free port, which the workers learn from the job
@@ -377,6 +387,7 @@ class Controller:
                     self._connections.handle()
                 if self._sock in ready:
                     self._receive_all()
+                self._connections.sweep()
                 self._retry_rejoin_notices()
             for worker, identity in list(self._peers.items()):
                 self._send(identity, self._control_frame(MessageType.BYE, worker))
@@ -393,14 +404,14 @@ class Controller:
     def _receive_all(self) -> None:
         while True:
             try:
-                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(parts) != 2:  # a DEALER always sends one part; anything else is a stranger
                 self.counters.messages_received += 1
-                self._reject("malformed", f"{len(parts) - 1}-part message from {parts[0].hex()}")
+                self._reject("malformed", f"{len(parts) - 1}-part message from {parts[0].bytes.hex()}")
                 continue
-            self._handle(parts[0], parts[1])
+            self._handle(parts[0].bytes, parts[1].bytes, parts[1].get(zmq.SRCFD))
 
     def _notify_failure(self, exc: BaseException) -> None:
         """Best effort: tell every worker why the controller stopped, so no worker waits for a timeout."""
@@ -546,7 +557,7 @@ class Controller:
             return max_averaging_bytes(self._average_size) if self._averaging else 0
         return CONTROL_PAYLOAD_LIMIT
 
-    def _handle(self, identity: bytes, frame: bytes) -> None:
+    def _handle(self, identity: bytes, frame: bytes, fd: int) -> None:
         self.counters.bytes_received += len(frame)
         self.counters.messages_received += 1
         try:
@@ -554,6 +565,7 @@ class Controller:
         except FrameRejected as exc:  # not authenticated (or a replay): no reply at all
             self._reject(exc.reason, str(exc))
             return
+        self._connections.authenticate(fd)  # its tag is valid: the connection is no stranger's
         kind, sender = header.message_type, header.sender
         if kind != MessageType.HELLO and self._peers.get(sender) != identity:
             # not registered (dropped, reconnected, or a copy of a worker's frame from another

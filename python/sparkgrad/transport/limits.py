@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -65,9 +66,16 @@ class ZmqTransportConfiguration(Config):
             can make a socket buffer high_water_mark x the largest frame (about 40 GB at 10M
             parameters) either way. A full receive queue makes ZeroMQ stop reading that connection; a
             full send queue drops the peer (``queue_full``, see the controller and the relay).
-        max_connections: the most connections the controller keeps at once (>= 1); one more is
-            refused at its handshake and counted (``connection_limit``). With max_queued_bytes this
-            bounds what all connections together may make the controller queue.
+        max_connections: the most connections the controller keeps at once (>= 1). Past it, the
+            oldest connection that has not authenticated (sent a frame with a valid tag) is closed to
+            make room; only when all are authenticated is one more refused at its handshake (both
+            counted ``connection_limit``). With max_queued_bytes this bounds what all connections
+            together may make the controller queue. A connection that does not authenticate within
+            ``connect_timeout_ms`` is closed (``auth_timeout``).
+        max_unauthenticated_per_address: the most connections one peer address may hold at the
+            controller before they authenticate (>= 1); one more closes that address's oldest
+            (``address_limit``). Authenticated connections do not count, so many workers on one host
+            (or on 127.0.0.1) are never refused for it.
     """
 
     connect_timeout_ms: int = 15000
@@ -80,6 +88,7 @@ class ZmqTransportConfiguration(Config):
     mesh_catchup_ms: int = 5000
     max_queued_bytes: int = 256 << 20
     max_connections: int = 1024
+    max_unauthenticated_per_address: int = 32
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -92,6 +101,7 @@ class ZmqTransportConfiguration(Config):
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
         check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
         check_int("max_connections", self.max_connections, minimum=1)
+        check_int("max_unauthenticated_per_address", self.max_unauthenticated_per_address, minimum=1)
 
 
 def bounded_socket(
@@ -173,7 +183,8 @@ class TrafficCounters:
 
     def drop(self, reason: str) -> None:
         """Count one dropped or refused peer: ``queue_full`` (its send queue is full: it does not read),
-        ``gone``, ``silent_parent`` (a MESH child reported it) or ``connection_limit``."""
+        ``gone``, ``silent_parent`` (a MESH child reported it), ``connection_limit``, ``address_limit`` or
+        ``auth_timeout`` (:class:`ConnectionLimit`)."""
         self.peers_dropped += 1
         self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
 
@@ -221,21 +232,61 @@ class RateLimitedLog:
             self.suppressed = 0
 
 
-class ConnectionLimit:
-    """Refuses a connection to ``sock`` beyond ``limit`` live ones, at its handshake.
+@dataclass
+class _Connection:
+    """One accepted connection of a listening socket (by its file descriptor)."""
 
-    Every handshake on the socket asks this object (a ZAP handler: the NULL mechanism consults ZAP once
-    the socket has a ZAP domain); it answers 400 while more than ``limit`` connections are live. Live
-    connections are counted from the socket's monitor: libzmq reports each accepted connection before
-    its handshake and its end exactly once (a refused one included), and the event pipe is unbounded so
-    no event is lost. The owner polls :attr:`sockets` and calls :meth:`handle` with the ready ones.
+    since: float  # monotonic time it was accepted
+    peer: tuple | None  # (address, port, ...) from getpeername; None if it was gone before we asked
+
+    @property
+    def address(self) -> str:
+        return "?" if self.peer is None else str(self.peer[0])
+
+
+def _peer_of(fd: int) -> tuple | None:
+    """getpeername of a file descriptor libzmq owns (wrapped, never closed here)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+
+
+class ConnectionLimit:
+    """Bounds the connections to ``sock``: how many, how long without authenticating, how many per host.
+
+    Live connections are tracked by file descriptor from the socket's monitor: libzmq reports each
+    accepted connection before its handshake and its end exactly once (a refused one included), and the
+    event pipe is unbounded so no event is lost. A connection counts as *authenticated* once a frame with
+    a valid tag arrived on it (the owner calls :meth:`authenticate` with the frame's ``zmq.SRCFD``).
+    Unauthenticated connections are what a stranger without the key can hold, so they are bounded three
+    ways (issue 37): one that has not authenticated ``timeout_ms`` after it was accepted is shut down
+    (``auth_timeout``); when a host holds more than ``per_address`` of them its oldest is shut down
+    (``address_limit``); and when more than ``limit`` connections are live, the oldest unauthenticated
+    one is shut down to make room (``connection_limit``), so strangers can never lock authenticated
+    workers out. Both are judged as each connection is accepted. Only when every other connection is
+    authenticated is a new one refused at its handshake (a ZAP handler: the NULL mechanism consults ZAP
+    once the socket has a ZAP domain; counted ``connection_limit`` too). A connection is shut down with
+    ``shutdown(2)`` on its descriptor after checking that the descriptor still has the peer it was
+    accepted from; libzmq then sees the end of the stream, closes it and reports it. The owner polls
+    :attr:`sockets`, calls :meth:`handle` with the ready ones and :meth:`sweep` on every turn of its
+    loop.
 
     Args:
         ctx: the socket's context (one ZAP handler per context).
         sock: the listening socket, before it binds.
         limit: the most live connections.
-        counters: where a refused connection is counted (``connection_limit``).
+        counters: where a refused or closed connection is counted.
         log: where a refusal is reported.
+        timeout_ms: how long a connection may stay unauthenticated.
+        per_address: the most unauthenticated connections one peer address may hold.
+        clock: monotonic clock in seconds.
     """
 
     def __init__(
@@ -245,9 +296,18 @@ class ConnectionLimit:
         limit: int,
         counters: TrafficCounters,
         log: RateLimitedLog,
+        timeout_ms: int,
+        per_address: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit, self._counters, self._log = limit, counters, log
-        self.live = 0
+        self._timeout_s, self._per_address, self._clock = timeout_ms / 1000, per_address, clock
+        self._conns: dict[int, _Connection] = {}  # by descriptor
+        # the unauthenticated ones not being shut down, in the order they were accepted, and by address
+        self._strangers: dict[int, _Connection] = {}
+        self._by_address: dict[str, dict[int, _Connection]] = {}
+        self._closing: set[int] = set()  # shut down by us, their end not reported yet
+        self.accepted = 0  # connections accepted so far
         self._zap = ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind("inproc://zeromq.zap.01")
@@ -265,27 +325,95 @@ class ConnectionLimit:
         """The sockets to poll for input."""
         return self._events, self._zap
 
+    @property
+    def live(self) -> int:
+        """Connections open and not being shut down by us."""
+        return len(self._conns) - len(self._closing)
+
+    @property
+    def unauthenticated(self) -> int:
+        """Live connections on which no authenticated frame arrived yet."""
+        return len(self._strangers)
+
+    def authenticate(self, fd: int) -> None:
+        """A frame with a valid tag arrived on the connection of descriptor ``fd``."""
+        if fd not in self._conns:  # accepted after the events were last read
+            self._count_events()
+        self._unlist(fd)
+
     def handle(self) -> None:
-        """Count the connection events that arrived, then judge every pending handshake."""
+        """Read the connection events that arrived, then judge every pending handshake."""
         self._count_events()
         while self._zap.poll(0):
             request = self._zap.recv_multipart()
             self._count_events()  # its connection was accepted before its handshake asked
-            version, request_id, address = request[0], request[1], request[3]
+            version, request_id, address = request[0], request[1], request[3].decode(errors="replace")
             if self.live > self._limit:
                 self._counters.drop("connection_limit")
                 self._log.warning(
-                    f"refused a connection from {address.decode(errors='replace')}: "
-                    f"{self.live - 1} connections are open (max_connections {self._limit})"
+                    f"refused a connection from {address}: {self.live - 1} authenticated connections are "
+                    f"open (max_connections {self._limit})"
                 )
                 self._zap.send_multipart([version, request_id, b"400", b"too many connections", b"", b""])
             else:
                 self._zap.send_multipart([version, request_id, b"200", b"OK", b"", b""])
 
+    def sweep(self) -> None:
+        """Shut down every connection that did not authenticate within the timeout."""
+        deadline = self._clock() - self._timeout_s
+        while self._strangers:
+            fd, conn = next(iter(self._strangers.items()))
+            if conn.since > deadline:
+                return  # accepted in order: the rest are younger
+            self._close(fd, "auth_timeout")
+
+    def _close(self, fd: int, reason: str) -> None:
+        """Shut down an unauthenticated connection (it stays counted until libzmq reports its end)."""
+        conn = self._unlist(fd)
+        assert conn is not None  # only listed strangers are closed
+        self._closing.add(fd)
+        self._counters.drop(reason)
+        self._log.warning(f"closed an unauthenticated connection from {conn.address} ({reason})")
+        if conn.peer is None or _peer_of(fd) != conn.peer:
+            return  # gone already (its end is on its way), or the descriptor is another connection's now
+        wrapped = socket.socket(fileno=fd)
+        try:
+            wrapped.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            wrapped.detach()
+
     def _count_events(self) -> None:
         while self._events.poll(0):
-            event = parse_monitor_message(self._events.recv_multipart())["event"]
-            self.live += 1 if event == zmq.EVENT_ACCEPTED else -1
+            message = parse_monitor_message(self._events.recv_multipart())
+            fd = message["value"]
+            self._forget(fd)  # a descriptor's end comes before its reuse; an accept replaces nothing
+            if message["event"] == zmq.EVENT_ACCEPTED:
+                self.accepted += 1
+                conn = _Connection(self._clock(), _peer_of(fd))
+                self._conns[fd] = self._strangers[fd] = conn
+                waiting = self._by_address.setdefault(conn.address, {})
+                waiting[fd] = conn
+                if len(waiting) > self._per_address:  # the oldest goes, not the one just accepted
+                    self._close(next(iter(waiting)), "address_limit")
+                if self.live > self._limit and len(self._strangers) > 1:
+                    self._close(next(iter(self._strangers)), "connection_limit")
+
+    def _forget(self, fd: int) -> None:
+        self._unlist(fd)
+        self._conns.pop(fd, None)
+        self._closing.discard(fd)
+
+    def _unlist(self, fd: int) -> _Connection | None:
+        """Take a connection off the unauthenticated lists (it authenticated, or it ends)."""
+        conn = self._strangers.pop(fd, None)
+        if conn is not None:
+            waiting = self._by_address[conn.address]
+            del waiting[fd]
+            if not waiting:
+                del self._by_address[conn.address]
+        return conn
 
     def close(self) -> None:
         """Stop monitoring and close the handler's sockets (before the socket itself)."""
