@@ -19,6 +19,7 @@ import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
     FAST,
+    REFERENCE,
     SECRET,
     controller,
     raw_dealer,
@@ -78,6 +79,7 @@ def test_a_second_worker_id_on_a_connection_is_refused_and_a_disconnect_cannot_k
             relay_host="127.0.0.1",
             on_params=lambda params, iteration, epoch: None,
             controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             hello = json_payload({"relay": "127.0.0.1:9"})
@@ -141,10 +143,26 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
         progress=progress,
     )
     conn = WorkerConnection(
-        "127.0.0.1", free_port, 0x5, 1, SECRET, 2, FAST, controller_key=ctl.controller_key
+        "127.0.0.1",
+        free_port,
+        0x5,
+        1,
+        SECRET,
+        2,
+        FAST,
+        controller_key=ctl.controller_key,
+        threshold_reference=REFERENCE,
     )
     other = WorkerConnection(
-        "127.0.0.1", free_port, 0x5, 2, SECRET, 2, FAST, controller_key=ctl.controller_key
+        "127.0.0.1",
+        free_port,
+        0x5,
+        2,
+        SECRET,
+        2,
+        FAST,
+        controller_key=ctl.controller_key,
+        threshold_reference=REFERENCE,
     )
     try:
         conn.hello({})
@@ -154,7 +172,7 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
         other.sync(lambda h, m: None, report={"loss": 0.5, "epoch_minibatches": 3})  # still serving
         ctl.check()
         assert ctl.counters.rejected_reasons == {"control": 1}
-        assert progress.mean_loss == 0.5
+        assert progress.median_loss == 0.5
     finally:
         conn.close()
         other.close()
@@ -169,7 +187,15 @@ def test_thresholds_growing_15x_per_update_are_stopped_at_the_fits_reference_bou
     assert THRESHOLD_GROWTH_LIMIT == 2**20
     with controller(np.zeros(2, np.float32), 0x6, free_port) as ctl:
         conn = WorkerConnection(
-            "127.0.0.1", free_port, 0x6, 1, SECRET, 2, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            0x6,
+            1,
+            SECRET,
+            2,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             conn.hello({})
@@ -200,7 +226,15 @@ def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(
     start[0] = 3e38
     with controller(start, 0x7, free_port, decode=scaling_decode) as ctl:
         conn = WorkerConnection(
-            "127.0.0.1", free_port, 0x7, 42, SECRET, 16, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            0x7,
+            42,
+            SECRET,
+            16,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             conn.hello({})
@@ -234,7 +268,15 @@ def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_
     assert packed is not None and len(packed) < message.nbytes
     with controller(np.zeros(n, np.float32), job, free_port) as ctl:
         conn = WorkerConnection(
-            "127.0.0.1", free_port, job, 42, SECRET, n, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            job,
+            42,
+            SECRET,
+            n,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             conn.hello({})
@@ -362,7 +404,15 @@ def test_a_worker_drops_its_own_update_reflected_by_a_proxy(free_port: int) -> N
     with controller(np.zeros(4, np.float32), job, free_port):
         proxy = Proxy(free_port)
         conn = WorkerConnection(
-            "127.0.0.1", proxy.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy.port,
+            job,
+            1,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         applied: list[int] = []
         try:
@@ -393,10 +443,26 @@ def test_a_sync_ack_meant_for_another_worker_does_not_end_a_sync(free_port: int)
         proxy1 = Proxy(free_port, up=lambda f: [] if withhold["on"] else [f])
         proxy2 = Proxy(free_port)
         one = WorkerConnection(
-            "127.0.0.1", proxy1.port, job, 1, SECRET, 4, config, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy1.port,
+            job,
+            1,
+            SECRET,
+            4,
+            config,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         two = WorkerConnection(
-            "127.0.0.1", proxy2.port, job, 2, SECRET, 4, config, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy2.port,
+            job,
+            2,
+            SECRET,
+            4,
+            config,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             one.hello({})
@@ -424,7 +490,15 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
     with controller(np.zeros(4, np.float32), job, free_port) as ctl:
         first = Proxy(free_port)
         early = WorkerConnection(
-            "127.0.0.1", first.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            first.port,
+            job,
+            1,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             early.hello({})
@@ -444,7 +518,15 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
 
         proxy = Proxy(free_port, down=stale_first)
         late = WorkerConnection(
-            "127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy.port,
+            job,
+            2,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             params, _, _ = late.hello({})
@@ -472,10 +554,26 @@ def test_a_relayed_update_withheld_by_a_proxy_makes_the_worker_rejoin(free_port:
 
         proxy = Proxy(free_port, down=drop_first_update)
         victim = WorkerConnection(
-            "127.0.0.1", proxy.port, job, 2, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy.port,
+            job,
+            2,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         sender = WorkerConnection(
-            "127.0.0.1", free_port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            job,
+            1,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         applied: list[int] = []
         try:
@@ -520,6 +618,7 @@ def test_a_mesh_join_replayed_to_another_relay_does_not_make_it_a_tap(free_port:
                 relay_host="127.0.0.1",
                 on_params=lambda p, i, e: None,
                 controller_key=CONTROLLER_KEY,
+                threshold_reference=REFERENCE,
             )
             for wid in (1, 2)
         ]
@@ -724,6 +823,7 @@ def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_po
             relay_host="127.0.0.1",
             on_params=lambda p, i, e: None,
             controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         ctx = zmq.Context()
         rogue = raw_dealer(ctx, free_port)
@@ -801,7 +901,15 @@ def test_a_compromised_executor_on_path_cannot_forge_epoch_go_or_params(
         ctl.expect_workers(1)
         proxy = Proxy(free_port, down=forge_first)
         conn = WorkerConnection(
-            "127.0.0.1", proxy.port, job, 1, SECRET, 4, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            proxy.port,
+            job,
+            1,
+            SECRET,
+            4,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
 
         def driver() -> None:
@@ -856,7 +964,15 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
         spark_job = worker_job(net, job, free_port, threshold_algorithm=FixedThresholdAlgorithm(1.0))
         worker = shared_worker.SharedWorker(spark_job, "cpu")
         sender = WorkerConnection(
-            "127.0.0.1", free_port, job, 7, SECRET, n, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            job,
+            7,
+            SECRET,
+            n,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             sender.hello({})

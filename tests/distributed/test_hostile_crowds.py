@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, sparse_message, wait_until
+from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_message, wait_until
 
 from sparkgrad.transport import (
     FrameKey,
@@ -127,7 +127,15 @@ def test_two_thousand_idle_strangers_do_not_lock_an_honest_worker_out(free_port:
             assert wait_until(lambda: ctl._connections.accepted >= CROWD, timeout_s=60)
             assert ctl._connections.unauthenticated <= config.max_unauthenticated_per_address
             worker = WorkerConnection(
-                "127.0.0.1", free_port, job, 1, SECRET, 4, config, controller_key=CONTROLLER_KEY
+                "127.0.0.1",
+                free_port,
+                job,
+                1,
+                SECRET,
+                4,
+                config,
+                controller_key=CONTROLLER_KEY,
+                threshold_reference=REFERENCE,
             )
             params, _, _ = worker.hello({})  # raises TransportError if no answer within 5 s
             assert params is not None and ctl.workers_seen == {1}

@@ -93,6 +93,7 @@ from sparkgrad.spark.shared_worker import (
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.spark.threads import check_task_threads
 from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
+from sparkgrad.transport.limits import finite_mean
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -808,7 +809,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             for r in workers:
                 if r.stats is not None:
                     stats.merge(r.stats)
-        return float(np.mean([r.score for r in workers]))
+        return finite_mean([r.score for r in workers])
 
 
 __all__ = ["SharedJob", "SharedTrainingMaster", "SharedWorker", "WorkerResult", "encoded_count"]

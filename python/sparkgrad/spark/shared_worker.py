@@ -619,7 +619,11 @@ class AveragingWorker(SharedWorker):
     init_key = AVERAGING_WORKER_INIT
 
     def _connection_options(self) -> dict[str, Any]:
-        return {"average_values": self.job.snapshot.params.size + self._state_size()}
+        # averaging takes no UPDATE: the worker refuses every one (no threshold to bound)
+        return {
+            "average_values": self.job.snapshot.params.size + self._state_size(),
+            "threshold_reference": None,
+        }
 
     def _state_size(self) -> int:
         """Updater-state values in an AVERAGE vector (0 unless the fit averages a nonempty state)."""

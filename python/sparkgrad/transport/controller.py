@@ -111,6 +111,7 @@ from sparkgrad.transport.limits import (
     bounded_socket,
     check_update_threshold,
     endpoint,
+    finite_mean,
     is_count,
     owned_context,
 )
@@ -897,7 +898,7 @@ class Controller:
                 assert c.values is not None  # given holds only the contributions with values
                 total += c.values
             mean = (total / len(given)).astype(self._params.dtype)
-            score = float(np.mean([c.score for c in given]))
+            score = finite_mean([float(c.score) for c in given])  # a worker's 1.7e308 cannot make it inf
             size = self._params.size
             with self._lock:
                 self._params[:] = mean[:size]

@@ -436,6 +436,12 @@ def check_update_threshold(message: np.ndarray, reference: float, sender: str) -
     return threshold
 
 
+def finite_mean(values: list[float]) -> float:
+    """The mean of finite floats, finite whatever they are: each is divided before the exact sum
+    (``math.fsum``), so reports of 1.7e308 cannot overflow it to inf as a plain sum does."""
+    return math.fsum(v / len(values) for v in values)
+
+
 def all_finite(values: np.ndarray) -> bool:
     """Whether every element is finite: min and max propagate nan and show an inf, no temporary array."""
     return bool(values.size == 0 or (math.isfinite(values.min()) and math.isfinite(values.max())))
@@ -457,6 +463,7 @@ __all__ = [
     "bounded_socket",
     "check_update_threshold",
     "endpoint",
+    "finite_mean",
     "is_count",
     "owned_context",
 ]
