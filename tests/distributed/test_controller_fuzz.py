@@ -67,6 +67,12 @@ action = st.one_of(
     ),
     st.tuples(st.just("bad_update"), st.integers(0, 2)),
     st.tuples(st.just("bad_threshold"), bad_threshold),
+    st.tuples(  # indices out of order or repeated (issue 37): refused, counted, never applied
+        st.just("unordered"),
+        st.lists(st.integers(0, N - 1), min_size=2, max_size=N).filter(
+            lambda ix: any(b <= a for a, b in zip(ix, ix[1:]))
+        ),
+    ),
     st.tuples(st.just("update"), indices, signs, good_threshold),
 )
 
@@ -147,8 +153,10 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
                         update(message)
                     elif kind == "bad_threshold":
                         update(sparse_message([1], [1], N, args[0]))
-                    else:
-                        message = sparse_message(args[0], args[1][: len(args[0])], N, args[2])
+                    elif kind == "unordered":
+                        update(sparse_message(args[0], [1] * len(args[0]), N, 0.5))
+                    else:  # an encoder writes ascending indices
+                        message = sparse_message(sorted(args[0]), args[1][: len(args[0])], N, args[2])
                         update(message)
                         scratch.fill(0)
                         decode(message, scratch)

@@ -1,16 +1,19 @@
 """What a compromised executor (it holds the fit's secret) can do, bounded (issue 37): safe defaults of a
-worker's threshold check, loss reports that cannot make a fit's figures non-finite."""
+worker's threshold check, loss reports that cannot make a fit's figures non-finite, update indices
+ascending and unique, a threshold bound that follows the fit, per-worker magnitude accounting."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
 import numpy as np
 import pytest
-from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_decode
+from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_decode, sparse_message
 
-from sparkgrad.transport import WorkerConnection
+from sparkgrad.errors import TransportError
+from sparkgrad.transport import RejoinRequired, WorkerConnection
 
 pytestmark = pytest.mark.distributed
 
@@ -93,3 +96,108 @@ def test_two_insiders_averaging_huge_scores_leave_the_round_score_finite(free_po
         finally:
             for conn in conns:
                 conn.close()
+
+
+def _send_all(conn: WorkerConnection, messages: list[np.ndarray]) -> None:
+    for k, message in enumerate(messages, start=1):
+        conn.send_update(message, k, 0)
+    conn.sync(lambda h, m: None)
+
+
+def test_an_update_repeating_or_reordering_indices_is_refused_and_counted(free_port: int) -> None:
+    """A sparse message naming one index k times moved its parameter k thresholds in one update (the
+    decoder adds every entry). Indices must now be strictly ascending, as every encoder writes them."""
+    with controller(np.zeros(8, np.float32), 0x3707, free_port) as ctl:
+        conn = _worker(free_port, 0x3707, 1, 8)
+        try:
+            conn.hello({})
+            with pytest.raises(TransportError, match="indices must be strictly ascending"):
+                _send_all(conn, [sparse_message([0] * 6, [-1] * 6, 8, 1.0)])
+            with pytest.raises(TransportError, match="names index 1 after 2"):
+                _send_all(conn, [sparse_message([2, 1], [1, 1], 8, 1.0)])
+            _send_all(conn, [sparse_message([1, 2], [1, 1], 8, 1.0)])
+        finally:
+            conn.close()
+        np.testing.assert_array_equal(ctl.params(), [0, -1, -1, 0, 0, 0, 0, 0])
+        assert ctl.counters.rejected_reasons == {"unordered": 2} and ctl.updates_applied == 1
+
+
+def test_the_threshold_bound_follows_the_fits_current_threshold(free_port: int) -> None:
+    """The bound was 2**20 x the fit's reference threshold, so an insider could step 2**20 times what the
+    workers send. It is now the larger of threshold_factor (16) x the fit's current threshold, the
+    median of the other workers' latest accepted thresholds, and the reference (where a restarted worker
+    starts): with honest workers at 4x the reference, 64x passes and 65x does not. (The outlier
+    accounting, which would quarantine such an insider, is widened out of the way here.)"""
+    config = dataclasses.replace(FAST, outlier_factor=10**6)
+    with controller(np.zeros(8, np.float32), 0x3708, free_port, config=config) as ctl:
+        honest = [_worker(free_port, 0x3708, wid, 8) for wid in (1, 2, 3)]
+        insider = _worker(free_port, 0x3708, 9, 8)
+        try:
+            for conn in [*honest, insider]:
+                conn.hello({})
+            for conn in honest:  # adaptive thresholds grown to 4x the reference
+                _send_all(conn, [sparse_message([1, 2], [1, 1], 8, 4.0 * REFERENCE)])
+            with pytest.raises(TransportError, match=r"threshold 65.0: must be finite, > 0 and <= 64 "):
+                _send_all(insider, [sparse_message([0], [-1], 8, 65.0)])
+            _send_all(insider, [sparse_message([0], [-1], 8, 64.0)])
+        finally:
+            for conn in [*honest, insider]:
+                conn.close()
+        assert ctl.params()[0] == 64.0 and ctl.counters.rejected_reasons == {"threshold": 1}
+
+
+def test_an_insider_outweighing_the_median_worker_is_flagged_then_quarantined(free_port: int) -> None:
+    """Nothing compared one worker's influence with the others': an insider could send updates touching
+    every parameter while the workers touch a few. Each worker's recent update L1 and L-inf are now held
+    against the median other worker's: past outlier_factor / 2 (4) it is flagged, past outlier_factor
+    (8) its update is refused and the worker quarantined (dropped, counted, told to re-join)."""
+    n = 64
+    with controller(np.zeros(n, np.float32), 0x3709, free_port) as ctl:
+        honest = [_worker(free_port, 0x3709, wid, n) for wid in (1, 2, 3)]
+        heavy = _worker(free_port, 0x3709, 8, n)
+        insider = _worker(free_port, 0x3709, 9, n)
+        try:
+            for conn in [*honest, heavy, insider]:
+                conn.hello({})
+            for k, conn in enumerate(honest):  # 4 entries of 0.25: L1 1.0 per update
+                _send_all(conn, [sparse_message([4 * k + j for j in range(4)], [1] * 4, n, 0.25)] * 2)
+            _send_all(heavy, [sparse_message(list(range(24)), [-1] * 24, n, 0.25)])  # 6x: flagged
+            assert ctl.counters.outliers_flagged == 1 and ctl.updates_applied == 7
+            before = ctl.params()
+            insider.send_update(sparse_message(list(range(n)), [-1] * n, n, 0.25), 2, 0)  # 16x
+            with pytest.raises(RejoinRequired):
+                insider.sync(lambda h, m: None)
+            np.testing.assert_array_equal(ctl.params(), before)
+            assert ctl.counters.rejected_reasons == {"outlier": 1}
+            assert ctl.counters.dropped_reasons == {"quarantined": 1} and 9 not in ctl._peers
+            insider.hello({})  # it re-joins; the honest workers go on
+            _send_all(honest[0], [sparse_message([0, 1, 2, 3], [1] * 4, n, 0.25)])
+            assert ctl.updates_applied == 8 and ctl.error is None
+        finally:
+            for conn in [*honest, heavy, insider]:
+                conn.close()
+
+
+def test_honest_workers_of_uneven_density_are_never_flagged(free_port: int) -> None:
+    """No false quarantine: four workers whose updates differ threefold in density and twofold in
+    threshold, 40 updates each, interleaved."""
+    n = 256
+    rng = np.random.default_rng(37)
+    with controller(np.zeros(n, np.float32), 0x370A, free_port) as ctl:
+        conns = [_worker(free_port, 0x370A, wid, n) for wid in (1, 2, 3, 4)]
+        try:
+            for conn in conns:
+                conn.hello({})
+            for step in range(40):
+                for k, conn in enumerate(conns):
+                    count = int(rng.integers(10, 31))
+                    indices = sorted(rng.choice(n, count, replace=False).tolist())
+                    threshold = 0.125 * (1 + (k + step) % 2)
+                    conn.send_update(sparse_message(indices, [1] * count, n, threshold), step + 1, 0)
+            for conn in conns:
+                conn.sync(lambda h, m: None)
+        finally:
+            for conn in conns:
+                conn.close()
+        assert ctl.updates_applied == 160 and ctl.counters.frames_rejected == 0
+        assert ctl.counters.outliers_flagged == 0 and ctl.counters.peers_dropped == 0

@@ -478,6 +478,7 @@ class ControllerFit(ABC):
             **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
             "controller_peers_dropped": c.peers_dropped,
             **{f"controller_peers_dropped_{k}": v for k, v in sorted(c.dropped_reasons.items())},
+            "controller_outliers_flagged": c.outliers_flagged,
             "updates_applied": controller.updates_applied,
             "rounds_averaged": controller.rounds_averaged,
             "workers": len(controller.workers_seen),

@@ -104,11 +104,13 @@ from sparkgrad.transport.frame import (
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
     ConnectionLimit,
+    InfluenceLedger,
     RateLimitedLog,
     TrafficCounters,
     ZmqTransportConfiguration,
     all_finite,
     bounded_socket,
+    check_update_entries,
     check_update_threshold,
     endpoint,
     finite_mean,
@@ -210,6 +212,8 @@ class Controller:
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
+        self._thresholds: dict[int, float] = {}  # each worker's latest accepted threshold
+        self._ledger = InfluenceLedger(self._config.outlier_factor, self._threshold_reference)
         self._averaging = averaging
         self._average_updater_state = averaging and average_updater_state
         # averaging: the AVERAGE vectors of each (epoch, round) so far by partition, the rounds done
@@ -935,8 +939,25 @@ class Controller:
         """Called on the controller thread after every averaged round (a hook for progress reporting)."""
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
-        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
-        return check_update_threshold(message, self._threshold_reference, f"worker {sender}")
+        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold"): at
+        most the larger of threshold_factor x the fit's current threshold (the median of the other
+        workers' latest accepted thresholds; the reference before any) and the reference."""
+        others = [t for worker, t in self._thresholds.items() if worker != sender]
+        current = float(np.median(others)) if others else self._threshold_reference
+        return check_update_threshold(
+            message, self._threshold_reference, f"worker {sender}", current, self._config.threshold_factor
+        )
+
+    def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
+        """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""
+        self.counters.reject("outlier")
+        self._forget(sender)
+        self.counters.drop("quarantined")
+        self._log.warning(
+            f"quarantined worker {sender}: its recent updates are {ratio:.3g} x the median other worker's "
+            f"(outlier_factor {self._ledger.factor:g}); it must re-join"
+        )
+        self._rejoin_notice(sender, identity)
 
     def _applied(self, header: Header, message: np.ndarray) -> None:
         """Called with each update this controller applied (before relaying it); for subclasses."""
@@ -952,6 +973,7 @@ class Controller:
                 )
             message = update_payload(header, payload, f"worker {sender}")
             threshold = self._check_threshold(sender, message)
+            check_update_entries(message, f"worker {sender}")
             with self._lock:
                 self._scratch.fill(0)
                 try:
@@ -968,14 +990,30 @@ class Controller:
                         f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
                         "non-finite: not applied",
                     )
-                self._params, self._next_params = self._next_params, self._params
-                self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
-                self.iteration = max(self.iteration, header.iteration)
-                self.epoch = max(self.epoch, header.epoch)
-                self.updates_applied += 1
+                # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
+                entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self._scratch))
+                l1 = threshold * entries
+                ratio = self._ledger.ratio(sender, l1, threshold)
+                if ratio <= self._ledger.factor:
+                    self._params, self._next_params = self._next_params, self._params
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
             self._refuse(identity, sender, exc)
             return
+        if ratio > self._ledger.factor:
+            self._quarantine(identity, sender, ratio)
+            return
+        if ratio > self._ledger.factor / 2:
+            self.counters.outliers_flagged += 1
+            self._log.warning(
+                f"worker {sender}: its recent updates are {ratio:.3g} x the median other worker's"
+            )
+        self._ledger.record(sender, l1, threshold)
+        self._thresholds[sender] = threshold
+        with self._lock:
+            self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
+            self.iteration = max(self.iteration, header.iteration)
+            self.epoch = max(self.epoch, header.epoch)
+            self.updates_applied += 1
         self._applied(header, message)
         if self._mesh is None:
             targets = [other for other in self._peers if other != sender]

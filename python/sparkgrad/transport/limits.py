@@ -76,6 +76,13 @@ class ZmqTransportConfiguration(Config):
             controller before they authenticate (>= 1); one more closes that address's oldest
             (``address_limit``). Authenticated connections do not count, so many workers on one host
             (or on 127.0.0.1) are never refused for it.
+        threshold_factor: the controller refuses an UPDATE whose threshold exceeds the larger of this
+            many times the fit's current threshold (the median of the other workers' latest accepted
+            thresholds) and the fit's reference threshold (what every worker starts from) (>= 1;
+            :func:`check_update_threshold`).
+        outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
+            L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
+            of it they are flagged (counted, logged) (>= 2).
     """
 
     connect_timeout_ms: int = 15000
@@ -89,6 +96,8 @@ class ZmqTransportConfiguration(Config):
     max_queued_bytes: int = 256 << 20
     max_connections: int = 1024
     max_unauthenticated_per_address: int = 32
+    threshold_factor: int = 16
+    outlier_factor: int = 8
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -102,6 +111,8 @@ class ZmqTransportConfiguration(Config):
         check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
         check_int("max_connections", self.max_connections, minimum=1)
         check_int("max_unauthenticated_per_address", self.max_unauthenticated_per_address, minimum=1)
+        check_int("threshold_factor", self.threshold_factor, minimum=1)
+        check_int("outlier_factor", self.outlier_factor, minimum=2)
 
 
 def bounded_socket(
@@ -175,6 +186,7 @@ class TrafficCounters:
     dropped_reasons: dict[str, int] = field(default_factory=dict)
     paced_waits: int = 0  # worker: minibatches held back by the staleness bound
     paced_wait_ms: float = 0.0  # worker: time spent held back by the staleness bound
+    outliers_flagged: int = 0  # controller: updates past half the outlier factor (InfluenceLedger)
 
     def reject(self, reason: str) -> None:
         """Count one rejected frame."""
@@ -422,18 +434,89 @@ class ConnectionLimit:
         self._zap.close()
 
 
-def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
+def check_update_threshold(
+    message: np.ndarray, reference: float, sender: str, current: float | None = None, factor: float = math.inf
+) -> float:
     """The threshold of an update message if it is sane (module docstring), else
-    FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
+    FrameRejected("threshold"). ``message`` holds at least the 4 header words. With ``current`` (the fit's
+    current threshold, as the controller sees it) the threshold must also be at most the larger of
+    ``factor`` x ``current`` and ``reference``."""
     threshold = float(message[2:3].view("<f4")[0])
     bound = min(MAX_SCALE, THRESHOLD_GROWTH_LIMIT * reference)
+    if current is not None:
+        bound = min(bound, max(factor * current, reference))
     if not (math.isfinite(threshold) and 0 < threshold <= bound):
+        now = "" if current is None else f", {factor:g} x the fit's current threshold {current:.6g}"
         raise FrameRejected(
             "threshold",
             f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
-            f"(the smaller of 2**20 x the fit's reference threshold {reference:.6g} and {MAX_SCALE:g})",
+            f"(from the fit's reference threshold {reference:.6g}{now}; at most 2**20 x the reference and "
+            f"{MAX_SCALE:g})",
         )
     return threshold
+
+
+def check_update_entries(message: np.ndarray, sender: str) -> None:
+    """A sparse message's entries must name strictly ascending, so distinct, indices (what every encoder
+    writes), else FrameRejected("unordered"): an index repeated k times would move its parameter k
+    thresholds in one update. Bitmap messages hold one code per element by construction. Entries beyond
+    the message or out of range are left to the decoder (``bad_update``)."""
+    if message.size < 5 or message[3] != 0:
+        return
+    count = min(max(int(message[0]), 0), message.size - 4)
+    indices = np.abs(message[4 : 4 + count].astype(np.int64))
+    if count > 1 and not bool(np.all(indices[1:] > indices[:-1])):
+        first = int(np.argmin(indices[1:] > indices[:-1]))
+        raise FrameRejected(
+            "unordered",
+            f"update from {sender}: entry {first + 1} names index {int(indices[first + 1]) - 1} after "
+            f"{int(indices[first]) - 1} (indices must be strictly ascending, each at most once)",
+        )
+
+
+class InfluenceLedger:
+    """Per-worker magnitude accounting of the updates the controller applies (issue 37).
+
+    For every worker it keeps an exponential moving average (weight ``1/16``, about its last 16 updates)
+    of each update's L1 norm (threshold x encoded entries) and L-inf norm (its threshold). An update is
+    judged against the median of the other workers' averages (at least two other workers must have
+    sent updates): the ratio of the worker's averages after the update to theirs, the larger of the
+    two, with the L-inf median taken at least at the fit's reference threshold (a restarted worker
+    starts there while the others' thresholds may have decayed). Past ``factor / 2`` the update is
+    flagged; past ``factor`` the worker is quarantined by the owner (the update is refused).
+
+    Args:
+        factor: the quarantine factor (``ZmqTransportConfiguration.outlier_factor``).
+        reference: the fit's reference threshold.
+    """
+
+    WEIGHT = 1 / 16
+
+    def __init__(self, factor: float, reference: float) -> None:
+        self.factor, self._reference = factor, reference
+        self._averages: dict[int, tuple[float, float]] = {}  # worker -> (L1, L-inf)
+
+    def ratio(self, worker: int, l1: float, linf: float) -> float:
+        """How many times the median other worker's the worker's averages would be after this update
+        (0.0 while fewer than two other workers sent updates)."""
+        others = [v for w, v in self._averages.items() if w != worker]
+        if len(others) < 2:
+            return 0.0
+        mine = self._next(worker, l1, linf)
+        median_l1 = float(np.median([v[0] for v in others]))
+        median_linf = max(float(np.median([v[1] for v in others])), self._reference)
+        return max(mine[0] / median_l1 if median_l1 > 0 else 0.0, mine[1] / median_linf)
+
+    def record(self, worker: int, l1: float, linf: float) -> None:
+        """An update of ``worker`` was applied."""
+        self._averages[worker] = self._next(worker, l1, linf)
+
+    def _next(self, worker: int, l1: float, linf: float) -> tuple[float, float]:
+        old = self._averages.get(worker)
+        if old is None:
+            return (l1, linf)
+        w = self.WEIGHT
+        return (old[0] + w * (l1 - old[0]), old[1] + w * (linf - old[1]))
 
 
 def finite_mean(values: list[float]) -> float:
@@ -460,7 +543,9 @@ __all__ = [
     "ZmqTransportConfiguration",
     "all_finite",
     "ConnectionLimit",
+    "InfluenceLedger",
     "bounded_socket",
+    "check_update_entries",
     "check_update_threshold",
     "endpoint",
     "finite_mean",
