@@ -43,11 +43,17 @@ connection on which no authenticated frame arrives within ``connect_timeout_ms``
 every connection is authenticated is one more refused at its handshake (``connection_limit``).
 :class:`~sparkgrad.transport.limits.ConnectionLimit` has the details.
 
-Update sanity: an UPDATE whose threshold fails the fit's bound
-(:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``) is counted and never
-applied; the worker gets an ERROR (its fit fails with the reason). An update that would leave any
-parameter non-finite (float overflow of finite values) is computed in a second buffer and refused too
-(reason ``non_finite``), naming its sender; the parameters stay as they were.
+Update sanity: an UPDATE whose sparse indices are not strictly ascending (``unordered``,
+:func:`~sparkgrad.transport.limits.check_update_entries`) or whose threshold fails the fit's bound
+(:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
+``threshold_factor`` x the median of the other workers' latest accepted thresholds and the reference)
+is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An update that
+would leave any parameter non-finite (float overflow of finite values) is computed in a second buffer
+and refused too (reason ``non_finite``), naming its sender; the parameters stay as they were. A worker
+whose recent updates outweigh the median other worker's
+(:class:`~sparkgrad.transport.limits.InfluenceLedger`) is flagged past ``outlier_factor / 2`` and
+quarantined past ``outlier_factor``: its update is refused (``outlier``), it is dropped
+(``quarantined``) and told to re-join.
 
 Parameter averaging (``Controller(averaging=True)``, ParameterAveragingTrainingMaster's rounds in one
 Spark job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every

@@ -12,7 +12,10 @@ starts from) and ``MAX_SCALE`` (1e6, the largest threshold any encoder writes) i
 ``threshold``), counted and never applied. The bound is fixed for the fit, so no series of accepted
 updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates each 15x
 the last drove to infinity). An adaptive algorithm would have to double its threshold twenty times over
-the fit's start to reach it.
+the fit's start to reach it. The controller bounds it further by the fit's current threshold (the
+median of the other workers' latest, ``threshold_factor``), refuses sparse indices that are not
+strictly ascending (:func:`check_update_entries`) and weighs each worker's updates against the median
+worker's (:class:`InfluenceLedger`).
 
 Every dropped frame is counted by reason (:class:`TrafficCounters`); log lines about them are rate
 limited (:class:`RateLimitedLog`).
