@@ -6,9 +6,10 @@ A live controller on 127.0.0.1 with 10,000 float32 parameters and reference thre
 workers each send, per step, one update of 100 distinct random indices (never index 0) at the reference
 threshold. The insider sends one update per step aimed at parameter 0, with one of several strategies:
 ``repeat``: index 0 repeated 10,000 times at the largest float32 threshold the fixed bound (2**20 x the
-reference) allows; ``max``: index 0 once at that threshold; ``x<m>``: index 0 once at m x the
-reference; ``x16/x1``: 16x and 1x alternately. A refused update fails an honest worker's fit; the
-insider ignores that and goes on (told to re-join, it re-joins). Prints one line per strategy:
+reference) allows; ``max``: index 0 once at that threshold; ``max/x8``: ``max`` until one is refused,
+then ``x8``; ``x<m>``: index 0 once at m x the reference; ``x16/x1``: 16x and 1x alternately. A refused
+update fails an honest worker's fit; the insider ignores that and goes on (told to re-join, it
+re-joins). Prints one line per strategy:
 parameter 0's displacement after the steps (absolute and in reference thresholds), the insider's
 applied, refused and quarantined updates, and the honest workers' largest displacement of one parameter
 over the same steps for comparison. Runs against whatever ``sparkgrad`` is on the path, so the same
@@ -61,8 +62,10 @@ def run(port: int, job: int, strategy: str, steps: int) -> tuple[float, float, i
             top = float(np.nextafter(np.float32(2**20 * REFERENCE), np.float32(0)))  # float32 <= the bound
             if strategy == "repeat":
                 message = sparse_message([0] * N, [-1] * N, N, top)
-            elif strategy == "max":
+            elif strategy == "max" or (strategy == "max/x8" and not refused):
                 message = sparse_message([0], [-1], N, top)
+            elif strategy == "max/x8":  # the largest step while it passes, then the quarantine edge
+                message = sparse_message([0], [-1], N, 8 * REFERENCE)
             elif strategy == "x16/x1":  # spikes between small steps: the moving average stays lower
                 message = sparse_message([0], [-1], N, (16.0 if step % 2 else 1.0) * REFERENCE)
             else:
@@ -92,7 +95,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--port", type=int, default=47_373)
     args = parser.parse_args()
-    for job, strategy in enumerate(["repeat", "max", "x1024", "x16", "x16/x1", "x8", "x1"], start=1):
+    strategies = ["repeat", "max", "max/x8", "x1024", "x16", "x16/x1", "x8", "x1"]
+    for job, strategy in enumerate(strategies, start=1):
         moved, honest, applied, refused, quarantined = run(args.port, job, strategy, args.steps)
         print(
             f"{strategy:>9}: parameter 0 moved {moved:.6g} ({moved / REFERENCE:,.0f} x reference) in "

@@ -10,14 +10,25 @@ import threading
 
 import numpy as np
 import pytest
-from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_decode, sparse_message
+from wire_helpers import (
+    CONTROLLER_KEY,
+    FAST,
+    REFERENCE,
+    SECRET,
+    controller,
+    sparse_decode,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import RejoinRequired, WorkerConnection
+from sparkgrad.transport.limits import InfluenceLedger
 
 pytestmark = pytest.mark.distributed
 
 HUGE = 1.7e308  # finite; two of them overflow a plain sum
+WARMUP = InfluenceLedger.WARMUP
 
 
 def _worker(port: int, job: int, wid: int, n: int, key: bytes = CONTROLLER_KEY, **kw) -> WorkerConnection:
@@ -135,8 +146,8 @@ def test_the_threshold_bound_follows_the_fits_current_threshold(free_port: int) 
         try:
             for conn in [*honest, insider]:
                 conn.hello({})
-            for conn in honest:  # adaptive thresholds grown to 4x the reference
-                _send_all(conn, [sparse_message([1, 2], [1, 1], 8, 4.0 * REFERENCE)])
+            for conn in honest:  # adaptive thresholds grown to 4x the reference, past the warm-up
+                _send_all(conn, [sparse_message([1, 2], [1, 1], 8, 4.0 * REFERENCE)] * WARMUP)
             with pytest.raises(TransportError, match=r"threshold 65.0: must be finite, > 0 and <= 64 "):
                 _send_all(insider, [sparse_message([0], [-1], 8, 65.0)])
             _send_all(insider, [sparse_message([0], [-1], 8, 64.0)])
@@ -160,19 +171,20 @@ def test_an_insider_outweighing_the_median_worker_is_flagged_then_quarantined(fr
             for conn in [*honest, heavy, insider]:
                 conn.hello({})
             for k, conn in enumerate(honest):  # 4 entries of 0.25: L1 1.0 per update
-                _send_all(conn, [sparse_message([4 * k + j for j in range(4)], [1] * 4, n, 0.25)] * 2)
+                _send_all(conn, [sparse_message([4 * k + j for j in range(4)], [1] * 4, n, 0.25)] * WARMUP)
             _send_all(heavy, [sparse_message(list(range(24)), [-1] * 24, n, 0.25)])  # 6x: flagged
-            assert ctl.counters.outliers_flagged == 1 and ctl.updates_applied == 7
+            assert ctl.counters.outliers_flagged == 1 and ctl.updates_applied == 3 * WARMUP + 1
             before = ctl.params()
             insider.send_update(sparse_message(list(range(n)), [-1] * n, n, 0.25), 2, 0)  # 16x
             with pytest.raises(RejoinRequired):
                 insider.sync(lambda h, m: None)
             np.testing.assert_array_equal(ctl.params(), before)
-            assert ctl.counters.rejected_reasons == {"outlier": 1}
+            reasons = ctl.counters.rejected_reasons  # and its SYNC sent before it heard: not_joined
+            assert reasons["outlier"] == 1 and set(reasons) <= {"outlier", "not_joined"}
             assert ctl.counters.dropped_reasons == {"quarantined": 1} and 9 not in ctl._peers
             insider.hello({})  # it re-joins; the honest workers go on
             _send_all(honest[0], [sparse_message([0, 1, 2, 3], [1] * 4, n, 0.25)])
-            assert ctl.updates_applied == 8 and ctl.error is None
+            assert ctl.updates_applied == 3 * WARMUP + 2 and ctl.error is None
         finally:
             for conn in [*honest, heavy, insider]:
                 conn.close()
@@ -201,3 +213,46 @@ def test_honest_workers_of_uneven_density_are_never_flagged(free_port: int) -> N
                 conn.close()
         assert ctl.updates_applied == 160 and ctl.counters.frames_rejected == 0
         assert ctl.counters.outliers_flagged == 0 and ctl.counters.peers_dropped == 0
+
+
+def test_workers_that_left_do_not_hold_the_threshold_bound_down(free_port: int) -> None:
+    """The fit's current threshold is the median of the registered workers' latest: the thresholds of
+    workers that left (finished Spark tasks, whose successors start again from the reference) counted
+    too and refused an honest worker's adaptive threshold (a Spark fit failed on it)."""
+    with controller(np.zeros(8, np.float32), 0x370B, free_port) as ctl:
+        gone = [_worker(free_port, 0x370B, wid, 8) for wid in (1, 2)]
+        for conn in gone:
+            conn.hello({})
+            _send_all(conn, [sparse_message([1], [1], 8, REFERENCE / 16)] * WARMUP)
+            conn.close()  # BYE
+        assert wait_until(lambda: not ctl._peers)
+        conn = _worker(free_port, 0x370B, 3, 8)
+        try:
+            conn.hello({})
+            _send_all(conn, [sparse_message([0], [-1], 8, 8 * REFERENCE)])  # 16 x the reference at most
+        finally:
+            conn.close()
+        assert ctl.params()[0] == 8 * REFERENCE and ctl.counters.frames_rejected == 0
+
+
+def test_while_the_others_warm_up_the_bound_is_wider(free_port: int) -> None:
+    """A worker's first updates, while an adaptive algorithm finds its level (4x a step with
+    decay_rate 0.5), may be far from another's: a Spark fit whose fast worker was 32x ahead of a slow
+    one failed on the bound. Until another worker has WARMUP updates, the factor is
+    warmup_threshold_factor (1024); then threshold_factor (16)."""
+    with controller(np.zeros(8, np.float32), 0x370C, free_port) as ctl:
+        slow, fast = _worker(free_port, 0x370C, 1, 8), _worker(free_port, 0x370C, 2, 8)
+        try:
+            slow.hello({})
+            fast.hello({})
+            _send_all(slow, [sparse_message([1], [1], 8, REFERENCE / 64)] * (WARMUP - 1))
+            _send_all(fast, [sparse_message([0], [-1], 8, 4.0 ** (k - 3) * REFERENCE) for k in range(6)])
+            with pytest.raises(TransportError, match="a factor 1024 x the fit's current threshold 0.015625"):
+                _send_all(fast, [sparse_message([0], [-1], 8, 32 * REFERENCE)])
+            _send_all(slow, [sparse_message([1], [1], 8, REFERENCE / 64)])  # warm: max(16/64, 1) bounds
+            with pytest.raises(TransportError, match="a factor 16 x the fit's current threshold 0.015625"):
+                _send_all(fast, [sparse_message([0], [-1], 8, 2 * REFERENCE)])
+        finally:
+            slow.close()
+            fast.close()
+        assert ctl.updates_applied == WARMUP + 6 and ctl.counters.rejected_reasons == {"threshold": 2}

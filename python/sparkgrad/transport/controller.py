@@ -46,11 +46,11 @@ every connection is authenticated is one more refused at its handshake (``connec
 Update sanity: an UPDATE whose sparse indices are not strictly ascending (``unordered``,
 :func:`~sparkgrad.transport.limits.check_update_entries`) or whose threshold fails the fit's bound
 (:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
-``threshold_factor`` x the median of the other workers' latest accepted thresholds and the reference)
-is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An update that
-would leave any parameter non-finite (float overflow of finite values) is computed in a second buffer
-and refused too (reason ``non_finite``), naming its sender; the parameters stay as they were. A worker
-whose recent updates outweigh the median other worker's
+``threshold_factor`` x the median of the other registered workers' latest accepted thresholds and the
+reference) is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An
+update that would leave any parameter non-finite (float overflow of finite values) is computed in a
+second buffer and refused too (reason ``non_finite``), naming its sender; the parameters stay as they
+were. A worker whose recent updates outweigh the median other registered worker's
 (:class:`~sparkgrad.transport.limits.InfluenceLedger`) is flagged past ``outlier_factor / 2`` and
 quarantined past ``outlier_factor``: its update is refused (``outlier``), it is dropped
 (``quarantined``) and told to re-join.
@@ -946,13 +946,21 @@ class Controller:
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
         """The message's threshold if it is sane (module docstring), else FrameRejected("threshold"): at
-        most the larger of threshold_factor x the fit's current threshold (the median of the other
-        workers' latest accepted thresholds; the reference before any) and the reference."""
-        others = [t for worker, t in self._thresholds.items() if worker != sender]
-        current = float(np.median(others)) if others else self._threshold_reference
-        return check_update_threshold(
-            message, self._threshold_reference, f"worker {sender}", current, self._config.threshold_factor
-        )
+        most the larger of a factor x the fit's current threshold and the reference. The current
+        threshold is the median latest accepted threshold of the other registered workers (a departed
+        worker's threshold is history). Those with ``InfluenceLedger.WARMUP`` updates or more count,
+        with ``threshold_factor``; while none has, a worker's first updates may be far from another's
+        (an adaptive algorithm finding its level), so all count, with ``warmup_threshold_factor``; a
+        worker alone in the fit has only the fixed bound."""
+        config = self._config
+        others = {w: t for w, t in self._thresholds.items() if w != sender and w in self._peers}
+        warm = [t for w, t in others.items() if self.updates_by_worker.get(w, 0) >= InfluenceLedger.WARMUP]
+        current, factor = None, math.inf
+        if warm:
+            current, factor = float(np.median(warm)), config.threshold_factor
+        elif others:
+            current, factor = float(np.median(list(others.values()))), config.warmup_threshold_factor
+        return check_update_threshold(message, self._threshold_reference, f"worker {sender}", current, factor)
 
     def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
         """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""
@@ -999,7 +1007,7 @@ class Controller:
                 # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
                 entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self._scratch))
                 l1 = threshold * entries
-                ratio = self._ledger.ratio(sender, l1, threshold)
+                ratio = self._ledger.ratio(sender, l1, threshold, self._peers)
                 if ratio <= self._ledger.factor:
                     self._params, self._next_params = self._next_params, self._params
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)

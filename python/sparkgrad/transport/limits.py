@@ -28,7 +28,7 @@ import math
 import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -80,9 +80,13 @@ class ZmqTransportConfiguration(Config):
             (``address_limit``). Authenticated connections do not count, so many workers on one host
             (or on 127.0.0.1) are never refused for it.
         threshold_factor: the controller refuses an UPDATE whose threshold exceeds the larger of this
-            many times the fit's current threshold (the median of the other workers' latest accepted
-            thresholds) and the fit's reference threshold (what every worker starts from) (>= 1;
-            :func:`check_update_threshold`).
+            many times the fit's current threshold (the median of the other registered workers' latest
+            accepted thresholds) and the fit's reference threshold (what every worker starts from) (>= 1;
+            :func:`check_update_threshold`). Only workers with ``InfluenceLedger.WARMUP`` (8) updates
+            stand for the current threshold;
+        warmup_threshold_factor: the factor while no other worker has that many, over the median of
+            all the other registered workers' latest (an adaptive algorithm's first steps may differ
+            that much between workers) (>= 1). A worker alone in the fit has only the fixed bound.
         outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
             L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
             of it they are flagged (counted, logged) (>= 2).
@@ -100,6 +104,7 @@ class ZmqTransportConfiguration(Config):
     max_connections: int = 1024
     max_unauthenticated_per_address: int = 32
     threshold_factor: int = 16
+    warmup_threshold_factor: int = 1024
     outlier_factor: int = 8
 
     def __post_init__(self) -> None:
@@ -115,6 +120,7 @@ class ZmqTransportConfiguration(Config):
         check_int("max_connections", self.max_connections, minimum=1)
         check_int("max_unauthenticated_per_address", self.max_unauthenticated_per_address, minimum=1)
         check_int("threshold_factor", self.threshold_factor, minimum=1)
+        check_int("warmup_threshold_factor", self.warmup_threshold_factor, minimum=1)
         check_int("outlier_factor", self.outlier_factor, minimum=2)
 
 
@@ -449,7 +455,7 @@ def check_update_threshold(
     if current is not None:
         bound = min(bound, max(factor * current, reference))
     if not (math.isfinite(threshold) and 0 < threshold <= bound):
-        now = "" if current is None else f", {factor:g} x the fit's current threshold {current:.6g}"
+        now = "" if current is None else f", a factor {factor:g} x the fit's current threshold {current:.6g}"
         raise FrameRejected(
             "threshold",
             f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
@@ -482,11 +488,13 @@ class InfluenceLedger:
 
     For every worker it keeps an exponential moving average (weight ``1/16``, about its last 16 updates)
     of each update's L1 norm (threshold x encoded entries) and L-inf norm (its threshold). An update is
-    judged against the median of the other workers' averages (at least two other workers must have
-    sent updates): the ratio of the worker's averages after the update to theirs, the larger of the
-    two, with the L-inf median taken at least at the fit's reference threshold (a restarted worker
-    starts there while the others' thresholds may have decayed). Past ``factor / 2`` the update is
-    flagged; past ``factor`` the worker is quarantined by the owner (the update is refused).
+    judged against the median of the averages of the other registered workers that have sent
+    :attr:`WARMUP` updates (at least two of them; a worker's first updates, while an adaptive
+    algorithm finds its level, stand for nothing): the ratio of the worker's averages after the update
+    to theirs, the larger of the two, with the L-inf median taken at least at the fit's reference
+    threshold (a restarted worker starts there while the others' thresholds may have decayed). Past
+    ``factor / 2`` the update is flagged; past ``factor`` the worker is quarantined by the owner (the
+    update is refused).
 
     Args:
         factor: the quarantine factor (``ZmqTransportConfiguration.outlier_factor``).
@@ -494,15 +502,21 @@ class InfluenceLedger:
     """
 
     WEIGHT = 1 / 16
+    WARMUP = 8  # updates before a worker's average (and latest threshold) stands for the fit
 
     def __init__(self, factor: float, reference: float) -> None:
         self.factor, self._reference = factor, reference
         self._averages: dict[int, tuple[float, float]] = {}  # worker -> (L1, L-inf)
+        self._counts: dict[int, int] = {}  # worker -> updates recorded
 
-    def ratio(self, worker: int, l1: float, linf: float) -> float:
-        """How many times the median other worker's the worker's averages would be after this update
-        (0.0 while fewer than two other workers sent updates)."""
-        others = [v for w, v in self._averages.items() if w != worker]
+    def ratio(self, worker: int, l1: float, linf: float, registered: Container[int]) -> float:
+        """How many times the median other ``registered`` worker's the worker's averages would be after
+        this update (0.0 while fewer than two of them sent updates)."""
+        others = [
+            v
+            for w, v in self._averages.items()
+            if w != worker and w in registered and self._counts[w] >= self.WARMUP
+        ]
         if len(others) < 2:
             return 0.0
         mine = self._next(worker, l1, linf)
@@ -513,6 +527,7 @@ class InfluenceLedger:
     def record(self, worker: int, l1: float, linf: float) -> None:
         """An update of ``worker`` was applied."""
         self._averages[worker] = self._next(worker, l1, linf)
+        self._counts[worker] = self._counts.get(worker, 0) + 1
 
     def _next(self, worker: int, l1: float, linf: float) -> tuple[float, float]:
         old = self._averages.get(worker)
