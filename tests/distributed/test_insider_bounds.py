@@ -10,25 +10,29 @@ import threading
 
 import numpy as np
 import pytest
+import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
     FAST,
     REFERENCE,
     SECRET,
     controller,
+    raw_dealer,
     sparse_decode,
     sparse_message,
     wait_until,
 )
 
 from sparkgrad.errors import TransportError
-from sparkgrad.transport import RejoinRequired, WorkerConnection
+from sparkgrad.transport import FrameKey, MessageType, RejoinRequired, WorkerConnection, encode_frame
+from sparkgrad.transport.frame import Flag, json_payload
 from sparkgrad.transport.limits import InfluenceLedger
 
 pytestmark = pytest.mark.distributed
 
 HUGE = 1.7e308  # finite; two of them overflow a plain sum
 WARMUP = InfluenceLedger.WARMUP
+KEY = FrameKey(SECRET)
 
 
 def _worker(port: int, job: int, wid: int, n: int, key: bytes = CONTROLLER_KEY, **kw) -> WorkerConnection:
@@ -256,3 +260,53 @@ def test_while_the_others_warm_up_the_bound_is_wider(free_port: int) -> None:
             slow.close()
             fast.close()
         assert ctl.updates_applied == WARMUP + 6 and ctl.counters.rejected_reasons == {"threshold": 2}
+
+
+def test_a_child_refuses_repeated_indices_relayed_by_its_mesh_parent(free_port: int) -> None:
+    """The controller never relays an UPDATE with repeated indices, but a compromised MESH relay can
+    forge one for its subtree (it holds the key), and the child applied it: one parameter moved by the
+    threshold times the repetitions. The child now counts it (unordered), applies nothing and re-joins
+    for the controller's parameters."""
+    job = 0x370D
+    mesh = dataclasses.replace(FAST, connect_timeout_ms=5000, sync_timeout_ms=5000, mesh_fan_out=1)
+    with controller(np.zeros(4, np.float32), job, free_port, config=mesh, mesh=True) as ctl:
+        ctx = zmq.Context()
+        rogue_relay = ctx.socket(zmq.ROUTER)
+        rogue_relay.setsockopt(zmq.LINGER, 0)
+        relay_port = rogue_relay.bind_to_random_port("tcp://127.0.0.1")
+        rogue = raw_dealer(ctx, free_port)
+        applied: list[np.ndarray] = []
+        child = _worker(free_port, job, 5, 4, relay_host="127.0.0.1", on_params=lambda p, i, e: None)
+        try:
+            hello = json_payload({"relay": f"127.0.0.1:{relay_port}"})
+            rogue.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 66, 0, hello)))
+            assert rogue.poll(10000) and rogue.poll(10000)
+            child.hello({})
+            assert ctl.mesh_tree() == {66: 0, 5: 66}
+            identity, _ = rogue_relay.recv_multipart()  # the child's MESH_JOIN
+            forged = encode_frame(
+                KEY,
+                MessageType.UPDATE,
+                job,
+                66,
+                1,
+                memoryview(sparse_message([0] * 4, [1] * 4, 4, 1.0)),
+                flags=Flag.RELAYED,
+                relay=66,
+                broadcast=1,
+                recipient=5,
+            )
+            rogue_relay.send_multipart([identity, bytes(forged)])
+
+            def pump() -> bool:  # reads until the forged frame raises (a bound, not a timing assertion)
+                child.drain(lambda h, m: applied.append(m))
+                return False
+
+            with pytest.raises(RejoinRequired, match="strictly ascending"):
+                wait_until(pump, 10)
+            assert applied == [] and child.counters.rejected_reasons == {"unordered": 1}
+        finally:
+            child.close()
+            rogue.close()
+            rogue_relay.close()
+            ctx.term()

@@ -16,7 +16,8 @@ it and counts it (reasons in brackets):
   carry the next link number (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
 - on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own re-join
   ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
-- every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
+- every received UPDATE must name strictly ascending indices (``unordered``; the worker re-joins, as
+  for ``non_finite``), and must pass the threshold bound of the fit's reference
   (``threshold``, :func:`~sparkgrad.transport.limits.check_update_threshold`); a worker that averages
   parameters takes no UPDATE (``link``);
 - an UPDATE after which the owner finds a parameter non-finite (its ``on_update`` raises
@@ -74,6 +75,7 @@ from sparkgrad.transport.limits import (
     TrafficCounters,
     ZmqTransportConfiguration,
     bounded_socket,
+    check_update_entries,
     check_update_threshold,
     endpoint,
     is_count,
@@ -402,8 +404,11 @@ class WorkerConnection(MeshRelay):
         """Hand a received update to the owner. An owner that finds its parameters broken by it (non-finite
         after applying it) raises FrameRejected: counted, and this worker re-joins for the controller's
         parameters, which never included it (the controller refuses such an update before relaying)."""
+        peer = f"worker {header.sender}"
         try:
-            on_update(header, update_payload(header, payload, f"worker {header.sender}"))
+            message = update_payload(header, payload, peer)
+            check_update_entries(message, peer)  # the controller relays none such: a MESH relay forged it
+            on_update(header, message)
         except FrameRejected as exc:
             self._rejected(exc)
             raise RejoinRequired(
