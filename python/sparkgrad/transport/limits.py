@@ -397,7 +397,10 @@ class ConnectionLimit:
         self._log.warning(f"closed an unauthenticated connection from {conn.address} ({reason})")
         if conn.peer is None or _peer_of(fd) != conn.peer:
             return  # gone already (its end is on its way), or the descriptor is another connection's now
-        wrapped = socket.socket(fileno=fd)
+        try:
+            wrapped = socket.socket(fileno=fd)
+        except OSError:  # closed by libzmq since: its end is on its way
+            return
         try:
             wrapped.shutdown(socket.SHUT_RDWR)
         except OSError:
