@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, sparse_message, wait_until
+from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_message, wait_until
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import FrameKey, MessageType, WorkerConnection, encode_frame
@@ -32,6 +32,7 @@ def _connect(port: int, wid: int, values: int) -> WorkerConnection:
         updater_state_bytes=8,
         average_values=values,
         controller_key=CONTROLLER_KEY,
+        threshold_reference=REFERENCE,
     )
     conn.hello({})
     return conn
@@ -176,7 +177,17 @@ def test_a_forged_averaged_frame_is_refused_by_a_sharing_worker(free_port: int) 
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(f"tcp://127.0.0.1:{free_port}")
-    conn = WorkerConnection("127.0.0.1", free_port, JOB, 5, SECRET, 3, FAST, controller_key=CONTROLLER_KEY)
+    conn = WorkerConnection(
+        "127.0.0.1",
+        free_port,
+        JOB,
+        5,
+        SECRET,
+        3,
+        FAST,
+        controller_key=CONTROLLER_KEY,
+        threshold_reference=REFERENCE,
+    )
     try:
         conn._send(MessageType.HELLO, json_payload({}))
         identity, _ = router.recv_multipart()

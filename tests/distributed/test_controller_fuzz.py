@@ -5,12 +5,23 @@ order, so float32 equality is exact)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wire_helpers import CONTROLLER_KEY, FAST, SECRET, controller, raw_dealer, sparse_message, wait_until
+from wire_helpers import (
+    CONTROLLER_KEY,
+    FAST,
+    REFERENCE,
+    SECRET,
+    controller,
+    raw_dealer,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.compress import decode
 from sparkgrad.transport import (
@@ -56,6 +67,12 @@ action = st.one_of(
     ),
     st.tuples(st.just("bad_update"), st.integers(0, 2)),
     st.tuples(st.just("bad_threshold"), bad_threshold),
+    st.tuples(  # indices out of order or repeated (issue 37): refused, counted, never applied
+        st.just("unordered"),
+        st.lists(st.integers(0, N - 1), min_size=2, max_size=N).filter(
+            lambda ix: any(b <= a for a, b in zip(ix, ix[1:]))
+        ),
+    ),
     st.tuples(st.just("update"), indices, signs, good_threshold),
 )
 
@@ -70,7 +87,10 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
     sent: list[bytes] = []  # authentic frames already accepted: replay material
     counts = {"rejected": 0, "applied": 0}
 
-    with controller(start, JOB, free_port, decode=decode) as ctl:
+    # the attacker's connection never authenticates: it may stay for the whole fuzz (else it is closed
+    # after connect_timeout_ms and what it sends while it reconnects is lost, not counted)
+    patient = dataclasses.replace(FAST, connect_timeout_ms=600_000)
+    with controller(start, JOB, free_port, decode=decode, config=patient) as ctl:
         ctx = zmq.Context()
         attacker, legit, oversized = (raw_dealer(ctx, free_port) for _ in range(3))
 
@@ -133,8 +153,10 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
                         update(message)
                     elif kind == "bad_threshold":
                         update(sparse_message([1], [1], N, args[0]))
-                    else:
-                        message = sparse_message(args[0], args[1][: len(args[0])], N, args[2])
+                    elif kind == "unordered":
+                        update(sparse_message(args[0], [1] * len(args[0]), N, 0.5))
+                    else:  # an encoder writes ascending indices
+                        message = sparse_message(sorted(args[0]), args[1][: len(args[0])], N, args[2])
                         update(message)
                         scratch.fill(0)
                         decode(message, scratch)
@@ -164,7 +186,15 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
 
         # after all that, a new worker still joins, updates and syncs
         conn = WorkerConnection(
-            "127.0.0.1", free_port, JOB, 2, SECRET, N, FAST, controller_key=CONTROLLER_KEY
+            "127.0.0.1",
+            free_port,
+            JOB,
+            2,
+            SECRET,
+            N,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            threshold_reference=REFERENCE,
         )
         try:
             params, _, _ = conn.hello({})

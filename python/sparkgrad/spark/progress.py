@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import sys
 import threading
 import time
@@ -135,18 +136,20 @@ class FitProgress:
         return self._counted + sum(max(self._updates.get(w, 0), self._trained.get(w, 0)) for w in workers)
 
     def loss(self, value: float, source: Any = None) -> None:
-        """The latest training loss reported by ``source`` (a worker); the line shows their mean."""
+        """The latest training loss reported by ``source`` (a worker); the line shows their median."""
         if isinstance(value, (int, float)) and math.isfinite(value):
             with self._lock:
                 self._losses[source] = float(value)
 
     # -- rendering (the driver's watching thread) -----------------------------------------------
     @property
-    def mean_loss(self) -> float:
-        """Mean of the workers' latest losses (nan before any report)."""
+    def median_loss(self) -> float:
+        """Median of the workers' latest losses (nan before any report): reports are any finite float a
+        worker sends, and the median stays within the honest workers' range while they are the majority,
+        where the mean of two reports of 1.7e308 was inf."""
         with self._lock:
             values = list(self._losses.values())
-        return sum(values) / len(values) if values else math.nan
+        return statistics.median(values) if values else math.nan
 
     def describe(self) -> str:
         """The progress as one line of text."""
@@ -158,7 +161,7 @@ class FitProgress:
         parts = [
             f"epoch {epoch}/{self.epochs}",
             f"{done}/{max(self.total, done)} minibatches",
-            f"loss {self.mean_loss:.4g}",
+            f"loss {self.median_loss:.4g}",
             f"{done_in_fit * self.batch_size / elapsed:,.0f} examples/s",
         ]
         if self._traffic is not None:
@@ -231,7 +234,7 @@ class FitProgress:
         elapsed, self._epoch_start = max(now - self._epoch_start, 1e-9), now
         with self._lock:
             done, density, threshold = self._done(), self.density, self.threshold
-        figures = {"loss": self.mean_loss, "examples_per_second": done * self.batch_size / elapsed}
+        figures = {"loss": self.median_loss, "examples_per_second": done * self.batch_size / elapsed}
         if self._traffic is not None:
             figures["bytes_on_wire"] = self._traffic()
             if self._show_updates:

@@ -94,6 +94,7 @@ from sparkgrad.spark.shared_worker import (
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.spark.threads import check_task_threads
 from sparkgrad.transport import Controller, Header, ZmqTransportConfiguration
+from sparkgrad.transport.limits import finite_mean
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -475,6 +476,7 @@ class ControllerFit(ABC):
                 job_id=job_id,
                 secret=secret,
                 controller_key=controller.controller_key,
+                curve_key=controller.curve_key,
                 host=host,
                 port=controller.port,
                 transport=transport,
@@ -535,6 +537,7 @@ class ControllerFit(ABC):
             **{f"controller_frames_rejected_{k}": v for k, v in sorted(c.rejected_reasons.items())},
             "controller_peers_dropped": c.peers_dropped,
             **{f"controller_peers_dropped_{k}": v for k, v in sorted(c.dropped_reasons.items())},
+            "controller_outliers_flagged": c.outliers_flagged,
             "updates_applied": controller.updates_applied,
             "rounds_averaged": controller.rounds_averaged,
             "workers": len(controller.workers_seen),
@@ -919,7 +922,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             for r in workers:
                 if r.stats is not None:
                     stats.merge(r.stats)
-        return float(np.mean([r.score for r in workers]))
+        return finite_mean([r.score for r in workers])
 
 
 __all__ = ["SharedJob", "SharedTrainingMaster", "SharedWorker", "WorkerResult", "encoded_count"]

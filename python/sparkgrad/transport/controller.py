@@ -36,14 +36,24 @@ are lost like skipped steps.
 
 Resource limits (:mod:`.limits`): each connection queues at most ``max_queued_bytes`` each way (a
 send queue that fills drops its worker: ``queue_full`` in ``TrafficCounters.dropped_reasons``, next to
-``gone`` and ``silent_parent``), and at most ``max_connections`` connections are live at once: one more
-is refused at its handshake, before any of its frames is read (``connection_limit``).
+``gone`` and ``silent_parent``), and at most ``max_connections`` connections are live at once. A
+connection on which no authenticated frame arrives within ``connect_timeout_ms`` is closed
+(``auth_timeout``), one host holds at most ``max_unauthenticated_per_address`` such connections
+(``address_limit``), and past ``max_connections`` the oldest of them is closed to make room; only when
+every connection is authenticated is one more refused at its handshake (``connection_limit``).
+:class:`~sparkgrad.transport.limits.ConnectionLimit` has the details.
 
-Update sanity: an UPDATE whose threshold fails the fit's bound
-(:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``) is counted and never
-applied; the worker gets an ERROR (its fit fails with the reason). An update that would leave any
-parameter non-finite (float overflow of finite values) is computed in a second buffer and refused too
-(reason ``non_finite``), naming its sender; the parameters stay as they were.
+Update sanity: an UPDATE whose sparse indices are not strictly ascending (``unordered``,
+:func:`~sparkgrad.transport.limits.check_update_entries`) or whose threshold fails the fit's bound
+(:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
+``threshold_factor`` x the median of the other registered workers' latest accepted thresholds and the
+reference) is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An
+update that would leave any parameter non-finite (float overflow of finite values) is computed in a
+second buffer and refused too (reason ``non_finite``), naming its sender; the parameters stay as they
+were. A worker whose recent updates outweigh the median other registered worker's
+(:class:`~sparkgrad.transport.limits.InfluenceLedger`) is flagged past ``outlier_factor / 2`` and
+quarantined past ``outlier_factor``: its update is refused (``outlier``), it is dropped
+(``quarantined``) and told to re-join.
 
 Parameter averaging (``Controller(averaging=True)``, ParameterAveragingTrainingMaster's rounds in one
 Spark job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every
@@ -64,6 +74,7 @@ import logging
 import math
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -99,13 +110,16 @@ from sparkgrad.transport.frame import (
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
     ConnectionLimit,
+    InfluenceLedger,
     RateLimitedLog,
     TrafficCounters,
     ZmqTransportConfiguration,
     all_finite,
     bounded_socket,
+    check_update_entries,
     check_update_threshold,
     endpoint,
+    finite_mean,
     is_count,
     owned_context,
 )
@@ -204,6 +218,8 @@ class Controller:
         self._config = config or ZmqTransportConfiguration()
         self._update_limit = max_update_bytes(self._params.size)
         self._threshold_reference = float(threshold_reference)
+        self._thresholds: dict[int, float] = {}  # each worker's latest accepted threshold
+        self._ledger = InfluenceLedger(self._config.outlier_factor, self._threshold_reference)
         self._averaging = averaging
         self._average_updater_state = averaging and average_updater_state
         # averaging: the AVERAGE vectors of each (epoch, round) so far by partition, the rounds done
@@ -220,6 +236,11 @@ class Controller:
         self.updates_applied = 0
         self.workers_seen: set[int] = set()
         self._peers: dict[int, bytes] = {}
+        self._owners: dict[bytes, int] = {}  # connection -> its worker (one worker per connection)
+        # MESH: workers to take out of the tree, handled in a loop (a leave sends frames, a failed send
+        # makes another worker leave: a chain as long as the crowd that vanished, never a recursion)
+        self._leaving: deque[int] = deque()
+        self._leaving_busy = False
         self._relay_address: dict[int, str] = {}  # MESH: each worker's relay socket, "host:port"
         self._rejoin_pending: dict[int, bytes] = {}
         self._replay = Replay()
@@ -255,8 +276,20 @@ class Controller:
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.curve_key: bytes | None = None  # with config.encrypt: the public key workers connect with
+        if self._config.encrypt:
+            self.curve_key, curve_secret = zmq.curve_keypair()
+            self._sock.curve_secretkey = curve_secret
+            self._sock.curve_publickey = self.curve_key
+            self._sock.curve_server = True
         self._connections = ConnectionLimit(
-            self._ctx, self._sock, self._config.max_connections, self.counters, self._log
+            self._ctx,
+            self._sock,
+            self._config.max_connections,
+            self.counters,
+            self._log,
+            timeout_ms=self._config.connect_timeout_ms,
+            per_address=self._config.max_unauthenticated_per_address,
         )
         try:
             if port == 0:  # a free port, which the workers learn from the job
@@ -371,6 +404,7 @@ class Controller:
                     self._connections.handle()
                 if self._sock in ready:
                     self._receive_all()
+                self._connections.sweep()
                 self._retry_rejoin_notices()
             for worker, identity in list(self._peers.items()):
                 self._send(identity, self._control_frame(MessageType.BYE, worker))
@@ -387,14 +421,14 @@ class Controller:
     def _receive_all(self) -> None:
         while True:
             try:
-                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(parts) != 2:  # a DEALER always sends one part; anything else is a stranger
                 self.counters.messages_received += 1
-                self._reject("malformed", f"{len(parts) - 1}-part message from {parts[0].hex()}")
+                self._reject("malformed", f"{len(parts) - 1}-part message from {parts[0].bytes.hex()}")
                 continue
-            self._handle(parts[0], parts[1])
+            self._handle(parts[0].bytes, parts[1].bytes, parts[1].get(zmq.SRCFD))
 
     def _notify_failure(self, exc: BaseException) -> None:
         """Best effort: tell every worker why the controller stopped, so no worker waits for a timeout."""
@@ -463,14 +497,13 @@ class Controller:
         status = self._send_raw(identity, frame)
         if status is None:
             return True
-        for sender in list(self._peers):
-            # _forget may send (MESH re-parenting) and drop others on the way: only those still here
-            if self._peers.get(sender) == identity:
-                self._forget(sender)
-                self.counters.drop("queue_full" if status == "full" else "gone")
-                self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
-                if status == "full":
-                    self._rejoin_pending[sender] = identity
+        sender = self._owners.get(identity)
+        if sender is not None:
+            self._forget(sender)  # MESH: may send (re-parenting), queueing more leaves, never recursing
+            self.counters.drop("queue_full" if status == "full" else "gone")
+            self._log.warning(f"dropped worker {sender} ({'queue full' if status == 'full' else 'gone'})")
+            if status == "full":
+                self._rejoin_pending[sender] = identity
         return False
 
     def _error_reply(self, identity: bytes, worker: int, text: str) -> None:
@@ -541,7 +574,7 @@ class Controller:
             return max_averaging_bytes(self._average_size) if self._averaging else 0
         return CONTROL_PAYLOAD_LIMIT
 
-    def _handle(self, identity: bytes, frame: bytes) -> None:
+    def _handle(self, identity: bytes, frame: bytes, fd: int) -> None:
         self.counters.bytes_received += len(frame)
         self.counters.messages_received += 1
         try:
@@ -549,6 +582,7 @@ class Controller:
         except FrameRejected as exc:  # not authenticated (or a replay): no reply at all
             self._reject(exc.reason, str(exc))
             return
+        self._connections.authenticate(fd)  # its tag is valid: the connection is no stranger's
         kind, sender = header.message_type, header.sender
         if kind != MessageType.HELLO and self._peers.get(sender) != identity:
             # not registered (dropped, reconnected, or a copy of a worker's frame from another
@@ -580,13 +614,13 @@ class Controller:
                     "a failed task or a lost executor): the rounds of a one-job parameter-averaging fit "
                     "cannot be resumed"
                 )
-            owner = next((w for w, ident in self._peers.items() if ident == identity and w != sender), None)
-            if owner is not None:  # one worker per connection: its frames and fate are that worker's
+            owner = self._owners.get(identity)
+            if owner is not None and owner != sender:  # one worker per connection: its frames, its fate
                 text = f"HELLO from worker {sender} on the connection of worker {owner}"
                 self._reject("identity_in_use", text)
                 self._error_reply(identity, sender, text)
                 return
-            self._peers[sender] = identity
+            self._register(sender, identity)
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
             if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
@@ -688,11 +722,20 @@ class Controller:
         self._updater_state_iteration = header.iteration
         self.updater_state_reports += 1
 
+    def _register(self, sender: int, identity: bytes) -> None:
+        old = self._peers.get(sender)
+        if old is not None:  # reconnected: its old connection is no longer its
+            self._owners.pop(old, None)
+        self._peers[sender] = identity
+        self._owners[identity] = sender
+
     def _forget(self, sender: int) -> None:
         """A worker left or was dropped: no more relays to it, its pending epoch reports no longer
         count (a Spark retry's new workers report those epochs again) and, in MESH, its children move up."""
-        if self._peers.pop(sender, None) is None:
+        identity = self._peers.pop(sender, None)
+        if identity is None:
             return
+        self._owners.pop(identity, None)
         for reports in self._epoch_reports.values():
             for slot, workers in list(reports.items()):
                 workers.pop(sender, None)
@@ -736,6 +779,22 @@ class Controller:
         return self._send(identity, self._parent_frame(self._mesh.parent(sender), sender))
 
     def _mesh_leave(self, sender: int) -> None:
+        """Take a worker out of the tree. Leaves are queued and handled one after the other by the
+        outermost call: a leave sends frames, a send that fails drops its worker (:meth:`_send`) and
+        queues its leave here, so 2,000 workers vanishing at once make a loop, not a recursion."""
+        self._leaving.append(sender)
+        if self._leaving_busy:
+            return
+        self._leaving_busy = True
+        try:
+            while self._leaving:
+                node = self._leaving.popleft()
+                if self._mesh is not None and node in self._mesh:
+                    self._mesh_leave_one(node)
+        finally:
+            self._leaving_busy = False
+
+    def _mesh_leave_one(self, sender: int) -> None:
         """Remove a worker from the tree, give its parent and its children's new parents their new lists
         of children, and tell each child its new parent."""
         assert self._mesh is not None
@@ -855,7 +914,7 @@ class Controller:
                 assert c.values is not None  # given holds only the contributions with values
                 total += c.values
             mean = (total / len(given)).astype(self._params.dtype)
-            score = float(np.mean([c.score for c in given]))
+            score = finite_mean([float(c.score) for c in given])  # a worker's 1.7e308 cannot make it inf
             size = self._params.size
             with self._lock:
                 self._params[:] = mean[:size]
@@ -892,8 +951,33 @@ class Controller:
         """Called on the controller thread after every averaged round (a hook for progress reporting)."""
 
     def _check_threshold(self, sender: int, message: np.ndarray) -> float:
-        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold")."""
-        return check_update_threshold(message, self._threshold_reference, f"worker {sender}")
+        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold"): at
+        most the larger of a factor x the fit's current threshold and the reference. The current
+        threshold is the median latest accepted threshold of the other registered workers (a departed
+        worker's threshold is history). Those with ``InfluenceLedger.WARMUP`` updates or more count,
+        with ``threshold_factor``; while none has, a worker's first updates may be far from another's
+        (an adaptive algorithm finding its level), so all count, with ``warmup_threshold_factor``; a
+        worker alone in the fit has only the fixed bound."""
+        config = self._config
+        others = {w: t for w, t in self._thresholds.items() if w != sender and w in self._peers}
+        warm = [t for w, t in others.items() if self.updates_by_worker.get(w, 0) >= InfluenceLedger.WARMUP]
+        current, factor = None, math.inf
+        if warm:
+            current, factor = float(np.median(warm)), config.threshold_factor
+        elif others:
+            current, factor = float(np.median(list(others.values()))), config.warmup_threshold_factor
+        return check_update_threshold(message, self._threshold_reference, f"worker {sender}", current, factor)
+
+    def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
+        """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""
+        self.counters.reject("outlier")
+        self._forget(sender)
+        self.counters.drop("quarantined")
+        self._log.warning(
+            f"quarantined worker {sender}: its recent updates are {ratio:.3g} x the median other worker's "
+            f"(outlier_factor {self._ledger.factor:g}); it must re-join"
+        )
+        self._rejoin_notice(sender, identity)
 
     def _applied(self, header: Header, message: np.ndarray) -> None:
         """Called with each update this controller applied (before relaying it); for subclasses."""
@@ -909,6 +993,7 @@ class Controller:
                 )
             message = update_payload(header, payload, f"worker {sender}")
             threshold = self._check_threshold(sender, message)
+            check_update_entries(message, f"worker {sender}")
             with self._lock:
                 self._scratch.fill(0)
                 try:
@@ -925,14 +1010,30 @@ class Controller:
                         f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
                         "non-finite: not applied",
                     )
-                self._params, self._next_params = self._next_params, self._params
-                self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
-                self.iteration = max(self.iteration, header.iteration)
-                self.epoch = max(self.epoch, header.epoch)
-                self.updates_applied += 1
+                # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
+                entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self._scratch))
+                l1 = threshold * entries
+                ratio = self._ledger.ratio(sender, l1, threshold, self._peers)
+                if ratio <= self._ledger.factor:
+                    self._params, self._next_params = self._next_params, self._params
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
             self._refuse(identity, sender, exc)
             return
+        if ratio > self._ledger.factor:
+            self._quarantine(identity, sender, ratio)
+            return
+        if ratio > self._ledger.factor / 2:
+            self.counters.outliers_flagged += 1
+            self._log.warning(
+                f"worker {sender}: its recent updates are {ratio:.3g} x the median other worker's"
+            )
+        self._ledger.record(sender, l1, threshold)
+        self._thresholds[sender] = threshold
+        with self._lock:
+            self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
+            self.iteration = max(self.iteration, header.iteration)
+            self.epoch = max(self.epoch, header.epoch)
+            self.updates_applied += 1
         self._applied(header, message)
         if self._mesh is None:
             targets = [other for other in self._peers if other != sender]

@@ -12,7 +12,10 @@ starts from) and ``MAX_SCALE`` (1e6, the largest threshold any encoder writes) i
 ``threshold``), counted and never applied. The bound is fixed for the fit, so no series of accepted
 updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates each 15x
 the last drove to infinity). An adaptive algorithm would have to double its threshold twenty times over
-the fit's start to reach it.
+the fit's start to reach it. The controller bounds it further by the fit's current threshold (the
+median of the other workers' latest, ``threshold_factor``), refuses sparse indices that are not
+strictly ascending (:func:`check_update_entries`) and weighs each worker's updates against the median
+worker's (:class:`InfluenceLedger`).
 
 Every dropped frame is counted by reason (:class:`TrafficCounters`); log lines about them are rate
 limited (:class:`RateLimitedLog`).
@@ -22,9 +25,10 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -65,9 +69,31 @@ class ZmqTransportConfiguration(Config):
             can make a socket buffer high_water_mark x the largest frame (about 40 GB at 10M
             parameters) either way. A full receive queue makes ZeroMQ stop reading that connection; a
             full send queue drops the peer (``queue_full``, see the controller and the relay).
-        max_connections: the most connections the controller keeps at once (>= 1); one more is
-            refused at its handshake and counted (``connection_limit``). With max_queued_bytes this
-            bounds what all connections together may make the controller queue.
+        max_connections: the most connections the controller keeps at once (>= 1). Past it, the
+            oldest connection that has not authenticated (sent a frame with a valid tag) is closed to
+            make room; only when all are authenticated is one more refused at its handshake (both
+            counted ``connection_limit``). With max_queued_bytes this bounds what all connections
+            together may make the controller queue. A connection that does not authenticate within
+            ``connect_timeout_ms`` is closed (``auth_timeout``).
+        max_unauthenticated_per_address: the most connections one peer address may hold at the
+            controller before they authenticate (>= 1); one more closes that address's oldest
+            (``address_limit``). Authenticated connections do not count, so many workers on one host
+            (or on 127.0.0.1) are never refused for it.
+        threshold_factor: the controller refuses an UPDATE whose threshold exceeds the larger of this
+            many times the fit's current threshold (the median of the other registered workers' latest
+            accepted thresholds) and the fit's reference threshold (what every worker starts from) (>= 1;
+            :func:`check_update_threshold`). Only workers with ``InfluenceLedger.WARMUP`` (8) updates
+            stand for the current threshold;
+        warmup_threshold_factor: the factor while no other worker has that many, over the median of
+            all the other registered workers' latest (an adaptive algorithm's first steps may differ
+            that much between workers) (>= 1). A worker alone in the fit has only the fixed bound.
+        outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
+            L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
+            of it they are flagged (counted, logged) (>= 2).
+        encrypt: CURVE-encrypt every connection to the controller (ZeroMQ's CurveZMQ: X25519 key
+            exchange, XSalsa20-Poly1305 per message). The controller draws a key pair per fit; the
+            workers get its public key with the job and draw their own. Frames stay authenticated as
+            without it; MESH relay links stay in the clear.
     """
 
     connect_timeout_ms: int = 15000
@@ -80,6 +106,11 @@ class ZmqTransportConfiguration(Config):
     mesh_catchup_ms: int = 5000
     max_queued_bytes: int = 256 << 20
     max_connections: int = 1024
+    max_unauthenticated_per_address: int = 32
+    threshold_factor: int = 16
+    warmup_threshold_factor: int = 1024
+    outlier_factor: int = 8
+    encrypt: bool = False
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -92,6 +123,12 @@ class ZmqTransportConfiguration(Config):
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
         check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
         check_int("max_connections", self.max_connections, minimum=1)
+        check_int("max_unauthenticated_per_address", self.max_unauthenticated_per_address, minimum=1)
+        check_int("threshold_factor", self.threshold_factor, minimum=1)
+        check_int("warmup_threshold_factor", self.warmup_threshold_factor, minimum=1)
+        check_int("outlier_factor", self.outlier_factor, minimum=2)
+        if not isinstance(self.encrypt, bool):
+            raise ValueError(f"encrypt: expected a bool, got {self.encrypt!r}")
 
 
 def bounded_socket(
@@ -165,6 +202,7 @@ class TrafficCounters:
     dropped_reasons: dict[str, int] = field(default_factory=dict)
     paced_waits: int = 0  # worker: minibatches held back by the staleness bound
     paced_wait_ms: float = 0.0  # worker: time spent held back by the staleness bound
+    outliers_flagged: int = 0  # controller: updates past half the outlier factor (InfluenceLedger)
 
     def reject(self, reason: str) -> None:
         """Count one rejected frame."""
@@ -173,7 +211,8 @@ class TrafficCounters:
 
     def drop(self, reason: str) -> None:
         """Count one dropped or refused peer: ``queue_full`` (its send queue is full: it does not read),
-        ``gone``, ``silent_parent`` (a MESH child reported it) or ``connection_limit``."""
+        ``gone``, ``silent_parent`` (a MESH child reported it), ``connection_limit``, ``address_limit`` or
+        ``auth_timeout`` (:class:`ConnectionLimit`)."""
         self.peers_dropped += 1
         self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
 
@@ -221,21 +260,61 @@ class RateLimitedLog:
             self.suppressed = 0
 
 
-class ConnectionLimit:
-    """Refuses a connection to ``sock`` beyond ``limit`` live ones, at its handshake.
+@dataclass
+class _Connection:
+    """One accepted connection of a listening socket (by its file descriptor)."""
 
-    Every handshake on the socket asks this object (a ZAP handler: the NULL mechanism consults ZAP once
-    the socket has a ZAP domain); it answers 400 while more than ``limit`` connections are live. Live
-    connections are counted from the socket's monitor: libzmq reports each accepted connection before
-    its handshake and its end exactly once (a refused one included), and the event pipe is unbounded so
-    no event is lost. The owner polls :attr:`sockets` and calls :meth:`handle` with the ready ones.
+    since: float  # monotonic time it was accepted
+    peer: tuple | None  # (address, port, ...) from getpeername; None if it was gone before we asked
+
+    @property
+    def address(self) -> str:
+        return "?" if self.peer is None else str(self.peer[0])
+
+
+def _peer_of(fd: int) -> tuple | None:
+    """getpeername of a file descriptor libzmq owns (wrapped, never closed here)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+
+
+class ConnectionLimit:
+    """Bounds the connections to ``sock``: how many, how long without authenticating, how many per host.
+
+    Live connections are tracked by file descriptor from the socket's monitor: libzmq reports each
+    accepted connection before its handshake and its end exactly once (a refused one included), and the
+    event pipe is unbounded so no event is lost. A connection counts as *authenticated* once a frame with
+    a valid tag arrived on it (the owner calls :meth:`authenticate` with the frame's ``zmq.SRCFD``).
+    Unauthenticated connections are what a stranger without the key can hold, so they are bounded three
+    ways (issue 37): one that has not authenticated ``timeout_ms`` after it was accepted is shut down
+    (``auth_timeout``); when a host holds more than ``per_address`` of them its oldest is shut down
+    (``address_limit``); and when more than ``limit`` connections are live, the oldest unauthenticated
+    one is shut down to make room (``connection_limit``), so strangers can never lock authenticated
+    workers out. Both are judged as each connection is accepted. Only when every other connection is
+    authenticated is a new one refused at its handshake (a ZAP handler: the NULL mechanism consults ZAP
+    once the socket has a ZAP domain; counted ``connection_limit`` too). A connection is shut down with
+    ``shutdown(2)`` on its descriptor after checking that the descriptor still has the peer it was
+    accepted from; libzmq then sees the end of the stream, closes it and reports it. The owner polls
+    :attr:`sockets`, calls :meth:`handle` with the ready ones and :meth:`sweep` on every turn of its
+    loop.
 
     Args:
         ctx: the socket's context (one ZAP handler per context).
         sock: the listening socket, before it binds.
         limit: the most live connections.
-        counters: where a refused connection is counted (``connection_limit``).
+        counters: where a refused or closed connection is counted.
         log: where a refusal is reported.
+        timeout_ms: how long a connection may stay unauthenticated.
+        per_address: the most unauthenticated connections one peer address may hold.
+        clock: monotonic clock in seconds.
     """
 
     def __init__(
@@ -245,9 +324,18 @@ class ConnectionLimit:
         limit: int,
         counters: TrafficCounters,
         log: RateLimitedLog,
+        timeout_ms: int,
+        per_address: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit, self._counters, self._log = limit, counters, log
-        self.live = 0
+        self._timeout_s, self._per_address, self._clock = timeout_ms / 1000, per_address, clock
+        self._conns: dict[int, _Connection] = {}  # by descriptor
+        # the unauthenticated ones not being shut down, in the order they were accepted, and by address
+        self._strangers: dict[int, _Connection] = {}
+        self._by_address: dict[str, dict[int, _Connection]] = {}
+        self._closing: set[int] = set()  # shut down by us, their end not reported yet
+        self.accepted = 0  # connections accepted so far
         self._zap = ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind("inproc://zeromq.zap.01")
@@ -265,27 +353,98 @@ class ConnectionLimit:
         """The sockets to poll for input."""
         return self._events, self._zap
 
+    @property
+    def live(self) -> int:
+        """Connections open and not being shut down by us."""
+        return len(self._conns) - len(self._closing)
+
+    @property
+    def unauthenticated(self) -> int:
+        """Live connections on which no authenticated frame arrived yet."""
+        return len(self._strangers)
+
+    def authenticate(self, fd: int) -> None:
+        """A frame with a valid tag arrived on the connection of descriptor ``fd``."""
+        if fd not in self._conns:  # accepted after the events were last read
+            self._count_events()
+        self._unlist(fd)
+
     def handle(self) -> None:
-        """Count the connection events that arrived, then judge every pending handshake."""
+        """Read the connection events that arrived, then judge every pending handshake."""
         self._count_events()
         while self._zap.poll(0):
             request = self._zap.recv_multipart()
             self._count_events()  # its connection was accepted before its handshake asked
-            version, request_id, address = request[0], request[1], request[3]
+            version, request_id, address = request[0], request[1], request[3].decode(errors="replace")
             if self.live > self._limit:
                 self._counters.drop("connection_limit")
                 self._log.warning(
-                    f"refused a connection from {address.decode(errors='replace')}: "
-                    f"{self.live - 1} connections are open (max_connections {self._limit})"
+                    f"refused a connection from {address}: {self.live - 1} authenticated connections are "
+                    f"open (max_connections {self._limit})"
                 )
                 self._zap.send_multipart([version, request_id, b"400", b"too many connections", b"", b""])
             else:
                 self._zap.send_multipart([version, request_id, b"200", b"OK", b"", b""])
 
+    def sweep(self) -> None:
+        """Shut down every connection that did not authenticate within the timeout."""
+        deadline = self._clock() - self._timeout_s
+        while self._strangers:
+            fd, conn = next(iter(self._strangers.items()))
+            if conn.since > deadline:
+                return  # accepted in order: the rest are younger
+            self._close(fd, "auth_timeout")
+
+    def _close(self, fd: int, reason: str) -> None:
+        """Shut down an unauthenticated connection (it stays counted until libzmq reports its end)."""
+        conn = self._unlist(fd)
+        assert conn is not None  # only listed strangers are closed
+        self._closing.add(fd)
+        self._counters.drop(reason)
+        self._log.warning(f"closed an unauthenticated connection from {conn.address} ({reason})")
+        if conn.peer is None or _peer_of(fd) != conn.peer:
+            return  # gone already (its end is on its way), or the descriptor is another connection's now
+        try:
+            wrapped = socket.socket(fileno=fd)
+        except OSError:  # closed by libzmq since: its end is on its way
+            return
+        try:
+            wrapped.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            wrapped.detach()
+
     def _count_events(self) -> None:
         while self._events.poll(0):
-            event = parse_monitor_message(self._events.recv_multipart())["event"]
-            self.live += 1 if event == zmq.EVENT_ACCEPTED else -1
+            message = parse_monitor_message(self._events.recv_multipart())
+            fd = message["value"]
+            self._forget(fd)  # a descriptor's end comes before its reuse; an accept replaces nothing
+            if message["event"] == zmq.EVENT_ACCEPTED:
+                self.accepted += 1
+                conn = _Connection(self._clock(), _peer_of(fd))
+                self._conns[fd] = self._strangers[fd] = conn
+                waiting = self._by_address.setdefault(conn.address, {})
+                waiting[fd] = conn
+                if len(waiting) > self._per_address:  # the oldest goes, not the one just accepted
+                    self._close(next(iter(waiting)), "address_limit")
+                if self.live > self._limit and len(self._strangers) > 1:
+                    self._close(next(iter(self._strangers)), "connection_limit")
+
+    def _forget(self, fd: int) -> None:
+        self._unlist(fd)
+        self._conns.pop(fd, None)
+        self._closing.discard(fd)
+
+    def _unlist(self, fd: int) -> _Connection | None:
+        """Take a connection off the unauthenticated lists (it authenticated, or it ends)."""
+        conn = self._strangers.pop(fd, None)
+        if conn is not None:
+            waiting = self._by_address[conn.address]
+            del waiting[fd]
+            if not waiting:
+                del self._by_address[conn.address]
+        return conn
 
     def close(self) -> None:
         """Stop monitoring and close the handler's sockets (before the socket itself)."""
@@ -294,18 +453,104 @@ class ConnectionLimit:
         self._zap.close()
 
 
-def check_update_threshold(message: np.ndarray, reference: float, sender: str) -> float:
+def check_update_threshold(
+    message: np.ndarray, reference: float, sender: str, current: float | None = None, factor: float = math.inf
+) -> float:
     """The threshold of an update message if it is sane (module docstring), else
-    FrameRejected("threshold"). ``message`` holds at least the 4 header words."""
+    FrameRejected("threshold"). ``message`` holds at least the 4 header words. With ``current`` (the fit's
+    current threshold, as the controller sees it) the threshold must also be at most the larger of
+    ``factor`` x ``current`` and ``reference``."""
     threshold = float(message[2:3].view("<f4")[0])
     bound = min(MAX_SCALE, THRESHOLD_GROWTH_LIMIT * reference)
+    if current is not None:
+        bound = min(bound, max(factor * current, reference))
     if not (math.isfinite(threshold) and 0 < threshold <= bound):
+        now = "" if current is None else f", a factor {factor:g} x the fit's current threshold {current:.6g}"
         raise FrameRejected(
             "threshold",
             f"update from {sender} has threshold {threshold!r}: must be finite, > 0 and <= {bound:.6g} "
-            f"(the smaller of 2**20 x the fit's reference threshold {reference:.6g} and {MAX_SCALE:g})",
+            f"(from the fit's reference threshold {reference:.6g}{now}; at most 2**20 x the reference and "
+            f"{MAX_SCALE:g})",
         )
     return threshold
+
+
+def check_update_entries(message: np.ndarray, sender: str) -> None:
+    """A sparse message's entries must name strictly ascending, so distinct, indices (what every encoder
+    writes), else FrameRejected("unordered"): an index repeated k times would move its parameter k
+    thresholds in one update. Bitmap messages hold one code per element by construction. Entries beyond
+    the message or out of range are left to the decoder (``bad_update``)."""
+    if message.size < 5 or message[3] != 0:
+        return
+    count = min(max(int(message[0]), 0), message.size - 4)
+    indices = np.abs(message[4 : 4 + count].astype(np.int64))
+    if count > 1 and not bool(np.all(indices[1:] > indices[:-1])):
+        first = int(np.argmin(indices[1:] > indices[:-1]))
+        raise FrameRejected(
+            "unordered",
+            f"update from {sender}: entry {first + 1} names index {int(indices[first + 1]) - 1} after "
+            f"{int(indices[first]) - 1} (indices must be strictly ascending, each at most once)",
+        )
+
+
+class InfluenceLedger:
+    """Per-worker magnitude accounting of the updates the controller applies (issue 37).
+
+    For every worker it keeps an exponential moving average (weight ``1/16``, about its last 16 updates)
+    of each update's L1 norm (threshold x encoded entries) and L-inf norm (its threshold). An update is
+    judged against the median of the averages of the other registered workers that have sent
+    :attr:`WARMUP` updates (at least two of them; a worker's first updates, while an adaptive
+    algorithm finds its level, stand for nothing): the ratio of the worker's averages after the update
+    to theirs, the larger of the two, with the L-inf median taken at least at the fit's reference
+    threshold (a restarted worker starts there while the others' thresholds may have decayed). Past
+    ``factor / 2`` the update is flagged; past ``factor`` the worker is quarantined by the owner (the
+    update is refused).
+
+    Args:
+        factor: the quarantine factor (``ZmqTransportConfiguration.outlier_factor``).
+        reference: the fit's reference threshold.
+    """
+
+    WEIGHT = 1 / 16
+    WARMUP = 8  # updates before a worker's average (and latest threshold) stands for the fit
+
+    def __init__(self, factor: float, reference: float) -> None:
+        self.factor, self._reference = factor, reference
+        self._averages: dict[int, tuple[float, float]] = {}  # worker -> (L1, L-inf)
+        self._counts: dict[int, int] = {}  # worker -> updates recorded
+
+    def ratio(self, worker: int, l1: float, linf: float, registered: Container[int]) -> float:
+        """How many times the median other ``registered`` worker's the worker's averages would be after
+        this update (0.0 while fewer than two of them sent updates)."""
+        others = [
+            v
+            for w, v in self._averages.items()
+            if w != worker and w in registered and self._counts[w] >= self.WARMUP
+        ]
+        if len(others) < 2:
+            return 0.0
+        mine = self._next(worker, l1, linf)
+        median_l1 = float(np.median([v[0] for v in others]))
+        median_linf = max(float(np.median([v[1] for v in others])), self._reference)
+        return max(mine[0] / median_l1 if median_l1 > 0 else 0.0, mine[1] / median_linf)
+
+    def record(self, worker: int, l1: float, linf: float) -> None:
+        """An update of ``worker`` was applied."""
+        self._averages[worker] = self._next(worker, l1, linf)
+        self._counts[worker] = self._counts.get(worker, 0) + 1
+
+    def _next(self, worker: int, l1: float, linf: float) -> tuple[float, float]:
+        old = self._averages.get(worker)
+        if old is None:
+            return (l1, linf)
+        w = self.WEIGHT
+        return (old[0] + w * (l1 - old[0]), old[1] + w * (linf - old[1]))
+
+
+def finite_mean(values: list[float]) -> float:
+    """The mean of finite floats, finite whatever they are: each is divided before the exact sum
+    (``math.fsum``), so reports of 1.7e308 cannot overflow it to inf as a plain sum does."""
+    return math.fsum(v / len(values) for v in values)
 
 
 def all_finite(values: np.ndarray) -> bool:
@@ -326,9 +571,12 @@ __all__ = [
     "ZmqTransportConfiguration",
     "all_finite",
     "ConnectionLimit",
+    "InfluenceLedger",
     "bounded_socket",
+    "check_update_entries",
     "check_update_threshold",
     "endpoint",
+    "finite_mean",
     "is_count",
     "owned_context",
 ]

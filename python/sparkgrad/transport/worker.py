@@ -16,9 +16,10 @@ it and counts it (reasons in brackets):
   carry the next link number (``stale``; a ``gap`` makes it re-join, see :mod:`.frame`);
 - on its MESH parent's connection: only UPDATEs relayed by that parent and the parent's own re-join
   ERROR (``link``): an EPOCH_GO or PARAMS from a parent is refused;
-- every received UPDATE, relayed or not, must pass the threshold bound of the fit's reference
-  (``threshold``, :func:`~sparkgrad.transport.limits.check_update_threshold`) where the worker knows
-  it (``threshold_reference``);
+- every received UPDATE must name strictly ascending indices (``unordered``; the worker re-joins, as
+  for ``non_finite``), and must pass the threshold bound of the fit's reference
+  (``threshold``, :func:`~sparkgrad.transport.limits.check_update_threshold`); a worker that averages
+  parameters takes no UPDATE (``link``);
 - an UPDATE after which the owner finds a parameter non-finite (its ``on_update`` raises
   ``FrameRejected("non_finite")``, as ``SharedWorker`` does) is counted (``non_finite``) and the worker
   re-joins (:class:`RejoinRequired`), taking the controller's parameters, which never included it.
@@ -33,6 +34,7 @@ controller's parameters (``SharedWorker`` does).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +75,7 @@ from sparkgrad.transport.limits import (
     TrafficCounters,
     ZmqTransportConfiguration,
     bounded_socket,
+    check_update_entries,
     check_update_threshold,
     endpoint,
     is_count,
@@ -117,14 +120,17 @@ class WorkerConnection(MeshRelay):
             socket there on an ephemeral port. None (PLAIN): every update comes from the controller.
         on_params: MESH (required there): ``on_params(params, iteration, epoch)`` replaces the owner's
             parameters when the worker resynchronises with the controller (:mod:`sparkgrad.transport.mesh`).
-        threshold_reference: the fit's reference threshold: a received UPDATE whose threshold the
-            controller's bound would refuse is dropped (reason ``threshold``) instead of applied (a MESH
-            parent could forge one). None: not checked.
+        threshold_reference: the fit's reference threshold (required, keyword only): a received UPDATE
+            whose threshold the controller's bound would refuse is dropped (reason ``threshold``) instead
+            of applied (a MESH parent could forge one). None only with ``average_values`` (parameter
+            averaging takes no UPDATE at all: every one is refused, reason ``link``).
         average_values: parameter averaging (:meth:`average`): the floats an AVERAGED vector holds (the
             parameters, then the updater state when it is averaged); 0 (gradient sharing): AVERAGED
             frames are refused (``link``).
         controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
             frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
+        curve_key: the controller's CURVE public key (``Controller.curve_key``) when it encrypts
+            (``ZmqTransportConfiguration.encrypt``); None: in the clear.
     """
 
     def __init__(
@@ -139,13 +145,21 @@ class WorkerConnection(MeshRelay):
         updater_state_bytes: int = 0,
         relay_host: str | None = None,
         on_params: Callable[[np.ndarray, int, int], None] | None = None,
-        threshold_reference: float | None = None,
         average_values: int = 0,
         *,
         controller_key: bytes,
+        threshold_reference: float | None,
+        curve_key: bytes | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
+        if threshold_reference is None:
+            if not average_values:
+                raise ValueError(
+                    "threshold_reference: None (no bound on received updates) only with average_values"
+                )
+        elif not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
+            raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
         if relay_host is not None and on_params is None:
             raise ValueError("on_params: required with relay_host (MESH replaces the parameters on a resync)")
         self._num_params = check_int("num_params", num_params, minimum=1)
@@ -179,6 +193,9 @@ class WorkerConnection(MeshRelay):
         )
         self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
+        if curve_key is not None:  # an encrypting controller (ZmqTransportConfiguration.encrypt)
+            self._sock.curve_serverkey = curve_key
+            self._sock.curve_publickey, self._sock.curve_secretkey = zmq.curve_keypair()
         self._sock.connect(self.endpoint)
         self._closed = False
         # MESH state (module docstring of sparkgrad.transport.mesh)
@@ -301,10 +318,11 @@ class WorkerConnection(MeshRelay):
                 )
             if header.payload_length < 16:
                 raise FrameRejected("malformed", f"UPDATE from {peer}: {header.payload_length} bytes")
-            if self._threshold_reference is not None:
-                check_update_threshold(
-                    update_header(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
-                )
+            if self._threshold_reference is None:  # parameter averaging: no UPDATE is ever relayed
+                raise FrameRejected("link", f"UPDATE from {peer} to a worker that averages parameters")
+            check_update_threshold(
+                update_header(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
+            )
         elif from_parent:
             if kind != MessageType.ERROR or header.sender != self.parent_id:
                 raise FrameRejected(
@@ -392,8 +410,11 @@ class WorkerConnection(MeshRelay):
         """Hand a received update to the owner. An owner that finds its parameters broken by it (non-finite
         after applying it) raises FrameRejected: counted, and this worker re-joins for the controller's
         parameters, which never included it (the controller refuses such an update before relaying)."""
+        peer = f"worker {header.sender}"
         try:
-            on_update(header, update_payload(header, payload, f"worker {header.sender}"))
+            message = update_payload(header, payload, peer)
+            check_update_entries(message, peer)  # the controller relays none such: a MESH relay forged it
+            on_update(header, message)
         except FrameRejected as exc:
             self._rejected(exc)
             raise RejoinRequired(
