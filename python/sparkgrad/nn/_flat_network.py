@@ -239,7 +239,7 @@ class FlatNetwork:
             setting = functools.partial(self.conf.setting, key)
             if (
                 isinstance(rt, EmbeddingRuntime)
-                and (setting("updater").row_sparse or layer.lazy_updates)
+                and (setting("updater").row_sparse or getattr(layer, "lazy_updates", False))
                 and setting("l1") == setting("l2") == setting("weight_decay") == 0
                 and setting("gradient_normalization") is GradientNormalization.NONE
             ):

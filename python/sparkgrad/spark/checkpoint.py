@@ -336,9 +336,9 @@ class FitCheckpoints:
             write_bytes(name, text)  # the commit: the checkpoint is complete from here on
         except Exception as exc:
             self.failures += 1
-            text = f"checkpoint {name} was not written ({type(exc).__name__}: {exc}); training goes on"
-            log.error(text)
-            warnings.warn(text, RuntimeWarning, stacklevel=1)
+            message = f"checkpoint {name} was not written ({type(exc).__name__}: {exc}); training goes on"
+            log.error(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=1)
             return
         self.written.append(name)
         log.info("checkpoint %s written (%.1f MB)", name, len(model) / 1e6)

@@ -251,20 +251,13 @@ class EvaluationScoreCalculator(ScoreCalculator):
 
     def calculate_score(self, model: SparkNetwork) -> float:
         kind, reader, _ = _METRICS[self.metric]
-        if self.local:
-            net = model.network
-            evaluation = {
-                "classification": net.evaluate,
-                "regression": net.evaluate_regression,
-                "roc": net.evaluate_roc,
-            }[kind](self.data)
-        else:
-            rdd = self._rdd(model)
-            evaluation = {
-                "classification": model.evaluate,
-                "regression": model.evaluate_regression,
-                "roc": model.evaluate_roc,
-            }[kind](rdd)
+        method = {"classification": "evaluate", "regression": "evaluate_regression", "roc": "evaluate_roc"}[
+            kind
+        ]
+        if self.local:  # the network's own evaluation, on the driver
+            evaluation = getattr(model.network, method)(self.data)
+        else:  # the Spark model's: a Spark job over the RDD
+            evaluation = getattr(model, method)(self._rdd(model))
         return float(getattr(evaluation, reader)())
 
 
@@ -453,21 +446,28 @@ class SparkEarlyStoppingTrainer:
         """Train, score and save as the configuration says; returns the result (the model's network is
         the last one trained; ``result.best_model`` the best)."""
         config = self.config
-        for condition in (*config.epoch_termination_conditions, *config.iteration_termination_conditions):
-            condition.initialize()
+        for epoch_condition in config.epoch_termination_conditions:
+            epoch_condition.initialize()
+        for iteration_condition in config.iteration_termination_conditions:
+            iteration_condition.initialize()
         calculator = config.score_calculator
         state = _Progress(config, int(self.model.network.epoch_count))
         limit = config.max_epochs or 2**31 - 1
-        fit_options = {"features_col": self.features_col, "label_col": self.label_col}
         try:
             if calculator.local:  # every epoch in one fit, scored on the driver in its callback
                 self.model.fit(
-                    self.data, epochs=limit, epoch_callback=state.after_epoch(self.model), **fit_options
+                    self.data,
+                    epochs=limit,
+                    epoch_callback=state.after_epoch(self.model),
+                    features_col=self.features_col,
+                    label_col=self.label_col,
                 )
             else:  # a Spark job scores: one fit per epoch
                 after = state.after_epoch(self.model)
                 for _ in range(limit):
-                    self.model.fit(self.data, epochs=1, **fit_options)
+                    self.model.fit(
+                        self.data, epochs=1, features_col=self.features_col, label_col=self.label_col
+                    )
                     if after(int(self.model.network.epoch_count) - 1, self.model.network)["stop"]:
                         break
         except Exception as exc:
@@ -532,15 +532,17 @@ class _Progress:
                     self.best_epoch,
                 )
             # the epoch's metric for the fit's records, when it is a number they can hold
-            metrics = {"validation_score": score} if scored and math.isfinite(score) else {}
-            for condition in config.iteration_termination_conditions:
-                if condition.terminate(score):
-                    self.reason, self.details = "IterationTerminationCondition", repr(condition)
+            metrics = (
+                {"validation_score": score} if score is not None and scored and math.isfinite(score) else {}
+            )
+            for iteration_condition in config.iteration_termination_conditions:
+                if iteration_condition.terminate(score):
+                    self.reason, self.details = "IterationTerminationCondition", repr(iteration_condition)
                     return {**metrics, "stop": True}
-            if scored:
-                for condition in config.epoch_termination_conditions:
-                    if condition.terminate(index, score, calculator.minimize):
-                        self.reason, self.details = "EpochTerminationCondition", repr(condition)
+            if scored and score is not None:
+                for epoch_condition in config.epoch_termination_conditions:
+                    if epoch_condition.terminate(index, score, calculator.minimize):
+                        self.reason, self.details = "EpochTerminationCondition", repr(epoch_condition)
                         return {**metrics, "stop": True}
             return {**metrics, "stop": False}
 

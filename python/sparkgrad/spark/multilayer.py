@@ -448,7 +448,7 @@ class SparkNetwork(Generic[NetT]):
                 epochs = fit_first + epochs - restored.epoch_count
             elif not request.resume and (existing := checkpoints.existing()):
                 raise ValueError(
-                    f"checkpoint: {request.checkpoint.directory} already holds checkpoints (the newest after "
+                    f"checkpoint: {checkpoints.config.directory} already holds checkpoints (the newest after "
                     f"epoch {existing[0]}): pass resume=True to continue from them, or another directory"
                 )
             checkpoints.start(int(self._network.epoch_count))

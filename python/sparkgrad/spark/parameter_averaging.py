@@ -343,6 +343,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             self._check_hook(hook)
         self._runtime_init()
         self._rng = random.Random(self.rng_seed)
+        self._job_first_epoch: int | None = None  # while a one-job fit runs: the epoch count it started at
         self.last_traffic: dict[str, float] = {}  # averaging_jobs="one": the transport's counters
         # per fit: Spark task re-runs whose results were averaged (after a failed task or lost executor)
         self.last_retries: dict[str, int] = {"retried_tasks": 0, "retrained_minibatches": 0}
@@ -547,8 +548,6 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         state = controller.updater_state()
         if self.save_updater and state is not None and state.size:
             network.set_updater_state(state)
-
-    _job_first_epoch: int | None = None  # while a one-job fit runs: the epoch count it started at
 
     def _checkpoint_state(self, network: Any) -> dict[str, Any]:
         """Besides the data order: the position of the generator that draws each epoch's split seed

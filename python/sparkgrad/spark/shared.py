@@ -337,7 +337,7 @@ class ControllerFit(ABC):
     _resume_order: tuple[int, int] | None = None  # a resumed fit's data order (checkpoint state)
     _fit_order: tuple[int, int] = (0, 0)  # the running fit's (shuffle seed, epoch its order counts from)
     # at an epoch_state epoch end: (the controller, its updater-state reports before this epoch's)
-    _state_reports: tuple[Controller, int] | None = None
+    _state_reports: tuple[_ProgressController, int] | None = None
     void_configuration: VoidConfiguration
     transport: ZmqTransportConfiguration | None
     batch_size_per_worker: int
@@ -849,11 +849,12 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         reported with this epoch's end, and the count of updater-state reports so far, after which comes
         the state it sends once the barrier let it go (:meth:`_checkpoint_updater_state`). At the fit's
         end the workers' mean updater state goes into the network (:meth:`_process_results`)."""
-        report = getattr(controller, "threshold_report", None)
+        report = controller.threshold_report if isinstance(controller, _ProgressController) else None
         if report is None:
             self._state_reports = None
             return  # not such an epoch
-        controller.threshold_report = None  # type: ignore[attr-defined]
+        assert isinstance(controller, _ProgressController)
+        controller.threshold_report = None
         self._state_reports = (controller, controller.updater_state_reports)
         try:
             self._fit_threshold = ThresholdAlgorithm.from_dict(report)

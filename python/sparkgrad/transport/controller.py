@@ -914,7 +914,9 @@ class Controller:
                 assert c.values is not None  # given holds only the contributions with values
                 total += c.values
             mean = (total / len(given)).astype(self._params.dtype)
-            score = finite_mean([float(c.score) for c in given])  # a worker's 1.7e308 cannot make it inf
+            score = finite_mean(
+                [float(c.score) for c in given if c.score is not None]
+            )  # a worker's 1.7e308 cannot make it inf
             size = self._params.size
             with self._lock:
                 self._params[:] = mean[:size]
