@@ -29,8 +29,9 @@ and the data-order seed; ParameterAveraging: the position of its data-order gene
 fit's training statistics so far (``SparkTrainingStats.to_dict``), or null when none are collected.
 
 What a checkpoint does not hold: a gradient-sharing worker's residual (the part of its updates not yet
-sent; one vector per worker, as large as the parameters). A resumed fit starts with zero residuals, as a
-fresh fit does, which costs nothing measurable (docs/guides/fault-tolerance.md).
+sent; one vector per worker, as large as the parameters): a resumed fit starts with zero residuals, as a
+fresh fit does. Nor an fp16 network's loss-scaler state: a resumed fp16 fit starts its loss scaling
+afresh (docs/guides/checkpoints.md).
 
 The driver copies the parameters at the epoch end and writes the checkpoint in a background thread while
 training goes on (the model file without compression: a copy, not a deflate pass); the next checkpoint,
