@@ -217,28 +217,19 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
             with socket.socket() as s:
                 s.bind((info.driver_host, 0))
                 port = int(s.getsockname()[1])
+
+            def sharing(**fit_options) -> dict:
+                master = SharedTrainingMaster(
+                    VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
+                    batch_size_per_worker=args.batch,
+                )
+                return run_sparkgrad(spark, master, rdd, test, args, **fit_options)
+
             contenders = {
-                "SharedTrainingMaster (defaults)": lambda: run_sparkgrad(
-                    spark,
-                    SharedTrainingMaster(
-                        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
-                        batch_size_per_worker=args.batch,
-                    ),
-                    rdd,
-                    test,
-                    args,
-                ),
+                "SharedTrainingMaster (defaults)": sharing,
                 # the same with a checkpoint after every epoch (bench/results/checkpoints/bandwidth.txt)
-                "SharedTrainingMaster (checkpoints)": lambda: run_sparkgrad(
-                    spark,
-                    SharedTrainingMaster(
-                        VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
-                        batch_size_per_worker=args.batch,
-                    ),
-                    rdd,
-                    test,
-                    args,
-                    checkpoint=tempfile.mkdtemp(prefix="sgc-checkpoints-"),
+                "SharedTrainingMaster (checkpoints)": lambda: sharing(
+                    checkpoint=tempfile.mkdtemp(prefix="sgc-checkpoints-")
                 ),
                 "ParameterAveraging (freq 5)": lambda: run_sparkgrad(
                     spark,
