@@ -19,6 +19,7 @@ from sparkgrad.ml._params import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS, SparkgradPa
 from sparkgrad.spark.columns import (
     CLASSIFICATION,
     REGRESSION,
+    dataframe_dataset_frame,
     dataframe_datasets,
     example_shape,
     linalg_rows,
@@ -26,6 +27,7 @@ from sparkgrad.spark.columns import (
     output_size,
     with_network_outputs,
 )
+from sparkgrad.spark.connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -48,6 +50,7 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
     configuration, SparkMultiLayer otherwise (one code path for both from here on)."""
     from sparkgrad.nn import ComputationGraphConfiguration
     from sparkgrad.spark import SparkComputationGraph, SparkMultiLayer
+    from sparkgrad.spark.multilayer import _FitRequest
 
     conf = estimator.network_configuration()
     if task == CLASSIFICATION:
@@ -57,7 +60,9 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
     validation = estimator.getValidationIndicatorCol()
 
     def datasets(frame: DataFrame) -> Any:
-        return dataframe_datasets(
+        # a Connect session has no RDDs: its fit reads the serialized DataSets from a DataFrame
+        convert = dataframe_dataset_frame if is_connect(frame) else dataframe_datasets
+        return convert(
             frame,
             estimator.getFeaturesCol(),
             estimator.getLabelCol(),
@@ -73,6 +78,9 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
     checkpoint, resume = estimator.checkpoint_configuration(), estimator.getResumeFromCheckpoint()
     if validation is None:
         with spark_network(dataset.sparkSession, conf, master) as model:
+            if is_connect(dataset):
+                request = _FitRequest.of(epochs, None, checkpoint, resume)
+                return model._fit_serialized(datasets(dataset), request)
             return model.fit(datasets(dataset), epochs=epochs, checkpoint=checkpoint, resume=resume)
     if checkpoint is not None:
         raise ValueError(
@@ -235,14 +243,18 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         workers run the driver's interpreter, as for a fit (a model loaded in a fresh session included).
         """
         from sparkgrad.spark.common import NetworkSnapshot, use_driver_interpreter
+        from sparkgrad.spark.connect import Held
         from sparkgrad.spark.multilayer import _InferenceJob
 
-        sc = dataset.sparkSession.sparkContext
-        use_driver_interpreter(sc)
+        # a Connect session has no broadcasts: the network travels in the plan, cached by the job's key
+        connect = is_connect(dataset)
+        sc: Any = dataset.sparkSession if connect else dataset.sparkSession.sparkContext
+        if not connect:
+            use_driver_interpreter(sc)
         checksum = zlib.crc32(np.ascontiguousarray(self.network.params()).view(np.uint8).data)
         if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
-            self._broadcast = (sc, checksum, sc.broadcast(job))
+            self._broadcast = (sc, checksum, Held(job) if connect else sc.broadcast(job))
         return functools.partial(_first_network, self._broadcast[2])
 
     def _one_output(self, value: Any) -> np.ndarray:

@@ -44,6 +44,19 @@ _VERSION_1_NETWORK = "MultiLayerNetwork"
 
 
 def _hadoop_exists(spark: Any, path: str) -> bool:
+    from sparkgrad.spark.connect import is_connect
+
+    if is_connect(spark):  # no JVM on a Connect client: ask Spark's file source
+        from pyspark.errors import AnalysisException
+
+        try:
+            files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
+            files.select("path").limit(1).collect()
+        except AnalysisException as exc:
+            if "PATH_NOT_FOUND" in str(exc):
+                return False
+            raise
+        return True
     jvm = spark.sparkContext._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
     return bool(jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(jpath))

@@ -386,7 +386,25 @@ def dataframe_datasets(
     task: str | None = None,
     names: tuple[str, str] = ("features_col", "label_col"),
 ) -> RDD:
-    """The RDD of DataSets that training on ``df`` uses: ``examples_per_dataset`` examples each.
+    """The RDD of DataSets of :func:`dataframe_dataset_frame` (same arguments): what training on ``df``
+    from a classic session uses."""
+    from sparkgrad.data import DataSet
+
+    converted = dataframe_dataset_frame(df, features_col, label_col, conf, examples_per_dataset, task, names)
+    return converted.rdd.map(lambda row: DataSet.from_bytes(row[0], source="DataFrame conversion"))
+
+
+def dataframe_dataset_frame(
+    df: DataFrame,
+    features_col: str,
+    label_col: str,
+    conf: NetworkConfiguration,
+    examples_per_dataset: int,
+    task: str | None = None,
+    names: tuple[str, str] = ("features_col", "label_col"),
+) -> DataFrame:
+    """The DataSets that training on ``df`` uses, ``examples_per_dataset`` examples each, serialized
+    (``DataSet.to_bytes``) in the one binary column ``dataset`` of a DataFrame.
 
     Every partition of ``df`` becomes DataSets of its rows, in order (the last one of a partition may
     be smaller), converted per Arrow batch on the executors; nothing is collected to the driver.
@@ -406,7 +424,7 @@ def dataframe_datasets(
         names: how messages call the features and label column arguments.
 
     Returns:
-        RDD of DataSets.
+        DataFrame of serialized DataSets.
 
     Raises:
         ValueError / TypeError: missing columns, columns of the wrong type, recurrent input (names
@@ -448,10 +466,9 @@ def dataframe_datasets(
         if records:
             yield pa.record_batch([pa.array(records, pa.binary())], names=["dataset"])
 
-    converted = _map_in_arrow(
+    return _map_in_arrow(
         selected, batches_to_datasets, T.StructType([T.StructField("dataset", T.BinaryType(), False)])
     )
-    return converted.rdd.map(lambda row: DataSet.from_bytes(row[0], source="DataFrame conversion"))
 
 
 def with_network_outputs(
@@ -589,6 +606,7 @@ __all__ = [
     "INDEX_SEQUENCES",
     "INDICES",
     "REGRESSION",
+    "dataframe_dataset_frame",
     "dataframe_datasets",
     "example_shape",
     "features_column",

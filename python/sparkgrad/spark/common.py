@@ -143,9 +143,10 @@ def spark_context(spark: Any) -> SparkContext:
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         raise EnvironmentNotReadyError(
             "spark: a Spark Connect session (SparkSession.builder.remote(...), Databricks shared or "
-            "serverless compute) has no SparkContext, and sparkgrad's fits, evaluation and scoring run "
-            "Spark jobs through one; use a classic SparkSession (a dedicated cluster, spark-submit, "
-            "pyspark without remote()); see docs/guides/cluster.md (Running on managed Spark)"
+            "serverless compute) has no SparkContext, which this operation needs (RDDs, broadcasts); "
+            "over Connect, fit DataFrames (SparkMultiLayer/SparkComputationGraph.fit(df), the sparkgrad.ml "
+            "estimators), or use a classic SparkSession (a dedicated cluster, spark-submit, pyspark without "
+            "remote()); see docs/guides/cluster.md (Running on managed Spark)"
         )
     sc = getattr(spark, "sparkContext", None)
     if isinstance(sc, SparkContext):
@@ -312,13 +313,17 @@ def run_spark(what: str, action: Callable[[], Any]) -> Any:
     """
     from py4j.protocol import Py4JJavaError
     from pyspark import SparkContext
-    from pyspark.errors import PythonException
+    from pyspark.errors import PySparkException, PythonException
 
     sc = SparkContext._active_spark_context
     with quiet_task_failures(sc), _job_group(sc) as group:
         try:
             return action()
-        except (Py4JJavaError, PythonException) as exc:
+        except (Py4JJavaError, PySparkException) as exc:
+            # a Spark Connect client gets an executor's error as a SparkException carrying its text
+            connect = type(exc).__module__.startswith("pyspark.errors.exceptions.connect")
+            if not (isinstance(exc, (Py4JJavaError, PythonException)) or connect):
+                raise
             text = str(exc.java_exception) if isinstance(exc, Py4JJavaError) else str(exc)
             _log.debug("%s failed on an executor; Spark's report:\n%s", what, exc)
             error = executor_error(what, text)
@@ -611,8 +616,17 @@ class TrainingMasterBase:
         for the next fits of the same RDD, so those start no Spark job here; it is released when a
         fit uses other data or by :meth:`delete_temp_files`. ``timer_key`` and ``count_key`` name the
         stats of the export and of the count; every fit also counts
-        :data:`APPROACH_EXPORT_COUNTER` (1 exported, 0 direct) in ``stats``.
+        :data:`APPROACH_EXPORT_COUNTER` (1 exported, 0 direct) in ``stats``. With a Spark Connect
+        session ``rdd`` is a DataFrame of serialized DataSets, persisted and counted as it is
+        (:func:`sparkgrad.spark.connect.connect_training_data`).
         """
+        from sparkgrad.spark.connect import connect_training_data, is_connect
+
+        if is_connect(sc):  # persisted until the next fit or the model's close(), not reused
+            self._unpersist()
+            data = connect_training_data(rdd, kind, loader, self.rdd_data_set_num_examples)
+            self._persisted.append(data.rdd)
+            return data
         key = (
             sc.applicationId,
             rdd.id(),

@@ -18,8 +18,15 @@ import numpy as np
 from sparkgrad import get_num_threads, set_num_threads
 from sparkgrad._config import check_int
 from sparkgrad.data import SerializedDataSetLoader, rebatch
+from sparkgrad.errors import EnvironmentNotReadyError
 from sparkgrad.spark.checkpoint import Checkpoint, CheckpointConfig, FitCheckpoints
-from sparkgrad.spark.columns import dataframe_datasets, is_dataframe, linalg_rows, network_output
+from sparkgrad.spark.columns import (
+    dataframe_dataset_frame,
+    dataframe_datasets,
+    is_dataframe,
+    linalg_rows,
+    network_output,
+)
 from sparkgrad.spark.common import (
     NetworkSnapshot,
     by_value,
@@ -32,6 +39,7 @@ from sparkgrad.spark.common import (
     spark_context,
     use_driver_interpreter,
 )
+from sparkgrad.spark.connect import is_connect
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
@@ -137,8 +145,11 @@ class SparkNetwork(Generic[NetT]):
     _network_type: ClassVar[str]  # "MultiLayerNetwork" | "ComputationGraph"
 
     def __init__(self, spark: Any, network_or_conf: Any, training_master: Any = None) -> None:
-        self._sc = spark_context(spark)
-        use_driver_interpreter(self._sc)
+        # a Spark Connect session has no SparkContext: its fits are DataFrame operations (spark.connect)
+        self._connect = is_connect(spark)
+        self._sc = spark if self._connect else spark_context(spark)
+        if not self._connect:
+            use_driver_interpreter(self._sc)
         ensure_logging()
         network_cls, conf_cls = network_classes(self._network_type)
         if isinstance(network_or_conf, conf_cls):
@@ -327,7 +338,7 @@ class SparkNetwork(Generic[NetT]):
     def _fit_data(self, data: RDD | str, saved: Any, request: _FitRequest) -> NetT:
         """``fit`` of an RDD of examples or a directory of saved ones; ``saved`` loads their files."""
         if isinstance(data, str):
-            rdd = read_saved(self._sc, data)
+            rdd = read_saved(spark_context(self._sc), data)
             self._check_first(rdd.map(lambda pb: load_unit("bytes", saved, pb)), "data")
             return self._train(rdd, "bytes", saved, request)
         self._check_rdd(data, "data")
@@ -375,6 +386,10 @@ class SparkNetwork(Generic[NetT]):
 
     def _fit_frame(self, df: DataFrame, features_col: str, label_col: str, request: _FitRequest) -> NetT:
         conf = self._network.conf
+        if self._connect:
+            examples = self._master.rdd_data_set_num_examples
+            frame = dataframe_dataset_frame(df, features_col, label_col, conf, examples)
+            return self._fit_serialized(frame, request)
         key = (df, features_col, label_col, self._master.rdd_data_set_num_examples, conf.to_json())
         if self._frame is None or self._frame[0] is not df or self._frame[1:-1] != key[1:]:
             rdd = dataframe_datasets(
@@ -382,6 +397,12 @@ class SparkNetwork(Generic[NetT]):
             )
             self._frame = (*key, rdd)
         return self._train(self._frame[-1], "dataset", None, request)
+
+    def _fit_serialized(self, frame: DataFrame, request: _FitRequest) -> NetT:
+        """Fit a Connect session's DataFrame of serialized DataSets (the one binary column of
+        :func:`~sparkgrad.spark.columns.dataframe_dataset_frame`): no RDDs there, the workers read the
+        DataSets from its rows (:mod:`sparkgrad.spark.connect`)."""
+        return self._train(frame, "bytes", SerializedDataSetLoader(), request)
 
     def fit_paths(
         self,
@@ -419,7 +440,7 @@ class SparkNetwork(Generic[NetT]):
         if not callable(loader):
             raise TypeError(f"loader: expected a callable path -> DataSet, got {type(loader).__name__}")
         if reads_through_spark(loader):
-            first_path, files = read_files(self._sc, paths, "paths")
+            first_path, files = read_files(spark_context(self._sc), paths, "paths")
             check_dataset_matches(self._network, loader(first_path), "paths")  # read here, on the driver
             return self._train(files, "bytes", loader, request)
         first = first_element(paths, "paths")
@@ -432,6 +453,8 @@ class SparkNetwork(Generic[NetT]):
         """The one fit path of every data source and both masters; fit listeners observe it here, and
         checkpoints are read and written here."""
         epochs, epoch_callback = request.epochs, request.epoch_callback
+        if self._connect:
+            _check_connect_request(request, self._evaluation_data)
         checkpoints = None if request.checkpoint is None else FitCheckpoints(request.checkpoint, self._sc)
         fit_first = int(self._network.epoch_count)  # the epoch count the (interrupted) fit started at
         if checkpoints is not None:
@@ -456,7 +479,9 @@ class SparkNetwork(Generic[NetT]):
         observers = FitObservers([*fit_listeners(), *self._fit_listeners])
         figures: dict[int, dict[str, float]] = {}  # per epoch: the master's progress figures
         callback = None
-        if self._evaluation_data is not None or epoch_callback is not None or observers or checkpoints:
+        per_epoch = self._evaluation_data is not None or epoch_callback is not None or checkpoints
+        # a Connect fit's epochs end in a task (spark.connect): its listeners see its start and end only
+        if per_epoch or (observers and not self._connect):
             first = int(self._network.epoch_count)
 
             def callback(epoch: int, network: NetT) -> dict[str, Any]:
@@ -613,7 +638,7 @@ class SparkNetwork(Generic[NetT]):
 
     def _check_first(self, rdd: RDD, name: str) -> None:
         # one check per RDD and network: later epochs on the same RDD skip the extra Spark job
-        key = (self._sc.applicationId, rdd.id())
+        key = (spark_context(self._sc).applicationId, rdd.id())
         if key != self._checked:
             check_dataset_matches(self._network, first_element(rdd, name), name)
             self._checked = key
@@ -627,7 +652,9 @@ class SparkNetwork(Generic[NetT]):
 
     def _broadcast(self, lazy: bool = False) -> Any:
         """Broadcast the network; ``lazy``: it backs a returned RDD, so close() releases it."""
-        bc = self._sc.broadcast(_InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False)))
+        bc = spark_context(self._sc).broadcast(
+            _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False))
+        )
         if lazy:
             self._broadcasts.append(bc)
         return bc
@@ -804,12 +831,12 @@ class SparkNetwork(Generic[NetT]):
     def _eval_rdd(self, data: Any, loader: Any) -> RDD:
         if isinstance(data, str):
             use = SerializedDataSetLoader() if loader is None else by_value(loader)
-            return read_saved(self._sc, data).map(use)
+            return read_saved(spark_context(self._sc), data).map(use)
         self._check_rdd(data, "data")
         if loader is None:
             return data
         if reads_through_spark(loader) and isinstance(first_element(data, "data"), str):
-            return read_files(self._sc, data, "data")[1].map(loader)
+            return read_files(spark_context(self._sc), data, "data")[1].map(loader)
         return data.map(by_value(loader))
 
     def evaluate(
@@ -1042,6 +1069,23 @@ class SparkMultiLayer(SparkNetwork["MultiLayerNetwork"]):
         datasets = rdd.mapPartitions(lambda it: _points_to_datasets(it, classes, batch, dtype))
         self._check_first(datasets, "rdd")
         return self._train(datasets, "dataset", SerializedDataSetLoader(), request)
+
+
+def _check_connect_request(request: _FitRequest, evaluation_data: Any) -> None:
+    """Refuse what a Spark Connect fit cannot do: its epochs end inside a task, away from the driver's
+    objects (:mod:`sparkgrad.spark.connect`)."""
+    for name, value in (
+        ("epoch_callback", request.epoch_callback),
+        ("checkpoint", request.checkpoint),
+        ("evaluation_data", evaluation_data),
+    ):
+        if value is not None:
+            raise EnvironmentNotReadyError(
+                f"{name}: a fit over Spark Connect ends its epochs inside the first training task, not on "
+                "this client, so it runs no per-epoch driver work (epoch callbacks, evaluation data, "
+                "checkpoints, early stopping); fit from a classic session for those, or fit epoch by "
+                "epoch (fit(df, epochs=1) in a loop) and evaluate between the calls"
+            )
 
 
 def _epoch_state_every(request: _FitRequest) -> int:

@@ -57,6 +57,7 @@ from sparkgrad.spark.config import (
     VoidConfiguration,
     check_storage_level,
 )
+from sparkgrad.spark.connect import connect_partitions, is_connect
 from sparkgrad.spark.devices import check_worker_device, device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partitioning import (
     balanced_random_split,
@@ -414,6 +415,12 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             data = self.prepare(sc, rdd, kind, loader, stats, EXPORT, COUNT)
             examples = data.num_units * data.examples_per_unit
             one_job = self.averaging_jobs == AveragingJobs.ONE
+            if not one_job and is_connect(sc):
+                log.info(
+                    "Spark Connect: averaging_jobs='per_round' needs a SparkContext; the rounds run in one "
+                    "job, averaged over the transport (averaging_jobs='one')"
+                )
+                one_job = True
             if one_job and dynamic_allocation(sc):
                 log.info(
                     "dynamic allocation is on and Spark runs no barrier stage with it (SPARK-24942): "
@@ -491,17 +498,21 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
         """Every round of the fit in one barrier job, averaging over the transport (module docstring).
         Returns (the last epoch's score, epochs trained)."""
         slots = _task_slots(sc)
-        workers = self.num_workers or min(sc.defaultParallelism, slots)
+        workers = self.num_workers or (slots if is_connect(sc) else min(sc.defaultParallelism, slots))
         with Timer(stats, REPARTITION):
-            units = repartition(
-                data.rdd,
-                self.repartition,
-                self.repartition_strategy,
-                workers,
-                data.num_units,
-                data.counts,
-                self._min_per_partition(data),
-            )
+            units: Any
+            if is_connect(sc):
+                units = connect_partitions(data, workers, self._min_per_partition(data))
+            else:
+                units = repartition(
+                    data.rdd,
+                    self.repartition,
+                    self.repartition_strategy,
+                    workers,
+                    data.num_units,
+                    data.counts,
+                    self._min_per_partition(data),
+                )
         partitions = units.getNumPartitions()
         if partitions > slots:
             raise ValueError(
@@ -519,7 +530,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             self.save_updater,
             tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
         )
-        results, controller = self._run_job(
+        results, round_scores = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
         )
         trained = int(self.last_traffic["epochs"])
@@ -530,9 +541,9 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             for result in results.values():
                 if result.stats is not None:
                     stats.merge(result.stats)
-            for _, iteration, score in controller.round_scores:  # as the per-round jobs record them
+            for _, iteration, score in round_scores:  # as the per-round jobs record them
                 stats.add_score("average of the workers", iteration, score)
-        last = [s for epoch, _, s in controller.round_scores if epoch == first_epoch + trained - 1]
+        last = [s for epoch, _, s in round_scores if epoch == first_epoch + trained - 1]
         return (float(np.mean(last)) if last else float("nan")), trained
 
     _rerun_failed_stage: ClassVar[bool] = False  # the rounds cannot be resumed: the task's error ends the fit

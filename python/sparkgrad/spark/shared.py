@@ -47,7 +47,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -80,6 +80,7 @@ from sparkgrad.spark.config import (
     VoidConfiguration,
     check_storage_level,
 )
+from sparkgrad.spark.connect import connect_partitions, is_connect, spark_conf
 from sparkgrad.spark.devices import check_worker_device
 from sparkgrad.spark.partitioning import DefaultRepartitioner, Repartitioner, shuffle_in_place
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
@@ -239,6 +240,10 @@ def _task_slots(sc: SparkContext, workers_per_node: int = -1) -> int:
     ``spark.task.cpus``), and with ``workers_per_node`` > 0 at most that many per executor host."""
     from py4j.protocol import Py4JError
 
+    from sparkgrad.spark.connect import connect_slots
+
+    if is_connect(sc):
+        return connect_slots(sc, workers_per_node)
     try:
         jsc = sc._jsc.sc()
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
@@ -268,15 +273,15 @@ def _executor_hosts(sc: SparkContext) -> int:
 
 
 def _conf_flag(sc: SparkContext, key: str) -> bool:
-    """A boolean Spark setting of ``sc`` (false when unset)."""
-    return (sc.getConf().get(key, "false") or "false").strip().lower() == "true"
+    """A boolean Spark setting of ``sc`` or a Connect session (false when unset)."""
+    return (spark_conf(sc, key, "false") or "false").strip().lower() == "true"
 
 
 def dynamic_allocation(sc: SparkContext) -> bool:
     """Whether Spark may add and remove executors during a fit, as Spark decides it
     (``Utils.isDynamicAllocationEnabled``): ``spark.dynamicAllocation.enabled``, in local mode only with
     ``spark.dynamicAllocation.testing``. Spark then refuses barrier stages (SPARK-24942)."""
-    local = (sc.getConf().get("spark.master", "") or "").startswith("local")
+    local = (spark_conf(sc, "spark.master", "") or "").startswith("local")
     testing = _conf_flag(sc, "spark.dynamicAllocation.testing")
     return _conf_flag(sc, "spark.dynamicAllocation.enabled") and (not local or testing)
 
@@ -403,19 +408,19 @@ class ControllerFit(ABC):
         slots: int,
         epoch_progress: Callable[[int, dict[str, float]], None] | None = None,
         epoch_state: int = 0,
-    ) -> tuple[dict[int, WorkerResult], Controller]:
+    ) -> tuple[dict[int, WorkerResult], list[tuple[int, int, float]]]:
         """Train ``network`` in place over ``units`` for ``epochs``; returns the workers' results and
-        the (closed) controller. ``epoch_state`` > 0: at the end of every this many epochs (and of the
-        last) the network holds the current updater state, which one worker reports (checkpoints)."""
-        transport = self.transport or ZmqTransportConfiguration()
+        the controller's averaging round scores. ``epoch_state`` > 0: at the end of every this many
+        epochs (and of the last) the network holds the current updater state, which one worker reports
+        (checkpoints). ``units`` is an RDD, or with a Spark Connect session the DataFrame of
+        :func:`sparkgrad.spark.connect.connect_training_data`, trained with the controller inside the
+        first task (:func:`sparkgrad.spark.connect.run_connect_job`)."""
+        from sparkgrad.spark.connect import run_connect_job
+
+        if is_connect(sc):
+            return run_connect_job(self, sc, network, units, data, stats, epochs, slots)
         void = self.void_configuration
         host = void.resolve_controller_address(sc.getConf().get("spark.driver.host"))
-        try:
-            bind = socket.gethostbyname(host)
-        except OSError as exc:
-            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
-        job_id = random.SystemRandom().getrandbits(63) + 1
-        secret = void.secret if isinstance(void.secret, bytes) else secrets.token_bytes(SECRET_BYTES)
         partitions = units.getNumPartitions()
         barrier = partitions <= slots
         if barrier and dynamic_allocation(sc):
@@ -427,74 +432,30 @@ class ControllerFit(ABC):
             barrier = False
         if barrier and not _barrier_ready(units):
             units = shuffle_in_place(units)
-        first_epoch = int(network.epoch_count)
-        examples = data.num_units * data.examples_per_unit
-        options = self._controller_options()
-        progress = FitProgress(
-            epochs,
-            first_epoch,
-            estimate_minibatches(examples, partitions, self.batch_size_per_worker),
-            self.batch_size_per_worker,
-            enabled=self.progress,
-            traffic=lambda: float(controller.counters.bytes_sent + controller.counters.bytes_received),
-            on_epoch=epoch_progress,
-            updates=not options.get("averaging", False),
+        job_id, secret = self._job_identity()
+        encrypt_store = _conf_flag(sc, "spark.io.encryption.enabled")
+        template = self._job_template(
+            network, data, partitions, slots, barrier, epochs, epoch_state, job_id, encrypt_store
         )
-        controller = _ProgressController(
-            network.params(),
+        run = _FitRun(
+            self,
+            network,
+            data,
+            partitions,
+            epochs,
+            epoch_callback,
+            stats,
+            epoch_progress,
+            host,
             job_id,
             secret,
-            bind,
-            void.unicast_port,
-            transport,
-            iteration=int(network.iteration_count),
-            epoch=first_epoch,
-            updater_state=network.updater_state(),
-            progress=progress,
-            **options,
         )
-        finished = first_epoch
-
-        def on_epoch(epoch: int) -> bool:
-            """The driver's side of an epoch end: the network takes the controller's parameters."""
-            nonlocal finished
-            finished = epoch + 1
-            progress.end_epoch(epoch)
-            network.set_params(controller.params())
-            self._epoch_state(network, controller)
-            network.epoch_count = finished
-            network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
-            stop = run_epoch_callback(epoch_callback, epoch, network, stats)
-            return stop or finished >= first_epoch + epochs
-
         results: dict[int, WorkerResult] = {}
-        self._state_reports = None
         try:
             if barrier:
-                controller.expect_workers(partitions)
-            job = SharedJob(
-                job_id=job_id,
-                secret=secret,
-                controller_key=controller.controller_key,
-                host=host,
-                port=controller.port,
-                transport=transport,
-                snapshot=NetworkSnapshot.of(network),
-                kind=data.kind,
-                loader=data.loader,
-                batch_size=self.batch_size_per_worker,
-                prefetch=self.worker_prefetch_num_batches,
-                collect_stats=self.collect_training_stats,
-                barrier=barrier,
-                shuffle_seed=self._fit_order[0],
-                epoch_state=epoch_state,
-                fit_end=first_epoch + epochs,
-                worker_device=self.worker_device,
-                task_threads=self.task_threads,
-                encrypt_store=_conf_flag(sc, "spark.io.encryption.enabled"),
-                **self._job_options(network, partitions, slots),
-            )
-            bc = sc.broadcast(job)
+                run.controller.expect_workers(partitions)
+            bc = sc.broadcast(run.job(template))
+            first_epoch = run.first_epoch
             try:
                 if barrier:  # every epoch in one job
                     stage = units.barrier().mapPartitions(shared_partition(bc, first_epoch, epochs))
@@ -503,29 +464,195 @@ class ControllerFit(ABC):
                         # a whole when a task or an executor fails (a failed barrier result stage ends the
                         # job, with the failed task's error)
                         stage = stage.repartition(1)
-                    for part in _run_watched(sc, controller, stage.collect, on_epoch, progress):
+                    for part in _run_watched(sc, run.controller, stage.collect, run.on_epoch, run.progress):
                         results = _latest(results, part)
                 else:  # more partitions than slots, or dynamic allocation: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):
                         train = shared_partition(bc, epoch, 1)
                         action = units.mapPartitions(train).collect  # the job starts in _run_watched
-                        for part in _run_watched(sc, controller, action, None, progress):
+                        for part in _run_watched(sc, run.controller, action, None, run.progress):
                             results = _latest(results, part)
-                        if on_epoch(epoch):
+                        if run.on_epoch(epoch):
                             break
             finally:
                 bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
-            if self._state_reports is not None:  # the last epoch's report is in flight: let it land
-                controller.updater_state_after(self._state_reports[1], STATE_REPORT_WAIT_S)
+            run.await_state_report()
         finally:
-            controller.close()
-            progress.close()
+            run.close()
+        run.finish(barrier)
+        self._record_traffic(stats, run.controller.workers_seen, run.controller.updates_by_worker, results)
+        return results, list(run.controller.round_scores)
+
+    def _job_identity(self) -> tuple[int, bytes]:
+        """A new fit's job id and secret (``VoidConfiguration.secret`` when set)."""
+        secret = self.void_configuration.secret
+        job_id = random.SystemRandom().getrandbits(63) + 1
+        return job_id, secret if isinstance(secret, bytes) else secrets.token_bytes(SECRET_BYTES)
+
+    def _job_template(
+        self,
+        network: Any,
+        data: Any,
+        partitions: int,
+        slots: int,
+        barrier: bool,
+        epochs: int,
+        epoch_state: int,
+        job_id: int,
+        encrypt_store: bool,
+    ) -> SharedJob:
+        """The fit's SharedJob without its controller (secret, address and key: :meth:`_FitRun.job`);
+        ``encrypt_store``: Spark's ``spark.io.encryption.enabled``."""
+        first_epoch = int(network.epoch_count)
+        return SharedJob(
+            job_id=job_id,
+            secret=b"",
+            controller_key=b"",
+            host="",
+            port=0,
+            transport=self.transport or ZmqTransportConfiguration(),
+            snapshot=NetworkSnapshot.of(network),
+            kind=data.kind,
+            loader=data.loader,
+            batch_size=self.batch_size_per_worker,
+            prefetch=self.worker_prefetch_num_batches,
+            collect_stats=self.collect_training_stats,
+            barrier=barrier,
+            shuffle_seed=self._fit_order[0],
+            epoch_state=epoch_state,
+            fit_end=first_epoch + epochs,
+            worker_device=self.worker_device,
+            task_threads=self.task_threads,
+            encrypt_store=encrypt_store,
+            **self._job_options(network, partitions, slots),
+        )
+
+    def _record_traffic(
+        self,
+        stats: SparkTrainingStats | None,
+        workers_seen: set[int],
+        updates_by_worker: dict[int, int],
+        results: dict[int, WorkerResult],
+    ) -> None:
+        """Count the workers that joined but returned no result (killed or failed tasks: their applied
+        updates stay in the model and in ``updates_applied``) into :attr:`last_traffic`, and record it
+        in ``stats``."""
+        self.last_traffic["workers_lost"] = len(workers_seen - results.keys())
+        self.last_traffic["updates_from_lost_workers"] = sum(
+            n for w, n in updates_by_worker.items() if w not in results
+        )
+        if stats is not None:
+            for name, value in self.last_traffic.items():
+                stats.count(name, value)
+
+
+class _FitRun:
+    """One fit's controller and the driver's side of its epochs, wherever the controller runs: on the
+    driver (:meth:`ControllerFit._run_job`) or in the first training task of a Spark Connect fit
+    (:mod:`sparkgrad.spark.connect`).
+
+    Args:
+        master: the fit's training master.
+        network: the network trained in place (the controller's parameters at every epoch end).
+        data: the fit's TrainingData (its size, for the progress line).
+        partitions: the fit's training tasks.
+        epochs, epoch_callback, stats, epoch_progress: as :meth:`ControllerFit._run_job` takes them.
+        host: the address the controller binds and the workers connect to.
+        job_id, secret: the fit's job id and secret.
+        show_progress: draw the progress line (the master's ``progress``; never inside a task).
+    """
+
+    def __init__(
+        self,
+        master: ControllerFit,
+        network: Any,
+        data: Any,
+        partitions: int,
+        epochs: int,
+        epoch_callback: Callable[[int, Any], Any] | None,
+        stats: SparkTrainingStats | None,
+        epoch_progress: Callable[[int, dict[str, float]], None] | None,
+        host: str,
+        job_id: int,
+        secret: bytes,
+        show_progress: bool | None = None,
+    ) -> None:
+        try:
+            bind = socket.gethostbyname(host)
+        except OSError as exc:
+            raise TransportError(f"controller address {host!r} does not resolve: {exc}") from exc
+        self.master, self.network, self.host, self.secret = master, network, host, secret
+        self.epochs, self.epoch_callback, self.stats = epochs, epoch_callback, stats
+        self.first_epoch = self.finished = int(network.epoch_count)
+        examples = data.num_units * data.examples_per_unit
+        options = master._controller_options()
+        self.progress = FitProgress(
+            epochs,
+            self.first_epoch,
+            estimate_minibatches(examples, partitions, master.batch_size_per_worker),
+            master.batch_size_per_worker,
+            enabled=master.progress if show_progress is None else show_progress,
+            traffic=lambda: float(
+                self.controller.counters.bytes_sent + self.controller.counters.bytes_received
+            ),
+            on_epoch=epoch_progress,
+            updates=not options.get("averaging", False),
+        )
+        self.controller = _ProgressController(
+            network.params(),
+            job_id,
+            secret,
+            bind,
+            master.void_configuration.unicast_port,
+            master.transport or ZmqTransportConfiguration(),
+            iteration=int(network.iteration_count),
+            epoch=self.first_epoch,
+            updater_state=network.updater_state(),
+            progress=self.progress,
+            **options,
+        )
+        master._state_reports = None
+
+    def job(self, template: SharedJob) -> SharedJob:
+        """``template`` with this controller's secret, address and key."""
+        c = self.controller
+        return replace(
+            template, secret=self.secret, controller_key=c.controller_key, host=self.host, port=c.port
+        )
+
+    def on_epoch(self, epoch: int) -> bool:
+        """The driver's side of an epoch end: the network takes the controller's parameters; returns
+        whether to stop."""
+        network, controller = self.network, self.controller
+        self.finished = epoch + 1
+        self.progress.end_epoch(epoch)
         network.set_params(controller.params())
-        self._epoch_state(network, controller)
-        network.epoch_count = max(finished, int(network.epoch_count))
+        self.master._epoch_state(network, controller)
+        network.epoch_count = self.finished
+        network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
+        stop = run_epoch_callback(self.epoch_callback, epoch, network, self.stats)
+        return stop or self.finished >= self.first_epoch + self.epochs
+
+    def await_state_report(self) -> None:
+        """The last epoch's updater-state report may be in flight: let it land (checkpoints)."""
+        reports = self.master._state_reports
+        if reports is not None:
+            self.controller.updater_state_after(reports[1], STATE_REPORT_WAIT_S)
+
+    def close(self) -> None:
+        self.controller.close()
+        self.progress.close()
+
+    def finish(self, one_job: bool) -> None:
+        """After :meth:`close`: the network takes the controller's final state, and the master's
+        ``last_traffic`` its counters (``one_job``: every epoch ran in one Spark job)."""
+        network, controller, master = self.network, self.controller, self.master
+        network.set_params(controller.params())
+        master._epoch_state(network, controller)
+        network.epoch_count = max(self.finished, int(network.epoch_count))
         network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
         c = controller.counters
-        self.last_traffic = {
+        master.last_traffic = {
             "controller_bytes_received": c.bytes_received,
             "controller_bytes_sent": c.bytes_sent,
             "controller_messages_received": c.messages_received,
@@ -540,21 +667,11 @@ class ControllerFit(ABC):
             "updates_applied": controller.updates_applied,
             "rounds_averaged": controller.rounds_averaged,
             "workers": len(controller.workers_seen),
-            # workers that joined but returned no result (killed or failed tasks): their applied updates
-            # stay in the model and in updates_applied
-            "workers_lost": len(controller.workers_seen - results.keys()),
-            "updates_from_lost_workers": sum(
-                n for w, n in controller.updates_by_worker.items() if w not in results
-            ),
             "retrained_minibatches": controller.retrained_minibatches,
             "updater_state_reports": controller.updater_state_reports,
-            "epochs": finished - first_epoch,
-            "spark_jobs": 1 if barrier else finished - first_epoch,
+            "epochs": self.finished - self.first_epoch,
+            "spark_jobs": 1 if one_job else self.finished - self.first_epoch,
         }
-        if stats is not None:
-            for name, value in self.last_traffic.items():
-                stats.count(name, value)
-        return results, controller
 
 
 @dataclass
@@ -807,10 +924,14 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             if self.rng_seed is not None:  # a reproducible order, new for every fit (not for a resumed one)
                 seed = (self.rng_seed + 1) * 1_000_003 + order_epoch
             min_per = max(1, self.batch_size_per_worker // data.examples_per_unit)
-            repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
-            units = repartitioner.repartition(
-                data.rdd, min_per, slots, total=data.num_units, counts=data.counts, seed=seed
-            )
+            units: Any
+            if is_connect(sc):  # one partition per task slot, in the order Spark's round robin gives
+                units = connect_partitions(data, slots, min_per)
+            else:
+                repartitioner = self.repartitioner or DefaultRepartitioner(max_partitions=slots)
+                units = repartitioner.repartition(
+                    data.rdd, min_per, slots, total=data.num_units, counts=data.counts, seed=seed
+                )
         results, _ = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress, epoch_state
         )

@@ -1,0 +1,85 @@
+"""Fits, inference and model persistence from a Spark Connect session, both masters and network types.
+
+    python connect_fit.py DIRECTORY
+
+Starts a local Spark Connect server (``SparkSession.builder.remote("local[2]")``, pyspark[connect]) and
+trains on a DataFrame of the digits; prints one ``RESULT {json}`` line for
+tests/spark/test_connect.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the local server's Python workers
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/spark: the shared helpers
+from helpers import mlp_conf, residual_graph  # noqa: E402
+
+from sparkgrad.datasets import load_digits  # noqa: E402
+from sparkgrad.errors import EnvironmentNotReadyError  # noqa: E402
+from sparkgrad.ml import SparkgradClassificationModel, SparkgradClassifier  # noqa: E402
+from sparkgrad.spark import (  # noqa: E402
+    ParameterAveragingTrainingMaster,
+    SharedTrainingMaster,
+    SparkComputationGraph,
+    SparkMultiLayer,
+)
+
+EPOCHS = 3
+
+
+def main() -> None:
+    directory = Path(sys.argv[1])
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    train, test = load_digits(shape="flat")
+    rows = [(x.tolist(), int(y)) for x, y in zip(train.features, train.labels.argmax(1))]
+    frame = spark.createDataFrame(rows, "features array<float>, label int")
+    result: dict[str, object] = {"session": type(spark).__module__}
+    for name, master in (
+        ("shared", SharedTrainingMaster(batch_size_per_worker=32, rng_seed=1, progress=False)),
+        ("averaging", ParameterAveragingTrainingMaster(batch_size_per_worker=32, rng_seed=1, progress=False)),
+    ):
+        with SparkMultiLayer(spark, mlp_conf(hidden=64), master) as model:
+            model.fit(frame, epochs=EPOCHS)
+            result[name] = {
+                "accuracy": model.network.evaluate(test).accuracy(),
+                "epochs": model.network.epoch_count,
+                "iterations": model.network.iteration_count,
+                "traffic": master.last_traffic,
+            }
+    graph_master = SharedTrainingMaster(batch_size_per_worker=32, rng_seed=1, progress=False)
+    with SparkComputationGraph(spark, residual_graph(64, 10), graph_master) as model:
+        model.fit(frame, epochs=EPOCHS)
+        result["graph"] = {"accuracy": model.network.evaluate(test).accuracy()}
+    try:
+        with SparkMultiLayer(spark, mlp_conf(hidden=64)) as model:
+            model.fit(frame, epoch_callback=lambda epoch, network: False)
+    except EnvironmentNotReadyError as exc:
+        result["callback_refused"] = str(exc)
+    classifier = SparkgradClassifier(networkConf=mlp_conf(hidden=64), epochs=EPOCHS, batchSize=32)
+    fitted = classifier.fit(frame)
+    test_rows = [(x.tolist(), int(y)) for x, y in zip(test.features, test.labels.argmax(1))]
+    test_frame = spark.createDataFrame(test_rows, "features array<float>, label int")
+    predicted = fitted.transform(test_frame).select("label", "prediction").collect()
+    path = str(directory / "classifier")
+    fitted.write().save(path)
+    loaded = SparkgradClassificationModel.load(path)
+    reloaded = loaded.transform(test_frame).select("prediction").collect()
+    result["classifier"] = {
+        "accuracy": fitted.network.evaluate(test).accuracy(),
+        "transform_accuracy": sum(r["label"] == r["prediction"] for r in predicted) / len(predicted),
+        "rows": len(predicted),
+        "same_after_load": [r["prediction"] for r in reloaded] == [r["prediction"] for r in predicted],
+    }
+    print("RESULT " + json.dumps(result, default=float), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
