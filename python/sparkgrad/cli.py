@@ -28,7 +28,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from sparkgrad.spark.demo import run_demo
 
     try:
-        result = run_demo(args.output, epochs=args.epochs, port=args.port)
+        result = run_demo(args.output, epochs=args.epochs, port=args.port, remote=args.remote)
     except EnvironmentNotReadyError as exc:
         print(f"sparkgrad demo: {exc}", file=sys.stderr)
         return 2
@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=6, help="passes over the training data (default 6)")
     demo.add_argument(
         "--port", type=int, default=0, help="controller port on 127.0.0.1 (default 0: a free port)"
+    )
+    demo.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="train on a Spark Connect server (sc://host:port) instead of a local Spark; its Python "
+        "workers need sparkgrad installed",
     )
     demo.set_defaults(func=_cmd_demo)
     return parser

@@ -78,6 +78,68 @@ def test_the_classifier_fits_transforms_saves_and_loads_over_connect(connected) 
     assert got["same_after_load"] is True
 
 
+_SERVER = """
+import sys, time
+from pyspark.sql import SparkSession
+builder = SparkSession.builder.remote("local[2]")
+spark = builder.config("spark.connect.grpc.binding.port", sys.argv[1]).getOrCreate()
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_demo_trains_on_a_connect_server_at_an_sc_url(tmp_path) -> None:
+    """``sparkgrad demo --remote sc://...`` against a Connect server in another process (its own Spark,
+    reached over gRPC with its token, as a remote cluster's would be)."""
+    import socket
+
+    pytest.importorskip("grpc", reason="pyspark[connect] (the test extra) is not installed")
+    _, env = spark_submit()
+    env["PYSPARK_PYTHON"] = sys.executable
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "sparkgrad-test-token"
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(port)],
+        env={**env, "SPARK_CONNECT_AUTHENTICATE_TOKEN": token},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "READY"
+        client_env = {k: v for k, v in env.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+        url = f"sc://localhost:{port}/;token={token}"
+        out = tmp_path / "demo"
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sparkgrad.cli",
+                "demo",
+                "--remote",
+                url,
+                "--epochs",
+                "3",
+                "--output",
+                str(out),
+            ],
+            env=client_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy = float(run.stdout.split("test accuracy", 1)[1].split()[0])
+    assert accuracy > ACCURACY_FLOOR  # 3 epochs: 0.955 in one run; chance is 0.1
+    assert (out / "model.zip").stat().st_size > 0 and (out / "training-stats.html").stat().st_size > 0
+
+
 class _Conf:
     def __init__(self, values: dict[str, str]) -> None:
         self.values = values
@@ -112,3 +174,22 @@ def test_a_connect_fit_under_dynamic_allocation_is_refused_before_any_job() -> N
     with pytest.raises(EnvironmentNotReadyError, match=r"SPARK-24942"):
         check_connect_fit(_session(**on))
     check_connect_fit(_session(spark_master="local[2]", spark_dynamicAllocation_enabled="true"))  # no-op
+
+
+def test_evaluate_score_examples_and_output_of_dataframes_over_connect(connected) -> None:
+    import numpy as np
+
+    got = connected["inference"]
+    # the executors ran the trained network: the local network's figures on the same rows
+    assert got["evaluate_accuracy"] > ACCURACY_FLOOR
+    assert abs(got["evaluate_accuracy"] - got["local_accuracy"]) <= 1 / 359
+    tol = 256 * float(np.finfo(np.float32).eps)  # float32, batches of other sizes
+    np.testing.assert_allclose(got["scores"], got["local_scores"], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got["outputs"], got["local_outputs"], rtol=tol, atol=tol)
+
+
+def test_cross_validation_fits_every_fold_and_grid_point_over_connect(connected) -> None:
+    got = connected["cross_validation"]
+    assert len(got["metrics"]) == 2  # epochs 1 and 2, each averaged over 2 folds
+    assert all(0.5 < m <= 1.0 for m in got["metrics"])
+    assert got["best_accuracy"] > ACCURACY_FLOOR

@@ -67,6 +67,11 @@ def _check_spark_training(namespace: dict, output: str, tmp_path) -> None:
     assert evaluation.confusion_matrix().sum() == local.confusion_matrix().sum() == len(test)
     assert np.abs(evaluation.confusion_matrix() - local.confusion_matrix()).sum() <= 2 * flippable
     assert "(10,)\n" in output and len(namespace["per_example"]) == 3  # probabilities; a score per example
+    # the DataFrame forms: the same evaluation (up to the flippable ties), a score and an output per row
+    frame_accuracy = float(output.split("(10,)\n", 1)[1].splitlines()[0])
+    assert abs(frame_accuracy - local.accuracy()) <= flippable / len(test) + 1e-12
+    assert namespace["scored"].count() == len(test) and "score" in namespace["scored"].columns
+    assert len(namespace["outputs"].first()["output"]) == 10
     assert (tmp_path / "training-stats.html").stat().st_size > 0
     np.testing.assert_array_equal(namespace["restored"].params(), network.params())
     assert namespace["written"] == 46 and "46 minibatches" in output

@@ -255,6 +255,8 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
             self._broadcast = (sc, checksum, Held(job) if connect else sc.broadcast(job))
+        from sparkgrad.spark.multilayer import _first_network
+
         return functools.partial(_first_network, self._broadcast[2])
 
     def _one_output(self, value: Any) -> np.ndarray:
@@ -276,10 +278,6 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         from sparkgrad.ml.persistence import ModelReader
 
         return ModelReader(cls)
-
-
-def _first_network(broadcast: Any) -> Network:
-    return broadcast.value.networks(1)[0]
 
 
 # -- classification -------------------------------------------------------------------------------------

@@ -563,6 +563,69 @@ def with_network_outputs(
     )
 
 
+def with_example_scores(
+    df: DataFrame,
+    features_col: str,
+    label_col: str,
+    score_col: str,
+    conf: NetworkConfiguration,
+    network_of: Callable[[], Any],
+    include_regularization_terms: bool,
+    batch_size: int,
+    task_threads: int | None = None,
+) -> DataFrame:
+    """``df`` with every row's score (its loss, plus the l1/l2 penalty when asked) added as the double
+    column ``score_col``, computed on the executors in batches of ``batch_size`` rows (a scalar
+    ``arrow_udf`` of the features and label columns, read as :func:`dataframe_datasets` reads them).
+
+    Raises:
+        ValueError: ``score_col`` exists already, or a column problem as in :func:`dataframe_datasets`.
+    """
+    from pyspark.sql import types as T
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+
+    from sparkgrad.data import DataSet
+
+    if score_col in df.columns:
+        raise ValueError(f"score_col: column {score_col!r} already exists in the DataFrame")
+    indices = index_input(conf)
+    if indices is None:
+        example_shape(conf)  # recurrent value input: an error naming the network
+    n_out = output_size(conf)
+    task = CLASSIFICATION if n_out > 1 else REGRESSION
+    dtype = conf.dtype
+    feature_what, label_what = f"features_col {features_col!r}", f"label_col {label_col!r}"
+
+    def score(batches: Iterator[tuple[pa.Array, pa.Array]]) -> Iterator[pa.Array]:
+        import pyarrow as pa
+
+        net = network_of()
+        for features, labels in batches:
+            x, mask = network_features(features, conf, feature_what)
+            y = label_matrix(labels, n_out, task, dtype, label_what)
+            scores = [
+                net.score_examples(
+                    DataSet(
+                        x[i : i + batch_size],
+                        y[i : i + batch_size],
+                        features_mask=None if mask is None else mask[i : i + batch_size],
+                    ),
+                    include_regularization_terms,
+                )
+                for i in range(0, len(x), batch_size)
+            ]
+            yield pa.array(np.concatenate(scores).astype(np.float64) if scores else np.empty(0))
+
+    with warnings.catch_warnings():  # the function type is given, not read from (string) type hints
+        warnings.filterwarnings(
+            "ignore", message="It is preferred to specify type hints", category=UserWarning
+        )
+        score_udf = arrow_udf(in_task_threads(task_threads, score), T.DoubleType(), ArrowUDFType.SCALAR_ITER)
+    features = features_column(df, features_col, dtype, "features_col", indices)
+    labels = labels_column(df, label_col, dtype, n_out, task, "label_col")
+    return df.withColumn(score_col, score_udf(features, labels))
+
+
 def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.ndarray, bool, Any]:
     """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes.
 
@@ -618,5 +681,6 @@ __all__ = [
     "network_features",
     "network_output",
     "output_size",
+    "with_example_scores",
     "with_network_outputs",
 ]

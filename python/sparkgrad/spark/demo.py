@@ -34,9 +34,18 @@ def java_major_version() -> int | None:
     return int(found.group(2) or 0) if major == 1 else major  # "1.8.0" means Java 8
 
 
-def check_environment() -> None:
-    """Raise EnvironmentNotReadyError unless Java 17+, pyspark, pyzmq and scikit-learn are available."""
-    version = java_major_version()
+def check_environment(remote: str | None = None) -> None:
+    """Raise EnvironmentNotReadyError unless Java 17+, pyspark, pyzmq and scikit-learn are available;
+    with ``remote`` (a Spark Connect URL) pyspark's Connect client instead of Java, unless the URL
+    starts a local server (``local[...]``)."""
+    if remote is not None:
+        try:
+            __import__("grpc")
+        except ImportError:
+            raise EnvironmentNotReadyError(
+                "--remote needs pyspark's Spark Connect client: pip install 'sparkgrad[connect]'"
+            ) from None
+    version = java_major_version() if remote is None or remote.startswith("local") else MIN_JAVA
     if version is None or version < MIN_JAVA:
         found = (
             "no java executable was found (JAVA_HOME / PATH)" if version is None else f"found Java {version}"
@@ -105,18 +114,21 @@ def demo_network(epochs: int = 6) -> Any:
     return MultiLayerNetwork(conf).init()
 
 
-def run_demo(output_dir: str, epochs: int = 6, port: int = 0) -> DemoResult:
+def run_demo(output_dir: str, epochs: int = 6, port: int = 0, remote: str | None = None) -> DemoResult:
     """Train the demo network and write the model and the stats HTML into ``output_dir``.
 
     Args:
         output_dir: where model.zip and training-stats.html go (created if needed).
         epochs: passes over the training data.
-        port: controller port on 127.0.0.1 (0: a free port).
+        port: the controller's port (0: a free port); on 127.0.0.1 without ``remote``.
+        remote: a Spark Connect URL (``sc://host:port``): train there, from a DataFrame, with the
+            controller inside the first training task (:mod:`sparkgrad.spark.connect`; no accuracy per
+            epoch then: the epochs end in that task). None: a local[2] Spark in this process.
 
     Returns:
         The measurements.
     """
-    check_environment()
+    check_environment(remote)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -126,35 +138,42 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 0) -> DemoResult:
     os.makedirs(output_dir, exist_ok=True)
     start = time.monotonic()
     local_dir = tempfile.mkdtemp(prefix="sparkgrad-demo-")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkgrad-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.local.dir", local_dir)
-        .getOrCreate()
-    )
-    try:
+    if remote is None:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("sparkgrad-demo")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.local.dir", local_dir)
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
+    else:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    try:
         train, test = load_digits(test_fraction=0.2, seed=0, shape="image")
-        rdd = spark.sparkContext.parallelize(train.split(1), 2)
         master = SharedTrainingMaster(
-            VoidConfiguration(unicast_port=port, controller_address="127.0.0.1"),
+            VoidConfiguration(unicast_port=port, controller_address=None if remote else "127.0.0.1"),
             batch_size_per_worker=16,
             collect_training_stats=True,
             rng_seed=7,
         )
 
         with SparkMultiLayer(spark, demo_network(epochs), master) as model:
-            model.evaluation_data = test  # accuracy after every epoch: logged, and charted in the report
-            model.fit(rdd, epochs=epochs)  # every epoch in one Spark job
-            traffic = master.last_traffic
+            if remote is None:
+                # accuracy after every epoch: logged, and charted in the report
+                model.evaluation_data = test
+                model.fit(spark.sparkContext.parallelize(train.split(1), 2), epochs=epochs)
+                accuracy = model.evaluate(spark.sparkContext.parallelize(test.split(64), 2)).accuracy()
+            else:
+                model.fit(_digits_frame(spark, train).repartition(2), epochs=epochs)
+                accuracy = model.evaluate(_digits_frame(spark, test)).accuracy()
+            traffic = master.last_traffic  # every epoch in one Spark job, both ways
             steps = int(traffic["worker_minibatches"])
             sent = int(traffic["worker_bytes_sent"] + traffic["controller_bytes_sent"])
             stats = model.training_stats
-            accuracy = model.evaluate(spark.sparkContext.parallelize(test.split(64), 2)).accuracy()
     finally:
         spark.stop()
         shutil.rmtree(local_dir, ignore_errors=True)
@@ -168,6 +187,12 @@ def run_demo(output_dir: str, epochs: int = 6, port: int = 0) -> DemoResult:
     assert stats is not None  # the master collects training stats
     stats.export_html(stats_path)
     return DemoResult(accuracy, epochs, steps, sent, dense, time.monotonic() - start, model_path, stats_path)
+
+
+def _digits_frame(spark: Any, data: Any) -> Any:
+    """The digits as a DataFrame: each image's 64 values (channel, height, width order) and its class."""
+    rows = [(x.ravel().tolist(), int(y)) for x, y in zip(data.features, data.labels.argmax(1))]
+    return spark.createDataFrame(rows, "features array<float>, label int")
 
 
 __all__ = ["DemoResult", "check_environment", "demo_network", "java_major_version", "run_demo"]

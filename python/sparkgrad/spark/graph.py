@@ -18,10 +18,12 @@ import numpy as np
 from sparkgrad._config import check_int
 from sparkgrad.data import MultiDataSet, SerializedMultiDataSetLoader
 from sparkgrad.spark.checkpoint import CheckpointConfig
+from sparkgrad.spark.columns import is_dataframe
 from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, _FitRequest, example_ndim
 
 if TYPE_CHECKING:
     from pyspark import RDD
+    from pyspark.sql import DataFrame
 
     from sparkgrad.nn import ComputationGraph
 
@@ -57,18 +59,21 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
 
     def evaluate(
         self,
-        data: RDD | str,
+        data: RDD | DataFrame | str,
         labels_list: list[str] | None = None,
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
         loader: Any = None,
         *,
+        features_col: str = "features",
+        label_col: str = "label",
         output_index: int = 0,
     ) -> Any:
         """Classification evaluation of output ``output_index`` over ``data``; otherwise as
         :meth:`SparkNetwork.evaluate`."""
         keywords = self._output_keywords(output_index)
-        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, keywords)
+        columns = (features_col, label_col)
+        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, keywords, columns)
 
     def evaluate_roc(
         self,
@@ -103,18 +108,22 @@ class SparkComputationGraph(SparkNetwork["ComputationGraph"]):
 
     def evaluate_regression(
         self,
-        rdd: RDD,
+        rdd: RDD | DataFrame,
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
         *,
+        features_col: str = "features",
+        label_col: str = "label",
         output_index: int = 0,
     ) -> Any:
-        """Regression metrics per column of output ``output_index`` over ``rdd``."""
+        """Regression metrics per column of output ``output_index`` over ``rdd`` (or a DataFrame's
+        ``features_col`` and ``label_col``, as :meth:`SparkNetwork.evaluate` reads them)."""
         from sparkgrad.eval import RegressionEvaluation
 
         keywords = self._output_keywords(output_index)
+        data = self._evaluation_frame(rdd, (features_col, label_col)) if is_dataframe(rdd) else rdd
         regression = RegressionEvaluation()
-        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [regression], keywords)[0]
+        return self._evaluations(data, eval_num_workers, eval_batch_size, [regression], keywords)[0]
 
     def do_evaluation(
         self,

@@ -4,8 +4,10 @@ scoring and keyed inference."""
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
+import pickle
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +28,8 @@ from sparkgrad.spark.columns import (
     is_dataframe,
     linalg_rows,
     network_output,
+    with_example_scores,
+    with_network_outputs,
 )
 from sparkgrad.spark.common import (
     NetworkSnapshot,
@@ -39,7 +43,7 @@ from sparkgrad.spark.common import (
     spark_context,
     use_driver_interpreter,
 )
-from sparkgrad.spark.connect import is_connect
+from sparkgrad.spark.connect import Held, is_connect
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import SparkTrainingStats, epoch_callback_result
@@ -82,6 +86,38 @@ class _InferenceJob:
         while len(nets) < count:
             nets.append(self.snapshot.build())
         return nets[:count]
+
+
+def _first_network(shipped: Any) -> Any:
+    """On an executor: the network of a broadcast (or a Connect plan's :class:`Held`) _InferenceJob."""
+    return shipped.value.networks(1)[0]
+
+
+def _frame_evaluations(
+    frame: DataFrame, part: Callable[[Iterable[Any]], Iterator[list | None]]
+) -> list | None:
+    """``part``'s evaluations of every partition of a DataFrame of serialized DataSets (one job, the
+    partitions' results pickled back and merged here)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from sparkgrad.data import DataSet
+
+    def evaluate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        units = (
+            DataSet.from_bytes(value, source="DataFrame conversion")
+            for batch in batches
+            for value in batch.column(0).to_pylist()
+        )
+        for merged in part(units):
+            yield pa.RecordBatch.from_pydict({"evaluations": [pickle.dumps(merged)]})
+
+    schema = T.StructType([T.StructField("evaluations", T.BinaryType(), False)])
+    rows = run_spark("evaluation", frame.mapInArrow(evaluate, schema).collect)
+    result = None
+    for row in rows:
+        result = _merge_lists(result, pickle.loads(row[0]))
+    return result
 
 
 def _merge_lists(a: list | None, b: list | None) -> list | None:
@@ -651,10 +687,12 @@ class SparkNetwork(Generic[NetT]):
         return in_task_threads(self._master.task_threads, part)
 
     def _broadcast(self, lazy: bool = False) -> Any:
-        """Broadcast the network; ``lazy``: it backs a returned RDD, so close() releases it."""
-        bc = spark_context(self._sc).broadcast(
-            _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False))
-        )
+        """Broadcast the network (a Connect session has no broadcasts: the network travels in the plan);
+        ``lazy``: it backs a returned RDD, so close() releases it."""
+        job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self._network, False))
+        if self._connect:
+            return Held(job)
+        bc = spark_context(self._sc).broadcast(job)
         if lazy:
             self._broadcasts.append(bc)
         return bc
@@ -694,18 +732,43 @@ class SparkNetwork(Generic[NetT]):
         return total / count if average else total
 
     def score_examples(
-        self, rdd: RDD, include_regularization_terms: bool = False, batch_size: int = 64
-    ) -> RDD:
-        """Per-example scores, in the RDD's order.
+        self,
+        rdd: RDD | DataFrame,
+        include_regularization_terms: bool = False,
+        batch_size: int = 64,
+        *,
+        features_col: str = "features",
+        label_col: str = "label",
+        score_col: str = "score",
+    ) -> Any:
+        """Per-example scores, in the RDD's order; of a DataFrame, as a column added to its rows.
 
         Args:
-            rdd: RDD of DataSets.
+            rdd: RDD of DataSets; or a DataFrame with the columns ``features_col`` and ``label_col``
+                (as :meth:`fit_dataframe` reads them), from a classic or a Spark Connect session.
             include_regularization_terms: add the l1/l2 penalty to every score.
             batch_size: examples per scoring batch.
+            features_col: with a DataFrame, its features column.
+            label_col: with a DataFrame, its label column.
+            score_col: with a DataFrame, the name of the added score column (double).
 
         Returns:
-            RDD of floats (lazy; the network broadcast is kept until :meth:`close`).
+            RDD of floats (lazy; the network broadcast is kept until :meth:`close`); for a DataFrame,
+            the DataFrame with ``score_col`` added (lazy; the network's broadcast is kept until
+            :meth:`close`, a Connect session's network travels in the plan).
         """
+        if is_dataframe(rdd):
+            return with_example_scores(
+                rdd,
+                features_col,
+                label_col,
+                score_col,
+                self._network.conf,
+                functools.partial(_first_network, self._broadcast(lazy=True)),
+                include_regularization_terms,
+                check_int("batch_size", batch_size, minimum=1),
+                self._master.task_threads,
+            )
         self._check_rdd(rdd, "rdd")
         size = check_int("batch_size", batch_size, minimum=1)
         bc = self._broadcast(lazy=True)
@@ -827,8 +890,34 @@ class SparkNetwork(Generic[NetT]):
         # DenseMatrix takes its values in column-major order
         return linalg.DenseMatrix(out.shape[0], out.shape[1], out.ravel(order="F"))
 
+    def output(self, df: DataFrame, features_col: str = "features", output_col: str = "output") -> DataFrame:
+        """``df`` with the network's output for every row added as an ml Vector column (inference on a
+        DataFrame, from a classic or a Spark Connect session; lazy, as :meth:`score_examples`'s).
+
+        Args:
+            df: the rows; ``features_col`` as :meth:`fit_dataframe` reads it.
+            features_col: the features column.
+            output_col: the name of the added column (a graph: its first output).
+
+        Returns:
+            The DataFrame with ``output_col`` added.
+        """
+        return with_network_outputs(
+            df,
+            features_col,
+            self._network.conf,
+            functools.partial(_first_network, self._broadcast(lazy=True)),
+            lambda out: {output_col: out},
+            [(output_col, True)],
+            self._master.task_threads,
+        )
+
     # -- evaluation ---------------------------------------------------------------------------
-    def _eval_rdd(self, data: Any, loader: Any) -> RDD:
+    def _eval_rdd(self, data: Any, loader: Any, columns: tuple[str, str] = ("features", "label")) -> Any:
+        """The DataSets an evaluation reads: an RDD, or of a DataFrame (``columns``: its features and
+        label columns) the DataFrame of serialized DataSets :meth:`_evaluations` reads in Arrow."""
+        if is_dataframe(data):
+            return self._evaluation_frame(data, columns)
         if isinstance(data, str):
             use = SerializedDataSetLoader() if loader is None else by_value(loader)
             return read_saved(spark_context(self._sc), data).map(use)
@@ -841,11 +930,14 @@ class SparkNetwork(Generic[NetT]):
 
     def evaluate(
         self,
-        data: RDD | str,
+        data: RDD | DataFrame | str,
         labels_list: list[str] | None = None,
         eval_num_workers: int | None = None,
         eval_batch_size: int | None = None,
         loader: Any = None,
+        *,
+        features_col: str = "features",
+        label_col: str = "label",
     ) -> Any:
         """Classification evaluation over ``data``.
 
@@ -855,32 +947,44 @@ class SparkNetwork(Generic[NetT]):
                 or a directory, file or glob (any URI Spark reads) holding an export of
                 :func:`~sparkgrad.spark.export_minibatches` or saved DataSets, read by
                 :func:`~sparkgrad.spark.read_saved` and given to ``loader`` as ``(name, bytes)``
-                (default ``SerializedDataSetLoader()``).
+                (default ``SerializedDataSetLoader()``); or a DataFrame with the columns
+                ``features_col`` and ``label_col`` (as :meth:`fit_dataframe` reads them; a classic or a
+                Spark Connect session).
             labels_list: class names for the report.
             eval_num_workers: network copies per executor task (default ``default_evaluation_workers``).
             eval_batch_size: examples per forward pass (default 64).
             loader: see ``data``.
+            features_col: with a DataFrame, its features column.
+            label_col: with a DataFrame, its label column (class indices, or one value per output).
 
         Returns:
             An :class:`sparkgrad.eval.Evaluation`.
         """
-        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, {})
+        columns = (features_col, label_col)
+        return self._evaluate(data, labels_list, eval_num_workers, eval_batch_size, loader, {}, columns)
 
     def _evaluate(
         self,
-        data: RDD | str,
+        data: RDD | DataFrame | str,
         labels_list: list[str] | None,
         eval_num_workers: int | None,
         eval_batch_size: int | None,
         loader: Any,
         network_keywords: dict[str, Any],
+        columns: tuple[str, str],
     ) -> Any:
         """:meth:`evaluate` passing ``network_keywords`` to the network (see :meth:`_evaluations`)."""
         from sparkgrad.eval import Evaluation
 
         ev = Evaluation(labels=labels_list) if labels_list is not None else Evaluation()
-        rdd = self._eval_rdd(data, loader)
+        rdd = self._eval_rdd(data, loader, columns)
         return self._evaluations(rdd, eval_num_workers, eval_batch_size, [ev], network_keywords)[0]
+
+    def _evaluation_frame(self, df: DataFrame, columns: tuple[str, str]) -> DataFrame:
+        """``df``'s rows as the serialized DataSets of evaluation batches (classification labels for
+        several outputs, values for one, as a fit reads them)."""
+        examples = DEFAULT_EVAL_BATCH_SIZE
+        return dataframe_dataset_frame(df, columns[0], columns[1], self._network.conf, examples)
 
     def evaluate_roc(
         self,
@@ -908,12 +1012,20 @@ class SparkNetwork(Generic[NetT]):
         return self._evaluations(rdd, eval_num_workers, eval_batch_size, [roc], {})[0]
 
     def evaluate_regression(
-        self, rdd: RDD, eval_num_workers: int | None = None, eval_batch_size: int | None = None
+        self,
+        rdd: RDD | DataFrame,
+        eval_num_workers: int | None = None,
+        eval_batch_size: int | None = None,
+        *,
+        features_col: str = "features",
+        label_col: str = "label",
     ) -> Any:
-        """Regression metrics per output column over ``rdd``."""
+        """Regression metrics per output column over ``rdd`` (or a DataFrame's ``features_col`` and
+        ``label_col``, as :meth:`evaluate` reads them)."""
         from sparkgrad.eval import RegressionEvaluation
 
-        return self._evaluations(rdd, eval_num_workers, eval_batch_size, [RegressionEvaluation()], {})[0]
+        data = self._evaluation_frame(rdd, (features_col, label_col)) if is_dataframe(rdd) else rdd
+        return self._evaluations(data, eval_num_workers, eval_batch_size, [RegressionEvaluation()], {})[0]
 
     def do_evaluation(
         self, rdd: RDD, eval_num_workers: int | None, eval_batch_size: int | None, *evaluations: Any
@@ -936,7 +1048,7 @@ class SparkNetwork(Generic[NetT]):
 
     def _evaluations(
         self,
-        rdd: RDD,
+        rdd: RDD | DataFrame,
         eval_num_workers: int | None,
         eval_batch_size: int | None,
         evaluations: Iterable[Any],
@@ -945,11 +1057,14 @@ class SparkNetwork(Generic[NetT]):
         """The distributed evaluation behind every evaluation method (see :meth:`do_evaluation`).
 
         Args:
+            rdd: RDD of DataSets, or a DataFrame of serialized ones (:meth:`_evaluation_frame`), read
+                in Arrow batches: the one way in from a Spark Connect session.
             network_keywords: keyword arguments of the network's own ``do_evaluation`` on the
                 executors, checked on the driver by the caller: a graph's ``output_index``; none for a
                 MultiLayerNetwork, whose only output is evaluated.
         """
-        self._check_rdd(rdd, "rdd")
+        if not is_dataframe(rdd):
+            self._check_rdd(rdd, "rdd")
         if not evaluations:
             raise ValueError("evaluations: pass at least one evaluation object")
         workers = check_int(
@@ -988,14 +1103,18 @@ class SparkNetwork(Generic[NetT]):
             yield merged
 
         try:
-            result = run_spark(
-                "evaluation",
-                lambda: rdd.mapPartitions(self._in_task(part)).treeAggregate(
-                    None, _merge_lists, _merge_lists, depth=2
-                ),
-            )
+            if is_dataframe(rdd):
+                result = _frame_evaluations(rdd, self._in_task(part))
+            else:
+                result = run_spark(
+                    "evaluation",
+                    lambda: rdd.mapPartitions(self._in_task(part)).treeAggregate(
+                        None, _merge_lists, _merge_lists, depth=2
+                    ),
+                )
         finally:
-            bc.unpersist()
+            if not self._connect:
+                bc.unpersist()
         if result is None:
             raise ValueError("rdd: the RDD is empty, there is nothing to evaluate")
         return result

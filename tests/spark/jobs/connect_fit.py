@@ -16,6 +16,8 @@ from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the local server's Python workers
 
+from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/spark: the shared helpers
@@ -53,6 +55,21 @@ def main() -> None:
                 "iterations": model.network.iteration_count,
                 "traffic": master.last_traffic,
             }
+    test_rows = [(x.tolist(), int(y)) for x, y in zip(test.features, test.labels.argmax(1))]
+    test_frame = spark.createDataFrame(test_rows, "features array<float>, label int")
+    with SparkMultiLayer(spark, mlp_conf(hidden=64), SharedTrainingMaster(progress=False)) as model:
+        model.fit(frame, epochs=EPOCHS)
+        local = model.network
+        scores = [r["score"] for r in model.score_examples(test_frame.coalesce(1)).collect()]
+        outputs = [r["output"].toArray().tolist() for r in model.output(test_frame.coalesce(1)).collect()]
+        result["inference"] = {
+            "evaluate_accuracy": model.evaluate(test_frame).accuracy(),
+            "local_accuracy": local.evaluate(test).accuracy(),
+            "scores": scores,
+            "local_scores": local.score_examples(test).tolist(),
+            "outputs": outputs,
+            "local_outputs": local.output(test.features).tolist(),
+        }
     graph_master = SharedTrainingMaster(batch_size_per_worker=32, rng_seed=1, progress=False)
     with SparkComputationGraph(spark, residual_graph(64, 10), graph_master) as model:
         model.fit(frame, epochs=EPOCHS)
@@ -64,8 +81,6 @@ def main() -> None:
         result["callback_refused"] = str(exc)
     classifier = SparkgradClassifier(networkConf=mlp_conf(hidden=64), epochs=EPOCHS, batchSize=32)
     fitted = classifier.fit(frame)
-    test_rows = [(x.tolist(), int(y)) for x, y in zip(test.features, test.labels.argmax(1))]
-    test_frame = spark.createDataFrame(test_rows, "features array<float>, label int")
     predicted = fitted.transform(test_frame).select("label", "prediction").collect()
     path = str(directory / "classifier")
     fitted.write().save(path)
@@ -76,6 +91,14 @@ def main() -> None:
         "transform_accuracy": sum(r["label"] == r["prediction"] for r in predicted) / len(predicted),
         "rows": len(predicted),
         "same_after_load": [r["prediction"] for r in reloaded] == [r["prediction"] for r in predicted],
+    }
+    grid = ParamGridBuilder().addGrid(classifier.epochs, [1, 2]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    validator = CrossValidator(estimator=classifier, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2)
+    cross = validator.fit(frame)
+    result["cross_validation"] = {
+        "metrics": list(cross.avgMetrics),
+        "best_accuracy": cross.bestModel.network.evaluate(test).accuracy(),
     }
     print("RESULT " + json.dumps(result, default=float), flush=True)
     spark.stop()
