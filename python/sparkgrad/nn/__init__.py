@@ -16,6 +16,7 @@ from sparkgrad.nn.enums import (
 from sparkgrad.nn.graph import ComputationGraph, ComputationGraphConfiguration, GraphBuilder, VertexSpec
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.layers import (
+    GRU,
     LSTM,
     ActivationLayer,
     BatchNormalization,
@@ -75,6 +76,7 @@ __all__ = [
     "DropoutLayer",
     "EmbeddingLayer",
     "EmbeddingSequenceLayer",
+    "GRU",
     "ElementWiseOp",
     "ElementWiseVertex",
     "FeedForwardToCnnPreProcessor",

@@ -1,4 +1,4 @@
-"""Runtimes of the recurrent layers (LSTM, SimpleRnn, Bidirectional, LastTimeStep).
+"""Runtimes of the recurrent layers (LSTM, GRU, SimpleRnn, Bidirectional, LastTimeStep).
 
 Sequence runtime interface (layers whose config has ``takes_sequences``), used by every network type:
 
@@ -69,11 +69,19 @@ class SequenceRuntime(LayerRuntime):
 
     state_arrays = 1
 
+    def _start(
+        self, x: np.ndarray, train: bool, seed: int, mask: Any, stateful: bool, steps: int | None
+    ) -> tuple[np.ndarray | None, ...]:
+        """What a cell's forward keeps for its backward (its input after dropout, the mask, the first step
+        gradients reach); returns the initial state."""
+        self.x = self._input_dropout(x, train, seed)
+        self.mask = mask
+        self.first_step = _first_step(x.shape[1], steps)
+        return self._initial_state(x.shape[0], stateful)
 
-class LSTMRuntime(SequenceRuntime):
-    """LSTM through the native whole-sequence kernels (cpp/src/nn/lstm.cpp)."""
 
-    state_arrays = 2
+class _GatedRuntime(SequenceRuntime):
+    """Base of the gated cells (LSTM, GRU): the activations their kernels take."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -85,6 +93,12 @@ class LSTMRuntime(SequenceRuntime):
             "gate_alpha": activation_alpha(c.gate_activation),
         }
 
+
+class LSTMRuntime(_GatedRuntime):
+    """LSTM through the native whole-sequence kernels (cpp/src/nn/lstm.cpp)."""
+
+    state_arrays = 2
+
     def forward(
         self,
         x: np.ndarray,
@@ -94,14 +108,11 @@ class LSTMRuntime(SequenceRuntime):
         stateful: bool = False,
         backward_steps: int | None = None,
     ) -> np.ndarray:
-        self.x = self._input_dropout(x, train, seed)
+        self.h0, self.c0 = self._start(x, train, seed, mask, stateful, backward_steps)
         n, t, _ = x.shape
         h = self.conf.n_out
         hs, cs = self.buf("hs", (n, t, h)), self.buf("cs", (n, t, h))
         gates, act_c = self.buf("gates", (n, t, 4 * h)), self.buf("act_c", (n, t, h))
-        self.h0, self.c0 = self._initial_state(n, stateful)
-        self.mask = mask
-        self.first_step = _first_step(t, backward_steps)
         p = self.params
         self.k.lstm_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, cs, gates, act_c,
@@ -124,6 +135,43 @@ class LSTMRuntime(SequenceRuntime):
         return self._input_dropout_backward(dx) if dx is not None else None
 
 
+class GRURuntime(_GatedRuntime):
+    """GRU through the native whole-sequence kernels (cpp/src/nn/gru.cpp)."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        (self.h0,) = self._start(x, train, seed, mask, stateful, backward_steps)
+        n, t, _ = x.shape
+        h = self.conf.n_out
+        hs, gates = self.buf("hs", (n, t, h)), self.buf("gates", (n, t, 3 * h))
+        p = self.params
+        self.k.gru_forward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, gates,
+            mask=mask, h0=self.h0, **self.kernel_args,
+        )  # fmt: skip
+        if stateful:
+            self.state = (hs[:, -1].copy(),)
+        self.hs, self.gates = hs, gates
+        return hs
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        g, p = self.grads, self.params
+        dx = self.buf("dx", self.x.shape) if need_dx else None
+        self.k.gru_backward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.gates, self.xp.ascontiguousarray(dy),
+            self.buf("dgates", self.gates.shape), g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
+            dx=dx, mask=self.mask, h0=self.h0, first_step=self.first_step, **self.kernel_args,
+        )  # fmt: skip
+        return self._input_dropout_backward(dx) if dx is not None else None
+
+
 class SimpleRnnRuntime(SequenceRuntime):
     """SimpleRnn through the native whole-sequence kernels (cpp/src/nn/simple_rnn.cpp)."""
 
@@ -136,13 +184,10 @@ class SimpleRnnRuntime(SequenceRuntime):
         stateful: bool = False,
         backward_steps: int | None = None,
     ) -> np.ndarray:
-        self.x = self._input_dropout(x, train, seed)
+        (self.h0,) = self._start(x, train, seed, mask, stateful, backward_steps)
         n, t, _ = x.shape
         h = self.conf.n_out
         hs, act = self.buf("hs", (n, t, h)), self.buf("act", (n, t, h))
-        (self.h0,) = self._initial_state(n, stateful)
-        self.mask = mask
-        self.first_step = _first_step(t, backward_steps)
         p = self.params
         self.k.simple_rnn_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, act,
@@ -180,13 +225,12 @@ def _first_step(steps: int, backward_steps: int | None) -> int:
 
 
 def _inner(outer: LayerRuntime, conf: Any, prefix: str = "") -> SequenceRuntime:
-    """The runtime of the LSTM / SimpleRnn ``conf`` wrapped by ``outer``, over its parameters named
+    """The runtime of the LSTM / GRU / SimpleRnn ``conf`` wrapped by ``outer``, over its parameters named
     ``prefix + name``, on its device."""
     names = [s.name for s in conf.param_specs(outer.input_type)]
     p = {name: outer.params[prefix + name] for name in names}
     g = {name: outer.grads[prefix + name] for name in names}
-    cls = LSTMRuntime if isinstance(conf, L.LSTM) else SimpleRnnRuntime
-    return cls(conf, outer.input_type, outer.activation, outer.dtype, p, g, outer.device)
+    return build_sequence_runtime(conf, outer.input_type, outer.activation, outer.dtype, p, g, outer.device)
 
 
 class BidirectionalRuntime(SequenceRuntime):
@@ -319,6 +363,7 @@ class GlobalPoolingTimeRuntime(SequenceRuntime):
 
 _SEQUENCE_RUNTIMES = {
     L.LSTM: LSTMRuntime,
+    L.GRU: GRURuntime,
     L.SimpleRnn: SimpleRnnRuntime,
     L.Bidirectional: BidirectionalRuntime,
     L.LastTimeStep: LastTimeStepRuntime,

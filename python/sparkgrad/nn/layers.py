@@ -511,6 +511,27 @@ def _check_elementwise(field: str, value: Activation | str) -> Activation | str:
     return value
 
 
+def _gated_post_init(layer: Any) -> None:
+    """Validation of a gated cell (LSTM, GRU): both activations elementwise."""
+    layer._common_post_init()
+    layer.activation = _check_elementwise("activation", layer.activation)
+    layer.gate_activation = _check_elementwise(
+        "gate_activation", coerce_enum(Activation, layer.gate_activation, "gate_activation")
+    )
+
+
+def _gated_specs(layer: Any, gates: int, fills: tuple = ()) -> list[ParamSpec]:
+    """W (n_in, gates n_out), RW (n_out, gates n_out), b (gates n_out) of a gated cell; fan-in / fan-out as
+    DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices."""
+    n_in, h = layer._inferred_n_in(), layer.n_out
+    fan_in, fan_out = h, n_in + h
+    return [
+        ParamSpec(WEIGHT, (n_in, gates * h), WEIGHT, fan_in, fan_out),
+        ParamSpec(RECURRENT_WEIGHT, (h, gates * h), WEIGHT, fan_in, fan_out),
+        ParamSpec(BIAS, (gates * h,), BIAS, fills=fills),
+    ]
+
+
 class _RecurrentCell(Layer):
     """Base of the recurrent layers with ``n_in`` / ``n_out``: whole sequences in, sequences of n_out out."""
 
@@ -570,24 +591,62 @@ class LSTM(_RecurrentCell):
     gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        self._common_post_init()
-        self.activation = _check_elementwise("activation", self.activation)
-        self.gate_activation = _check_elementwise(
-            "gate_activation", coerce_enum(Activation, self.gate_activation, "gate_activation")
-        )
+        _gated_post_init(self)
         self.forget_gate_bias_init = check_non_negative(
             "forget_gate_bias_init", self.forget_gate_bias_init, MAX_SCALE
         )
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        # fan-in / fan-out as DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices
-        n_in = self._inferred_n_in()
-        h, fan_in, fan_out = self.n_out, self.n_out, n_in + self.n_out
-        return [
-            ParamSpec(WEIGHT, (n_in, 4 * h), WEIGHT, fan_in, fan_out),
-            ParamSpec(RECURRENT_WEIGHT, (h, 4 * h), WEIGHT, fan_in, fan_out),
-            ParamSpec(BIAS, (4 * h,), BIAS, fills=((h, 2 * h, self.forget_gate_bias_init),)),
-        ]
+        # the forget gate's block of b starts at forget_gate_bias_init
+        return _gated_specs(self, 4, fills=((self.n_out, 2 * self.n_out, self.forget_gate_bias_init),))
+
+
+@dataclasses.dataclass
+class GRU(_RecurrentCell):
+    """DL4J's GRU (libnd4j's ``gru`` cell). Input (batch, n_in, time) -> output (batch, n_out, time).
+
+    Parameters, in flat-buffer order: ``W`` (n_in, 3 n_out), ``RW`` (n_out, 3 n_out), ``b`` (3 n_out). The
+    3 n_out columns are the gate blocks [reset r, update u, candidate c]; per step
+    ``r = gate_activation(x W_r + h_prev RW_r + b_r)``, ``u`` likewise,
+    ``c = activation(x W_c + (r h_prev) RW_c + b_c)`` (the reset gate acts before the recurrent product:
+    the original GRU, Keras's ``reset_after=False``; PyTorch's nn.GRU applies it after) and
+    ``h = u h_prev + (1 - u) c``. A masked time step outputs zero and the next step starts from a zero
+    state (h is multiplied by the mask, as for the LSTM).
+
+    Args:
+        n_out: hidden size.
+        n_in: input size (inferred).
+        activation: the candidate's activation (tanh unless set; elementwise only).
+        gate_activation: the reset and update gates' (sigmoid unless set; elementwise only).
+        weight_init: as DenseLayer (fan-in and fan-out as the LSTM's).
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        dropout: retain probability, on the input; as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
+        gradient_normalization: the network's unless set; per param type treats W, RW and b
+            separately.
+        gradient_normalization_threshold: the network's unless set.
+    """
+
+    n_out: int
+    n_in: int | None = None
+    activation: Activation | str = Activation.TANH
+    gate_activation: Activation | str = Activation.SIGMOID
+    weight_init: WeightInit | str | None = None
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        _gated_post_init(self)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return _gated_specs(self, 3)
 
 
 @dataclasses.dataclass
@@ -624,7 +683,7 @@ class SimpleRnn(_RecurrentCell):
         ]
 
 
-_WRAPPED = (LSTM, SimpleRnn)
+_WRAPPED = (LSTM, GRU, SimpleRnn)
 
 
 class _Wrapper(Layer):
@@ -634,7 +693,7 @@ class _Wrapper(Layer):
 
     def _check_wrapped(self) -> None:
         if not isinstance(self.layer, _WRAPPED):
-            raise ValueError(f"layer: expected an LSTM or SimpleRnn configuration, got {self.layer!r}")
+            raise ValueError(f"layer: expected an LSTM, GRU or SimpleRnn configuration, got {self.layer!r}")
 
     @property
     def takes_sequences(self) -> bool:
@@ -668,7 +727,7 @@ class Bidirectional(_Wrapper):
     reversed; with end padding its state therefore starts from zero at each sequence's last present step.
 
     Args:
-        layer: an LSTM or SimpleRnn configuration.
+        layer: an LSTM, GRU or SimpleRnn configuration.
         mode: concat (output size 2 n_out), add, mul or average.
     """
 
@@ -697,7 +756,7 @@ class LastTimeStep(_Wrapper):
     step gets the zero output of its masked step 0); without one it is the last step.
 
     Args:
-        layer: an LSTM or SimpleRnn configuration (parameters exactly as the wrapped layer's).
+        layer: an LSTM, GRU or SimpleRnn configuration (parameters exactly as the wrapped layer's).
     """
 
     layer: Any
@@ -880,6 +939,7 @@ __all__ = [
     "DropoutLayer",
     "EmbeddingLayer",
     "EmbeddingSequenceLayer",
+    "GRU",
     "GlobalPoolingLayer",
     "LSTM",
     "LastTimeStep",

@@ -31,6 +31,7 @@ from sparkgrad._native import _core
 from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.device import CPU, Device, resolve_device
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     ActivationLayer,
     BatchNormalization,
@@ -138,6 +139,16 @@ def _lstm(updater: Any = None) -> MultiLayerNetwork:
         input_type=InputType.recurrent(3),
         updater=updater or Adam(1e-2),
         seed=13,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _gru(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [Bidirectional(GRU(4)), GRU(3, gate_activation="hardtanh"), RnnOutputLayer(2)],
+        input_type=InputType.recurrent(3),
+        updater=updater or Adam(1e-2),
+        seed=18,
     )
     return MultiLayerNetwork(conf)
 
@@ -280,7 +291,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             out.append(DataSet(rng.normal(size=(N, 7)).astype(np.float32), _one_hot(rng, (N,), 3)))
         elif name in ("cnn", "cnn_bn"):
             out.append(DataSet(rng.normal(size=(N, 2, 8, 8)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name in ("lstm", "lstm_tbptt"):
+        elif name in ("lstm", "lstm_tbptt", "gru"):
             fmask = _lengths_mask(rng)
             lmask = fmask * (rng.random((N, T)) < 0.8)
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
@@ -311,6 +322,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "cnn_bn": _cnn_bn,
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
+    "gru": _gru,
     "lstm_to_vector": _lstm_to_vector,
     "lstm_pooled": _lstm_pooled,
     "graph": _graph,

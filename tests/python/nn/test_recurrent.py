@@ -9,6 +9,7 @@ import pytest
 
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     BatchNormalization,
     Bidirectional,
@@ -76,6 +77,14 @@ LAYERS = {
         RnnOutputLayer(2),
     ],
     "simple_rnn": lambda: [SimpleRnn(4, activation="tanh"), RnnOutputLayer(2)],
+    "gru": lambda: [GRU(4), RnnOutputLayer(2)],
+    "gru_hardtanh_gates": lambda: [
+        GRU(3, gate_activation="hardtanh", activation="softplus"),
+        RnnOutputLayer(2),
+    ],
+    "gru_stacked": lambda: [DenseLayer(3, activation="tanh"), GRU(3), LSTM(2), RnnOutputLayer(2)],
+    "bidirectional_gru_concat": lambda: [Bidirectional(GRU(3)), RnnOutputLayer(2)],
+    "bidirectional_gru_mul": lambda: [Bidirectional(GRU(2), mode="mul"), RnnOutputLayer(2)],
     "stacked_with_dense": lambda: [
         DenseLayer(3, activation="tanh"),
         LSTM(3),
@@ -107,10 +116,10 @@ def test_recurrent_gradient(name: str, masked: bool) -> None:
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("inner", ["lstm", "simple_rnn"])
+@pytest.mark.parametrize("inner", ["lstm", "gru", "simple_rnn"])
 def test_last_time_step_gradient(inner: str, masked: bool) -> None:
     rng = np.random.default_rng(5)
-    layer = LSTM(3) if inner == "lstm" else SimpleRnn(3, activation="tanh")
+    layer = {"lstm": LSTM(3), "gru": GRU(3), "simple_rnn": SimpleRnn(3, activation="tanh")}[inner]
     mask = _lengths_mask([1, 5, 3]) if masked else None
     ds = DataSet(rng.normal(size=(N, SIZE, T)), np.eye(2)[[0, 1, 1]], features_mask=mask)
     _gradient_check(_net([LastTimeStep(layer), DenseLayer(3, activation="tanh"), OutputLayer(2)]), ds)
@@ -122,6 +131,22 @@ def test_lstm_parameter_layout_and_forget_gate_bias() -> None:
     assert net.num_params() == 3 * 16 + 4 * 16 + 16 + 4 * 2 + 2
     b = net.params()[3 * 16 + 4 * 16 : 3 * 16 + 4 * 16 + 16]
     np.testing.assert_array_equal(b, [0.0] * 4 + [1.5] * 4 + [0.0] * 8)  # gate order [a, f, o, i]
+
+
+def test_gru_parameter_layout_and_gate_order() -> None:
+    """W (3, 12), RW (4, 12), b (12) with the gate blocks [r, u, c]: the network's output is the NumPy
+    step-by-step GRU (reset before the candidate's recurrent product) run on those views."""
+    from reference import nn as ref
+
+    net = _net([GRU(4), RnnOutputLayer(2, activation="identity", loss="mse")])
+    assert net.num_params() == 3 * 12 + 4 * 12 + 12 + 4 * 2 + 2
+    p = net.params()
+    w, rw = p[:36].reshape(3, 12), p[36:84].reshape(4, 12)
+    b, w_out, b_out = p[84:96], p[96:104].reshape(4, 2), p[104:106]
+    b[:] = np.linspace(-1, 1, 12)  # a view: distinct biases per gate block show the order
+    x = np.random.default_rng(2).normal(size=(2, SIZE, T))
+    hs = ref.gru_forward(x.transpose(0, 2, 1), w, rw, b)
+    np.testing.assert_allclose(net.output(x), (hs @ w_out + b_out).transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
 
 
 # ---- masks change every answer ---------------------------------------------------------------------
@@ -140,6 +165,8 @@ def padded():
 NETWORKS = {
     "lstm": lambda: [DenseLayer(3, activation="tanh"), LSTM(4), RnnOutputLayer(2)],
     "bidirectional": lambda: [Bidirectional(LSTM(3)), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)],
+    "gru": lambda: [DenseLayer(3, activation="tanh"), GRU(4), RnnOutputLayer(2)],
+    "bidirectional_gru": lambda: [Bidirectional(GRU(3)), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)],
 }
 
 
@@ -202,7 +229,7 @@ def test_last_time_step_uses_last_present_step(padded) -> None:
 
 def test_rnn_time_step_matches_the_whole_sequence() -> None:
     rng = np.random.default_rng(4)
-    net = _net([LSTM(4), SimpleRnn(3), RnnOutputLayer(2)])
+    net = _net([LSTM(4), GRU(3), SimpleRnn(3), RnnOutputLayer(2)])
     x = rng.normal(size=(2, SIZE, T))
     whole = net.output(x)
     steps = [net.rnn_time_step(x[:, :, s]) for s in range(T)]
@@ -239,7 +266,7 @@ def test_configuration_errors_name_the_layer() -> None:
         MultiLayerConfiguration([LSTM(3), OutputLayer(2)], input_type=InputType.feed_forward(4))
     with pytest.raises(ValueError, match="gate_activation"):
         LSTM(3, gate_activation="softmax")
-    with pytest.raises(ValueError, match="layer: expected an LSTM or SimpleRnn"):
+    with pytest.raises(ValueError, match="layer: expected an LSTM, GRU or SimpleRnn"):
         Bidirectional(DenseLayer(3))
     net = _net([LSTM(3), RnnOutputLayer(2)])
     with pytest.raises(ValueError, match=r"features_mask: expected shape \(batch, time\)"):
@@ -255,6 +282,8 @@ def test_recurrent_configuration_round_trips() -> None:
     conf = MultiLayerConfiguration(
         [
             Bidirectional(LSTM(3, gate_activation="hardtanh"), mode="add"),
+            Bidirectional(GRU(3, activation="elu", gate_activation="hardtanh")),
+            GRU(2, dropout=0.9, l2=1e-4),
             LastTimeStep(SimpleRnn(2)),
             OutputLayer(2),
         ],

@@ -661,3 +661,35 @@ def simple_rnn_backward(x, w, rw, b, dh, mask=None, h0=None, act="tanh", alpha=0
         return float((simple_rnn_forward(x, w, rw, b, mask, h0, act, alpha) * dh).sum())
 
     return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))
+
+
+# ---- GRU -----------------------------------------------------------------------------------------
+
+
+def gru_forward(x, w, rw, b, mask=None, h0=None, act="tanh", gate="sigmoid"):
+    """libnd4j's GRU cell (DL4J), step by step: gate blocks [r, u, c]; r, u = gate(x W + h RW + b),
+    c = act(x W_c + (r h) RW_c + b_c), h = u h + (1 - u) c; masked steps multiply h by the mask.
+
+    x: (N, T, C); returns hs (N, T, H)."""
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hp = np.zeros((n, h)) if h0 is None else np.asarray(h0, np.float64)
+    hs = np.zeros((n, t, h))
+    for s in range(t):
+        zx = x[:, s].astype(np.float64) @ w + b
+        r = activation(gate, zx[:, :h] + hp @ rw[:, :h])
+        u = activation(gate, zx[:, h : 2 * h] + hp @ rw[:, h : 2 * h])
+        c = activation(act, zx[:, 2 * h :] + (r * hp) @ rw[:, 2 * h :])
+        m = np.ones((n, 1)) if mask is None else mask[:, s : s + 1]
+        hp = m * (u * hp + (1 - u) * c)
+        hs[:, s] = hp
+    return hs
+
+
+def gru_backward(x, w, rw, b, dh, mask=None, h0=None, act="tanh", gate="sigmoid"):
+    """Gradients (dx, dw, drw, db) of sum(gru_forward(...) * dh) by central differences."""
+
+    def loss() -> float:
+        return float((gru_forward(x, w, rw, b, mask, h0, act, gate) * dh).sum())
+
+    return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))
