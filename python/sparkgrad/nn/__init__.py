@@ -22,6 +22,7 @@ from sparkgrad.nn.layers import (
     BatchNormalization,
     Bidirectional,
     BidirectionalMode,
+    Convolution1DLayer,
     ConvolutionLayer,
     DenseLayer,
     DropoutLayer,
@@ -35,6 +36,7 @@ from sparkgrad.nn.layers import (
     RnnLossLayer,
     RnnOutputLayer,
     SimpleRnn,
+    Subsampling1DLayer,
     SubsamplingLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener, TrainingListener
@@ -69,6 +71,7 @@ __all__ = [
     "CnnToFeedForwardPreProcessor",
     "ComputationGraph",
     "ComputationGraphConfiguration",
+    "Convolution1DLayer",
     "ConvolutionLayer",
     "DuplicateToTimeSeriesVertex",
     "ConvolutionMode",
@@ -108,6 +111,7 @@ __all__ = [
     "ShiftVertex",
     "SimpleRnn",
     "StackVertex",
+    "Subsampling1DLayer",
     "SubsamplingLayer",
     "SubsetVertex",
     "TrainingListener",

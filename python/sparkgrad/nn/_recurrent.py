@@ -69,6 +69,11 @@ class SequenceRuntime(LayerRuntime):
 
     state_arrays = 1
 
+    def output_mask(self, mask: Any) -> Any:
+        """The mask of the last forward's output given its input ``mask``: the same steps (the 1-D layers
+        that change the number of steps override this)."""
+        return mask
+
     def _start(
         self, x: np.ndarray, train: bool, seed: int, mask: Any, stateful: bool, steps: int | None
     ) -> tuple[np.ndarray | None, ...]:
@@ -381,9 +386,10 @@ def build_sequence_runtime(
 class LayerTrace:
     """What :func:`layer_forward` keeps for :func:`layer_backward`: the runtime's output shape, the
     per-step mask (N*T, 1) of a per-step layer on masked sequences (None otherwise) and, for a layer with
-    batch statistics on masked sequences, the present rows it ran on out of ``n_rows``."""
+    batch statistics on masked sequences, the present rows it ran on out of ``n_rows``; ``mask`` is the
+    features mask of the layer's output (its input's, unless the layer changes the number of steps)."""
 
-    __slots__ = ("out_shape", "step_mask", "rows", "n_rows")
+    __slots__ = ("out_shape", "step_mask", "rows", "n_rows", "mask")
 
     def __init__(
         self,
@@ -391,8 +397,10 @@ class LayerTrace:
         step_mask: np.ndarray | None,
         rows: np.ndarray | None = None,
         n_rows: int = 0,
+        mask: np.ndarray | None = None,
     ) -> None:
         self.out_shape, self.step_mask, self.rows, self.n_rows = out_shape, step_mask, rows, n_rows
+        self.mask = mask
 
 
 def layer_forward(
@@ -427,7 +435,7 @@ def layer_forward(
     xp = rt.xp
     if sequence and layer.takes_sequences:
         y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
-        return y, LayerTrace(y.shape, None)
+        return y, LayerTrace(y.shape, None, mask=rt.output_mask(mask))
     step_mask = rows = None
     if sequence:  # one row (or image) per time step
         n, t = x.shape[:2]
@@ -442,9 +450,9 @@ def layer_forward(
     elif x.ndim > 2 and layer.flattens_input:
         x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
     if preout:
-        return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask)
+        return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask, mask=mask)
     y = rt.forward(x, train, seed)
-    trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0)
+    trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0, mask)
     if rows is not None:  # padded steps output zero
         full = xp.zeros((n * t, *y.shape[1:]), dtype=y.dtype)
         full[rows] = y

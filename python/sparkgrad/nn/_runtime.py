@@ -16,7 +16,7 @@ import numpy as np
 from sparkgrad.device import Device
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._layer_runtime import LayerRuntime, activation_alpha
-from sparkgrad.nn._recurrent import build_sequence_runtime
+from sparkgrad.nn._recurrent import SequenceRuntime, build_sequence_runtime
 from sparkgrad.nn.enums import Activation
 from sparkgrad.nn.input_type import InputType
 
@@ -407,6 +407,89 @@ def inference_folds(
     return folds
 
 
+class Window1DRuntime(SequenceRuntime):
+    """Convolution1DLayer / Subsampling1DLayer: the runtime of the 2-D layer they run as (``as_2d``) over
+    the (N, C, T, 1) view of the (N, T, C) sequence, rebuilt when the number of steps changes; the mask
+    reduced with the layer's window as DL4J does (``ConvolutionUtils.cnn1dMaskReduction``: unchanged for
+    same mode with stride 1, else max-pooled, padding reading zero) multiplies the output and goes on."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.inner_conf = self.conf.as_2d()
+        self.inner: Any = None
+        self.steps = 0
+
+    def _inner_for(self, t: int) -> Any:
+        if self.inner is None or self.steps != t:
+            c = self.conf
+            if c.time_output(t) < 1:
+                raise ValueError(
+                    f"features: {type(c).__name__} (kernel_size {c.kernel_size}, padding {c.padding}) does "
+                    f"not fit sequences of {t} time steps"
+                )
+            it = InputType.convolutional(t, 1, self.input_type.size)
+            cls = _RUNTIMES[type(self.inner_conf)]
+            self.inner = cls(
+                self.inner_conf, it, self.activation, self.dtype, self.params, self.grads, self.device
+            )
+            self.steps = t
+        return self.inner
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        inner = self._inner_for(t)
+        x4 = self.buf("x4", (n, c, t, 1))  # the inner runtime keeps it for its backward
+        x4[..., 0] = x.transpose(0, 2, 1)
+        y4 = inner.forward(x4, train, seed)
+        self.y4_shape = y4.shape
+        y = self.buf("y", (n, y4.shape[2], y4.shape[1]))
+        y[...] = y4[..., 0].transpose(0, 2, 1)
+        self.mask = self._reduce_mask(mask, n, t, y.shape[1])
+        if self.mask is not None:
+            y *= self.mask[:, :, None]
+        return y
+
+    def _reduce_mask(self, mask: Any, n: int, t: int, steps: int) -> Any:
+        c = self.conf
+        if mask is None or (c.convolution_mode is L.ConvolutionMode.SAME and c.stride == 1):
+            return mask
+        _, pad = L.conv_output_size(t, c.kernel_size, c.stride, c.padding, c.convolution_mode)
+        # zero-padded so that a window of padding only (padding >= kernel_size) is absent
+        padded = self.buf("mask_padded", (n, 1, max(pad + t, (steps - 1) * c.stride + c.kernel_size), 1))
+        padded.fill(0)
+        padded[:, 0, pad : pad + t, 0] = mask
+        out = self.buf("mask_out", (n, steps))
+        self.k.pool2d_forward(
+            "max", padded, out.reshape(n, 1, steps, 1), c.kernel_size, 1, c.stride, 1, 0, 0,
+            argmax=self.buf("mask_argmax", (n, 1, steps, 1), np.int64),
+        )  # fmt: skip
+        return out
+
+    def output_mask(self, mask: Any) -> Any:
+        return self.mask
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if self.mask is not None:  # masked output steps pass no gradient
+            dy = dy * self.mask[:, :, None]
+        dy4 = self.buf("dy4", self.y4_shape)
+        dy4[..., 0] = dy.transpose(0, 2, 1)
+        dx4 = self.inner.backward(dy4, need_dx)
+        if dx4 is None:
+            return None
+        n, c, t, _ = dx4.shape
+        dx = self.buf("dx", (n, t, c))
+        dx[...] = dx4[..., 0].transpose(0, 2, 1)
+        return dx
+
+
 _RUNTIMES = {
     L.DenseLayer: DenseRuntime,
     L.OutputLayer: DenseRuntime,
@@ -419,6 +502,14 @@ _RUNTIMES = {
     L.ActivationLayer: ActivationRuntime,
     L.EmbeddingLayer: EmbeddingRuntime,
     L.EmbeddingSequenceLayer: EmbeddingRuntime,
+}
+
+
+# The 1-D layers over sequences that run the 2-D kernels (sequence runtimes of their own: the other
+# sequence layers are in sparkgrad.nn._recurrent).
+_TIME_RUNTIMES = {
+    L.Convolution1DLayer: Window1DRuntime,
+    L.Subsampling1DLayer: Window1DRuntime,
 }
 
 
@@ -436,6 +527,8 @@ def build_runtime(
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None, device)
     if input_type.kind == "recurrent":
+        if type(conf) in _TIME_RUNTIMES:
+            return _TIME_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads, device)
         if conf.takes_sequences:  # whole sequences plus the features mask
             return build_sequence_runtime(conf, input_type, activation, dtype, params, grads, device)
         input_type = input_type.step_type()  # the layer runs at every time step

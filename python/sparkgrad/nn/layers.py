@@ -772,6 +772,144 @@ class LastTimeStep(_Wrapper):
         return self.layer.param_specs(input_type)
 
 
+class _Time1D(Layer):
+    """Base of the 1-D layers over sequences (Convolution1DLayer, Subsampling1DLayer, Upsampling1D,
+    ZeroPadding1DLayer): (batch, size, time) in, (batch, size', time') out, whole sequences and the
+    features mask (see :mod:`sparkgrad.nn._recurrent`). The mask that leaves the layer has time' steps."""
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def time_output(self, steps: int) -> int:
+        """The number of output steps for ``steps`` input steps (< 1: the input is too short)."""
+        raise NotImplementedError  # every 1-D layer overrides this
+
+    def _out_size(self, input_type: InputType) -> int:
+        return input_type.size
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        if input_type.channels:
+            raise layer_error(
+                index, self, "input", f"needs a sequence of vectors, got {input_type.describe()}"
+            )
+        layer = _infer_n_in(index, self, input_type.size) if hasattr(self, "n_in") else self
+        steps = input_type.time_steps
+        if steps is not None and self.time_output(steps) < 1:
+            raise layer_error(index, self, "kernel_size", f"does not fit {steps} time steps")
+        out_steps = None if steps is None else self.time_output(steps)
+        return layer, InputType.recurrent(layer._out_size(input_type), out_steps)
+
+
+def _window_1d_post_init(layer: Any) -> None:
+    layer.kernel_size = check_int("kernel_size", layer.kernel_size, minimum=1)
+    layer.stride = check_int("stride", layer.stride, minimum=1)
+    layer.padding = check_int("padding", layer.padding, minimum=0)
+    layer.convolution_mode = coerce_enum(ConvolutionMode, layer.convolution_mode, "convolution_mode")
+
+
+class _Window1D(_Time1D):
+    """A 1-D window (convolution, pooling) run as its 2-D layer over a width-1 view: time is the height,
+    (batch, size, time) the NCHW input (batch, size, time, 1), DL4J's layout for these layers."""
+
+    kernel_size: int
+    stride: int
+    padding: int
+    convolution_mode: Any  # a ConvolutionMode once validated
+
+    def time_output(self, steps: int) -> int:
+        return conv_output_size(steps, self.kernel_size, self.stride, self.padding, self.convolution_mode)[0]
+
+    def as_2d(self) -> Layer:
+        """The 2-D layer this layer runs as over the width-1 view."""
+        raise NotImplementedError  # every windowed 1-D layer overrides this
+
+    def _window_2d(self) -> dict[str, Any]:
+        return {
+            "kernel_size": (self.kernel_size, 1),
+            "stride": (self.stride, 1),
+            "padding": (self.padding, 0),
+            "convolution_mode": self.convolution_mode,
+        }
+
+
+@dataclasses.dataclass
+class Convolution1DLayer(_Window1D):
+    """DL4J's Convolution1DLayer: a convolution along time. Input (batch, n_in, time) -> output
+    (batch, n_out, time'), time' as a ConvolutionLayer's height (truncate: ``(T + 2 padding - k) //
+    stride + 1``; same: ``ceil(T / stride)``).
+
+    Parameters: ``W`` (n_out, n_in, kernel_size, 1) (DL4J's layout) and ``b`` (n_out). It runs the 2-D
+    convolution kernels over the sequence viewed as (batch, n_in, time, 1) images. With a features mask the
+    mask is reduced as DL4J does (unchanged for same mode with stride 1, otherwise max-pooled with the
+    layer's window: an output step is present when any step of its window is) and the output is multiplied
+    by it; the reduced mask goes on to the next layer.
+
+    Args:
+        n_out: output channels.
+        kernel_size, stride, padding: along time (ints).
+        convolution_mode: truncate or same.
+        activation, n_in, weight_init, has_bias, l1, l2, dropout, weight_decay, updater,
+            gradient_normalization, gradient_normalization_threshold: as ConvolutionLayer.
+    """
+
+    n_out: int
+    kernel_size: int = 3
+    stride: int = 1
+    padding: int = 0
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+    activation: Activation | str | None = None
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    has_bias: bool = True
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self._common_post_init()
+        _window_1d_post_init(self)
+
+    def _out_size(self, input_type: InputType) -> int:
+        return self.n_out
+
+    def as_2d(self) -> Layer:
+        return ConvolutionLayer(
+            self.n_out, **self._window_2d(), activation=self.activation, n_in=self._inferred_n_in(),
+            has_bias=self.has_bias, dropout=self.dropout,
+        )  # fmt: skip
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return self.as_2d().param_specs(InputType.convolutional(self.kernel_size, 1, self._inferred_n_in()))
+
+
+@dataclasses.dataclass
+class Subsampling1DLayer(_Window1D):
+    """DL4J's Subsampling1DLayer: max or average pooling along time, (batch, size, time) -> (batch, size,
+    time') with time' as Convolution1DLayer's. It runs the 2-D pooling kernels over the (batch, size,
+    time, 1) view; masks as Convolution1DLayer's (the reduced mask multiplies the output and goes on)."""
+
+    pooling_type: PoolingType | str = PoolingType.MAX
+    kernel_size: int = 2
+    stride: int = 2
+    padding: int = 0
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+
+    def __post_init__(self) -> None:
+        self.pooling_type = coerce_enum(PoolingType, self.pooling_type, "pooling_type")
+        if self.pooling_type is PoolingType.SUM:
+            raise ValueError("pooling_type: Subsampling1DLayer supports max and avg, got 'sum'")
+        _window_1d_post_init(self)
+
+    def as_2d(self) -> Layer:
+        return SubsamplingLayer(self.pooling_type, **self._window_2d())
+
+
 @dataclasses.dataclass
 class RnnOutputLayer(OutputLayer):
     """OutputLayer applied at every time step of recurrent input: labels (batch, n_out, time), the loss of
@@ -934,6 +1072,7 @@ __all__ = [
     "BatchNormalization",
     "Bidirectional",
     "BidirectionalMode",
+    "Convolution1DLayer",
     "ConvolutionLayer",
     "DenseLayer",
     "DropoutLayer",
@@ -950,6 +1089,7 @@ __all__ = [
     "RnnLossLayer",
     "RnnOutputLayer",
     "SimpleRnn",
+    "Subsampling1DLayer",
     "SubsamplingLayer",
     "infer_layer",
 ]

@@ -39,6 +39,7 @@ from sparkgrad.nn import (
     CnnToFeedForwardPreProcessor,
     ComputationGraph,
     ComputationGraphConfiguration,
+    Convolution1DLayer,
     ConvolutionLayer,
     DenseLayer,
     DropoutLayer,
@@ -62,6 +63,7 @@ from sparkgrad.nn import (
     ShiftVertex,
     SimpleRnn,
     StackVertex,
+    Subsampling1DLayer,
     SubsamplingLayer,
     SubsetVertex,
     UnstackVertex,
@@ -149,6 +151,21 @@ def _gru(updater: Any = None) -> MultiLayerNetwork:
         input_type=InputType.recurrent(3),
         updater=updater or Adam(1e-2),
         seed=18,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _conv1d(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [
+            Convolution1DLayer(4, kernel_size=2, stride=2, activation="relu"),
+            Subsampling1DLayer("avg", kernel_size=2, stride=1),
+            GlobalPoolingLayer("max"),
+            OutputLayer(2),
+        ],
+        input_type=InputType.recurrent(3),
+        updater=updater or Adam(1e-2),
+        seed=20,
     )
     return MultiLayerNetwork(conf)
 
@@ -296,7 +313,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             lmask = fmask * (rng.random((N, T)) < 0.8)
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask, labels_mask=lmask))
-        elif name in ("lstm_to_vector", "lstm_pooled"):
+        elif name in ("lstm_to_vector", "lstm_pooled", "conv1d"):
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N,), 2), features_mask=_lengths_mask(rng)))
         elif name in ("graph", "vertex_graph"):
@@ -323,6 +340,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
     "gru": _gru,
+    "conv1d": _conv1d,
     "lstm_to_vector": _lstm_to_vector,
     "lstm_pooled": _lstm_pooled,
     "graph": _graph,
