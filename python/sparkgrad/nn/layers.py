@@ -848,10 +848,13 @@ class Convolution1DLayer(_Window1D):
 
     Args:
         n_out: output channels.
-        kernel_size, stride, padding: along time (ints).
+        kernel_size: window length along time.
+        stride: step along time.
+        padding: zero steps added at both ends (truncate mode).
         convolution_mode: truncate or same.
-        activation, n_in, weight_init, has_bias, l1, l2, dropout, weight_decay, updater,
-            gradient_normalization, gradient_normalization_threshold: as ConvolutionLayer.
+
+    The other fields (activation, n_in, weight_init, has_bias, l1, l2, dropout, weight_decay, updater,
+    gradient_normalization, gradient_normalization_threshold) are as ConvolutionLayer's.
     """
 
     n_out: int
