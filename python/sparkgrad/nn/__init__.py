@@ -38,6 +38,8 @@ from sparkgrad.nn.layers import (
     SimpleRnn,
     Subsampling1DLayer,
     SubsamplingLayer,
+    Upsampling1D,
+    ZeroPadding1DLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener, TrainingListener
 from sparkgrad.nn.network import MultiLayerNetwork
@@ -113,6 +115,8 @@ __all__ = [
     "StackVertex",
     "Subsampling1DLayer",
     "SubsamplingLayer",
+    "Upsampling1D",
+    "ZeroPadding1DLayer",
     "SubsetVertex",
     "TrainingListener",
     "UnstackVertex",

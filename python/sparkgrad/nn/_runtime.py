@@ -407,7 +407,16 @@ def inference_folds(
     return folds
 
 
-class Window1DRuntime(SequenceRuntime):
+class _Time1DRuntime(SequenceRuntime):
+    """Base of the 1-D layers' runtimes: their forward sets ``mask``, the mask of their output."""
+
+    mask: Any = None
+
+    def output_mask(self, mask: Any) -> Any:
+        return self.mask
+
+
+class Window1DRuntime(_Time1DRuntime):
     """Convolution1DLayer / Subsampling1DLayer: the runtime of the 2-D layer they run as (``as_2d``) over
     the (N, C, T, 1) view of the (N, T, C) sequence, rebuilt when the number of steps changes; the mask
     reduced with the layer's window as DL4J does (``ConvolutionUtils.cnn1dMaskReduction``: unchanged for
@@ -473,9 +482,6 @@ class Window1DRuntime(SequenceRuntime):
         )  # fmt: skip
         return out
 
-    def output_mask(self, mask: Any) -> Any:
-        return self.mask
-
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         if self.mask is not None:  # masked output steps pass no gradient
             dy = dy * self.mask[:, :, None]
@@ -505,11 +511,72 @@ _RUNTIMES = {
 }
 
 
-# The 1-D layers over sequences that run the 2-D kernels (sequence runtimes of their own: the other
-# sequence layers are in sparkgrad.nn._recurrent).
+class Upsampling1DRuntime(_Time1DRuntime):
+    """Upsampling1D: every step and its mask value repeated ``size`` times; the backward sums the repeats."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        size = self.conf.size
+        self.x_shape = x.shape
+        y = self.buf("y", (n, t, size, c))
+        y[...] = x[:, :, None, :]
+        self.mask = None if mask is None else self.xp.repeat(mask, size, axis=1)
+        return y.reshape(n, t * size, c)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        n, t, c = self.x_shape
+        return dy.reshape(n, t, self.conf.size, c).sum(axis=2)
+
+
+class ZeroPadding1DRuntime(_Time1DRuntime):
+    """ZeroPadding1DLayer: zero steps before and after; the added steps are absent in the mask."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        left, right = self.conf.padding
+        self.t = t
+        y = self.buf("y", (n, left + t + right, c))
+        y.fill(0)
+        y[:, left : left + t] = x
+        self.mask = None
+        if mask is not None:
+            self.mask = self.buf("mask", (n, left + t + right))
+            self.mask.fill(0)
+            self.mask[:, left : left + t] = mask
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        left = self.conf.padding[0]
+        return self.xp.ascontiguousarray(dy[:, left : left + self.t])
+
+
+# The 1-D layers over sequences (sequence runtimes of their own: the other sequence layers are in
+# sparkgrad.nn._recurrent). Upsampling and padding are copies, done by the array module of the device.
 _TIME_RUNTIMES = {
     L.Convolution1DLayer: Window1DRuntime,
     L.Subsampling1DLayer: Window1DRuntime,
+    L.Upsampling1D: Upsampling1DRuntime,
+    L.ZeroPadding1DLayer: ZeroPadding1DRuntime,
 }
 
 

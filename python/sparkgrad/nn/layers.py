@@ -914,6 +914,37 @@ class Subsampling1DLayer(_Window1D):
 
 
 @dataclasses.dataclass
+class Upsampling1D(_Time1D):
+    """DL4J's Upsampling1D: every time step repeated ``size`` times, (batch, size', time) -> (batch, size',
+    size * time). The features mask is repeated the same way (each output step is present when the step it
+    repeats is); DL4J passes the mask on unchanged, which no longer matches the output's steps."""
+
+    size: int = 2
+
+    def __post_init__(self) -> None:
+        self.size = check_int("size", self.size, minimum=1)
+
+    def time_output(self, steps: int) -> int:
+        return self.size * steps
+
+
+@dataclasses.dataclass
+class ZeroPadding1DLayer(_Time1D):
+    """DL4J's ZeroPadding1DLayer: zero steps added before and after every sequence, (batch, size, time) ->
+    (batch, size, left + time + right). ``padding``: an int (both ends) or (left, right). The added steps
+    are absent in the features mask that goes on (DL4J passes the mask on unchanged, which no longer
+    matches the output's steps)."""
+
+    padding: tuple = (1, 1)
+
+    def __post_init__(self) -> None:
+        self.padding = _pair("padding", self.padding, 0)
+
+    def time_output(self, steps: int) -> int:
+        return self.padding[0] + steps + self.padding[1]
+
+
+@dataclasses.dataclass
 class RnnOutputLayer(OutputLayer):
     """OutputLayer applied at every time step of recurrent input: labels (batch, n_out, time), the loss of
     every present step (labels mask, else the features mask) summed and divided by the batch size."""
@@ -1094,5 +1125,7 @@ __all__ = [
     "SimpleRnn",
     "Subsampling1DLayer",
     "SubsamplingLayer",
+    "Upsampling1D",
+    "ZeroPadding1DLayer",
     "infer_layer",
 ]

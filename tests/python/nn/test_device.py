@@ -67,6 +67,8 @@ from sparkgrad.nn import (
     SubsamplingLayer,
     SubsetVertex,
     UnstackVertex,
+    Upsampling1D,
+    ZeroPadding1DLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener
 from sparkgrad.nn.updaters import Adam, Sgd
@@ -160,6 +162,8 @@ def _conv1d(updater: Any = None) -> MultiLayerNetwork:
         [
             Convolution1DLayer(4, kernel_size=2, stride=2, activation="relu"),
             Subsampling1DLayer("avg", kernel_size=2, stride=1),
+            Upsampling1D(2),
+            ZeroPadding1DLayer(1),
             GlobalPoolingLayer("max"),
             OutputLayer(2),
         ],

@@ -35,6 +35,8 @@ from sparkgrad.nn import (
     SimpleRnn,
     Subsampling1DLayer,
     SubsamplingLayer,
+    Upsampling1D,
+    ZeroPadding1DLayer,
 )
 from sparkgrad.nn.layers import conv_output_size
 from sparkgrad.nn.updaters import Adam
@@ -588,7 +590,44 @@ def test_subsampling1d_matches_reference(n, c, t, kernel, stride, pad, kind, mas
     np.testing.assert_allclose(y.transpose(0, 2, 1), want, rtol=bound, atol=bound)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    c=st.integers(1, 3),
+    t=st.integers(1, 6),
+    size=st.integers(1, 3),
+    left=st.integers(0, 2),
+    right=st.integers(0, 2),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_upsampling1d_and_zero_padding1d_match_reference(n, c, t, size, left, right, masked, seed):
+    """Upsampling1D then ZeroPadding1DLayer against np.repeat and np.pad, their masks and the adjoint."""
+    rng = np.random.default_rng(seed)
+    net = _net1d([Upsampling1D(size), ZeroPadding1DLayer((left, right)), RnnOutputLayer(2)], size=c)
+    x = rng.normal(size=(n, c, t))
+    mask = rng.integers(0, 2, (n, t)).astype(np.float64) if masked else None
+    up, pad = net._runtimes[0], net._runtimes[1]
+    y = pad.forward(up.forward(np.ascontiguousarray(x.transpose(0, 2, 1)), False, 0, mask=mask), False, 0,
+                    mask=up.output_mask(mask))  # fmt: skip
+    want = np.pad(np.repeat(x, size, axis=2), ((0, 0), (0, 0), (left, right)))
+    np.testing.assert_array_equal(y.transpose(0, 2, 1), want)
+    if mask is not None:
+        want_mask = np.pad(np.repeat(mask, size, axis=1), ((0, 0), (left, right)))
+        np.testing.assert_array_equal(pad.output_mask(None), want_mask)
+    dy = rng.normal(size=y.shape)
+    dx = up.backward(pad.backward(dy.copy(), True), True)
+    want_dx = dy[:, left : left + size * t].reshape(n, t, size, c).sum(axis=2)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-15, atol=1e-15)
+
+
 LAYERS_1D = {
+    "upsample_pad": lambda: [
+        Convolution1DLayer(3, kernel_size=2, stride=2, activation="tanh"),
+        Upsampling1D(3),
+        ZeroPadding1DLayer((1, 2)),
+        RnnOutputLayer(2),
+    ],
     "conv_truncate": lambda: [
         Convolution1DLayer(3, kernel_size=3, activation="tanh"),
         RnnOutputLayer(2),
@@ -647,6 +686,12 @@ def test_the_reduced_mask_masks_the_output_and_the_loss() -> None:
     alone = net.score_examples(DataSet(x[1:, :, :4], labels[1:, :, :2]))
     assert masked[1] == pytest.approx(alone[0], rel=1e-12)  # the loss of the 2 present output steps
     assert not np.allclose(net.output(x)[1], out[1])  # the mask changes the answer
+    # padding and upsampling carry the mask: the padded steps and the repeats of absent steps do not count
+    net = _net1d([Upsampling1D(2), ZeroPadding1DLayer((1, 0)), RnnOutputLayer(2)])
+    labels = np.eye(2)[rng.integers(0, 2, (2, 21))].transpose(0, 2, 1)
+    masked = net.score_examples(DataSet(x, labels, features_mask=mask))
+    alone = net.score_examples(DataSet(x[1:, :, :4], labels[1:, :, :9], features_mask=np.ones((1, 4))))
+    assert masked[1] == pytest.approx(alone[0], rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -661,6 +706,8 @@ def test_time_1d_results_for_1_and_2_threads(dtype: str) -> None:
         Convolution1DLayer(32, kernel_size=5, activation="relu"),
         Subsampling1DLayer("max"),
         Convolution1DLayer(32, kernel_size=3, stride=2, activation="relu"),
+        Upsampling1D(2),
+        ZeroPadding1DLayer(2),
         GlobalPoolingLayer("max"),
         OutputLayer(2),
     ]
@@ -686,16 +733,22 @@ def test_time_1d_configuration_round_trips_and_checks_its_fields() -> None:
         [
             Convolution1DLayer(4, kernel_size=5, stride=2, padding=1, activation="relu", l2=1e-4),
             Subsampling1DLayer("avg", kernel_size=3, stride=1, convolution_mode="same"),
+            Upsampling1D(3),
+            ZeroPadding1DLayer((0, 2)),
             RnnOutputLayer(2),
         ],
         input_type=InputType.recurrent(3, 20),
     )
     assert conf.layer_input_types[1] == InputType.recurrent(4, 9)
-    assert conf.output_type == InputType.recurrent(2, 9)
+    assert conf.output_type == InputType.recurrent(2, 29)
     assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
     assert MultiLayerConfiguration.from_yaml(conf.to_yaml()) == conf
     with pytest.raises(ValueError, match="kernel_size"):
         Convolution1DLayer(2, kernel_size=0)
+    with pytest.raises(ValueError, match="size"):
+        Upsampling1D(0)
+    with pytest.raises(ValueError, match="padding"):
+        ZeroPadding1DLayer((1, -1))
     with pytest.raises(ValueError, match=r"pooling_type: Subsampling1DLayer supports max and avg"):
         Subsampling1DLayer("sum")
     with pytest.raises(ValueError, match=r"layers\[0\] \(Convolution1DLayer\)\.kernel_size: does not fit 2"):
