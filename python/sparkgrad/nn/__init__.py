@@ -24,6 +24,7 @@ from sparkgrad.nn.layers import (
     BidirectionalMode,
     Convolution1DLayer,
     ConvolutionLayer,
+    Cropping2D,
     DenseLayer,
     DropoutLayer,
     EmbeddingLayer,
@@ -39,7 +40,9 @@ from sparkgrad.nn.layers import (
     Subsampling1DLayer,
     SubsamplingLayer,
     Upsampling1D,
+    Upsampling2D,
     ZeroPadding1DLayer,
+    ZeroPaddingLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener, TrainingListener
 from sparkgrad.nn.network import MultiLayerNetwork
@@ -75,6 +78,7 @@ __all__ = [
     "ComputationGraphConfiguration",
     "Convolution1DLayer",
     "ConvolutionLayer",
+    "Cropping2D",
     "DuplicateToTimeSeriesVertex",
     "ConvolutionMode",
     "DenseLayer",
@@ -116,7 +120,9 @@ __all__ = [
     "Subsampling1DLayer",
     "SubsamplingLayer",
     "Upsampling1D",
+    "Upsampling2D",
     "ZeroPadding1DLayer",
+    "ZeroPaddingLayer",
     "SubsetVertex",
     "TrainingListener",
     "UnstackVertex",

@@ -222,6 +222,69 @@ class GlobalPoolingRuntime(LayerRuntime):
         return dx
 
 
+class Upsampling2DRuntime(LayerRuntime):
+    """Upsampling2D: every pixel repeated (rows, columns) times; the backward sums each block."""
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        n, c, h, w = x.shape
+        sh, sw = self.conf.size
+        self.x_shape = x.shape
+        y = self.buf("y", (n, c, h, sh, w, sw))
+        y[...] = x[:, :, :, None, :, None]
+        return y.reshape(n, c, h * sh, w * sw)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        n, c, h, w = self.x_shape
+        sh, sw = self.conf.size
+        return dy.reshape(n, c, h, sh, w, sw).sum(axis=(3, 5))
+
+
+class _Window2DCopyRuntime(LayerRuntime):
+    """ZeroPaddingLayer and Cropping2D: the smaller of input and output is the window at (top, left) of
+    the larger; padding writes its input there in a zeroed output, cropping reads it (each is the other's
+    backward)."""
+
+    edges = "padding"  # the config field holding (top, bottom, left, right)
+
+    def _window(self, small_hw: tuple[int, ...]) -> tuple[slice, slice]:
+        top, _, left, _ = getattr(self.conf, self.edges)
+        return slice(top, top + small_hw[0]), slice(left, left + small_hw[1])
+
+    def _put(self, small: np.ndarray, large_hw: tuple[int, ...], name: str) -> np.ndarray:
+        out = self.buf(name, (*small.shape[:2], *large_hw))
+        out.fill(0)
+        rows, cols = self._window(small.shape[2:])
+        out[:, :, rows, cols] = small
+        return out
+
+    def _take(self, large: np.ndarray, small_hw: tuple[int, ...], name: str) -> np.ndarray:
+        out = self.buf(name, (*large.shape[:2], *small_hw))
+        rows, cols = self._window(small_hw)
+        out[...] = large[:, :, rows, cols]
+        return out
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x_shape = x.shape
+        out_hw = self.conf.output_hw(*x.shape[2:])
+        return self._put(x, out_hw, "y") if self.edges == "padding" else self._take(x, out_hw, "y")
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        hw = self.x_shape[2:]
+        return self._take(dy, hw, "dx") if self.edges == "padding" else self._put(dy, hw, "dx")
+
+
+class ZeroPaddingRuntime(_Window2DCopyRuntime):
+    edges = "padding"
+
+
+class Cropping2DRuntime(_Window2DCopyRuntime):
+    edges = "cropping"
+
+
 class BatchNormRuntime(LayerRuntime):
     """BatchNormalization. Training writes the new running statistics to ``new_mean``/``new_var``
     (not into the parameters): the network turns them into the update ``old - new``."""
@@ -508,6 +571,9 @@ _RUNTIMES = {
     L.ActivationLayer: ActivationRuntime,
     L.EmbeddingLayer: EmbeddingRuntime,
     L.EmbeddingSequenceLayer: EmbeddingRuntime,
+    L.Upsampling2D: Upsampling2DRuntime,
+    L.ZeroPaddingLayer: ZeroPaddingRuntime,
+    L.Cropping2D: Cropping2DRuntime,
 }
 
 

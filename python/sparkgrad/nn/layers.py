@@ -404,6 +404,76 @@ class GlobalPoolingLayer(Layer):
         return self, InputType.feed_forward(input_type.channels)
 
 
+def _four(field: str, value: Any) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) from an int (all four), a pair (rows, columns) or four ints."""
+    if isinstance(value, (tuple, list)) and len(value) == 4:
+        return tuple(check_int(field, v, minimum=0) for v in value)  # type: ignore[return-value]
+    rows, cols = _pair(field, value, 0)
+    return rows, rows, cols, cols
+
+
+class _Copy2D(Layer):
+    """Base of the 2-D layers that copy their input into a new shape (Upsampling2D, ZeroPaddingLayer,
+    Cropping2D): no parameters; the copies are done by the device's array module."""
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        """The output (height, width) for an input of (height, width)."""
+        raise NotImplementedError  # every copy layer overrides this
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_conv_input(index, self, input_type)
+        h, w = self.output_hw(input_type.height, input_type.width)
+        if h < 1 or w < 1:
+            raise layer_error(
+                index, self, "cropping", f"leaves nothing of the {input_type.height}x{input_type.width} input"
+            )
+        return self, InputType.convolutional(h, w, input_type.channels)
+
+
+@dataclasses.dataclass
+class Upsampling2D(_Copy2D):
+    """DL4J's Upsampling2D: nearest-neighbour upsampling, every pixel repeated ``size`` = (rows, columns)
+    times, (batch, c, h, w) -> (batch, c, rows * h, columns * w)."""
+
+    size: tuple = (2, 2)
+
+    def __post_init__(self) -> None:
+        self.size = _pair("size", self.size, 1)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        return self.size[0] * height, self.size[1] * width
+
+
+@dataclasses.dataclass
+class ZeroPaddingLayer(_Copy2D):
+    """DL4J's ZeroPaddingLayer: zero rows and columns around every image. ``padding``: an int, (rows,
+    columns) or (top, bottom, left, right)."""
+
+    padding: tuple = (1, 1, 1, 1)
+
+    def __post_init__(self) -> None:
+        self.padding = _four("padding", self.padding)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        top, bottom, left, right = self.padding
+        return top + height + bottom, left + width + right
+
+
+@dataclasses.dataclass
+class Cropping2D(_Copy2D):
+    """DL4J's Cropping2D: rows and columns cut from the edges of every image. ``cropping``: an int,
+    (rows, columns) or (top, bottom, left, right)."""
+
+    cropping: tuple = (0, 0, 0, 0)
+
+    def __post_init__(self) -> None:
+        self.cropping = _four("cropping", self.cropping)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        top, bottom, left, right = self.cropping
+        return height - top - bottom, width - left - right
+
+
 @dataclasses.dataclass
 class BatchNormalization(Layer):
     """Batch normalization per feature (dense input) or per channel (convolutional input); on sequences
@@ -1108,6 +1178,7 @@ __all__ = [
     "BidirectionalMode",
     "Convolution1DLayer",
     "ConvolutionLayer",
+    "Cropping2D",
     "DenseLayer",
     "DropoutLayer",
     "EmbeddingLayer",
@@ -1126,6 +1197,8 @@ __all__ = [
     "Subsampling1DLayer",
     "SubsamplingLayer",
     "Upsampling1D",
+    "Upsampling2D",
     "ZeroPadding1DLayer",
+    "ZeroPaddingLayer",
     "infer_layer",
 ]

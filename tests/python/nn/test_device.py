@@ -41,6 +41,7 @@ from sparkgrad.nn import (
     ComputationGraphConfiguration,
     Convolution1DLayer,
     ConvolutionLayer,
+    Cropping2D,
     DenseLayer,
     DropoutLayer,
     DuplicateToTimeSeriesVertex,
@@ -68,7 +69,9 @@ from sparkgrad.nn import (
     SubsetVertex,
     UnstackVertex,
     Upsampling1D,
+    Upsampling2D,
     ZeroPadding1DLayer,
+    ZeroPaddingLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener
 from sparkgrad.nn.updaters import Adam, Sgd
@@ -133,6 +136,23 @@ def _cnn_bn(updater: Any = None) -> MultiLayerNetwork:
         input_type=InputType.convolutional(8, 8, 2),
         updater=updater or Adam(1e-2),
         seed=14,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _cnn_copies(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [
+            ZeroPaddingLayer(1),
+            ConvolutionLayer(3, kernel_size=(3, 3), activation="relu"),
+            Upsampling2D(2),
+            Cropping2D((2, 1, 0, 3)),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            OutputLayer(3),
+        ],
+        input_type=InputType.convolutional(8, 8, 2),
+        updater=updater or Adam(1e-2),
+        seed=21,
     )
     return MultiLayerNetwork(conf)
 
@@ -310,7 +330,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
     for _ in range(3):
         if name == "mlp":
             out.append(DataSet(rng.normal(size=(N, 7)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name in ("cnn", "cnn_bn"):
+        elif name in ("cnn", "cnn_bn", "cnn_copies"):
             out.append(DataSet(rng.normal(size=(N, 2, 8, 8)).astype(np.float32), _one_hot(rng, (N,), 3)))
         elif name in ("lstm", "lstm_tbptt", "gru"):
             fmask = _lengths_mask(rng)
@@ -341,6 +361,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "mlp": _mlp,
     "cnn": _cnn,
     "cnn_bn": _cnn_bn,
+    "cnn_copies": _cnn_copies,
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
     "gru": _gru,
