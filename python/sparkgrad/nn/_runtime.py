@@ -470,6 +470,12 @@ def inference_folds(
     return folds
 
 
+def _row_kernel(arr: Any) -> Any:
+    """A 1-D convolution's (n_out, n_in, k, 1) weights as the (n_out, n_in, 1, k) of a 2-D one (a view);
+    other arrays as they are."""
+    return arr.reshape(*arr.shape[:2], 1, arr.shape[2]) if arr.ndim == 4 else arr
+
+
 class _Time1DRuntime(SequenceRuntime):
     """Base of the 1-D layers' runtimes: their forward sets ``mask``, the mask of their output."""
 
@@ -481,7 +487,7 @@ class _Time1DRuntime(SequenceRuntime):
 
 class Window1DRuntime(_Time1DRuntime):
     """Convolution1DLayer / Subsampling1DLayer: the runtime of the 2-D layer they run as (``as_2d``) over
-    the (N, C, T, 1) view of the (N, T, C) sequence, rebuilt when the number of steps changes; the mask
+    the (N, C, 1, T) view of the (N, T, C) sequence, rebuilt when the number of steps changes; the mask
     reduced with the layer's window as DL4J does (``ConvolutionUtils.cnn1dMaskReduction``: unchanged for
     same mode with stride 1, else max-pooled, padding reading zero) multiplies the output and goes on."""
 
@@ -499,11 +505,11 @@ class Window1DRuntime(_Time1DRuntime):
                     f"features: {type(c).__name__} (kernel_size {c.kernel_size}, padding {c.padding}) does "
                     f"not fit sequences of {t} time steps"
                 )
-            it = InputType.convolutional(t, 1, self.input_type.size)
+            it = InputType.convolutional(1, t, self.input_type.size)
             cls = _RUNTIMES[type(self.inner_conf)]
-            self.inner = cls(
-                self.inner_conf, it, self.activation, self.dtype, self.params, self.grads, self.device
-            )
+            # W (n_out, n_in, k, 1) seen as the 2-D layer's (n_out, n_in, 1, k): the same memory
+            params, grads = ({k: _row_kernel(v) for k, v in d.items()} for d in (self.params, self.grads))
+            self.inner = cls(self.inner_conf, it, self.activation, self.dtype, params, grads, self.device)
             self.steps = t
         return self.inner
 
@@ -518,12 +524,12 @@ class Window1DRuntime(_Time1DRuntime):
     ) -> np.ndarray:
         n, t, c = x.shape
         inner = self._inner_for(t)
-        x4 = self.buf("x4", (n, c, t, 1))  # the inner runtime keeps it for its backward
-        x4[..., 0] = x.transpose(0, 2, 1)
+        x4 = self.buf("x4", (n, c, 1, t))  # the inner runtime keeps it for its backward
+        x4[:, :, 0] = x.transpose(0, 2, 1)
         y4 = inner.forward(x4, train, seed)
         self.y4_shape = y4.shape
-        y = self.buf("y", (n, y4.shape[2], y4.shape[1]))
-        y[...] = y4[..., 0].transpose(0, 2, 1)
+        y = self.buf("y", (n, y4.shape[3], y4.shape[1]))
+        y[...] = y4[:, :, 0].transpose(0, 2, 1)
         self.mask = self._reduce_mask(mask, n, t, y.shape[1])
         if self.mask is not None:
             y *= self.mask[:, :, None]
@@ -535,13 +541,13 @@ class Window1DRuntime(_Time1DRuntime):
             return mask
         _, pad = L.conv_output_size(t, c.kernel_size, c.stride, c.padding, c.convolution_mode)
         # zero-padded so that a window of padding only (padding >= kernel_size) is absent
-        padded = self.buf("mask_padded", (n, 1, max(pad + t, (steps - 1) * c.stride + c.kernel_size), 1))
+        padded = self.buf("mask_padded", (n, 1, 1, max(pad + t, (steps - 1) * c.stride + c.kernel_size)))
         padded.fill(0)
-        padded[:, 0, pad : pad + t, 0] = mask
+        padded[:, 0, 0, pad : pad + t] = mask
         out = self.buf("mask_out", (n, steps))
         self.k.pool2d_forward(
-            "max", padded, out.reshape(n, 1, steps, 1), c.kernel_size, 1, c.stride, 1, 0, 0,
-            argmax=self.buf("mask_argmax", (n, 1, steps, 1), np.int64),
+            "max", padded, out.reshape(n, 1, 1, steps), 1, c.kernel_size, 1, c.stride, 0, 0,
+            argmax=self.buf("mask_argmax", (n, 1, 1, steps), np.int64),
         )  # fmt: skip
         return out
 
@@ -549,13 +555,13 @@ class Window1DRuntime(_Time1DRuntime):
         if self.mask is not None:  # masked output steps pass no gradient
             dy = dy * self.mask[:, :, None]
         dy4 = self.buf("dy4", self.y4_shape)
-        dy4[..., 0] = dy.transpose(0, 2, 1)
+        dy4[:, :, 0] = dy.transpose(0, 2, 1)
         dx4 = self.inner.backward(dy4, need_dx)
         if dx4 is None:
             return None
-        n, c, t, _ = dx4.shape
+        n, c, _, t = dx4.shape
         dx = self.buf("dx", (n, t, c))
-        dx[...] = dx4[..., 0].transpose(0, 2, 1)
+        dx[...] = dx4[:, :, 0].transpose(0, 2, 1)
         return dx
 
 

@@ -880,8 +880,10 @@ def _window_1d_post_init(layer: Any) -> None:
 
 
 class _Window1D(_Time1D):
-    """A 1-D window (convolution, pooling) run as its 2-D layer over a width-1 view: time is the height,
-    (batch, size, time) the NCHW input (batch, size, time, 1), DL4J's layout for these layers."""
+    """A 1-D window (convolution, pooling) run as its 2-D layer over a height-1 view: time is the width,
+    (batch, size, time) the NCHW input (batch, size, 1, time), where the 2-D kernels' rows are contiguous
+    (the parameters keep DL4J's layout, (n_out, n_in, kernel_size, 1): the same memory as (n_out, n_in,
+    1, kernel_size))."""
 
     kernel_size: int
     stride: int
@@ -897,9 +899,9 @@ class _Window1D(_Time1D):
 
     def _window_2d(self) -> dict[str, Any]:
         return {
-            "kernel_size": (self.kernel_size, 1),
-            "stride": (self.stride, 1),
-            "padding": (self.padding, 0),
+            "kernel_size": (1, self.kernel_size),
+            "stride": (1, self.stride),
+            "padding": (0, self.padding),
             "convolution_mode": self.convolution_mode,
         }
 
@@ -911,7 +913,7 @@ class Convolution1DLayer(_Window1D):
     stride + 1``; same: ``ceil(T / stride)``).
 
     Parameters: ``W`` (n_out, n_in, kernel_size, 1) (DL4J's layout) and ``b`` (n_out). It runs the 2-D
-    convolution kernels over the sequence viewed as (batch, n_in, time, 1) images. With a features mask the
+    convolution kernels over the sequence viewed as (batch, n_in, 1, time) images. With a features mask the
     mask is reduced as DL4J does (unchanged for same mode with stride 1, otherwise max-pooled with the
     layer's window: an output step is present when any step of its window is) and the output is multiplied
     by it; the reduced mask goes on to the next layer.
@@ -958,14 +960,17 @@ class Convolution1DLayer(_Window1D):
         )  # fmt: skip
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        return self.as_2d().param_specs(InputType.convolutional(self.kernel_size, 1, self._inferred_n_in()))
+        (w, *rest) = self.as_2d().param_specs(
+            InputType.convolutional(1, self.kernel_size, self._inferred_n_in())
+        )
+        return [w._replace(shape=(self.n_out, self._inferred_n_in(), self.kernel_size, 1)), *rest]
 
 
 @dataclasses.dataclass
 class Subsampling1DLayer(_Window1D):
     """DL4J's Subsampling1DLayer: max or average pooling along time, (batch, size, time) -> (batch, size,
-    time') with time' as Convolution1DLayer's. It runs the 2-D pooling kernels over the (batch, size,
-    time, 1) view; masks as Convolution1DLayer's (the reduced mask multiplies the output and goes on)."""
+    time') with time' as Convolution1DLayer's. It runs the 2-D pooling kernels over the (batch, size, 1,
+    time) view; masks as Convolution1DLayer's (the reduced mask multiplies the output and goes on)."""
 
     pooling_type: PoolingType | str = PoolingType.MAX
     kernel_size: int = 2

@@ -1,7 +1,7 @@
 """Recurrent layers and time-series masks through MultiLayerNetwork: float64 gradient checks of every
 recurrent layer with and without masks and variable lengths, and tests that fail if any forward,
 backward, loss, output, scoring or evaluation path ignores a mask. The 1-D layers over sequences
-(Convolution1DLayer, Subsampling1DLayer: the 2-D kernels through the (batch, size, time, 1) view) against
+(Convolution1DLayer, Subsampling1DLayer: the 2-D kernels through the (batch, size, 1, time) view) against
 the pure-NumPy 1-D references, with DL4J's mask reduction."""
 
 from __future__ import annotations
