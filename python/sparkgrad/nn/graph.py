@@ -195,6 +195,7 @@ class ComputationGraphConfiguration(Config):
                 ", ".join(f"{n!r} {types[n].describe()}" for n in names)
                 for names in (self.inputs, self.outputs)
             ),
+            [(f"vertex {name!r}", spec.vertex) for name, spec in self._specs.items() if spec.is_layer],
         )
 
     def _check_structure(self) -> None:

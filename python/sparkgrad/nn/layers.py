@@ -855,6 +855,11 @@ class _Time1D(Layer):
         """The number of output steps for ``steps`` input steps (< 1: the input is too short)."""
         raise NotImplementedError  # every 1-D layer overrides this
 
+    @property
+    def changes_steps(self) -> bool:
+        """Whether the output has another number of steps than the input (for some input length)."""
+        return any(self.time_output(t) != t for t in (1, 2, 3, 7, 16))
+
     def _out_size(self, input_type: InputType) -> int:
         return input_type.size
 

@@ -757,6 +757,14 @@ def test_time_1d_configuration_round_trips_and_checks_its_fields() -> None:
         )
     with pytest.raises(ValueError, match=r"layers\[0\] \(Convolution1DLayer\)\.input: needs recurrent input"):
         MultiLayerConfiguration([Convolution1DLayer(2), OutputLayer(2)], input_type=InputType.feed_forward(3))
+    with pytest.raises(ValueError, match=r"truncated_bptt cuts .* layers\[1\] \(Upsampling1D\) changes"):
+        _net1d(
+            [Convolution1DLayer(2, convolution_mode="same"), Upsampling1D(2), RnnOutputLayer(2)],
+            backprop_type="truncated_bptt",
+        )
+    _net1d(
+        [Convolution1DLayer(2, convolution_mode="same"), RnnOutputLayer(2)], backprop_type="truncated_bptt"
+    )
     net = _net1d([Convolution1DLayer(2, kernel_size=3), RnnOutputLayer(2)])
     with pytest.raises(ValueError, match="does not fit sequences of 2 time steps"):
         net.output(np.zeros((1, 3, 2)))
