@@ -111,6 +111,10 @@ SPARKGRAD_NO_CUDA_KERNEL(lstm_forward, const LstmSpec&, const LstmShape&, const 
 SPARKGRAD_NO_CUDA_KERNEL(lstm_backward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,
                          const T*, const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*,
                          std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(gru_forward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,
+                         const T*, const T*, T*, T*)
+SPARKGRAD_NO_CUDA_KERNEL(gru_backward, const LstmSpec&, const LstmShape&, const T*, const T*, const T*, const T*,
+                         const T*, const T*, const T*, const T*, T*, T*, T*, T*, T*, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(simple_rnn_forward, Activation, double, const LstmShape&, const T*, const T*, const T*,
                          const T*, const T*, const T*, T*, T*)
 SPARKGRAD_NO_CUDA_KERNEL(simple_rnn_backward, Activation, double, const LstmShape&, const T*, const T*, const T*,

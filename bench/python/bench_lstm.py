@@ -1,14 +1,17 @@
 """Recurrent training-step time of sparkgrad vs PyTorch (CPU) on the same thread count, in the same process.
 
-Configuration: one recurrent layer (LSTM by default, or SimpleRnn with tanh against torch.nn.RNN; input 64,
+Configuration: one recurrent layer (LSTM by default, GRU against torch.nn.GRU, or SimpleRnn with tanh against
+torch.nn.RNN; input 64,
 hidden 256) over sequences of 50 steps, batch 64, a softmax output at the last time step (10 classes,
 cross-entropy), Adam; random data. Each step is forward, backward and the Adam update. Rounds alternate
 between the two frameworks so that machine load hits both. Prints ms/step for both and the ratio
 sparkgrad / PyTorch (target <= 0.8). Small recurrent GEMMs show per-step overheads: try
-``--hidden 128 --seq 40 --batch 32``.
+``--hidden 128 --seq 40 --batch 32``. sparkgrad's GRU applies the reset gate before the candidate's
+recurrent product (DL4J's cell), PyTorch's after it: the same work, two recurrent products per step
+against PyTorch's one wider one.
 
-    PYTHONPATH=python python bench/python/bench_lstm.py [--cell lstm|simplernn] [--threads N] [--steps 10] \
-        [--rounds 5] [--n-in 64] [--hidden 256] [--seq 50] [--batch 64]
+    PYTHONPATH=python python bench/python/bench_lstm.py [--cell lstm|gru|simplernn] [--threads N] \
+        [--steps 10] [--rounds 5] [--n-in 64] [--hidden 256] [--seq 50] [--batch 64]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     InputType,
     LastTimeStep,
@@ -37,7 +41,8 @@ CLASSES = 10
 
 
 def _sparkgrad_step(cell: str, hidden: int, x: np.ndarray, y: np.ndarray) -> Callable[[], None]:
-    layer = LSTM(hidden) if cell == "lstm" else SimpleRnn(hidden, activation="tanh")
+    cells = {"lstm": LSTM, "gru": GRU, "simplernn": lambda h: SimpleRnn(h, activation="tanh")}
+    layer = cells[cell](hidden)
     conf = MultiLayerConfiguration(
         [LastTimeStep(layer), OutputLayer(CLASSES)],
         input_type=InputType.recurrent(x.shape[1]),
@@ -55,7 +60,7 @@ def _torch_step(cell: str, hidden: int, x: np.ndarray, y: np.ndarray) -> Callabl
 
     torch.manual_seed(0)
     n_in = x.shape[1]
-    rnn = (nn.LSTM if cell == "lstm" else nn.RNN)(n_in, hidden, batch_first=True)
+    rnn = {"lstm": nn.LSTM, "gru": nn.GRU, "simplernn": nn.RNN}[cell](n_in, hidden, batch_first=True)
     head = nn.Linear(hidden, CLASSES)
     opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
@@ -85,7 +90,7 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating timed rounds; the median is reported"
     )
-    parser.add_argument("--cell", choices=["lstm", "simplernn"], default="lstm")
+    parser.add_argument("--cell", choices=["lstm", "gru", "simplernn"], default="lstm")
     parser.add_argument("--n-in", type=int, default=64, help="input size")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seq", type=int, default=50, help="time steps per sequence")

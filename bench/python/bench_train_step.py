@@ -8,6 +8,10 @@ Configurations (Adam, softmax + cross-entropy, random data):
          3x3 -> add the block input -> relu] -> maxpool 2 -> conv 32 3x3 relu -> [the same block with 32
          channels] -> maxpool 2 -> softmax 10, all convolutions "same"; batch 64
   lstm:  the LSTM of bench_lstm.py: input 64, hidden 256, 50 time steps, softmax 10 at the last step, batch 64
+  gru:   the same with a GRU (PyTorch's nn.GRU applies the reset gate after its recurrent product, DL4J's
+         GRU before: the same work in two products per step)
+  conv1d: a 1-D CNN over time series: 16 channels x 128 steps -> conv1d 64 k5 relu -> maxpool 2 -> conv1d
+         64 k3 relu -> global max pool -> softmax 10; batch 64
 The realistic sizes of issue 42 (selected with --models; their GEMMs are large enough for the tensor
 cores to matter):
   mlp_large:  1024-4096-4096-10 (relu), batch 1024
@@ -36,7 +40,7 @@ GPU, or a CPU-only PyTorch).
 1.0x PyTorch's step time).
 
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
-        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm,mlp_large,vgg,lstm_large] \
+        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm,gru,conv1d,mlp_large,vgg,lstm_large] \
         [--precision float32|bf16|fp16]
 """
 
@@ -53,19 +57,23 @@ import sparkgrad
 from sparkgrad.data import DataSet
 from sparkgrad.device import Device, resolve_device
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     ActivationLayer,
     ComputationGraph,
     ComputationGraphConfiguration,
+    Convolution1DLayer,
     ConvolutionLayer,
     DenseLayer,
     ElementWiseVertex,
+    GlobalPoolingLayer,
     GraphBuilder,
     InputType,
     LastTimeStep,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    Subsampling1DLayer,
     SubsamplingLayer,
     updaters,
 )
@@ -76,11 +84,13 @@ MODELS = {
     "lenet": (64, (1, 28, 28)),
     "resnet": (64, (1, 28, 28)),
     "lstm": (64, (64, 50)),
+    "gru": (64, (64, 50)),
+    "conv1d": (64, (16, 128)),
     "mlp_large": (1024, (1024,)),
     "vgg": (256, (3, 32, 32)),
     "lstm_large": (256, (256, 64)),
 }
-LSTM_HIDDEN = {"lstm": 256, "lstm_large": 512}
+LSTM_HIDDEN = {"lstm": 256, "gru": 256, "lstm_large": 512}
 
 
 def _residual_block(b: GraphBuilder, name: str, source: str, channels: int) -> str:
@@ -128,7 +138,17 @@ def _sparkgrad_step(
         layers = [DenseLayer(n, activation="relu") for n in widths] + [OutputLayer(10)]
         input_type = InputType.feed_forward(x.shape[1])
     elif name in LSTM_HIDDEN:
-        layers = [LastTimeStep(LSTM(LSTM_HIDDEN[name])), OutputLayer(10)]
+        cell = GRU if name == "gru" else LSTM
+        layers = [LastTimeStep(cell(LSTM_HIDDEN[name])), OutputLayer(10)]
+        input_type = InputType.recurrent(x.shape[1])
+    elif name == "conv1d":
+        layers = [
+            Convolution1DLayer(64, kernel_size=5, activation="relu"),
+            Subsampling1DLayer("max", kernel_size=2, stride=2),
+            Convolution1DLayer(64, kernel_size=3, activation="relu"),
+            GlobalPoolingLayer("max"),
+            OutputLayer(10),
+        ]
         input_type = InputType.recurrent(x.shape[1])
     elif name == "vgg":
         layers = [
@@ -167,8 +187,19 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str, precision:
     torch.manual_seed(0)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y.argmax(axis=1))
     if name in LSTM_HIDDEN:
-        model = _torch_last_step_lstm(x.shape[1], LSTM_HIDDEN[name])
+        model = _torch_last_step_rnn(x.shape[1], LSTM_HIDDEN[name], nn.GRU if name == "gru" else nn.LSTM)
         xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)))  # (batch, time, size)
+    elif name == "conv1d":  # (batch, channels, time): PyTorch's Conv1d layout, DL4J's too
+        model = nn.Sequential(
+            nn.Conv1d(x.shape[1], 64, 5),
+            nn.ReLU(),
+            nn.MaxPool1d(2, 2),
+            nn.Conv1d(64, 64, 3),
+            nn.ReLU(),
+            nn.AdaptiveMaxPool1d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
+        )
     elif name == "resnet":
         model = _torch_residual_cnn()
     elif name in ("mlp", "mlp_large"):
@@ -216,19 +247,19 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str, precision:
     return mixed_step
 
 
-def _torch_last_step_lstm(size: int, hidden: int):
+def _torch_last_step_rnn(size: int, hidden: int, cell: type):
     from torch import nn
 
-    class LastStepLstm(nn.Module):
+    class LastStepRnn(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.lstm = nn.LSTM(size, hidden, batch_first=True)
+            self.rnn = cell(size, hidden, batch_first=True)
             self.head = nn.Linear(hidden, 10)
 
         def forward(self, x):
-            return self.head(self.lstm(x)[0][:, -1])
+            return self.head(self.rnn(x)[0][:, -1])
 
-    return LastStepLstm()
+    return LastStepRnn()
 
 
 def _torch_vgg():

@@ -17,24 +17,6 @@ using namespace sparkgrad::detail::cuda;
 using device::forward_value;
 using device::grad_from_output;
 
-// The activation kinds and their alphas in T, passed by value to the step kernels.
-template <typename T>
-struct StepSpec {
-  Activation act, gate;
-  T alpha, gate_alpha;
-};
-
-template <typename T>
-StepSpec<T> step_spec(const LstmSpec& spec) {
-  return {spec.activation, spec.gate, static_cast<T>(spec.alpha), static_cast<T>(spec.gate_alpha)};
-}
-
-// gates: (rows, g4), every row set to b: (g4).
-template <typename T>
-__global__ void broadcast_bias_kernel(const T* b, T* gates, std::int64_t rows, std::int64_t g4) {
-  for (std::int64_t e = first_index(); e < rows * g4; e += grid_stride()) gates[e] = b[e % g4];
-}
-
 // Step t, one thread per (example i, unit j): activates z = gates[i, t] in place, then c, act(c), h.
 // hs, cs, act_c: (n, t, h); gates: (n, t, 4h); mask: (n, t) or null; c0: (n, h) or null.
 template <typename T>

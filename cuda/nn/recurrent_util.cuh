@@ -1,5 +1,5 @@
-// Private kernels shared by the recurrent CUDA twins (lstm.cu, simple_rnn.cu), as cpp/src/nn/recurrent_util.h
-// is for the CPU ones. Internal linkage: every including file gets its own copy.
+// Private kernels shared by the recurrent CUDA twins (lstm.cu, gru.cu, simple_rnn.cu), as
+// cpp/src/nn/recurrent_util.h is for the CPU ones. Internal linkage: every including file gets its own copy.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,26 @@
 
 namespace sparkgrad::nn::cuda {
 namespace {
+
+// The activation kinds of a gated cell (LSTM, GRU) and their alphas in T, passed by value to the step
+// kernels.
+template <typename T>
+struct StepSpec {
+  Activation act, gate;
+  T alpha, gate_alpha;
+};
+
+template <typename T>
+StepSpec<T> step_spec(const LstmSpec& spec) {
+  return {spec.activation, spec.gate, static_cast<T>(spec.alpha), static_cast<T>(spec.gate_alpha)};
+}
+
+// out: (rows, width), every row set to b: (width); the start of the input projection of every step.
+template <typename T>
+__global__ void broadcast_bias_kernel(const T* b, T* out, std::int64_t rows, std::int64_t width) {
+  using namespace sparkgrad::detail::cuda;
+  for (std::int64_t e = first_index(); e < rows * width; e += grid_stride()) out[e] = b[e % width];
+}
 
 // h_prev: (n, t, h), row (i, t) = h_{t-1} of example i (h0 or zero at t = 0): the state each step started
 // from, for the recurrent weights' gradient.

@@ -20,12 +20,6 @@ using device::grad_from_output;
 using device::softmax_backward_row;
 using device::softmax_row;
 
-// act: (rows, h), every row set to b: (h).
-template <typename T>
-__global__ void broadcast_bias_kernel(const T* b, T* act, std::int64_t rows, std::int64_t h) {
-  for (std::int64_t e = first_index(); e < rows * h; e += grid_stride()) act[e] = b[e % h];
-}
-
 // Step t, one thread per (example i, unit j): act[i, t] holds the pre-activation, replaced by its
 // activation; hs[i, t] = mask[i, t] * act[i, t]. hs, act: (n, t, h); mask: (n, t) or null.
 template <typename T>

@@ -695,14 +695,14 @@ void l2_distance_backward(py::handle a_in, py::handle b_in, py::handle y_in, py:
   });
 }
 
-// ---- recurrent layers (LSTM, SimpleRnn) ------------------------------------------------------------
+// ---- recurrent layers (LSTM, GRU, SimpleRnn) ------------------------------------------------------
 // (n, t, c, h) from x: (n, t, c) and w: (c, gates * h); checks rw: (h, gates * h). gates: 4 for the LSTM,
-// 1 for SimpleRnn.
+// 3 for the GRU, 1 for SimpleRnn.
 nn::LstmShape recurrent_shape(const char* op, const ArrayView& x, const ArrayView& w, const ArrayView& rw,
                               std::int64_t gates) {
-  const char* width = gates == 4 ? "4H" : "H";
+  const std::string width = gates == 1 ? "H" : std::to_string(gates) + "H";
   x.require_ndim({3}, "3-D (N, T, C)");
-  w.require_ndim({2}, gates == 4 ? "2-D (C, 4H)" : "2-D (C, H)");
+  w.require_ndim({2}, ("2-D (C, " + width + ")").c_str());
   const std::int64_t n = x.shape(0), t = x.shape(1), c = x.shape(2);
   require_positive(op, "x.shape[0] (examples)", n);
   require_positive(op, "x.shape[1] (time steps)", t);
@@ -801,6 +801,71 @@ void lstm_backward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handl
                        h0.data<T>(), c0.data<T>(), hs.data<T>(), cs.data<T>(), gates.data<T>(), act_c.data<T>(),
                        dh.data<T>(), dgates.mutable_data<T>(), dx.mutable_data<T>(), dw.mutable_data<T>(),
                        drw.mutable_data<T>(), db.mutable_data<T>(), first_step);
+  });
+}
+
+void gru_forward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle b_in, py::handle hs_in,
+                 py::handle gates_in, py::handle mask_in, py::handle h0_in, const std::string& activation,
+                 const std::string& gate_activation, double alpha, double gate_alpha) {
+  const char* op = "gru_forward";
+  const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in), b(op, "b", b_in);
+  const ArrayView hs(op, "hs", hs_in), gates(op, "gates", gates_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const Place place = common_place(op, {&x, &w, &rw, &b, &hs, &gates, &mask, &h0});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    b.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 3);
+    b.require_shape({3 * s.h});
+    hs.require<T>(true);
+    gates.require<T>(true);
+    hs.require_shape({s.n, s.t, s.h});
+    gates.require_shape({s.n, s.t, 3 * s.h});
+    require_recurrent_optional<T>(s, mask, {&h0});
+    SPARKGRAD_RUN_TWIN(place, nn, gru_forward<T>, spec, s, x.data<T>(), w.data<T>(), rw.data<T>(), b.data<T>(),
+                       mask.data<T>(), h0.data<T>(), hs.mutable_data<T>(), gates.mutable_data<T>());
+  });
+}
+
+void gru_backward(py::handle x_in, py::handle w_in, py::handle rw_in, py::handle hs_in, py::handle gates_in,
+                  py::handle dh_in, py::handle dgates_in, py::handle dw_in, py::handle drw_in, py::handle db_in,
+                  py::handle dx_in, py::handle mask_in, py::handle h0_in, const std::string& activation,
+                  const std::string& gate_activation, double alpha, double gate_alpha, std::int64_t first_step) {
+  const char* op = "gru_backward";
+  const nn::LstmSpec spec = nn::parse_lstm_spec(op, activation, alpha, gate_activation, gate_alpha);
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), rw(op, "rw", rw_in);
+  const ArrayView hs(op, "hs", hs_in), gates(op, "gates", gates_in), dh(op, "dh", dh_in);
+  const ArrayView dgates(op, "dgates", dgates_in), dw(op, "dw", dw_in), drw(op, "drw", drw_in), db(op, "db", db_in);
+  const ArrayView dx = ArrayView::optional(op, "dx", dx_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in), h0 = ArrayView::optional(op, "h0", h0_in);
+  const Place place = common_place(op, {&x, &w, &rw, &hs, &gates, &dh, &dgates, &dw, &drw, &db, &dx, &mask, &h0});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    w.require<T>();
+    rw.require<T>();
+    const nn::LstmShape s = recurrent_shape(op, x, w, rw, 3);
+    require_first_step(op, s, first_step);
+    const Shape seq{s.n, s.t, s.h};
+    for (const ArrayView* in : {&hs, &gates, &dh}) in->require<T>();
+    hs.require_shape(seq);
+    dh.require_shape(seq);
+    gates.require_shape({s.n, s.t, 3 * s.h});
+    for (const ArrayView* out : {&dgates, &dw, &drw, &db, &dx}) out->require<T>(true);
+    dgates.require_shape({s.n, s.t, 3 * s.h});
+    dw.require_shape(w.shape());
+    drw.require_shape(rw.shape());
+    db.require_shape({3 * s.h});
+    dx.require_shape(x.shape());
+    require_recurrent_optional<T>(s, mask, {&h0});
+    SPARKGRAD_RUN_TWIN(place, nn, gru_backward<T>, spec, s, x.data<T>(), w.data<T>(), rw.data<T>(), mask.data<T>(),
+                       h0.data<T>(), hs.data<T>(), gates.data<T>(), dh.data<T>(), dgates.mutable_data<T>(),
+                       dx.mutable_data<T>(), dw.mutable_data<T>(), drw.mutable_data<T>(), db.mutable_data<T>(),
+                       first_step);
   });
 }
 
@@ -962,6 +1027,19 @@ void init_nn(py::module_& m) {
         py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0, py::arg("first_step") = 0,
         "Backward of lstm_forward given dh = dL/dhs (N, T, H): writes dgates, dw, drw, db and dx (if given); "
         "steps before first_step get no gradient (truncated BPTT).");
+  m.def("gru_forward", &gru_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
+        py::arg("gates"), py::arg("mask") = py::none(), py::arg("h0") = py::none(), py::arg("activation") = "tanh",
+        py::arg("gate_activation") = "sigmoid", py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
+        "GRU (libnd4j's cell, reset before the recurrent product) over x (N, T, C) with w (C, 3H), rw (H, 3H), "
+        "b (3H), gate order [r, u, c]: writes hs (N, T, H) and the activated gates (N, T, 3H). mask (N, T) "
+        "multiplies h per step.");
+  m.def("gru_backward", &gru_backward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("hs"), py::arg("gates"),
+        py::arg("dh"), py::arg("dgates"), py::arg("dw"), py::arg("drw"), py::arg("db"), py::arg("dx") = py::none(),
+        py::arg("mask") = py::none(), py::arg("h0") = py::none(), py::arg("activation") = "tanh",
+        py::arg("gate_activation") = "sigmoid", py::arg("alpha") = 0.0, py::arg("gate_alpha") = 0.0,
+        py::arg("first_step") = 0,
+        "Backward of gru_forward given dh = dL/dhs (N, T, H): writes dgates = dL/d(pre-activations), dw, drw, db "
+        "and dx (if given); steps before first_step get no gradient (truncated BPTT).");
   m.def("simple_rnn_forward", &simple_rnn_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"),
         py::arg("hs"), py::arg("act"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
         py::arg("activation") = "tanh", py::arg("alpha") = 0.0,

@@ -55,6 +55,8 @@ __all__: list[str] = [
     "gemm",
     "global_pool_backward",
     "global_pool_forward",
+    "gru_backward",
+    "gru_forward",
     "l2_distance_backward",
     "l2_distance_forward",
     "l2_normalize_backward",
@@ -388,6 +390,48 @@ def global_pool_backward(kind: str, dy: typing.Any, dx: typing.Any, argmax: typi
 def global_pool_forward(kind: str, x: typing.Any, y: typing.Any, argmax: typing.Any = None) -> None:
     """
     Global max / avg / sum pooling of x (N, C, H, W) into y (N, C).
+    """
+
+def gru_backward(
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    hs: typing.Any,
+    gates: typing.Any,
+    dh: typing.Any,
+    dgates: typing.Any,
+    dw: typing.Any,
+    drw: typing.Any,
+    db: typing.Any,
+    dx: typing.Any = None,
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    gate_alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    first_step: typing.SupportsInt | typing.SupportsIndex = 0,
+) -> None:
+    """
+    Backward of gru_forward given dh = dL/dhs (N, T, H): writes dgates = dL/d(pre-activations), dw, drw, db and dx (if given); steps before first_step get no gradient (truncated BPTT).
+    """
+
+def gru_forward(
+    x: typing.Any,
+    w: typing.Any,
+    rw: typing.Any,
+    b: typing.Any,
+    hs: typing.Any,
+    gates: typing.Any,
+    mask: typing.Any = None,
+    h0: typing.Any = None,
+    activation: str = "tanh",
+    gate_activation: str = "sigmoid",
+    alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    gate_alpha: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+) -> None:
+    """
+    GRU (libnd4j's cell, reset before the recurrent product) over x (N, T, C) with w (C, 3H), rw (H, 3H), b (3H), gate order [r, u, c]: writes hs (N, T, H) and the activated gates (N, T, 3H). mask (N, T) multiplies h per step.
     """
 
 def l2_distance_backward(

@@ -230,6 +230,8 @@ _REQUIRED = {
     "DropoutLayer": {"dropout": 0.5},
     "ActivationLayer": {"activation": "relu"},
     "LSTM": {"n_out": 2},
+    "GRU": {"n_out": 2},
+    "Convolution1DLayer": {"n_out": 2},
     "SimpleRnn": {"n_out": 2},
     "RnnOutputLayer": {"n_out": 2},
     "EmbeddingLayer": {"n_in": 5, "n_out": 2},

@@ -167,8 +167,8 @@ struct LstmSpec {
   Activation gate;  // forget, output and input gates (DL4J default sigmoid); elementwise kinds only
   double gate_alpha;
 };
-// The spec of the named activations; throws "[op] ..." (ValueError) for an unknown name or softmax, which
-// is not elementwise and so not allowed inside an LSTM.
+// The spec of the named activations (also the GRU's); throws "[op] ..." (ValueError) for an unknown name or
+// softmax, which is not elementwise and so not allowed inside an LSTM or a GRU.
 LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double alpha, const std::string& gate,
                          double gate_alpha);
 // x: (n, t, c); w: (c, 4h); rw: (h, 4h); b: (4h); mask: (n, t) or null (all ones); h0, c0: (n, h) or null
@@ -185,6 +185,25 @@ template <typename T>
 void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
+// ---- GRU over a whole sequence (cpp/src/nn/gru.cpp) -----------------------------------------------
+// libnd4j's GRU cell (DL4J's): gate blocks of the 3h columns [reset r, update u, candidate c];
+// r, u = gate(x_t W + h_{t-1} RW + b), c = activation(x_t W_c + (r h_{t-1}) RW_c + b_c),
+// h = u h_{t-1} + (1 - u) c. spec.activation is the candidate's (DL4J default tanh), spec.gate r's and u's
+// (sigmoid). A mask value m at (example, step) multiplies that step's h (0: the step outputs zero and the
+// next step starts from a zero state). Shapes as LstmShape (n, t, c, h).
+// x: (n, t, c); w: (c, 3h); rw: (h, 3h); b: (3h); mask: (n, t) or null (all ones); h0: (n, h) or null (zero
+// initial state). Writes hs: (n, t, h) the outputs and gates: (n, t, 3h) the activated [r, u, c].
+template <typename T>
+void gru_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                 const T* mask, const T* h0, T* hs, T* gates);
+// Backward of gru_forward (same x, w, rw, mask, h0 and its outputs) given dh = dL/dhs: (n, t, h). Writes
+// dgates: (n, t, 3h) = dL/d(pre-activations), dw: (c, 3h), drw: (h, 3h), db: (3h) and dx: (n, t, c) unless
+// null. No gradient flows into h0, nor through the steps before first_step (0 <= first_step < t).
+template <typename T>
+void gru_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                  const T* h0, const T* hs, const T* gates, const T* dh, T* dgates, T* dx, T* dw, T* drw, T* db,
+                  std::int64_t first_step);
 
 // ---- SimpleRnn over a whole sequence (cpp/src/nn/simple_rnn.cpp) ---------------------------------
 // DL4J's SimpleRnn: h_t = m * activation(x_t W + h_{t-1} RW + b) with m the mask value at (example,
@@ -322,6 +341,16 @@ template <typename T>
 void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
                    const T* h0, const T* c0, const T* hs, const T* cs, const T* gates, const T* act_c, const T* dh,
                    T* dgates, T* dx, T* dw, T* drw, T* db, std::int64_t first_step);
+
+// The input projection of every step in one cuBLAS GEMM, then per step two recurrent GEMMs ([r | u], then
+// the candidate's from r h_{t-1}) each followed by one fused kernel.
+template <typename T>
+void gru_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
+                 const T* mask, const T* h0, T* hs, T* gates);
+template <typename T>
+void gru_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* mask,
+                  const T* h0, const T* hs, const T* gates, const T* dh, T* dgates, T* dx, T* dw, T* drw, T* db,
+                  std::int64_t first_step);
 
 // The input projection of every step in one cuBLAS GEMM, then one recurrent GEMM and one fused kernel per
 // step; softmax normalizes each row of h values as on the CPU.

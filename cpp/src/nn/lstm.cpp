@@ -22,7 +22,7 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
                          double gate_alpha) {
   const LstmSpec spec{parse_activation(op, activation), alpha, parse_activation(op, gate), gate_alpha};
   if (spec.activation == Activation::Softmax || spec.gate == Activation::Softmax) {
-    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM");
+    throw_invalid(op, "softmax is not an elementwise activation: not allowed inside an LSTM or a GRU");
   }
   return spec;
 }
@@ -156,27 +156,11 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
   }
   // Weight gradients with one GEMM each over all time steps: dW = x^T dZ, dRW = h_prev^T dZ.
   gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), x, s.c, dgates, g4, T(0), dw, g4);
-  // h_prev (n, t, h): the state each step started from; uninitialized storage, every value is written below.
+  // h_prev (n, t, h): the state each step started from; uninitialized storage, every value is written.
   std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * t_len * h)]);
-  for (std::int64_t i = 0; i < n; ++i) {
-    T* dst = h_prev.get() + i * t_len * h;
-    if (h0 != nullptr) {
-      std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
-    } else {
-      std::fill(dst, dst + h, T(0));
-    }
-    std::copy(hs + i * t_len * h, hs + ((i + 1) * t_len - 1) * h, dst + h);
-  }
+  previous_states(s, hs, h0, h_prev.get());
   gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.get(), h, dgates, g4, T(0), drw, g4);
-  // db = column sums of dZ, accumulated row by row (contiguous) in double
-  std::vector<double> db_sum(static_cast<std::size_t>(g4), 0.0);
-  for (std::int64_t row = 0; row < n * t_len; ++row) {
-    const T* dz = dgates + row * g4;
-    double* acc = db_sum.data();
-#pragma omp simd
-    for (std::int64_t j = 0; j < g4; ++j) acc[j] += dz[j];
-  }
-  for (std::int64_t j = 0; j < g4; ++j) db[j] = static_cast<T>(db_sum[j]);
+  column_sums(dgates, n * t_len, g4, db);
   if (dx != nullptr) {
     gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
   }

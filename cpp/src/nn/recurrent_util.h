@@ -1,6 +1,6 @@
-// Private elementwise helpers of the recurrent kernels (lstm.cpp, simple_rnn.cpp): activations that
+// Private elementwise helpers of the recurrent kernels (lstm.cpp, gru.cpp, simple_rnn.cpp): activations that
 // vectorize, applied per row of a step. Internal linkage: every including file gets its own copy, compiled
-// with that file's flags (both set -fno-trapping-math in cpp/CMakeLists.txt so the clamps vectorize).
+// with that file's flags (all set -fno-trapping-math in cpp/CMakeLists.txt so the clamps vectorize).
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernel_util.h"
 #include "sparkgrad/nn.h"
@@ -160,6 +161,36 @@ SPARKGRAD_FORCE_INLINE void act_grad_mul(Activation kind, T alpha, const T* y, T
     default:  // identity
       return;
   }
+}
+
+// The state each step started from, h_prev (n, t, h): h0 (or zero) at step 0, then hs (n, t, h) shifted by
+// a step; for the recurrent weights' gradient.
+template <typename T>
+void previous_states(const LstmShape& s, const T* hs, const T* h0, T* h_prev) {
+  const std::int64_t h = s.h, ld = s.t * s.h;
+  for (std::int64_t i = 0; i < s.n; ++i) {
+    T* dst = h_prev + i * ld;
+    if (h0 != nullptr) {
+      std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
+    } else {
+      std::fill(dst, dst + h, T(0));
+    }
+    std::copy(hs + i * ld, hs + (i + 1) * ld - h, dst + h);
+  }
+}
+
+// db (width) = column sums of dz (rows, width), accumulated row by row (contiguous) in double: the same
+// for any thread count.
+template <typename T>
+void column_sums(const T* dz, std::int64_t rows, std::int64_t width, T* db) {
+  std::vector<double> sum(static_cast<std::size_t>(width), 0.0);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const T* d = dz + row * width;
+    double* acc = sum.data();
+#pragma omp simd
+    for (std::int64_t j = 0; j < width; ++j) acc[j] += d[j];
+  }
+  for (std::int64_t j = 0; j < width; ++j) db[j] = static_cast<T>(sum[j]);
 }
 
 }  // namespace

@@ -117,27 +117,11 @@ void simple_rnn_backward(Activation kind, double alpha_in, const LstmShape& s, c
   // Weight gradients with one GEMM each over all steps: dW = x^T dZ, dRW = h_prev^T dZ.
   gemm<T>(Transpose::Yes, Transpose::No, s.c, h, n * t_len, T(1), x, s.c, dz, h, T(0), dw, h);
   // h_prev (n, t, h): the state each step started from (h0 or zero at step 0); uninitialized storage,
-  // every value is written below.
+  // every value is written.
   std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * ld)]);
-  for (std::int64_t i = 0; i < n; ++i) {
-    T* dst = h_prev.get() + i * ld;
-    if (h0 != nullptr) {
-      std::copy(h0 + i * h, h0 + (i + 1) * h, dst);
-    } else {
-      std::fill(dst, dst + h, T(0));
-    }
-    std::copy(hs + i * ld, hs + (i + 1) * ld - h, dst + h);
-  }
+  previous_states(s, hs, h0, h_prev.get());
   gemm<T>(Transpose::Yes, Transpose::No, h, h, n * t_len, T(1), h_prev.get(), h, dz, h, T(0), drw, h);
-  // db = column sums of dZ, accumulated row by row (contiguous) in double: the same for any thread count
-  std::vector<double> db_sum(static_cast<std::size_t>(h), 0.0);
-  for (std::int64_t row = 0; row < n * t_len; ++row) {
-    const T* d = dz + row * h;
-    double* acc = db_sum.data();
-#pragma omp simd
-    for (std::int64_t j = 0; j < h; ++j) acc[j] += d[j];
-  }
-  for (std::int64_t j = 0; j < h; ++j) db[j] = static_cast<T>(db_sum[j]);
+  column_sums(dz, n * t_len, h, db);
   if (dx != nullptr) {
     gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, h, T(1), dz, h, w, h, T(0), dx, s.c);
   }

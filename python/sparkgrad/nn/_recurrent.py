@@ -1,4 +1,4 @@
-"""Runtimes of the recurrent layers (LSTM, SimpleRnn, Bidirectional, LastTimeStep).
+"""Runtimes of the recurrent layers (LSTM, GRU, SimpleRnn, Bidirectional, LastTimeStep).
 
 Sequence runtime interface (layers whose config has ``takes_sequences``), used by every network type:
 
@@ -69,11 +69,24 @@ class SequenceRuntime(LayerRuntime):
 
     state_arrays = 1
 
+    def output_mask(self, mask: Any) -> Any:
+        """The mask of the last forward's output given its input ``mask``: the same steps (the 1-D layers
+        that change the number of steps override this)."""
+        return mask
 
-class LSTMRuntime(SequenceRuntime):
-    """LSTM through the native whole-sequence kernels (cpp/src/nn/lstm.cpp)."""
+    def _start(
+        self, x: np.ndarray, train: bool, seed: int, mask: Any, stateful: bool, steps: int | None
+    ) -> tuple[np.ndarray | None, ...]:
+        """What a cell's forward keeps for its backward (its input after dropout, the mask, the first step
+        gradients reach); returns the initial state."""
+        self.x = self._input_dropout(x, train, seed)
+        self.mask = mask
+        self.first_step = _first_step(x.shape[1], steps)
+        return self._initial_state(x.shape[0], stateful)
 
-    state_arrays = 2
+
+class _GatedRuntime(SequenceRuntime):
+    """Base of the gated cells (LSTM, GRU): the activations their kernels take."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -85,6 +98,12 @@ class LSTMRuntime(SequenceRuntime):
             "gate_alpha": activation_alpha(c.gate_activation),
         }
 
+
+class LSTMRuntime(_GatedRuntime):
+    """LSTM through the native whole-sequence kernels (cpp/src/nn/lstm.cpp)."""
+
+    state_arrays = 2
+
     def forward(
         self,
         x: np.ndarray,
@@ -94,14 +113,11 @@ class LSTMRuntime(SequenceRuntime):
         stateful: bool = False,
         backward_steps: int | None = None,
     ) -> np.ndarray:
-        self.x = self._input_dropout(x, train, seed)
+        self.h0, self.c0 = self._start(x, train, seed, mask, stateful, backward_steps)
         n, t, _ = x.shape
         h = self.conf.n_out
         hs, cs = self.buf("hs", (n, t, h)), self.buf("cs", (n, t, h))
         gates, act_c = self.buf("gates", (n, t, 4 * h)), self.buf("act_c", (n, t, h))
-        self.h0, self.c0 = self._initial_state(n, stateful)
-        self.mask = mask
-        self.first_step = _first_step(t, backward_steps)
         p = self.params
         self.k.lstm_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, cs, gates, act_c,
@@ -124,6 +140,43 @@ class LSTMRuntime(SequenceRuntime):
         return self._input_dropout_backward(dx) if dx is not None else None
 
 
+class GRURuntime(_GatedRuntime):
+    """GRU through the native whole-sequence kernels (cpp/src/nn/gru.cpp)."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        (self.h0,) = self._start(x, train, seed, mask, stateful, backward_steps)
+        n, t, _ = x.shape
+        h = self.conf.n_out
+        hs, gates = self.buf("hs", (n, t, h)), self.buf("gates", (n, t, 3 * h))
+        p = self.params
+        self.k.gru_forward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, gates,
+            mask=mask, h0=self.h0, **self.kernel_args,
+        )  # fmt: skip
+        if stateful:
+            self.state = (hs[:, -1].copy(),)
+        self.hs, self.gates = hs, gates
+        return hs
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        g, p = self.grads, self.params
+        dx = self.buf("dx", self.x.shape) if need_dx else None
+        self.k.gru_backward(
+            self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], self.hs, self.gates, self.xp.ascontiguousarray(dy),
+            self.buf("dgates", self.gates.shape), g[L.WEIGHT], g[L.RECURRENT_WEIGHT], g[L.BIAS],
+            dx=dx, mask=self.mask, h0=self.h0, first_step=self.first_step, **self.kernel_args,
+        )  # fmt: skip
+        return self._input_dropout_backward(dx) if dx is not None else None
+
+
 class SimpleRnnRuntime(SequenceRuntime):
     """SimpleRnn through the native whole-sequence kernels (cpp/src/nn/simple_rnn.cpp)."""
 
@@ -136,13 +189,10 @@ class SimpleRnnRuntime(SequenceRuntime):
         stateful: bool = False,
         backward_steps: int | None = None,
     ) -> np.ndarray:
-        self.x = self._input_dropout(x, train, seed)
+        (self.h0,) = self._start(x, train, seed, mask, stateful, backward_steps)
         n, t, _ = x.shape
         h = self.conf.n_out
         hs, act = self.buf("hs", (n, t, h)), self.buf("act", (n, t, h))
-        (self.h0,) = self._initial_state(n, stateful)
-        self.mask = mask
-        self.first_step = _first_step(t, backward_steps)
         p = self.params
         self.k.simple_rnn_forward(
             self.x, p[L.WEIGHT], p[L.RECURRENT_WEIGHT], p[L.BIAS], hs, act,
@@ -180,13 +230,12 @@ def _first_step(steps: int, backward_steps: int | None) -> int:
 
 
 def _inner(outer: LayerRuntime, conf: Any, prefix: str = "") -> SequenceRuntime:
-    """The runtime of the LSTM / SimpleRnn ``conf`` wrapped by ``outer``, over its parameters named
+    """The runtime of the LSTM / GRU / SimpleRnn ``conf`` wrapped by ``outer``, over its parameters named
     ``prefix + name``, on its device."""
     names = [s.name for s in conf.param_specs(outer.input_type)]
     p = {name: outer.params[prefix + name] for name in names}
     g = {name: outer.grads[prefix + name] for name in names}
-    cls = LSTMRuntime if isinstance(conf, L.LSTM) else SimpleRnnRuntime
-    return cls(conf, outer.input_type, outer.activation, outer.dtype, p, g, outer.device)
+    return build_sequence_runtime(conf, outer.input_type, outer.activation, outer.dtype, p, g, outer.device)
 
 
 class BidirectionalRuntime(SequenceRuntime):
@@ -319,6 +368,7 @@ class GlobalPoolingTimeRuntime(SequenceRuntime):
 
 _SEQUENCE_RUNTIMES = {
     L.LSTM: LSTMRuntime,
+    L.GRU: GRURuntime,
     L.SimpleRnn: SimpleRnnRuntime,
     L.Bidirectional: BidirectionalRuntime,
     L.LastTimeStep: LastTimeStepRuntime,
@@ -336,9 +386,10 @@ def build_sequence_runtime(
 class LayerTrace:
     """What :func:`layer_forward` keeps for :func:`layer_backward`: the runtime's output shape, the
     per-step mask (N*T, 1) of a per-step layer on masked sequences (None otherwise) and, for a layer with
-    batch statistics on masked sequences, the present rows it ran on out of ``n_rows``."""
+    batch statistics on masked sequences, the present rows it ran on out of ``n_rows``; ``mask`` is the
+    features mask of the layer's output (its input's, unless the layer changes the number of steps)."""
 
-    __slots__ = ("out_shape", "step_mask", "rows", "n_rows")
+    __slots__ = ("out_shape", "step_mask", "rows", "n_rows", "mask")
 
     def __init__(
         self,
@@ -346,8 +397,10 @@ class LayerTrace:
         step_mask: np.ndarray | None,
         rows: np.ndarray | None = None,
         n_rows: int = 0,
+        mask: np.ndarray | None = None,
     ) -> None:
         self.out_shape, self.step_mask, self.rows, self.n_rows = out_shape, step_mask, rows, n_rows
+        self.mask = mask
 
 
 def layer_forward(
@@ -382,7 +435,7 @@ def layer_forward(
     xp = rt.xp
     if sequence and layer.takes_sequences:
         y = rt.forward(x, train, seed, mask=mask, stateful=stateful, backward_steps=backward_steps)
-        return y, LayerTrace(y.shape, None)
+        return y, LayerTrace(y.shape, None, mask=rt.output_mask(mask))
     step_mask = rows = None
     if sequence:  # one row (or image) per time step
         n, t = x.shape[:2]
@@ -397,9 +450,9 @@ def layer_forward(
     elif x.ndim > 2 and layer.flattens_input:
         x = x.reshape(x.shape[0], -1)  # automatic flattening in front of dense layers
     if preout:
-        return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask)
+        return rt.preout(x, train, seed), LayerTrace(x.shape, step_mask, mask=mask)
     y = rt.forward(x, train, seed)
-    trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0)
+    trace = LayerTrace(y.shape, step_mask, rows, n * t if sequence else 0, mask)
     if rows is not None:  # padded steps output zero
         full = xp.zeros((n * t, *y.shape[1:]), dtype=y.dtype)
         full[rows] = y

@@ -16,7 +16,7 @@ import numpy as np
 from sparkgrad.device import Device
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._layer_runtime import LayerRuntime, activation_alpha
-from sparkgrad.nn._recurrent import build_sequence_runtime
+from sparkgrad.nn._recurrent import SequenceRuntime, build_sequence_runtime
 from sparkgrad.nn.enums import Activation
 from sparkgrad.nn.input_type import InputType
 
@@ -222,6 +222,69 @@ class GlobalPoolingRuntime(LayerRuntime):
         return dx
 
 
+class Upsampling2DRuntime(LayerRuntime):
+    """Upsampling2D: every pixel repeated (rows, columns) times; the backward sums each block."""
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        n, c, h, w = x.shape
+        sh, sw = self.conf.size
+        self.x_shape = x.shape
+        y = self.buf("y", (n, c, h, sh, w, sw))
+        y[...] = x[:, :, :, None, :, None]
+        return y.reshape(n, c, h * sh, w * sw)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        n, c, h, w = self.x_shape
+        sh, sw = self.conf.size
+        return dy.reshape(n, c, h, sh, w, sw).sum(axis=(3, 5))
+
+
+class _Window2DCopyRuntime(LayerRuntime):
+    """ZeroPaddingLayer and Cropping2D: the smaller of input and output is the window at (top, left) of
+    the larger; padding writes its input there in a zeroed output, cropping reads it (each is the other's
+    backward)."""
+
+    edges = "padding"  # the config field holding (top, bottom, left, right)
+
+    def _window(self, small_hw: tuple[int, ...]) -> tuple[slice, slice]:
+        top, _, left, _ = getattr(self.conf, self.edges)
+        return slice(top, top + small_hw[0]), slice(left, left + small_hw[1])
+
+    def _put(self, small: np.ndarray, large_hw: tuple[int, ...], name: str) -> np.ndarray:
+        out = self.buf(name, (*small.shape[:2], *large_hw))
+        out.fill(0)
+        rows, cols = self._window(small.shape[2:])
+        out[:, :, rows, cols] = small
+        return out
+
+    def _take(self, large: np.ndarray, small_hw: tuple[int, ...], name: str) -> np.ndarray:
+        out = self.buf(name, (*large.shape[:2], *small_hw))
+        rows, cols = self._window(small_hw)
+        out[...] = large[:, :, rows, cols]
+        return out
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x_shape = x.shape
+        out_hw = self.conf.output_hw(*x.shape[2:])
+        return self._put(x, out_hw, "y") if self.edges == "padding" else self._take(x, out_hw, "y")
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        hw = self.x_shape[2:]
+        return self._take(dy, hw, "dx") if self.edges == "padding" else self._put(dy, hw, "dx")
+
+
+class ZeroPaddingRuntime(_Window2DCopyRuntime):
+    edges = "padding"
+
+
+class Cropping2DRuntime(_Window2DCopyRuntime):
+    edges = "cropping"
+
+
 class BatchNormRuntime(LayerRuntime):
     """BatchNormalization. Training writes the new running statistics to ``new_mean``/``new_var``
     (not into the parameters): the network turns them into the update ``old - new``."""
@@ -407,6 +470,101 @@ def inference_folds(
     return folds
 
 
+def _row_kernel(arr: Any) -> Any:
+    """A 1-D convolution's (n_out, n_in, k, 1) weights as the (n_out, n_in, 1, k) of a 2-D one (a view);
+    other arrays as they are."""
+    return arr.reshape(*arr.shape[:2], 1, arr.shape[2]) if arr.ndim == 4 else arr
+
+
+class _Time1DRuntime(SequenceRuntime):
+    """Base of the 1-D layers' runtimes: their forward sets ``mask``, the mask of their output."""
+
+    mask: Any = None
+
+    def output_mask(self, mask: Any) -> Any:
+        return self.mask
+
+
+class Window1DRuntime(_Time1DRuntime):
+    """Convolution1DLayer / Subsampling1DLayer: the runtime of the 2-D layer they run as (``as_2d``) over
+    the (N, C, 1, T) view of the (N, T, C) sequence, rebuilt when the number of steps changes; the mask
+    reduced with the layer's window as DL4J does (``ConvolutionUtils.cnn1dMaskReduction``: unchanged for
+    same mode with stride 1, else max-pooled, padding reading zero) multiplies the output and goes on."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.inner_conf = self.conf.as_2d()
+        self.inner: Any = None
+        self.steps = 0
+
+    def _inner_for(self, t: int) -> Any:
+        if self.inner is None or self.steps != t:
+            c = self.conf
+            if c.time_output(t) < 1:
+                raise ValueError(
+                    f"features: {type(c).__name__} (kernel_size {c.kernel_size}, padding {c.padding}) does "
+                    f"not fit sequences of {t} time steps"
+                )
+            it = InputType.convolutional(1, t, self.input_type.size)
+            cls = _RUNTIMES[type(self.inner_conf)]
+            # W (n_out, n_in, k, 1) seen as the 2-D layer's (n_out, n_in, 1, k): the same memory
+            params, grads = ({k: _row_kernel(v) for k, v in d.items()} for d in (self.params, self.grads))
+            self.inner = cls(self.inner_conf, it, self.activation, self.dtype, params, grads, self.device)
+            self.steps = t
+        return self.inner
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        inner = self._inner_for(t)
+        x4 = self.buf("x4", (n, c, 1, t))  # the inner runtime keeps it for its backward
+        x4[:, :, 0] = x.transpose(0, 2, 1)
+        y4 = inner.forward(x4, train, seed)
+        self.y4_shape = y4.shape
+        y = self.buf("y", (n, y4.shape[3], y4.shape[1]))
+        y[...] = y4[:, :, 0].transpose(0, 2, 1)
+        self.mask = self._reduce_mask(mask, n, t, y.shape[1])
+        if self.mask is not None:
+            y *= self.mask[:, :, None]
+        return y
+
+    def _reduce_mask(self, mask: Any, n: int, t: int, steps: int) -> Any:
+        c = self.conf
+        if mask is None or (c.convolution_mode is L.ConvolutionMode.SAME and c.stride == 1):
+            return mask
+        _, pad = L.conv_output_size(t, c.kernel_size, c.stride, c.padding, c.convolution_mode)
+        # zero-padded so that a window of padding only (padding >= kernel_size) is absent
+        padded = self.buf("mask_padded", (n, 1, 1, max(pad + t, (steps - 1) * c.stride + c.kernel_size)))
+        padded.fill(0)
+        padded[:, 0, 0, pad : pad + t] = mask
+        out = self.buf("mask_out", (n, steps))
+        self.k.pool2d_forward(
+            "max", padded, out.reshape(n, 1, 1, steps), 1, c.kernel_size, 1, c.stride, 0, 0,
+            argmax=self.buf("mask_argmax", (n, 1, 1, steps), np.int64),
+        )  # fmt: skip
+        return out
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if self.mask is not None:  # masked output steps pass no gradient
+            dy = dy * self.mask[:, :, None]
+        dy4 = self.buf("dy4", self.y4_shape)
+        dy4[:, :, 0] = dy.transpose(0, 2, 1)
+        dx4 = self.inner.backward(dy4, need_dx)
+        if dx4 is None:
+            return None
+        n, c, _, t = dx4.shape
+        dx = self.buf("dx", (n, t, c))
+        dx[...] = dx4[:, :, 0].transpose(0, 2, 1)
+        return dx
+
+
 _RUNTIMES = {
     L.DenseLayer: DenseRuntime,
     L.OutputLayer: DenseRuntime,
@@ -419,6 +577,78 @@ _RUNTIMES = {
     L.ActivationLayer: ActivationRuntime,
     L.EmbeddingLayer: EmbeddingRuntime,
     L.EmbeddingSequenceLayer: EmbeddingRuntime,
+    L.Upsampling2D: Upsampling2DRuntime,
+    L.ZeroPaddingLayer: ZeroPaddingRuntime,
+    L.Cropping2D: Cropping2DRuntime,
+}
+
+
+class Upsampling1DRuntime(_Time1DRuntime):
+    """Upsampling1D: every step and its mask value repeated ``size`` times; the backward sums the repeats."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        size = self.conf.size
+        self.x_shape = x.shape
+        y = self.buf("y", (n, t, size, c))
+        y[...] = x[:, :, None, :]
+        self.mask = None if mask is None else self.xp.repeat(mask, size, axis=1)
+        return y.reshape(n, t * size, c)
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        n, t, c = self.x_shape
+        return dy.reshape(n, t, self.conf.size, c).sum(axis=2)
+
+
+class ZeroPadding1DRuntime(_Time1DRuntime):
+    """ZeroPadding1DLayer: zero steps before and after; the added steps are absent in the mask."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        train: bool,
+        seed: int,
+        mask: np.ndarray | None = None,
+        stateful: bool = False,
+        backward_steps: int | None = None,
+    ) -> np.ndarray:
+        n, t, c = x.shape
+        left, right = self.conf.padding
+        self.t = t
+        y = self.buf("y", (n, left + t + right, c))
+        y.fill(0)
+        y[:, left : left + t] = x
+        self.mask = None
+        if mask is not None:
+            self.mask = self.buf("mask", (n, left + t + right))
+            self.mask.fill(0)
+            self.mask[:, left : left + t] = mask
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        if not need_dx:
+            return None
+        left = self.conf.padding[0]
+        return self.xp.ascontiguousarray(dy[:, left : left + self.t])
+
+
+# The 1-D layers over sequences (sequence runtimes of their own: the other sequence layers are in
+# sparkgrad.nn._recurrent). Upsampling and padding are copies, done by the array module of the device.
+_TIME_RUNTIMES = {
+    L.Convolution1DLayer: Window1DRuntime,
+    L.Subsampling1DLayer: Window1DRuntime,
+    L.Upsampling1D: Upsampling1DRuntime,
+    L.ZeroPadding1DLayer: ZeroPadding1DRuntime,
 }
 
 
@@ -436,6 +666,8 @@ def build_runtime(
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None, device)
     if input_type.kind == "recurrent":
+        if type(conf) in _TIME_RUNTIMES:
+            return _TIME_RUNTIMES[type(conf)](conf, input_type, activation, dtype, params, grads, device)
         if conf.takes_sequences:  # whole sequences plus the features mask
             return build_sequence_runtime(conf, input_type, activation, dtype, params, grads, device)
         input_type = input_type.step_type()  # the layer runs at every time step

@@ -62,10 +62,12 @@ def check_network_defaults(conf: Any) -> None:
         )
 
 
-def check_backprop(conf: Any, sequences: bool, described: str) -> None:
+def check_backprop(conf: Any, sequences: bool, described: str, layers: Any = ()) -> None:
     """Validate (and coerce) backprop_type, tbptt_forward_length and tbptt_backward_length, the settings
     every network configuration has. ``sequences``: the network has the recurrent input and per-time-step
-    output truncated BPTT needs; ``described``: its inputs and outputs, for the error."""
+    output truncated BPTT needs; ``described``: its inputs and outputs, for the error; ``layers``: its
+    layers (named, (name, layer) pairs), none of which may change the number of time steps under truncated
+    BPTT (its segments cut features and labels at the same steps)."""
     conf.backprop_type = coerce_enum(BackpropType, conf.backprop_type, "backprop_type")
     conf.tbptt_forward_length = check_int("tbptt_forward_length", conf.tbptt_forward_length, minimum=1)
     conf.tbptt_backward_length = check_int(
@@ -75,6 +77,13 @@ def check_backprop(conf: Any, sequences: bool, described: str) -> None:
         raise ValueError(
             f"backprop_type: truncated_bptt needs recurrent input and per-time-step output, got {described}"
         )
+    if conf.backprop_type is BackpropType.TRUNCATED_BPTT:
+        for name, layer in layers:
+            if getattr(layer, "changes_steps", False):
+                raise ValueError(
+                    f"backprop_type: truncated_bptt cuts features and labels at the same time steps, but "
+                    f"{name} ({type(layer).__name__}) changes the number of steps"
+                )
 
 
 @dataclasses.dataclass
@@ -165,6 +174,7 @@ class MultiLayerConfiguration(Config):
             self,
             self.is_recurrent and self.output_type.kind == "recurrent",
             f"{self.layer_input_types[0].describe()} -> {self.output_type.describe()}",
+            [(f"layers[{i}]", layer) for i, layer in enumerate(self.layers)],
         )
 
     def _infer_types(self) -> None:

@@ -195,6 +195,7 @@ class ComputationGraphConfiguration(Config):
                 ", ".join(f"{n!r} {types[n].describe()}" for n in names)
                 for names in (self.inputs, self.outputs)
             ),
+            [(f"vertex {name!r}", spec.vertex) for name, spec in self._specs.items() if spec.is_layer],
         )
 
     def _check_structure(self) -> None:
@@ -716,8 +717,10 @@ class ComputationGraph(FlatNetwork):
                 self._seed(node.index), preout=node.is_output and not activate_outputs, stateful=stateful,
                 backward_steps=backward_steps,
             )  # fmt: skip
-            # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on
-            self._masks[node.name] = mask if node.sequence == node.recurrent_output else None
+            # a sequence-to-vector layer (LastTimeStep) ends the sequence mask; other layers pass it on (the
+            # 1-D layers that change the number of steps, their own)
+            passed = node.trace.mask if node.sequence else mask  # a per-example mask goes on as it is
+            self._masks[node.name] = passed if node.sequence == node.recurrent_output else None
         return [acts[name] for name in self.conf.outputs]
 
     def _summed(self, name: str, grads: list[np.ndarray]) -> np.ndarray:

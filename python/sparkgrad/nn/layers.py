@@ -404,6 +404,76 @@ class GlobalPoolingLayer(Layer):
         return self, InputType.feed_forward(input_type.channels)
 
 
+def _four(field: str, value: Any) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) from an int (all four), a pair (rows, columns) or four ints."""
+    if isinstance(value, (tuple, list)) and len(value) == 4:
+        return tuple(check_int(field, v, minimum=0) for v in value)  # type: ignore[return-value]
+    rows, cols = _pair(field, value, 0)
+    return rows, rows, cols, cols
+
+
+class _Copy2D(Layer):
+    """Base of the 2-D layers that copy their input into a new shape (Upsampling2D, ZeroPaddingLayer,
+    Cropping2D): no parameters; the copies are done by the device's array module."""
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        """The output (height, width) for an input of (height, width)."""
+        raise NotImplementedError  # every copy layer overrides this
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_conv_input(index, self, input_type)
+        h, w = self.output_hw(input_type.height, input_type.width)
+        if h < 1 or w < 1:
+            raise layer_error(
+                index, self, "cropping", f"leaves nothing of the {input_type.height}x{input_type.width} input"
+            )
+        return self, InputType.convolutional(h, w, input_type.channels)
+
+
+@dataclasses.dataclass
+class Upsampling2D(_Copy2D):
+    """DL4J's Upsampling2D: nearest-neighbour upsampling, every pixel repeated ``size`` = (rows, columns)
+    times, (batch, c, h, w) -> (batch, c, rows * h, columns * w)."""
+
+    size: tuple = (2, 2)
+
+    def __post_init__(self) -> None:
+        self.size = _pair("size", self.size, 1)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        return self.size[0] * height, self.size[1] * width
+
+
+@dataclasses.dataclass
+class ZeroPaddingLayer(_Copy2D):
+    """DL4J's ZeroPaddingLayer: zero rows and columns around every image. ``padding``: an int, (rows,
+    columns) or (top, bottom, left, right)."""
+
+    padding: tuple = (1, 1, 1, 1)
+
+    def __post_init__(self) -> None:
+        self.padding = _four("padding", self.padding)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        top, bottom, left, right = self.padding
+        return top + height + bottom, left + width + right
+
+
+@dataclasses.dataclass
+class Cropping2D(_Copy2D):
+    """DL4J's Cropping2D: rows and columns cut from the edges of every image. ``cropping``: an int,
+    (rows, columns) or (top, bottom, left, right)."""
+
+    cropping: tuple = (0, 0, 0, 0)
+
+    def __post_init__(self) -> None:
+        self.cropping = _four("cropping", self.cropping)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        top, bottom, left, right = self.cropping
+        return height - top - bottom, width - left - right
+
+
 @dataclasses.dataclass
 class BatchNormalization(Layer):
     """Batch normalization per feature (dense input) or per channel (convolutional input); on sequences
@@ -511,6 +581,27 @@ def _check_elementwise(field: str, value: Activation | str) -> Activation | str:
     return value
 
 
+def _gated_post_init(layer: Any) -> None:
+    """Validation of a gated cell (LSTM, GRU): both activations elementwise."""
+    layer._common_post_init()
+    layer.activation = _check_elementwise("activation", layer.activation)
+    layer.gate_activation = _check_elementwise(
+        "gate_activation", coerce_enum(Activation, layer.gate_activation, "gate_activation")
+    )
+
+
+def _gated_specs(layer: Any, gates: int, fills: tuple = ()) -> list[ParamSpec]:
+    """W (n_in, gates n_out), RW (n_out, gates n_out), b (gates n_out) of a gated cell; fan-in / fan-out as
+    DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices."""
+    n_in, h = layer._inferred_n_in(), layer.n_out
+    fan_in, fan_out = h, n_in + h
+    return [
+        ParamSpec(WEIGHT, (n_in, gates * h), WEIGHT, fan_in, fan_out),
+        ParamSpec(RECURRENT_WEIGHT, (h, gates * h), WEIGHT, fan_in, fan_out),
+        ParamSpec(BIAS, (gates * h,), BIAS, fills=fills),
+    ]
+
+
 class _RecurrentCell(Layer):
     """Base of the recurrent layers with ``n_in`` / ``n_out``: whole sequences in, sequences of n_out out."""
 
@@ -570,24 +661,62 @@ class LSTM(_RecurrentCell):
     gradient_normalization_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        self._common_post_init()
-        self.activation = _check_elementwise("activation", self.activation)
-        self.gate_activation = _check_elementwise(
-            "gate_activation", coerce_enum(Activation, self.gate_activation, "gate_activation")
-        )
+        _gated_post_init(self)
         self.forget_gate_bias_init = check_non_negative(
             "forget_gate_bias_init", self.forget_gate_bias_init, MAX_SCALE
         )
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
-        # fan-in / fan-out as DL4J's LSTMParamInitializer: n_out and n_in + n_out for both matrices
-        n_in = self._inferred_n_in()
-        h, fan_in, fan_out = self.n_out, self.n_out, n_in + self.n_out
-        return [
-            ParamSpec(WEIGHT, (n_in, 4 * h), WEIGHT, fan_in, fan_out),
-            ParamSpec(RECURRENT_WEIGHT, (h, 4 * h), WEIGHT, fan_in, fan_out),
-            ParamSpec(BIAS, (4 * h,), BIAS, fills=((h, 2 * h, self.forget_gate_bias_init),)),
-        ]
+        # the forget gate's block of b starts at forget_gate_bias_init
+        return _gated_specs(self, 4, fills=((self.n_out, 2 * self.n_out, self.forget_gate_bias_init),))
+
+
+@dataclasses.dataclass
+class GRU(_RecurrentCell):
+    """DL4J's GRU (libnd4j's ``gru`` cell). Input (batch, n_in, time) -> output (batch, n_out, time).
+
+    Parameters, in flat-buffer order: ``W`` (n_in, 3 n_out), ``RW`` (n_out, 3 n_out), ``b`` (3 n_out). The
+    3 n_out columns are the gate blocks [reset r, update u, candidate c]; per step
+    ``r = gate_activation(x W_r + h_prev RW_r + b_r)``, ``u`` likewise,
+    ``c = activation(x W_c + (r h_prev) RW_c + b_c)`` (the reset gate acts before the recurrent product:
+    the original GRU, Keras's ``reset_after=False``; PyTorch's nn.GRU applies it after) and
+    ``h = u h_prev + (1 - u) c``. A masked time step outputs zero and the next step starts from a zero
+    state (h is multiplied by the mask, as for the LSTM).
+
+    Args:
+        n_out: hidden size.
+        n_in: input size (inferred).
+        activation: the candidate's activation (tanh unless set; elementwise only).
+        gate_activation: the reset and update gates' (sigmoid unless set; elementwise only).
+        weight_init: as DenseLayer (fan-in and fan-out as the LSTM's).
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        dropout: retain probability, on the input; as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
+        gradient_normalization: the network's unless set; per param type treats W, RW and b
+            separately.
+        gradient_normalization_threshold: the network's unless set.
+    """
+
+    n_out: int
+    n_in: int | None = None
+    activation: Activation | str = Activation.TANH
+    gate_activation: Activation | str = Activation.SIGMOID
+    weight_init: WeightInit | str | None = None
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        _gated_post_init(self)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return _gated_specs(self, 3)
 
 
 @dataclasses.dataclass
@@ -624,7 +753,7 @@ class SimpleRnn(_RecurrentCell):
         ]
 
 
-_WRAPPED = (LSTM, SimpleRnn)
+_WRAPPED = (LSTM, GRU, SimpleRnn)
 
 
 class _Wrapper(Layer):
@@ -634,7 +763,7 @@ class _Wrapper(Layer):
 
     def _check_wrapped(self) -> None:
         if not isinstance(self.layer, _WRAPPED):
-            raise ValueError(f"layer: expected an LSTM or SimpleRnn configuration, got {self.layer!r}")
+            raise ValueError(f"layer: expected an LSTM, GRU or SimpleRnn configuration, got {self.layer!r}")
 
     @property
     def takes_sequences(self) -> bool:
@@ -668,7 +797,7 @@ class Bidirectional(_Wrapper):
     reversed; with end padding its state therefore starts from zero at each sequence's last present step.
 
     Args:
-        layer: an LSTM or SimpleRnn configuration.
+        layer: an LSTM, GRU or SimpleRnn configuration.
         mode: concat (output size 2 n_out), add, mul or average.
     """
 
@@ -697,7 +826,7 @@ class LastTimeStep(_Wrapper):
     step gets the zero output of its masked step 0); without one it is the last step.
 
     Args:
-        layer: an LSTM or SimpleRnn configuration (parameters exactly as the wrapped layer's).
+        layer: an LSTM, GRU or SimpleRnn configuration (parameters exactly as the wrapped layer's).
     """
 
     layer: Any
@@ -711,6 +840,188 @@ class LastTimeStep(_Wrapper):
 
     def param_specs(self, input_type: InputType) -> list[ParamSpec]:
         return self.layer.param_specs(input_type)
+
+
+class _Time1D(Layer):
+    """Base of the 1-D layers over sequences (Convolution1DLayer, Subsampling1DLayer, Upsampling1D,
+    ZeroPadding1DLayer): (batch, size, time) in, (batch, size', time') out, whole sequences and the
+    features mask (see :mod:`sparkgrad.nn._recurrent`). The mask that leaves the layer has time' steps."""
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def time_output(self, steps: int) -> int:
+        """The number of output steps for ``steps`` input steps (< 1: the input is too short)."""
+        raise NotImplementedError  # every 1-D layer overrides this
+
+    @property
+    def changes_steps(self) -> bool:
+        """Whether the output has another number of steps than the input (for some input length)."""
+        return any(self.time_output(t) != t for t in (1, 2, 3, 7, 16))
+
+    def _out_size(self, input_type: InputType) -> int:
+        return input_type.size
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        if input_type.channels:
+            raise layer_error(
+                index, self, "input", f"needs a sequence of vectors, got {input_type.describe()}"
+            )
+        layer = _infer_n_in(index, self, input_type.size) if hasattr(self, "n_in") else self
+        steps = input_type.time_steps
+        if steps is not None and self.time_output(steps) < 1:
+            raise layer_error(index, self, "kernel_size", f"does not fit {steps} time steps")
+        out_steps = None if steps is None else self.time_output(steps)
+        return layer, InputType.recurrent(layer._out_size(input_type), out_steps)
+
+
+def _window_1d_post_init(layer: Any) -> None:
+    layer.kernel_size = check_int("kernel_size", layer.kernel_size, minimum=1)
+    layer.stride = check_int("stride", layer.stride, minimum=1)
+    layer.padding = check_int("padding", layer.padding, minimum=0)
+    layer.convolution_mode = coerce_enum(ConvolutionMode, layer.convolution_mode, "convolution_mode")
+
+
+class _Window1D(_Time1D):
+    """A 1-D window (convolution, pooling) run as its 2-D layer over a height-1 view: time is the width,
+    (batch, size, time) the NCHW input (batch, size, 1, time), where the 2-D kernels' rows are contiguous
+    (the parameters keep DL4J's layout, (n_out, n_in, kernel_size, 1): the same memory as (n_out, n_in,
+    1, kernel_size))."""
+
+    kernel_size: int
+    stride: int
+    padding: int
+    convolution_mode: Any  # a ConvolutionMode once validated
+
+    def time_output(self, steps: int) -> int:
+        return conv_output_size(steps, self.kernel_size, self.stride, self.padding, self.convolution_mode)[0]
+
+    def as_2d(self) -> Layer:
+        """The 2-D layer this layer runs as over the width-1 view."""
+        raise NotImplementedError  # every windowed 1-D layer overrides this
+
+    def _window_2d(self) -> dict[str, Any]:
+        return {
+            "kernel_size": (1, self.kernel_size),
+            "stride": (1, self.stride),
+            "padding": (0, self.padding),
+            "convolution_mode": self.convolution_mode,
+        }
+
+
+@dataclasses.dataclass
+class Convolution1DLayer(_Window1D):
+    """DL4J's Convolution1DLayer: a convolution along time. Input (batch, n_in, time) -> output
+    (batch, n_out, time'), time' as a ConvolutionLayer's height (truncate: ``(T + 2 padding - k) //
+    stride + 1``; same: ``ceil(T / stride)``).
+
+    Parameters: ``W`` (n_out, n_in, kernel_size, 1) (DL4J's layout) and ``b`` (n_out). It runs the 2-D
+    convolution kernels over the sequence viewed as (batch, n_in, 1, time) images. With a features mask the
+    mask is reduced as DL4J does (unchanged for same mode with stride 1, otherwise max-pooled with the
+    layer's window: an output step is present when any step of its window is) and the output is multiplied
+    by it; the reduced mask goes on to the next layer.
+
+    Args:
+        n_out: output channels.
+        kernel_size: window length along time.
+        stride: step along time.
+        padding: zero steps added at both ends (truncate mode).
+        convolution_mode: truncate or same.
+
+    The other fields (activation, n_in, weight_init, has_bias, l1, l2, dropout, weight_decay, updater,
+    gradient_normalization, gradient_normalization_threshold) are as ConvolutionLayer's.
+    """
+
+    n_out: int
+    kernel_size: int = 3
+    stride: int = 1
+    padding: int = 0
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+    activation: Activation | str | None = None
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    has_bias: bool = True
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self._common_post_init()
+        _window_1d_post_init(self)
+
+    def _out_size(self, input_type: InputType) -> int:
+        return self.n_out
+
+    def as_2d(self) -> Layer:
+        return ConvolutionLayer(
+            self.n_out, **self._window_2d(), activation=self.activation, n_in=self._inferred_n_in(),
+            has_bias=self.has_bias, dropout=self.dropout,
+        )  # fmt: skip
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        (w, *rest) = self.as_2d().param_specs(
+            InputType.convolutional(1, self.kernel_size, self._inferred_n_in())
+        )
+        return [w._replace(shape=(self.n_out, self._inferred_n_in(), self.kernel_size, 1)), *rest]
+
+
+@dataclasses.dataclass
+class Subsampling1DLayer(_Window1D):
+    """DL4J's Subsampling1DLayer: max or average pooling along time, (batch, size, time) -> (batch, size,
+    time') with time' as Convolution1DLayer's. It runs the 2-D pooling kernels over the (batch, size, 1,
+    time) view; masks as Convolution1DLayer's (the reduced mask multiplies the output and goes on)."""
+
+    pooling_type: PoolingType | str = PoolingType.MAX
+    kernel_size: int = 2
+    stride: int = 2
+    padding: int = 0
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+
+    def __post_init__(self) -> None:
+        self.pooling_type = coerce_enum(PoolingType, self.pooling_type, "pooling_type")
+        if self.pooling_type is PoolingType.SUM:
+            raise ValueError("pooling_type: Subsampling1DLayer supports max and avg, got 'sum'")
+        _window_1d_post_init(self)
+
+    def as_2d(self) -> Layer:
+        return SubsamplingLayer(self.pooling_type, **self._window_2d())
+
+
+@dataclasses.dataclass
+class Upsampling1D(_Time1D):
+    """DL4J's Upsampling1D: every time step repeated ``size`` times, (batch, size', time) -> (batch, size',
+    size * time). The features mask is repeated the same way (each output step is present when the step it
+    repeats is); DL4J passes the mask on unchanged, which no longer matches the output's steps."""
+
+    size: int = 2
+
+    def __post_init__(self) -> None:
+        self.size = check_int("size", self.size, minimum=1)
+
+    def time_output(self, steps: int) -> int:
+        return self.size * steps
+
+
+@dataclasses.dataclass
+class ZeroPadding1DLayer(_Time1D):
+    """DL4J's ZeroPadding1DLayer: zero steps added before and after every sequence, (batch, size, time) ->
+    (batch, size, left + time + right). ``padding``: an int (both ends) or (left, right). The added steps
+    are absent in the features mask that goes on (DL4J passes the mask on unchanged, which no longer
+    matches the output's steps)."""
+
+    padding: tuple = (1, 1)
+
+    def __post_init__(self) -> None:
+        self.padding = _pair("padding", self.padding, 0)
+
+    def time_output(self, steps: int) -> int:
+        return self.padding[0] + steps + self.padding[1]
 
 
 @dataclasses.dataclass
@@ -875,11 +1186,14 @@ __all__ = [
     "BatchNormalization",
     "Bidirectional",
     "BidirectionalMode",
+    "Convolution1DLayer",
     "ConvolutionLayer",
+    "Cropping2D",
     "DenseLayer",
     "DropoutLayer",
     "EmbeddingLayer",
     "EmbeddingSequenceLayer",
+    "GRU",
     "GlobalPoolingLayer",
     "LSTM",
     "LastTimeStep",
@@ -890,6 +1204,11 @@ __all__ = [
     "RnnLossLayer",
     "RnnOutputLayer",
     "SimpleRnn",
+    "Subsampling1DLayer",
     "SubsamplingLayer",
+    "Upsampling1D",
+    "Upsampling2D",
+    "ZeroPadding1DLayer",
+    "ZeroPaddingLayer",
     "infer_layer",
 ]

@@ -98,19 +98,15 @@ class MultiLayerNetwork(FlatNetwork):
             raise ValueError(f"{name}: has {a.shape[0]} rows but the features give {n}")
         return a
 
-    def _output_rows(self, x: np.ndarray) -> int:
-        """Rows of the output layer: examples, or examples times time steps for recurrent output."""
-        return x.shape[0] * x.shape[1] if self._recurrent_output else x.shape[0]
-
-    def _labels(
-        self, dataset: Any, x: np.ndarray, fmask: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Labels and the loss mask as output rows: the labels mask, else (recurrent output) the features
-        mask, so that padded steps never count (DL4J passes the features mask on to the output layer)."""
+    def _labels(self, dataset: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Labels and the loss mask as output rows after a forward pass of features ``x``: the labels mask,
+        else (recurrent output) the features mask as it reached the output layer, so that padded steps
+        never count (DL4J passes the features mask on to the output layer)."""
         labels = getattr(dataset, "labels", None)
         if labels is None:
             raise ValueError("dataset: labels are required for training and scoring")
-        n = self._output_rows(x)
+        # rows of the output layer: examples, or examples times its time steps for recurrent output
+        n = x.shape[0] * self._out_steps if self._recurrent_output else x.shape[0]
         y = self._to_steps(labels, "labels", n)
         last = len(self.conf.layers) - 1
         n_out = self.conf.output_type.size
@@ -119,8 +115,8 @@ class MultiLayerNetwork(FlatNetwork):
                 last, self.conf.layers[last], "n_out", f"is {n_out} but the labels have shape {y.shape}"
             )
         mask = self._to_steps(getattr(dataset, "labels_mask", None), "labels_mask", n)
-        if mask is None and fmask is not None and self._recurrent_output:
-            mask = fmask.reshape(-1)
+        if mask is None and self._out_mask is not None and self._recurrent_output:
+            mask = self._out_mask.reshape(-1)
         return y, mask
 
     def _inputs(self, data: Any) -> tuple[np.ndarray, np.ndarray | None]:
@@ -141,7 +137,9 @@ class MultiLayerNetwork(FlatNetwork):
     ) -> np.ndarray:
         """Forward pass. Recurrent activations travel as (N, T, C) with the features mask (N, T); layers
         that are not recurrent run at every step on (N*T, C) rows, their masked steps' outputs zeroed
-        (DL4J's per-step masking). Returns the (folded) pre-activation or the activated output."""
+        (DL4J's per-step masking); a layer that changes the number of steps (the 1-D layers) passes its
+        own mask on. Returns the (folded) pre-activation or the activated output; keeps the mask and the
+        number of steps that reached the output layer (``_out_mask``, ``_out_steps``)."""
         self._traces: list[LayerTrace] = []
         last = len(self._runtimes) - 1
         folds, absorbed = self._inference_plan(train)
@@ -151,10 +149,13 @@ class MultiLayerNetwork(FlatNetwork):
                 self._traces.append(LayerTrace(x.shape, None))
                 continue
             preout = i == last and not activate_output
+            if i == last:
+                self._out_mask, self._out_steps = mask, x.shape[1] if x.ndim > 1 else 1
             x, trace = layer_forward(
                 rt, self.conf.layers[i], self.conf.layer_input_types[i], x, mask, train, self._seed(i),
                 preout=preout, stateful=stateful, backward_steps=backward_steps,
             )  # fmt: skip
+            mask = trace.mask
             self._traces.append(trace)
         return x
 
@@ -180,12 +181,12 @@ class MultiLayerNetwork(FlatNetwork):
         the (unscaled) score with penalties."""
         self._require_init()
         x, fmask = self._inputs(dataset)
-        labels, mask = self._labels(dataset, x, fmask)
         n = self._n_examples(dataset)
         steps = self._tbptt_backward_steps(dataset, x.shape[1] if self.conf.is_recurrent else 0)
         self._forward(
             x, train=True, activate_output=False, mask=fmask, stateful=steps is not None, backward_steps=steps
         )
+        labels, mask = self._labels(dataset, x)
         score = float(self._runtimes[-1].scores(labels, mask).sum()) / n
         self._backward(labels, mask, n, loss_scale)
         self._last_score = score + self._penalty()
@@ -250,8 +251,8 @@ class MultiLayerNetwork(FlatNetwork):
 
     def _example_scores(self, dataset: Any) -> Any:
         x, fmask = self._inputs(dataset)
-        labels, mask = self._labels(dataset, x, fmask)
         self._forward(x, train=False, activate_output=False, mask=fmask)
+        labels, mask = self._labels(dataset, x)
         scores = self._runtimes[-1].scores(labels, mask).astype(np.float64)
         if self._recurrent_output:  # sum over the (unmasked) steps of each example
             scores = scores.reshape(self._n_examples(dataset), -1).sum(axis=1)
@@ -305,8 +306,9 @@ class MultiLayerNetwork(FlatNetwork):
         self._require_init()
         for batch in self._batches(data):
             x, fmask = self._inputs(batch)
-            labels, mask = self._labels(batch, x, fmask)
-            out = self._forward(x, train=False, activate_output=True, mask=fmask).reshape(labels.shape[0], -1)
+            out = self._forward(x, train=False, activate_output=True, mask=fmask)
+            labels, mask = self._labels(batch, x)
+            out = out.reshape(labels.shape[0], -1)
             labels, out = self._device.to_host(labels), self._device.to_host(out)
             mask = None if mask is None else self._device.to_host(mask)
             for ev in evaluations:

@@ -317,6 +317,16 @@ def test_dlpack_and_buffer_objects_run_on_the_host_path() -> None:
             r"\[embedding_backward\] dy must have shape \(2, 3\)",
         ),
         (
+            lambda: _core.gru_forward(**_fakes({**GRU_FORWARD, "gates": (2, 3, 20)})),
+            ValueError,
+            r"\[gru_forward\] gates must have shape \(2, 3, 15\)",
+        ),
+        (
+            lambda: _core.gru_backward(**_fakes({**GRU_BACKWARD, "h0": (3, 5)})),
+            ValueError,
+            r"\[gru_backward\] h0 must have shape \(2, 5\)",
+        ),
+        (
             lambda: _core.gemm(FakeDeviceArray((2, 3)), FakeDeviceArray((4, 5)), out=FakeDeviceArray((2, 5))),
             ValueError,
             "inner dimensions differ",
@@ -880,6 +890,11 @@ SIMPLE_RNN_BACKWARD = {
     **{k: v for k, v in SIMPLE_RNN_FORWARD.items() if k != "b"},
     **{"dh": (2, 3, 5), "dz": (2, 3, 5), "dw": (4, 5), "drw": (5, 5), "db": (5,)},
 }
+GRU_FORWARD = {"x": (2, 3, 4), "w": (4, 15), "rw": (5, 15), "b": (15,), "hs": (2, 3, 5), "gates": (2, 3, 15)}
+GRU_BACKWARD = {
+    **{k: v for k, v in GRU_FORWARD.items() if k != "b"},
+    **{"dh": (2, 3, 5), "dgates": (2, 3, 15), "dw": (4, 15), "drw": (5, 15), "db": (15,)},
+}
 CONV = {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "b": (4,), "y": (2, 4, 6, 6)}
 POOL = {"x": (2, 3, 4, 4), "y": (2, 3, 2, 2)}
 POOL_GEOMETRY = {"kernel_h": 2, "kernel_w": 2, "stride_h": 2, "stride_w": 2, "pad_top": 0, "pad_left": 0}
@@ -971,6 +986,18 @@ def test_cpu_build_kernels_take_device_arrays_and_report_cuda_absent(op: str) ->
     # (no pointer is ever dereferenced)
     with pytest.raises(RuntimeError, match=rf"\[{op}\] sparkgrad was built without CUDA"):
         VALID_CALLS[op]()
+
+
+@pytest.mark.skipif(cuda.built(), reason="the CPU build's stand-ins")
+@pytest.mark.parametrize("op", ["gru_forward", "gru_backward"])
+def test_cpu_build_gru_takes_device_arrays_and_reports_cuda_absent(op: str) -> None:
+    # kernels added after the former sparkgrad.cuda front doors (VALID_CALLS lists those)
+    calls = {
+        "gru_forward": lambda: _core.gru_forward(**_fakes({**GRU_FORWARD, "mask": (2, 3), "h0": (2, 5)})),
+        "gru_backward": lambda: _core.gru_backward(**_fakes({**GRU_BACKWARD, "dx": (2, 3, 4)}), first_step=1),
+    }
+    with pytest.raises(RuntimeError, match=rf"\[{op}\] sparkgrad was built without CUDA"):
+        calls[op]()
 
 
 def test_device_arrays_of_every_kind_reach_the_same_checks() -> None:
@@ -1109,6 +1136,48 @@ def test_simple_rnn_matches_cpu(cp: Any, dtype: Any, activation: str, state_mask
     np.testing.assert_allclose(gdx.get(), dx, rtol=0, atol=tol * (1 + np.abs(dx).max()))
     if first_step:
         assert not ggrads["dz"][:, :first_step].get().any()  # truncated steps get exactly zero
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation, gate", [("tanh", "sigmoid"), ("softplus", "hardtanh")])
+@pytest.mark.parametrize("state_mask_truncated", [False, True])
+def test_gru_matches_cpu(cp: Any, dtype: Any, activation: str, gate: str, state_mask_truncated: bool) -> None:
+    rng = np.random.default_rng(13)
+    n, t, c, h = 3, 7, 5, 6
+    x, dh = _rand(rng, (n, t, c), dtype), _rand(rng, (n, t, h), dtype)
+    w, rw, b = (_rand(rng, s, dtype) * 0.4 for s in ((c, 3 * h), (h, 3 * h), (3 * h,)))
+    opt: dict[str, Any] = {"activation": activation, "gate_activation": gate}
+    first_step = 0
+    if state_mask_truncated:
+        opt["mask"] = (rng.random((n, t)) < 0.7).astype(dtype)
+        opt["h0"] = _rand(rng, (n, h), dtype)
+        first_step = 2
+    hs, gates = np.empty((n, t, h), dtype), np.empty((n, t, 3 * h), dtype)
+    _core.gru_forward(x, w, rw, b, hs, gates, **opt)
+    grads = {
+        k: np.empty(s, dtype)
+        for k, s in (("dgates", gates.shape), ("dw", w.shape), ("drw", rw.shape), ("db", b.shape))
+    }
+    dx = np.empty_like(x)
+    _core.gru_backward(x, w, rw, hs, gates, dh, **grads, dx=dx, first_step=first_step, **opt)
+    gopt = {k: cp.asarray(v) if k in ("mask", "h0") else v for k, v in opt.items()}
+    gx, gw, grw, gdh = (cp.asarray(a) for a in (x, w, rw, dh))
+    ghs, ggates = cp.empty(hs.shape, dtype), cp.empty(gates.shape, dtype)
+    _core.gru_forward(gx, gw, grw, cp.asarray(b), ghs, ggates, **gopt)
+    ggrads = {k: cp.empty(v.shape, dtype) for k, v in grads.items()}
+    gdx = cp.empty(x.shape, dtype)
+    _core.gru_backward(gx, gw, grw, ghs, ggates, gdh, **ggrads, dx=gdx, first_step=first_step, **gopt)
+    # a step sums c + h products (twice: the gates, then the candidate) and carries its error through t steps
+    tol = 32 * float(np.finfo(dtype).eps) * t * (c + h)
+    np.testing.assert_allclose(ghs.get(), hs, rtol=tol, atol=tol)
+    np.testing.assert_allclose(ggates.get(), gates, rtol=tol, atol=tol)
+    for k in grads:
+        scale = 1 + np.abs(grads[k]).max()
+        np.testing.assert_allclose(ggrads[k].get(), grads[k], rtol=0, atol=tol * scale, err_msg=k)
+    np.testing.assert_allclose(gdx.get(), dx, rtol=0, atol=tol * (1 + np.abs(dx).max()))
+    if first_step:
+        assert not ggrads["dgates"][:, :first_step].get().any()  # truncated steps get exactly zero
 
 
 @pytest.mark.cuda

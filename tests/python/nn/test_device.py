@@ -31,6 +31,7 @@ from sparkgrad._native import _core
 from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.device import CPU, Device, resolve_device
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     ActivationLayer,
     BatchNormalization,
@@ -38,7 +39,9 @@ from sparkgrad.nn import (
     CnnToFeedForwardPreProcessor,
     ComputationGraph,
     ComputationGraphConfiguration,
+    Convolution1DLayer,
     ConvolutionLayer,
+    Cropping2D,
     DenseLayer,
     DropoutLayer,
     DuplicateToTimeSeriesVertex,
@@ -61,9 +64,14 @@ from sparkgrad.nn import (
     ShiftVertex,
     SimpleRnn,
     StackVertex,
+    Subsampling1DLayer,
     SubsamplingLayer,
     SubsetVertex,
     UnstackVertex,
+    Upsampling1D,
+    Upsampling2D,
+    ZeroPadding1DLayer,
+    ZeroPaddingLayer,
 )
 from sparkgrad.nn.listeners import ScoreIterationListener
 from sparkgrad.nn.updaters import Adam, Sgd
@@ -132,12 +140,56 @@ def _cnn_bn(updater: Any = None) -> MultiLayerNetwork:
     return MultiLayerNetwork(conf)
 
 
+def _cnn_copies(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [
+            ZeroPaddingLayer(1),
+            ConvolutionLayer(3, kernel_size=(3, 3), activation="relu"),
+            Upsampling2D(2),
+            Cropping2D((2, 1, 0, 3)),
+            SubsamplingLayer("max", kernel_size=(2, 2), stride=(2, 2)),
+            OutputLayer(3),
+        ],
+        input_type=InputType.convolutional(8, 8, 2),
+        updater=updater or Adam(1e-2),
+        seed=21,
+    )
+    return MultiLayerNetwork(conf)
+
+
 def _lstm(updater: Any = None) -> MultiLayerNetwork:
     conf = MultiLayerConfiguration(
         [LSTM(5), BatchNormalization(), SimpleRnn(4, activation="tanh"), RnnOutputLayer(2)],
         input_type=InputType.recurrent(3),
         updater=updater or Adam(1e-2),
         seed=13,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _gru(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [Bidirectional(GRU(4)), GRU(3, gate_activation="hardtanh"), RnnOutputLayer(2)],
+        input_type=InputType.recurrent(3),
+        updater=updater or Adam(1e-2),
+        seed=18,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _conv1d(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [
+            Convolution1DLayer(4, kernel_size=2, stride=2, activation="relu"),
+            Subsampling1DLayer("avg", kernel_size=2, stride=1),
+            Upsampling1D(2),
+            ZeroPadding1DLayer(1),
+            GlobalPoolingLayer("max"),
+            OutputLayer(2),
+        ],
+        input_type=InputType.recurrent(3),
+        updater=updater or Adam(1e-2),
+        seed=20,
     )
     return MultiLayerNetwork(conf)
 
@@ -278,14 +330,14 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
     for _ in range(3):
         if name == "mlp":
             out.append(DataSet(rng.normal(size=(N, 7)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name in ("cnn", "cnn_bn"):
+        elif name in ("cnn", "cnn_bn", "cnn_copies"):
             out.append(DataSet(rng.normal(size=(N, 2, 8, 8)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name in ("lstm", "lstm_tbptt"):
+        elif name in ("lstm", "lstm_tbptt", "gru"):
             fmask = _lengths_mask(rng)
             lmask = fmask * (rng.random((N, T)) < 0.8)
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask, labels_mask=lmask))
-        elif name in ("lstm_to_vector", "lstm_pooled"):
+        elif name in ("lstm_to_vector", "lstm_pooled", "conv1d"):
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N,), 2), features_mask=_lengths_mask(rng)))
         elif name in ("graph", "vertex_graph"):
@@ -309,8 +361,11 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "mlp": _mlp,
     "cnn": _cnn,
     "cnn_bn": _cnn_bn,
+    "cnn_copies": _cnn_copies,
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
+    "gru": _gru,
+    "conv1d": _conv1d,
     "lstm_to_vector": _lstm_to_vector,
     "lstm_pooled": _lstm_pooled,
     "graph": _graph,

@@ -11,6 +11,7 @@ from sparkgrad.nn import (
     ActivationLayer,
     BatchNormalization,
     ConvolutionLayer,
+    Cropping2D,
     DenseLayer,
     DropoutLayer,
     GlobalPoolingLayer,
@@ -20,6 +21,8 @@ from sparkgrad.nn import (
     MultiLayerNetwork,
     OutputLayer,
     SubsamplingLayer,
+    Upsampling2D,
+    ZeroPaddingLayer,
 )
 
 EPS = 1e-6
@@ -197,6 +200,35 @@ def test_gradient_subsampling(pooling: str, mode: str) -> None:
         InputType.convolutional(6, 7, 1),
         _image_data(rng, 3, 1, 6, 7),
     )
+
+
+COPIES = {
+    "upsampling": lambda: [
+        ConvolutionLayer(2, (2, 2), activation="tanh"),
+        Upsampling2D((2, 1)),
+        OutputLayer(3),
+    ],
+    "padding_conv": lambda: [
+        ZeroPaddingLayer((1, 0, 2, 1)),
+        ConvolutionLayer(2, (3, 3), activation="tanh"),
+        SubsamplingLayer("max", (2, 2), (1, 1)),
+        OutputLayer(3),
+    ],
+    "conv_cropping": lambda: [
+        ConvolutionLayer(3, (2, 2), activation="softplus"),
+        Cropping2D((1, 0, 0, 1)),
+        Upsampling2D(2),
+        Cropping2D(1),
+        OutputLayer(3),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_gradient_upsampling_padding_cropping(name: str) -> None:
+    rng = np.random.default_rng(len(name))
+    ds = DataSet(rng.normal(size=(3, 2, 5, 4)), _one_hot(rng, 3, 3))
+    _check(COPIES[name](), InputType.convolutional(5, 4, 2), ds)
 
 
 @pytest.mark.parametrize("pooling", ["max", "avg", "sum"])

@@ -10,6 +10,7 @@ import pytest
 
 from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     Bidirectional,
     ComputationGraph,
@@ -55,7 +56,7 @@ def _two_sequence_graph(dtype: str = "float64") -> ComputationGraph:
         .add_layer("seq", RnnOutputLayer(2), "ew")
         .add_layer("last_a", LastTimeStep(SimpleRnn(2, activation="tanh")), "la")
         .add_layer("bi", Bidirectional(SimpleRnn(2, activation="tanh"), mode="add"), "b")
-        .add_layer("last_b", LastTimeStep(LSTM(3)), "bi")
+        .add_layer("last_b", LastTimeStep(GRU(3)), "bi")
         .add_layer("vec", OutputLayer(2), "last_a", "last_b")
         .set_outputs("seq", "vec")
         .build()

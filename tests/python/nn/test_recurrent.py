@@ -1,17 +1,27 @@
 """Recurrent layers and time-series masks through MultiLayerNetwork: float64 gradient checks of every
 recurrent layer with and without masks and variable lengths, and tests that fail if any forward,
-backward, loss, output, scoring or evaluation path ignores a mask."""
+backward, loss, output, scoring or evaluation path ignores a mask. The 1-D layers over sequences
+(Convolution1DLayer, Subsampling1DLayer: the 2-D kernels through the (batch, size, 1, time) view) against
+the pure-NumPy 1-D references, with DL4J's mask reduction."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import nn as ref
 
-from sparkgrad.data import DataSet
+import sparkgrad
+from sparkgrad.data import DataSet, MultiDataSet
 from sparkgrad.nn import (
+    GRU,
     LSTM,
     BatchNormalization,
     Bidirectional,
+    ComputationGraph,
+    ComputationGraphConfiguration,
+    Convolution1DLayer,
     ConvolutionLayer,
     DenseLayer,
     GlobalPoolingLayer,
@@ -23,8 +33,12 @@ from sparkgrad.nn import (
     RnnLossLayer,
     RnnOutputLayer,
     SimpleRnn,
+    Subsampling1DLayer,
     SubsamplingLayer,
+    Upsampling1D,
+    ZeroPadding1DLayer,
 )
+from sparkgrad.nn.layers import conv_output_size
 from sparkgrad.nn.updaters import Adam
 
 EPS = 1e-6
@@ -76,6 +90,14 @@ LAYERS = {
         RnnOutputLayer(2),
     ],
     "simple_rnn": lambda: [SimpleRnn(4, activation="tanh"), RnnOutputLayer(2)],
+    "gru": lambda: [GRU(4), RnnOutputLayer(2)],
+    "gru_hardtanh_gates": lambda: [
+        GRU(3, gate_activation="hardtanh", activation="softplus"),
+        RnnOutputLayer(2),
+    ],
+    "gru_stacked": lambda: [DenseLayer(3, activation="tanh"), GRU(3), LSTM(2), RnnOutputLayer(2)],
+    "bidirectional_gru_concat": lambda: [Bidirectional(GRU(3)), RnnOutputLayer(2)],
+    "bidirectional_gru_mul": lambda: [Bidirectional(GRU(2), mode="mul"), RnnOutputLayer(2)],
     "stacked_with_dense": lambda: [
         DenseLayer(3, activation="tanh"),
         LSTM(3),
@@ -107,10 +129,10 @@ def test_recurrent_gradient(name: str, masked: bool) -> None:
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("inner", ["lstm", "simple_rnn"])
+@pytest.mark.parametrize("inner", ["lstm", "gru", "simple_rnn"])
 def test_last_time_step_gradient(inner: str, masked: bool) -> None:
     rng = np.random.default_rng(5)
-    layer = LSTM(3) if inner == "lstm" else SimpleRnn(3, activation="tanh")
+    layer = {"lstm": LSTM(3), "gru": GRU(3), "simple_rnn": SimpleRnn(3, activation="tanh")}[inner]
     mask = _lengths_mask([1, 5, 3]) if masked else None
     ds = DataSet(rng.normal(size=(N, SIZE, T)), np.eye(2)[[0, 1, 1]], features_mask=mask)
     _gradient_check(_net([LastTimeStep(layer), DenseLayer(3, activation="tanh"), OutputLayer(2)]), ds)
@@ -122,6 +144,22 @@ def test_lstm_parameter_layout_and_forget_gate_bias() -> None:
     assert net.num_params() == 3 * 16 + 4 * 16 + 16 + 4 * 2 + 2
     b = net.params()[3 * 16 + 4 * 16 : 3 * 16 + 4 * 16 + 16]
     np.testing.assert_array_equal(b, [0.0] * 4 + [1.5] * 4 + [0.0] * 8)  # gate order [a, f, o, i]
+
+
+def test_gru_parameter_layout_and_gate_order() -> None:
+    """W (3, 12), RW (4, 12), b (12) with the gate blocks [r, u, c]: the network's output is the NumPy
+    step-by-step GRU (reset before the candidate's recurrent product) run on those views."""
+    from reference import nn as ref
+
+    net = _net([GRU(4), RnnOutputLayer(2, activation="identity", loss="mse")])
+    assert net.num_params() == 3 * 12 + 4 * 12 + 12 + 4 * 2 + 2
+    p = net.params()
+    w, rw = p[:36].reshape(3, 12), p[36:84].reshape(4, 12)
+    b, w_out, b_out = p[84:96], p[96:104].reshape(4, 2), p[104:106]
+    b[:] = np.linspace(-1, 1, 12)  # a view: distinct biases per gate block show the order
+    x = np.random.default_rng(2).normal(size=(2, SIZE, T))
+    hs = ref.gru_forward(x.transpose(0, 2, 1), w, rw, b)
+    np.testing.assert_allclose(net.output(x), (hs @ w_out + b_out).transpose(0, 2, 1), rtol=1e-12, atol=1e-12)
 
 
 # ---- masks change every answer ---------------------------------------------------------------------
@@ -140,6 +178,8 @@ def padded():
 NETWORKS = {
     "lstm": lambda: [DenseLayer(3, activation="tanh"), LSTM(4), RnnOutputLayer(2)],
     "bidirectional": lambda: [Bidirectional(LSTM(3)), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)],
+    "gru": lambda: [DenseLayer(3, activation="tanh"), GRU(4), RnnOutputLayer(2)],
+    "bidirectional_gru": lambda: [Bidirectional(GRU(3)), DenseLayer(3, activation="tanh"), RnnOutputLayer(2)],
 }
 
 
@@ -202,7 +242,7 @@ def test_last_time_step_uses_last_present_step(padded) -> None:
 
 def test_rnn_time_step_matches_the_whole_sequence() -> None:
     rng = np.random.default_rng(4)
-    net = _net([LSTM(4), SimpleRnn(3), RnnOutputLayer(2)])
+    net = _net([LSTM(4), GRU(3), SimpleRnn(3), RnnOutputLayer(2)])
     x = rng.normal(size=(2, SIZE, T))
     whole = net.output(x)
     steps = [net.rnn_time_step(x[:, :, s]) for s in range(T)]
@@ -239,7 +279,7 @@ def test_configuration_errors_name_the_layer() -> None:
         MultiLayerConfiguration([LSTM(3), OutputLayer(2)], input_type=InputType.feed_forward(4))
     with pytest.raises(ValueError, match="gate_activation"):
         LSTM(3, gate_activation="softmax")
-    with pytest.raises(ValueError, match="layer: expected an LSTM or SimpleRnn"):
+    with pytest.raises(ValueError, match="layer: expected an LSTM, GRU or SimpleRnn"):
         Bidirectional(DenseLayer(3))
     net = _net([LSTM(3), RnnOutputLayer(2)])
     with pytest.raises(ValueError, match=r"features_mask: expected shape \(batch, time\)"):
@@ -255,6 +295,8 @@ def test_recurrent_configuration_round_trips() -> None:
     conf = MultiLayerConfiguration(
         [
             Bidirectional(LSTM(3, gate_activation="hardtanh"), mode="add"),
+            Bidirectional(GRU(3, activation="elu", gate_activation="hardtanh")),
+            GRU(2, dropout=0.9, l2=1e-4),
             LastTimeStep(SimpleRnn(2)),
             OutputLayer(2),
         ],
@@ -441,4 +483,321 @@ def test_image_sequence_steps_are_the_images_of_a_convolutional_network() -> Non
         np.testing.assert_allclose(out[:, :, t], frames.output(x[:, :, t].reshape(N, 2, 4, 4)), rtol=1e-12)
     assert InputType.from_json(InputType.recurrent_images(4, 4, 2, 6).to_json()).step_type() == (
         InputType.convolutional(4, 4, 2)
+    )
+
+
+# ---- 1-D layers over sequences ------------------------------------------------------------------------
+
+
+def _net1d(layers, size=3, dtype="float64", seed=7, **kw) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(layers, input_type=InputType.recurrent(size), seed=seed, dtype=dtype, **kw)
+    return MultiLayerNetwork(conf).init()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    c=st.integers(1, 4),
+    k_out=st.integers(1, 4),
+    t=st.integers(1, 9),
+    kernel=st.integers(1, 4),
+    stride=st.integers(1, 3),
+    pad=st.integers(0, 2),
+    same=st.booleans(),
+    masked=st.booleans(),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_convolution1d_matches_reference(n, c, k_out, t, kernel, stride, pad, same, masked, dtype, seed):
+    mode = "same" if same else "truncate"
+    out_len, pad_start = conv_output_size(
+        t, kernel, stride, pad, Convolution1DLayer(1, convolution_mode=mode).convolution_mode
+    )
+    if out_len < 1:
+        return
+    rng = np.random.default_rng(seed)
+    layer = Convolution1DLayer(
+        k_out, kernel_size=kernel, stride=stride, padding=pad, convolution_mode=mode, activation="identity"
+    )
+    net = _net1d([layer, RnnOutputLayer(2)], size=c, dtype=np.dtype(dtype).name)
+    x = rng.normal(size=(n, c, t)).astype(dtype)
+    mask = rng.integers(0, 2, (n, t)).astype(dtype) if masked else None
+    rt = net._runtimes[0]
+    y = np.asarray(rt.forward(np.ascontiguousarray(x.transpose(0, 2, 1)), False, 0, mask=mask))  # (N, P, K)
+    w = net.params()[: k_out * c * kernel].reshape(k_out, c, kernel).astype(np.float64)
+    b = net.params()[k_out * c * kernel : k_out * c * kernel + k_out].astype(np.float64)
+    want = ref.conv1d_forward(x.astype(np.float64), w, b, stride, pad_start, out_len)
+    if mask is not None:
+        m = ref.mask_reduction_1d(mask, kernel, stride, pad_start, out_len, same and stride == 1)
+        want = want * m[:, None, :]
+        np.testing.assert_array_equal(np.asarray(rt.output_mask(mask)), m)
+    eps = float(np.finfo(dtype).eps)
+    bound = 8 * eps * c * kernel * (1 + np.abs(x).max() * np.abs(w).max())
+    np.testing.assert_allclose(y.transpose(0, 2, 1), want, rtol=bound, atol=bound)
+    # backward: dL/dx and dL/dW of sum(y * dy) as the adjoint of the same 1-D convolution
+    dy = rng.normal(size=y.shape).astype(dtype)
+    dx = np.asarray(rt.backward(dy.copy(), True)).transpose(0, 2, 1)
+    dy64 = dy.transpose(0, 2, 1).astype(np.float64)
+    if mask is not None:
+        dy64 = dy64 * m[:, None, :]
+    want_dx = np.zeros((n, c, t))
+    want_dw = np.zeros_like(w)
+    for p in range(out_len):
+        start = p * stride - pad_start
+        for j in range(kernel):
+            if 0 <= start + j < t:
+                want_dx[:, :, start + j] += dy64[:, :, p] @ w[:, :, j]
+                want_dw[:, :, j] += dy64[:, :, p].T @ x[:, :, start + j].astype(np.float64)
+    g = net._grad[: k_out * c * kernel].reshape(k_out, c, kernel)
+    bound = (
+        8
+        * eps
+        * max(n * out_len, k_out * kernel)
+        * (1 + np.abs(dy64).max() * (np.abs(x).max() + np.abs(w).max()))
+    )
+    np.testing.assert_allclose(dx, want_dx, rtol=0, atol=bound)
+    np.testing.assert_allclose(g, want_dw, rtol=0, atol=bound)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    c=st.integers(1, 3),
+    t=st.integers(1, 9),
+    kernel=st.integers(1, 4),
+    stride=st.integers(1, 3),
+    pad=st.integers(0, 1),
+    kind=st.sampled_from(["max", "avg"]),
+    masked=st.booleans(),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_subsampling1d_matches_reference(n, c, t, kernel, stride, pad, kind, masked, dtype, seed):
+    layer = Subsampling1DLayer(kind, kernel_size=kernel, stride=stride, padding=pad)
+    out_len, _ = conv_output_size(t, kernel, stride, pad, layer.convolution_mode)
+    if out_len < 1 or pad >= kernel:  # every window must hold an input step
+        return
+    rng = np.random.default_rng(seed)
+    net = _net1d([layer, RnnOutputLayer(2)], size=c, dtype=np.dtype(dtype).name)
+    x = rng.normal(size=(n, c, t)).astype(dtype)
+    mask = rng.integers(0, 2, (n, t)).astype(dtype) if masked else None
+    rt = net._runtimes[0]
+    y = np.asarray(rt.forward(np.ascontiguousarray(x.transpose(0, 2, 1)), False, 0, mask=mask))
+    want = ref.pool1d_forward(kind, x, kernel, stride, pad, out_len)
+    if mask is not None:
+        want = want * ref.mask_reduction_1d(mask, kernel, stride, pad, out_len)[:, None, :]
+    bound = 4 * float(np.finfo(dtype).eps) * kernel * (1 + np.abs(x).max())
+    np.testing.assert_allclose(y.transpose(0, 2, 1), want, rtol=bound, atol=bound)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    c=st.integers(1, 3),
+    t=st.integers(1, 6),
+    size=st.integers(1, 3),
+    left=st.integers(0, 2),
+    right=st.integers(0, 2),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_upsampling1d_and_zero_padding1d_match_reference(n, c, t, size, left, right, masked, seed):
+    """Upsampling1D then ZeroPadding1DLayer against np.repeat and np.pad, their masks and the adjoint."""
+    rng = np.random.default_rng(seed)
+    net = _net1d([Upsampling1D(size), ZeroPadding1DLayer((left, right)), RnnOutputLayer(2)], size=c)
+    x = rng.normal(size=(n, c, t))
+    mask = rng.integers(0, 2, (n, t)).astype(np.float64) if masked else None
+    up, pad = net._runtimes[0], net._runtimes[1]
+    y = pad.forward(up.forward(np.ascontiguousarray(x.transpose(0, 2, 1)), False, 0, mask=mask), False, 0,
+                    mask=up.output_mask(mask))  # fmt: skip
+    want = np.pad(np.repeat(x, size, axis=2), ((0, 0), (0, 0), (left, right)))
+    np.testing.assert_array_equal(y.transpose(0, 2, 1), want)
+    if mask is not None:
+        want_mask = np.pad(np.repeat(mask, size, axis=1), ((0, 0), (left, right)))
+        np.testing.assert_array_equal(pad.output_mask(None), want_mask)
+    dy = rng.normal(size=y.shape)
+    dx = up.backward(pad.backward(dy.copy(), True), True)
+    want_dx = dy[:, left : left + size * t].reshape(n, t, size, c).sum(axis=2)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-15, atol=1e-15)
+
+
+LAYERS_1D = {
+    "upsample_pad": lambda: [
+        Convolution1DLayer(3, kernel_size=2, stride=2, activation="tanh"),
+        Upsampling1D(3),
+        ZeroPadding1DLayer((1, 2)),
+        RnnOutputLayer(2),
+    ],
+    "conv_truncate": lambda: [
+        Convolution1DLayer(3, kernel_size=3, activation="tanh"),
+        RnnOutputLayer(2),
+    ],
+    "conv_same_stride2_pool_max": lambda: [
+        Convolution1DLayer(4, kernel_size=2, stride=2, convolution_mode="same", activation="tanh"),
+        Subsampling1DLayer("max", kernel_size=2, stride=1),
+        RnnOutputLayer(2),
+    ],
+    "conv_padding_pool_avg_global": lambda: [
+        Convolution1DLayer(3, kernel_size=3, padding=1, stride=2, activation="softplus"),
+        Subsampling1DLayer("avg", kernel_size=2, stride=1, padding=1),
+        GlobalPoolingLayer("avg"),
+        OutputLayer(2),
+    ],
+    "dense_then_conv_same": lambda: [
+        DenseLayer(3, activation="tanh"),
+        Convolution1DLayer(2, kernel_size=3, convolution_mode="same", activation="identity", dropout=None),
+        RnnOutputLayer(2),
+    ],
+}
+
+
+def _labels_for(net: MultiLayerNetwork, rng, x: np.ndarray, mask) -> np.ndarray:
+    out = net.output(x, features_mask=mask)
+    if out.ndim == 3:  # per-step labels with the output's number of steps
+        return np.eye(2)[rng.integers(0, 2, (x.shape[0], out.shape[2]))].transpose(0, 2, 1)
+    return np.eye(2)[rng.integers(0, 2, x.shape[0])]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("name", sorted(LAYERS_1D))
+def test_time_1d_gradient(name: str, masked: bool) -> None:
+    rng = np.random.default_rng(len(name))
+    t = 9
+    net = _net1d(LAYERS_1D[name]())
+    x = rng.normal(size=(3, 3, t))
+    mask = _lengths_mask([9, 4, 6], t) if masked else None
+    ds = DataSet(x, _labels_for(net, rng, x, mask), features_mask=mask)
+    _gradient_check(net, ds)
+
+
+def test_the_reduced_mask_masks_the_output_and_the_loss() -> None:
+    """Stride 2: output step p covers input steps 2p, 2p+1; a sequence of 4 present steps out of 10 has
+    2 present output steps. Masked output steps are zero and add nothing to the loss."""
+    rng = np.random.default_rng(3)
+    net = _net1d([Convolution1DLayer(3, kernel_size=2, stride=2, activation="tanh"), RnnOutputLayer(2)])
+    x = rng.normal(size=(2, 3, 10))
+    mask = _lengths_mask([10, 4], 10)
+    out = net.output(x, features_mask=mask)
+    assert out.shape == (2, 2, 5)
+    np.testing.assert_array_equal(net._runtimes[0].output_mask(None), [[1] * 5, [1, 1, 0, 0, 0]])
+    assert np.all(out[1, :, 2:] == 0) and np.all(out[1, :, :2] != 0)
+    labels = np.eye(2)[rng.integers(0, 2, (2, 5))].transpose(0, 2, 1)
+    masked = net.score_examples(DataSet(x, labels, features_mask=mask))
+    alone = net.score_examples(DataSet(x[1:, :, :4], labels[1:, :, :2]))
+    assert masked[1] == pytest.approx(alone[0], rel=1e-12)  # the loss of the 2 present output steps
+    assert not np.allclose(net.output(x)[1], out[1])  # the mask changes the answer
+    # padding and upsampling carry the mask: the padded steps and the repeats of absent steps do not count
+    net = _net1d([Upsampling1D(2), ZeroPadding1DLayer((1, 0)), RnnOutputLayer(2)])
+    labels = np.eye(2)[rng.integers(0, 2, (2, 21))].transpose(0, 2, 1)
+    masked = net.score_examples(DataSet(x, labels, features_mask=mask))
+    alone = net.score_examples(DataSet(x[1:, :, :4], labels[1:, :, :9], features_mask=np.ones((1, 4))))
+    assert masked[1] == pytest.approx(alone[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_time_1d_results_for_1_and_2_threads(dtype: str) -> None:
+    """Outputs and dL/dx are the same bits for 1 and 2 threads; the convolution's weight gradient sums one
+    partial per block of images, and conv2d_backward_weight makes 2 blocks per thread, so it may differ in
+    the last bits (the 2-D layer's property, tested the same way in test_kernels_spatial.py)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(16, 8, 40)).astype(dtype)
+    mask = _lengths_mask(rng.integers(20, 41, 16), 40).astype(dtype)
+    layers = [
+        Convolution1DLayer(32, kernel_size=5, activation="relu"),
+        Subsampling1DLayer("max"),
+        Convolution1DLayer(32, kernel_size=3, stride=2, activation="relu"),
+        Upsampling1D(2),
+        ZeroPadding1DLayer(2),
+        GlobalPoolingLayer("max"),
+        OutputLayer(2),
+    ]
+    ds = DataSet(x, np.eye(2, dtype=dtype)[rng.integers(0, 2, 16)], features_mask=mask)
+    before = sparkgrad.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            sparkgrad.set_num_threads(threads)
+            net = _net1d(layers, size=8, dtype=dtype)
+            grad = net.compute_gradient_and_score(ds)[0].copy()
+            results.append((net.output(x, features_mask=mask), grad))
+    finally:
+        sparkgrad.set_num_threads(before)
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    # a weight gradient sums 16 * 36 products per entry, in at most 4 partials
+    bound = 4 * float(np.finfo(dtype).eps) * 16 * 36 * float(np.abs(results[0][1]).max())
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=0, atol=bound)
+
+
+def test_time_1d_configuration_round_trips_and_checks_its_fields() -> None:
+    conf = MultiLayerConfiguration(
+        [
+            Convolution1DLayer(4, kernel_size=5, stride=2, padding=1, activation="relu", l2=1e-4),
+            Subsampling1DLayer("avg", kernel_size=3, stride=1, convolution_mode="same"),
+            Upsampling1D(3),
+            ZeroPadding1DLayer((0, 2)),
+            RnnOutputLayer(2),
+        ],
+        input_type=InputType.recurrent(3, 20),
+    )
+    assert conf.layer_input_types[1] == InputType.recurrent(4, 9)
+    assert conf.output_type == InputType.recurrent(2, 29)
+    assert MultiLayerConfiguration.from_json(conf.to_json()) == conf
+    assert MultiLayerConfiguration.from_yaml(conf.to_yaml()) == conf
+    with pytest.raises(ValueError, match="kernel_size"):
+        Convolution1DLayer(2, kernel_size=0)
+    with pytest.raises(ValueError, match="size"):
+        Upsampling1D(0)
+    with pytest.raises(ValueError, match="padding"):
+        ZeroPadding1DLayer((1, -1))
+    with pytest.raises(ValueError, match=r"pooling_type: Subsampling1DLayer supports max and avg"):
+        Subsampling1DLayer("sum")
+    with pytest.raises(ValueError, match=r"layers\[0\] \(Convolution1DLayer\)\.kernel_size: does not fit 2"):
+        MultiLayerConfiguration(
+            [Convolution1DLayer(2, kernel_size=3), RnnOutputLayer(2)], input_type=InputType.recurrent(3, 2)
+        )
+    with pytest.raises(ValueError, match=r"layers\[0\] \(Convolution1DLayer\)\.input: needs recurrent input"):
+        MultiLayerConfiguration([Convolution1DLayer(2), OutputLayer(2)], input_type=InputType.feed_forward(3))
+    with pytest.raises(ValueError, match=r"truncated_bptt cuts .* layers\[1\] \(Upsampling1D\) changes"):
+        _net1d(
+            [Convolution1DLayer(2, convolution_mode="same"), Upsampling1D(2), RnnOutputLayer(2)],
+            backprop_type="truncated_bptt",
+        )
+    _net1d(
+        [Convolution1DLayer(2, convolution_mode="same"), RnnOutputLayer(2)], backprop_type="truncated_bptt"
+    )
+    net = _net1d([Convolution1DLayer(2, kernel_size=3), RnnOutputLayer(2)])
+    with pytest.raises(ValueError, match="does not fit sequences of 2 time steps"):
+        net.output(np.zeros((1, 3, 2)))
+
+
+def test_time_1d_layers_in_a_graph_pass_their_mask_on() -> None:
+    """A graph: conv -> pool -> RnnOutputLayer; its loss mask is the reduced features mask, as in the
+    MultiLayerNetwork with the same layers and parameters."""
+    rng = np.random.default_rng(9)
+    layers = [
+        Convolution1DLayer(3, kernel_size=2, stride=2, activation="tanh"),
+        Subsampling1DLayer("max", 2, 1),
+    ]
+    conf = (
+        ComputationGraphConfiguration.builder(seed=7, dtype="float64")
+        .add_inputs("in")
+        .set_input_types(InputType.recurrent(3))
+        .add_layer("conv", layers[0], "in")
+        .add_layer("pool", layers[1], "conv")
+        .add_layer("out", RnnOutputLayer(2), "pool")
+        .set_outputs("out")
+        .build()
+    )
+    graph = ComputationGraph(conf).init()
+    net = _net1d([*layers, RnnOutputLayer(2)])
+    net.set_params(graph.params())
+    x = rng.normal(size=(2, 3, 10))
+    mask = _lengths_mask([10, 5], 10)
+    labels = np.eye(2)[rng.integers(0, 2, (2, 4))].transpose(0, 2, 1)
+    np.testing.assert_allclose(
+        graph.output(x, features_masks=[mask])[0], net.output(x, features_mask=mask), rtol=1e-12
+    )
+    g_scores = graph.score_examples(MultiDataSet([x], [labels], features_masks=[mask]))
+    np.testing.assert_allclose(
+        g_scores, net.score_examples(DataSet(x, labels, features_mask=mask)), rtol=1e-12
     )

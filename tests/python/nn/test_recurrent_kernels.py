@@ -1,5 +1,5 @@
-"""Native LSTM and SimpleRnn kernels (cpp/src/nn/lstm.cpp, simple_rnn.cpp) against the step-by-step NumPy
-references."""
+"""Native LSTM, GRU and SimpleRnn kernels (cpp/src/nn/lstm.cpp, gru.cpp, simple_rnn.cpp) against the
+step-by-step NumPy references."""
 
 from __future__ import annotations
 
@@ -216,15 +216,120 @@ def test_simple_rnn_backward_first_step_truncates_like_a_sequence_starting_there
         np.testing.assert_allclose(got, want, **tol)
 
 
+# ---- GRU -----------------------------------------------------------------------------------------
+
+
+def _run_gru(x, w, rw, b, dh, mask, h0, act="tanh", gate="sigmoid", first_step=0):
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hs = np.full((n, t, h), np.nan, x.dtype)
+    gates = np.full((n, t, 3 * h), np.nan, x.dtype)
+    kw = {"mask": mask, "h0": h0, "activation": act, "gate_activation": gate}
+    _core.gru_forward(x, w, rw, b, hs, gates, **kw)
+    grads = [np.full(a.shape, np.nan, x.dtype) for a in (x, w, rw, b)]
+    dgates = np.full_like(gates, np.nan)
+    _core.gru_backward(x, w, rw, hs, gates, dh, dgates, *grads[1:], dx=grads[0], first_step=first_step, **kw)
+    return hs, gates, grads
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    t=st.integers(1, 5),
+    c=st.integers(1, 4),
+    h=st.integers(1, 4),
+    masked=st.booleans(),
+    state=st.booleans(),
+    act=st.sampled_from(ELEMENTWISE),
+    gate=st.sampled_from(["sigmoid", "hardtanh"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_gru_forward_backward_match_reference(n, t, c, h, masked, state, act, gate, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x, w, rw = (
+        rng.normal(size=(n, t, c)),
+        0.5 * rng.normal(size=(c, 3 * h)),
+        0.5 * rng.normal(size=(h, 3 * h)),
+    )
+    b, dh = 0.5 * rng.normal(size=3 * h), rng.normal(size=(n, t, h))
+    mask = rng.integers(0, 2, (n, t)).astype(np.float64) if masked else None
+    h0 = rng.normal(size=(n, h)) if state else None
+    cast = [None if a is None else a.astype(dtype) for a in (x, w, rw, b, dh, mask, h0)]
+    # the reference runs on the cast inputs in float64, so only the kernel's own round-off differs
+    x, w, rw, b, dh, mask, h0 = [None if a is None else a.astype(np.float64) for a in cast]
+    hs, _, grads = _run_gru(*cast, act, gate)
+    tol = _tol(dtype, t, c + h)
+    np.testing.assert_allclose(hs, ref.gru_forward(x, w, rw, b, mask, h0, act, gate), **tol)
+    if gate == "hardtanh" or act == "hardtanh":
+        return  # central differences are not exact at the kinks; the network gradient checks cover them
+    expected = ref.gru_backward(x, w, rw, b, dh, mask, h0, act, gate)
+    # central differences carry ~eps64 * |loss| / 1e-6 of round-off on top of the kernel's own
+    fd = 1e-6 * (1 + np.abs(dh).sum())
+    for name, got, want in zip(("dx", "dw", "drw", "db"), grads, expected):
+        bound = tol["atol"] * (1 + np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound + fd, err_msg=name)
+
+
+def test_gru_masked_steps_output_zero_and_restart_state():
+    rng = np.random.default_rng(6)
+    x, w, rw, b = (
+        rng.normal(size=(1, 4, 2)),
+        rng.normal(size=(2, 9)),
+        rng.normal(size=(3, 9)),
+        rng.normal(size=9),
+    )
+    mask = np.array([[1.0, 0.0, 1.0, 1.0]])
+    hs, _, grads = _run_gru(x, w, rw, b, np.ones((1, 4, 3)), mask, None)
+    assert np.all(hs[0, 1] == 0) and np.all(grads[0][0, 1] == 0)
+    # after the masked step the layer continues from a zero state: as if the sequence began at step 2
+    tail, _, _ = _run_gru(x[:, 2:].copy(), w, rw, b, np.ones((1, 2, 3)), None, None)
+    np.testing.assert_allclose(hs[:, 2:], tail, rtol=1e-12, atol=1e-12)
+    unmasked, _, _ = _run_gru(x, w, rw, b, np.ones((1, 4, 3)), None, None)
+    assert not np.allclose(unmasked[:, 2:], tail)  # the mask changes the answer
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("cell", ["lstm", "simple_rnn"])
+def test_gru_backward_first_step_truncates_like_a_sequence_starting_there(dtype):
+    """Gradients from first_step on equal those of the tail run from the state the head ended in."""
+    rng = np.random.default_rng(10)
+    n, t, c, h, k = 3, 6, 2, 3, 4
+    x, w, rw = (0.5 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, 3 * h), (h, 3 * h)))
+    b, dh = rng.normal(size=3 * h).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
+    hs, _, grads = _run_gru(x, w, rw, b, dh, None, None, first_step=k)
+    tail = _run_gru(x[:, k:].copy(), w, rw, b, dh[:, k:].copy(), None, hs[:, k - 1].copy())[2]
+    tol = _tol(dtype, t, c + h)
+    assert np.all(grads[0][:, :k] == 0)
+    np.testing.assert_allclose(grads[0][:, k:], tail[0], **tol)
+    for got, want in zip(grads[1:], tail[1:]):
+        np.testing.assert_allclose(got, want, **tol)
+
+
+def test_gru_kernel_errors_name_the_argument():
+    x, w, rw, b = np.zeros((2, 3, 4)), np.zeros((4, 6)), np.zeros((2, 6)), np.zeros(6)
+    out = [np.zeros((2, 3, 2)), np.zeros((2, 3, 6))]
+    with pytest.raises(ValueError, match=r"\[gru_forward\] w must have shape \(4, 3H\)"):
+        _core.gru_forward(x, np.zeros((4, 7)), rw, b, *out)
+    with pytest.raises(ValueError, match=r"\[gru_forward\] gates must have shape \(2, 3, 6\)"):
+        _core.gru_forward(x, w, rw, b, out[0], np.zeros((2, 3, 8)))
+    with pytest.raises(ValueError, match=r"\[gru_forward\] mask must have shape \(2, 3\)"):
+        _core.gru_forward(x, w, rw, b, *out, mask=np.ones((3, 2)))
+    with pytest.raises(ValueError, match="softmax"):
+        _core.gru_forward(x, w, rw, b, *out, activation="softmax")
+    grads = [np.zeros_like(a) for a in (w, rw, b)]
+    with pytest.raises(ValueError, match=r"\[gru_backward\] first_step must be in \[0, 3\)"):
+        _core.gru_backward(x, w, rw, *out, out[0], np.zeros_like(out[1]), *grads, first_step=3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "simple_rnn"])
 @pytest.mark.parametrize("n, h", [(40, 128), (64, 256)])
 def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell, n, h):
     """Rows of a step are split over threads above the fork threshold (n * h >= 4096), and so are the
     column panels of a step's product (the larger shape's LSTM backward also cuts k): same bits."""
     rng = np.random.default_rng(5)
     t, c = 3, 5
-    g = 4 * h if cell == "lstm" else h
+    g = {"lstm": 4, "gru": 3, "simple_rnn": 1}[cell] * h
     x, w, rw = (0.3 * rng.normal(size=s).astype(dtype) for s in ((n, t, c), (c, g), (h, g)))
     b, dh = rng.normal(size=g).astype(dtype), rng.normal(size=(n, t, h)).astype(dtype)
     mask = rng.integers(0, 2, (n, t)).astype(dtype)
@@ -237,6 +342,9 @@ def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell, n
             if cell == "lstm":
                 hs, cs, grads = _run(x, w, rw, b, dh, mask, h0, h0, "tanh", "sigmoid")
                 results.append([hs, cs, *grads])
+            elif cell == "gru":
+                hs, gates, grads = _run_gru(x, w, rw, b, dh, mask, h0)
+                results.append([hs, gates, *grads])
             else:
                 hs, act_out, grads = _run_rnn(x, w, rw, b, dh, mask, h0, "tanh")
                 results.append([hs, act_out, *grads])
@@ -262,7 +370,7 @@ def test_simple_rnn_kernel_errors_name_the_argument():
         _core.simple_rnn_backward(x, w, rw, *out, out[0], np.zeros_like(out[0]), *grads, first_step=3)
 
 
-@pytest.mark.parametrize("cell, n, h", [("lstm", 64, 256), ("simple_rnn", 64, 512)])
+@pytest.mark.parametrize("cell, n, h", [("lstm", 64, 256), ("gru", 64, 256), ("simple_rnn", 64, 512)])
 def test_recurrent_kernels_are_right_where_the_step_products_are_cut_into_panels(cell, n, h):
     """Step products above 1e6 multiply-adds run as column panels, here of 8-56 columns, the LSTM's
     float32 backward also with k in two chunks, where OpenBLAS has small-matrix kernels
@@ -270,13 +378,15 @@ def test_recurrent_kernels_are_right_where_the_step_products_are_cut_into_panels
     sum(dh * hs), float32 against float64."""
     rng = np.random.default_rng(11)
     t, c = 3, 5
-    g = 4 * h if cell == "lstm" else h
+    g = {"lstm": 4, "gru": 3, "simple_rnn": 1}[cell] * h
     x, w, rw = rng.normal(size=(n, t, c)), rng.normal(size=(c, g)) / c, rng.normal(size=(h, g)) / np.sqrt(h)
     b, dh, h0 = 0.1 * rng.normal(size=g), rng.normal(size=(n, t, h)), rng.normal(size=(n, h))
 
     def run(x, w, rw, b, dh, h0):
         if cell == "lstm":
             hs, _, grads = _run(x, w, rw, b, dh, None, h0, h0, "tanh", "sigmoid")
+        elif cell == "gru":
+            hs, _, grads = _run_gru(x, w, rw, b, dh, None, h0)
         else:
             hs, _, grads = _run_rnn(x, w, rw, b, dh, None, h0, "tanh")
         return hs, grads
@@ -284,6 +394,8 @@ def test_recurrent_kernels_are_right_where_the_step_products_are_cut_into_panels
     hs, grads = run(x, w, rw, b, dh, h0)
     if cell == "lstm":
         expected = ref.lstm_forward(x, w, rw, b, None, h0, h0, "tanh", "sigmoid")[0]
+    elif cell == "gru":
+        expected = ref.gru_forward(x, w, rw, b, None, h0)
     else:
         expected = ref.simple_rnn_forward(x, w, rw, b, None, h0, "tanh", 0.3)
     np.testing.assert_allclose(hs, expected, **_tol(np.float64, t, c + h))

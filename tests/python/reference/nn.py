@@ -661,3 +661,77 @@ def simple_rnn_backward(x, w, rw, b, dh, mask=None, h0=None, act="tanh", alpha=0
         return float((simple_rnn_forward(x, w, rw, b, mask, h0, act, alpha) * dh).sum())
 
     return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))
+
+
+# ---- GRU -----------------------------------------------------------------------------------------
+
+
+def gru_forward(x, w, rw, b, mask=None, h0=None, act="tanh", gate="sigmoid"):
+    """libnd4j's GRU cell (DL4J), step by step: gate blocks [r, u, c]; r, u = gate(x W + h RW + b),
+    c = act(x W_c + (r h) RW_c + b_c), h = u h + (1 - u) c; masked steps multiply h by the mask.
+
+    x: (N, T, C); returns hs (N, T, H)."""
+    n, t, _ = x.shape
+    h = rw.shape[0]
+    hp = np.zeros((n, h)) if h0 is None else np.asarray(h0, np.float64)
+    hs = np.zeros((n, t, h))
+    for s in range(t):
+        zx = x[:, s].astype(np.float64) @ w + b
+        r = activation(gate, zx[:, :h] + hp @ rw[:, :h])
+        u = activation(gate, zx[:, h : 2 * h] + hp @ rw[:, h : 2 * h])
+        c = activation(act, zx[:, 2 * h :] + (r * hp) @ rw[:, 2 * h :])
+        m = np.ones((n, 1)) if mask is None else mask[:, s : s + 1]
+        hp = m * (u * hp + (1 - u) * c)
+        hs[:, s] = hp
+    return hs
+
+
+def gru_backward(x, w, rw, b, dh, mask=None, h0=None, act="tanh", gate="sigmoid"):
+    """Gradients (dx, dw, drw, db) of sum(gru_forward(...) * dh) by central differences."""
+
+    def loss() -> float:
+        return float((gru_forward(x, w, rw, b, mask, h0, act, gate) * dh).sum())
+
+    return tuple(numerical_gradient(lambda _: loss(), arr) for arr in (x, w, rw, b))
+
+
+# ---- 1-D layers over sequences -------------------------------------------------------------------
+
+
+def _window_starts(t, kernel, stride, pad, out_len):
+    """Index of each output step's first input step (may be negative: padding)."""
+    return [p * stride - pad for p in range(out_len)]
+
+
+def conv1d_forward(x, w, b, stride, pad, out_len):
+    """x: (N, C, T), w: (K, C, k), b: (K) or None -> (N, K, out_len); steps outside [0, T) read zero."""
+    n, c, t = x.shape
+    k_out, _, k = w.shape
+    y = np.zeros((n, k_out, out_len))
+    for p, start in enumerate(_window_starts(t, k, stride, pad, out_len)):
+        for j in range(k):
+            if 0 <= start + j < t:
+                y[:, :, p] += x[:, :, start + j].astype(np.float64) @ w[:, :, j].T.astype(np.float64)
+    return y if b is None else y + np.asarray(b, np.float64)[None, :, None]
+
+
+def pool1d_forward(kind, x, kernel, stride, pad, out_len):
+    """Max or average (over the in-bounds steps) of each window of x: (N, C, T) -> (N, C, out_len)."""
+    t = x.shape[2]
+    out = np.zeros((*x.shape[:2], out_len))
+    for p, start in enumerate(_window_starts(t, kernel, stride, pad, out_len)):
+        window = x[:, :, max(start, 0) : min(start + kernel, t)].astype(np.float64)
+        out[:, :, p] = window.max(axis=2) if kind == "max" else window.mean(axis=2)
+    return out
+
+
+def mask_reduction_1d(mask, kernel, stride, pad, out_len, same_stride_1=False):
+    """DL4J's cnn1dMaskReduction: the mask unchanged for same mode with stride 1, else the max of each
+    window (an output step is present when any input step of its window is)."""
+    if same_stride_1:
+        return np.asarray(mask, np.float64)
+    out = np.zeros((len(mask), out_len))
+    for p, start in enumerate(_window_starts(mask.shape[1], kernel, stride, pad, out_len)):
+        window = [mask[:, i] for i in range(start, start + kernel) if 0 <= i < mask.shape[1]]
+        out[:, p] = np.max([np.zeros(len(mask)), *window], axis=0)  # padding reads zero
+    return out
