@@ -53,18 +53,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from sparkgrad._config import Config, check_int, check_range, coerce_enum
-from sparkgrad.compress import (
+from sparkgrad.compress.sharing import (
     DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
+    check_own_update,
+    default_threshold_algorithm,
+    update_scale,
+)
+from sparkgrad.compress.thresholds import (
     MAX_THRESHOLD,
     MIN_THRESHOLD,
     AdaptiveThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
-    check_own_update,
-    default_threshold_algorithm,
-    update_scale,
 )
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import (
@@ -572,7 +574,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             task that Spark placed beyond ``workers_per_node`` on its host fails with a TrainingError
             saying so; with more partitions (one Spark job per epoch) a task waits for a free worker
             slot of its host. DL4J's ``workersPerNode`` was the training threads of an executor.
-        threshold_algorithm: default :func:`~sparkgrad.compress.default_threshold_algorithm`:
+        threshold_algorithm: default :func:`~sparkgrad.compress.sharing.default_threshold_algorithm`:
             ``TargetSparsityThresholdAlgorithm(2e-2, 3e-3, start_at_target=True)`` (DL4J's default was
             ``AdaptiveThresholdAlgorithm()``; the Spark digits benchmark of the performance guide compares
             them).
@@ -629,7 +631,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             larger batch), ``"mean"`` (divided by N: DDP's averaged step) or ``"sum"`` (DL4J's and Strom's:
             every update at full size, N workers taking about N times the step). Either way the learning
             rate and updater that work on one machine work here; the convergence study of the performance
-            guide compares them; see :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+            guide compares them; see :data:`~sparkgrad.compress.sharing.UPDATE_COMBINATIONS`.
         momentum_masking: after a worker sends its update, zero its Nesterov velocity wherever the
             message sent the parameter (Deep Gradient Compression's momentum factor masking, Lin et al.
             2018; default False, DL4J's behaviour). On the digits study it reached the target about an
@@ -640,7 +642,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
             parameters, so its own steps are never held back by its encoder) or ``"encoded"`` (DL4J's:
             only what its message carries, as every other replica does). With Nesterov momentum on the
             digits study (2 workers on Spark, 10 seeds) ``"full"`` reached 96% in 2 median epochs and
-            ``"encoded"`` in 6 (DDP: 3.5); see :data:`~sparkgrad.compress.OWN_UPDATES`.
+            ``"encoded"`` in 6 (DDP: 3.5); see :data:`~sparkgrad.compress.sharing.OWN_UPDATES`.
         task_threads: the OpenMP/OpenBLAS threads of every Spark task of a model with this master
             (training, evaluation, scoring, inference); None (default): the task's CPUs,
             ``spark.task.cpus``. Set for the task and restored after it
