@@ -14,7 +14,7 @@ several epochs does. Minibatches are dealt round-robin (minibatch
 - ``"shared_gradients"`` (default): the in-process form of :class:`~sparkgrad.spark.SharedTrainingMaster`'s
   worker loop. A worker applies the messages its peers sent since its last step, computes its update,
   applies it to itself (``own_update="full"``, the default; ``"encoded"`` applies only what its message
-  carries, as DL4J does), adds it to its own :class:`~sparkgrad.compress.EncodingHandler` residual and
+  carries, as DL4J does), adds it to its own :class:`~sparkgrad.compress.handler.EncodingHandler` residual and
   encodes it (on its device: a GPU worker copies only the finished message to the host), then applies
   the decoded message to the wrapped network (the controller's role: the authoritative copy) and queues
   the message for every peer. Every replica thus applies every message exactly once, and its own
@@ -48,21 +48,19 @@ import numpy as np
 
 from sparkgrad._config import check_int, coerce_enum
 from sparkgrad._native import _core
-from sparkgrad.compress import (
+from sparkgrad.compress.handler import EncodingHandler
+from sparkgrad.compress.packing import pack_message
+from sparkgrad.compress.sharing import (
     DEFAULT_OWN_UPDATE,
     DEFAULT_UPDATE_COMBINATION,
-    EncodingHandler,
-    NoOpResidualPostProcessor,
-    ResidualPostProcessor,
-    ThresholdAlgorithm,
     apply_message,
     check_own_update,
     default_threshold_algorithm,
-    pack_message,
     share_update,
     take_params,
     update_scale,
 )
+from sparkgrad.compress.thresholds import NoOpResidualPostProcessor, ResidualPostProcessor, ThresholdAlgorithm
 from sparkgrad.device import CPU, Device, resolve_device
 
 _FLAT_API = (
@@ -134,20 +132,20 @@ class ParallelWrapper:
         training_mode: ``"shared_gradients"`` or ``"averaging"`` (a :class:`TrainingMode` or its value).
         average_updaters: ``"averaging"`` mode: average the updater states too (DL4J's default).
         threshold_algorithm: ``"shared_gradients"`` mode: default
-            :func:`~sparkgrad.compress.default_threshold_algorithm` (SharedTrainingMaster's default); each
-            worker encodes with its own clone.
+            :func:`~sparkgrad.compress.sharing.default_threshold_algorithm` (SharedTrainingMaster's
+            default); each worker encodes with its own clone.
         residual_post_processor: ``"shared_gradients"`` mode: default ``NoOpResidualPostProcessor()``.
         update_combination: ``"shared_gradients"`` mode: how the workers' updates combine, as
             SharedTrainingMaster's: ``"auto"`` (default: ``"sum"`` when the network's ``updaters`` are
             all of the Adam family or RmsProp, else ``"sqrt"``), ``"sqrt"`` (each update divided by
             ``sqrt(workers)``), ``"mean"`` or ``"sum"`` (DL4J's); see
-            :data:`~sparkgrad.compress.UPDATE_COMBINATIONS`.
+            :data:`~sparkgrad.compress.sharing.UPDATE_COMBINATIONS`.
         momentum_masking: ``"shared_gradients"`` mode: as SharedTrainingMaster's, zero a worker's Nesterov
             velocity where its message sent the parameter (Deep Gradient Compression's momentum factor
             masking; default False, DL4J's behaviour).
         own_update: ``"shared_gradients"`` mode: as SharedTrainingMaster's, what a worker applies to its
             own replica of its own update: ``"full"`` (default: all of it, at once) or ``"encoded"``
-            (DL4J's: what its message carries); see :data:`~sparkgrad.compress.OWN_UPDATES`.
+            (DL4J's: what its message carries); see :data:`~sparkgrad.compress.sharing.OWN_UPDATES`.
         devices: one device per worker (``"cpu"``, ``"cuda:N"`` or a :class:`~sparkgrad.device.Device`;
             a device may repeat); default: every worker on the wrapped network's device. For one worker
             per GPU: ``[f"cuda:{gpu.index}" for gpu in sparkgrad.cuda.devices()]``.

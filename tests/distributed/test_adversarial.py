@@ -127,11 +127,11 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
 ) -> None:
     """An authenticated SYNC whose report holds a 400-digit integer killed the controller of a fit
     (float() overflow in the progress hook); every number is now checked while the payload is parsed."""
+    from sparkgrad.spark.controller_fit import ProgressController
     from sparkgrad.spark.progress import FitProgress
-    from sparkgrad.spark.shared import _ProgressController
 
     progress = FitProgress(1, 0, 10, 10, enabled=False)
-    ctl = _ProgressController(
+    ctl = ProgressController(
         np.zeros(2, np.float32),
         0x5,
         SECRET,

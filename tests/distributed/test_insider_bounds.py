@@ -56,11 +56,11 @@ def test_two_insiders_reporting_huge_losses_leave_the_epoch_figures_finite(free_
     """Loss reports accept any finite float; the progress line's mean of two reports of 1.7e308 was inf
     and so was the epoch's loss figure. The line now shows the median of the workers' latest reports:
     with three honest workers of five it is one of theirs."""
+    from sparkgrad.spark.controller_fit import ProgressController
     from sparkgrad.spark.progress import FitProgress
-    from sparkgrad.spark.shared import _ProgressController
 
     progress = FitProgress(1, 0, 10, 10, enabled=False)
-    ctl = _ProgressController(
+    ctl = ProgressController(
         np.zeros(2, np.float32),
         0x3705,
         SECRET,

@@ -5,7 +5,7 @@ What runs is SharedTrainingMaster's own code, with Spark's part played by two th
 - the driver: a real :class:`~sparkgrad.spark.shared.SharedTrainingMaster` gives the controller options
   (``_controller_options``: the threshold reference of its threshold algorithm) and the SharedJob fields
   (``_job_options``: threshold algorithm, residual post-processor, staleness window, update scale of the
-  two workers, ...); the controller is the driver's own ``_ProgressController`` (a subclass here that
+  two workers, ...); the controller is the driver's own ``ProgressController`` (a subclass here that
   only records what each applied update touched, for the rounding bound of the parameter check) with
   the default decoder (``sparkgrad.compress.decode``), a fresh per-fit secret and signing key, bound to
   a free port of 127.0.0.1, with an epoch barrier over the two partitions. The SharedJob is built field
@@ -50,9 +50,10 @@ from sparkgrad.datasets import load_digits
 from sparkgrad.nn import DenseLayer, InputType, MultiLayerConfiguration, MultiLayerNetwork, OutputLayer
 from sparkgrad.nn.updaters import Adam
 from sparkgrad.spark.common import NetworkSnapshot
+from sparkgrad.spark.controller_fit import SECRET_BYTES, ProgressController
 from sparkgrad.spark.devices import resolve_worker_device, to_host
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.shared import SECRET_BYTES, SharedTrainingMaster, _ProgressController
+from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.shared_worker import SharedJob, SharedWorker, WorkerResult
 from sparkgrad.transport import ZmqTransportConfiguration
 
@@ -95,7 +96,7 @@ def accuracy(net: MultiLayerNetwork, test: DataSet) -> float:
     return float(np.mean(net.output(test.features).argmax(1) == test.labels.argmax(1)))
 
 
-class _RecordingController(_ProgressController):
+class _RecordingController(ProgressController):
     """The driver's controller, also keeping per parameter how many applied updates touched it and the sum
     of their magnitudes (float64), read from the message it has just decoded into its scratch buffer, on
     its own thread; the smallest threshold of an applied update."""

@@ -237,7 +237,12 @@ _REQUIRED = {
     "EmbeddingLayer": {"n_in": 5, "n_out": 2},
     "EmbeddingSequenceLayer": {"n_in": 5, "n_out": 2},
 }
-_CONFIG_MODULES = ("sparkgrad.compress", "sparkgrad.nn.conf", "sparkgrad.nn.layers", "sparkgrad.nn.updaters")
+_CONFIG_MODULES = (
+    "sparkgrad.compress.thresholds",
+    "sparkgrad.nn.conf",
+    "sparkgrad.nn.layers",
+    "sparkgrad.nn.updaters",
+)
 
 
 def _float_fields() -> list[tuple[type, str]]:

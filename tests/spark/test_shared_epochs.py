@@ -20,7 +20,8 @@ from sparkgrad.spark import (
     VoidConfiguration,
     ZmqTransportConfiguration,
 )
-from sparkgrad.spark.shared import _task_slots, encoded_count
+from sparkgrad.spark.controller_fit import task_slots
+from sparkgrad.spark.shared import encoded_count
 from sparkgrad.transport import HEADER_SIZE
 
 HEADER_BYTES = HEADER_SIZE + 16  # frame header + message header (4 int32 words)
@@ -176,7 +177,7 @@ def test_non_finite_features_fail_naming_the_worker_and_leave_the_model_alone(sp
 
 
 def test_task_slots_are_spark_s_own_count(spark) -> None:
-    assert _task_slots(spark.sparkContext) == 2  # local[2]: what a barrier stage is checked against
+    assert task_slots(spark.sparkContext) == 2  # local[2]: what a barrier stage is checked against
 
 
 def test_a_clean_fit_loses_no_worker_and_reports_its_updater_state(spark, small_rdd) -> None:

@@ -8,8 +8,8 @@ per worker and trained by ``mapInArrow(..., barrier=True)``. Its first task star
 executor's address, the barrier's ``allGather`` hands the address and the controller's public key to
 every task, and every task then runs the same :class:`~sparkgrad.spark.shared_worker.SharedWorker` as a
 classic fit (both masters, both network types). The first task also serves the epoch barrier that the
-driver serves in a classic fit (:class:`~sparkgrad.spark.shared._FitRun`), and once every task has ended
-its training (the barrier's ``barrier()``) it returns the trained network's parameters, updater state,
+driver serves in a classic fit (``controller_fit._FitRun``), and once every task has ended its training
+(the barrier's ``barrier()``) it returns the trained network's parameters, updater state,
 counters and the controller's figures as the job's output; the others return their worker results, as
 a classic fit's tasks do.
 
@@ -42,7 +42,7 @@ from sparkgrad.spark.common import TrainingData, run_spark
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from sparkgrad.spark.shared import ControllerFit
+    from sparkgrad.spark.controller_fit import ControllerFit
     from sparkgrad.spark.shared_worker import SharedJob, WorkerResult
     from sparkgrad.spark.stats import SparkTrainingStats
 
@@ -150,7 +150,7 @@ class _Job:
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from sparkgrad.spark.shared import _FitRun
+        from sparkgrad.spark.controller_fit import _FitRun
         from sparkgrad.spark.shared_worker import shared_partition
 
         context = BarrierTaskContext.get()

@@ -12,7 +12,7 @@ worker and ALL rounds of the fit run in ONE barrier Spark job, the workers of
 its partition into the rounds of an epoch with the seed the per-round jobs use, trains a round locally,
 sends its parameters to the controller on the driver and continues from the mean it gets back
 (:mod:`sparkgrad.transport.controller`, "Parameter averaging"). The driver runs the same job, controller
-and epoch barrier as SharedTrainingMaster (:class:`~sparkgrad.spark.shared.ControllerFit`).
+and epoch barrier as SharedTrainingMaster (:class:`~sparkgrad.spark.controller_fit.ControllerFit`).
 
 ``averaging_jobs="per_round"`` (DL4J's): for each round, repartition the round's part to ``num_workers``
 partitions, broadcast parameters and updater state, train each partition, ``treeAggregate`` the sums at
@@ -58,6 +58,7 @@ from sparkgrad.spark.config import (
     check_storage_level,
 )
 from sparkgrad.spark.connect import connect_partitions, is_connect
+from sparkgrad.spark.controller_fit import ControllerFit, dynamic_allocation, task_slots
 from sparkgrad.spark.devices import check_worker_device, device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partitioning import (
     balanced_random_split,
@@ -65,7 +66,6 @@ from sparkgrad.spark.partitioning import (
     split_partition_counts,
 )
 from sparkgrad.spark.progress import FitProgress, estimate_minibatches
-from sparkgrad.spark.shared import ControllerFit, _task_slots, dynamic_allocation
 from sparkgrad.spark.shared_worker import AVERAGING_WORKER_FIT, AVERAGING_WORKER_INIT, AveragingRounds
 from sparkgrad.spark.stats import SparkTrainingStats, Timer, event, now_ms, run_epoch_callback
 from sparkgrad.spark.threads import check_task_threads, task_threads
@@ -497,7 +497,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     ) -> tuple[float, int]:
         """Every round of the fit in one barrier job, averaging over the transport (module docstring).
         Returns (the last epoch's score, epochs trained)."""
-        slots = _task_slots(sc)
+        slots = task_slots(sc)
         workers = self.num_workers or (slots if is_connect(sc) else min(sc.defaultParallelism, slots))
         with Timer(stats, REPARTITION):
             units: Any

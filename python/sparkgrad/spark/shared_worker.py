@@ -38,16 +38,10 @@ from typing import Any
 import numpy as np
 
 from sparkgrad import get_num_threads
-from sparkgrad.compress import (
-    DEFAULT_OWN_UPDATE,
-    EncodingHandler,
-    ResidualPostProcessor,
-    ThresholdAlgorithm,
-    apply_message,
-    message_indices,
-    share_update,
-    take_params,
-)
+from sparkgrad.compress.codec import message_indices
+from sparkgrad.compress.handler import EncodingHandler
+from sparkgrad.compress.sharing import DEFAULT_OWN_UPDATE, apply_message, share_update, take_params
+from sparkgrad.compress.thresholds import ResidualPostProcessor, ThresholdAlgorithm
 from sparkgrad.errors import TrainingError, TransportError
 from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
@@ -128,9 +122,9 @@ class SharedJob:
     debug_longer_iterations: int = 0
     mesh: bool = False  # MESH: updates come down a relay tree (sparkgrad.transport.mesh)
     staleness_window: int = 0  # > 0: a paced SYNC every this many minibatches (WorkerConnection.pace)
-    update_scale: float = 1.0  # each update's factor before encoding (sparkgrad.compress.update_scale)
+    update_scale: float = 1.0  # each update's factor before encoding (compress.sharing.update_scale)
     momentum_masking: bool = False  # zero the velocity where a message sent (FlatNetwork.mask_momentum)
-    own_update: str = DEFAULT_OWN_UPDATE  # what a worker applies of its own update (compress.OWN_UPDATES)
+    own_update: str = DEFAULT_OWN_UPDATE  # what a worker applies of its own update (sharing.OWN_UPDATES)
     # parameter averaging
     averaging: AveragingRounds | None = None
 

@@ -80,10 +80,11 @@ payload at most :data:`CONTROL_PAYLOAD_LIMIT` bytes.
 Payloads by message type:
 
 - ``UPDATE``: with the ``PACKED`` flag, a sparse message in the packed form of
-  :func:`sparkgrad.compress.pack_message` (its header words, sign bits, index gaps as varints: 1-2 bytes
-  an entry where an int32 takes 4), which every sender uses when it is smaller; without it, the raw
-  int32 threshold/bitmap message of :mod:`sparkgrad.compress` (little-endian int32, ``payload length /
-  4`` words). Either way the first 16 bytes are the message's 4 header words. Never pickled.
+  :func:`sparkgrad.compress.packing.pack_message` (its header words, sign bits, index gaps as varints:
+  1-2 bytes an entry where an int32 takes 4), which every sender uses when it is smaller
+  (:func:`encode_update_payload`); without it, the raw int32 threshold/bitmap message of
+  :mod:`sparkgrad.compress.codec` (little-endian int32, ``payload length / 4`` words). Either way the
+  first 16 bytes are the message's 4 header words. Never pickled.
 - ``PARAMS``: the raw parameter vector (float32 or float64 per the ``FLOAT64`` flag), little-endian.
 - ``UPDATER_STATE``: the raw flat updater-state vector, encoded like ``PARAMS``.
 - ``AVERAGE`` and ``AVERAGED`` (ParameterAveragingTrainingMaster's rounds, :func:`averaging_payload`): a
@@ -122,7 +123,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sparkgrad.compress import unpack_message
+from sparkgrad.compress.packing import pack_message, unpack_message
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
@@ -172,7 +173,7 @@ class Flag(enum.IntFlag):
     AUTHENTICATED = 2  # the auth tag holds an HMAC-SHA256 of header (tag zeroed) + payload
     RELAYED = 4  # the frame was forwarded by the controller or a MESH node
     SIGNED = 8  # the payload ends with the controller's Ed25519 signature (:mod:`.signing`)
-    PACKED = 16  # UPDATE payload in the packed form of sparkgrad.compress.pack_message
+    PACKED = 16  # UPDATE payload in the packed form of sparkgrad.compress.packing.pack_message
 
 
 class FrameRejected(CorruptDataError):
@@ -441,6 +442,16 @@ def update_header(payload: memoryview) -> np.ndarray:
     return np.frombuffer(payload[:16], dtype="<i4")
 
 
+def encode_update_payload(message: np.ndarray) -> tuple[bytes | memoryview, Flag]:
+    """The payload and flags of an UPDATE frame carrying the int32 ``message``: packed (``PACKED``) when
+    that is smaller, else the raw little-endian words; :func:`update_payload` reads it back."""
+    message = np.ascontiguousarray(message, dtype="<i4")
+    packed = pack_message(message)
+    if packed is None:
+        return message.data, Flag.NONE
+    return packed, Flag.PACKED
+
+
 def update_payload(header: Header, payload: memoryview, peer: str) -> np.ndarray:
     """The int32 message of an UPDATE payload: the raw one viewed (copy-free, read-only), a ``PACKED`` one
     unpacked; a packed payload that does not unpack raises FrameRejected("malformed") naming ``peer``."""
@@ -615,6 +626,7 @@ __all__ = [
     "averaging_payload",
     "decode_frame",
     "encode_frame",
+    "encode_update_payload",
     "float_flag",
     "json_payload",
     "max_averaging_bytes",

@@ -43,7 +43,6 @@ import numpy as np
 import zmq
 
 from sparkgrad._config import check_int
-from sparkgrad.compress import pack_message
 from sparkgrad.errors import CorruptDataError, TransportError
 from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
@@ -60,6 +59,7 @@ from sparkgrad.transport.frame import (
     averaging_payload,
     decode_frame,
     encode_frame,
+    encode_update_payload,
     float_flag,
     json_payload,
     max_averaging_bytes,
@@ -640,12 +640,8 @@ class WorkerConnection(MeshRelay):
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
         """Send one encoded int32 update, packed when that is smaller; returns the frame size in bytes."""
-        message = np.ascontiguousarray(message, dtype="<i4")
-        packed = pack_message(message)
-        if packed is None:
-            size = self._send(MessageType.UPDATE, message.data, iteration=iteration, epoch=epoch)
-        else:
-            size = self._send(MessageType.UPDATE, packed, iteration=iteration, epoch=epoch, flags=Flag.PACKED)
+        payload, flags = encode_update_payload(message)
+        size = self._send(MessageType.UPDATE, payload, iteration=iteration, epoch=epoch, flags=flags)
         self.counters.update_bytes += size
         self.counters.update_frames += 1
         return size

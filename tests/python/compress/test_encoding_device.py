@@ -127,8 +127,9 @@ class _StandInGpu:
 def gpu(monkeypatch: pytest.MonkeyPatch) -> _StandInGpu:
     """The stand-in GPU backend behind sparkgrad.compress (CuPy and the cuda_* kernels)."""
     backend = _StandInGpu()
-    monkeypatch.setattr(compress, "_cupy", lambda: backend)
-    monkeypatch.setattr(compress, "_core", backend)
+    for module in ("codec", "thresholds", "handler"):  # each looks both up in its own namespace
+        monkeypatch.setattr(f"sparkgrad.compress.{module}._cupy", lambda: backend)
+        monkeypatch.setattr(f"sparkgrad.compress.{module}._core", backend)
     return backend
 
 

@@ -28,7 +28,7 @@ from sparkgrad.spark import (  # noqa: E402
     SparkComputationGraph,
     SparkMultiLayer,
 )
-from sparkgrad.spark.shared import dynamic_allocation  # noqa: E402
+from sparkgrad.spark.controller_fit import dynamic_allocation  # noqa: E402
 
 EPOCHS = 3
 
