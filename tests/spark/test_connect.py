@@ -81,16 +81,18 @@ def test_the_classifier_fits_transforms_saves_and_loads_over_connect(connected) 
 _SERVER = """
 import sys, time
 from pyspark.sql import SparkSession
-builder = SparkSession.builder.remote("local[2]")
-spark = builder.config("spark.connect.grpc.binding.port", sys.argv[1]).getOrCreate()
+builder = SparkSession.builder.master("local[2]")
+builder = builder.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+builder = builder.config("spark.connect.grpc.binding.port", sys.argv[1])
+spark = builder.config("spark.connect.authenticate.token", sys.argv[2]).getOrCreate()
 print("READY", flush=True)
-time.sleep(600)
+time.sleep(900)
 """
 
 
 def test_the_demo_trains_on_a_connect_server_at_an_sc_url(tmp_path) -> None:
-    """``sparkgrad demo --remote sc://...`` against a Connect server in another process (its own Spark,
-    reached over gRPC with its token, as a remote cluster's would be)."""
+    """``sparkgrad demo --remote sc://...`` against a Connect server in another process (a local[2] Spark
+    with Spark's Connect plugin, reached over gRPC with its token, as a remote cluster's would be)."""
     import socket
 
     pytest.importorskip("grpc", reason="pyspark[connect] (the test extra) is not installed")
@@ -101,16 +103,15 @@ def test_the_demo_trains_on_a_connect_server_at_an_sc_url(tmp_path) -> None:
         port = s.getsockname()[1]
     token = "sparkgrad-test-token"
     server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(port)],
-        env={**env, "SPARK_CONNECT_AUTHENTICATE_TOKEN": token},
+        [sys.executable, "-c", _SERVER, str(port), token],
+        env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "READY"
-        client_env = {k: v for k, v in env.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+        assert server.stdout is not None and "READY" in server.stdout.readline()  # its only line
         url = f"sc://localhost:{port}/;token={token}"
         out = tmp_path / "demo"
         run = subprocess.run(
@@ -126,7 +127,7 @@ def test_the_demo_trains_on_a_connect_server_at_an_sc_url(tmp_path) -> None:
                 "--output",
                 str(out),
             ],
-            env=client_env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=600,
