@@ -161,3 +161,18 @@ def test_slot_locks_live_in_a_private_directory_and_are_removed(tmp_path, monkey
     os.symlink(tmp_path / "real", private)
     with pytest.raises(TrainingError, match="it must be a directory, not a link"):
         _SlotLock(0xAB, 1, 0.05)
+
+
+def test_an_encrypted_fit_trains(spark, digits, free_port) -> None:
+    """ZmqTransportConfiguration(encrypt=True): the controller is a CURVE server, the executors get its
+    public key with the job; the fit trains as in the clear (issue 37, item 6)."""
+    from sparkgrad.transport import ZmqTransportConfiguration
+
+    data = subset(digits[0], 320)
+    rdd = spark.sparkContext.parallelize(data.split(10), 2)
+    master = _master(free_port)
+    master.transport = ZmqTransportConfiguration(encrypt=True)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    before = accuracy(sm.network, digits[1])
+    sm.fit(rdd)
+    assert master.last_traffic["updates_applied"] >= 1 and accuracy(sm.network, digits[1]) > before

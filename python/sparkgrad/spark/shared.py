@@ -476,6 +476,7 @@ class ControllerFit(ABC):
                 job_id=job_id,
                 secret=secret,
                 controller_key=controller.controller_key,
+                curve_key=controller.curve_key,
                 host=host,
                 port=controller.port,
                 transport=transport,

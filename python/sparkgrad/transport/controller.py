@@ -276,6 +276,12 @@ class Controller:
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.curve_key: bytes | None = None  # with config.encrypt: the public key workers connect with
+        if self._config.encrypt:
+            self.curve_key, curve_secret = zmq.curve_keypair()
+            self._sock.curve_secretkey = curve_secret
+            self._sock.curve_publickey = self.curve_key
+            self._sock.curve_server = True
         self._connections = ConnectionLimit(
             self._ctx,
             self._sock,

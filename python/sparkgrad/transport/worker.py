@@ -129,6 +129,8 @@ class WorkerConnection(MeshRelay):
             frames are refused (``link``).
         controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
             frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
+        curve_key: the controller's CURVE public key (``Controller.curve_key``) when it encrypts
+            (``ZmqTransportConfiguration.encrypt``); None: in the clear.
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class WorkerConnection(MeshRelay):
         *,
         controller_key: bytes,
         threshold_reference: float | None,
+        curve_key: bytes | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -190,6 +193,9 @@ class WorkerConnection(MeshRelay):
         )
         self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame)
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
+        if curve_key is not None:  # an encrypting controller (ZmqTransportConfiguration.encrypt)
+            self._sock.curve_serverkey = curve_key
+            self._sock.curve_publickey, self._sock.curve_secretkey = zmq.curve_keypair()
         self._sock.connect(self.endpoint)
         self._closed = False
         # MESH state (module docstring of sparkgrad.transport.mesh)

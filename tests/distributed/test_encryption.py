@@ -1,0 +1,117 @@
+"""CURVE encryption of the controller's connections (issue 37, item 6): what a passive tap on the wire
+sees with ``ZmqTransportConfiguration(encrypt=True)`` and without it."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+
+import numpy as np
+import pytest
+import zmq
+from wire_helpers import FAST, REFERENCE, SECRET, controller, raw_dealer, sparse_message, wait_until
+
+from sparkgrad.transport import (
+    FrameKey,
+    MessageType,
+    WorkerConnection,
+    ZmqTransportConfiguration,
+    encode_frame,
+)
+
+pytestmark = pytest.mark.distributed
+
+PATTERN = np.full(64, 1234.5678, np.float32)  # the parameters: their bytes are easy to spot on the wire
+
+
+class _Tap:
+    """A TCP relay between one worker and the controller that keeps a copy of every byte both ways."""
+
+    def __init__(self, target_port: int) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._target = target_port
+        self.seen = bytearray()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        inside, _ = self._listener.accept()
+        outside = socket.create_connection(("127.0.0.1", self._target))
+        for a, b in ((inside, outside), (outside, inside)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                with self._lock:
+                    self.seen += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_a_tap_on_the_wire_reads_the_parameters_only_without_encryption(
+    free_port: int, encrypt: bool
+) -> None:
+    """Frames are authenticated, not encrypted: anyone on the path read the parameters and every update.
+    With encrypt=True the controller is a CURVE server and workers connect with its public key: the same
+    tap sees none of the parameters' bytes, and the worker still gets them exactly."""
+    config = dataclasses.replace(FAST, encrypt=encrypt)
+    with controller(PATTERN, 0x3711, free_port, config=config) as ctl:
+        assert (ctl.curve_key is not None) == encrypt
+        tap = _Tap(free_port)
+        conn = WorkerConnection(
+            "127.0.0.1",
+            tap.port,
+            0x3711,
+            1,
+            SECRET,
+            PATTERN.size,
+            config,
+            controller_key=ctl.controller_key,
+            threshold_reference=REFERENCE,
+            curve_key=ctl.curve_key,
+        )
+        try:
+            params, _, _ = conn.hello({})
+            np.testing.assert_array_equal(params, PATTERN)
+            conn.send_update(sparse_message([3], [1], PATTERN.size, 0.5), 1, 0)
+            conn.sync(lambda h, m: None)
+        finally:
+            conn.close()
+            tap.close()
+        assert ctl.updates_applied == 1
+        assert (PATTERN.tobytes()[:64] in tap.seen) != encrypt
+
+
+def test_a_peer_without_the_curve_handshake_is_not_heard(free_port: int) -> None:
+    """An encrypting controller takes no frame from a peer speaking in the clear (the handshake fails
+    before any frame), even one with the fit's key."""
+    config = ZmqTransportConfiguration(
+        connect_timeout_ms=800, sync_timeout_ms=3000, poll_interval_ms=10, encrypt=True
+    )
+    with controller(PATTERN, 0x3712, free_port, config=config) as ctl:
+        ctx = zmq.Context()
+        sock = raw_dealer(ctx, free_port)
+        try:
+            sock.send(bytes(encode_frame(FrameKey(SECRET), MessageType.HELLO, 0x3712, 1, 0, b"{}")))
+            assert not sock.poll(1000)
+            assert wait_until(lambda: ctl._connections.accepted >= 1)
+            assert ctl.counters.messages_received == 0 and ctl.workers_seen == set()
+        finally:
+            sock.close()
+            ctx.term()
+    with pytest.raises(ValueError, match="encrypt"):
+        ZmqTransportConfiguration(encrypt=1)
