@@ -115,3 +115,35 @@ def test_a_peer_without_the_curve_handshake_is_not_heard(free_port: int) -> None
             ctx.term()
     with pytest.raises(ValueError, match="encrypt"):
         ZmqTransportConfiguration(encrypt=1)
+
+
+def test_the_largest_frame_crosses_an_encrypted_link(free_port: int) -> None:
+    """The hang of the first attempt (an encrypted Spark fit waiting in end_epoch forever): ZeroMQ checks
+    MAXMSGSIZE against the frame on the wire, which CURVE makes 33 bytes longer, so the largest
+    legitimate frame (here the worker's UPDATER_STATE, the job's largest) made the controller's libzmq
+    drop the connection and everything queued behind it (the EPOCH_END) without a word. The size limit
+    now allows the cipher's overhead: the report is stored and the connection lives on."""
+    state = np.arange(1 << 17, dtype=np.float64)  # 1 MiB: larger than every other frame of the job
+    config = dataclasses.replace(FAST, encrypt=True)
+    with controller(PATTERN, 0x3713, free_port, config=config, updater_state=np.zeros_like(state)) as ctl:
+        conn = WorkerConnection(
+            "127.0.0.1",
+            free_port,
+            0x3713,
+            1,
+            SECRET,
+            PATTERN.size,
+            config,
+            updater_state_bytes=state.nbytes,
+            controller_key=ctl.controller_key,
+            threshold_reference=REFERENCE,
+            curve_key=ctl.curve_key,
+        )
+        try:
+            conn.hello({})
+            conn.send_updater_state(state, iteration=1)
+            conn.sync(lambda h, m: None)  # ZeroMQ order: the report is stored before the ACK
+        finally:
+            conn.close()
+        assert ctl.updater_state_reports == 1
+        np.testing.assert_array_equal(ctl.updater_state(), state)

@@ -110,6 +110,7 @@ from sparkgrad.transport.frame import (
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
     ConnectionLimit,
+    Curve,
     InfluenceLedger,
     RateLimitedLog,
     TrafficCounters,
@@ -274,14 +275,11 @@ class Controller:
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, average_bytes)
         # its own frames end with its signature
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
-        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
+        curve = Curve.new_server() if self._config.encrypt else None
+        # with config.encrypt: the public key workers connect with
+        self.curve_key: bytes | None = None if curve is None else curve.public
+        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame, curve)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.curve_key: bytes | None = None  # with config.encrypt: the public key workers connect with
-        if self._config.encrypt:
-            self.curve_key, curve_secret = zmq.curve_keypair()
-            self._sock.curve_secretkey = curve_secret
-            self._sock.curve_publickey = self.curve_key
-            self._sock.curve_server = True
         self._connections = ConnectionLimit(
             self._ctx,
             self._sock,

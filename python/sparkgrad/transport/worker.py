@@ -72,6 +72,7 @@ from sparkgrad.transport.frame import (
 )
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
+    Curve,
     TrafficCounters,
     ZmqTransportConfiguration,
     bounded_socket,
@@ -191,11 +192,11 @@ class WorkerConnection(MeshRelay):
         max_sent_frame = HEADER_SIZE + max(
             max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
-        self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame)
+        curve = None if curve_key is None else Curve.client_of(curve_key)
+        self._sock = bounded_socket(
+            self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame, curve
+        )
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
-        if curve_key is not None:  # an encrypting controller (ZmqTransportConfiguration.encrypt)
-            self._sock.curve_serverkey = curve_key
-            self._sock.curve_publickey, self._sock.curve_secretkey = zmq.curve_keypair()
         self._sock.connect(self.endpoint)
         self._closed = False
         # MESH state (module docstring of sparkgrad.transport.mesh)
