@@ -1,5 +1,6 @@
-"""CURVE encryption of the controller's connections (issue 37, item 6): what a passive tap on the wire
-sees with ``ZmqTransportConfiguration(encrypt=True)`` and without it."""
+"""CURVE encryption of every link (issue 37, item 6): what a passive tap on the wire sees with
+``ZmqTransportConfiguration(encrypt=True)`` and without it, on a controller link and on a MESH relay
+link."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sparkgrad.transport import (
     ZmqTransportConfiguration,
     encode_frame,
 )
+from sparkgrad.transport.frame import MAGIC
 
 pytestmark = pytest.mark.distributed
 
@@ -26,7 +28,8 @@ PATTERN = np.full(64, 1234.5678, np.float32)  # the parameters: their bytes are 
 
 
 class _Tap:
-    """A TCP relay between one worker and the controller that keeps a copy of every byte both ways."""
+    """A TCP relay between a worker and the controller (or its MESH parent) that keeps a copy of every
+    byte both ways."""
 
     def __init__(self, target_port: int) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -147,3 +150,55 @@ def test_the_largest_frame_crosses_an_encrypted_link(free_port: int) -> None:
             conn.close()
         assert ctl.updater_state_reports == 1
         np.testing.assert_array_equal(ctl.updater_state(), state)
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_a_tap_on_a_mesh_relay_link_reads_frames_only_without_encryption(
+    free_port: int, encrypt: bool
+) -> None:
+    """MESH relay links are encrypted too: each relay is a CURVE server with a key pair of its own, which
+    it tells the controller in its (authenticated) HELLO and the controller tells its children in their
+    (signed) MESH_PARENT. A tap between a relay and its child sees every frame header in the clear and
+    none encrypted, and the child still gets the relayed update."""
+    config = dataclasses.replace(FAST, encrypt=encrypt, mesh_fan_out=1)
+    with controller(np.zeros(64, np.float32), 0x3714, free_port, config=config, mesh=True) as ctl:
+        conns, tap = [], None
+        try:
+            for wid in (1, 2, 3):  # fan-out 1: the root's child 1, its child 2, its child 3
+                conn = WorkerConnection(
+                    "127.0.0.1",
+                    free_port,
+                    0x3714,
+                    wid,
+                    SECRET,
+                    64,
+                    config,
+                    relay_host="127.0.0.1",
+                    on_params=lambda params, iteration, epoch: None,
+                    controller_key=ctl.controller_key,
+                    threshold_reference=REFERENCE,
+                    curve_key=ctl.curve_key,
+                )
+                conns.append(conn)
+                if wid == 1:  # its children reach it through the tap
+                    assert (conn.relay_key is not None) == encrypt
+                    assert conn.relay_endpoint is not None
+                    tap = _Tap(int(conn.relay_endpoint.rsplit(":", 1)[1]))
+                    conn.relay_endpoint = f"127.0.0.1:{tap.port}"
+                conn.hello({})
+            got: list[int] = []
+            conns[2].send_update(sparse_message(list(range(0, 64, 2)), [1] * 32, 64, 0.5), 1, 0)
+
+            def relayed() -> bool:
+                for conn in conns[:2]:
+                    conn.drain(lambda h, m: got.append(h.sender))
+                return 3 in got[1:]  # worker 2 applied worker 3's update, relayed by worker 1
+
+            assert wait_until(relayed)
+            assert conns[1].parent_id == 1
+        finally:
+            for conn in conns:
+                conn.close()
+            if tap is not None:
+                tap.close()
+        assert tap is not None and (MAGIC in tap.seen) != encrypt

@@ -125,7 +125,7 @@ from sparkgrad.transport.limits import (
     owned_context,
 )
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
-from sparkgrad.transport.relay import relay_address_ok
+from sparkgrad.transport.relay import curve_key_ok, relay_address_ok
 from sparkgrad.transport.signing import ControllerSigner
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,8 @@ class Controller:
         # makes another worker leave: a chain as long as the crowd that vanished, never a recursion)
         self._leaving: deque[int] = deque()
         self._leaving_busy = False
-        self._relay_address: dict[int, str] = {}  # MESH: each worker's relay socket, "host:port"
+        # MESH: each worker's relay socket, "host:port", and its CURVE public key (with config.encrypt)
+        self._relay_address: dict[int, tuple[str, str | None]] = {}
         self._rejoin_pending: dict[int, bytes] = {}
         self._replay = Replay()
         self._log = RateLimitedLog(log, "sparkgrad controller")
@@ -594,10 +595,14 @@ class Controller:
             info = self._control_body(identity, sender, payload)
             if info is None:
                 return
-            relay = info.get("relay")
-            if self._mesh is not None and not relay_address_ok(relay):
+            relay, relay_key = info.get("relay"), info.get("relay_key")
+            if self._mesh is not None and not (
+                relay_address_ok(relay)
+                and (curve_key_ok(relay_key) if self._config.encrypt else relay_key is None)
+            ):
                 text = (
                     f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
+                    + (" and its CURVE key (encrypt)" if self._config.encrypt else "")
                 )
                 self._reject("control", text)
                 self._error_reply(identity, sender, text)
@@ -621,7 +626,7 @@ class Controller:
             self._register(sender, identity)
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
-            if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
+            if self._mesh is not None and not self._mesh_join(identity, sender, (str(relay), relay_key)):
                 return
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
             if self.updater_state_reports and not self._send(identity, self._state_frame(sender)):
@@ -747,8 +752,11 @@ class Controller:
         assert self._mesh is not None
         if parent == ROOT:
             return self._control_frame(MessageType.MESH_PARENT, recipient, {"parent": None})
-        host, port = self._relay_address[parent].rsplit(":", 1)
+        address, key = self._relay_address[parent]
+        host, port = address.rsplit(":", 1)
         body = {"parent": endpoint(host, int(port)), "id": parent, "version": self._mesh.version}
+        if key is not None:
+            body["key"] = key
         return self._control_frame(MessageType.MESH_PARENT, recipient, body)
 
     def _assign_children(self, parent: int) -> None:
@@ -762,7 +770,7 @@ class Controller:
         body = {"children": mesh.children(parent), "version": mesh.version}
         self._send(identity, self._control_frame(MessageType.MESH_CHILDREN, parent, body))
 
-    def _mesh_join(self, identity: bytes, sender: int, relay: str) -> bool:
+    def _mesh_join(self, identity: bytes, sender: int, relay: tuple[str, str | None]) -> bool:
         """Place a (re-)joining worker in the tree, assign it to its parent and tell it its parent;
         False if it was dropped."""
         assert self._mesh is not None

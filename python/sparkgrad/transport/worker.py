@@ -82,7 +82,7 @@ from sparkgrad.transport.limits import (
     is_count,
     owned_context,
 )
-from sparkgrad.transport.relay import MeshRelay, relay_address_ok
+from sparkgrad.transport.relay import MeshRelay, curve_key_ok, relay_address_ok
 from sparkgrad.transport.signing import ControllerVerifier
 
 
@@ -192,6 +192,7 @@ class WorkerConnection(MeshRelay):
         max_sent_frame = HEADER_SIZE + max(
             max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
+        self._encrypt = curve_key is not None
         curve = None if curve_key is None else Curve.client_of(curve_key)
         self._sock = bounded_socket(
             self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame, curve
@@ -216,7 +217,7 @@ class WorkerConnection(MeshRelay):
         self._acked_broadcast = 0
         self._paced_steps = 0
         try:
-            self._open_relay(relay_host)
+            self._open_relay(relay_host, self._encrypt)
         except TransportError:
             self._release()
             raise
@@ -477,12 +478,13 @@ class WorkerConnection(MeshRelay):
         """Connect to the parent the controller named (MESH_PARENT) and register with it."""
         try:
             body = parse_json_payload(payload, peer=f"controller {self.endpoint}")
-            target, parent_id = body.get("parent"), body.get("id")
+            target, parent_id, key = body.get("parent"), body.get("id"), body.get("key")
             if target is not None and not (
                 isinstance(target, str)
                 and target.startswith("tcp://")
                 and relay_address_ok(target[6:])
                 and is_count(parent_id)
+                and (curve_key_ok(key) if self._encrypt else key is None)
             ):
                 raise FrameRejected("control", f"MESH_PARENT names no valid parent: {body!r}")
         except FrameRejected as exc:
@@ -494,7 +496,12 @@ class WorkerConnection(MeshRelay):
         self._parent, self.parent_id, self._parent_replay = None, None, Replay()
         if target is not None:
             self._parent = bounded_socket(
-                self._ctx, zmq.DEALER, self._config, self._max_frame, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT
+                self._ctx,
+                zmq.DEALER,
+                self._config,
+                self._max_frame,
+                HEADER_SIZE + CONTROL_PAYLOAD_LIMIT,
+                None if key is None else Curve.client_of(str(key).encode()),
             )
             self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
             self._parent.connect(target)
@@ -612,6 +619,8 @@ class WorkerConnection(MeshRelay):
         """
         if self.mesh:
             info = {**info, "relay": self.relay_endpoint}
+            if self.relay_key is not None:
+                info["relay_key"] = self.relay_key.decode()
             self._joined = False
             self._stash.clear()
         self._link_next = None  # frames answering what was sent before this HELLO are not counted
