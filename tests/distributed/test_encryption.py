@@ -84,8 +84,8 @@ def test_a_tap_on_the_wire_reads_the_parameters_only_without_encryption(
             PATTERN.size,
             config,
             controller_key=ctl.controller_key,
-            threshold_reference=REFERENCE,
             curve_key=ctl.curve_key,
+            threshold_reference=REFERENCE,
         )
         try:
             params, _, _ = conn.hello({})
@@ -107,7 +107,7 @@ def test_a_peer_without_the_curve_handshake_is_not_heard(free_port: int) -> None
     )
     with controller(PATTERN, 0x3712, free_port, config=config) as ctl:
         ctx = zmq.Context()
-        sock = raw_dealer(ctx, free_port)
+        sock = raw_dealer(ctx, free_port, server_key=None)
         try:
             sock.send(bytes(encode_frame(FrameKey(SECRET), MessageType.HELLO, 0x3712, 1, 0, b"{}")))
             assert not sock.poll(1000)
@@ -139,8 +139,8 @@ def test_the_largest_frame_crosses_an_encrypted_link(free_port: int) -> None:
             config,
             updater_state_bytes=state.nbytes,
             controller_key=ctl.controller_key,
-            threshold_reference=REFERENCE,
             curve_key=ctl.curve_key,
+            threshold_reference=REFERENCE,
         )
         try:
             conn.hello({})
@@ -176,8 +176,8 @@ def test_a_tap_on_a_mesh_relay_link_reads_frames_only_without_encryption(
                     relay_host="127.0.0.1",
                     on_params=lambda params, iteration, epoch: None,
                     controller_key=ctl.controller_key,
-                    threshold_reference=REFERENCE,
                     curve_key=ctl.curve_key,
+                    threshold_reference=REFERENCE,
                 )
                 conns.append(conn)
                 if wid == 1:  # its children reach it through the tap
@@ -187,14 +187,16 @@ def test_a_tap_on_a_mesh_relay_link_reads_frames_only_without_encryption(
                     conn.relay_endpoint = f"127.0.0.1:{tap.port}"
                 conn.hello({})
             got: list[int] = []
+
+            def pump() -> bool:
+                conns[0].drain(lambda h, m: None)
+                conns[1].drain(lambda h, m: got.append(h.sender))
+                conns[2].drain(lambda h, m: None)
+                return conns[0].children == [2]
+
+            assert wait_until(pump)  # worker 1 registered its child before the update flows
             conns[2].send_update(sparse_message(list(range(0, 64, 2)), [1] * 32, 64, 0.5), 1, 0)
-
-            def relayed() -> bool:
-                for conn in conns[:2]:
-                    conn.drain(lambda h, m: got.append(h.sender))
-                return 3 in got[1:]  # worker 2 applied worker 3's update, relayed by worker 1
-
-            assert wait_until(relayed)
+            assert wait_until(lambda: pump() and 3 in got)  # worker 2 applied 3's update, relayed by 1
             assert conns[1].parent_id == 1
         finally:
             for conn in conns:

@@ -13,11 +13,14 @@ import pytest
 import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     FAST,
     REFERENCE,
     SECRET,
     controller,
+    curve_server,
     raw_dealer,
+    relay_hello,
     sparse_decode,
     sparse_message,
     wait_until,
@@ -37,6 +40,7 @@ KEY = FrameKey(SECRET)
 
 def _worker(port: int, job: int, wid: int, n: int, key: bytes = CONTROLLER_KEY, **kw) -> WorkerConnection:
     kw.setdefault("threshold_reference", REFERENCE)
+    kw.setdefault("curve_key", CURVE_KEY)
     return WorkerConnection("127.0.0.1", port, job, wid, SECRET, n, FAST, controller_key=key, **kw)
 
 
@@ -71,7 +75,10 @@ def test_two_insiders_reporting_huge_losses_leave_the_epoch_figures_finite(free_
         threshold_reference=REFERENCE,
         progress=progress,
     )
-    conns = [_worker(free_port, 0x3705, wid, 2, key=ctl.controller_key) for wid in (1, 2, 3, 4, 5)]
+    conns = [
+        _worker(free_port, 0x3705, wid, 2, key=ctl.controller_key, curve_key=ctl.curve_key)
+        for wid in (1, 2, 3, 4, 5)
+    ]
     try:
         for conn, loss in zip(conns, (HUGE, HUGE, 0.5, 0.6, 0.7)):
             conn.hello({})
@@ -271,14 +278,14 @@ def test_a_child_refuses_repeated_indices_relayed_by_its_mesh_parent(free_port: 
     mesh = dataclasses.replace(FAST, connect_timeout_ms=5000, sync_timeout_ms=5000, mesh_fan_out=1)
     with controller(np.zeros(4, np.float32), job, free_port, config=mesh, mesh=True) as ctl:
         ctx = zmq.Context()
-        rogue_relay = ctx.socket(zmq.ROUTER)
+        rogue_relay = curve_server(ctx.socket(zmq.ROUTER))
         rogue_relay.setsockopt(zmq.LINGER, 0)
         relay_port = rogue_relay.bind_to_random_port("tcp://127.0.0.1")
         rogue = raw_dealer(ctx, free_port)
         applied: list[np.ndarray] = []
         child = _worker(free_port, job, 5, 4, relay_host="127.0.0.1", on_params=lambda p, i, e: None)
         try:
-            hello = json_payload({"relay": f"127.0.0.1:{relay_port}"})
+            hello = json_payload(relay_hello(f"127.0.0.1:{relay_port}"))
             rogue.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 66, 0, hello)))
             assert rogue.poll(10000) and rogue.poll(10000)
             child.hello({})

@@ -166,6 +166,8 @@ class Controller:
             instead of sending each to every worker (PLAIN).
         signer: the Ed25519 key that signs every frame the controller sends as itself (:mod:`.signing`);
             None draws a fresh one (per fit). Workers verify with :attr:`controller_key`.
+        curve: with ``config.encrypt``, the CURVE key pair it serves with (:class:`~.limits.Curve`); None
+            draws a fresh one (per fit). Workers connect with :attr:`curve_key`.
         averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, module docstring)
             instead of applying updates; ``threshold_reference`` is then not used.
         average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
@@ -190,6 +192,7 @@ class Controller:
         averaging: bool = False,
         average_updater_state: bool = False,
         signer: ControllerSigner | None = None,
+        curve: Curve | None = None,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as default_decode
@@ -276,7 +279,7 @@ class Controller:
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, average_bytes)
         # its own frames end with its signature
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
-        curve = Curve.new_server() if self._config.encrypt else None
+        curve = (curve or Curve.new_server()) if self._config.encrypt else None
         # with config.encrypt: the public key workers connect with
         self.curve_key: bytes | None = None if curve is None else curve.public
         self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame, curve)

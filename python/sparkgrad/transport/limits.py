@@ -90,10 +90,12 @@ class ZmqTransportConfiguration(Config):
         outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
             L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
             of it they are flagged (counted, logged) (>= 2).
-        encrypt: CURVE-encrypt every connection to the controller (ZeroMQ's CurveZMQ: X25519 key
-            exchange, XSalsa20-Poly1305 per message). The controller draws a key pair per fit; the
-            workers get its public key with the job and draw their own. Frames stay authenticated as
-            without it; MESH relay links stay in the clear.
+        encrypt: CURVE-encrypt every link (ZeroMQ's CurveZMQ: X25519 key exchange, XSalsa20-Poly1305
+            per message), on by default: the controller draws a key pair per fit and the workers get
+            its public key with the job (next to the secret); each MESH relay draws one and the
+            controller tells its children (signed MESH_PARENT). Frames stay HMAC-authenticated and the
+            controller's signed as without it (CURVE authenticates a link, not who wrote a relayed
+            frame). False: in the clear.
     """
 
     connect_timeout_ms: int = 15000
@@ -110,7 +112,7 @@ class ZmqTransportConfiguration(Config):
     threshold_factor: int = 16
     warmup_threshold_factor: int = 1024
     outlier_factor: int = 8
-    encrypt: bool = False
+    encrypt: bool = True
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)

@@ -130,8 +130,8 @@ class WorkerConnection(MeshRelay):
             frames are refused (``link``).
         controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
             frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
-        curve_key: the controller's CURVE public key (``Controller.curve_key``) when it encrypts
-            (``ZmqTransportConfiguration.encrypt``); None: in the clear.
+        curve_key: the controller's CURVE public key (``Controller.curve_key``): required when
+            ``config.encrypt`` (the default), which encrypts this worker's every link; None only without.
     """
 
     def __init__(
@@ -192,7 +192,14 @@ class WorkerConnection(MeshRelay):
         max_sent_frame = HEADER_SIZE + max(
             max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
-        self._encrypt = curve_key is not None
+        encrypt = (config or ZmqTransportConfiguration()).encrypt
+        if encrypt != (curve_key is not None):
+            raise ValueError(
+                "curve_key: the controller's CURVE public key is required with encrypt=True (the default) "
+                f"and refused without it, got {'None' if curve_key is None else 'a key'} with "
+                f"encrypt={encrypt}"
+            )
+        self._encrypt = encrypt
         curve = None if curve_key is None else Curve.client_of(curve_key)
         self._sock = bounded_socket(
             self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame, curve
