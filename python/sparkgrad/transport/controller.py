@@ -97,6 +97,7 @@ from sparkgrad.transport.frame import (
     averaging_payload,
     decode_frame,
     encode_frame,
+    endorsed_frame,
     float_flag,
     json_payload,
     max_averaging_bytes,
@@ -1053,6 +1054,8 @@ class Controller:
                 raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
             self._broadcast += 1
             targets = [child for child in self._mesh.children(ROOT) if child in self._peers]
+            # signed once, for every relay below: none can forge, replace or renumber it (item 4)
+            frame = bytes(endorsed_frame(self._key, frame, self._signer, self._broadcast))
         for target in targets:
             ident = self._peers.get(target)
             if ident is None:  # dropped while relaying to an earlier target

@@ -31,7 +31,10 @@ the tag zeroed, then SHA-256 of the payload before the signature); the HMAC tag 
 controller signs every frame it sends as sender 0 and a worker drops a sender-0 frame whose signature
 is missing or wrong (``bad_signature``), so the HMAC secret every executor holds no longer lets one
 speak for the controller. :func:`decode_frame` strips the signature: the header's ``payload_length``
-and the payload it returns are the payload's own.
+and the payload it returns are the payload's own. In MESH the controller signs the UPDATEs it relays
+too (:func:`endorsed_frame`), over :func:`origin_message` (the header with the relay id, recipient and
+tag zeroed, then SHA-256 of the payload), which every relay passes on unchanged, so a relay cannot forge
+or alter an update for its subtree.
 
 Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
 on the driver, or the user's ``VoidConfiguration.secret``). It reaches the executors inside the job's
@@ -320,6 +323,35 @@ def encode_frame(
     if signer is not None:
         frame[-SIGNATURE_SIZE:] = signer.sign(signed_message(memoryview(frame)))
     return key.seal(frame)
+
+
+def endorsed_frame(key: FrameKey, frame: bytes | memoryview, signer: Signer, broadcast: int) -> bytearray:
+    """MESH: a worker's accepted UPDATE as the controller relays it, ``RELAYED`` and ``SIGNED``, stamped
+    with its ``broadcast`` number and ending with the controller's signature over
+    :func:`origin_message`, which no relay changes: a relay can neither forge an update nor replace,
+    renumber or alter one undetected (a dropped one shows as a gap). Address each copy with
+    :func:`relayed_frame`."""
+    view = memoryview(frame).cast("B")
+    out = bytearray(len(view) + SIGNATURE_SIZE)
+    out[: len(view)] = view
+    (flags,) = _FLAGS.unpack_from(out, 6)
+    _FLAGS.pack_into(out, 6, flags | Flag.RELAYED | Flag.SIGNED)
+    _U32.pack_into(out, 40, len(view) - HEADER_SIZE + SIGNATURE_SIZE)
+    _U32.pack_into(out, 76, broadcast)
+    out[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
+    out[-SIGNATURE_SIZE:] = signer.sign(origin_message(memoryview(out)))
+    return key.seal(out)
+
+
+def origin_message(frame: memoryview) -> bytes:
+    """What the controller's signature of a relayed UPDATE (:func:`endorsed_frame`) covers: the header
+    with the fields each hop rewrites zeroed (relay id, recipient, tag), so the sender, its sequence,
+    the epoch, iteration, flags and broadcast number are covered, then the SHA-256 of the payload."""
+    header = bytearray(frame[:HEADER_SIZE])
+    _U32.pack_into(header, 20, 0)
+    _U32.pack_into(header, 80, 0)
+    header[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
+    return bytes(header) + hashlib.sha256(frame[HEADER_SIZE:-SIGNATURE_SIZE]).digest()
 
 
 def signed_message(frame: memoryview) -> bytes:
@@ -615,10 +647,12 @@ __all__ = [
     "averaging_payload",
     "decode_frame",
     "encode_frame",
+    "endorsed_frame",
     "float_flag",
     "json_payload",
     "max_averaging_bytes",
     "max_update_bytes",
+    "origin_message",
     "params_payload",
     "parse_averaging_payload",
     "parse_json_payload",

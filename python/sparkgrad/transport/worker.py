@@ -332,6 +332,11 @@ class WorkerConnection(MeshRelay):
             check_update_threshold(
                 update_header(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
             )
+            if self.mesh and not (header.flags & Flag.SIGNED and self._verifier.verify_origin(frame)):
+                raise FrameRejected(  # a relay forged or altered it (or renumbered): a gap follows
+                    "bad_signature",
+                    f"UPDATE from worker {header.sender} via {peer} without the controller's signature",
+                )
         elif from_parent:
             if kind != MessageType.ERROR or header.sender != self.parent_id:
                 raise FrameRejected(
