@@ -71,7 +71,7 @@ def test_frame_round_trip_and_layout() -> None:
         recipient=2**32 - 2,
     )
     assert HEADER_SIZE == 84 and len(frame) == 84 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 5 and frame[5] == MessageType.UPDATE
+    assert frame[:4] == b"SGRD" and frame[4] == 6 and frame[5] == MessageType.UPDATE
     assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
     assert int.from_bytes(frame[80:84], "little") == 2**32 - 2

@@ -22,7 +22,8 @@ offset size    field
 ====== ======= ====================================================================================
 
 Version 3 (issue 21) added the recipient field and the PLAIN link numbers; version 4 the controller's
-Ed25519 signature (below); version 5 the packed UPDATE payload. A peer of another version is refused as
+Ed25519 signature (below); version 5 the packed UPDATE payload; version 6 the controller's signature on
+the UPDATEs it relays in MESH (:func:`endorsed_frame`). A peer of another version is refused as
 ``malformed`` before anything else is read.
 
 Controller signature (version 4, :mod:`.signing`): a frame with the ``SIGNED`` flag ends with a 64-byte
@@ -129,7 +130,7 @@ from sparkgrad.compress import unpack_message
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 5
+VERSION = 6
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
