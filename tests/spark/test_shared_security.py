@@ -170,8 +170,9 @@ def test_slot_locks_live_in_a_private_directory_and_are_removed(tmp_path, monkey
 
 def test_an_encrypted_fit_trains(spark, digits, free_port) -> None:
     """Encryption is on by default: the controller is a CURVE server, the executors get its public key
-    with the job; the fit trains as in the clear (issue 37, item 6). It hung after the file's other
-    fits until the sockets' size limit allowed CURVE's overhead (test_encryption.py)."""
+    with the job; the fit trains as in the clear (issue 37, item 6). It hung, now and then, until the
+    sockets' size limit allowed CURVE's overhead: partition 0's UPDATER_STATE (the job's largest
+    frame) dropped its connection, and the EPOCH_END behind it went with it (test_encryption.py)."""
     from sparkgrad.transport import ZmqTransportConfiguration
 
     data = subset(digits[0], 320)
