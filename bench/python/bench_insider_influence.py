@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from wire_helpers import CONTROLLER_KEY, SECRET, controller, sparse_message
+from wire_helpers import CONTROLLER_KEY, CURVE_KEY, SECRET, controller, sparse_message
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import RejoinRequired, WorkerConnection, ZmqTransportConfiguration
@@ -41,6 +41,7 @@ def _connect(port: int, job: int, wid: int) -> WorkerConnection:
         N,
         CONFIG,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     conn.hello({})

@@ -18,11 +18,15 @@ import pytest
 import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     FAST,
     REFERENCE,
     SECRET,
     controller,
+    curve_client,
+    curve_server,
     raw_dealer,
+    relay_hello,
     sparse_decode,
     sparse_message,
     wait_until,
@@ -79,10 +83,11 @@ def test_a_second_worker_id_on_a_connection_is_refused_and_a_disconnect_cannot_k
             relay_host="127.0.0.1",
             on_params=lambda params, iteration, epoch: None,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
-            hello = json_payload({"relay": "127.0.0.1:9"})
+            hello = json_payload(relay_hello("127.0.0.1:9"))
             rogue.send(encode_frame(KEY, MessageType.HELLO, job, 11, 0, hello))
             kinds = [decode_frame(_recv(rogue), KEY)[0].message_type for _ in range(2)]
             assert kinds == [MessageType.MESH_PARENT, MessageType.PARAMS]
@@ -151,6 +156,7 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
         2,
         FAST,
         controller_key=ctl.controller_key,
+        curve_key=ctl.curve_key,
         threshold_reference=REFERENCE,
     )
     other = WorkerConnection(
@@ -162,6 +168,7 @@ def test_a_huge_or_non_finite_number_in_a_progress_report_is_refused_and_the_con
         2,
         FAST,
         controller_key=ctl.controller_key,
+        curve_key=ctl.curve_key,
         threshold_reference=REFERENCE,
     )
     try:
@@ -196,6 +203,7 @@ def test_thresholds_growing_15x_per_update_are_stopped_at_the_fits_reference_bou
             2,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -235,6 +243,7 @@ def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(
             16,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -275,6 +284,7 @@ def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_
             n,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -349,7 +359,7 @@ class Proxy:
         self.inject: list[bytes] = []  # frames to deliver to the worker (from the test thread)
         self._up, self._down = up or (lambda f: [f]), down or (lambda f: [f])
         self._ctx = zmq.Context()
-        self._front = self._ctx.socket(zmq.ROUTER)
+        self._front = curve_server(self._ctx.socket(zmq.ROUTER))
         self._front.setsockopt(zmq.LINGER, 0)
         self._front.bind(f"tcp://127.0.0.1:{self.port}")
         self._back = raw_dealer(self._ctx, controller_port)
@@ -411,6 +421,7 @@ def test_a_worker_drops_its_own_update_reflected_by_a_proxy(free_port: int) -> N
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         applied: list[int] = []
@@ -450,6 +461,7 @@ def test_a_sync_ack_meant_for_another_worker_does_not_end_a_sync(free_port: int)
             4,
             config,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         two = WorkerConnection(
@@ -461,6 +473,7 @@ def test_a_sync_ack_meant_for_another_worker_does_not_end_a_sync(free_port: int)
             4,
             config,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -497,6 +510,7 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -525,6 +539,7 @@ def test_a_late_joiner_refuses_the_fits_first_params_from_a_proxy(free_port: int
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -561,6 +576,7 @@ def test_a_relayed_update_withheld_by_a_proxy_makes_the_worker_rejoin(free_port:
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         sender = WorkerConnection(
@@ -572,6 +588,7 @@ def test_a_relayed_update_withheld_by_a_proxy_makes_the_worker_rejoin(free_port:
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         applied: list[int] = []
@@ -617,12 +634,13 @@ def test_a_mesh_join_replayed_to_another_relay_does_not_make_it_a_tap(free_port:
                 relay_host="127.0.0.1",
                 on_params=lambda p, i, e: None,
                 controller_key=CONTROLLER_KEY,
+                curve_key=CURVE_KEY,
                 threshold_reference=REFERENCE,
             )
             for wid in (1, 2)
         ]
         ctx = zmq.Context()
-        tap = raw_dealer(ctx, int(relays[1].relay_endpoint.rsplit(":", 1)[1]))
+        tap = raw_dealer(ctx, int(relays[1].relay_endpoint.rsplit(":", 1)[1]), relays[1].relay_key)
         try:
             for relay in relays:
                 relay.hello({})
@@ -653,7 +671,7 @@ def test_a_child_refuses_epoch_go_and_over_bound_updates_from_its_mesh_parent(fr
     job = 0x202
     with controller(np.zeros(4, np.float32), job, free_port, config=MESH, mesh=True) as ctl:
         ctx = zmq.Context()
-        rogue_relay = ctx.socket(zmq.ROUTER)
+        rogue_relay = curve_server(ctx.socket(zmq.ROUTER))
         rogue_relay.setsockopt(zmq.LINGER, 0)
         relay_port = rogue_relay.bind_to_random_port("tcp://127.0.0.1")
         rogue = raw_dealer(ctx, free_port)
@@ -670,11 +688,12 @@ def test_a_child_refuses_epoch_go_and_over_bound_updates_from_its_mesh_parent(fr
             on_params=lambda p, i, e: None,
             threshold_reference=1.0,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
         )
         try:
             rogue.send(
                 encode_frame(
-                    KEY, MessageType.HELLO, job, 66, 0, json_payload({"relay": f"127.0.0.1:{relay_port}"})
+                    KEY, MessageType.HELLO, job, 66, 0, json_payload(relay_hello(f"127.0.0.1:{relay_port}"))
                 )
             )
             assert [_kind(_recv(rogue)) for _ in range(2)] == [MessageType.MESH_PARENT, MessageType.PARAMS]
@@ -822,6 +841,7 @@ def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_po
             relay_host="127.0.0.1",
             on_params=lambda p, i, e: None,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         ctx = zmq.Context()
@@ -832,10 +852,12 @@ def test_a_mesh_child_that_never_reads_is_dropped_after_max_queued_bytes(free_po
         child.setsockopt(zmq.RCVHWM, 1)
         try:
             relay.hello({})
-            hello = json_payload({"relay": "127.0.0.1:9"})
+            hello = json_payload(relay_hello("127.0.0.1:9"))
             rogue.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 66, 0, hello)))
             assert [_kind(_recv(rogue)) for _ in range(2)] == [MessageType.MESH_PARENT, MessageType.PARAMS]
             assert ctl.mesh_tree() == {1: 0, 66: 1}
+            assert relay.relay_key is not None
+            curve_client(child, relay.relay_key)
             child.connect(relay.relay_endpoint and f"tcp://{relay.relay_endpoint}")
             child.send(bytes(encode_frame(KEY, MessageType.MESH_JOIN, job, 66, 1, b"{}", recipient=1)))
             assert wait_until(lambda: (relay.drain(lambda h, m: None), relay.children)[1] == [66])
@@ -908,6 +930,7 @@ def test_a_compromised_executor_on_path_cannot_forge_epoch_go_or_params(
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
 
@@ -971,6 +994,7 @@ def test_a_worker_refuses_an_update_that_makes_its_parameters_non_finite_and_rej
             n,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:

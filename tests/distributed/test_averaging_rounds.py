@@ -9,7 +9,17 @@ import threading
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_message, wait_until
+from wire_helpers import (
+    CONTROLLER_KEY,
+    CURVE_KEY,
+    FAST,
+    REFERENCE,
+    SECRET,
+    controller,
+    curve_server,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import FrameKey, MessageType, WorkerConnection, encode_frame
@@ -32,6 +42,7 @@ def _connect(port: int, wid: int, values: int) -> WorkerConnection:
         updater_state_bytes=8,
         average_values=values,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     conn.hello({})
@@ -174,7 +185,7 @@ def test_a_worker_beyond_the_barrier_stops_the_controller(free_port: int) -> Non
 def test_a_forged_averaged_frame_is_refused_by_a_sharing_worker(free_port: int) -> None:
     """AVERAGED is taken only by a worker that averages: a gradient-sharing worker drops it (link)."""
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
+    router = curve_server(ctx.socket(zmq.ROUTER))
     router.setsockopt(zmq.LINGER, 0)
     router.bind(f"tcp://127.0.0.1:{free_port}")
     conn = WorkerConnection(
@@ -186,6 +197,7 @@ def test_a_forged_averaged_frame_is_refused_by_a_sharing_worker(free_port: int) 
         3,
         FAST,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     FAST,
     REFERENCE,
     SECRET,
@@ -194,6 +195,7 @@ def test_live_controller_survives_fuzz_and_applies_exactly_the_authentic_updates
             N,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, wait_until
+from wire_helpers import CONTROLLER_KEY, CURVE_KEY, FAST, REFERENCE, SECRET, controller, wait_until
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import MessageType, WorkerConnection
@@ -31,6 +31,7 @@ def _worker(port: int, wid: int) -> WorkerConnection:
         FAST,
         updater_state_bytes=4 * STATE,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
 
@@ -76,6 +77,7 @@ def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, 
             FAST,
             updater_state_bytes=8 * STATE,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:

@@ -9,7 +9,18 @@ import socket
 import numpy as np
 import pytest
 import zmq
-from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET, controller, sparse_message, wait_until
+from wire_helpers import (
+    CONTROLLER_KEY,
+    CURVE_KEY,
+    FAST,
+    REFERENCE,
+    SECRET,
+    controller,
+    curve_client,
+    relay_hello,
+    sparse_message,
+    wait_until,
+)
 
 from sparkgrad.transport import (
     FrameKey,
@@ -27,7 +38,7 @@ CROWD = 2000
 
 
 def _dealer(ctx: zmq.Context, port: int, reconnect_ms: int = 100) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
+    sock = curve_client(ctx.socket(zmq.DEALER))
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, reconnect_ms)
     sock.connect(f"tcp://127.0.0.1:{port}")
@@ -35,7 +46,7 @@ def _dealer(ctx: zmq.Context, port: int, reconnect_ms: int = 100) -> zmq.Socket:
 
 
 def _hello(sock: zmq.Socket, job: int, worker: int, relay: str) -> None:
-    body = json.dumps({"relay": relay}).encode()
+    body = json.dumps(relay_hello(relay)).encode()
     sock.send(bytes(encode_frame(KEY, MessageType.HELLO, job, worker, 0, body)))
 
 
@@ -135,6 +146,7 @@ def test_two_thousand_idle_strangers_do_not_lock_an_honest_worker_out(free_port:
                 4,
                 config,
                 controller_key=CONTROLLER_KEY,
+                curve_key=CURVE_KEY,
                 threshold_reference=REFERENCE,
             )
             params, _, _ = worker.hello({})  # raises TransportError if no answer within 5 s

@@ -13,11 +13,14 @@ import pytest
 import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     FAST,
     REFERENCE,
     SECRET,
     controller,
+    curve_server,
     raw_dealer,
+    relay_hello,
     sparse_decode,
     sparse_message,
     wait_until,
@@ -25,7 +28,7 @@ from wire_helpers import (
 
 from sparkgrad.errors import TransportError
 from sparkgrad.transport import FrameKey, MessageType, RejoinRequired, WorkerConnection, encode_frame
-from sparkgrad.transport.frame import Flag, json_payload
+from sparkgrad.transport.frame import SIGNATURE_SIZE, Flag, json_payload, relayed_frame
 from sparkgrad.transport.limits import InfluenceLedger
 
 pytestmark = pytest.mark.distributed
@@ -37,6 +40,7 @@ KEY = FrameKey(SECRET)
 
 def _worker(port: int, job: int, wid: int, n: int, key: bytes = CONTROLLER_KEY, **kw) -> WorkerConnection:
     kw.setdefault("threshold_reference", REFERENCE)
+    kw.setdefault("curve_key", CURVE_KEY)
     return WorkerConnection("127.0.0.1", port, job, wid, SECRET, n, FAST, controller_key=key, **kw)
 
 
@@ -71,7 +75,10 @@ def test_two_insiders_reporting_huge_losses_leave_the_epoch_figures_finite(free_
         threshold_reference=REFERENCE,
         progress=progress,
     )
-    conns = [_worker(free_port, 0x3705, wid, 2, key=ctl.controller_key) for wid in (1, 2, 3, 4, 5)]
+    conns = [
+        _worker(free_port, 0x3705, wid, 2, key=ctl.controller_key, curve_key=ctl.curve_key)
+        for wid in (1, 2, 3, 4, 5)
+    ]
     try:
         for conn, loss in zip(conns, (HUGE, HUGE, 0.5, 0.6, 0.7)):
             conn.hello({})
@@ -262,51 +269,93 @@ def test_while_the_others_warm_up_the_bound_is_wider(free_port: int) -> None:
         assert ctl.updates_applied == WARMUP + 6 and ctl.counters.rejected_reasons == {"threshold": 2}
 
 
-def test_a_child_refuses_repeated_indices_relayed_by_its_mesh_parent(free_port: int) -> None:
-    """The controller never relays an UPDATE with repeated indices, but a compromised MESH relay can
-    forge one for its subtree (it holds the key), and the child applied it: one parameter moved by the
-    threshold times the repetitions. The child now counts it (unordered), applies nothing and re-joins
-    for the controller's parameters."""
+def _next_update(sock: zmq.Socket) -> bytes:
+    """The next UPDATE frame the controller sends a (rogue) relay, skipping its control frames."""
+    while True:
+        assert sock.poll(10000)
+        frame = sock.recv()
+        if frame[5] == MessageType.UPDATE:
+            return frame
+
+
+@pytest.mark.parametrize("attack", ["none", "forge", "repeat", "replace"])
+def test_a_compromised_mesh_relay_cannot_forge_or_replace_updates_for_its_subtree(
+    free_port: int, attack: str
+) -> None:
+    """A compromised MESH relay holds the HMAC secret, so it made its child apply an update "from" a
+    worker that never joined (forge), one repeating an index (repeat), or a real update altered
+    (replace). The controller now signs every update it relays over everything no hop rewrites
+    (sender, sequence, broadcast number, payload) and a child drops one without a valid signature
+    (bad_signature): it applies nothing forged, and the next real update shows the gap, so it takes the
+    controller's parameters. An honest relay's updates are applied (none)."""
     job = 0x370D
     mesh = dataclasses.replace(FAST, connect_timeout_ms=5000, sync_timeout_ms=5000, mesh_fan_out=1)
     with controller(np.zeros(4, np.float32), job, free_port, config=mesh, mesh=True) as ctl:
         ctx = zmq.Context()
-        rogue_relay = ctx.socket(zmq.ROUTER)
+        rogue_relay = curve_server(ctx.socket(zmq.ROUTER))
         rogue_relay.setsockopt(zmq.LINGER, 0)
         relay_port = rogue_relay.bind_to_random_port("tcp://127.0.0.1")
         rogue = raw_dealer(ctx, free_port)
-        applied: list[np.ndarray] = []
-        child = _worker(free_port, job, 5, 4, relay_host="127.0.0.1", on_params=lambda p, i, e: None)
+        applied: list[tuple[int, np.ndarray]] = []
+        params: list[np.ndarray] = []
+        child = _worker(
+            free_port, job, 5, 4, relay_host="127.0.0.1", on_params=lambda p, i, e: params.append(p)
+        )
+        honest = _worker(free_port, job, 7, 4, relay_host="127.0.0.1", on_params=lambda p, i, e: None)
         try:
-            hello = json_payload({"relay": f"127.0.0.1:{relay_port}"})
+            hello = json_payload(relay_hello(f"127.0.0.1:{relay_port}"))
             rogue.send(bytes(encode_frame(KEY, MessageType.HELLO, job, 66, 0, hello)))
             assert rogue.poll(10000) and rogue.poll(10000)
             child.hello({})
-            assert ctl.mesh_tree() == {66: 0, 5: 66}
+            honest.hello({})
+            assert ctl.mesh_tree() == {66: 0, 5: 66, 7: 5}
             identity, _ = rogue_relay.recv_multipart()  # the child's MESH_JOIN
-            forged = encode_frame(
-                KEY,
-                MessageType.UPDATE,
-                job,
-                66,
-                1,
-                memoryview(sparse_message([0] * 4, [1] * 4, 4, 1.0)),
-                flags=Flag.RELAYED,
-                relay=66,
-                broadcast=1,
-                recipient=5,
+            honest.send_update(sparse_message([1], [1], 4, 1.0), 1, 0)
+            real = _next_update(rogue)  # broadcast 1, signed by the controller
+            if attack == "none":
+                sent = relayed_frame(KEY, real, recipient=5, relay=66)
+            elif attack == "replace":  # the real frame, its last payload byte changed
+                altered = bytearray(real)
+                altered[-SIGNATURE_SIZE - 1] ^= 1
+                sent = relayed_frame(KEY, altered, recipient=5, relay=66)
+            else:  # from a worker that never joined, or repeating an index
+                message = sparse_message(
+                    [0] * 4 if attack == "repeat" else [2], [1] * 4 if attack == "repeat" else [1], 4, 1.0
+                )
+                sent = encode_frame(
+                    KEY,
+                    MessageType.UPDATE,
+                    job,
+                    66 if attack == "repeat" else 77,
+                    1,
+                    memoryview(message),
+                    flags=Flag.RELAYED,
+                    relay=66,
+                    broadcast=1,
+                    recipient=5,
+                )
+            rogue_relay.send_multipart([identity, bytes(sent)])
+            honest.send_update(sparse_message([3], [1], 4, 1.0), 2, 0)
+            rogue_relay.send_multipart(
+                [identity, bytes(relayed_frame(KEY, _next_update(rogue), recipient=5, relay=66))]
             )
-            rogue_relay.send_multipart([identity, bytes(forged)])
 
-            def pump() -> bool:  # reads until the forged frame raises (a bound, not a timing assertion)
-                child.drain(lambda h, m: applied.append(m))
-                return False
+            def pump() -> bool:  # until it has applied or resynchronised past broadcast 2
+                child.drain(lambda h, m: applied.append((h.sender, m.copy())))
+                return len(applied) == 2 or child.resyncs > 0
 
-            with pytest.raises(RejoinRequired, match="strictly ascending"):
-                wait_until(pump, 10)
-            assert applied == [] and child.counters.rejected_reasons == {"unordered": 1}
+            assert wait_until(pump, 10)
+            if attack == "none":
+                assert [s for s, _ in applied] == [7, 7] and child.resyncs == 0
+                assert "bad_signature" not in child.counters.rejected_reasons
+            else:
+                assert applied == [] and child.resyncs == 1
+                assert child.counters.rejected_reasons.get("bad_signature") == 1
+                assert wait_until(lambda: (child.drain(lambda h, m: None), params)[1] != [])
+                np.testing.assert_array_equal(params[-1], ctl.params())
         finally:
             child.close()
+            honest.close()
             rogue.close()
             rogue_relay.close()
             ctx.term()

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     REFERENCE,
     SECRET,
     controller,
@@ -144,6 +145,7 @@ def _mesh_worker(port: int, job: int, wid: int, index: int, go, leaver, left, ou
         relay_host="127.0.0.1",
         on_params=on_params,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:
@@ -264,10 +266,11 @@ def test_a_worker_relay_registers_only_authenticated_children_of_its_job(free_po
             relay_host="127.0.0.1",
             on_params=lambda params, iteration, epoch: None,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         ctx = zmq.Context()
-        stranger = raw_dealer(ctx, int(conn.relay_endpoint.rsplit(":", 1)[1]))
+        stranger = raw_dealer(ctx, int(conn.relay_endpoint.rsplit(":", 1)[1]), conn.relay_key)
         try:
             conn.hello({})
 

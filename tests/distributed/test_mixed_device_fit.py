@@ -230,6 +230,7 @@ def mixed_fit(
             job_id=job_id,
             secret=secret,
             controller_key=controller.controller_key,
+            curve_key=controller.curve_key,
             host="127.0.0.1",
             port=controller.port,
             transport=transport,

@@ -20,11 +20,13 @@ import pytest
 import zmq
 from wire_helpers import (
     CONTROLLER_KEY,
+    CURVE_KEY,
     FAST,
     REFERENCE,
     SECRET,
     SIGNER,
     controller,
+    curve_client,
     raw_dealer,
     sparse_decode,
     sparse_message,
@@ -69,7 +71,7 @@ def test_frame_round_trip_and_layout() -> None:
         recipient=2**32 - 2,
     )
     assert HEADER_SIZE == 84 and len(frame) == 84 + 24
-    assert frame[:4] == b"SGRD" and frame[4] == 5 and frame[5] == MessageType.UPDATE
+    assert frame[:4] == b"SGRD" and frame[4] == 6 and frame[5] == MessageType.UPDATE
     assert int.from_bytes(frame[6:8], "little") == Flag.AUTHENTICATED
     assert int.from_bytes(frame[8:16], "little") == 2**63 + 5
     assert int.from_bytes(frame[80:84], "little") == 2**32 - 2
@@ -193,6 +195,7 @@ def _worker_thread(port, job, wid, messages, received, params_out, barrier):
         10,
         FAST,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:
@@ -266,6 +269,7 @@ def test_fresh_worker_keeps_its_initial_params(free_port: int) -> None:
             3,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -289,6 +293,7 @@ def test_late_joiner_pulls_current_params(free_port: int) -> None:
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -306,6 +311,7 @@ def test_late_joiner_pulls_current_params(free_port: int) -> None:
             4,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -335,6 +341,7 @@ def test_unreachable_controller_fails_within_timeout(free_port: int) -> None:
         3,
         FAST,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:
@@ -357,6 +364,7 @@ def test_wrong_job_gets_no_reply(free_port: int) -> None:
             2,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -382,6 +390,7 @@ def test_stranger_bytes_do_not_disturb_controller(free_port: int) -> None:
             3,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -404,6 +413,7 @@ def _process_worker(port: int, job: int, wid: int, queue) -> None:
         4,
         FAST,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:
@@ -444,6 +454,7 @@ def test_close_leaves_no_threads(free_port: int) -> None:
             2,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         conn.hello({})
@@ -517,7 +528,7 @@ def test_oversized_frame_disconnects_the_sender_and_is_never_received(free_port:
     limit = HEADER_SIZE + 4 * (n + 4)
     with controller(np.zeros(n, np.float32), 3, free_port) as ctl:
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
+        sock = curve_client(ctx.socket(zmq.DEALER))  # encrypted: the limit is of the plain frame
         sock.setsockopt(zmq.LINGER, 0)
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(f"tcp://127.0.0.1:{free_port}")
@@ -601,6 +612,7 @@ def test_controller_failure_reaches_the_worker_and_the_driver(free_port: int) ->
         3,
         FAST,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         threshold_reference=REFERENCE,
     )
     try:
@@ -628,6 +640,7 @@ def test_implausible_threshold_is_rejected_and_never_applied(free_port: int, thr
             3,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -660,6 +673,7 @@ def test_threshold_bound_is_the_fits_reference_times_the_limit(free_port: int) -
                 2,
                 FAST,
                 controller_key=CONTROLLER_KEY,
+                curve_key=CURVE_KEY,
                 threshold_reference=REFERENCE,
             )
             try:
@@ -690,6 +704,7 @@ def test_bitmap_threshold_is_checked_too(free_port: int) -> None:
             40,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -723,6 +738,7 @@ def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port
             n,
             config,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         slow = WorkerConnection(
@@ -734,6 +750,7 @@ def test_slow_peer_is_dropped_then_rejoins_with_the_controllers_params(free_port
             n,
             config,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         try:
@@ -787,6 +804,7 @@ def test_paced_worker_runs_at_most_two_windows_ahead_of_a_stalled_controller(fre
             n,
             FAST,
             controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
             threshold_reference=REFERENCE,
         )
         await_acks = conn._await_acks
@@ -841,6 +859,7 @@ def test_the_controllers_largest_frames_fit_the_workers_limit_with_the_signature
                 FAST,
                 8 * n,
                 controller_key=CONTROLLER_KEY,
+                curve_key=CURVE_KEY,
                 threshold_reference=REFERENCE,
             )
             for wid in (1, 2)
@@ -876,11 +895,11 @@ def test_a_connection_dropped_in_a_reference_cycle_without_close_does_not_hang_t
     script = "\n".join(
         [
             "import gc",
-            "from wire_helpers import CONTROLLER_KEY, FAST, REFERENCE, SECRET",
+            "from wire_helpers import CONTROLLER_KEY, CURVE_KEY, FAST, REFERENCE, SECRET",
             "from sparkgrad.transport import WorkerConnection",
             "conn = WorkerConnection(",
             "    '127.0.0.1', 1, 0x77, 5, SECRET, 10, FAST,",
-            "    controller_key=CONTROLLER_KEY, threshold_reference=REFERENCE,",
+            "    controller_key=CONTROLLER_KEY, curve_key=CURVE_KEY, threshold_reference=REFERENCE,",
             ")",
             "conn.cycle = conn",
             "del conn",

@@ -6,13 +6,18 @@ import time
 
 import numpy as np
 import zmq
+from zmq.utils import z85
 
 from sparkgrad.transport import Controller, ZmqTransportConfiguration
+from sparkgrad.transport.limits import Curve
 from sparkgrad.transport.signing import ControllerSigner
 
 SECRET = bytes(range(32))
 SIGNER = ControllerSigner(bytes(range(32, 64)))  # the test controllers' Ed25519 key
 CONTROLLER_KEY = SIGNER.public_key  # what the test workers verify the controller's frames with
+# the test controllers' CURVE key pair (ZmqTransportConfiguration.encrypt), the same in every process
+CURVE = Curve(zmq.curve_public(z85.encode(bytes(range(64, 96)))), z85.encode(bytes(range(64, 96))))
+CURVE_KEY = CURVE.public  # what the test workers connect with
 FAST = ZmqTransportConfiguration(connect_timeout_ms=800, sync_timeout_ms=3000, poll_interval_ms=10)
 REFERENCE = 1.0  # threshold_reference of the test controllers; the test messages use 0.25 .. 2.0
 
@@ -47,6 +52,7 @@ def controller(params: np.ndarray, job: int, port: int, **kw) -> Controller:
     kw.setdefault("decode", sparse_decode)
     kw.setdefault("threshold_reference", REFERENCE)
     kw.setdefault("signer", SIGNER)
+    kw.setdefault("curve", CURVE)
     return Controller(params, job, SECRET, "127.0.0.1", port, kw.pop("config", FAST), **kw)
 
 
@@ -60,6 +66,7 @@ def worker_job(net, job: int, port: int, **options):
         job_id=job,
         secret=SECRET,
         controller_key=CONTROLLER_KEY,
+        curve_key=CURVE_KEY,
         host="127.0.0.1",
         port=port,
         transport=FAST,
@@ -75,9 +82,38 @@ def worker_job(net, job: int, port: int, **options):
     )
 
 
-def raw_dealer(ctx: zmq.Context, port: int) -> zmq.Socket:
-    """A bare DEALER socket on the controller's port: sends whatever bytes a test forges."""
+def raw_dealer(ctx: zmq.Context, port: int, server_key: bytes | None = CURVE_KEY) -> zmq.Socket:
+    """A bare DEALER socket on the controller's port (or a relay's): sends whatever bytes a test forges.
+    It speaks CURVE to ``server_key`` (a peer that knows the server's public key: the frames' own
+    checks are what stops it), or with None in the clear."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if server_key is not None:
+        curve_client(sock, server_key)
     sock.connect(f"tcp://127.0.0.1:{port}")
     return sock
+
+
+def curve_client(sock: zmq.Socket, server_key: bytes = CURVE_KEY) -> zmq.Socket:
+    """``sock`` a CURVE client of ``server_key``: a test controller or a forged relay (:func:`curve_server`)
+    by default."""
+    client = Curve.client_of(server_key)
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+        server_key,
+        client.public,
+        client.secret,
+    )
+    return sock
+
+
+def curve_server(sock: zmq.Socket) -> zmq.Socket:
+    """``sock`` (a test's stand-in for a controller or a MESH relay) a CURVE server with the test key pair,
+    which the workers connect with; a forged relay announces it in its HELLO as ``relay_key``."""
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = CURVE.secret, CURVE.public, True
+    return sock
+
+
+def relay_hello(relay: str) -> dict[str, str]:
+    """The HELLO body of a (forged) MESH relay at ``relay`` ("host:port") serving with
+    :func:`curve_server`."""
+    return {"relay": relay, "relay_key": CURVE_KEY.decode()}

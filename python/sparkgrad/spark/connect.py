@@ -5,7 +5,7 @@ has no SparkContext and no RDDs, and the executors may not reach it. A fit from 
 DataFrame operation: the training DataFrame (its rows DataSets serialized as the DataFrame conversion
 writes them, :func:`~sparkgrad.spark.columns.dataframe_dataset_frame`) is repartitioned to one partition
 per worker and trained by ``mapInArrow(..., barrier=True)``. Its first task starts the controller on its
-executor's address, the barrier's ``allGather`` hands the address and the controller's public key to
+executor's address, the barrier's ``allGather`` hands the address and the controller's public keys to
 every task, and every task then runs the same :class:`~sparkgrad.spark.shared_worker.SharedWorker` as a
 classic fit (both masters, both network types). The first task also serves the epoch barrier that the
 driver serves in a classic fit (``controller_fit._FitRun``), and once every task has ended its training
@@ -177,7 +177,10 @@ class _Job:
             )
             run.controller.expect_workers(self.partitions)
             job = run.job(self.template)
-            announce = json.dumps({"host": job.host, "port": job.port, "key": job.controller_key.hex()})
+            curve = None if job.curve_key is None else job.curve_key.hex()
+            announce = json.dumps(
+                {"host": job.host, "port": job.port, "key": job.controller_key.hex(), "curve": curve}
+            )
         server = _EpochServer(run) if run is not None else None
         results: dict[int, WorkerResult] = {}
         try:
@@ -188,6 +191,7 @@ class _Job:
                 host=found["host"],
                 port=check_int("port", found["port"], minimum=1),
                 controller_key=bytes.fromhex(found["key"]),
+                curve_key=None if found["curve"] is None else bytes.fromhex(found["curve"]),
             )
             units = (("DataFrame", value) for batch in batches for value in batch.column(0).to_pylist())
             for part in shared_partition(Held(job), self.template.snapshot.epoch, self.epochs)(units):

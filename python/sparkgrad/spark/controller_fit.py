@@ -537,10 +537,15 @@ class _FitRun:
         master._state_reports = None
 
     def job(self, template: SharedJob) -> SharedJob:
-        """``template`` with this controller's secret, address and key."""
+        """``template`` with this controller's secret, address and keys."""
         c = self.controller
         return replace(
-            template, secret=self.secret, controller_key=c.controller_key, host=self.host, port=c.port
+            template,
+            secret=self.secret,
+            controller_key=c.controller_key,
+            curve_key=c.curve_key,
+            host=self.host,
+            port=c.port,
         )
 
     def on_epoch(self, epoch: int) -> bool:

@@ -125,6 +125,7 @@ class SharedJob:
     update_scale: float = 1.0  # each update's factor before encoding (compress.sharing.update_scale)
     momentum_masking: bool = False  # zero the velocity where a message sent (FlatNetwork.mask_momentum)
     own_update: str = DEFAULT_OWN_UPDATE  # what a worker applies of its own update (sharing.OWN_UPDATES)
+    curve_key: bytes | None = None  # the controller's CURVE public key (transport.encrypt), else None
     # parameter averaging
     averaging: AveragingRounds | None = None
 
@@ -284,6 +285,7 @@ class SharedWorker:
             job.transport,
             updater_state_bytes=getattr(job.snapshot.updater_state, "nbytes", 0),
             controller_key=job.controller_key,
+            curve_key=job.curve_key,
             **self._connection_options(),
         )
         try:

@@ -97,6 +97,7 @@ from sparkgrad.transport.frame import (
     averaging_payload,
     decode_frame,
     encode_frame,
+    endorsed_frame,
     float_flag,
     json_payload,
     max_averaging_bytes,
@@ -110,6 +111,7 @@ from sparkgrad.transport.frame import (
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
     ConnectionLimit,
+    Curve,
     InfluenceLedger,
     RateLimitedLog,
     TrafficCounters,
@@ -124,7 +126,7 @@ from sparkgrad.transport.limits import (
     owned_context,
 )
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
-from sparkgrad.transport.relay import relay_address_ok
+from sparkgrad.transport.relay import curve_key_ok, relay_address_ok
 from sparkgrad.transport.signing import ControllerSigner
 
 log = logging.getLogger(__name__)
@@ -165,6 +167,8 @@ class Controller:
             instead of sending each to every worker (PLAIN).
         signer: the Ed25519 key that signs every frame the controller sends as itself (:mod:`.signing`);
             None draws a fresh one (per fit). Workers verify with :attr:`controller_key`.
+        curve: with ``config.encrypt``, the CURVE key pair it serves with (:class:`~.limits.Curve`); None
+            draws a fresh one (per fit). Workers connect with :attr:`curve_key`.
         averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, module docstring)
             instead of applying updates; ``threshold_reference`` is then not used.
         average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
@@ -189,6 +193,7 @@ class Controller:
         averaging: bool = False,
         average_updater_state: bool = False,
         signer: ControllerSigner | None = None,
+        curve: Curve | None = None,
     ) -> None:
         if decode is None:
             from sparkgrad.compress import decode as default_decode
@@ -241,7 +246,8 @@ class Controller:
         # makes another worker leave: a chain as long as the crowd that vanished, never a recursion)
         self._leaving: deque[int] = deque()
         self._leaving_busy = False
-        self._relay_address: dict[int, str] = {}  # MESH: each worker's relay socket, "host:port"
+        # MESH: each worker's relay socket, "host:port", and its CURVE public key (with config.encrypt)
+        self._relay_address: dict[int, tuple[str, str | None]] = {}
         self._rejoin_pending: dict[int, bytes] = {}
         self._replay = Replay()
         self._log = RateLimitedLog(log, "sparkgrad controller")
@@ -274,7 +280,10 @@ class Controller:
         max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, average_bytes)
         # its own frames end with its signature
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
-        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame)
+        curve = (curve or Curve.new_server()) if self._config.encrypt else None
+        # with config.encrypt: the public key workers connect with
+        self.curve_key: bytes | None = None if curve is None else curve.public
+        self._sock = bounded_socket(self._ctx, zmq.ROUTER, self._config, max_frame, max_sent_frame, curve)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._connections = ConnectionLimit(
             self._ctx,
@@ -590,10 +599,14 @@ class Controller:
             info = self._control_body(identity, sender, payload)
             if info is None:
                 return
-            relay = info.get("relay")
-            if self._mesh is not None and not relay_address_ok(relay):
+            relay, relay_key = info.get("relay"), info.get("relay_key")
+            if self._mesh is not None and not (
+                relay_address_ok(relay)
+                and (curve_key_ok(relay_key) if self._config.encrypt else relay_key is None)
+            ):
                 text = (
                     f"HELLO from worker {sender}: MESH needs its relay socket as 'host:port', got {relay!r}"
+                    + (" and its CURVE key (encrypt)" if self._config.encrypt else "")
                 )
                 self._reject("control", text)
                 self._error_reply(identity, sender, text)
@@ -617,7 +630,7 @@ class Controller:
             self._register(sender, identity)
             self._rejoin_pending.pop(sender, None)
             self.workers_seen.add(sender)
-            if self._mesh is not None and not self._mesh_join(identity, sender, str(relay)):
+            if self._mesh is not None and not self._mesh_join(identity, sender, (str(relay), relay_key)):
                 return
             fresh = info.get("has_initial_params") is True and self.updates_applied == 0
             if self.updater_state_reports and not self._send(identity, self._state_frame(sender)):
@@ -743,8 +756,11 @@ class Controller:
         assert self._mesh is not None
         if parent == ROOT:
             return self._control_frame(MessageType.MESH_PARENT, recipient, {"parent": None})
-        host, port = self._relay_address[parent].rsplit(":", 1)
+        address, key = self._relay_address[parent]
+        host, port = address.rsplit(":", 1)
         body = {"parent": endpoint(host, int(port)), "id": parent, "version": self._mesh.version}
+        if key is not None:
+            body["key"] = key
         return self._control_frame(MessageType.MESH_PARENT, recipient, body)
 
     def _assign_children(self, parent: int) -> None:
@@ -758,7 +774,7 @@ class Controller:
         body = {"children": mesh.children(parent), "version": mesh.version}
         self._send(identity, self._control_frame(MessageType.MESH_CHILDREN, parent, body))
 
-    def _mesh_join(self, identity: bytes, sender: int, relay: str) -> bool:
+    def _mesh_join(self, identity: bytes, sender: int, relay: tuple[str, str | None]) -> bool:
         """Place a (re-)joining worker in the tree, assign it to its parent and tell it its parent;
         False if it was dropped."""
         assert self._mesh is not None
@@ -1038,6 +1054,8 @@ class Controller:
                 raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
             self._broadcast += 1
             targets = [child for child in self._mesh.children(ROOT) if child in self._peers]
+            # signed once, for every relay below: none can forge, replace or renumber it (item 4)
+            frame = bytes(endorsed_frame(self._key, frame, self._signer, self._broadcast))
         for target in targets:
             ident = self._peers.get(target)
             if ident is None:  # dropped while relaying to an earlier target

@@ -22,7 +22,8 @@ offset size    field
 ====== ======= ====================================================================================
 
 Version 3 (issue 21) added the recipient field and the PLAIN link numbers; version 4 the controller's
-Ed25519 signature (below); version 5 the packed UPDATE payload. A peer of another version is refused as
+Ed25519 signature (below); version 5 the packed UPDATE payload; version 6 the controller's signature on
+the UPDATEs it relays in MESH (:func:`endorsed_frame`). A peer of another version is refused as
 ``malformed`` before anything else is read.
 
 Controller signature (version 4, :mod:`.signing`): a frame with the ``SIGNED`` flag ends with a 64-byte
@@ -31,7 +32,10 @@ the tag zeroed, then SHA-256 of the payload before the signature); the HMAC tag 
 controller signs every frame it sends as sender 0 and a worker drops a sender-0 frame whose signature
 is missing or wrong (``bad_signature``), so the HMAC secret every executor holds no longer lets one
 speak for the controller. :func:`decode_frame` strips the signature: the header's ``payload_length``
-and the payload it returns are the payload's own.
+and the payload it returns are the payload's own. In MESH the controller signs the UPDATEs it relays
+too (:func:`endorsed_frame`), over :func:`origin_message` (the header with the relay id, recipient and
+tag zeroed, then SHA-256 of the payload), which every relay passes on unchanged, so a relay cannot forge
+or alter an update for its subtree.
 
 Authentication (version 2). Every fit has a random secret of at least 256 bits (``secrets.token_bytes``
 on the driver, or the user's ``VoidConfiguration.secret``). It reaches the executors inside the job's
@@ -127,7 +131,7 @@ from sparkgrad.compress.packing import pack_message, unpack_message
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"SGRD"
-VERSION = 5
+VERSION = 6
 NO_RELAY = 0xFFFFFFFF
 CONTROLLER_ID = 0
 _HEADER = struct.Struct("<4sBBHQIIIIqI32sII")
@@ -321,6 +325,35 @@ def encode_frame(
     if signer is not None:
         frame[-SIGNATURE_SIZE:] = signer.sign(signed_message(memoryview(frame)))
     return key.seal(frame)
+
+
+def endorsed_frame(key: FrameKey, frame: bytes | memoryview, signer: Signer, broadcast: int) -> bytearray:
+    """MESH: a worker's accepted UPDATE as the controller relays it, ``RELAYED`` and ``SIGNED``, stamped
+    with its ``broadcast`` number and ending with the controller's signature over
+    :func:`origin_message`, which no relay changes: a relay can neither forge an update nor replace,
+    renumber or alter one undetected (a dropped one shows as a gap). Address each copy with
+    :func:`relayed_frame`."""
+    view = memoryview(frame).cast("B")
+    out = bytearray(len(view) + SIGNATURE_SIZE)
+    out[: len(view)] = view
+    (flags,) = _FLAGS.unpack_from(out, 6)
+    _FLAGS.pack_into(out, 6, flags | Flag.RELAYED | Flag.SIGNED)
+    _U32.pack_into(out, 40, len(view) - HEADER_SIZE + SIGNATURE_SIZE)
+    _U32.pack_into(out, 76, broadcast)
+    out[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
+    out[-SIGNATURE_SIZE:] = signer.sign(origin_message(memoryview(out)))
+    return key.seal(out)
+
+
+def origin_message(frame: memoryview) -> bytes:
+    """What the controller's signature of a relayed UPDATE (:func:`endorsed_frame`) covers: the header
+    with the fields each hop rewrites zeroed (relay id, recipient, tag), so the sender, its sequence,
+    the epoch, iteration, flags and broadcast number are covered, then the SHA-256 of the payload."""
+    header = bytearray(frame[:HEADER_SIZE])
+    _U32.pack_into(header, 20, 0)
+    _U32.pack_into(header, 80, 0)
+    header[_TAG_OFFSET:_TAG_END] = _ZERO_TAG
+    return bytes(header) + hashlib.sha256(frame[HEADER_SIZE:-SIGNATURE_SIZE]).digest()
 
 
 def signed_message(frame: memoryview) -> bytes:
@@ -627,10 +660,12 @@ __all__ = [
     "decode_frame",
     "encode_frame",
     "encode_update_payload",
+    "endorsed_frame",
     "float_flag",
     "json_payload",
     "max_averaging_bytes",
     "max_update_bytes",
+    "origin_message",
     "params_payload",
     "parse_averaging_payload",
     "parse_json_payload",

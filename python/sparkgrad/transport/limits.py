@@ -90,6 +90,12 @@ class ZmqTransportConfiguration(Config):
         outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
             L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
             of it they are flagged (counted, logged) (>= 2).
+        encrypt: CURVE-encrypt every link (ZeroMQ's CurveZMQ: X25519 key exchange, XSalsa20-Poly1305
+            per message), on by default: the controller draws a key pair per fit and the workers get
+            its public key with the job (next to the secret); each MESH relay draws one and the
+            controller tells its children (signed MESH_PARENT). Frames stay HMAC-authenticated and the
+            controller's signed as without it (CURVE authenticates a link, not who wrote a relayed
+            frame). False: in the clear.
     """
 
     connect_timeout_ms: int = 15000
@@ -106,6 +112,7 @@ class ZmqTransportConfiguration(Config):
     threshold_factor: int = 16
     warmup_threshold_factor: int = 1024
     outlier_factor: int = 8
+    encrypt: bool = True
 
     def __post_init__(self) -> None:
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
@@ -122,19 +129,61 @@ class ZmqTransportConfiguration(Config):
         check_int("threshold_factor", self.threshold_factor, minimum=1)
         check_int("warmup_threshold_factor", self.warmup_threshold_factor, minimum=1)
         check_int("outlier_factor", self.outlier_factor, minimum=2)
+        if not isinstance(self.encrypt, bool):
+            raise ValueError(f"encrypt: expected a bool, got {self.encrypt!r}")
+
+
+# bytes CurveZMQ adds to every frame on the wire (the MESSAGE command's name, nonce, MAC and flags);
+# MAXMSGSIZE counts them: without them a frame of the largest legitimate size dropped its connection
+CURVE_OVERHEAD = 33
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The CurveZMQ keys of one socket (``ZmqTransportConfiguration.encrypt``): a server's own key pair
+    (``server`` None), or a client's own pair and its server's public key. Drawn per socket and fit."""
+
+    public: bytes = field(repr=False)
+    secret: bytes = field(repr=False)
+    server: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def new_server(cls) -> Curve:
+        """A fresh server key pair (a controller, a MESH relay)."""
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret)
+
+    @classmethod
+    def client_of(cls, server: bytes) -> Curve:
+        """A fresh client key pair for the server whose public key is ``server`` (Z85, 40 bytes)."""
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret, server)
 
 
 def bounded_socket(
-    ctx: zmq.Context, kind: int, config: ZmqTransportConfiguration, max_frame: int, max_sent_frame: int
+    ctx: zmq.Context,
+    kind: int,
+    config: ZmqTransportConfiguration,
+    max_frame: int,
+    max_sent_frame: int,
+    curve: Curve | None = None,
 ) -> zmq.Socket:
     """A socket of ``kind`` that receives frames of at most ``max_frame`` bytes and sends frames of at
-    most ``max_sent_frame`` bytes, queueing at most ``config.max_queued_bytes`` per connection each way."""
+    most ``max_sent_frame`` bytes, queueing at most ``config.max_queued_bytes`` per connection each way;
+    with ``curve``, CURVE-encrypted with those keys (the size limit then allows the cipher's overhead)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     # bytes, not frames: what one connection may queue here (ZeroMQ counts whole messages)
     sock.setsockopt(zmq.SNDHWM, _frames(config, max_sent_frame))
     sock.setsockopt(zmq.RCVHWM, _frames(config, max_frame))
-    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)  # a peer sending more is disconnected, nothing buffered
+    # a peer sending more is disconnected, nothing buffered
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame + (CURVE_OVERHEAD if curve is not None else 0))
+    if curve is not None:
+        sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+        if curve.server is None:
+            sock.curve_server = True
+        else:
+            sock.curve_serverkey = curve.server
     return sock
 
 
@@ -562,6 +611,8 @@ __all__ = [
     "RateLimitedLog",
     "TrafficCounters",
     "ZmqTransportConfiguration",
+    "CURVE_OVERHEAD",
+    "Curve",
     "all_finite",
     "ConnectionLimit",
     "InfluenceLedger",

@@ -40,10 +40,22 @@ from sparkgrad.transport.frame import (
     parse_json_payload,
     relayed_frame,
 )
-from sparkgrad.transport.limits import TrafficCounters, ZmqTransportConfiguration, bounded_socket, is_count
+from sparkgrad.transport.limits import (
+    Curve,
+    TrafficCounters,
+    ZmqTransportConfiguration,
+    bounded_socket,
+    is_count,
+)
 
 # a MESH relay socket in HELLO: host name, IPv4 or bracketed IPv6, and a port
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?:[1-9][0-9]{0,4})")
+_CURVE_KEY = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")  # Z85 of 32 bytes
+
+
+def curve_key_ok(value: object) -> bool:
+    """A CURVE public key as a HELLO or MESH_PARENT carries it: 40 characters of Z85."""
+    return isinstance(value, str) and bool(_CURVE_KEY.fullmatch(value))
 
 
 def relay_address_ok(value: object) -> bool:
@@ -70,8 +82,9 @@ class MeshRelay:
     counters: TrafficCounters
     _rejected: Callable[[FrameRejected], None]  # counts a dropped frame
 
-    def _open_relay(self, relay_host: str | None) -> None:
-        """The relay state; with ``relay_host`` (MESH), bind the relay socket on an ephemeral port."""
+    def _open_relay(self, relay_host: str | None, encrypt: bool) -> None:
+        """The relay state; with ``relay_host`` (MESH), bind the relay socket on an ephemeral port, with
+        ``encrypt`` a CURVE server with a key pair of its own (:attr:`relay_key`, told the controller)."""
         self._router: zmq.Socket | None = None
         self._children: dict[int, bytes] = {}
         self._assigned: set[int] = set()  # the children the controller assigned (MESH_CHILDREN)
@@ -79,8 +92,10 @@ class MeshRelay:
         self._child_replay = Replay()
         self._child_rejoin: dict[int, bytes] = {}
         self.relay_endpoint: str | None = None
+        self.relay_key: bytes | None = None
         if relay_host is None:
             return
+        curve = Curve.new_server() if encrypt else None
         # children send only control frames; a child that does not read may hold at most
         # max_queued_bytes of relayed updates here before it is dropped (queue_full)
         router = bounded_socket(
@@ -89,6 +104,7 @@ class MeshRelay:
             self._config,
             HEADER_SIZE + CONTROL_PAYLOAD_LIMIT,
             HEADER_SIZE + max(max_update_bytes(self._num_params), CONTROL_PAYLOAD_LIMIT),
+            curve,
         )
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
@@ -100,6 +116,7 @@ class MeshRelay:
             ) from exc
         self._router = router
         self.relay_endpoint = f"{relay_host}:{port}"
+        self.relay_key = None if curve is None else curve.public
 
     @property
     def children(self) -> list[int]:

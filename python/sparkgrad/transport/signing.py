@@ -6,9 +6,13 @@ itself (sender 0: PARAMS, EPOCH_GO, SYNC_ACK, UPDATER_STATE, MESH_PARENT, MESH_C
 with an Ed25519 key it generates per fit (:class:`ControllerSigner`); the workers get the public key in
 the job, next to the secret, and verify every sender-0 frame (:class:`ControllerVerifier`): a missing
 or wrong signature drops the frame (``bad_signature``). The public key verifies but cannot sign, so a
-compromised executor can no longer speak for the controller. Relayed UPDATEs keep the original
-worker's HMAC only: they carry the worker's words, bounded by the threshold rule, not the
-controller's. The signed message is :func:`~sparkgrad.transport.frame.signed_message` (header with the
+compromised executor can no longer speak for the controller. In MESH the controller also signs every
+UPDATE it relays (:func:`~sparkgrad.transport.frame.endorsed_frame`, over
+:func:`~sparkgrad.transport.frame.origin_message`: everything but the fields each hop rewrites), and a
+worker drops a relayed UPDATE without it (``bad_signature``): a compromised relay, which holds the HMAC
+secret, can no longer forge an update "from" another worker or replace one for its subtree, and one it
+drops shows as a gap in the signed broadcast numbers (the child takes the controller's parameters).
+The signed message is :func:`~sparkgrad.transport.frame.signed_message` (header with the
 tag zeroed, then SHA-256 of the payload), so the cost is one SHA-256 pass over the payload plus one
 Ed25519 operation (``bench/python/bench_signing.py``).
 
@@ -21,7 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from sparkgrad.transport.frame import SIGNATURE_SIZE, signed_message
+from sparkgrad.transport.frame import SIGNATURE_SIZE, origin_message, signed_message
 
 CONTROLLER_KEY_BYTES = 32  # a raw Ed25519 public key
 
@@ -68,8 +72,17 @@ class ControllerVerifier:
     def verify(self, frame: bytes | memoryview) -> bool:
         """Whether ``frame`` (authenticated, ``SIGNED``) carries the controller's signature."""
         view = memoryview(frame).cast("B")
+        return self._check(view, signed_message(view))
+
+    def verify_origin(self, frame: bytes | memoryview) -> bool:
+        """Whether a relayed UPDATE (authenticated, ``SIGNED``) carries the controller's endorsement
+        (:func:`~sparkgrad.transport.frame.endorsed_frame`), whichever relays it passed."""
+        view = memoryview(frame).cast("B")
+        return self._check(view, origin_message(view))
+
+    def _check(self, view: memoryview, message: bytes) -> bool:
         try:
-            self._key.verify(bytes(view[-SIGNATURE_SIZE:]), signed_message(view))
+            self._key.verify(bytes(view[-SIGNATURE_SIZE:]), message)
         except InvalidSignature:
             return False
         return True

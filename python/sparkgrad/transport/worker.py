@@ -72,6 +72,7 @@ from sparkgrad.transport.frame import (
 )
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
+    Curve,
     TrafficCounters,
     ZmqTransportConfiguration,
     bounded_socket,
@@ -81,7 +82,7 @@ from sparkgrad.transport.limits import (
     is_count,
     owned_context,
 )
-from sparkgrad.transport.relay import MeshRelay, relay_address_ok
+from sparkgrad.transport.relay import MeshRelay, curve_key_ok, relay_address_ok
 from sparkgrad.transport.signing import ControllerVerifier
 
 
@@ -129,6 +130,8 @@ class WorkerConnection(MeshRelay):
             frames are refused (``link``).
         controller_key: the fit's controller's Ed25519 public key (``Controller.controller_key``): every
             frame from the controller (sender 0) must carry its signature (:mod:`.signing`).
+        curve_key: the controller's CURVE public key (``Controller.curve_key``): required when
+            ``config.encrypt`` (the default), which encrypts this worker's every link; None only without.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class WorkerConnection(MeshRelay):
         *,
         controller_key: bytes,
         threshold_reference: float | None,
+        curve_key: bytes | None = None,
     ) -> None:
         if not 0 < worker_id < 2**32:
             raise ValueError(f"worker_id must be in [1, 2**32), got {worker_id}")
@@ -188,7 +192,18 @@ class WorkerConnection(MeshRelay):
         max_sent_frame = HEADER_SIZE + max(
             max_update_bytes(num_params), CONTROL_PAYLOAD_LIMIT, updater_state_bytes
         )
-        self._sock = bounded_socket(self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame)
+        encrypt = (config or ZmqTransportConfiguration()).encrypt
+        if encrypt != (curve_key is not None):
+            raise ValueError(
+                "curve_key: the controller's CURVE public key is required with encrypt=True (the default) "
+                f"and refused without it, got {'None' if curve_key is None else 'a key'} with "
+                f"encrypt={encrypt}"
+            )
+        self._encrypt = encrypt
+        curve = None if curve_key is None else Curve.client_of(curve_key)
+        self._sock = bounded_socket(
+            self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame, curve
+        )
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
         self._sock.connect(self.endpoint)
         self._closed = False
@@ -209,7 +224,7 @@ class WorkerConnection(MeshRelay):
         self._acked_broadcast = 0
         self._paced_steps = 0
         try:
-            self._open_relay(relay_host)
+            self._open_relay(relay_host, self._encrypt)
         except TransportError:
             self._release()
             raise
@@ -317,6 +332,11 @@ class WorkerConnection(MeshRelay):
             check_update_threshold(
                 update_header(payload), self._threshold_reference, f"worker {header.sender} via {peer}"
             )
+            if self.mesh and not (header.flags & Flag.SIGNED and self._verifier.verify_origin(frame)):
+                raise FrameRejected(  # a relay forged or altered it (or renumbered): a gap follows
+                    "bad_signature",
+                    f"UPDATE from worker {header.sender} via {peer} without the controller's signature",
+                )
         elif from_parent:
             if kind != MessageType.ERROR or header.sender != self.parent_id:
                 raise FrameRejected(
@@ -470,12 +490,13 @@ class WorkerConnection(MeshRelay):
         """Connect to the parent the controller named (MESH_PARENT) and register with it."""
         try:
             body = parse_json_payload(payload, peer=f"controller {self.endpoint}")
-            target, parent_id = body.get("parent"), body.get("id")
+            target, parent_id, key = body.get("parent"), body.get("id"), body.get("key")
             if target is not None and not (
                 isinstance(target, str)
                 and target.startswith("tcp://")
                 and relay_address_ok(target[6:])
                 and is_count(parent_id)
+                and (curve_key_ok(key) if self._encrypt else key is None)
             ):
                 raise FrameRejected("control", f"MESH_PARENT names no valid parent: {body!r}")
         except FrameRejected as exc:
@@ -487,7 +508,12 @@ class WorkerConnection(MeshRelay):
         self._parent, self.parent_id, self._parent_replay = None, None, Replay()
         if target is not None:
             self._parent = bounded_socket(
-                self._ctx, zmq.DEALER, self._config, self._max_frame, HEADER_SIZE + CONTROL_PAYLOAD_LIMIT
+                self._ctx,
+                zmq.DEALER,
+                self._config,
+                self._max_frame,
+                HEADER_SIZE + CONTROL_PAYLOAD_LIMIT,
+                None if key is None else Curve.client_of(str(key).encode()),
             )
             self._parent.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
             self._parent.connect(target)
@@ -605,6 +631,8 @@ class WorkerConnection(MeshRelay):
         """
         if self.mesh:
             info = {**info, "relay": self.relay_endpoint}
+            if self.relay_key is not None:
+                info["relay_key"] = self.relay_key.decode()
             self._joined = False
             self._stash.clear()
         self._link_next = None  # frames answering what was sent before this HELLO are not counted
