@@ -204,6 +204,7 @@ def run_torch(args, hook: str | None = None) -> dict:
 
 def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
     from sparkgrad.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, VoidConfiguration
+    from sparkgrad.transport import ZmqTransportConfiguration
 
     rows = []
     state = tempfile.mkdtemp(prefix="sgc-bench-")
@@ -218,10 +219,11 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
                 s.bind((info.driver_host, 0))
                 port = int(s.getsockname()[1])
 
-            def sharing(**fit_options) -> dict:
+            def sharing(encrypt: bool = True, **fit_options) -> dict:
                 master = SharedTrainingMaster(
                     VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
                     batch_size_per_worker=args.batch,
+                    transport=ZmqTransportConfiguration(encrypt=encrypt),
                 )
                 return run_sparkgrad(spark, master, rdd, test, args, **fit_options)
 
@@ -231,6 +233,8 @@ def bench_rate(rate: str, args, train, test) -> list[tuple[str, dict]]:
                 "SharedTrainingMaster (checkpoints)": lambda: sharing(
                     checkpoint=tempfile.mkdtemp(prefix="sgc-checkpoints-")
                 ),
+                # the links in clear: what the default CURVE encryption costs (docs/guides/security.md)
+                "SharedTrainingMaster (clear)": lambda: sharing(encrypt=False),
                 "ParameterAveraging (freq 5)": lambda: run_sparkgrad(
                     spark,
                     ParameterAveragingTrainingMaster(
