@@ -134,7 +134,12 @@ def _torch_train(args: dict) -> dict:
         layers += [torch.nn.Linear(n_in, h), torch.nn.ReLU()]
         n_in = h
     layers.append(torch.nn.Linear(n_in, 10))
-    model = DistributedDataParallel(torch.nn.Sequential(*layers))
+    # PowerSGD's hook issues its all-reduces from the callbacks of earlier ones, and with several gradient
+    # buckets the two ranks issue them in different orders: gloo then aborts one rank ("Received data
+    # size doesn't match expected size") and the other waits forever (the stall of the first runs). One
+    # bucket for the whole model keeps the order; the dense and fp16 contenders keep DDP's default.
+    one_bucket = (args.get("hook") or "").startswith("powersgd")
+    model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=1024 if one_bucket else 25)
     _register_hook(model, args)
     opt = torch.optim.Adam(model.parameters(), lr=args["lr"])
     progress = []
