@@ -89,10 +89,9 @@ def connect_slots(spark: Any, workers_per_node: int = -1) -> int:
 def check_connect_fit(spark: Any) -> None:
     """Refuse what a Connect fit cannot do before any job starts: dynamic allocation (SPARK-24942
     refuses the barrier stage the controller lives in)."""
-    enabled = (spark_conf(spark, "spark.dynamicAllocation.enabled", "false") or "").lower() == "true"
-    local = (spark_conf(spark, "spark.master", "") or "").startswith("local")
-    testing = (spark_conf(spark, "spark.dynamicAllocation.testing", "false") or "").lower() == "true"
-    if enabled and (not local or testing):
+    from sparkgrad.spark.controller_fit import dynamic_allocation  # it imports this module
+
+    if dynamic_allocation(spark):
         raise EnvironmentNotReadyError(
             "spark: a fit over Spark Connect runs its controller inside a barrier stage, which Spark refuses "
             "with dynamic allocation (SPARK-24942): set spark.dynamicAllocation.enabled=false for the "
@@ -295,6 +294,7 @@ def run_connect_job(
     (one partition per worker), the controller in its first task (module docstring). Trains ``network``
     in place; returns the workers' results and the controller's averaging round scores."""
     check_connect_fit(spark)
+    from sparkgrad.spark.controller_fit import _conf_flag
     from sparkgrad.spark.shared_worker import WorkerResult
 
     partitions = units.partitions
@@ -304,7 +304,7 @@ def run_connect_job(
             "task slots (from spark.master, or spark.executor.instances x spark.executor.cores)"
         )
     job_id, secret = master._job_identity()
-    encrypt_store = (spark_conf(spark, "spark.io.encryption.enabled", "false") or "").lower() == "true"
+    encrypt_store = _conf_flag(spark, "spark.io.encryption.enabled")
     template = master._job_template(network, data, partitions, slots, True, epochs, 0, job_id, encrypt_store)
     task_master = copy.copy(master)
     for name, empty in (("_prepared", None), ("_persisted", []), ("last_stats", None)):
