@@ -21,11 +21,19 @@ from prerequisites import require_gpu, required  # noqa: E402
 
 # Not derandomized: every run explores new examples from a fresh, printed seed (see _hypothesis_seed)
 # and failing examples are kept in the example database (.hypothesis/) and replayed first next time.
+# The parent is hypothesis's "default" profile, named: where a CI variable is set ($CI and others),
+# hypothesis loads its own "ci" profile (derandomized, no database) and would otherwise be the parent.
+_NOT_DERANDOMIZED = settings.get_profile("default")
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+    "ci",
+    _NOT_DERANDOMIZED,
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 settings.register_profile(
-    "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "dev", _NOT_DERANDOMIZED, max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("SPARKGRAD_HYPOTHESIS_PROFILE", "ci"))
 

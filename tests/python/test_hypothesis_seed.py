@@ -39,9 +39,16 @@ def test_inner():  # a property defined inside a test, as the fuzz suites do
 """
 
 
-@pytest.fixture
-def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A directory with this suite's conftest.py (and the prerequisites module it imports)."""
+@pytest.fixture(params=["local", "ci"])
+def project(
+    request: pytest.FixtureRequest, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
+    """A directory with this suite's conftest.py (and the prerequisites module it imports), run
+    without and with $CI (where hypothesis would load its own derandomized, database-less profile)."""
+    if request.param == "ci":
+        monkeypatch.setenv("CI", "true")
+    else:
+        monkeypatch.delenv("CI", raising=False)
     for name in ("conftest.py", "prerequisites.py"):
         shutil.copy(TESTS / name, pytester.path / name)
     return pytester
