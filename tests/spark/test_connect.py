@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import spark_submit
 
@@ -76,6 +77,13 @@ def test_the_classifier_fits_transforms_saves_and_loads_over_connect(connected) 
     # to a near tie the executors' thread count could round the other way
     assert abs(got["transform_accuracy"] - got["accuracy"]) <= 1 / got["rows"]
     assert got["same_after_load"] is True
+
+
+def test_sequence_columns_transform_over_connect(connected) -> None:
+    got = connected["sequences"]
+    assert got["rows"] == 20
+    # float32 outputs of the same LSTM, padded and masked in one batch or alone (2-5 steps, hidden 4)
+    assert got["max_difference"] <= 64 * float(np.finfo(np.float32).eps)
 
 
 _SERVER = """

@@ -19,6 +19,7 @@ from sparkgrad.nn import (
     ComputationGraphConfiguration,
     ConvolutionLayer,
     DenseLayer,
+    GlobalPoolingLayer,
     InputType,
     MergeVertex,
     MultiLayerConfiguration,
@@ -125,9 +126,14 @@ def test_column_errors_name_the_column(spark, digits) -> None:
         sm.fit(df, label_col="text")
     with pytest.raises(ValueError, match="holds one number per row but the network has 10 outputs"):
         dataframe_datasets(df, "features", "label", mlp_conf(), 4, REGRESSION)
-    recurrent = MultiLayerConfiguration([OutputLayer(2)], input_type=InputType.recurrent(3))
-    with pytest.raises(ValueError, match="recurrent input"):
-        SparkMultiLayer(spark, recurrent).fit(df)
+    per_step = MultiLayerConfiguration([OutputLayer(2)], input_type=InputType.recurrent(3))
+    with pytest.raises(ValueError, match=r"sequences in, recurrent\(2\) out: a label column holds one label"):
+        SparkMultiLayer(spark, per_step).fit(df)
+    pooled = MultiLayerConfiguration(
+        [GlobalPoolingLayer("avg"), OutputLayer(2)], input_type=InputType.recurrent(3)
+    )
+    with pytest.raises(TypeError, match="has type vector, but the network takes sequences"):
+        SparkMultiLayer(spark, pooled).fit(df)
     # df.rdd holds Rows: the message says to pass the DataFrame itself
     with pytest.raises(
         TypeError,

@@ -21,10 +21,10 @@ from sparkgrad.spark.columns import (
     REGRESSION,
     dataframe_dataset_frame,
     dataframe_datasets,
-    example_shape,
     linalg_rows,
     network_output,
     output_size,
+    values_per_example,
     with_network_outputs,
 )
 from sparkgrad.spark.connect import is_connect
@@ -232,8 +232,9 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
 
     @property
     def numFeatures(self) -> int:
-        """Number of feature values per example the network (a graph: its only input) takes."""
-        return int(np.prod(example_shape(self.network.conf)))
+        """Number of feature values per example the network (a graph: its only input) takes; for
+        sequence input, per time step."""
+        return values_per_example(self.network.conf)
 
     def _network_getter(self, dataset: DataFrame) -> Any:
         """A picklable function returning the network on an executor.

@@ -14,7 +14,10 @@ A network whose input layer is an embedding layer takes indices: an EmbeddingLay
 (a number column: integer types stay exact int64; floating ones, as StringIndexer writes, must hold
 integers), an EmbeddingSequenceLayer an array of integers per row, of any length: each batch is padded
 with index 0 to its longest sequence (or the input type's fixed length) and the lengths become the
-features mask.
+features mask. A network with recurrent input of values (``InputType.recurrent(size)``, a time series)
+takes an array per row of any length whose elements are the time steps, each an array (or a Vector) of
+``size`` numbers; batches are padded with zeros and masked the same way. Either sequence form needs a
+feed-forward output (one label per row: LastTimeStep, global pooling).
 
 Needs pyarrow and pyspark 4.1 or later, as the ``spark`` extra pins them (``transform`` uses
 ``arrow_udf``, new in pyspark 4.1; :mod:`sparkgrad.ml` checks the version when imported).
@@ -52,6 +55,8 @@ REGRESSION = "regression"
 # what an embedding layer reading the network input takes per row (index_input)
 INDICES = "indices"
 INDEX_SEQUENCES = "index_sequences"
+# what a network with recurrent input of values takes per row (input_form)
+SEQUENCES = "sequences"
 
 
 def is_dataframe(value: object) -> TypeIs[DataFrame]:
@@ -98,31 +103,73 @@ def index_input(conf: NetworkConfiguration) -> str | None:
         return None
     if not isinstance(layer, EmbeddingSequenceLayer):
         return INDICES
+    _one_label_per_sequence(output, "index sequences")
+    return INDEX_SEQUENCES
+
+
+def _one_label_per_sequence(output: InputType, inputs: str) -> None:
     if output.kind == "recurrent":
         raise ValueError(
-            f"network: index sequences in, {output.describe()} out: a label column holds one label per "
+            f"network: {inputs} in, {output.describe()} out: a label column holds one label per "
             "example, not one per step; end the network in a feed-forward output (LastTimeStep, global "
             "pooling) or train on an RDD of DataSets with (batch, n_out, time) labels"
         )
-    return INDEX_SEQUENCES
+
+
+def input_form(conf: NetworkConfiguration) -> str | None:
+    """What a features column holds per row for a network built from ``conf``: :data:`INDICES` or
+    :data:`INDEX_SEQUENCES` (:func:`index_input`), :data:`SEQUENCES` for recurrent input of values
+    (time steps of ``size`` numbers), or None for one fixed-size example (:func:`example_shape`).
+
+    Raises:
+        ValueError: a graph with several inputs or outputs, or sequences into recurrent output.
+    """
+    from sparkgrad.nn import MultiLayerConfiguration
+
+    indices = index_input(conf)
+    if indices is not None:
+        return indices
+    it, _ = _single_io(conf)
+    if it is None or it.kind != "recurrent":
+        return None
+    output = (
+        conf.output_type if isinstance(conf, MultiLayerConfiguration) else conf.output_types[conf.outputs[0]]
+    )
+    _one_label_per_sequence(output, "sequences")
+    return SEQUENCES
 
 
 def example_shape(conf: NetworkConfiguration) -> tuple[int, ...]:
     """Shape of one example's features as a network built from ``conf`` takes them from a column.
 
     Raises:
-        ValueError: recurrent input (sequences of any length are not one fixed-size column), or a graph
-            with several inputs or outputs.
+        ValueError: recurrent input (sequences of any length have no fixed shape: a column holds them as
+            arrays of time steps, see :func:`input_form`), or a graph with several inputs or outputs.
     """
     it, _ = _single_io(conf)
     if it is None:  # only a MultiLayerConfiguration has none: its first layer's n_in (1 for indices)
         return cast("MultiLayerConfiguration", conf).layer_input_types[0].shape()
     if it.kind == "recurrent":
         raise ValueError(
-            f"network: recurrent input {it.describe()} does not fit a DataFrame column of one vector per "
-            "example; train on an RDD of DataSets with (batch, size, time) features instead"
+            f"network: recurrent input {it.describe()} has no fixed example shape; a DataFrame column "
+            "holds one sequence per row as an array of time steps"
         )
     return it.shape() if it.kind == "convolutional" else (it.size,)
+
+
+def values_per_example(conf: NetworkConfiguration) -> int:
+    """Values per example of a features column for a network built from ``conf``: the example's
+    (:func:`example_shape`), one per index, and per time step for sequences (indices: 1).
+
+    Raises:
+        ValueError: a graph with several inputs or outputs.
+    """
+    form = input_form(conf)
+    if form in (INDICES, INDEX_SEQUENCES):
+        return 1
+    if form == SEQUENCES:
+        return int(_single_io(conf)[0].size)  # type: ignore[union-attr]  # sequences: recurrent input
+    return math.prod(example_shape(conf))
 
 
 def output_size(conf: NetworkConfiguration) -> int:
@@ -177,30 +224,41 @@ def _spark_float(dtype: str) -> Any:
     return T.FloatType() if dtype == "float32" else T.DoubleType()
 
 
-def features_column(df: DataFrame, name: str, dtype: str, what: str, indices: str | None = None) -> Column:
+def features_column(df: DataFrame, name: str, dtype: str, what: str, form: str | None = None) -> Column:
     """Column ``name`` of ``df`` (a Vector or an array of numbers) as an array of ``dtype`` values; for
-    ``indices`` (:func:`index_input`) a number column (INDICES) or an array of numbers (INDEX_SEQUENCES),
-    as longs when integer-typed and as doubles otherwise (checked to be integers on the executors).
+    the ``form`` (:func:`input_form`) INDICES a number column, for INDEX_SEQUENCES an array of numbers,
+    as longs when integer-typed and as doubles otherwise (checked to be integers on the executors); for
+    SEQUENCES an array of time steps, each an array of numbers or a Vector, as arrays of arrays of
+    ``dtype`` values.
 
     Raises:
         ValueError: no such column.
         TypeError: the column holds something else.
     """
     from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     data_type = _field(df, name, what).dataType
-    if indices is not None:
+    if form == SEQUENCES:
+        step = data_type.elementType if isinstance(data_type, T.ArrayType) else None
+        if _is_vector(step):
+            return F.transform(_col(name), lambda v: vector_to_array(v, dtype))
+        if isinstance(step, T.ArrayType) and isinstance(step.elementType, T.NumericType):
+            return _col(name).cast(T.ArrayType(T.ArrayType(_spark_float(dtype))))
+        raise TypeError(
+            f"{what}: column {name!r} has type {data_type.simpleString()}, but the network takes "
+            "sequences: an array per row of time steps, each an array of numbers or a Vector"
+        )
+    if form is not None:
         array = isinstance(data_type, T.ArrayType)
         element = data_type.elementType if array else data_type
         exact = T.LongType() if isinstance(element, T.IntegralType) else T.DoubleType()
-        if isinstance(element, T.NumericType) and array == (indices == INDEX_SEQUENCES):
+        if isinstance(element, T.NumericType) and array == (form == INDEX_SEQUENCES):
             return _col(name).cast(T.ArrayType(exact) if array else exact)
-        if indices == INDICES and _is_vector(data_type):
+        if form == INDICES and _is_vector(data_type):
             return vector_to_array(_col(name), "float64")
-        wanted = (
-            "an array of indices per row" if indices == INDEX_SEQUENCES else "one index (a number) per row"
-        )
+        wanted = "an array of indices per row" if form == INDEX_SEQUENCES else "one index (a number) per row"
         raise TypeError(
             f"{what}: column {name!r} has type {data_type.simpleString()}, but the network's embedding "
             f"layer takes {wanted}"
@@ -294,44 +352,63 @@ def network_features(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A record batch's features column (as :func:`features_column` made it) as the network's input and
     its features mask: ``(rows, *example_shape)`` values and None; for INDICES ``(rows, 1)`` int64 and
-    None; for INDEX_SEQUENCES ``(rows, 1, time)`` int64 padded with 0 to the batch's longest sequence
-    (or the input type's fixed length) and the ``(rows, time)`` mask of the lengths.
+    None; for INDEX_SEQUENCES ``(rows, 1, time)`` int64 and for SEQUENCES ``(rows, size, time)`` values,
+    padded with 0 to the batch's longest sequence (or the input type's fixed length), with the
+    ``(rows, time)`` mask of the lengths.
 
     Raises:
-        ValueError: nulls, rows of another length, indices that are not integers, empty sequences or
-            sequences longer than the input type's fixed length.
+        ValueError: nulls, rows or time steps of another length, indices that are not integers, empty
+            sequences or sequences longer than the input type's fixed length.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    kind = index_input(conf)
-    if kind is None:
+    form = input_form(conf)
+    if form is None:
         shape = example_shape(conf)
         return arrow_rows(column, math.prod(shape), conf.dtype, what).reshape(-1, *shape), None
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if kind == INDICES:
+    if form == INDICES:
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):  # a Vector of 1 value
             return _index_values(arrow_rows(column, 1, "float64", what), what), None
         if column.null_count:
             raise ValueError(f"{what}: {column.null_count} rows are null")
         return _index_values(column.to_numpy(zero_copy_only=False), what).reshape(-1, 1), None
+    it = _single_io(conf)[0]
+    assert it is not None  # sequences: the input type is recurrent
+    noun = "indices" if form == INDEX_SEQUENCES else "time steps"
+    steps, present = _sequence_lengths(column, it.time_steps, noun, what)
+    values = column.flatten()
+    if values.null_count:
+        raise ValueError(f"{what}: {values.null_count} {noun} inside the arrays are null")
+    mask = present.astype(conf.dtype)
+    if form == INDEX_SEQUENCES:
+        x = np.zeros((len(column), steps), dtype=np.int64)
+        x[present] = _index_values(values.to_numpy(zero_copy_only=False), what)  # row by row, in order
+        return x[:, None, :], mask
+    x = np.zeros((len(column), steps, it.size), dtype=conf.dtype)
+    x[present] = arrow_rows(values, it.size, conf.dtype, f"{what} (a time step)")
+    return np.ascontiguousarray(x.transpose(0, 2, 1)), mask
+
+
+def _sequence_lengths(column: pa.Array, fixed: int | None, noun: str, what: str) -> tuple[int, np.ndarray]:
+    """``(steps, present)`` of a list column of sequences: the padded length (``fixed``, else the longest)
+    and the ``(rows, steps)`` boolean mask of each row's elements.
+
+    Raises:
+        ValueError: null rows, empty sequences, or sequences longer than ``fixed``.
+    """
+    import pyarrow.compute as pc
+
     if column.null_count:
         raise ValueError(f"{what}: {column.null_count} rows are null")
     lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    fixed = _single_io(conf)[0].time_steps  # type: ignore[union-attr]  # recurrent: an input type
     if lengths.size and lengths.min() < 1:
         raise ValueError(f"{what}: {int((lengths < 1).sum())} rows hold an empty sequence")
     if fixed is not None and lengths.size and lengths.max() > fixed:
-        raise ValueError(f"{what}: a sequence has {lengths.max()} indices, the input type takes {fixed}")
-    values = column.flatten()
-    if values.null_count:
-        raise ValueError(f"{what}: {values.null_count} indices inside the arrays are null")
+        raise ValueError(f"{what}: a sequence has {lengths.max()} {noun}, the input type takes {fixed}")
     steps = fixed or (int(lengths.max()) if lengths.size else 1)
-    present = np.arange(steps)[None, :] < lengths[:, None]
-    x = np.zeros((len(column), steps), dtype=np.int64)
-    x[present] = _index_values(values.to_numpy(zero_copy_only=False), what)  # row by row, in order
-    return x[:, None, :], present.astype(conf.dtype)
+    return steps, np.arange(steps)[None, :] < lengths[:, None]
 
 
 def label_matrix(
@@ -435,16 +512,14 @@ def dataframe_dataset_frame(
 
     from sparkgrad.data import DataSet
 
-    indices = index_input(conf)
-    if indices is None:
-        example_shape(conf)  # recurrent value input: an error naming the network
+    form = input_form(conf)
     n_out = output_size(conf)
     task = task or (CLASSIFICATION if n_out > 1 else REGRESSION)
     dtype = conf.dtype
     feature_what = f"{names[0]} {features_col!r}"
     label_what = f"{names[1]} {label_col!r}"
     selected = df.select(
-        features_column(df, features_col, dtype, names[0], indices).alias("features"),
+        features_column(df, features_col, dtype, names[0], form).alias("features"),
         labels_column(df, label_col, dtype, n_out, task, names[1]).alias("labels"),
     )
 
@@ -507,9 +582,7 @@ def with_network_outputs(
     for name, _ in columns:
         if name in df.columns:
             raise ValueError(f"output column {name!r} already exists in the DataFrame")
-    indices = index_input(conf)
-    if indices is None:
-        example_shape(conf)  # recurrent value input: an error naming the network
+    form = input_form(conf)
     dtype = conf.dtype
     n_out = output_size(conf)
     what = f"featuresCol {features_col!r}"
@@ -554,7 +627,7 @@ def with_network_outputs(
             in_task_threads(task_threads, predict), result_type, ArrowUDFType.SCALAR_ITER
         )
     temp = f"__sparkgrad_outputs_{uuid.uuid4().hex}"
-    column = features_column(df, features_col, dtype, "featuresCol", indices)
+    column = features_column(df, features_col, dtype, "featuresCol", form)
     with_outputs = df.withColumn(temp, network_udf(column))
     field = F.col(temp)
     return with_outputs.select(
@@ -588,9 +661,7 @@ def with_example_scores(
 
     if score_col in df.columns:
         raise ValueError(f"score_col: column {score_col!r} already exists in the DataFrame")
-    indices = index_input(conf)
-    if indices is None:
-        example_shape(conf)  # recurrent value input: an error naming the network
+    form = input_form(conf)
     n_out = output_size(conf)
     task = CLASSIFICATION if n_out > 1 else REGRESSION
     dtype = conf.dtype
@@ -621,17 +692,20 @@ def with_example_scores(
             "ignore", message="It is preferred to specify type hints", category=UserWarning
         )
         score_udf = arrow_udf(in_task_threads(task_threads, score), T.DoubleType(), ArrowUDFType.SCALAR_ITER)
-    features = features_column(df, features_col, dtype, "features_col", indices)
+    features = features_column(df, features_col, dtype, "features_col", form)
     labels = labels_column(df, label_col, dtype, n_out, task, "label_col")
     return df.withColumn(score_col, score_udf(features, labels))
 
 
 def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.ndarray, bool, Any]:
-    """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes.
+    """An ml / mllib Vector (one example) or Matrix (rows = examples) as a batch the network takes; for
+    recurrent input of values (SEQUENCES) either is one sequence: a Matrix of time steps x values, a
+    Vector of one value per step.
 
     Returns:
         ``(batch, single, module)``: the features ``(n, *example_shape)`` in the network's dtype
-            (indices in float64: ``(n, 1)``, or ``(n, 1, length)`` for index sequences),
+            (indices in float64: ``(n, 1)``, or ``(n, 1, length)`` for index sequences; a sequence
+            ``(1, size, length)``),
         whether ``value`` was one example, and the linalg module (``pyspark.ml.linalg`` or
         ``pyspark.mllib.linalg``) the result should be returned in.
 
@@ -653,9 +727,18 @@ def linalg_rows(value: Any, conf: NetworkConfiguration, what: str) -> tuple[np.n
         )
     single = isinstance(value, module.Vector)
     rows = np.atleast_2d(value.toArray())
-    indices = index_input(conf)
-    if indices is not None:  # float64: exact indices (the layer checks that they are integers)
-        return (rows if indices == INDICES else rows[:, None, :]), single, module
+    form = input_form(conf)
+    if form == SEQUENCES:  # one sequence: a Matrix of (time steps, size), a Vector of steps of size 1
+        size = _single_io(conf)[0].size  # type: ignore[union-attr]  # sequences: a recurrent input type
+        steps = rows if not single else rows.T
+        if steps.shape[1] != size:
+            raise ValueError(
+                f"{what}: a sequence's time steps have {steps.shape[1]} values, the network takes {size} "
+                "(one sequence: a Matrix of time steps x values, or a Vector when there is one per step)"
+            )
+        return steps.T[None].astype(conf.dtype), True, module
+    if form is not None:  # float64: exact indices (the layer checks that they are integers)
+        return (rows if form == INDICES else rows[:, None, :]), single, module
     shape = example_shape(conf)
     width = math.prod(shape)
     if rows.shape[1] != width:
@@ -669,11 +752,13 @@ __all__ = [
     "INDEX_SEQUENCES",
     "INDICES",
     "REGRESSION",
+    "SEQUENCES",
     "dataframe_dataset_frame",
     "dataframe_datasets",
     "example_shape",
     "features_column",
     "index_input",
+    "input_form",
     "is_dataframe",
     "label_matrix",
     "labels_column",
@@ -681,6 +766,7 @@ __all__ = [
     "network_features",
     "network_output",
     "output_size",
+    "values_per_example",
     "with_example_scores",
     "with_network_outputs",
 ]

@@ -16,9 +16,12 @@ from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the local server's Python workers
 
+import numpy as np  # noqa: E402
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator  # noqa: E402
+from pyspark.ml.linalg import Vectors, VectorUDT  # noqa: E402
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import types as T  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/spark: the shared helpers
 from helpers import mlp_conf, residual_graph  # noqa: E402
@@ -26,6 +29,14 @@ from helpers import mlp_conf, residual_graph  # noqa: E402
 from sparkgrad.datasets import load_digits  # noqa: E402
 from sparkgrad.errors import EnvironmentNotReadyError  # noqa: E402
 from sparkgrad.ml import SparkgradClassificationModel, SparkgradClassifier  # noqa: E402
+from sparkgrad.nn import (  # noqa: E402
+    LSTM,
+    InputType,
+    LastTimeStep,
+    MultiLayerConfiguration,
+    MultiLayerNetwork,
+    OutputLayer,
+)
 from sparkgrad.spark import (  # noqa: E402
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
@@ -92,6 +103,7 @@ def main() -> None:
         "rows": len(predicted),
         "same_after_load": [r["prediction"] for r in reloaded] == [r["prediction"] for r in predicted],
     }
+    result["sequences"] = _sequence_outputs(spark)
     grid = ParamGridBuilder().addGrid(classifier.epochs, [1, 2]).build()
     evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
     validator = CrossValidator(estimator=classifier, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2)
@@ -102,6 +114,23 @@ def main() -> None:
     }
     print("RESULT " + json.dumps(result, default=float), flush=True)
     spark.stop()
+
+
+def _sequence_outputs(spark: SparkSession) -> dict[str, object]:
+    """A sequence network's transform of a column of Vector time steps (the conversion's transform of
+    vector_to_array runs in the Connect plan) against each sequence's output alone, locally."""
+    conf = MultiLayerConfiguration(
+        [LastTimeStep(LSTM(4)), OutputLayer(2)], input_type=InputType.recurrent(2), seed=3
+    )
+    network = MultiLayerNetwork(conf).init()
+    rng = np.random.default_rng(0)
+    seqs = [rng.normal(size=(int(rng.integers(2, 6)), 2)) for _ in range(20)]
+    schema = T.StructType([T.StructField("series", T.ArrayType(VectorUDT()))])
+    frame = spark.createDataFrame([([Vectors.dense(step) for step in s],) for s in seqs], schema)
+    model = SparkgradClassificationModel(network).setFeaturesCol("series")
+    got = np.array([r["probability"].toArray() for r in model.transform(frame.coalesce(1)).collect()])
+    alone = np.concatenate([network.output(s.T[None].astype(np.float32)) for s in seqs])
+    return {"rows": len(got), "max_difference": float(np.abs(got - alone).max())}
 
 
 if __name__ == "__main__":
