@@ -50,7 +50,7 @@ def _train(estimator: Any, dataset: DataFrame, task: str) -> Network:
     configuration, SparkMultiLayer otherwise (one code path for both from here on)."""
     from sparkgrad.nn import ComputationGraphConfiguration
     from sparkgrad.spark import SparkComputationGraph, SparkMultiLayer
-    from sparkgrad.spark.multilayer import _FitRequest
+    from sparkgrad.spark.network import _FitRequest
 
     conf = estimator.network_configuration()
     if task == CLASSIFICATION:
@@ -245,7 +245,7 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         """
         from sparkgrad.spark.common import NetworkSnapshot, use_driver_interpreter
         from sparkgrad.spark.connect import Held
-        from sparkgrad.spark.multilayer import _InferenceJob
+        from sparkgrad.spark.network import _InferenceJob
 
         # a Connect session has no broadcasts: the network travels in the plan, cached by the job's key
         connect = is_connect(dataset)
@@ -256,7 +256,7 @@ class _ModelBase(SparkgradParams, MLWritable, MLReadable):
         if self._broadcast is None or self._broadcast[0] is not sc or self._broadcast[1] != checksum:
             job = _InferenceJob(uuid.uuid4().hex, NetworkSnapshot.of(self.network, False))
             self._broadcast = (sc, checksum, Held(job) if connect else sc.broadcast(job))
-        from sparkgrad.spark.multilayer import _first_network
+        from sparkgrad.spark.network import _first_network
 
         return functools.partial(_first_network, self._broadcast[2])
 

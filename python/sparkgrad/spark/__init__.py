@@ -47,7 +47,8 @@ from sparkgrad.spark.early_stopping import (
     SparkEarlyStoppingTrainer,
 )
 from sparkgrad.spark.graph import SparkComputationGraph
-from sparkgrad.spark.multilayer import SparkMultiLayer, SparkNetwork
+from sparkgrad.spark.multilayer import SparkMultiLayer
+from sparkgrad.spark.network import SparkNetwork
 from sparkgrad.spark.parameter_averaging import ParameterAveragingTrainingMaster
 from sparkgrad.spark.shared import SharedTrainingMaster
 from sparkgrad.spark.stats import EventStats, SparkTrainingStats

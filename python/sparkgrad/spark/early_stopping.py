@@ -35,7 +35,7 @@ from sparkgrad._config import check_int
 from sparkgrad._io import is_uri
 
 if TYPE_CHECKING:
-    from sparkgrad.spark.multilayer import SparkNetwork
+    from sparkgrad.spark.network import SparkNetwork
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class SparkEarlyStoppingTrainer:
         features_col: str = "features",
         label_col: str = "label",
     ) -> None:
-        from sparkgrad.spark.multilayer import SparkNetwork
+        from sparkgrad.spark.network import SparkNetwork
 
         if not isinstance(model, SparkNetwork):
             raise TypeError(

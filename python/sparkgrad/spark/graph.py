@@ -1,6 +1,6 @@
 """SparkComputationGraph: a ComputationGraph on Spark (DL4J ``SparkComputationGraph``).
 
-Everything runs through :class:`~sparkgrad.spark.multilayer.SparkNetwork`, the code path every network
+Everything runs through :class:`~sparkgrad.spark.network.SparkNetwork`, the code path every network
 type shares: both training masters, Export/Direct data preparation, epochs per job, authentication and
 MESH apply to graphs exactly as to MultiLayerNetworks. A graph trains on DataSets (one input and one
 output), on DataFrames (one input and one output, as ``SparkMultiLayer.fit(df)``) and on
@@ -19,7 +19,7 @@ from sparkgrad._config import check_int
 from sparkgrad.data import MultiDataSet, SerializedMultiDataSetLoader
 from sparkgrad.spark.checkpoint import CheckpointConfig
 from sparkgrad.spark.columns import is_dataframe
-from sparkgrad.spark.multilayer import EpochCallback, SparkNetwork, _FitRequest, example_ndim
+from sparkgrad.spark.network import EpochCallback, SparkNetwork, _FitRequest, example_ndim
 
 if TYPE_CHECKING:
     from pyspark import RDD

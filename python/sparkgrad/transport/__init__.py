@@ -1,6 +1,7 @@
 """Gradient-sharing transport: the versioned, authenticated wire format and the ZeroMQ endpoints.
 
-Modules by role: :mod:`.frame` (the wire format and what every receiver checks), :mod:`.controller`,
+Modules by role: :mod:`.frame` (the wire format and what every receiver checks), :mod:`.controller`
+(the driver's socket loop) and :mod:`.policies` (gradient sharing or parameter averaging, behind it),
 :mod:`.worker`, :mod:`.relay` (a MESH node toward its children), :mod:`.mesh` (the relay tree) and
 :mod:`.limits` (resource limits, counters and the update bounds).
 """

@@ -43,40 +43,19 @@ connection on which no authenticated frame arrives within ``connect_timeout_ms``
 every connection is authenticated is one more refused at its handshake (``connection_limit``).
 :class:`~sparkgrad.transport.limits.ConnectionLimit` has the details.
 
-Update sanity: an UPDATE whose sparse indices are not strictly ascending (``unordered``,
-:func:`~sparkgrad.transport.limits.check_update_entries`) or whose threshold fails the fit's bound
-(:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
-``threshold_factor`` x the median of the other registered workers' latest accepted thresholds and the
-reference) is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An
-update that would leave any parameter non-finite (float overflow of finite values) is computed in a
-second buffer and refused too (reason ``non_finite``), naming its sender; the parameters stay as they
-were. A worker whose recent updates outweigh the median other registered worker's
-(:class:`~sparkgrad.transport.limits.InfluenceLedger`) is flagged past ``outlier_factor / 2`` and
-quarantined past ``outlier_factor``: its update is refused (``outlier``), it is dropped
-(``quarantined``) and told to re-join.
-
-Parameter averaging (``Controller(averaging=True)``, ParameterAveragingTrainingMaster's rounds in one
-Spark job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every
-epoch, with its parameters (and updater state with ``average_updater_state``) after the round, or with
-none when its partition had no data in it (it still joins the round, so no worker waits for one that ran
-out of data). Once every partition of the barrier (:meth:`Controller.expect_workers`) reported a round,
-the mean of the reported vectors, summed in float64 in partition order (so it does not depend on the
-order of arrival), becomes the controller's parameters and updater state, the iteration advances by the
-round's largest minibatch count (DL4J's ``iterationCount += averagingFrequency``) and every worker of the
-round gets the mean in an AVERAGED frame. A worker id that joins once a round was averaged or every
-partition has its worker (a Spark task re-run after a failure) stops the controller: the rounds cannot
-be resumed, so the fit fails.
+How the parameters change is the controller's policy (:mod:`.policies`): gradient sharing (UPDATE:
+each update is checked, applied and relayed; its update sanity rules are described there) or parameter
+averaging (``Controller(averaging=True)``: ParameterAveragingTrainingMaster's rounds, AVERAGE/AVERAGED).
+The socket loop, authentication, peers, the MESH tree and the fault handling above are the same for both.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -94,53 +73,34 @@ from sparkgrad.transport.frame import (
     Header,
     MessageType,
     Replay,
-    averaging_payload,
     decode_frame,
     encode_frame,
     endorsed_frame,
     float_flag,
     json_payload,
-    max_averaging_bytes,
     max_update_bytes,
     params_payload,
-    parse_averaging_payload,
     parse_json_payload,
     relayed_frame,
-    update_payload,
 )
 from sparkgrad.transport.limits import (
     SEQUENCE_LIMIT,
     ConnectionLimit,
     Curve,
-    InfluenceLedger,
     RateLimitedLog,
     TrafficCounters,
     ZmqTransportConfiguration,
-    all_finite,
     bounded_socket,
-    check_update_entries,
-    check_update_threshold,
     endpoint,
-    finite_mean,
     is_count,
     owned_context,
 )
 from sparkgrad.transport.mesh import ROOT, MeshOrganizer
+from sparkgrad.transport.policies import AveragingPolicy, Policy, SharingPolicy, _Contribution
 from sparkgrad.transport.relay import curve_key_ok, relay_address_ok
 from sparkgrad.transport.signing import ControllerSigner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Contribution:
-    """One partition's AVERAGE of a round."""
-
-    worker: int
-    identity: bytes
-    values: np.ndarray | None  # None: the partition had no data in the round
-    minibatches: int
-    score: float | None
 
 
 class Controller:
@@ -159,7 +119,7 @@ class Controller:
         iteration: starting iteration counter.
         epoch: starting epoch counter.
         threshold_reference: the threshold workers start from (the job's threshold algorithm); bounds
-            the accepted thresholds (module docstring).
+            the accepted thresholds (:mod:`.policies`).
         updater_state: the updater state of the fit's start (copied; None or empty when the updater has
             none). Workers report theirs (UPDATER_STATE); the latest report is what a joining worker
             receives with the parameters.
@@ -169,8 +129,8 @@ class Controller:
             None draws a fresh one (per fit). Workers verify with :attr:`controller_key`.
         curve: with ``config.encrypt``, the CURVE key pair it serves with (:class:`~.limits.Curve`); None
             draws a fresh one (per fit). Workers connect with :attr:`curve_key`.
-        averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, module docstring)
-            instead of applying updates; ``threshold_reference`` is then not used.
+        averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, :mod:`.policies`)
+            instead of applying updates; ``threshold_reference`` and ``decode`` are then not used.
         average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
             AVERAGE and AVERAGED vectors hold the parameters followed by the updater state).
     """
@@ -195,50 +155,35 @@ class Controller:
         signer: ControllerSigner | None = None,
         curve: Curve | None = None,
     ) -> None:
-        if decode is None:
-            from sparkgrad.compress import decode as default_decode
-
-            decode = default_decode
-        if averaging:
-            if mesh:
-                raise ValueError("mesh: averaging rounds use the PLAIN topology")
-            threshold_reference = math.inf  # no UPDATE is taken
-            if average_updater_state and (updater_state is None or not updater_state.size):
-                average_updater_state = False  # an updater without state: only parameters are averaged
-        elif not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
-            raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
+        self._config = config or ZmqTransportConfiguration()
+        self._params = np.array(params, copy=True)
+        self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
+        # how the parameters change (:mod:`.policies`); each policy checks its own arguments
+        self._policy: Policy = (
+            AveragingPolicy(self, self._params, self._updater_state, average_updater_state, mesh)
+            if averaging
+            else SharingPolicy(self, self._params, decode, threshold_reference, self._config)
+        )
         self._key = FrameKey(secret)
         self._signer = signer or ControllerSigner()
         self.controller_key = self._signer.public_key  # what the workers verify its frames with
-        self._params = np.array(params, copy=True)
-        self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
         self.updater_state_reports = 0
         self._updater_state_iteration = iteration  # the iteration the stored state belongs to
         # minibatches reported per (partition, epoch): a second report is a re-run Spark task
         self._trained: dict[tuple[int, int], int] = {}
         self.retrained_minibatches = 0
-        self.updates_by_worker: dict[int, int] = {}
-        self._scratch = np.zeros_like(self._params)
-        self._decode: Callable[[np.ndarray, np.ndarray], None] = decode
-        self._config = config or ZmqTransportConfiguration()
-        self._update_limit = max_update_bytes(self._params.size)
-        self._threshold_reference = float(threshold_reference)
-        self._thresholds: dict[int, float] = {}  # each worker's latest accepted threshold
-        self._ledger = InfluenceLedger(self._config.outlier_factor, self._threshold_reference)
-        self._averaging = averaging
-        self._average_updater_state = averaging and average_updater_state
-        # averaging: the AVERAGE vectors of each (epoch, round) so far by partition, the rounds done
-        self._rounds: dict[tuple[int, int], dict[int, _Contribution]] = {}
-        self._averaged: set[tuple[int, int]] = set()
-        self.rounds_averaged = 0
+        # gradient sharing: updates applied (in all and by worker); averaging: rounds averaged and
         # (epoch, iteration after the round, the workers' mean score) of every round with data
+        self.updates_applied = 0
+        self.updates_by_worker: dict[int, int] = {}
+        self.rounds_averaged = 0
         self.round_scores: list[tuple[int, int, float]] = []
-        self._next_params = np.empty_like(self._params)  # an update is checked here before it is taken
+        # an UPDATE is sized before the tag under either policy: averaging answers one "unexpected"
+        self._update_limit = max_update_bytes(self._params.size)
         self.job_id = job_id
         self.host, self.port = host, port
         self.iteration, self.epoch = iteration, epoch
         self.counters = TrafficCounters()
-        self.updates_applied = 0
         self.workers_seen: set[int] = set()
         self._peers: dict[int, bytes] = {}
         self._owners: dict[bytes, int] = {}  # connection -> its worker (one worker per connection)
@@ -276,8 +221,9 @@ class Controller:
         self._wake_out.connect(wake)
         self._wake_lock = threading.Lock()
         state_bytes = 0 if self._updater_state is None else self._updater_state.nbytes
-        average_bytes = max_averaging_bytes(self._average_size) if averaging else 0
-        max_frame = HEADER_SIZE + max(self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, average_bytes)
+        max_frame = HEADER_SIZE + max(
+            self._update_limit, CONTROL_PAYLOAD_LIMIT, state_bytes, self._policy.max_payload
+        )
         # its own frames end with its signature
         max_sent_frame = max(max_frame, HEADER_SIZE + self._params.nbytes) + SIGNATURE_SIZE
         curve = (curve or Curve.new_server()) if self._config.encrypt else None
@@ -333,15 +279,7 @@ class Controller:
     def next_iteration(self) -> int:
         """The iteration count the driver's network continues from: after the last averaged round
         (averaging), else one past the iteration of the last applied update."""
-        return self.iteration if self._averaging else self.iteration + 1
-
-    @property
-    def _average_size(self) -> int:
-        """Floats in an AVERAGE/AVERAGED vector: the parameters, then the updater state if averaged."""
-        state = (
-            self._updater_state.size if self._average_updater_state and self._updater_state is not None else 0
-        )
-        return self._params.size + state
+        return self._policy.next_iteration(self.iteration)
 
     @property
     def error(self) -> BaseException | None:
@@ -461,11 +399,18 @@ class Controller:
         self._link_numbers[recipient] = number
         return number
 
-    def _control_frame(
-        self, kind: MessageType, recipient: int, body: dict | None = None, epoch: int = 0
+    def _signed_frame(
+        self,
+        kind: MessageType,
+        recipient: int,
+        payload: bytes | memoryview,
+        *,
+        iteration: int = 0,
+        epoch: int = 0,
+        flags: Flag = Flag.NONE,
     ) -> bytearray:
-        """A control frame for ``recipient``, stamped with its number (:meth:`_number`)."""
-        payload = json_payload(body) if body is not None else b""
+        """A frame the controller sends as itself to ``recipient``: its next sequence number, stamped
+        with the recipient's number (:meth:`_number`) and signed."""
         return encode_frame(
             self._key,
             kind,
@@ -473,11 +418,20 @@ class Controller:
             CONTROLLER_ID,
             self._next_seq(),
             payload,
+            iteration=iteration,
             epoch=epoch,
+            flags=flags,
             broadcast=self._number(recipient),
             recipient=recipient,
             signer=self._signer,
         )
+
+    def _control_frame(
+        self, kind: MessageType, recipient: int, body: dict | None = None, epoch: int = 0
+    ) -> bytearray:
+        """A control frame for ``recipient``."""
+        payload = json_payload(body) if body is not None else b""
+        return self._signed_frame(kind, recipient, payload, epoch=epoch)
 
     def _reject(self, reason: str, text: str) -> None:
         self.counters.reject(reason)
@@ -532,19 +486,13 @@ class Controller:
             self._params.astype(self._params.dtype.newbyteorder("<"), copy=False).data if current else b""
         )
         # not current: nothing applied yet, the worker's own copy of the initial parameters is current
-        return encode_frame(
-            self._key,
+        return self._signed_frame(
             MessageType.PARAMS,
-            self.job_id,
-            CONTROLLER_ID,
-            self._next_seq(),
+            recipient,
             payload,
             iteration=self.iteration,
             epoch=self.epoch,
             flags=float_flag(self._params),
-            broadcast=self._number(recipient),
-            recipient=recipient,
-            signer=self._signer,
         )
 
     def _admit(self, identity: bytes, frame: bytes) -> tuple[Header, memoryview]:
@@ -569,12 +517,14 @@ class Controller:
 
     def _max_payload(self, kind: MessageType) -> int:
         """The largest payload a worker may send of each type (checked before the tag)."""
-        if kind == MessageType.UPDATE:
+        if kind == self._policy.kind:
+            return self._policy.max_payload
+        if kind == MessageType.UPDATE:  # averaging: read, then answered "unexpected"
             return self._update_limit
         if kind == MessageType.UPDATER_STATE:  # float64 too: a dtype mismatch is answered with an ERROR
             return 0 if self._updater_state is None else 8 * self._updater_state.size
-        if kind == MessageType.AVERAGE:
-            return max_averaging_bytes(self._average_size) if self._averaging else 0
+        if kind == MessageType.AVERAGE:  # gradient sharing: an AVERAGE carries nothing
+            return 0
         return CONTROL_PAYLOAD_LIMIT
 
     def _handle(self, identity: bytes, frame: bytes, fd: int) -> None:
@@ -611,16 +561,7 @@ class Controller:
                 self._reject("control", text)
                 self._error_reply(identity, sender, text)
                 return
-            if (
-                self._averaging
-                and sender not in self.workers_seen
-                and (self._averaged or len(self.workers_seen) >= self._expected_workers)
-            ):
-                raise TransportError(
-                    f"worker {sender} joined after the averaging rounds began (a Spark task re-run after "
-                    "a failed task or a lost executor): the rounds of a one-job parameter-averaging fit "
-                    "cannot be resumed"
-                )
+            self._policy.check_join(sender)
             owner = self._owners.get(identity)
             if owner is not None and owner != sender:  # one worker per connection: its frames, its fate
                 text = f"HELLO from worker {sender} on the connection of worker {owner}"
@@ -638,10 +579,8 @@ class Controller:
             self._send(identity, self._params_frame(sender, current=not fresh))
         elif kind == MessageType.BYE:
             self._forget(sender)
-        elif kind == MessageType.UPDATE and not self._averaging:
-            self._apply_and_relay(identity, header, payload, frame)
-        elif kind == MessageType.AVERAGE and self._averaging:
-            self._average(identity, header, payload)
+        elif kind == self._policy.kind:
+            self._policy.take(identity, header, payload, frame)
         elif kind == MessageType.SYNC:
             if self._count_trained(identity, sender, header.epoch, payload) is not None:
                 self._send(identity, self._control_frame(MessageType.SYNC_ACK, sender))
@@ -697,19 +636,13 @@ class Controller:
     def _state_frame(self, recipient: int) -> bytearray:
         state = self._updater_state
         assert state is not None  # sent only once a worker's report was stored in it (_store_updater_state)
-        return encode_frame(
-            self._key,
+        return self._signed_frame(
             MessageType.UPDATER_STATE,
-            self.job_id,
-            CONTROLLER_ID,
-            self._next_seq(),
+            recipient,
             state.astype(state.dtype.newbyteorder("<"), copy=False).data,
             iteration=self._updater_state_iteration,
             epoch=self.epoch,
             flags=float_flag(state),
-            broadcast=self._number(recipient),
-            recipient=recipient,
-            signer=self._signer,
         )
 
     def _store_updater_state(self, identity: bytes, header: Header, payload: memoryview) -> None:
@@ -871,185 +804,32 @@ class Controller:
                 for worker, identity in workers.items():
                     self._send(identity, self._go_frame(epoch, stop, worker))
 
-    # -- averaging rounds -----------------------------------------------------------------------
-    def _average(self, identity: bytes, header: Header, payload: memoryview) -> None:
-        """A worker's AVERAGE: its vector (or none) for its partition in the header's (epoch, round)."""
-        sender = header.sender
-        peer = f"worker {sender}"
-        key = (header.epoch, header.iteration)
-        try:
-            body, values = parse_averaging_payload(header, payload, peer)
-            partition, minibatches, score = body.get("partition"), body.get("minibatches"), body.get("score")
-            expected = self._expected_workers
-            if not (is_count(partition) and is_count(minibatches) and expected and partition < expected):
-                raise FrameRejected("malformed", f"{peer}: bad averaging report {body!r}")
-            if values is not None:
-                if values.size != self._average_size or values.dtype != self._params.dtype.newbyteorder("<"):
-                    raise FrameRejected(
-                        "malformed",
-                        f"{peer}: AVERAGE of {values.size} {values.dtype} values, expected "
-                        f"{self._average_size} {self._params.dtype}",
-                    )
-                if not (minibatches and isinstance(score, (int, float)) and not isinstance(score, bool)):
-                    raise FrameRejected("malformed", f"{peer}: AVERAGE values without minibatches or score")
-                if not all_finite(values):
-                    raise FrameRejected(
-                        "non_finite", f"{peer}: AVERAGE of round {key} holds non-finite values"
-                    )
-            elif minibatches:
-                raise FrameRejected("malformed", f"{peer}: {minibatches} minibatches but no AVERAGE values")
-            reports = self._rounds.get(key, {})
-            if key in self._averaged or partition in reports:
-                raise FrameRejected("malformed", f"{peer}: partition {partition} reported round {key} twice")
-        except FrameRejected as exc:
-            self._refuse(identity, sender, exc)
-            return
-        reports = self._rounds.setdefault(key, reports)
-        reports[partition] = _Contribution(
-            sender, identity, None if values is None else values.copy(), minibatches, score
-        )
-        if len(reports) == self._expected_workers:
-            self._finish_round(key)
-
-    def _finish_round(self, key: tuple[int, int]) -> None:
-        """Every partition reported the round: take the mean and send it to each of the round's workers."""
-        reports = self._rounds.pop(key)
-        self._averaged.add(key)
-        given = [c for _, c in sorted(reports.items()) if c.values is not None]
-        mean: np.ndarray | None = None
-        score: float | None = None
-        if given:
-            total = np.zeros(self._average_size, np.float64)
-            for c in given:  # partition order: the sum does not depend on the order of arrival
-                assert c.values is not None  # given holds only the contributions with values
-                total += c.values
-            mean = (total / len(given)).astype(self._params.dtype)
-            score = finite_mean(
-                [float(c.score) for c in given if c.score is not None]
-            )  # a worker's 1.7e308 cannot make it inf
-            size = self._params.size
-            with self._lock:
-                self._params[:] = mean[:size]
-                if self._average_updater_state:
-                    self._updater_state[:] = mean[size:]  # type: ignore[index]
-        self.iteration += max(c.minibatches for c in reports.values())
-        if score is not None:
-            self.round_scores.append((key[0], self.iteration, score))
-        self.epoch = max(self.epoch, key[0])
-        self.rounds_averaged += 1
-        body = {"iteration": self.iteration, "workers": len(given), "score": score}
-        payload = averaging_payload(body, mean)
-        for c in reports.values():
-            if self._peers.get(c.worker) != c.identity:  # left meanwhile (its task failed): the fit fails
-                continue
-            frame = encode_frame(
-                self._key,
-                MessageType.AVERAGED,
-                self.job_id,
-                CONTROLLER_ID,
-                self._next_seq(),
-                payload,
-                iteration=key[1],
-                epoch=key[0],
-                flags=float_flag(self._params),
-                broadcast=self._number(c.worker),
-                recipient=c.worker,
-                signer=self._signer,
-            )
-            self._send(c.identity, frame)
-        self._round_averaged(key[0], sum(c.minibatches for c in given), score)
+    # -- what the policies call ------------------------------------------------------------------
+    def _applied(self, header: Header, message: np.ndarray) -> None:
+        """Called with each update this controller applied (before relaying it; decoded in
+        :attr:`_scratch`); for subclasses."""
 
     def _round_averaged(self, epoch: int, minibatches: int, score: float | None) -> None:
         """Called on the controller thread after every averaged round (a hook for progress reporting)."""
 
-    def _check_threshold(self, sender: int, message: np.ndarray) -> float:
-        """The message's threshold if it is sane (module docstring), else FrameRejected("threshold"): at
-        most the larger of a factor x the fit's current threshold and the reference. The current
-        threshold is the median latest accepted threshold of the other registered workers (a departed
-        worker's threshold is history). Those with ``InfluenceLedger.WARMUP`` updates or more count,
-        with ``threshold_factor``; while none has, a worker's first updates may be far from another's
-        (an adaptive algorithm finding its level), so all count, with ``warmup_threshold_factor``; a
-        worker alone in the fit has only the fixed bound."""
-        config = self._config
-        others = {w: t for w, t in self._thresholds.items() if w != sender and w in self._peers}
-        warm = [t for w, t in others.items() if self.updates_by_worker.get(w, 0) >= InfluenceLedger.WARMUP]
-        current, factor = None, math.inf
-        if warm:
-            current, factor = float(np.median(warm)), config.threshold_factor
-        elif others:
-            current, factor = float(np.median(list(others.values()))), config.warmup_threshold_factor
-        return check_update_threshold(message, self._threshold_reference, f"worker {sender}", current, factor)
+    @property
+    def _scratch(self) -> np.ndarray:
+        """Gradient sharing: the update :meth:`_applied` is called with, decoded."""
+        assert isinstance(self._policy, SharingPolicy)
+        return self._policy.scratch
 
-    def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
-        """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""
-        self.counters.reject("outlier")
-        self._forget(sender)
-        self.counters.drop("quarantined")
-        self._log.warning(
-            f"quarantined worker {sender}: its recent updates are {ratio:.3g} x the median other worker's "
-            f"(outlier_factor {self._ledger.factor:g}); it must re-join"
-        )
-        self._rejoin_notice(sender, identity)
+    @property
+    def _rounds(self) -> dict[tuple[int, int], dict[int, _Contribution]]:
+        """Averaging: the AVERAGE reports of each (epoch, round) not yet averaged, by partition."""
+        assert isinstance(self._policy, AveragingPolicy)
+        return self._policy.rounds
 
-    def _applied(self, header: Header, message: np.ndarray) -> None:
-        """Called with each update this controller applied (before relaying it); for subclasses."""
-
-    def _apply_and_relay(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
-        sender = header.sender
-        try:
-            if header.payload_length > self._update_limit or header.payload_length < 16:
-                raise FrameRejected(
-                    "malformed",
-                    f"update from worker {sender}: {header.payload_length} bytes, expected 16 to "
-                    f"{self._update_limit} for {self._params.size} parameters",
-                )
-            message = update_payload(header, payload, f"worker {sender}")
-            threshold = self._check_threshold(sender, message)
-            check_update_entries(message, f"worker {sender}")
-            with self._lock:
-                self._scratch.fill(0)
-                try:
-                    self._decode(message, self._scratch)
-                except (ValueError, TypeError) as exc:
-                    raise FrameRejected(
-                        "bad_update", f"malformed update from worker {sender}: {exc}"
-                    ) from None
-                with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
-                    np.subtract(self._params, self._scratch, out=self._next_params)
-                if not all_finite(self._next_params):
-                    raise FrameRejected(
-                        "non_finite",
-                        f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
-                        "non-finite: not applied",
-                    )
-                # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
-                entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self._scratch))
-                l1 = threshold * entries
-                ratio = self._ledger.ratio(sender, l1, threshold, self._peers)
-                if ratio <= self._ledger.factor:
-                    self._params, self._next_params = self._next_params, self._params
-        except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
-            self._refuse(identity, sender, exc)
-            return
-        if ratio > self._ledger.factor:
-            self._quarantine(identity, sender, ratio)
-            return
-        if ratio > self._ledger.factor / 2:
-            self.counters.outliers_flagged += 1
-            self._log.warning(
-                f"worker {sender}: its recent updates are {ratio:.3g} x the median other worker's"
-            )
-        self._ledger.record(sender, l1, threshold)
-        self._thresholds[sender] = threshold
-        with self._lock:
-            self.updates_by_worker[sender] = self.updates_by_worker.get(sender, 0) + 1
-            self.iteration = max(self.iteration, header.iteration)
-            self.epoch = max(self.epoch, header.epoch)
-            self.updates_applied += 1
-        self._applied(header, message)
+    def _relay(self, sender: int, frame: bytes) -> None:
+        """Pass an applied update on: PLAIN to every other registered worker, MESH to the root's
+        children (the sender too: it relays its own update to its subtree)."""
         if self._mesh is None:
             targets = [other for other in self._peers if other != sender]
-        else:  # the root's children only (the sender too: it relays its own update to its subtree)
+        else:
             if self._broadcast + 1 >= SEQUENCE_LIMIT:
                 raise TransportError("controller: broadcast numbers exhausted (2**32 updates)")
             self._broadcast += 1
