@@ -774,6 +774,25 @@ def test_queued_bytes_per_connection_are_bounded_in_bytes_not_frames(free_port: 
         ZmqTransportConfiguration(max_queued_bytes=0)
 
 
+def test_the_default_queue_holds_sixteen_of_a_large_models_frames(free_port: int) -> None:
+    """ZeroMQ counts frames: 256 MiB over a 17M-parameter model's largest frame held 1-2 of them, and the
+    small updates that fill the queue then dropped every worker two updates behind (a fit of a 1M-row
+    embedding table re-joined 23 times). The default bound is now the larger of 256 MiB and
+    16 of the socket's largest frames; an explicit max_queued_bytes is kept exactly (test above)."""
+    assert ZmqTransportConfiguration().max_queued_bytes is None
+    n = 1 << 22  # largest received frame: header + 4 * (n + 4) bytes, 16 MiB: 256 MiB holds 15
+    frame = 84 + 4 * (n + 4)
+    assert (256 << 20) // frame == 15
+    with controller(np.zeros(n, np.float32), 0x307, free_port) as ctl:
+        assert ctl._sock.getsockopt(zmq.RCVHWM) == 16
+    small = 1 << 10  # 256 MiB holds more than high_water_mark (1000) of these: the frame count binds
+    with controller(np.zeros(small, np.float32), 0x308, free_port) as ctl:
+        assert ctl._sock.getsockopt(zmq.RCVHWM) == ZmqTransportConfiguration().high_water_mark == 1000
+    n = 1 << 20  # 4 MiB frames: 256 MiB holds 63 of them, more than the 16 the floor asks
+    with controller(np.zeros(n, np.float32), 0x309, free_port) as ctl:
+        assert ctl._sock.getsockopt(zmq.RCVHWM) == (256 << 20) // (84 + 4 * (n + 4)) == 63
+
+
 def test_connections_beyond_the_cap_are_refused_at_their_handshake_and_counted(free_port: int) -> None:
     """The number of connections to the controller was unbounded, each allowed to queue
     max_queued_bytes. With max_connections 2, a third connection is refused at its handshake (its HELLO

@@ -2,8 +2,8 @@
 the MESH relays.
 
 Bounded resources: ``MAXMSGSIZE`` on every socket (the largest frame the peer may legitimately send,
-derived from the parameter count), bounded high-water marks, and a receive queue bounded in bytes
-(``max_queued_bytes``) per connection (:func:`bounded_socket`).
+derived from the parameter count), bounded high-water marks, and queues bounded in bytes
+(``max_queued_bytes``) per connection and direction (:func:`bounded_socket`).
 
 Update sanity (:func:`check_update_threshold`): an UPDATE whose threshold (word 2 of every
 :mod:`sparkgrad.compress` message, sparse and bitmap alike) is not finite, not positive, or larger than
@@ -41,6 +41,10 @@ from sparkgrad.transport.frame import FrameRejected
 
 THRESHOLD_GROWTH_LIMIT = float(2**20)  # x the fit's reference threshold (module docstring)
 SEQUENCE_LIMIT = 2**32  # sequence, link and broadcast numbers are 32-bit and never wrap
+# ZmqTransportConfiguration.max_queued_bytes=None: per socket, the larger of these bytes and this many of
+# its largest frames
+DEFAULT_QUEUED_BYTES = 256 << 20
+MIN_QUEUED_FRAMES = 16
 
 
 @dataclass
@@ -68,7 +72,12 @@ class ZmqTransportConfiguration(Config):
             high-water mark this over the largest frame it sends (at least 1 frame each), so no peer
             can make a socket buffer high_water_mark x the largest frame (about 40 GB at 10M
             parameters) either way. A full receive queue makes ZeroMQ stop reading that connection; a
-            full send queue drops the peer (``queue_full``, see the controller and the relay).
+            full send queue drops the peer (``queue_full``, see the controller and the relay). None
+            (the default): per socket, the larger of ``DEFAULT_QUEUED_BYTES`` (256 MiB) and
+            ``MIN_QUEUED_FRAMES`` (16) of its largest frame. ZeroMQ counts whole frames whatever
+            their size, and the traffic is small updates: a bound of one or two frames (what 256 MiB
+            holds of a 17M-parameter model's largest frames) dropped workers that fell two updates
+            behind, and the PARAMS of their re-joins dropped them again.
         max_connections: the most connections the controller keeps at once (>= 1). Past it, the
             oldest connection that has not authenticated (sent a frame with a valid tag) is closed to
             make room; only when all are authenticated is one more refused at its handshake (both
@@ -106,7 +115,7 @@ class ZmqTransportConfiguration(Config):
     updater_state_interval_ms: int = 60000
     mesh_fan_out: int = 8
     mesh_catchup_ms: int = 5000
-    max_queued_bytes: int = 256 << 20
+    max_queued_bytes: int | None = None
     max_connections: int = 1024
     max_unauthenticated_per_address: int = 32
     threshold_factor: int = 16
@@ -123,7 +132,8 @@ class ZmqTransportConfiguration(Config):
         check_int("updater_state_interval_ms", self.updater_state_interval_ms, minimum=0)
         check_int("mesh_fan_out", self.mesh_fan_out, minimum=1)
         check_int("mesh_catchup_ms", self.mesh_catchup_ms, minimum=1)
-        check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
+        if self.max_queued_bytes is not None:
+            check_int("max_queued_bytes", self.max_queued_bytes, minimum=1)
         check_int("max_connections", self.max_connections, minimum=1)
         check_int("max_unauthenticated_per_address", self.max_unauthenticated_per_address, minimum=1)
         check_int("threshold_factor", self.threshold_factor, minimum=1)
@@ -218,8 +228,12 @@ def owned_context(owner: object) -> tuple[zmq.Context, Callable[[], None]]:
 
 
 def _frames(config: ZmqTransportConfiguration, frame_bytes: int) -> int:
-    """The high-water mark that holds at most max_queued_bytes of frames of ``frame_bytes``."""
-    return max(1, min(config.high_water_mark, config.max_queued_bytes // frame_bytes))
+    """The high-water mark that holds at most max_queued_bytes of frames of ``frame_bytes`` (by default
+    the larger of DEFAULT_QUEUED_BYTES and MIN_QUEUED_FRAMES of them)."""
+    budget = config.max_queued_bytes
+    if budget is None:
+        budget = max(DEFAULT_QUEUED_BYTES, MIN_QUEUED_FRAMES * frame_bytes)
+    return max(1, min(config.high_water_mark, budget // frame_bytes))
 
 
 def endpoint(host: str, port: int) -> str:
@@ -606,6 +620,8 @@ def is_count(value: object) -> TypeGuard[int]:
 
 
 __all__ = [
+    "DEFAULT_QUEUED_BYTES",
+    "MIN_QUEUED_FRAMES",
     "SEQUENCE_LIMIT",
     "THRESHOLD_GROWTH_LIMIT",
     "RateLimitedLog",
