@@ -552,6 +552,41 @@ def test_oversized_frame_disconnects_the_sender_and_is_never_received(free_port:
         assert ctl.counters.bytes_received == limit and ctl.counters.messages_received == 1
 
 
+def test_a_worker_whose_connection_zeromq_closed_rejoins_at_once(free_port: int) -> None:
+    """ZeroMQ closes a connection on a protocol error (here a frame one byte over the controller's size
+    limit) and reconnects by itself: whatever was in flight is lost, and the worker used to learn it
+    only when a wait timed out (an epoch end's after epoch_timeout_ms). It now re-joins at its next
+    look at the link, and the re-join's HELLO brings the controller's parameters back."""
+    n = 2000
+    limit = HEADER_SIZE + 4 * (n + 4)
+    with controller(np.arange(n, dtype=np.float32), 0x30A, free_port) as ctl:
+        conn = WorkerConnection(
+            "127.0.0.1",
+            free_port,
+            0x30A,
+            1,
+            SECRET,
+            n,
+            FAST,
+            controller_key=CONTROLLER_KEY,
+            curve_key=CURVE_KEY,
+            threshold_reference=REFERENCE,
+        )
+        try:
+            conn.hello({})
+            conn.sync(lambda h, m: None)  # an answered round trip: the link works
+            conn._sock.send(b"\x02" * (limit + 1))  # over the controller's limit: it closes the link
+            assert conn._link_events.poll(10000)  # ZeroMQ reported the closed connection
+            with pytest.raises(RejoinRequired, match=r"connection to controller .* closed"):
+                conn.drain(lambda h, m: None)
+            params, _, _ = conn.hello({})  # over the connection ZeroMQ made again
+            np.testing.assert_array_equal(params, np.arange(n, dtype=np.float32))
+            conn.sync(lambda h, m: None)
+            assert ctl.error is None
+        finally:
+            conn.close()
+
+
 def test_rate_limited_log_counts_what_it_suppresses(caplog) -> None:
     now = [0.0]
     limited = RateLimitedLog(

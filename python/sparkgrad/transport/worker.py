@@ -29,7 +29,10 @@ worker takes of that type (``oversized``), so a malformed or oversized frame cos
 
 A controller that dropped this worker (its queue was full) answers with an ERROR carrying
 ``"rejoin": true``: :class:`RejoinRequired` is raised and the owner must HELLO again and take the
-controller's parameters (``SharedWorker`` does).
+controller's parameters (``SharedWorker`` does). So is a controller connection that closed under the
+worker (ZeroMQ closes one on a protocol error, e.g. a frame over the other side's size limit, and
+reconnects by itself): frames sent or relayed on it may be lost, and the worker would otherwise learn it
+only when a wait for an answer timed out (an epoch end's after ``epoch_timeout_ms``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from sparkgrad._config import check_int
 from sparkgrad.errors import CorruptDataError, TransportError
@@ -205,6 +209,8 @@ class WorkerConnection(MeshRelay):
             self._ctx, zmq.DEALER, self._config, self._max_frame, max_sent_frame, curve
         )
         self._sock.setsockopt(zmq.SNDTIMEO, self._config.sync_timeout_ms)
+        # ZeroMQ's events of the controller connection: a DISCONNECTED one means frames may be lost
+        self._link_events = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._sock.connect(self.endpoint)
         self._closed = False
         # MESH state (module docstring of sparkgrad.transport.mesh)
@@ -265,6 +271,7 @@ class WorkerConnection(MeshRelay):
         deadline = time.monotonic() + timeout_ms / 1000
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._link_events, zmq.POLLIN)
         if not controller_only:
             for sock in (self._parent, self._router):
                 if sock is not None:
@@ -275,6 +282,8 @@ class WorkerConnection(MeshRelay):
             ready = dict(poller.poll(left))
             if not ready:
                 return None
+            if self._link_events in ready and self._sock not in ready:  # what arrived before, first
+                self._check_link_events()
             if self._router is not None and self._router in ready:
                 self._receive_children()
             for sock in (self._sock, self._parent):
@@ -300,6 +309,19 @@ class WorkerConnection(MeshRelay):
                     self._rejected(exc)
                     continue
                 return header, payload, frame, from_parent
+
+    def _check_link_events(self) -> None:
+        """Raises :class:`RejoinRequired` when the controller connection has closed since the last look:
+        whatever was in flight on it may be lost (ZeroMQ reconnects by itself; the HELLO of the
+        re-join takes the controller's parameters)."""
+        closed = False
+        while self._link_events.poll(0):
+            closed |= recv_monitor_message(self._link_events)["event"] == zmq.EVENT_DISCONNECTED
+        if closed:
+            raise RejoinRequired(
+                f"worker {self.worker_id}: the connection to controller {self.endpoint} closed (a frame "
+                "refused by ZeroMQ on either side, or the network); frames on it may be lost: re-joining"
+            )
 
     def _max_payload(self, kind: MessageType) -> int:
         if kind == MessageType.UPDATE:
@@ -842,6 +864,8 @@ class WorkerConnection(MeshRelay):
                 except TransportError:
                     pass
             sock.close()
+        self._sock.disable_monitor()
+        self._link_events.close()
         self._sock.close()
         self._release()
 
