@@ -399,7 +399,7 @@ class ParallelWrapper:
             except queue.Empty:
                 break
             self._apply_message(worker, message)
-        update, worker.last_score = net.compute_update(batch)
+        update, worker.last_score = net.compute_update(batch, copy=False)
         iteration, epoch = int(net.iteration_count), int(net.epoch_count)
         message = share_update(handler, net, update, iteration, epoch, self.own_update, worker.scratch)
         if message is None:

@@ -112,10 +112,10 @@ class _Recorder:
     def epoch_count(self, value: int) -> None:
         self.net.epoch_count = value
 
-    def compute_update(self, ds: Any) -> tuple[np.ndarray, float]:
+    def compute_update(self, ds: Any, *, copy: bool = True) -> tuple[np.ndarray, float]:
         if self.fail_at is not None and len(self.log) >= self.fail_at:
             raise self.error
-        update, score = self.net.compute_update(ds)
+        update, score = self.net.compute_update(ds, copy=copy)
         self.log.append(_host(update))
         return update, score
 
@@ -327,9 +327,9 @@ def test_averaging_across_devices_is_bitwise_the_averaging_on_the_cpu(frequency:
 class _ThreadCounter(_Recorder):
     """Records the native thread count each minibatch is computed with."""
 
-    def compute_update(self, ds: Any) -> tuple[np.ndarray, float]:
+    def compute_update(self, ds: Any, *, copy: bool = True) -> tuple[np.ndarray, float]:
         self.log.append(sparkgrad.get_num_threads())
-        return self.net.compute_update(ds)
+        return self.net.compute_update(ds, copy=copy)
 
     def clone(self) -> _ThreadCounter:
         return _ThreadCounter(self.net.clone(), self.log)

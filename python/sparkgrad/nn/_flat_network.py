@@ -671,7 +671,7 @@ class FlatNetwork:
         )
 
     @on_device
-    def compute_update(self, dataset: Any) -> tuple[Any, float]:
+    def compute_update(self, dataset: Any, *, copy: bool = True) -> tuple[Any, float]:
         """gradient -> gradient normalization -> l1/l2 -> updater -> weight decay: the flat vector that
         ``fit`` subtracts.
 
@@ -682,12 +682,15 @@ class FlatNetwork:
 
         Args:
             dataset: a minibatch with features and labels (host arrays, or arrays of the device).
+            copy: False returns the network's own update buffer instead of a copy (a pass over every
+                parameter saved: 10 ms a step at 17M parameters): read-only, and valid only until the
+                network's next step.
 
         Returns:
-            (a copy of the flat update on the network's device, the minibatch score).
+            (the flat update on the network's device, the minibatch score).
         """
         update, score, _ = self._compute_update(dataset)
-        return update.copy(), score
+        return (update.copy() if copy else update), score
 
     @on_device
     def params_finite(self, indices: Any = None) -> bool:

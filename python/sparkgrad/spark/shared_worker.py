@@ -402,7 +402,7 @@ class SharedWorker:
                 self._rejoin(exc)
         with Timer(stats, WORKER_COMPUTE, examples=ds.num_examples()):
             try:
-                update, self.last_score = self.net.compute_update(ds)
+                update, self.last_score = self.net.compute_update(ds, copy=False)
             except TrainingError as exc:
                 raise TrainingError(f"worker {self.tag}: {exc}") from exc
         self._loss_sum += self.last_score
