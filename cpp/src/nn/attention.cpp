@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "recurrent_util.h"
 #include "sparkgrad/common.h"
 #include "sparkgrad/nn.h"
 
@@ -28,40 +29,57 @@ struct Pair {
 };
 
 // Softmax of each of the tq rows of w (tk scores) over the keys whose mask value is non-zero (mask: (tk) or
-// null); masked keys get 0, a row without a present key all zeros.
+// null); masked keys get 0, a row without a present key all zeros. The exponentials are recurrent_util.h's
+// branch-free exp_poly, so the row loops vectorize (libm's exp does not), compiled per ISA.
 template <typename T>
-void masked_softmax_rows(T* w, const T* mask, std::int64_t tq, std::int64_t tk) {
+SPARKGRAD_SIMD_CLONES void masked_softmax_rows(T* w, const T* mask, std::int64_t tq, std::int64_t tk) {
+  constexpr T kNone = -std::numeric_limits<T>::infinity();
   for (std::int64_t i = 0; i < tq; ++i) {
     T* row = w + i * tk;
-    T top = -std::numeric_limits<T>::infinity();
-    for (std::int64_t c = 0; c < tk; ++c) {
-      if (mask == nullptr || mask[c] != T(0)) top = std::max(top, row[c]);
+    T top = kNone;
+    if (mask == nullptr) {
+#pragma omp simd reduction(max : top)
+      for (std::int64_t c = 0; c < tk; ++c) top = std::max(top, row[c]);
+    } else {
+#pragma omp simd reduction(max : top)
+      for (std::int64_t c = 0; c < tk; ++c) top = std::max(top, mask[c] != T(0) ? row[c] : kNone);
     }
-    if (top == -std::numeric_limits<T>::infinity()) {  // no present key
+    if (top == kNone) {  // no present key
       std::fill(row, row + tk, T(0));
       continue;
     }
-    double sum = 0;
-    for (std::int64_t c = 0; c < tk; ++c) {
-      const T e = (mask == nullptr || mask[c] != T(0)) ? std::exp(row[c] - top) : T(0);
-      row[c] = e;
-      sum += e;
+    T sum = 0;
+    if (mask == nullptr) {
+#pragma omp simd reduction(+ : sum)
+      for (std::int64_t c = 0; c < tk; ++c) {
+        row[c] = exp_poly(row[c] - top);
+        sum += row[c];
+      }
+    } else {  // a masked key's argument is replaced by 0 (whatever its score, even NaN), its factor zeroed
+#pragma omp simd reduction(+ : sum)
+      for (std::int64_t c = 0; c < tk; ++c) {
+        const bool present = mask[c] != T(0);
+        row[c] = exp_poly(present ? row[c] - top : T(0)) * (present ? T(1) : T(0));
+        sum += row[c];
+      }
     }
-    const T inv = static_cast<T>(1.0 / sum);
+    const T inv = T(1) / sum;
+#pragma omp simd
     for (std::int64_t c = 0; c < tk; ++c) row[c] *= inv;
   }
 }
 
 // dS = scale w (dw - <dw, w>) per row, in place in dw (masked keys have w = 0 and so get 0).
 template <typename T>
-void softmax_backward_rows(const T* w, T* dw, std::int64_t tq, std::int64_t tk, double scale) {
+SPARKGRAD_SIMD_CLONES void softmax_backward_rows(const T* w, T* dw, std::int64_t tq, std::int64_t tk, T scale) {
   for (std::int64_t i = 0; i < tq; ++i) {
     const T* wr = w + i * tk;
     T* dr = dw + i * tk;
-    double dot = 0;
-    for (std::int64_t c = 0; c < tk; ++c) dot += static_cast<double>(wr[c]) * dr[c];
-    const T tdot = static_cast<T>(dot), tscale = static_cast<T>(scale);
-    for (std::int64_t c = 0; c < tk; ++c) dr[c] = tscale * wr[c] * (dr[c] - tdot);
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (std::int64_t c = 0; c < tk; ++c) dot += wr[c] * dr[c];
+#pragma omp simd
+    for (std::int64_t c = 0; c < tk; ++c) dr[c] = scale * wr[c] * (dr[c] - dot);
   }
 }
 
@@ -102,7 +120,7 @@ void attention_backward(const AttentionShape& s, const T* q, const T* k, const T
     T* dw = dweights + p.w;
     gemm<T>(Transpose::No, Transpose::Yes, s.tq, s.tk, s.dv, T(1), dy + p.y, hdv, v + p.kv_v, hdv, T(0), dw, s.tk);
     gemm<T>(Transpose::Yes, Transpose::No, s.tk, s.dv, s.tq, T(1), w, s.tk, dy + p.y, hdv, T(0), dv + p.kv_v, hdv);
-    softmax_backward_rows(w, dw, s.tq, s.tk, scale);
+    softmax_backward_rows(w, dw, s.tq, s.tk, static_cast<T>(scale));
     gemm<T>(Transpose::No, Transpose::No, s.tq, s.d, s.tk, T(1), dw, s.tk, k + p.kv_k, hd, T(0), dq + p.q, hd);
     gemm<T>(Transpose::Yes, Transpose::No, s.tk, s.d, s.tq, T(1), dw, s.tk, q + p.q, hd, T(0), dk + p.kv_k, hd);
   }
