@@ -16,6 +16,7 @@ from sparkgrad.data import DataSet, ListDataSetIterator, MultiDataSet
 from sparkgrad.nn import (
     ComputationGraph,
     ComputationGraphConfiguration,
+    Convolution1DLayer,
     ConvolutionLayer,
     Deconvolution2D,
     InputType,
@@ -23,6 +24,7 @@ from sparkgrad.nn import (
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    RnnOutputLayer,
     SubsamplingLayer,
     updaters,
 )
@@ -187,6 +189,19 @@ def test_strict_mode_refuses_windows_that_do_not_tile_a_convolution_s_input() ->
             [SubsamplingLayer("max", (3, 3), (2, 2), convolution_mode="strict"), OutputLayer(2)],
             input_type=InputType.convolutional(8, 9, 1),
         )
+    conv1d = [Convolution1DLayer(2, kernel_size=3, stride=2, convolution_mode="strict"), RnnOutputLayer(2)]
+    assert MultiLayerConfiguration(
+        conv1d, input_type=InputType.recurrent(3, 9)
+    ).output_type == InputType.recurrent(2, 4)
+    with pytest.raises(
+        ValueError, match=r"layers\[0\] \(Convolution1DLayer\)\.convolution_mode: strict: input 10"
+    ):
+        MultiLayerConfiguration(conv1d, input_type=InputType.recurrent(3, 10))
+    strict = MultiLayerConfiguration(
+        [Deconvolution2D(2, (3, 3), (2, 2), convolution_mode="strict"), OutputLayer(2)],
+        input_type=InputType.convolutional(4, 5, 1),
+    )
+    assert strict.layer_input_types[1] == InputType.convolutional(9, 11, 2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
