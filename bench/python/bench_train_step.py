@@ -43,7 +43,8 @@ GPU, or a CPU-only PyTorch).
 1.0x PyTorch's step time).
 
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
-        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm,gru,conv1d,deconv,mlp_large,vgg,lstm_large] \
+        [--steps 20] [--rounds 5] \
+        [--models mlp,lenet,resnet,lstm,gru,conv1d,deconv,mlp_large,vgg,lstm_large] \
         [--precision float32|bf16|fp16]
 """
 
