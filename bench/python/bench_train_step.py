@@ -12,6 +12,13 @@ Configurations (Adam, softmax + cross-entropy, random data):
          GRU before: the same work in two products per step)
   conv1d: a 1-D CNN over time series: 16 channels x 128 steps -> conv1d 64 k5 relu -> maxpool 2 -> conv1d
          64 k3 relu -> global max pool -> softmax 10; batch 64
+  transformer: a transformer encoder block (ComputationGraph) over 64 steps of 64 features: + learned
+         position embedding -> self-attention (4 heads of 16, projected, no bias) -> residual add ->
+         layer norm -> dense 128 relu -> dense 64 -> residual add -> layer norm -> average over time ->
+         softmax 10; batch 64 (PyTorch: nn.MultiheadAttention(bias=False), nn.LayerNorm, nn.Linear)
+  deconv: a DCGAN-style upsampling stack: 7x7x32 -> Deconvolution2D 32 4x4 stride 2 padding 1 relu (14x14)
+         -> Deconvolution2D 16 4x4 stride 2 padding 1 relu (28x28) -> softmax 10; batch 64 (PyTorch:
+         ConvTranspose2d, whose weight layout (in, out, kH, kW) is DL4J's too)
 The realistic sizes of issue 42 (selected with --models; their GEMMs are large enough for the tensor
 cores to matter):
   mlp_large:  1024-4096-4096-10 (relu), batch 1024
@@ -40,7 +47,8 @@ GPU, or a CPU-only PyTorch).
 1.0x PyTorch's step time).
 
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
-        [--steps 20] [--rounds 5] [--models mlp,lenet,resnet,lstm,gru,conv1d,mlp_large,vgg,lstm_large] \
+        [--steps 20] [--rounds 5] \
+        [--models mlp,lenet,resnet,lstm,gru,conv1d,transformer,deconv,mlp_large,vgg,lstm_large] \
         [--precision float32|bf16|fp16]
 """
 
@@ -64,6 +72,7 @@ from sparkgrad.nn import (
     ComputationGraphConfiguration,
     Convolution1DLayer,
     ConvolutionLayer,
+    Deconvolution2D,
     DenseLayer,
     ElementWiseVertex,
     GlobalPoolingLayer,
@@ -90,6 +99,7 @@ MODELS = {
     "gru": (64, (64, 50)),
     "conv1d": (64, (16, 128)),
     "transformer": (64, (64, 64)),
+    "deconv": (64, (32, 7, 7)),
     "mlp_large": (1024, (1024,)),
     "vgg": (256, (3, 32, 32)),
     "lstm_large": (256, (256, 64)),
@@ -175,6 +185,10 @@ def _sparkgrad_step(
             OutputLayer(10),
         ]
         input_type = InputType.recurrent(x.shape[1])
+    elif name == "deconv":
+        up = {"kernel_size": (4, 4), "stride": (2, 2), "padding": (1, 1), "activation": "relu"}
+        layers = [Deconvolution2D(32, **up), Deconvolution2D(16, **up), OutputLayer(10)]
+        input_type = InputType.convolutional(7, 7, 32)
     elif name == "vgg":
         layers = [
             ConvolutionLayer(64, **same),
@@ -224,6 +238,15 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str, precision:
             nn.AdaptiveMaxPool1d(1),
             nn.Flatten(),
             nn.Linear(64, 10),
+        )
+    elif name == "deconv":
+        model = nn.Sequential(
+            nn.ConvTranspose2d(32, 32, 4, 2, 1),
+            nn.ReLU(),
+            nn.ConvTranspose2d(32, 16, 4, 2, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(16 * 28 * 28, 10),
         )
     elif name == "resnet":
         model = _torch_residual_cnn()

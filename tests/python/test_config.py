@@ -232,6 +232,7 @@ _REQUIRED = {
     "LSTM": {"n_out": 2},
     "GRU": {"n_out": 2},
     "Convolution1DLayer": {"n_out": 2},
+    "Deconvolution2D": {"n_out": 2},
     "SimpleRnn": {"n_out": 2},
     "RnnOutputLayer": {"n_out": 2},
     "EmbeddingLayer": {"n_in": 5, "n_out": 2},

@@ -615,21 +615,22 @@ class FlatNetwork:
         non-finite gradient changes nothing)."""
         update, score, stepped = self._compute_update(dataset)
         if stepped:
-            self._apply_step(update)
+            self.apply_update(update)
         return score, stepped
 
-    def _apply_step(self, update: Any) -> None:
-        """``apply_update`` of the update ``_compute_update`` just returned: where a row-sparse step
-        wrote it only (the ranges around the tables and the tables' touched rows)."""
+    def _apply_own_update(self) -> bool:
+        """``params -= `` the update the last step left in the network's own buffer, where a row-sparse
+        step wrote it only (the ranges around the tables and the tables' touched rows); False (nothing
+        done) when the last step was dense."""
         if not (self._sparse_tables and all(t.runtime.grad_clean for t in self._sparse_tables)):
-            self.apply_update(update)
-            return
-        params = self._params
+            return False
+        params, update = self._params, self._grad
         for sl in self._dense_ranges:
             params[sl] -= update[sl]
         for table in self._sparse_tables:
             touched = table.runtime.touched
             self._table(params, table)[touched] -= self._table_rows(update, table)
+        return True
 
     def _result(self, y: Any, given: Any) -> Any:
         """A new array holding ``y`` (an array of the device): on the device when ``given`` (the
@@ -711,8 +712,12 @@ class FlatNetwork:
 
     @on_device
     def apply_update(self, update: Any) -> None:
-        """``params -= update`` in place (``update``: a device array, or a host array copied across)."""
+        """``params -= update`` in place (``update``: a device array, or a host array copied across).
+        Given the network's own update buffer (``compute_update(copy=False)``) after a row-sparse step,
+        only where that step wrote it: a step costs what its batch looked up, not the tables' size."""
         self._require_init()
+        if update is self._grad and self._apply_own_update():
+            return
         u = self._device.asarray(update)
         if u.shape != self._params.shape:
             raise ValueError(
@@ -747,7 +752,7 @@ class FlatNetwork:
                 update, _, stepped = self._compute_update(batch)  # as _fit_step (one frame less: warnings)
                 if not stepped:  # fp16 skipped it: no update, no iteration for the listeners
                     continue
-                self._apply_step(update)
+                self.apply_update(update)
                 for listener in self.listeners:
                     listener.iteration_done(self, self.iteration_count, self.epoch_count)
             self.epoch_count += 1

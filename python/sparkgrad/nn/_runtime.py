@@ -176,6 +176,60 @@ class ConvolutionRuntime(LayerRuntime):
         return self._input_dropout_backward(dx)
 
 
+class DeconvolutionRuntime(LayerRuntime):
+    """Deconvolution2D over NCHW input, through the convolution's three kernels with the roles swapped.
+    The layer's weights (n_in, n_out, kh, kw) are a convolution's (K, C, R, S) for a convolution from the
+    deconvolution's output (C = n_out channels) to its input (K = n_in): the forward is that
+    convolution's input gradient, dL/dx its forward and dL/dW its weight gradient with dL/dy as its input
+    and x as its output gradient. A dilation above 1 runs the kernels with the weights spread out into a
+    zero kernel of size (kh - 1) dh + 1 by (kw - 1) dw + 1; the weight gradient is read back at the taps."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.p, self.q, self.pad_top, self.pad_left = self.conf.output_geometry(0, self.input_type)
+        self.geometry = (*self.conf.stride, self.pad_top, self.pad_left)
+        self.dilated = tuple(self.conf.dilation) != (1, 1)
+
+    def _taps(self, full: np.ndarray) -> np.ndarray:
+        """The entries of a spread-out kernel that are the layer's weights."""
+        dh, dw = self.conf.dilation
+        return full[:, :, ::dh, ::dw]
+
+    def _weights(self) -> np.ndarray:
+        w = self.params[L.WEIGHT]
+        if not self.dilated:
+            return w
+        (kh, kw), (dh, dw) = self.conf.kernel_size, self.conf.dilation
+        full = self.buf("w_dilated", (*w.shape[:2], (kh - 1) * dh + 1, (kw - 1) * dw + 1))
+        full.fill(0)
+        self._taps(full)[...] = w
+        return full
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x = self._input_dropout(x, train, seed)
+        self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
+        self.k.conv2d_backward_input(self.x, self._weights(), self.z, *self.geometry)
+        if self.conf.has_bias:
+            self.k.bias_add(self.z, self.params[L.BIAS])
+        self.y = self._activate(self.z)
+        return self.y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        dz = self._activation_backward(self.z, self.y, dy)
+        w = self._weights()
+        dw = self.buf("dw_dilated", w.shape) if self.dilated else self.grads[L.WEIGHT]
+        self.k.conv2d_backward_weight(dz, self.x, dw, *self.geometry)
+        if self.dilated:
+            self.grads[L.WEIGHT][...] = self._taps(dw)
+        if self.conf.has_bias:
+            self.k.bias_grad(dz, self.grads[L.BIAS])
+        if not need_dx:
+            return None
+        dx = self.buf("dx", self.x.shape)
+        self.k.conv2d_forward(dz, w, None, dx, *self.geometry)
+        return self._input_dropout_backward(dx)
+
+
 class SubsamplingRuntime(LayerRuntime):
     """SubsamplingLayer: windowed max / average pooling."""
 
@@ -595,6 +649,7 @@ _RUNTIMES = {
     L.OutputLayer: DenseRuntime,
     L.RnnOutputLayer: DenseRuntime,
     L.ConvolutionLayer: ConvolutionRuntime,
+    L.Deconvolution2D: DeconvolutionRuntime,
     L.SubsamplingLayer: SubsamplingRuntime,
     L.GlobalPoolingLayer: GlobalPoolingRuntime,
     L.BatchNormalization: BatchNormRuntime,

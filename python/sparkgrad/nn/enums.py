@@ -56,10 +56,14 @@ class PoolingType(enum.Enum):
 
 
 class ConvolutionMode(enum.Enum):
-    """TRUNCATE: explicit padding, output floor-divided; SAME: output ceil(in / stride), padding derived."""
+    """TRUNCATE: explicit padding, output floor-divided; SAME: output ceil(in / stride), padding derived;
+    STRICT: as TRUNCATE, but a window that does not tile the padded input exactly
+    (``(in + 2 padding - kernel) % stride != 0``) is a configuration error instead of a dropped remainder
+    (DL4J's ConvolutionMode.Strict). Deconvolution2D computes the same size for TRUNCATE and STRICT."""
 
     TRUNCATE = "truncate"
     SAME = "same"
+    STRICT = "strict"
 
 
 class GradientNormalization(enum.Enum):

@@ -291,12 +291,30 @@ def conv_output_size(size: int, kernel: int, stride: int, pad: int, mode: Convol
     return (size + 2 * pad - kernel) // stride + 1, pad
 
 
+def _check_strict(
+    index: int | str, layer: Any, sizes: tuple, kernel: tuple, stride: tuple, pad: tuple
+) -> None:
+    """STRICT mode: every axis's padded input must be tiled exactly by the windows (DL4J's check)."""
+    if layer.convolution_mode is not ConvolutionMode.STRICT:
+        return
+    for size, k, s, p in zip(sizes, kernel, stride, pad):
+        if size + 2 * p >= k and (size + 2 * p - k) % s:
+            raise layer_error(
+                index,
+                layer,
+                "convolution_mode",
+                f"strict: input {size} + 2 x padding {p} - kernel {k} is not a multiple of stride {s} "
+                "(use truncate to drop the remainder, or same)",
+            )
+
+
 def spatial_output(index: int, layer: Any, input_type: InputType) -> tuple[int, int, int, int]:
     """(P, Q, pad_top, pad_left) for a windowed layer; errors name the layer when the window does not fit."""
     mode = layer.convolution_mode
     (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
     p, pad_top = conv_output_size(input_type.height, kh, sh, ph, mode)
     q, pad_left = conv_output_size(input_type.width, kw, sw, pw, mode)
+    _check_strict(index, layer, (input_type.height, input_type.width), (kh, kw), (sh, sw), (ph, pw))
     if p < 1 or q < 1:
         raise layer_error(
             index,
@@ -351,6 +369,112 @@ class ConvolutionLayer(Layer):
         fan_in = n_in * kh * kw
         fan_out = self.n_out * kh * kw / (sh * sw)
         specs = [ParamSpec(WEIGHT, (self.n_out, n_in, kh, kw), WEIGHT, fan_in, fan_out)]
+        if self.has_bias:
+            specs.append(ParamSpec(BIAS, (self.n_out,), BIAS))
+        return specs
+
+
+def deconv_output_size(
+    size: int, kernel: int, stride: int, pad: int, dilation: int, mode: ConvolutionMode
+) -> tuple[int, int]:
+    """(output size, top/left padding) of a transposed convolution along one axis, as DL4J computes them
+    (``ConvolutionUtils.getDeconvolutionOutputSize`` and libnd4j's deconv2d): SAME gives ``stride * size``
+    and trims ``(k_eff - stride) // 2`` from the top/left (the rest, if any, from the bottom/right);
+    TRUNCATE and STRICT give ``stride * (size - 1) + k_eff - 2 padding``, trimming ``padding`` from both
+    ends. ``k_eff = (kernel - 1) dilation + 1``. Where ``k_eff < stride`` in SAME mode the last
+    ``stride - k_eff`` rows of the output receive no input (bias only)."""
+    effective = (kernel - 1) * dilation + 1
+    if mode is ConvolutionMode.SAME:
+        return stride * size, max(effective - stride, 0) // 2
+    return stride * (size - 1) + effective - 2 * pad, pad
+
+
+@dataclasses.dataclass
+class Deconvolution2D(Layer):
+    """DL4J's Deconvolution2D: a transposed 2-D convolution over NCHW input (the adjoint of a
+    ConvolutionLayer with the same kernel, stride, padding and dilation), upsampling (batch, n_in, h, w) to
+    (batch, n_out, h', w'): truncate and strict give ``h' = stride (h - 1) + k_eff - 2 padding`` (the same
+    for both: a transposed convolution drops nothing), same gives ``h' = stride h``, with
+    ``k_eff = (kernel - 1) dilation + 1``; likewise for w.
+
+    Parameters: ``W`` (n_in, n_out, kernel_h, kernel_w) (DL4J's layout for this layer) and ``b`` (n_out).
+    The forward is a convolution's input gradient, the input gradient a convolution's forward and the
+    weight gradient a convolution's weight gradient with the roles of input and output swapped: it runs
+    the ConvolutionLayer's kernels (im2col/Winograd on the CPU, cuDNN or im2col on a GPU). A dilation above
+    1 runs them with the kernel spread out (zeros between its taps), which costs as a kernel of size k_eff.
+
+    Args:
+        n_out: output channels.
+        kernel_size: (height, width) of the kernel, or one int for both.
+        stride: (rows, columns) step: the upsampling factor.
+        padding: rows and columns trimmed from each edge of the output (truncate and strict modes).
+        dilation: (rows, columns) spacing of the kernel's taps.
+        convolution_mode: truncate, strict or same.
+        activation: the layer's activation (None: the network default).
+        n_in: input channels, inferred from the input type when None.
+        weight_init: the weights' initialisation (None: the network default); fan-in
+            ``n_in * kernel_h * kernel_w``, fan-out ``n_out * kernel_h * kernel_w / (stride_h * stride_w)``
+            as DL4J's.
+        has_bias: whether the layer has the bias ``b``.
+        l1: L1 regularization of the weights (None: the network default).
+        l2: L2 regularization of the weights (None: the network default).
+        dropout: retain probability of the layer's input during training (None: no dropout).
+        weight_decay: weight decay of the weights (None: the network default).
+        updater: the layer's own updater (None: the network's).
+        gradient_normalization: the layer's gradient normalization (None: the network default).
+        gradient_normalization_threshold: its threshold (None: the network default).
+    """
+
+    n_out: int
+    kernel_size: tuple = (3, 3)
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    convolution_mode: ConvolutionMode | str = ConvolutionMode.TRUNCATE
+    activation: Activation | str | None = None
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    has_bias: bool = True
+    l1: float | None = None
+    l2: float | None = None
+    dropout: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self._common_post_init()
+        _window_post_init(self)
+        self.dilation = _pair("dilation", self.dilation, 1)
+
+    def output_geometry(self, index: int | str, input_type: InputType) -> tuple[int, int, int, int]:
+        """(h', w', pad_top, pad_left) for a convolutional input; errors name the layer."""
+        mode = ConvolutionMode(self.convolution_mode)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel_size, self.stride, self.padding, self.dilation
+        p, pad_top = deconv_output_size(input_type.height, kh, sh, ph, dh, mode)
+        q, pad_left = deconv_output_size(input_type.width, kw, sw, pw, dw, mode)
+        if p < 1 or q < 1:
+            raise layer_error(
+                index,
+                self,
+                "padding",
+                f"{self.padding} trims the whole {p + 2 * ph}x{q + 2 * pw} output of the "
+                f"{input_type.height}x{input_type.width} input",
+            )
+        return p, q, pad_top, pad_left
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_conv_input(index, self, input_type)
+        layer = _infer_n_in(index, self, input_type.channels)
+        p, q, _, _ = self.output_geometry(index, input_type)
+        return layer, InputType.convolutional(p, q, self.n_out)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        (kh, kw), (sh, sw), n_in = self.kernel_size, self.stride, self._inferred_n_in()
+        fan_in = n_in * kh * kw
+        fan_out = self.n_out * kh * kw / (sh * sw)
+        specs = [ParamSpec(WEIGHT, (n_in, self.n_out, kh, kw), WEIGHT, fan_in, fan_out)]
         if self.has_bias:
             specs.append(ParamSpec(BIAS, (self.n_out,), BIAS))
         return specs
@@ -945,6 +1069,13 @@ class _Window1D(_Time1D):
     def time_output(self, steps: int) -> int:
         return conv_output_size(steps, self.kernel_size, self.stride, self.padding, self.convolution_mode)[0]
 
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        if input_type.kind == "recurrent" and input_type.time_steps is not None:
+            _check_strict(
+                index, self, (input_type.time_steps,), (self.kernel_size,), (self.stride,), (self.padding,)
+            )
+        return super().infer(index, input_type)
+
     def as_2d(self) -> Layer:
         """The 2-D layer this layer runs as over the width-1 view."""
         raise NotImplementedError  # every windowed 1-D layer overrides this
@@ -1482,6 +1613,7 @@ __all__ = [
     "Convolution1DLayer",
     "ConvolutionLayer",
     "Cropping2D",
+    "Deconvolution2D",
     "DenseLayer",
     "DropoutLayer",
     "EmbeddingLayer",

@@ -42,6 +42,7 @@ from sparkgrad.nn import (
     Convolution1DLayer,
     ConvolutionLayer,
     Cropping2D,
+    Deconvolution2D,
     DenseLayer,
     DropoutLayer,
     DuplicateToTimeSeriesVertex,
@@ -157,6 +158,23 @@ def _cnn_copies(updater: Any = None) -> MultiLayerNetwork:
         input_type=InputType.convolutional(8, 8, 2),
         updater=updater or Adam(1e-2),
         seed=21,
+    )
+    return MultiLayerNetwork(conf)
+
+
+def _cnn_deconv(updater: Any = None) -> MultiLayerNetwork:
+    conf = MultiLayerConfiguration(
+        [
+            ConvolutionLayer(
+                4, kernel_size=(3, 3), stride=(2, 2), convolution_mode="same", activation="relu"
+            ),
+            Deconvolution2D(3, kernel_size=(3, 3), stride=(2, 2), convolution_mode="same", activation="tanh"),
+            Deconvolution2D(2, kernel_size=(2, 2), dilation=(2, 1), has_bias=False, activation="relu"),
+            OutputLayer(3),
+        ],
+        input_type=InputType.convolutional(8, 8, 2),
+        updater=updater or Adam(1e-2),
+        seed=22,
     )
     return MultiLayerNetwork(conf)
 
@@ -354,7 +372,7 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
     for _ in range(3):
         if name == "mlp":
             out.append(DataSet(rng.normal(size=(N, 7)).astype(np.float32), _one_hot(rng, (N,), 3)))
-        elif name in ("cnn", "cnn_bn", "cnn_copies"):
+        elif name in ("cnn", "cnn_bn", "cnn_copies", "cnn_deconv"):
             out.append(DataSet(rng.normal(size=(N, 2, 8, 8)).astype(np.float32), _one_hot(rng, (N,), 3)))
         elif name in ("lstm", "lstm_tbptt", "gru"):
             fmask = _lengths_mask(rng)
@@ -389,6 +407,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "cnn": _cnn,
     "cnn_bn": _cnn_bn,
     "cnn_copies": _cnn_copies,
+    "cnn_deconv": _cnn_deconv,
     "lstm": _lstm,
     "lstm_tbptt": _lstm_tbptt,
     "gru": _gru,

@@ -298,6 +298,26 @@ def test_compute_update_is_the_whole_update_after_row_sparse_steps():
         dense.apply_update(expected)
 
 
+def test_a_shared_step_on_the_networks_own_update_buffer_applies_only_the_touched_rows():
+    # gradient sharing reads the update in place (compute_update(copy=False)) and applies it: the same
+    # parameters as the dense twin's, and the rows the batch did not look up are never read (NaN put
+    # there would reach the parameters through a dense subtraction)
+    rng = np.random.default_rng(9)
+    net = _net(_sparse_layers(), updater=Sgd(0.5))
+    dense = _dense_twin(_net(_sparse_layers(), updater=Sgd(0.5)))
+    for ds in _flat_data(rng, 40, n_batches=4):
+        update, _ = net.compute_update(ds, copy=False)
+        assert update is net._grad
+        expected, _ = dense.compute_update(ds)
+        untouched = np.setdiff1d(np.arange(40), ds.features[:, 0])
+        table = update[: 40 * 4].reshape(40, 4)
+        table[untouched] = np.nan  # what the step wrote is all it may subtract
+        net.apply_update(update)
+        table[untouched] = 0.0
+        dense.apply_update(expected)
+        np.testing.assert_array_equal(net.params(), dense.params())
+
+
 def test_graph_index_inputs_stay_integers_and_only_embeddings_read_them():
     def graph(extra_reader: bool):
         builder = (

@@ -12,6 +12,7 @@ from sparkgrad.nn import (
     BatchNormalization,
     ConvolutionLayer,
     Cropping2D,
+    Deconvolution2D,
     DenseLayer,
     DropoutLayer,
     GlobalPoolingLayer,
@@ -229,6 +230,48 @@ def test_gradient_upsampling_padding_cropping(name: str) -> None:
     rng = np.random.default_rng(len(name))
     ds = DataSet(rng.normal(size=(3, 2, 5, 4)), _one_hot(rng, 3, 3))
     _check(COPIES[name](), InputType.convolutional(5, 4, 2), ds)
+
+
+DECONV_NETS = {
+    "truncate_stride2": lambda: [
+        Deconvolution2D(3, (3, 2), (2, 2), activation="tanh"),
+        OutputLayer(3),
+    ],
+    "padding_dilation_no_bias": lambda: [
+        Deconvolution2D(2, (2, 3), (2, 1), (1, 1), (2, 2), has_bias=False, activation="softplus"),
+        OutputLayer(3),
+    ],
+    "same_between_convolutions": lambda: [
+        ConvolutionLayer(3, (2, 2), (2, 2), activation="tanh"),
+        Deconvolution2D(2, (3, 3), (2, 2), convolution_mode="same", activation="sigmoid"),
+        ConvolutionLayer(2, (2, 2), activation="identity"),
+        OutputLayer(3),
+    ],
+    "same_kernel_below_stride": lambda: [
+        Deconvolution2D(2, (1, 2), (3, 3), convolution_mode="same", activation="tanh"),
+        DenseLayer(3, activation="tanh"),
+        OutputLayer(3),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECONV_NETS))
+def test_gradient_deconvolution(name: str) -> None:
+    rng = np.random.default_rng(len(name))
+    ds = DataSet(rng.normal(size=(3, 2, 4, 5)), _one_hot(rng, 3, 3))
+    _check(DECONV_NETS[name](), InputType.convolutional(4, 5, 2), ds)
+
+
+def test_gradient_deconvolution_regularized() -> None:
+    """l1/l2 reach the deconvolution's weights (the regularized check adds them to the score's gradient)."""
+    rng = np.random.default_rng(4)
+    ds = DataSet(rng.normal(size=(3, 2, 3, 3)), _one_hot(rng, 3, 3))
+    _check(
+        [Deconvolution2D(2, 2, 2, activation="tanh", l1=1e-2, l2=1e-2), OutputLayer(3)],
+        InputType.convolutional(3, 3, 2),
+        ds,
+        regularized=True,
+    )
 
 
 @pytest.mark.parametrize("pooling", ["max", "avg", "sum"])

@@ -797,3 +797,66 @@ def learned_self_attention_layer(x, queries, wq, wk, wv, wo, mask=None):
     heads, d, _ = wq.shape
     q, k, v = (a @ w.reshape(heads * d, c).T for a, w in ((qs, wq), (x, wk), (x, wv)))
     return attention_forward(q, k, v, heads, 1 / np.sqrt(d), mask)[1] @ wo
+
+
+# ---- transposed convolution (Deconvolution2D) ------------------------------------------------------
+
+
+def deconv_geometry(
+    size: int, kernel: int, stride: int, pad: int, dilation: int, mode: str
+) -> tuple[int, int]:
+    """(output size, rows trimmed at the top / left) along one axis, as DL4J's
+    ConvolutionUtils.getDeconvolutionOutputSize and libnd4j's deconv2d compute them: "same" gives
+    stride * size and trims (k_eff - stride) // 2 (libnd4j's calcPadding2D with input and output
+    swapped; none when k_eff < stride); "truncate" and "strict" give stride (size - 1) + k_eff - 2 pad."""
+    effective = (kernel - 1) * dilation + 1
+    if mode == "same":
+        return stride * size, max(effective - stride, 0) // 2
+    return stride * (size - 1) + effective - 2 * pad, pad
+
+
+def _deconv_frame(x_shape, w_shape, out_hw, stride, pad, dilation):
+    """The untrimmed output frame's size, large enough for every scattered tap and the trimmed window."""
+    (_, _, h, wd), (_, _, r, s) = x_shape, w_shape
+    rows = max((h - 1) * stride[0] + (r - 1) * dilation[0] + 1, pad[0] + out_hw[0])
+    cols = max((wd - 1) * stride[1] + (s - 1) * dilation[1] + 1, pad[1] + out_hw[1])
+    return rows, cols
+
+
+def deconv2d_forward(x, w, b, out_hw, stride, pad, dilation) -> np.ndarray:
+    """Transposed convolution by its definition: every input pixel (i, j) scatters x[n, c, i, j] *
+    w[c, o, kr, kc] to frame position (i stride + kr dilation, j stride + kc dilation); the output is the
+    frame's window starting at (pad_top, pad_left) of size out_hw, plus the bias. x: (N, C, h, w),
+    w: (C, O, R, S) (DL4J's layout), b: (O) or None -> (N, O, P, Q)."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    n, _, h, wd = x.shape
+    _, o, r, s = w.shape
+    frame = np.zeros((n, o, *_deconv_frame(x.shape, w.shape, out_hw, stride, pad, dilation)))
+    for i in range(h):
+        for j in range(wd):
+            for kr in range(r):
+                for kc in range(s):
+                    frame[:, :, i * stride[0] + kr * dilation[0], j * stride[1] + kc * dilation[1]] += (
+                        x[:, :, i, j] @ w[:, :, kr, kc]
+                    )
+    y = frame[:, :, pad[0] : pad[0] + out_hw[0], pad[1] : pad[1] + out_hw[1]]
+    return y if b is None else y + np.asarray(b, np.float64)[None, :, None, None]
+
+
+def deconv2d_backward(x, w, dy, stride, pad, dilation) -> tuple[np.ndarray, np.ndarray]:
+    """(dL/dx, dL/dw) of deconv2d_forward given dL/dy: dy placed back into the untrimmed frame (zero where
+    the output was trimmed), then each tap's gather (dx) and product sum (dw) of the scatter above."""
+    x, w, dy = (np.asarray(a, np.float64) for a in (x, w, dy))
+    n, _, h, wd = x.shape
+    _, _, r, s = w.shape
+    frame = np.zeros((n, dy.shape[1], *_deconv_frame(x.shape, w.shape, dy.shape[2:], stride, pad, dilation)))
+    frame[:, :, pad[0] : pad[0] + dy.shape[2], pad[1] : pad[1] + dy.shape[3]] = dy
+    dx, dw = np.zeros(x.shape), np.zeros(w.shape)
+    for i in range(h):
+        for j in range(wd):
+            for kr in range(r):
+                for kc in range(s):
+                    g = frame[:, :, i * stride[0] + kr * dilation[0], j * stride[1] + kc * dilation[1]]
+                    dx[:, :, i, j] += g @ w[:, :, kr, kc].T
+                    dw[:, :, kr, kc] += x[:, :, i, j].T @ g
+    return dx, dw
