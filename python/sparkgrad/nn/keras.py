@@ -259,6 +259,67 @@ class _Builder:
     def _AveragePooling2D(self, layer: dict) -> None:
         self._pool2d(layer, PoolingType.AVG)
 
+    def _ZeroPadding2D(self, layer: dict) -> None:
+        (top, bottom), (left, right) = layer["config"]["padding"]
+        self.add(L.ZeroPaddingLayer(padding=(top, bottom, left, right)))
+        h, w, c = self.shape
+        self.shape = (h + top + bottom, w + left + right, c)
+
+    def _Cropping2D(self, layer: dict) -> None:
+        (top, bottom), (left, right) = layer["config"]["cropping"]
+        self.add(L.Cropping2D(cropping=(top, bottom, left, right)))
+        h, w, c = self.shape
+        self.shape = (h - top - bottom, w - left - right, c)
+
+    def _UpSampling2D(self, layer: dict) -> None:
+        _require(layer, "interpolation", ("nearest",))
+        rows, cols = layer["config"]["size"]
+        self.add(L.Upsampling2D(size=(rows, cols)))
+        h, w, c = self.shape
+        self.shape = (h * rows, w * cols, c)
+
+    def _steps(self, layer: dict, kernel: int, stride: int, channels: int) -> None:
+        t = self.shape[0]
+        if t is not None:
+            t = -(-t // stride) if layer["config"]["padding"] == "same" else (t - kernel) // stride + 1
+        self.shape = (t, channels)
+
+    def _Conv1D(self, layer: dict) -> None:
+        cfg = layer["config"]
+        _require(layer, "dilation_rate", ((1,),))
+        _require(layer, "groups", (1,))
+        _require(layer, "padding", ("valid", "same"))
+        (k,), (stride,) = cfg["kernel_size"], cfg["strides"]
+        w = self.w(layer)
+        params = {L.WEIGHT: np.ascontiguousarray(w[0].transpose(2, 1, 0)[..., None])}
+        if cfg.get("use_bias", True):
+            params[L.BIAS] = w[1]
+        mode = ConvolutionMode.SAME if cfg["padding"] == "same" else ConvolutionMode.TRUNCATE
+        conv = L.Convolution1DLayer(
+            n_out=int(cfg["filters"]),
+            kernel_size=k,
+            stride=stride,
+            convolution_mode=mode,
+            activation=_activation(layer),
+            has_bias=bool(cfg.get("use_bias", True)),
+        )
+        self.add(conv, params)
+        self._steps(layer, k, stride, int(cfg["filters"]))
+
+    def _pool1d(self, layer: dict, kind: PoolingType) -> None:
+        cfg = layer["config"]
+        _require(layer, "padding", ("valid",))
+        (k,) = cfg["pool_size"]
+        (stride,) = cfg.get("strides") or cfg["pool_size"]
+        self.add(L.Subsampling1DLayer(pooling_type=kind, kernel_size=k, stride=stride))
+        self._steps(layer, k, stride, self.shape[-1])
+
+    def _MaxPooling1D(self, layer: dict) -> None:
+        self._pool1d(layer, PoolingType.MAX)
+
+    def _AveragePooling1D(self, layer: dict) -> None:
+        self._pool1d(layer, PoolingType.AVG)
+
     def _global(self, layer: dict, kind: PoolingType) -> None:
         if layer["config"].get("keepdims"):
             raise _fail(layer, "keepdims", True)

@@ -175,3 +175,39 @@ def test_imported_network_trains_further(tmp_path):
     net.fit(data, epochs=20)
     after = net.score(data)
     assert after < 0.9 * before, (before, after)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_padding_cropping_upsampling(tmp_path, fmt):
+    keras.utils.set_random_seed(9)
+    model = keras.Sequential(
+        [
+            keras.Input((6, 5, 2)),
+            keras.layers.ZeroPadding2D(((1, 2), (0, 1))),
+            keras.layers.Conv2D(3, (3, 3), activation="relu"),
+            keras.layers.UpSampling2D((2, 1)),
+            keras.layers.Cropping2D(((1, 0), (0, 2))),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+    x = np.random.default_rng(10).normal(size=(4, 6, 5, 2)).astype("float32")
+    _check(model, tmp_path, fmt, x, reduction=18 * 4, depth=2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_conv1d_time_series(tmp_path, fmt):
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential(
+        [
+            keras.Input((16, 3)),
+            keras.layers.Conv1D(5, 3, activation="relu", padding="same"),
+            keras.layers.MaxPooling1D(2),
+            keras.layers.Conv1D(4, 2, strides=2, activation="tanh"),
+            keras.layers.AveragePooling1D(2),
+            keras.layers.GlobalMaxPooling1D(),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    x = np.random.default_rng(12).normal(size=(5, 16, 3)).astype("float32")
+    _check(model, tmp_path, fmt, x, reduction=10, depth=3)
