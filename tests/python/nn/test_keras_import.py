@@ -35,16 +35,16 @@ def _save(model, tmp_path, fmt):
     return path
 
 
-def _check(model, tmp_path, fmt, x, reduction, depth, indices=False):
-    net = import_keras_sequential_model_and_weights(_save(model, tmp_path, fmt))
+def _check(model, tmp_path, x, reduction, depth, indices=False):
+    """The model saved in both formats, each imported, gives model.predict's output."""
     expected = model.predict(x, verbose=0)
-    got = np.asarray(net.output(to_sparkgrad_layout(x, indices=indices)))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(reduction, depth))
-    return net
+    for fmt in FORMATS:
+        net = import_keras_sequential_model_and_weights(_save(model, tmp_path, fmt))
+        got = np.asarray(net.output(to_sparkgrad_layout(x, indices=indices)))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(reduction, depth), err_msg=fmt)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_mlp(tmp_path, fmt):
+def test_mlp(tmp_path):
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
         [
@@ -62,11 +62,10 @@ def test_mlp(tmp_path, fmt):
     bn.moving_mean.assign(np.random.default_rng(0).normal(size=32).astype("float32"))
     bn.moving_variance.assign(np.random.default_rng(1).uniform(0.5, 2, size=32).astype("float32"))
     x = np.random.default_rng(2).normal(size=(20, 12)).astype("float32")
-    _check(model, tmp_path, fmt, x, reduction=32, depth=3)
+    _check(model, tmp_path, x, reduction=32, depth=3)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_cnn(tmp_path, fmt):
+def test_cnn(tmp_path):
     keras.utils.set_random_seed(2)
     model = keras.Sequential(
         [
@@ -80,11 +79,10 @@ def test_cnn(tmp_path, fmt):
         ]
     )
     x = np.random.default_rng(3).normal(size=(6, 10, 9, 3)).astype("float32")
-    _check(model, tmp_path, fmt, x, reduction=60, depth=3)
+    _check(model, tmp_path, x, reduction=60, depth=3)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_global_pooling_cnn(tmp_path, fmt):
+def test_global_pooling_cnn(tmp_path):
     keras.utils.set_random_seed(3)
     model = keras.Sequential(
         [
@@ -96,7 +94,7 @@ def test_global_pooling_cnn(tmp_path, fmt):
         ]
     )
     x = np.random.default_rng(4).normal(size=(5, 8, 8, 2)).astype("float32")
-    _check(model, tmp_path, fmt, x, reduction=36, depth=3)
+    _check(model, tmp_path, x, reduction=36, depth=3)
 
 
 def _text_model(recurrent):
@@ -110,9 +108,8 @@ def _text_model(recurrent):
     )
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple_rnn", "lstm_seq"])
-def test_text_models(tmp_path, fmt, kind):
+def test_text_models(tmp_path, kind):
     keras.utils.set_random_seed(4)
     layer = {
         "lstm": lambda: keras.layers.LSTM(6),
@@ -137,7 +134,7 @@ def test_text_models(tmp_path, fmt, kind):
         if len(w.shape) == 1:
             w.assign(np.random.default_rng(5).normal(size=w.shape).astype("float32"))
     x = np.random.default_rng(6).integers(0, 30, size=(9, 7)).astype("int32")
-    _check(model, tmp_path, fmt, x, reduction=14 * 7, depth=2, indices=True)
+    _check(model, tmp_path, x, reduction=14 * 7, depth=2, indices=True)
 
 
 def test_gru_reset_after_is_refused(tmp_path):
@@ -177,8 +174,7 @@ def test_imported_network_trains_further(tmp_path):
     assert after < 0.9 * before, (before, after)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_padding_cropping_upsampling(tmp_path, fmt):
+def test_padding_cropping_upsampling(tmp_path):
     keras.utils.set_random_seed(9)
     model = keras.Sequential(
         [
@@ -192,11 +188,10 @@ def test_padding_cropping_upsampling(tmp_path, fmt):
         ]
     )
     x = np.random.default_rng(10).normal(size=(4, 6, 5, 2)).astype("float32")
-    _check(model, tmp_path, fmt, x, reduction=18 * 4, depth=2)
+    _check(model, tmp_path, x, reduction=18 * 4, depth=2)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_conv1d_time_series(tmp_path, fmt):
+def test_conv1d_time_series(tmp_path):
     keras.utils.set_random_seed(11)
     model = keras.Sequential(
         [
@@ -210,4 +205,4 @@ def test_conv1d_time_series(tmp_path, fmt):
         ]
     )
     x = np.random.default_rng(12).normal(size=(5, 16, 3)).astype("float32")
-    _check(model, tmp_path, fmt, x, reduction=10, depth=3)
+    _check(model, tmp_path, x, reduction=10, depth=3)
