@@ -159,8 +159,17 @@ def _check_migration(namespace: dict, output: str, tmp_path) -> None:
     assert ParameterAveragingTrainingMaster.from_yaml(averaging.to_yaml()) == averaging
 
 
+def _check_keras_import(namespace: dict, output: str, tmp_path) -> None:
+    # 12 steps, each reducing 8 inputs + 16 recurrent units, then the Dense's 16: float32 rounding
+    tolerance = 8 * FLOAT32_EPS * 12 * (8 + 16) * 2
+    assert set(namespace["differences"]) == {"text.keras", "text.h5"}
+    assert max(namespace["differences"].values()) < tolerance, namespace["differences"]
+    assert namespace["ours"].shape == (4, 2)
+
+
 # page -> a check of what the page claims, given the examples' namespace, their output and the directory
 CHECKS = {
+    "docs/guides/keras-import.md": _check_keras_import,
     "docs/guides/local-training.md": _check_local_training,
     "docs/guides/recurrent.md": _check_recurrent,
     "docs/migration.md": _check_migration,
