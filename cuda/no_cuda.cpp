@@ -37,6 +37,9 @@ Precision current_precision() { return precision_mode; }
 std::vector<DeviceInfo> devices() { no_cuda("cuda_devices"); }
 SPARKGRAD_NO_CUDA_KERNEL(gemm, Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t,
                          const T*, std::int64_t, T, T*, std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(gemm_strided_batched, Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, T,
+                         const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t, T, T*,
+                         std::int64_t, std::int64_t, std::int64_t)
 
 }  // namespace gpu
 
@@ -100,6 +103,14 @@ SPARKGRAD_NO_CUDA_KERNEL(batchnorm_forward_inference, const BatchNormShape&, con
                          const T*, T*, double)
 SPARKGRAD_NO_CUDA_KERNEL(batchnorm_backward, const BatchNormShape&, const T*, const T*, const T*, const T*, const T*,
                          T*, T*, T*, double)
+SPARKGRAD_NO_CUDA_KERNEL(layer_norm_forward, const T*, const T*, const T*, T*, T*, T*, std::int64_t, std::int64_t,
+                         double)
+SPARKGRAD_NO_CUDA_KERNEL(layer_norm_backward, const T*, const T*, const T*, const T*, const T*, T*, T*, T*,
+                         std::int64_t, std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(attention_forward, const AttentionShape&, const T*, const T*, const T*, const T*, double, T*,
+                         T*)
+SPARKGRAD_NO_CUDA_KERNEL(attention_backward, const AttentionShape&, const T*, const T*, const T*, const T*, const T*,
+                         double, T*, T*, T*, T*)
 SPARKGRAD_NO_CUDA_KERNEL(dropout_forward, const T*, T*, T*, std::int64_t, double, std::uint64_t)
 SPARKGRAD_NO_CUDA_KERNEL(dropout_backward, const T*, const T*, T*, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(embedding_forward, const std::int64_t*, const T*, T*, std::int64_t, std::int64_t, std::int64_t,

@@ -12,6 +12,10 @@ Configurations (Adam, softmax + cross-entropy, random data):
          GRU before: the same work in two products per step)
   conv1d: a 1-D CNN over time series: 16 channels x 128 steps -> conv1d 64 k5 relu -> maxpool 2 -> conv1d
          64 k3 relu -> global max pool -> softmax 10; batch 64
+  transformer: a transformer encoder block (ComputationGraph) over 64 steps of 64 features: + learned
+         position embedding -> self-attention (4 heads of 16, projected, no bias) -> residual add ->
+         layer norm -> dense 128 relu -> dense 64 -> residual add -> layer norm -> average over time ->
+         softmax 10; batch 64 (PyTorch: nn.MultiheadAttention(bias=False), nn.LayerNorm, nn.Linear)
   deconv: a DCGAN-style upsampling stack: 7x7x32 -> Deconvolution2D 32 4x4 stride 2 padding 1 relu (14x14)
          -> Deconvolution2D 16 4x4 stride 2 padding 1 relu (28x28) -> softmax 10; batch 64 (PyTorch:
          ConvTranspose2d, whose weight layout (in, out, kH, kW) is DL4J's too)
@@ -44,7 +48,7 @@ GPU, or a CPU-only PyTorch).
 
     PYTHONPATH=python python bench/python/bench_train_step.py [--device cpu|cuda] [--threads N] \
         [--steps 20] [--rounds 5] \
-        [--models mlp,lenet,resnet,lstm,gru,conv1d,deconv,mlp_large,vgg,lstm_large] \
+        [--models mlp,lenet,resnet,lstm,gru,conv1d,transformer,deconv,mlp_large,vgg,lstm_large] \
         [--precision float32|bf16|fp16]
 """
 
@@ -75,9 +79,12 @@ from sparkgrad.nn import (
     GraphBuilder,
     InputType,
     LastTimeStep,
+    LayerNormalization,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    PositionEmbeddingLayer,
+    SelfAttentionLayer,
     Subsampling1DLayer,
     SubsamplingLayer,
     updaters,
@@ -91,6 +98,7 @@ MODELS = {
     "lstm": (64, (64, 50)),
     "gru": (64, (64, 50)),
     "conv1d": (64, (16, 128)),
+    "transformer": (64, (64, 64)),
     "deconv": (64, (32, 7, 7)),
     "mlp_large": (1024, (1024,)),
     "vgg": (256, (3, 32, 32)),
@@ -131,11 +139,32 @@ def _residual_graph(device: Device, precision: str) -> ComputationGraph:
     return ComputationGraph(b.set_outputs("out").build(), device=device).init()
 
 
+def _transformer_graph(size: int, steps: int, device: Device, precision: str) -> ComputationGraph:
+    b = ComputationGraphConfiguration.builder(
+        updater=updaters.Adam(1e-3), seed=0, **_precision_option(precision)
+    )
+    b.add_inputs("seq").set_input_types(InputType.recurrent(size, steps))
+    b.add_layer("pos", PositionEmbeddingLayer(steps), "seq")
+    b.add_layer("attention", SelfAttentionLayer(size, n_heads=4), "pos")
+    b.add_vertex("residual", ElementWiseVertex("add"), "pos", "attention")
+    b.add_layer("norm", LayerNormalization(), "residual")
+    b.add_layer("ff", DenseLayer(2 * size, activation="relu"), "norm")
+    b.add_layer("ff_out", DenseLayer(size, activation="identity"), "ff")
+    b.add_vertex("residual_ff", ElementWiseVertex("add"), "norm", "ff_out")
+    b.add_layer("norm_ff", LayerNormalization(), "residual_ff")
+    b.add_layer("pool", GlobalPoolingLayer("avg"), "norm_ff")
+    b.add_layer("out", OutputLayer(10), "pool")
+    return ComputationGraph(b.set_outputs("out").build(), device=device).init()
+
+
 def _sparkgrad_step(
     name: str, x: np.ndarray, y: np.ndarray, device: Device, precision: str
 ) -> Callable[[], None]:
-    if name == "resnet":
-        graph = _residual_graph(device, precision)
+    if name in ("resnet", "transformer"):
+        if name == "resnet":
+            graph = _residual_graph(device, precision)
+        else:
+            graph = _transformer_graph(x.shape[1], x.shape[2], device, precision)
         ds = DataSet(x, y)
         return lambda: graph.fit(ds)
     same = {"kernel_size": (3, 3), "convolution_mode": "same", "activation": "relu"}
@@ -221,6 +250,9 @@ def _torch_step(name: str, x: np.ndarray, y: np.ndarray, device: str, precision:
         )
     elif name == "resnet":
         model = _torch_residual_cnn()
+    elif name == "transformer":
+        model = _torch_transformer(x.shape[1], x.shape[2])
+        xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1)))  # (batch, time, size)
     elif name in ("mlp", "mlp_large"):
         a, b = (1024, 512) if name == "mlp" else (4096, 4096)
         model = nn.Sequential(
@@ -279,6 +311,28 @@ def _torch_last_step_rnn(size: int, hidden: int, cell: type):
             return self.head(self.rnn(x)[0][:, -1])
 
     return LastStepRnn()
+
+
+def _torch_transformer(size: int, steps: int):
+    import torch
+    from torch import nn
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Parameter(0.1 * torch.randn(steps, size))
+            self.attention = nn.MultiheadAttention(size, 4, bias=False, batch_first=True)
+            self.norm, self.norm_ff = nn.LayerNorm(size), nn.LayerNorm(size)
+            self.ff = nn.Sequential(nn.Linear(size, 2 * size), nn.ReLU(), nn.Linear(2 * size, size))
+            self.head = nn.Linear(size, 10)
+
+        def forward(self, x):
+            h = x + self.pos
+            h = self.norm(h + self.attention(h, h, h, need_weights=False)[0])
+            h = self.norm_ff(h + self.ff(h))
+            return self.head(h.mean(dim=1))
+
+    return Encoder()
 
 
 def _torch_vgg():

@@ -157,9 +157,50 @@ void gemm(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64
   }
 }
 
+template <typename T>
+void gemm_strided_batched(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                          const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                          std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c,
+                          std::int64_t batch) {
+  for (std::int64_t v : {m, n, k, lda, ldb, ldc, batch}) {
+    if (v < 0 || v > INT_MAX) throw_invalid("gemm", "dimension ", v, " is outside the 32-bit cuBLAS range");
+  }
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const int count = static_cast<int>(batch);
+  cublasHandle_t h = handle_on_current_stream();
+  // c^T = op(b)^T op(a)^T, the operands swapped as in gemm
+  if constexpr (std::is_same_v<T, float>) {
+    const Precision precision = current_precision();
+    if (precision == Precision::Float32) {
+      check_cublas(cublasSgemmStridedBatched(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b,
+                                             static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a,
+                                             &beta, c, static_cast<int>(ldc), stride_c, count));
+    } else {  // mixed precision: float32 operands on the tensor cores, as gemm's small products
+      const cublasComputeType_t compute =
+          precision == Precision::Bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
+      check_cublas(cublasGemmStridedBatchedEx(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b, CUDA_R_32F,
+                                              static_cast<int>(ldb), stride_b, a, CUDA_R_32F, static_cast<int>(lda),
+                                              stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c, count,
+                                              compute, CUBLAS_GEMM_DEFAULT));
+    }
+  } else {
+    check_cublas(cublasDgemmStridedBatched(h, to_cublas(tb), to_cublas(ta), in, im, ik, &alpha, b,
+                                           static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a,
+                                           &beta, c, static_cast<int>(ldc), stride_c, count));
+  }
+}
+
 template void gemm<float>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                           std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
 template void gemm<double>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, double, const double*,
                            std::int64_t, const double*, std::int64_t, double, double*, std::int64_t);
+
+template void gemm_strided_batched<float>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, float,
+                                          const float*, std::int64_t, std::int64_t, const float*, std::int64_t,
+                                          std::int64_t, float, float*, std::int64_t, std::int64_t, std::int64_t);
+template void gemm_strided_batched<double>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, double,
+                                           const double*, std::int64_t, std::int64_t, const double*, std::int64_t,
+                                           std::int64_t, double, double*, std::int64_t, std::int64_t, std::int64_t);
 
 }  // namespace sparkgrad::gpu

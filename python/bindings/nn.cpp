@@ -934,6 +934,130 @@ void simple_rnn_backward(py::handle x_in, py::handle w_in, py::handle rw_in, py:
   });
 }
 
+void layer_norm_forward(py::handle x_in, py::handle gain_in, py::handle bias_in, py::handle y_in, py::handle mean_in,
+                        py::handle rstd_in, double eps) {
+  const char* op = "layer_norm_forward";
+  if (!(eps > 0.0) || !std::isfinite(eps)) throw_invalid(op, "eps must be finite and > 0, got ", eps);
+  const ArrayView x(op, "x", x_in), gain(op, "gain", gain_in), y(op, "y", y_in);
+  const ArrayView bias = ArrayView::optional(op, "bias", bias_in);
+  const ArrayView mean(op, "mean", mean_in), rstd(op, "rstd", rstd_in);
+  const Place place = common_place(op, {&x, &gain, &bias, &y, &mean, &rstd});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    x.require_ndim({2}, "2-D (rows, C)");
+    const std::int64_t rows = x.shape(0), c = x.shape(1);
+    if (c < 1) throw_invalid(op, "x must have at least one column, got shape ", shape_text(x.shape()));
+    require_channel_vectors<T>(c, {{&gain, false}});
+    bias.require<T>();
+    if (bias.present()) bias.require_shape({c});
+    y.require<T>(true);
+    y.require_shape(x.shape());
+    for (const ArrayView* stat : {&mean, &rstd}) {
+      stat->require<T>(true);
+      stat->require_shape({rows});
+    }
+    SPARKGRAD_RUN_TWIN(place, nn, layer_norm_forward<T>, x.data<T>(), gain.data<T>(), bias.data<T>(),
+                       y.mutable_data<T>(), mean.mutable_data<T>(), rstd.mutable_data<T>(), rows, c, eps);
+  });
+}
+
+void layer_norm_backward(py::handle x_in, py::handle dy_in, py::handle gain_in, py::handle mean_in,
+                         py::handle rstd_in, py::handle dx_in, py::handle dgain_in, py::handle dbias_in) {
+  const char* op = "layer_norm_backward";
+  const ArrayView x(op, "x", x_in), dy(op, "dy", dy_in), gain(op, "gain", gain_in);
+  const ArrayView mean(op, "mean", mean_in), rstd(op, "rstd", rstd_in), dx(op, "dx", dx_in);
+  const ArrayView dgain(op, "dgain", dgain_in), dbias = ArrayView::optional(op, "dbias", dbias_in);
+  const Place place = common_place(op, {&x, &dy, &gain, &mean, &rstd, &dx, &dgain, &dbias});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    x.require_ndim({2}, "2-D (rows, C)");
+    const std::int64_t rows = x.shape(0), c = x.shape(1);
+    if (c < 1) throw_invalid(op, "x must have at least one column, got shape ", shape_text(x.shape()));
+    dy.require<T>();
+    dy.require_shape(x.shape());
+    dx.require<T>(true);
+    dx.require_shape(x.shape());
+    for (const ArrayView* stat : {&mean, &rstd}) {
+      stat->require<T>();
+      stat->require_shape({rows});
+    }
+    require_channel_vectors<T>(c, {{&gain, false}, {&dgain, true}});
+    dbias.require<T>(true);
+    if (dbias.present()) dbias.require_shape({c});
+    SPARKGRAD_RUN_TWIN(place, nn, layer_norm_backward<T>, x.data<T>(), dy.data<T>(), gain.data<T>(), mean.data<T>(),
+                       rstd.data<T>(), dx.mutable_data<T>(), dgain.mutable_data<T>(), dbias.mutable_data<T>(), rows,
+                       c);
+  });
+}
+
+// Attention geometry from q (N, TQ, heads*D), k (N, TK, heads*D) and v (N, TK, heads*DV).
+nn::AttentionShape attention_shape(const char* op, const ArrayView& q, const ArrayView& k, const ArrayView& v,
+                                   std::int64_t heads) {
+  require_positive(op, "heads", heads);
+  for (const ArrayView* a : {&q, &k, &v}) a->require_ndim({3}, "3-D (N, T, heads * size)");
+  if (q.shape(2) % heads != 0 || q.shape(2) == 0) {
+    throw_invalid(op, "q's last axis (", q.shape(2), ") must be a positive multiple of heads (", heads, ")");
+  }
+  if (v.shape(2) % heads != 0 || v.shape(2) == 0) {
+    throw_invalid(op, "v's last axis (", v.shape(2), ") must be a positive multiple of heads (", heads, ")");
+  }
+  const std::int64_t n = q.shape(0), tk = k.shape(1);
+  k.require_shape({n, tk, q.shape(2)});
+  v.require_shape({n, tk, v.shape(2)});
+  if (q.shape(1) < 1 || tk < 1) throw_invalid(op, "q and k need at least one time step");
+  return {n, heads, q.shape(1), tk, q.shape(2) / heads, v.shape(2) / heads};
+}
+
+void attention_forward(py::handle q_in, py::handle k_in, py::handle v_in, py::handle weights_in, py::handle y_in,
+                       std::int64_t heads, double scale, py::handle mask_in) {
+  const char* op = "attention_forward";
+  if (!std::isfinite(scale)) throw_invalid(op, "scale must be finite, got ", scale);
+  const ArrayView q(op, "q", q_in), k(op, "k", k_in), v(op, "v", v_in);
+  const ArrayView weights(op, "weights", weights_in), y(op, "y", y_in);
+  const ArrayView mask = ArrayView::optional(op, "mask", mask_in);
+  const Place place = common_place(op, {&q, &k, &v, &weights, &y, &mask});
+  dispatch_float(op, q, [&](auto tag) {
+    using T = decltype(tag);
+    for (const ArrayView* in : {&q, &k, &v, &mask}) in->require<T>();
+    const nn::AttentionShape s = attention_shape(op, q, k, v, heads);
+    if (mask.present()) mask.require_shape({s.n, s.tk});
+    weights.require<T>(true);
+    weights.require_shape({s.n, s.heads, s.tq, s.tk});
+    y.require<T>(true);
+    y.require_shape({s.n, s.tq, s.heads * s.dv});
+    SPARKGRAD_RUN_TWIN(place, nn, attention_forward<T>, s, q.data<T>(), k.data<T>(), v.data<T>(), mask.data<T>(),
+                       scale, weights.mutable_data<T>(), y.mutable_data<T>());
+  });
+}
+
+void attention_backward(py::handle q_in, py::handle k_in, py::handle v_in, py::handle weights_in, py::handle dy_in,
+                        py::handle dweights_in, py::handle dq_in, py::handle dk_in, py::handle dv_in,
+                        std::int64_t heads, double scale) {
+  const char* op = "attention_backward";
+  if (!std::isfinite(scale)) throw_invalid(op, "scale must be finite, got ", scale);
+  const ArrayView q(op, "q", q_in), k(op, "k", k_in), v(op, "v", v_in), weights(op, "weights", weights_in);
+  const ArrayView dy(op, "dy", dy_in), dweights(op, "dweights", dweights_in);
+  const ArrayView dq(op, "dq", dq_in), dk(op, "dk", dk_in), dv(op, "dv", dv_in);
+  const Place place = common_place(op, {&q, &k, &v, &weights, &dy, &dweights, &dq, &dk, &dv});
+  dispatch_float(op, q, [&](auto tag) {
+    using T = decltype(tag);
+    for (const ArrayView* in : {&q, &k, &v, &weights, &dy}) in->require<T>();
+    const nn::AttentionShape s = attention_shape(op, q, k, v, heads);
+    weights.require_shape({s.n, s.heads, s.tq, s.tk});
+    dy.require_shape({s.n, s.tq, s.heads * s.dv});
+    for (const ArrayView* out : {&dweights, &dq, &dk, &dv}) out->require<T>(true);
+    dweights.require_shape(weights.shape());
+    dq.require_shape(q.shape());
+    dk.require_shape(k.shape());
+    dv.require_shape(v.shape());
+    SPARKGRAD_RUN_TWIN(place, nn, attention_backward<T>, s, q.data<T>(), k.data<T>(), v.data<T>(), weights.data<T>(),
+                       dy.data<T>(), scale, dweights.mutable_data<T>(), dq.mutable_data<T>(), dk.mutable_data<T>(),
+                       dv.mutable_data<T>());
+  });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -1065,4 +1189,23 @@ void init_nn(py::module_& m) {
         "y (N,) = ||a_i - b_i||_2 per example of the (N, ...) arrays a and b.");
   m.def("l2_distance_backward", &l2_distance_backward, py::arg("a"), py::arg("b"), py::arg("y"), py::arg("dy"),
         py::arg("da"), py::arg("db"), py::arg("eps"), "da = dy (a - b) / max(y, eps), db = -da.");
+  m.def("layer_norm_forward", &layer_norm_forward, py::arg("x"), py::arg("gain"), py::arg("bias"), py::arg("y"),
+        py::arg("mean"), py::arg("rstd"), py::arg("eps") = 1e-5,
+        "Layer normalization of each row of x (rows, C): y = (x - mean) rstd gain + bias (bias None: none), "
+        "rstd = 1 / sqrt(biased var + eps); writes mean and rstd (rows,).");
+  m.def("layer_norm_backward", &layer_norm_backward, py::arg("x"), py::arg("dy"), py::arg("gain"), py::arg("mean"),
+        py::arg("rstd"), py::arg("dx"), py::arg("dgain"), py::arg("dbias") = py::none(),
+        "Backward of layer_norm_forward: dx (rows, C), dgain and dbias (C,) (dbias None: not written); the column "
+        "sums are the same bits for any thread count. dx may be dy.");
+  m.def("attention_forward", &attention_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("weights"),
+        py::arg("y"), py::arg("heads"), py::arg("scale"), py::arg("mask") = py::none(),
+        "Multi-head dot-product attention: per example and head, weights (N, heads, TQ, TK) = softmax(scale q k^T) "
+        "over the keys whose mask (N, TK) is non-zero (masked keys 0; none present: all 0), y = weights v. Heads "
+        "interleaved in the last axis: q (N, TQ, heads*D), k (N, TK, heads*D), v (N, TK, heads*DV), y (N, TQ, "
+        "heads*DV).");
+  m.def("attention_backward", &attention_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("weights"),
+        py::arg("dy"), py::arg("dweights"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("heads"),
+        py::arg("scale"),
+        "Backward of attention_forward given its weights and dy (N, TQ, heads*DV): writes dq, dk, dv (dweights is "
+        "scratch, shaped as weights).");
 }

@@ -18,6 +18,8 @@ __all__: list[str] = [
     "activation_backward",
     "activation_forward",
     "apply_weight_decay",
+    "attention_backward",
+    "attention_forward",
     "batchnorm_backward",
     "batchnorm_forward_inference",
     "batchnorm_forward_train",
@@ -47,10 +49,10 @@ __all__: list[str] = [
     "decode",
     "dropout_backward",
     "dropout_forward",
-    "embedding_backward",
-    "embedding_forward",
     "elementwise_backward",
     "elementwise_forward",
+    "embedding_backward",
+    "embedding_forward",
     "encode_smaller",
     "gemm",
     "global_pool_backward",
@@ -61,6 +63,8 @@ __all__: list[str] = [
     "l2_distance_forward",
     "l2_normalize_backward",
     "l2_normalize_forward",
+    "layer_norm_backward",
+    "layer_norm_forward",
     "loss_gradient",
     "loss_score",
     "lstm_backward",
@@ -110,6 +114,37 @@ def apply_weight_decay(
 ) -> None:
     """
     update += coeff * params, in place.
+    """
+
+def attention_backward(
+    q: typing.Any,
+    k: typing.Any,
+    v: typing.Any,
+    weights: typing.Any,
+    dy: typing.Any,
+    dweights: typing.Any,
+    dq: typing.Any,
+    dk: typing.Any,
+    dv: typing.Any,
+    heads: typing.SupportsInt | typing.SupportsIndex,
+    scale: typing.SupportsFloat | typing.SupportsIndex,
+) -> None:
+    """
+    Backward of attention_forward given its weights and dy (N, TQ, heads*DV): writes dq, dk, dv (dweights is scratch, shaped as weights).
+    """
+
+def attention_forward(
+    q: typing.Any,
+    k: typing.Any,
+    v: typing.Any,
+    weights: typing.Any,
+    y: typing.Any,
+    heads: typing.SupportsInt | typing.SupportsIndex,
+    scale: typing.SupportsFloat | typing.SupportsIndex,
+    mask: typing.Any = None,
+) -> None:
+    """
+    Multi-head dot-product attention: per example and head, weights (N, heads, TQ, TK) = softmax(scale q k^T) over the keys whose mask (N, TK) is non-zero (masked keys 0; none present: all 0), y = weights v. Heads interleaved in the last axis: q (N, TQ, heads*D), k (N, TK, heads*D), v (N, TK, heads*DV), y (N, TQ, heads*DV).
     """
 
 def batchnorm_backward(
@@ -342,16 +377,6 @@ def dropout_forward(
     Inverted dropout: mask = 1/retain with probability retain else 0; y = x * mask.
     """
 
-def embedding_backward(indices: typing.Any, dy: typing.Any, dw: typing.Any) -> None:
-    """
-    dw[indices[i]] += dy[i] (accumulates; deterministic for any thread count); ValueError as embedding_forward.
-    """
-
-def embedding_forward(indices: typing.Any, w: typing.Any, y: typing.Any) -> None:
-    """
-    y (n, dim) = rows of w (vocab, dim) at indices (n,) int64; ValueError for an index outside [0, vocab).
-    """
-
 def elementwise_backward(kind: str, inputs: typing.Any, dy: typing.Any, dx: typing.Any) -> None:
     """
     dx[i] = dL/d inputs[i] from dy; max routes dy to the first maximal input.
@@ -360,6 +385,16 @@ def elementwise_backward(kind: str, inputs: typing.Any, dy: typing.Any, dx: typi
 def elementwise_forward(kind: str, inputs: typing.Any, y: typing.Any) -> None:
     """
     y = add / subtract / product / average / max of the same-shape arrays in inputs (subtract: 2).
+    """
+
+def embedding_backward(indices: typing.Any, dy: typing.Any, dw: typing.Any) -> None:
+    """
+    dw[indices[i]] += dy[i] (accumulates; deterministic for any thread count); ValueError as embedding_forward.
+    """
+
+def embedding_forward(indices: typing.Any, w: typing.Any, y: typing.Any) -> None:
+    """
+    y (n, dim) = rows of w (vocab, dim) at indices (n,) int64; ValueError for an index outside [0, vocab).
     """
 
 def encode_smaller(
@@ -468,6 +503,33 @@ def l2_normalize_forward(
 ) -> None:
     """
     y = x / max(||x_i||, eps) per example (row of the (N, ...) array); norms (N,).
+    """
+
+def layer_norm_backward(
+    x: typing.Any,
+    dy: typing.Any,
+    gain: typing.Any,
+    mean: typing.Any,
+    rstd: typing.Any,
+    dx: typing.Any,
+    dgain: typing.Any,
+    dbias: typing.Any = None,
+) -> None:
+    """
+    Backward of layer_norm_forward: dx (rows, C), dgain and dbias (C,) (dbias None: not written); the column sums are the same bits for any thread count. dx may be dy.
+    """
+
+def layer_norm_forward(
+    x: typing.Any,
+    gain: typing.Any,
+    bias: typing.Any,
+    y: typing.Any,
+    mean: typing.Any,
+    rstd: typing.Any,
+    eps: typing.SupportsFloat | typing.SupportsIndex = 1e-05,
+) -> None:
+    """
+    Layer normalization of each row of x (rows, C): y = (x - mean) rstd gain + bias (bias None: none), rstd = 1 / sqrt(biased var + eps); writes mean and rstd (rows,).
     """
 
 def loss_gradient(

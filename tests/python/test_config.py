@@ -237,6 +237,9 @@ _REQUIRED = {
     "RnnOutputLayer": {"n_out": 2},
     "EmbeddingLayer": {"n_in": 5, "n_out": 2},
     "EmbeddingSequenceLayer": {"n_in": 5, "n_out": 2},
+    "SelfAttentionLayer": {"n_out": 2},
+    "LearnedSelfAttentionLayer": {"n_out": 2, "n_queries": 1},
+    "PositionEmbeddingLayer": {"sequence_length": 4},
 }
 _CONFIG_MODULES = (
     "sparkgrad.compress.thresholds",

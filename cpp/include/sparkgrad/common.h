@@ -151,4 +151,11 @@ Precision current_precision();
 template <typename T>
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc);
+// `batch` such products in one cuBLAS call: the i-th multiplies a + i * stride_a by b + i * stride_b into
+// c + i * stride_c (strides in elements), in the calling thread's precision as gemm.
+template <typename T>
+void gemm_strided_batched(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                          T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                          std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c,
+                          std::int64_t batch);
 }  // namespace sparkgrad::gpu

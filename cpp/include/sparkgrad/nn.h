@@ -130,6 +130,39 @@ template <typename T>
 void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
                         const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
 
+// ---- layer normalization (cpp/src/nn/layer_norm.cpp) --------------------------------------------
+// x, y, dy, dx: (rows, c); gain, dgain: (c); bias, dbias: (c) or null (no bias); mean, rstd: (rows).
+// Each row is normalized over its c values: y = (x - mean) * rstd * gain + bias with the biased variance,
+// rstd = 1 / sqrt(var + eps) (statistics accumulate in double).
+template <typename T>
+void layer_norm_forward(const T* x, const T* gain, const T* bias, T* y, T* mean, T* rstd, std::int64_t rows,
+                        std::int64_t c, double eps);
+// Backward of layer_norm_forward given its mean and rstd: dx = rstd (g - mean(g) - xhat mean(g xhat)) with
+// g = dy gain, xhat = (x - mean) rstd; dgain = sum over rows of dy xhat, dbias = sum of dy. The sums over
+// rows add fixed blocks of rows in order: the same bits for any thread count. dx may alias dy.
+template <typename T>
+void layer_norm_backward(const T* x, const T* dy, const T* gain, const T* mean, const T* rstd, T* dx, T* dgain,
+                         T* dbias, std::int64_t rows, std::int64_t c);
+
+// ---- multi-head dot-product attention (cpp/src/nn/attention.cpp) ----------------------------------
+// For each example b and head j: weights = masked_softmax(scale q_bj k_bj^T) over the keys, y_bj =
+// weights v_bj. A key whose mask value is 0 gets weight exactly 0 (a query with no present key gets all
+// zero weights and outputs zero). Heads are interleaved in the feature axis, as a projection's output
+// leaves them: q: (n, tq, heads * d), k: (n, tk, heads * d), v: (n, tk, heads * dv), y: (n, tq, heads * dv);
+// weights: (n, heads, tq, tk); mask: (n, tk) or null (every key present).
+struct AttentionShape {
+  std::int64_t n, heads, tq, tk, d, dv;
+};
+template <typename T>
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* mask, double scale,
+                       T* weights, T* y);
+// Backward of attention_forward given its weights and dy = dL/dy: (n, tq, heads * dv). dweights: (n, heads,
+// tq, tk) scratch; writes dq, dk, dv shaped as q, k, v. Every (example, head) is one thread's: the same bits
+// for any thread count.
+template <typename T>
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* weights, const T* dy,
+                        double scale, T* dweights, T* dq, T* dk, T* dv);
+
 // ---- embedding lookup (cpp/src/nn/embedding.cpp) ------------------------------------------------
 // indices: (n) rows of w: (vocab, dim); y, dy: (n, dim); dw: (vocab, dim). Both kernels first check every
 // index: first_bad (2 values on the host) gets the position of the first one outside [0, vocab) and that
@@ -317,6 +350,23 @@ void batchnorm_forward_inference(const BatchNormShape& g, const T* x, const T* g
 template <typename T>
 void batchnorm_backward(const BatchNormShape& g, const T* x, const T* dy, const T* gamma, const T* batch_mean,
                         const T* batch_var, T* dx, T* dgamma, T* dbeta, double eps);
+
+// One block per row; the column sums of the backward add rows in the CPU's order of blocks.
+template <typename T>
+void layer_norm_forward(const T* x, const T* gain, const T* bias, T* y, T* mean, T* rstd, std::int64_t rows,
+                        std::int64_t c, double eps);
+template <typename T>
+void layer_norm_backward(const T* x, const T* dy, const T* gain, const T* mean, const T* rstd, T* dx, T* dgain,
+                         T* dbias, std::int64_t rows, std::int64_t c);
+
+// The products of each head as one strided-batched cuBLAS GEMM over the examples; the masked softmax and its
+// backward one block per row.
+template <typename T>
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* mask, double scale,
+                       T* weights, T* y);
+template <typename T>
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const T* weights, const T* dy,
+                        double scale, T* dweights, T* dq, T* dk, T* dv);
 
 // Index check in one kernel and one read-back of its result; the backward adds in ascending position
 // order per row without atomics (bit-identical to the CPU).

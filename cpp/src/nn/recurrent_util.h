@@ -1,6 +1,7 @@
-// Private elementwise helpers of the recurrent kernels (lstm.cpp, gru.cpp, simple_rnn.cpp): activations that
-// vectorize, applied per row of a step. Internal linkage: every including file gets its own copy, compiled
-// with that file's flags (all set -fno-trapping-math in cpp/CMakeLists.txt so the clamps vectorize).
+// Private elementwise helpers of the recurrent kernels (lstm.cpp, gru.cpp, simple_rnn.cpp) and of
+// attention.cpp's softmax: activations that vectorize, applied per row of a step. Internal linkage: every
+// including file gets its own copy, compiled with that file's flags (all set -fno-trapping-math in
+// cpp/CMakeLists.txt so the clamps vectorize).
 #pragma once
 
 #include <algorithm>

@@ -15,6 +15,7 @@ import numpy as np
 
 from sparkgrad.device import Device
 from sparkgrad.nn import layers as L
+from sparkgrad.nn._attention import ATTENTION_RUNTIMES
 from sparkgrad.nn._layer_runtime import LayerRuntime, activation_alpha
 from sparkgrad.nn._recurrent import SequenceRuntime, build_sequence_runtime
 from sparkgrad.nn.enums import Activation
@@ -377,6 +378,30 @@ class BatchNormRuntime(LayerRuntime):
         return dx if need_dx else None
 
 
+class LayerNormRuntime(LayerRuntime):
+    """LayerNormalization of (N, C) rows (every time step's row on sequences) through the native kernels."""
+
+    def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
+        self.x = self.xp.ascontiguousarray(x)
+        rows = x.shape[0]
+        y = self.buf("y", x.shape)
+        self.mean, self.rstd = self.buf("mean", (rows,)), self.buf("rstd", (rows,))
+        bias = self.params[L.BIAS] if self.conf.has_bias else None
+        self.k.layer_norm_forward(
+            self.x, self.params[L.LAYER_NORM_GAIN], bias, y, self.mean, self.rstd, eps=self.conf.eps
+        )
+        return y
+
+    def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
+        dx = self.buf("dx", self.x.shape)
+        dbias = self.grads[L.BIAS] if self.conf.has_bias else None
+        self.k.layer_norm_backward(
+            self.x, dy, self.params[L.LAYER_NORM_GAIN], self.mean, self.rstd,
+            dx, self.grads[L.LAYER_NORM_GAIN], dbias,
+        )  # fmt: skip
+        return dx if need_dx else None
+
+
 class DropoutRuntime(LayerRuntime):
     """DropoutLayer: inverted dropout in training, identity in inference."""
 
@@ -628,6 +653,7 @@ _RUNTIMES = {
     L.SubsamplingLayer: SubsamplingRuntime,
     L.GlobalPoolingLayer: GlobalPoolingRuntime,
     L.BatchNormalization: BatchNormRuntime,
+    L.LayerNormalization: LayerNormRuntime,
     L.DropoutLayer: DropoutRuntime,
     L.ActivationLayer: ActivationRuntime,
     L.EmbeddingLayer: EmbeddingRuntime,
@@ -697,13 +723,15 @@ class ZeroPadding1DRuntime(_Time1DRuntime):
         return self.xp.ascontiguousarray(dy[:, left : left + self.t])
 
 
-# The 1-D layers over sequences (sequence runtimes of their own: the other sequence layers are in
-# sparkgrad.nn._recurrent). Upsampling and padding are copies, done by the array module of the device.
+# The 1-D layers over sequences and the attention layers (sequence runtimes of their own, the latter in
+# sparkgrad.nn._attention: the other sequence layers are in sparkgrad.nn._recurrent). Upsampling and
+# padding are copies, done by the array module of the device.
 _TIME_RUNTIMES = {
     L.Convolution1DLayer: Window1DRuntime,
     L.Subsampling1DLayer: Window1DRuntime,
     L.Upsampling1D: Upsampling1DRuntime,
     L.ZeroPadding1DLayer: ZeroPadding1DRuntime,
+    **ATTENTION_RUNTIMES,
 }
 
 

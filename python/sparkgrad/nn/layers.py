@@ -662,6 +662,53 @@ class ActivationLayer(Layer):
         return self, input_type
 
 
+LAYER_NORM_GAIN = "gain"
+
+
+@dataclasses.dataclass
+class LayerNormalization(Layer):
+    """Layer normalization (Ba et al. 2016; libnd4j's ``layer_norm``, which DL4J's layers and SameDiff use):
+    each example's features are normalized over the feature axis, ``y = (x - mean) / sqrt(var + eps) *
+    gain + bias`` with the biased variance, on dense input per example and on recurrent input (batch,
+    features, time) per example and time step (masked steps output zero). Unlike BatchNormalization it
+    keeps no running statistics and computes the same in training and inference.
+
+    Parameters: ``gain`` (n_in) starting at 1, then ``b`` (n_in) starting at 0 when ``has_bias``.
+
+    Args:
+        eps: added to the variance, in (0, MAX_SCALE] (libnd4j's 1e-5).
+        has_bias: whether the layer has the bias ``b``.
+        n_in: the number of features (inferred).
+        updater: as DenseLayer.
+        gradient_normalization: as DenseLayer.
+        gradient_normalization_threshold: as DenseLayer.
+    """
+
+    eps: float = 1e-5
+    has_bias: bool = True
+    n_in: int | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self.eps = check_positive("eps", self.eps, MAX_SCALE)
+        if not isinstance(self.has_bias, bool):
+            raise ValueError(f"has_bias: expected a bool, got {self.has_bias!r}")
+        self._common_post_init()
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        if input_type.kind != "feed_forward":
+            raise layer_error(
+                index, self, "input", f"needs dense or recurrent input (vectors), got {input_type.describe()}"
+            )
+        return _infer_n_in(index, self, input_type.size), input_type
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        c = (self._inferred_n_in(),)
+        return [ParamSpec(LAYER_NORM_GAIN, c, GAMMA)] + ([ParamSpec(BIAS, c, BIAS)] if self.has_bias else [])
+
+
 # ---- recurrent layers ------------------------------------------------------------------------------
 # Data layout (DL4J's): recurrent features are (batch, size, time), masks (batch, time) with 1 = the step
 # is present. Inside the network each example's steps are contiguous rows, (batch, time, size).
@@ -1312,6 +1359,252 @@ class EmbeddingSequenceLayer(_Embedding):
         return self, InputType.recurrent(self.n_out, input_type.time_steps)
 
 
+# ---- attention layers ------------------------------------------------------------------------------
+# DL4J's parameter names and layouts: the projections Wq, Wk, Wv (n_heads, head_size, n_in) and the output
+# projection Wo (n_heads * head_size, n_out); LearnedSelfAttentionLayer's queries Q (n_in, n_queries).
+
+ATTENTION_QUERY, ATTENTION_KEY, ATTENTION_VALUE, ATTENTION_OUT, LEARNED_QUERIES = "Wq", "Wk", "Wv", "Wo", "Q"
+
+
+class _Attention(Layer):
+    """Base of the attention layers: DL4J's multi-head dot-product attention over whole sequences."""
+
+    n_out: int
+    n_heads: int
+    head_size: int | None
+    project_input: bool
+    n_in: int | None
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def _attention_post_init(self) -> None:
+        if not isinstance(self.project_input, bool):
+            raise ValueError(f"project_input: expected a bool, got {self.project_input!r}")
+        self.n_heads = check_int("n_heads", self.n_heads, minimum=1)
+        if self.head_size is not None:
+            self.head_size = check_int("head_size", self.head_size, minimum=1)
+        self._common_post_init()
+        if not self.project_input:
+            if self.n_heads != 1:
+                raise ValueError(f"n_heads: project_input=False needs n_heads 1 (DL4J), got {self.n_heads}")
+            if self.head_size is not None:
+                raise ValueError("head_size: only used with project_input=True")
+        elif self.head_size is None and self.n_out % self.n_heads != 0:
+            raise ValueError(
+                f"head_size: n_out ({self.n_out}) is not a multiple of n_heads ({self.n_heads}); "
+                "give head_size"
+            )
+
+    @property
+    def projected_size(self) -> int:
+        """The size of each head's queries, keys and values: ``head_size``, else n_out / n_heads (DL4J);
+        without projection the input size."""
+        if not self.project_input:
+            return self._inferred_n_in()
+        return self.head_size if self.head_size is not None else self.n_out // self.n_heads
+
+    def _infer_attention(self, index: int, input_type: InputType) -> Any:
+        _check_recurrent_input(index, self, input_type)
+        if input_type.channels:
+            raise layer_error(
+                index, self, "input", f"needs a sequence of vectors, got {input_type.describe()}"
+            )
+        layer = _infer_n_in(index, self, input_type.size)
+        if not self.project_input and layer.n_in != self.n_out:
+            raise layer_error(
+                index,
+                self,
+                "n_out",
+                f"project_input=False needs n_out == n_in ({layer.n_in}), got {self.n_out}",
+            )
+        return layer
+
+    def _projection_specs(self) -> list[ParamSpec]:
+        if not self.project_input:
+            return []
+        n_in, h, d = self._inferred_n_in(), self.n_heads, self.projected_size
+        return [
+            *(
+                ParamSpec(name, (h, d, n_in), WEIGHT, n_in, h * d)
+                for name in (ATTENTION_QUERY, ATTENTION_KEY, ATTENTION_VALUE)
+            ),
+            ParamSpec(ATTENTION_OUT, (h * d, self.n_out), WEIGHT, h * d, self.n_out),
+        ]
+
+
+@dataclasses.dataclass
+class SelfAttentionLayer(_Attention):
+    """DL4J's SelfAttentionLayer: multi-head scaled dot-product self-attention over a sequence, input
+    (batch, n_in, time) -> output (batch, n_out, time).
+
+    With ``project_input`` every head ``j`` projects the input steps into queries, keys and values
+    (``x Wq[j]^T``, ...: ``head_size`` each), each query step attends to every key step with the weights
+    ``softmax(q k^T / sqrt(head_size))``, and the heads' outputs, concatenated in head order, go through
+    ``Wo``. Without it (one head, n_out == n_in) the input itself is queries, keys and values, scaled by
+    ``1 / sqrt(n_in)``. With a features mask a masked step gets no attention weight as a key and outputs
+    zero as a query (and its mask goes on). There is no bias and no activation.
+
+    Parameters (``project_input`` only): ``Wq``, ``Wk``, ``Wv`` (n_heads, head_size, n_in) and ``Wo``
+    (n_heads * head_size, n_out), DL4J's layouts.
+
+    Args:
+        n_out: output size (n_in without projection).
+        n_heads: number of heads (1 without projection).
+        head_size: each head's size; n_out / n_heads unless set (DL4J).
+        project_input: whether the input is projected (DL4J's default: true).
+        n_in: input size (inferred).
+        weight_init: as DenseLayer (fan-in n_in and fan-out n_heads * head_size for Wq, Wk, Wv).
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
+        gradient_normalization: as DenseLayer.
+        gradient_normalization_threshold: as DenseLayer.
+    """
+
+    n_out: int
+    n_heads: int = 1
+    head_size: int | None = None
+    project_input: bool = True
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    l1: float | None = None
+    l2: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self._attention_post_init()
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        layer = self._infer_attention(index, input_type)
+        return layer, InputType.recurrent(self.n_out, input_type.time_steps)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return self._projection_specs()
+
+
+@dataclasses.dataclass
+class LearnedSelfAttentionLayer(_Attention):
+    """DL4J's LearnedSelfAttentionLayer: ``n_queries`` learned queries attend to the input sequence, input
+    (batch, n_in, time) -> output (batch, n_out, n_queries), a fixed-size summary of any length. Attention,
+    projections and masks as :class:`SelfAttentionLayer`'s (masked steps get no weight); the output has no
+    mask (DL4J: the mask is used up, as by global pooling).
+
+    Parameters: ``Q`` (n_in, n_queries), then with ``project_input`` ``Wq``, ``Wk``, ``Wv`` and ``Wo`` as
+    SelfAttentionLayer's.
+
+    Args:
+        n_out: output size (n_in without projection).
+        n_queries: the number of learned queries (output time steps).
+        n_heads: as SelfAttentionLayer.
+        head_size: as SelfAttentionLayer.
+        project_input: as SelfAttentionLayer.
+        n_in: input size (inferred).
+        weight_init: as DenseLayer (Q: fan-in n_in, fan-out n_queries).
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
+        gradient_normalization: as DenseLayer.
+        gradient_normalization_threshold: as DenseLayer.
+    """
+
+    n_out: int
+    n_queries: int
+    n_heads: int = 1
+    head_size: int | None = None
+    project_input: bool = True
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    l1: float | None = None
+    l2: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self.n_queries = check_int("n_queries", self.n_queries, minimum=1)
+        self._attention_post_init()
+
+    @property
+    def changes_steps(self) -> bool:
+        return True  # n_queries output steps for any input length
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        layer = self._infer_attention(index, input_type)
+        return layer, InputType.recurrent(self.n_out, self.n_queries)
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        n_in = self._inferred_n_in()
+        queries = ParamSpec(LEARNED_QUERIES, (n_in, self.n_queries), WEIGHT, n_in, self.n_queries)
+        return [queries, *self._projection_specs()]
+
+
+@dataclasses.dataclass
+class PositionEmbeddingLayer(Layer):
+    """A learned position embedding: adds a trainable table ``W`` (n_in, sequence_length) to every sequence,
+    ``y[:, :, t] = x[:, :, t] + W[:, t]`` (input and output (batch, n_in, time), time <= sequence_length), so
+    that attention, which is blind to the order of the steps, can tell them apart (BERT's and Keras-NLP's
+    PositionEmbedding; DL4J has none). Masked steps output zero and send no gradient to the table. It needs
+    the whole sequence (no rnn_time_step, no truncated BPTT).
+
+    Args:
+        sequence_length: the longest sequence (the table's columns).
+        n_in: the number of features (inferred).
+        weight_init: as DenseLayer (fan-in sequence_length, fan-out n_in).
+        l1: as DenseLayer.
+        l2: as DenseLayer.
+        weight_decay: as DenseLayer.
+        updater: as DenseLayer.
+        gradient_normalization: as DenseLayer.
+        gradient_normalization_threshold: as DenseLayer.
+    """
+
+    sequence_length: int
+    n_in: int | None = None
+    weight_init: WeightInit | str | None = None
+    l1: float | None = None
+    l2: float | None = None
+    weight_decay: float | None = None
+    updater: Updater | None = None
+    gradient_normalization: GradientNormalization | str | None = None
+    gradient_normalization_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        self.sequence_length = check_int("sequence_length", self.sequence_length, minimum=1)
+        self._common_post_init()
+
+    @property
+    def takes_sequences(self) -> bool:
+        return True
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        _check_recurrent_input(index, self, input_type)
+        if input_type.channels:
+            raise layer_error(
+                index, self, "input", f"needs a sequence of vectors, got {input_type.describe()}"
+            )
+        steps = input_type.time_steps
+        if steps is not None and steps > self.sequence_length:
+            raise layer_error(
+                index,
+                self,
+                "sequence_length",
+                f"is {self.sequence_length} but the input has {steps} time steps",
+            )
+        return _infer_n_in(index, self, input_type.size), input_type
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        n_in = self._inferred_n_in()
+        return [ParamSpec(WEIGHT, (n_in, self.sequence_length), WEIGHT, self.sequence_length, n_in)]
+
+
 __all__ = [
     "ActivationLayer",
     "BatchNormalization",
@@ -1330,11 +1623,15 @@ __all__ = [
     "LSTM",
     "LastTimeStep",
     "Layer",
+    "LayerNormalization",
+    "LearnedSelfAttentionLayer",
     "LossLayer",
     "OutputLayer",
     "ParamSpec",
+    "PositionEmbeddingLayer",
     "RnnLossLayer",
     "RnnOutputLayer",
+    "SelfAttentionLayer",
     "SimpleRnn",
     "Subsampling1DLayer",
     "SubsamplingLayer",

@@ -1180,6 +1180,99 @@ def test_gru_matches_cpu(cp: Any, dtype: Any, activation: str, gate: str, state_
         assert not ggrads["dgates"][:, :first_step].get().any()  # truncated steps get exactly zero
 
 
+LAYER_NORM_FORWARD = {"x": (6, 4), "gain": (4,), "bias": (4,), "y": (6, 4), "mean": (6,), "rstd": (6,)}
+LAYER_NORM_BACKWARD = {
+    **{k: LAYER_NORM_FORWARD[k] for k in ("x", "gain", "mean", "rstd")},
+    **{"dy": (6, 4), "dx": (6, 4), "dgain": (4,), "dbias": (4,)},
+}
+ATTENTION_FORWARD = {"q": (2, 3, 4), "k": (2, 5, 4), "v": (2, 5, 6), "weights": (2, 2, 3, 5), "y": (2, 3, 6)}
+ATTENTION_BACKWARD = {
+    **{k: ATTENTION_FORWARD[k] for k in ("q", "k", "v", "weights")},
+    **{"dy": (2, 3, 6), "dweights": (2, 2, 3, 5), "dq": (2, 3, 4), "dk": (2, 5, 4), "dv": (2, 5, 6)},
+}
+
+
+@pytest.mark.skipif(cuda.built(), reason="the CPU build's stand-ins")
+@pytest.mark.parametrize(
+    "op", ["layer_norm_forward", "layer_norm_backward", "attention_forward", "attention_backward"]
+)
+def test_cpu_build_attention_kernels_take_device_arrays_and_report_cuda_absent(op: str) -> None:
+    calls = {
+        "layer_norm_forward": lambda: _core.layer_norm_forward(**_fakes(LAYER_NORM_FORWARD), eps=1e-5),
+        "layer_norm_backward": lambda: _core.layer_norm_backward(**_fakes(LAYER_NORM_BACKWARD)),
+        "attention_forward": lambda: _core.attention_forward(
+            **_fakes({**ATTENTION_FORWARD, "mask": (2, 5)}), heads=2, scale=0.5
+        ),
+        "attention_backward": lambda: _core.attention_backward(
+            **_fakes(ATTENTION_BACKWARD), heads=2, scale=0.5
+        ),
+    }
+    with pytest.raises(RuntimeError, match=rf"\[{op}\] sparkgrad was built without CUDA"):
+        calls[op]()
+
+
+def test_attention_front_doors_reject_mixed_devices() -> None:
+    arrays: dict[str, Any] = _fakes(ATTENTION_FORWARD)
+    arrays["y"] = np.zeros((2, 3, 6), np.float32)
+    with pytest.raises(TypeError, match=r"\[attention_forward\] y is a host array but q is on a GPU"):
+        _core.attention_forward(**arrays, heads=2, scale=0.5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_layer_norm_matches_cpu(cp: Any, dtype: Any, has_bias: bool) -> None:
+    rng = np.random.default_rng(21)
+    rows, c = 150, 40  # more rows than one of the column sums' blocks
+    x, dy = _rand(rng, (rows, c), dtype), _rand(rng, (rows, c), dtype)
+    gain, bias = _rand(rng, (c,), dtype), _rand(rng, (c,), dtype) if has_bias else None
+    cpu = [np.empty(s, dtype) for s in ((rows, c), (rows,), (rows,))]
+    _core.layer_norm_forward(x, gain, bias, *cpu, eps=1e-5)
+    grads = [np.empty_like(x), np.empty_like(gain), np.empty_like(gain) if has_bias else None]
+    _core.layer_norm_backward(x, dy, gain, cpu[1], cpu[2], *grads)
+    g = [cp.asarray(a) if a is not None else None for a in (x, dy, gain, bias)]
+    gpu = [cp.empty(a.shape, dtype) for a in cpu]
+    _core.layer_norm_forward(g[0], g[2], g[3], *gpu, eps=1e-5)
+    ggrads = [cp.empty(a.shape, dtype) if a is not None else None for a in grads]
+    _core.layer_norm_backward(g[0], g[1], g[2], gpu[1], gpu[2], *ggrads)
+    for got, want in zip(gpu, cpu):
+        _close(got, want, terms=c, scale=1 + np.abs(want).max())
+    _close(ggrads[0], grads[0], terms=c, scale=1 + np.abs(grads[0]).max())
+    for got, want in zip(ggrads[1:], grads[1:]):
+        if want is not None:
+            _close(got, want, terms=rows, scale=1 + np.abs(want).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_matches_cpu(cp: Any, dtype: Any, masked: bool) -> None:
+    rng = np.random.default_rng(22)
+    n, tq, tk, heads, d, dv = 3, 5, 7, 2, 4, 3
+    q, k, v = (_rand(rng, s, dtype) for s in ((n, tq, heads * d), (n, tk, heads * d), (n, tk, heads * dv)))
+    dy = _rand(rng, (n, tq, heads * dv), dtype)
+    mask = None
+    if masked:
+        mask = (rng.random((n, tk)) < 0.6).astype(dtype)
+        mask[0] = 0  # no present key: zero weights and output
+    weights, y = np.empty((n, heads, tq, tk), dtype), np.empty((n, tq, heads * dv), dtype)
+    _core.attention_forward(q, k, v, weights, y, heads, 0.5, mask=mask)
+    grads = [np.empty_like(a) for a in (q, k, v)]
+    _core.attention_backward(q, k, v, weights, dy, np.empty_like(weights), *grads, heads, 0.5)
+    gq, gk, gv, gdy = (cp.asarray(a) for a in (q, k, v, dy))
+    gmask = None if mask is None else cp.asarray(mask)
+    gweights, gy = cp.empty(weights.shape, dtype), cp.empty(y.shape, dtype)
+    _core.attention_forward(gq, gk, gv, gweights, gy, heads, 0.5, mask=gmask)
+    ggrads = [cp.empty(a.shape, dtype) for a in (q, k, v)]
+    _core.attention_backward(gq, gk, gv, gweights, gdy, cp.empty(weights.shape, dtype), *ggrads, heads, 0.5)
+    _close(gweights, weights, terms=d + tk, scale=1.0)
+    _close(gy, y, terms=d + 2 * tk, scale=1 + np.abs(y).max())
+    for got, want in zip(ggrads, grads):
+        _close(got, want, terms=d + dv + 2 * tk, scale=1 + np.abs(want).max())
+    if masked:
+        assert not gweights.get()[np.broadcast_to(mask[:, None, None, :] == 0, weights.shape)].any()
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["add", "subtract", "product", "average", "max"])

@@ -54,14 +54,18 @@ from sparkgrad.nn import (
     L2Vertex,
     LastTimeStep,
     LastTimeStepVertex,
+    LayerNormalization,
+    LearnedSelfAttentionLayer,
     MergeVertex,
     MultiLayerConfiguration,
     MultiLayerNetwork,
     OutputLayer,
+    PositionEmbeddingLayer,
     PreprocessorVertex,
     ReshapeVertex,
     RnnOutputLayer,
     ScaleVertex,
+    SelfAttentionLayer,
     ShiftVertex,
     SimpleRnn,
     StackVertex,
@@ -286,6 +290,26 @@ def _graph(updater: Any = None) -> ComputationGraph:
     return ComputationGraph(conf)
 
 
+def _transformer(updater: Any = None) -> ComputationGraph:
+    """The attention layers: positions, self-attention with a residual and layer norm, learned queries."""
+    conf = (
+        ComputationGraphConfiguration.builder(seed=19, updater=updater or Adam(1e-2))
+        .add_inputs("seq")
+        .set_input_types(InputType.recurrent(3))
+        .add_layer("pos", PositionEmbeddingLayer(T), "seq")
+        .add_layer("attention", SelfAttentionLayer(3, n_heads=2, head_size=2), "pos")
+        .add_vertex("residual", ElementWiseVertex("add"), "pos", "attention")
+        .add_layer("norm", LayerNormalization(), "residual")
+        .add_layer("ff", DenseLayer(4, activation="relu"), "norm")
+        .add_layer("summary", LearnedSelfAttentionLayer(4, n_queries=2, n_heads=2), "ff")
+        .add_layer("pool", GlobalPoolingLayer("avg"), "summary")
+        .add_layer("out", OutputLayer(2), "pool")
+        .set_outputs("out")
+        .build()
+    )
+    return ComputationGraph(conf)
+
+
 def _vertex_graph(updater: Any = None) -> ComputationGraph:
     """The other feed-forward vertices: element-wise product and max, stack/unstack, scale, shift, L2
     distance, reshape and a preprocessor."""
@@ -355,6 +379,9 @@ def _batches(name: str, seed: int = 0) -> list[Any]:
             lmask = fmask * (rng.random((N, T)) < 0.8)
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N, T), 2), features_mask=fmask, labels_mask=lmask))
+        elif name == "transformer":
+            x = rng.normal(size=(N, 3, T)).astype(np.float32)
+            out.append(MultiDataSet([x], [_one_hot(rng, (N,), 2)], features_masks=[_lengths_mask(rng)]))
         elif name in ("lstm_to_vector", "lstm_pooled", "conv1d"):
             x = rng.normal(size=(N, 3, T)).astype(np.float32)
             out.append(DataSet(x, _one_hot(rng, (N,), 2), features_mask=_lengths_mask(rng)))
@@ -390,6 +417,7 @@ NETWORKS: dict[str, Callable[[], Any]] = {
     "graph": _graph,
     "vertex_graph": _vertex_graph,
     "recurrent_graph": _recurrent_graph,
+    "transformer": _transformer,
     "embedding": _embedding,
     "embedding_lazy": functools.partial(_embedding, lazy=True),
 }

@@ -737,6 +737,68 @@ def mask_reduction_1d(mask, kernel, stride, pad, out_len, same_stride_1=False):
     return out
 
 
+def layer_norm_forward(x, gain, bias, eps):
+    """Each row of x (rows, C) normalized over its C values with the biased variance; returns (y, mean,
+    rstd)."""
+    mean = x.mean(axis=1)
+    rstd = 1.0 / np.sqrt(x.var(axis=1) + eps)
+    y = (x - mean[:, None]) * rstd[:, None] * gain
+    return (y if bias is None else y + bias), mean, rstd
+
+
+def layer_norm_backward(x, dy, gain, eps):
+    """(dx, dgain, dbias) of layer_norm_forward, by the textbook formula."""
+    _, mean, rstd = layer_norm_forward(x, gain, None, eps)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = dy * gain
+    dx = rstd[:, None] * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def attention_forward(q, k, v, heads, scale, mask=None):
+    """Multi-head dot-product attention, heads interleaved in the last axis: q (N, TQ, H*D), k (N, TK, H*D),
+    v (N, TK, H*DV), mask (N, TK) or None. A key with mask 0 gets weight 0; a query with no present key all
+    zeros. Returns (weights (N, H, TQ, TK), y (N, TQ, H*DV))."""
+    n, tq, _ = q.shape
+    tk = k.shape[1]
+    split = lambda a, t: a.reshape(n, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+    scores = scale * split(q, tq) @ split(k, tk).transpose(0, 1, 3, 2)
+    present = np.ones((n, tk), bool) if mask is None else mask != 0
+    scores = np.where(present[:, None, None, :], scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    e = np.where(present[:, None, None, :], np.exp(scores - np.where(np.isfinite(top), top, 0)), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    weights = e / np.where(total > 0, total, 1)
+    y = (weights @ split(v, tk)).transpose(0, 2, 1, 3).reshape(n, tq, -1)
+    return weights, y
+
+
+def self_attention_layer(x, wq, wk, wv, wo, mask=None):
+    """DL4J's SelfAttentionLayer on x (N, T, C): per head j the projections x wq[j]^T (wq: (H, D, C)),
+    attention scaled by 1/sqrt(D), heads concatenated and times wo (H*D, n_out); masked query steps output
+    zero. Without projection (wq None) x is queries, keys and values, scaled by 1/sqrt(C)."""
+    if wq is None:
+        _, y = attention_forward(x, x, x, 1, 1 / np.sqrt(x.shape[2]), mask)
+    else:
+        heads, d, c = wq.shape
+        proj = [x @ w.reshape(heads * d, c).T for w in (wq, wk, wv)]
+        _, att = attention_forward(*proj, heads, 1 / np.sqrt(d), mask)
+        y = att @ wo
+    return y if mask is None else y * mask[:, :, None]
+
+
+def learned_self_attention_layer(x, queries, wq, wk, wv, wo, mask=None):
+    """DL4J's LearnedSelfAttentionLayer: the learned queries (C, NQ), tiled over the batch, attend to x
+    (N, T, C); projections as self_attention_layer. Returns (N, NQ, n_out)."""
+    n, _, c = x.shape
+    qs = np.broadcast_to(queries.T, (n, *queries.T.shape))
+    if wq is None:
+        return attention_forward(qs, x, x, 1, 1 / np.sqrt(c), mask)[1]
+    heads, d, _ = wq.shape
+    q, k, v = (a @ w.reshape(heads * d, c).T for a, w in ((qs, wq), (x, wk), (x, wv)))
+    return attention_forward(q, k, v, heads, 1 / np.sqrt(d), mask)[1] @ wo
+
+
 # ---- transposed convolution (Deconvolution2D) ------------------------------------------------------
 
 
