@@ -23,7 +23,7 @@ from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.graph import ComputationGraph, VertexSpec
 from sparkgrad.nn.network import MultiLayerNetwork
 from sparkgrad.nn.updaters import Updater, check_updater
-from sparkgrad.nn.vertices import GraphVertex
+from sparkgrad.nn.vertices import GraphVertex, MergeVertex
 
 # FineTuneConfiguration fields that are network-wide defaults and per-layer settings alike
 _LAYER_SETTINGS = (
@@ -93,15 +93,20 @@ class FineTuneConfiguration(Config):
     def _given(self, names: tuple[str, ...]) -> dict[str, Any]:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
-    def apply_to_layer(self, layer: Any) -> Any:
+    def apply_to_layer(self, layer: Any, unset_only: bool = False) -> Any:
         """``layer`` with the given settings it has replaced (in the wrapped layer of Bidirectional and
-        LastTimeStep); a FrozenLayer as it is."""
+        LastTimeStep); a FrozenLayer as it is. ``unset_only``: only where the layer leaves them None
+        (a new layer's own settings win, as in DL4J)."""
         if isinstance(layer, L.FrozenLayer):
             return layer
         if isinstance(layer, (L.Bidirectional, L.LastTimeStep)):
-            return dataclasses.replace(layer, layer=self.apply_to_layer(layer.layer))
+            return dataclasses.replace(layer, layer=self.apply_to_layer(layer.layer, unset_only))
         fields = {f.name for f in dataclasses.fields(layer)}
-        changes = {k: v for k, v in self._given(_LAYER_SETTINGS).items() if k in fields}
+        changes = {
+            k: v
+            for k, v in self._given(_LAYER_SETTINGS).items()
+            if k in fields and not (unset_only and getattr(layer, k) is not None)
+        }
         if layer.is_output:
             changes.pop("activation", None)
         return dataclasses.replace(layer, **changes) if changes else layer
@@ -180,8 +185,8 @@ class _Builder:
         self._fine_tune = fine_tune
         return self
 
-    def _tuned(self, layer: L.Layer) -> L.Layer:
-        return layer if self._fine_tune is None else self._fine_tune.apply_to_layer(layer)
+    def _tuned(self, layer: L.Layer, new: bool) -> L.Layer:
+        return layer if self._fine_tune is None else self._fine_tune.apply_to_layer(layer, unset_only=new)
 
     def _settings(self) -> dict[str, Any]:
         return {} if self._fine_tune is None else self._fine_tune.network_settings()
@@ -275,7 +280,7 @@ class TransferLearning:
                     f"removals: the network has layers 0..{len(self._layers) - 1}"
                 )
             layers = []
-            for i, (layer, _, reinit) in enumerate(self._layers):
+            for i, (layer, old, reinit) in enumerate(self._layers):
                 if i <= self._frozen_until:
                     if reinit:
                         raise ValueError(
@@ -283,7 +288,7 @@ class TransferLearning:
                             f"(layers 0..{self._frozen_until}), which keeps its parameters frozen"
                         )
                     layer = _frozen(layer)
-                layer = self._tuned(layer)  # a frozen layer as it is: it does not train
+                layer = self._tuned(layer, new=old is None)  # a frozen layer as it is: it does not train
                 layers.append(_without_n_in(layer) if i > 0 or conf.input_type is not None else layer)
             new_conf = dataclasses.replace(conf, layers=layers, **self._settings())
             kept = {i: old for i, (_, old, again) in enumerate(self._layers) if old is not None and not again}
@@ -352,10 +357,17 @@ class TransferLearning:
                 raise ValueError(f"{where}: is frozen; n_out_replace changes a layer that trains")
             spec.vertex = _n_out_replaced(where, spec.vertex, n_out, weight_init)
             self._reinit.add(name)
-            for reader in self._specs.values():
-                if name in reader.inputs and reader.is_layer:
-                    reader.vertex = _with_weight_init(reader.vertex, weight_init_next)
-                    self._reinit.add(reader.name)
+            pending = [name]  # the layers reading it, directly or through parameter-free vertices
+            while pending:
+                source = pending.pop()
+                for reader in self._specs.values():
+                    if source not in reader.inputs:
+                        continue
+                    if not reader.is_layer:
+                        pending.append(reader.name)
+                    elif reader.name not in self._reinit:
+                        reader.vertex = _with_weight_init(reader.vertex, weight_init_next)
+                        self._reinit.add(reader.name)
             return self
 
         def remove_vertex_keep_connections(self, name: str) -> TransferLearning.GraphBuilder:
@@ -379,11 +391,15 @@ class TransferLearning:
                 marks.discard(name)
 
         def add_layer(self, name: str, layer: L.Layer, *inputs: str) -> TransferLearning.GraphBuilder:
-            """Add a new layer vertex reading ``inputs`` (initialised from its configuration)."""
+            """Add a new layer vertex reading ``inputs`` (initialised from its configuration); several
+            inputs are concatenated by a MergeVertex ``<name>-merge``, as GraphBuilder does."""
             if not isinstance(layer, L.Layer):
                 raise TypeError(
                     f"add_layer: {name!r}: expected a layer configuration, got {type(layer).__name__}"
                 )
+            if len(inputs) > 1:
+                self._add(f"{name}-merge", MergeVertex(), inputs)
+                inputs = (f"{name}-merge",)
             return self._add(name, layer, inputs)
 
         def add_vertex(self, name: str, vertex: GraphVertex, *inputs: str) -> TransferLearning.GraphBuilder:
@@ -417,7 +433,8 @@ class TransferLearning:
             for name, spec in self._specs.items():
                 vertex = spec.vertex
                 if spec.is_layer:  # a frozen layer is not tuned: it does not train
-                    vertex = _without_n_in(self._tuned(_frozen(vertex) if name in self._frozen else vertex))
+                    vertex = _frozen(vertex) if name in self._frozen else vertex
+                    vertex = _without_n_in(self._tuned(vertex, new=name in self._new))
                 vertices.append(VertexSpec(name, vertex, list(spec.inputs)))
             new_conf = dataclasses.replace(
                 self._net.conf, vertices=vertices, outputs=list(self._outputs), **self._settings()
