@@ -415,8 +415,9 @@ def test_graph_builder_errors_name_the_vertex(edit, message) -> None:
 def test_a_frozen_feature_extractor_transfers_to_a_related_task() -> None:
     """Pretrain on the ten digit classes (half the training set); freeze the hidden layer and train a
     new head for odd/even on 40 examples of the other half. Over 8 seeds and three updaters (Adam,
-    Nesterovs, Sgd) the transferred network scored 0.887-0.931 on the test set and the same network
-    trained from scratch on the 40 examples 0.816-0.861; the bounds leave about 0.04 on each side."""
+    Nesterovs, Sgd) the transferred network scored 0.887-0.931 on the test set (mean 0.908-0.916 per
+    updater) and the same network trained from scratch on the 40 examples 0.807-0.855 (mean
+    0.832-0.837): the bounds leave about 0.04 below the lowest transfer and half the mean gap."""
     train, test = load_digits(test_fraction=0.3, seed=0, shape="flat")
     digit = train.labels.argmax(1)
     half = len(digit) // 2
@@ -457,4 +458,4 @@ def test_a_frozen_feature_extractor_transfers_to_a_related_task() -> None:
             ).init()
             scratch.append(np.mean(plain.fit(xb, yb, epochs=60, batch_size=10).output(xt).argmax(1) == yt))
     assert min(transferred) >= 0.85, transferred
-    assert np.mean(transferred) >= np.mean(scratch) + 0.02, (transferred, scratch)
+    assert np.mean(transferred) >= np.mean(scratch) + 0.04, (transferred, scratch)
