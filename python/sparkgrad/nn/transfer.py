@@ -52,7 +52,9 @@ class FineTuneConfiguration(Config):
 
     Args:
         updater: updater (learning rate, momentum, ...) of the trained layers.
-        l1, l2, weight_decay: regularization, finite and in [0, MAX_SCALE].
+        l1: l1 regularization, finite and in [0, MAX_SCALE].
+        l2: l2 regularization, finite and in [0, MAX_SCALE].
+        weight_decay: weight decay, finite and in [0, MAX_SCALE].
         dropout: retain probability of the layers that have ``dropout``, in (0, 1].
         activation: activation of the hidden layers that have one.
         weight_init: weight initialisation of new and re-initialised layers.
