@@ -56,3 +56,27 @@ def test_shared_training_leaves_frozen_parameters_bit_identical_and_never_sends_
     assert master.last_traffic["updates_applied"] >= 1
     assert named[stop:].any() and not named[start:stop].any()
     assert accuracy(sm.network, test) > max(before, 0.8)
+
+
+def test_parameter_averaging_gives_frozen_parameters_back_exactly(spark, digits) -> None:
+    """Averaging sends every parameter, but each worker keeps the frozen ones it started with: their
+    float64 mean is the same float32 value, so the driver's frozen layer stays bit-identical."""
+    from sparkgrad.spark import ParameterAveragingTrainingMaster
+
+    train, test = digits
+    net = (
+        TransferLearning.Builder(local_network(subset(train, 400), epochs=1))
+        .set_feature_extractor(0)
+        .remove_output_layer()
+        .add_layer(OutputLayer(10))
+        .build()
+    )
+    start, stop = net._layer_ranges[0]
+    frozen_before = net.params()[start:stop].copy()
+    before = accuracy(net, test)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=3, rng_seed=1)
+    sm = SparkMultiLayer(spark, net, master)
+    sm.fit(spark.sparkContext.parallelize(train.split(16), 2))
+    params = sm.network.params()
+    np.testing.assert_array_equal(params[start:stop].view(np.uint32), frozen_before.view(np.uint32))
+    assert accuracy(sm.network, test) > max(before, 0.8)  # the new output layer trained
