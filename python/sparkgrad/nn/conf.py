@@ -182,7 +182,7 @@ class MultiLayerConfiguration(Config):
         current = self.input_type
         if current is None:
             first = self.layers[0]
-            if isinstance(first, EmbeddingSequenceLayer):
+            if isinstance(first.layer if isinstance(first, FrozenLayer) else first, EmbeddingSequenceLayer):
                 raise layer_error(
                     0, first, "input", "needs input_type=InputType.recurrent(1) (index sequences)"
                 )

@@ -159,6 +159,26 @@ def test_a_trainable_layer_below_a_frozen_one_is_refused_naming_it() -> None:
     builder.add_layer("out2", OutputLayer(3), "a", "b").set_outputs("out", "out2").build()
 
 
+def test_a_frozen_embedding_sequence_layer_still_reads_index_sequences() -> None:
+    from sparkgrad.nn import EmbeddingSequenceLayer, GlobalPoolingLayer
+    from sparkgrad.spark.columns import INDEX_SEQUENCES, index_input
+
+    layers = [FrozenLayer(EmbeddingSequenceLayer(20, 4)), GlobalPoolingLayer(), OutputLayer(3)]
+    conf = MultiLayerConfiguration(layers, input_type=InputType.recurrent(1))
+    assert index_input(conf) == INDEX_SEQUENCES
+    with pytest.raises(
+        ValueError, match=r"layers\[0\] \(FrozenLayer\)\.input: needs input_type=InputType.recurrent"
+    ):
+        MultiLayerConfiguration(layers)
+    net = MultiLayerNetwork(conf).init()
+    tokens = RNG.integers(0, 20, size=(16, 1, 5)).astype(np.float32)
+    before = net.params().copy()
+    net.fit(tokens, Y[:16], epochs=2, batch_size=8)
+    stop = _ranges(net)[0][1]
+    np.testing.assert_array_equal(_bits(net.params()[:stop]), _bits(before[:stop]))
+    assert np.all(net.params()[stop:] != before[stop:])
+
+
 def test_frozen_marks_survive_the_model_file_and_training_after_loading() -> None:
     net = _mln([FrozenLayer(DenseLayer(8)), DenseLayer(7), OutputLayer(3)], l2=1e-2)
     net.fit(X, Y, epochs=1, batch_size=16)
