@@ -167,11 +167,36 @@ def _check_keras_import(namespace: dict, output: str, tmp_path) -> None:
     assert namespace["ours"].shape == (4, 2)
 
 
+def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
+    from sparkgrad.nn import FrozenLayer
+
+    parity, digits = namespace["parity"], namespace["digits"]
+    assert isinstance(parity.conf.layers[0], FrozenLayer) and "0  FrozenLayer" in output
+    # layer 0 keeps what `digits` trained, bit for bit, and training leaves it so
+    np.testing.assert_array_equal(namespace["extractor"], digits.params()[: 64 * 32 + 32])
+    np.testing.assert_array_equal(parity.params()[: 64 * 32 + 32], namespace["extractor"])
+    # seed 0: 0.931 (8 seeds, three updaters: 0.887-0.931; from scratch 0.807-0.855)
+    assert namespace["accuracy"] > 0.86 and "odd/even accuracy from 40 examples: 0." in output
+    graph, new = namespace["graph"], namespace["graph_parity"]
+    frozen = namespace["frozen"]
+    assert {n: type(new.conf.spec(n).vertex).__name__ for n in ("a", "b", "c", "head", "out")} == {
+        "a": "FrozenLayer",
+        "b": "FrozenLayer",
+        "c": "FrozenLayer",
+        "head": "DenseLayer",
+        "out": "OutputLayer",
+    }
+    np.testing.assert_array_equal(namespace["frozen_before"], graph.params()[:frozen])
+    np.testing.assert_array_equal(new.params()[:frozen], namespace["frozen_before"])
+    assert new.conf.spec("out").inputs == ["head"]
+
+
 # page -> a check of what the page claims, given the examples' namespace, their output and the directory
 CHECKS = {
     "docs/guides/keras-import.md": _check_keras_import,
     "docs/guides/local-training.md": _check_local_training,
     "docs/guides/recurrent.md": _check_recurrent,
+    "docs/guides/transfer-learning.md": _check_transfer_learning,
     "docs/migration.md": _check_migration,
 }
 

@@ -30,6 +30,7 @@ from sparkgrad.nn.layers import (
     DropoutLayer,
     EmbeddingLayer,
     EmbeddingSequenceLayer,
+    FrozenLayer,
     GlobalPoolingLayer,
     LastTimeStep,
     Layer,
@@ -51,6 +52,7 @@ from sparkgrad.nn.layers import (
 )
 from sparkgrad.nn.listeners import ScoreIterationListener, TrainingListener
 from sparkgrad.nn.network import MultiLayerNetwork
+from sparkgrad.nn.transfer import FineTuneConfiguration, TransferLearning
 from sparkgrad.nn.vertices import (
     CnnToFeedForwardPreProcessor,
     DuplicateToTimeSeriesVertex,
@@ -95,6 +97,8 @@ __all__ = [
     "ElementWiseOp",
     "ElementWiseVertex",
     "FeedForwardToCnnPreProcessor",
+    "FineTuneConfiguration",
+    "FrozenLayer",
     "GlobalPoolingLayer",
     "GradientNormalization",
     "GraphBuilder",
@@ -135,6 +139,7 @@ __all__ = [
     "ZeroPaddingLayer",
     "SubsetVertex",
     "TrainingListener",
+    "TransferLearning",
     "UnstackVertex",
     "VertexSpec",
     "WeightInit",

@@ -42,7 +42,13 @@ from sparkgrad.nn import layers as L
 from sparkgrad.nn import serialization as model_files
 from sparkgrad.nn._precision import LossScaler, gemm_precision
 from sparkgrad.nn._recurrent import TbpttSegment, sequence_steps
-from sparkgrad.nn._runtime import EmbeddingRuntime, InferenceFold, build_runtime, inference_folds
+from sparkgrad.nn._runtime import (
+    EmbeddingRuntime,
+    FrozenRuntime,
+    InferenceFold,
+    build_runtime,
+    inference_folds,
+)
 from sparkgrad.nn.conf import BackpropType
 from sparkgrad.nn.enums import GradientNormalization
 from sparkgrad.nn.input_type import InputType
@@ -223,8 +229,9 @@ class FlatNetwork:
                     self._weights.append((pviews[spec.name], gviews[spec.name], key))
             activation = self.conf.setting(key, "activation") if hasattr(layer, "activation") else None
             runtime = build_runtime(layer, input_type, activation, self.dtype, pviews, gviews, self._device)
-            if isinstance(runtime, EmbeddingRuntime):
-                runtime.where = key
+            inner = runtime.inner if isinstance(runtime, FrozenRuntime) else runtime
+            if isinstance(inner, EmbeddingRuntime):
+                inner.where = key
             self._runtimes.append(runtime)
             if isinstance(layer, L.BatchNormalization):  # running mean then running var close the layer
                 self._stats.append((slice(entries[2][1], entries[-1][2]), runtime))
@@ -365,9 +372,11 @@ class FlatNetwork:
                 view[start:stop] = value
 
     def _build_updater_blocks(self) -> None:
+        """Blocks over the trained ranges: a frozen layer's range is in none (no updater state, an update
+        that stays zero there)."""
         blocks: list[_UpdaterBlock] = []
-        for key, (start, stop) in zip(self._layer_keys, self._layer_ranges):
-            if start == stop:
+        for (key, layer, _), (start, stop) in zip(self._units, self._layer_ranges):
+            if start == stop or isinstance(layer, L.FrozenLayer):
                 continue
             updater = self.conf.setting(key, "updater")
             if blocks and blocks[-1].updater == updater and blocks[-1].stop == start:

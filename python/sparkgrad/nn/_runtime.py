@@ -723,6 +723,24 @@ class ZeroPadding1DRuntime(_Time1DRuntime):
         return self.xp.ascontiguousarray(dy[:, left : left + self.t])
 
 
+class FrozenRuntime:
+    """A FrozenLayer's runtime: the wrapped layer's, always forward in inference mode (no dropout, batch
+    norm on its running statistics). The networks never run its backward (a frozen layer passes no
+    gradient back), so its gradient views stay zero; everything else reads through to the wrapped
+    runtime."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def forward(self, x: np.ndarray, train: bool, seed: int, **sequence: Any) -> np.ndarray:
+        return self.inner.forward(x, False, seed, **sequence)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 # The 1-D layers over sequences and the attention layers (sequence runtimes of their own, the latter in
 # sparkgrad.nn._attention: the other sequence layers are in sparkgrad.nn._recurrent). Upsampling and
 # padding are copies, done by the array module of the device.
@@ -744,8 +762,11 @@ def build_runtime(
     grads: dict[str, np.ndarray],
     device: Device,
 ) -> Any:
-    """The runtime object for one layer config (output layers are wrapped in an OutputRuntime), computing
-    on ``device`` over the parameter and gradient views (arrays of that device)."""
+    """The runtime object for one layer config (output layers are wrapped in an OutputRuntime, frozen
+    layers in a FrozenRuntime), computing on ``device`` over the parameter and gradient views (arrays of
+    that device)."""
+    if isinstance(conf, L.FrozenLayer):
+        return FrozenRuntime(build_runtime(conf.layer, input_type, activation, dtype, params, grads, device))
     if isinstance(conf, L.LossLayer):
         return OutputRuntime(conf, None, device)
     if input_type.kind == "recurrent":
@@ -760,6 +781,7 @@ def build_runtime(
 
 __all__ = [
     "EmbeddingRuntime",
+    "FrozenRuntime",
     "InferenceFold",
     "index_dtype",
     "OutputRuntime",

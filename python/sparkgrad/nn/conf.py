@@ -9,7 +9,7 @@ from typing import Any
 from sparkgrad._config import MAX_SCALE, Config, check_int, check_non_negative, check_positive, coerce_enum
 from sparkgrad.nn.enums import Activation, GradientNormalization, WeightInit
 from sparkgrad.nn.input_type import InputType
-from sparkgrad.nn.layers import EmbeddingSequenceLayer, Layer, infer_layer, layer_error
+from sparkgrad.nn.layers import EmbeddingSequenceLayer, FrozenLayer, Layer, infer_layer, layer_error
 from sparkgrad.nn.updaters import Sgd, Updater, check_updater
 
 _DTYPES = ("float32", "float64")
@@ -170,6 +170,7 @@ class MultiLayerConfiguration(Config):
                 "the last layer must be an OutputLayer or LossLayer",
             )
         self._infer_types()
+        self._check_frozen()
         check_backprop(
             self,
             self.is_recurrent and self.output_type.kind == "recurrent",
@@ -181,7 +182,7 @@ class MultiLayerConfiguration(Config):
         current = self.input_type
         if current is None:
             first = self.layers[0]
-            if isinstance(first, EmbeddingSequenceLayer):
+            if isinstance(first.layer if isinstance(first, FrozenLayer) else first, EmbeddingSequenceLayer):
                 raise layer_error(
                     0, first, "input", "needs input_type=InputType.recurrent(1) (index sequences)"
                 )
@@ -197,6 +198,27 @@ class MultiLayerConfiguration(Config):
             self.layers[i], current = infer_layer(i, layer, current)
         self.layer_input_types = types
         self.output_type = current
+
+    @property
+    def trained_from(self) -> int:
+        """The index of the lowest layer the backward pass reaches: one above the highest FrozenLayer
+        (which passes no gradient back), else 0."""
+        frozen = [i for i, layer in enumerate(self.layers) if isinstance(layer, FrozenLayer)]
+        return frozen[-1] + 1 if frozen else 0
+
+    def _check_frozen(self) -> None:
+        """No layer with parameters below a FrozenLayer may be trainable: it would get no gradient."""
+        top = self.trained_from - 1
+        for i in range(top):
+            layer = self.layers[i]
+            if not isinstance(layer, FrozenLayer) and layer.param_specs(self.layer_input_types[i]):
+                raise layer_error(
+                    i,
+                    layer,
+                    "frozen",
+                    f"has parameters but would get no gradient: the FrozenLayer layers[{top}] above it "
+                    "passes none back (DL4J's FrozenLayer); freeze it too",
+                )
 
     def setting(self, index: int, name: str) -> Any:
         """Effective value of an inheritable setting (``INHERITED``) for layer ``index``."""

@@ -186,6 +186,7 @@ class ComputationGraphConfiguration(Config):
         self._check_reachability()
         self._check_input_types()
         self._infer_types()
+        self._check_frozen()
         types = self.output_types
         check_backprop(
             self,
@@ -277,6 +278,42 @@ class ComputationGraphConfiguration(Config):
         for spec in self.vertices:
             if spec.name not in reaches:
                 raise vertex_error(spec.name, spec.vertex, "leads to no output")
+
+    @property
+    def no_gradient(self) -> set[str]:
+        """The inputs and vertices that want no gradient of their output (nothing at or above them
+        trains): the network inputs, the FrozenLayer vertices (which pass none back) and the vertices
+        without parameters reading only such outputs."""
+        dead = set(self.inputs)
+        for name in self.topological_order:
+            spec = self._specs[name]
+            trains = spec.is_layer and spec.vertex.param_specs(self.vertex_input_types[name][0])
+            if isinstance(spec.vertex, L.FrozenLayer) or (not trains and all(i in dead for i in spec.inputs)):
+                dead.add(name)
+        return dead
+
+    def _check_frozen(self) -> None:
+        """A trainable layer with parameters must get a gradient: a path to an output through no
+        FrozenLayer (which passes none back)."""
+        reached = set(self.outputs)
+        for name in reversed(self.topological_order):
+            spec = self._specs[name]
+            if name in reached and not isinstance(spec.vertex, L.FrozenLayer):
+                reached.update(spec.inputs)
+        for spec in self.vertices:
+            if (
+                spec.name not in reached
+                and spec.is_layer
+                and not isinstance(spec.vertex, L.FrozenLayer)
+                and spec.vertex.param_specs(self.vertex_input_types[spec.name][0])
+            ):
+                raise L.layer_error(
+                    spec.name,
+                    spec.vertex,
+                    "frozen",
+                    "has parameters but would get no gradient: every path from it to an output passes "
+                    "through a FrozenLayer, which passes none back (DL4J's FrozenLayer); freeze it too",
+                )
 
     def _topological_order(self) -> list[str]:
         position = {spec.name: i for i, spec in enumerate(self.vertices)}
@@ -459,7 +496,7 @@ class _Node:
         spec: VertexSpec,
         index: int,
         runtime: Any,
-        graph_inputs: set[str],
+        no_gradient: set[str],
         conf: ComputationGraphConfiguration,
     ) -> None:
         self.name = spec.name
@@ -469,7 +506,9 @@ class _Node:
         self.runtime = runtime
         self.is_layer = spec.is_layer
         self.is_output = spec.is_layer and spec.vertex.is_output
-        self.need_dx = any(name not in graph_inputs for name in spec.inputs)
+        # whether some input wants dL/d(input): not the network inputs, nor what only frozen layers read
+        self.need_dx = any(name not in no_gradient for name in spec.inputs)
+        self.frozen = isinstance(spec.vertex, L.FrozenLayer)
         # recurrent input: a layer sees (N, T, C) and the mask, a vertex runs at every time step
         self.input_type = conf.vertex_input_types[spec.name][0]
         self.sequence = self.input_type.kind == "recurrent"
@@ -511,7 +550,7 @@ class ComputationGraph(FlatNetwork):
         super()._build_runtimes()
         conf = self.conf
         layer_runtimes = dict(zip(self._layer_keys, self._runtimes))
-        graph_inputs = set(conf.inputs)
+        no_gradient = conf.no_gradient
         self._nodes = []
         for index, name in enumerate(conf.topological_order):
             spec = conf.spec(name)
@@ -520,7 +559,7 @@ class ComputationGraph(FlatNetwork):
                 if spec.is_layer
                 else spec.vertex.build_runtime(conf.vertex_input_types[name], self.dtype, self._device)
             )
-            self._nodes.append(_Node(spec, index, runtime, graph_inputs, conf))
+            self._nodes.append(_Node(spec, index, runtime, no_gradient, conf))
         self._by_name = {node.name: node for node in self._nodes}
         self._sum_buffers: dict[str, Any] = {}
 
@@ -757,7 +796,8 @@ class ComputationGraph(FlatNetwork):
             if dx is not None:
                 grads.setdefault(node.inputs[0], []).append(dx.reshape(node.input_shape))
         for node in reversed(self._nodes):
-            if node.is_output:
+            # an output, a frozen layer (it passes nothing back) or what only frozen layers read
+            if node.is_output or node.frozen or node.name not in grads:
                 continue
             dy = self._summed(node.name, grads.pop(node.name))
             if node.is_layer:
@@ -773,7 +813,7 @@ class ComputationGraph(FlatNetwork):
                 else:
                     dxs = node.runtime.backward(dy)
                 for name, dx in zip(node.inputs, dxs):
-                    if name in self._by_name:
+                    if name in self._by_name and not self._by_name[name].frozen:
                         grads.setdefault(name, []).append(dx)
         for sl, _ in self._stats:
             self._grad[sl] = 0.0

@@ -34,11 +34,12 @@ from sparkgrad.nn.enums import (
     WeightInit,
 )
 from sparkgrad.nn.input_type import InputType
-from sparkgrad.nn.updaters import Updater, check_updater
+from sparkgrad.nn.updaters import NoOp, Updater, check_updater
 
 # Parameter roles: which ones are initialised by weight_init / regularized (WEIGHT), start at zero
 # (BIAS), start at one (GAMMA) and which are running statistics never touched by the updater.
 WEIGHT, BIAS, GAMMA, BETA, RUNNING_MEAN, RUNNING_VAR = "W", "b", "gamma", "beta", "mean", "var"
+_NO_UPDATE = NoOp()  # a FrozenLayer's updater
 
 
 class ParamSpec(NamedTuple):
@@ -1013,6 +1014,57 @@ class LastTimeStep(_Wrapper):
         return self.layer.param_specs(input_type)
 
 
+@dataclasses.dataclass
+class FrozenLayer(Layer):
+    """``layer`` with its parameters frozen (DL4J's FrozenLayer; the TransferLearning builders wrap the
+    feature extractor in it).
+
+    A frozen layer's parameters never change: it has no updater (DL4J's NoOp), no l1, l2 or weight decay
+    (and no penalty in the score) and no gradient normalization, and its entries of every update are
+    exactly zero, so gradient sharing never encodes or sends them. As in DL4J it always runs in inference
+    mode, in training too: no dropout, and batch normalization normalizes with its running statistics
+    and leaves them as they are. It passes no gradient back to its input (DL4J's FrozenLayer), so the
+    backward pass stops at the highest frozen layer; a layer with parameters below a frozen layer would
+    never train, and the configuration refuses it (freeze it too). Parameters keep the wrapped layer's
+    names, shapes and flat layout; every other setting reads through to the wrapped layer.
+
+    Args:
+        layer: any layer configuration but an output or loss layer (or another FrozenLayer).
+    """
+
+    layer: Any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, Layer) or isinstance(self.layer, FrozenLayer) or self.layer.is_output:
+            raise ValueError(
+                f"layer: expected a layer configuration that is not an output layer or a FrozenLayer, got "
+                f"{self.layer!r}"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        # only for what the class does not define: the wrapped layer's fields (n_out, dropout, ...)
+        if name == "layer" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.layer, name)
+
+    def infer(self, index: int, input_type: InputType) -> tuple[Layer, InputType]:
+        inner, out = self.layer.infer(index, input_type)
+        return dataclasses.replace(self, layer=inner), out
+
+    def param_specs(self, input_type: InputType) -> list[ParamSpec]:
+        return self.layer.param_specs(input_type)
+
+    flattens_input = property(lambda self: self.layer.flattens_input)
+    takes_sequences = property(lambda self: self.layer.takes_sequences)
+    recurrent_aware = property(lambda self: self.layer.recurrent_aware)
+    takes_indices = property(lambda self: self.layer.takes_indices)
+    batch_statistics = property(lambda self: False)  # inference mode: running statistics only
+    # nothing trains it: no updater, regularization or gradient normalization
+    updater = property(lambda self: _NO_UPDATE)
+    l1 = l2 = weight_decay = property(lambda self: 0.0)
+    gradient_normalization = property(lambda self: GradientNormalization.NONE)
+
+
 class _Time1D(Layer):
     """Base of the 1-D layers over sequences (Convolution1DLayer, Subsampling1DLayer, Upsampling1D,
     ZeroPadding1DLayer): (batch, size, time) in, (batch, size', time') out, whole sequences and the
@@ -1618,6 +1670,7 @@ __all__ = [
     "DropoutLayer",
     "EmbeddingLayer",
     "EmbeddingSequenceLayer",
+    "FrozenLayer",
     "GRU",
     "GlobalPoolingLayer",
     "LSTM",

@@ -169,10 +169,12 @@ class MultiLayerNetwork(FlatNetwork):
         """Backward pass after ``_forward(activate_output=False)``: gradients of the loss times
         ``loss_scale`` into ``self._grad``."""
         out: OutputRuntime = self._runtimes[-1]
-        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) > 1, loss_scale=loss_scale)
-        for i in range(len(self._runtimes) - 2, -1, -1):
-            assert dy is not None  # every layer above the first passes dL/dx down
-            dy = layer_backward(self._runtimes[i], dy, self._traces[i], need_dx=i > 0)
+        # a frozen layer passes no gradient back: the pass stops above the highest one
+        bottom = self.conf.trained_from
+        dy = out.backward(labels, mask, n, need_dx=len(self._runtimes) - 1 > bottom, loss_scale=loss_scale)
+        for i in range(len(self._runtimes) - 2, bottom - 1, -1):
+            assert dy is not None  # every layer above the lowest trained one passes dL/dx down
+            dy = layer_backward(self._runtimes[i], dy, self._traces[i], need_dx=i > bottom)
         for sl, _ in self._stats:
             self._grad[sl] = 0.0
 

@@ -92,7 +92,7 @@ def index_input(conf: NetworkConfiguration) -> str | None:
         ValueError: a graph with several inputs or outputs, or index sequences into recurrent output
             (a column holds one label per example, not one per step).
     """
-    from sparkgrad.nn import EmbeddingSequenceLayer, MultiLayerConfiguration
+    from sparkgrad.nn import EmbeddingSequenceLayer, FrozenLayer, MultiLayerConfiguration
 
     _single_io(conf)
     if isinstance(conf, MultiLayerConfiguration):
@@ -101,7 +101,7 @@ def index_input(conf: NetworkConfiguration) -> str | None:
         layer, output = conf.index_readers.get(conf.inputs[0]), conf.output_types[conf.outputs[0]]
     if layer is None or not layer.takes_indices:
         return None
-    if not isinstance(layer, EmbeddingSequenceLayer):
+    if not isinstance(layer.layer if isinstance(layer, FrozenLayer) else layer, EmbeddingSequenceLayer):
         return INDICES
     _one_label_per_sequence(output, "index sequences")
     return INDEX_SEQUENCES
