@@ -51,7 +51,6 @@ from sparkgrad.spark import SharedTrainingMaster, SparkComputationGraph, SparkMu
 from sparkgrad.transport import ZmqTransportConfiguration
 
 FIELDS = 8
-UPDATER: object = Adam(2e-3)
 
 
 def ctr_data(rng: np.random.Generator, rows: int, vocab: int) -> tuple[list, np.ndarray]:
@@ -71,7 +70,7 @@ def ctr_data(rng: np.random.Generator, rows: int, vocab: int) -> tuple[list, np.
 
 def ctr_conf(vocab: int) -> ComputationGraphConfiguration:
     return (
-        ComputationGraphConfiguration.builder(seed=1, updater=UPDATER)
+        ComputationGraphConfiguration.builder(seed=1, updater=Adam(2e-3))
         .add_inputs("fields")
         .set_input_types(InputType.recurrent(1, FIELDS))
         .add_layer("wide", EmbeddingSequenceLayer(vocab, 1, lazy_updates=True), "fields")
