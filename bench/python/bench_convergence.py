@@ -18,6 +18,14 @@ after every epoch:
 - ``masked``: ``sqrt`` with momentum factor masking (a worker's Nesterov velocity zeroed where its message
   sent; for updaters without a velocity the same algorithm as ``sqrt``, so the two show the run-to-run
   noise of the asynchronous delivery);
+- ``ddp-dense``, ``ddp-fp16``, ``ddp-powersgd1``, ``ddp-powersgd2``, ``ddp-powersgd4``,
+  ``ddp-powersgd2-fp16``: PyTorch's DistributedDataParallel itself, ``workers`` processes (gloo on loopback,
+  one thread each) of ``batch`` examples per step, the same model (PyTorch's default LSTM initialisation,
+  He-normal elsewhere as sparkgrad's ``relu`` initialisation) and updater (torch.optim with DL4J's
+  hyperparameters: RMSprop's decay 0.95, AdaGrad's epsilon 1e-6), dense or with one of DDP's
+  communication hooks as bench/python/ddp_hooks.py registers them (fp16_compress_hook; PowerSGD at rank
+  1, 2 or 4 with error feedback and warm start, from 10% of the steps on; PowerSGD inside
+  fp16_compress_wrapper). Their bytes are each worker's ring all-reduce of what it reduced;
 - ``spark``: SharedTrainingMaster with its defaults (but the threshold algorithm at ``--sparsity``) on a
   local Spark with ``workers`` task slots (``local[N]``, one partition per worker), through
   ``SparkMultiLayer.fit(rdd, epochs, epoch_callback)``: the real transport, controller and staleness bound
@@ -66,6 +74,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import ddp_hooks
 import numpy as np
 
 import sparkgrad
@@ -219,6 +228,8 @@ def run(
     """One training run: its accuracy after every epoch, wall time and bytes each worker sent. A
     gradient-sharing contender may name its own sparsity target (``sqrt@1e-2``), a warm-up
     (``sum+warmup``) and residual clipping (``sqrt+clip``)."""
+    if contender in TORCH_CONTENDERS:
+        return _run_torch(model, updater, TORCH_CONTENDERS[contender], workers, seed, epochs, batch)
     name, _, own_sparsity = contender.partition("@")
     sparsity = float(own_sparsity) if own_sparsity else sparsity
     name, *modifiers = name.split("+")
@@ -272,6 +283,139 @@ def run(
         "bytes_per_worker_epoch": sent,
         "params": int(net.num_params()),
         "steps_per_epoch": math.ceil(train.num_examples() / size),
+    }
+
+
+# PyTorch DDP contenders: their names here -> the hook bench/python/ddp_hooks.py registers
+TORCH_CONTENDERS = {"ddp-" + hook.replace(":", "", 1).replace(":", "-"): hook for hook in ddp_hooks.HOOKS}
+# sparkgrad's updaters as torch.optim spells them, with DL4J's hyperparameters
+TORCH_UPDATERS: dict[str, Callable[[Any], Any]] = {
+    "sgd": lambda params: torch_optim().SGD(params, lr=0.1),
+    "nesterovs": lambda params: torch_optim().SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda params: torch_optim().Adam(params, lr=1e-3),
+    "rmsprop": lambda params: torch_optim().RMSprop(params, lr=1e-3, alpha=0.95, eps=1e-8),
+    "adagrad": lambda params: torch_optim().Adagrad(params, lr=0.05, eps=1e-6),
+}
+
+
+def torch_optim() -> Any:
+    import torch
+
+    return torch.optim
+
+
+def _torch_network(model: str) -> Any:
+    """``_network``'s architectures as PyTorch modules (batch-first sequences for the LSTM)."""
+    from torch import nn
+
+    class LastStepLSTM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm, self.out = nn.LSTM(8, 32, batch_first=True), nn.Linear(32, 10)
+
+        def forward(self, x):
+            return self.out(self.lstm(x)[0][:, -1])
+
+    if model == "mlp":
+        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    elif model == "cnn":
+        net = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
+            nn.Linear(16 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
+        )  # fmt: skip
+    else:
+        net = LastStepLSTM()
+    for layer in net.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+def _torch_rank(rank: int, port: int, job: dict, results: Any) -> None:
+    """One DDP process: trains ``job``'s model on its share of every global minibatch; rank 0 puts the
+    test accuracy after every epoch and the bytes it all-reduced on ``results``."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    workers, batch, hook = job["workers"], job["batch"], job["hook"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    torch.manual_seed(job["seed"])
+    net = _torch_network(job["model"])
+    model = DistributedDataParallel(net, bucket_cap_mb=ddp_hooks.bucket_cap_mb(hook))
+    steps_per_epoch = math.ceil(len(job["y"]) / (workers * batch))
+    ddp_hooks.register(model, hook, steps_per_epoch * job["epochs"])
+    counted = ddp_hooks.count_all_reduce_bytes()
+    optimizer = TORCH_UPDATERS[job["updater"]](model.parameters())
+    x, y = torch.from_numpy(job["x"]), torch.from_numpy(job["y"])
+    tx, ty = torch.from_numpy(job["tx"]), torch.from_numpy(job["ty"])
+    history = []
+    start = time.perf_counter()
+    for epoch in range(job["epochs"]):
+        order = torch.from_numpy(np.random.default_rng(job["seed"] * 1000 + epoch).permutation(len(y)))
+        for step in range(steps_per_epoch):
+            # the last global minibatch may be short: split it as evenly as the others
+            mine = order[step * workers * batch : (step + 1) * workers * batch].tensor_split(workers)[rank]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+            optimizer.step()
+        with torch.no_grad():
+            history.append(float((net(tx).argmax(1) == ty).float().mean()))
+    seconds = time.perf_counter() - start
+    reduced = (
+        counted[0]
+        if hook != "dense"
+        else ddp_hooks.dense_bytes_per_step(net) * steps_per_epoch * job["epochs"]
+    )
+    if rank == 0:
+        results.put(
+            {
+                "accuracy": history,
+                "seconds": seconds,
+                "reduced": reduced,
+                "params": sum(p.numel() for p in net.parameters()),
+            }
+        )
+    dist.destroy_process_group()
+
+
+def _run_torch(model: str, updater: str, hook: str, workers: int, seed: int, epochs: int, batch: int) -> dict:
+    """A PyTorch DDP contender: ``workers`` processes, accuracy after every epoch."""
+    import multiprocessing
+    import socket
+
+    train, test = _data(model, seed)
+    features = (lambda f: np.ascontiguousarray(f.transpose(0, 2, 1))) if model == "lstm" else (lambda f: f)
+    job = {
+        "model": model, "updater": updater, "hook": hook, "workers": workers, "seed": seed, "epochs": epochs,
+        "batch": batch, "x": features(train.features), "y": train.labels.argmax(1),
+        "tx": features(test.features), "ty": test.labels.argmax(1),
+    }  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_torch_rank, args=(r, port, job, results)) for r in range(workers)]
+    for process in ranks:
+        process.start()
+    result = results.get(timeout=3600)
+    for process in ranks:
+        process.join()
+        if process.exitcode:
+            raise RuntimeError(f"{hook} DDP rank {ranks.index(process)} exited with {process.exitcode}")
+    steps = math.ceil(len(job["y"]) / (workers * batch))
+    return {
+        "accuracy": result["accuracy"],
+        "seconds": result["seconds"],
+        "bytes_per_worker_epoch": ddp_hooks.ring_bytes_per_worker(result["reduced"] / epochs, workers),
+        "params": result["params"],
+        "steps_per_epoch": steps * workers,  # in batches of one worker's size, as the other contenders count
     }
 
 
@@ -404,7 +548,7 @@ def main() -> None:
     )
     results: dict[str, dict] = {}
     header = (
-        f"{'model':5s} {'updater':9s} {'N':>2s} {'contender':9s} {'epoch 1':>7s} {'epochs to target':>17s} "
+        f"{'model':5s} {'updater':9s} {'N':>2s} {'contender':18s} {'epoch 1':>7s} {'epochs to target':>17s} "
         f"{'final acc':>14s} {'worst fall':>10s} {'bytes/worker/epoch':>19s} {'vs DDP':>8s}"
     )
     print(header)
@@ -428,7 +572,7 @@ def main() -> None:
                 sent = summary.get("bytes_per_worker_epoch")
                 hit, final = summary["epochs_to_target_median"], summary["final_median"]
                 print(
-                    f"{model:5s} {updater:9s} {n:2d} {contender:9s} {summary['epoch1_median']:7.4f} "
+                    f"{model:5s} {updater:9s} {n:2d} {contender:18s} {summary['epoch1_median']:7.4f} "
                     f"{hit:9.1f} +-{summary['epochs_to_target_sd']:4.1f} "
                     f"{final:7.4f} +-{summary['final_sd']:.4f} {summary['worst_fall']:10.4f} "
                     f"{'' if sent is None else f'{sent:19,.0f}'} {ratio}",
