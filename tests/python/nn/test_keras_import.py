@@ -423,3 +423,40 @@ def test_functional_refusals_name_the_layer(tmp_path):
 
     with pytest.raises(KerasImportError, match="not Sequential"):
         import_keras_sequential_model_and_weights(_save(model, tmp_path, "keras"))
+
+
+def test_compiled_losses_that_do_not_map_are_named(tmp_path):
+    v = keras.Input((4,))
+    model = keras.Model(v, keras.layers.Dense(2, name="counts")(v))
+    model.compile(loss="poisson")
+    with pytest.raises(KerasImportError, match="'counts'.*loss='poisson'"):
+        import_keras_model_and_weights(_save(model, tmp_path, "keras"))
+    # from_logits: Keras's outputs are logits, the loss applies the softmax: no OutputLayer computes that
+    model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    with pytest.raises(KerasImportError, match="'counts'.*from_logits"):
+        import_keras_model_and_weights(_save(model, tmp_path, "h5"))
+
+
+def test_text_graph_with_two_inputs(tmp_path):
+    keras.utils.set_random_seed(39)
+    tokens, extra = keras.Input((6,), dtype="int32"), keras.Input((6, 2))
+    embedded = keras.layers.Embedding(20, 5)(tokens)
+    sequence = keras.layers.Concatenate()([embedded, extra])  # features of every time step
+    h = keras.layers.GRU(4, reset_after=False)(sequence)
+    model = keras.Model([tokens, extra], keras.layers.Dense(2, activation="softmax")(h))
+    for w in model.layers[-2].weights:  # non-zero biases
+        if len(w.shape) == 1:
+            w.assign(_normal(40, *w.shape))
+    x = np.random.default_rng(41).integers(0, 20, size=(5, 6)).astype("int32")
+    xs = [x, _normal(42, 5, 6, 2)]
+    expected = model.predict(xs, verbose=0)
+    inputs = [to_sparkgrad_layout(x, indices=True), to_sparkgrad_layout(xs[1])]
+    for fmt in FORMATS:
+        net = import_keras_model_and_weights(_save(model, tmp_path, fmt))
+        got = net.output_single(*inputs)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(11 * 6, 2), err_msg=fmt)
+        # the imported configuration is ordinary data: it round-trips and rebuilds the same network
+        conf = type(net.conf).from_json(net.conf.to_json())
+        assert conf.to_yaml() == net.conf.to_yaml()
+        again = ComputationGraph(conf).init(params=net.params())
+        np.testing.assert_array_equal(again.output_single(*inputs), got)
