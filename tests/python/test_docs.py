@@ -165,6 +165,12 @@ def _check_keras_import(namespace: dict, output: str, tmp_path) -> None:
     assert set(namespace["differences"]) == {"text.keras", "text.h5"}
     assert max(namespace["differences"].values()) < tolerance, namespace["differences"]
     assert namespace["ours"].shape == (4, 2)
+    # the Functional example: dot products of at most 8 + 3 terms, three layers deep
+    graph = namespace["graph"]
+    assert type(graph).__name__ == "ComputationGraph"
+    assert (graph.conf.inputs, graph.conf.outputs) == (["a", "b"], ["kind", "size"])
+    assert [graph.conf.spec(n).vertex.loss.value for n in graph.conf.outputs] == ["mcxent", "mse"]
+    assert max(namespace["graph_differences"]) < 8 * FLOAT32_EPS * 11 * 3, namespace["graph_differences"]
 
 
 def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
