@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
 import numpy as np
 
+from sparkgrad.compress.codec import subtract_message
 from sparkgrad.data.inputs import training_batches
 from sparkgrad.device import CPU, Device, is_gpu_array, resolve_device
 from sparkgrad.errors import CorruptDataError, TrainingError
@@ -733,6 +734,20 @@ class FlatNetwork:
                 f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
             )
         self._device.xp.subtract(self._params, u, out=self._params, casting="same_kind")
+
+    @on_device
+    def apply_sparse_message(self, message: np.ndarray) -> None:
+        """``params -= `` a sparse threshold-encoded message decoded, touching only its indices: what
+        ``apply_update`` of the message decoded into zeros does, bit for bit, in O(entries) instead of two
+        passes over every parameter (:func:`sparkgrad.compress.subtract_message`). How a gradient-sharing
+        replica on the CPU or a CUDA GPU applies a peer's sparse message.
+
+        Args:
+            message: 1-D int32 host message with flag 0 (sparse) of ``num_params()`` elements; a bitmap
+                or malformed message raises ``ValueError`` and changes nothing.
+        """
+        self._require_init()
+        subtract_message(message, self._params)
 
     # -- training -----------------------------------------------------------------------------
     @on_device

@@ -421,7 +421,7 @@ class SharedWorker:
             sent = self.conn.send_update(message, iteration, epoch)
             if self.job.momentum_masking:
                 self.net.mask_momentum(self._scratch)  # the scratch holds the message decoded
-            if recording:  # now: pacing and progress syncs below decode peers' messages into the scratch
+            if recording:  # now: pacing and progress syncs below may decode peers' messages into the scratch
                 with self.net.device.scope():  # a count over a GPU array runs on that GPU
                     encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         self.minibatches += 1
