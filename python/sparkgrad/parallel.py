@@ -402,7 +402,16 @@ class ParallelWrapper:
             self._apply_message(worker, message)
         update, worker.last_score = net.compute_update(batch, copy=False)
         iteration, epoch = int(net.iteration_count), int(net.epoch_count)
-        message = share_update(handler, net, update, iteration, epoch, self.own_update, worker.scratch)
+        message = share_update(
+            handler,
+            net,
+            update,
+            iteration,
+            epoch,
+            self.own_update,
+            worker.scratch,
+            decode_sparse=self.momentum_masking,  # a bitmap is decoded anyway, for the master below
+        )
         if message is None:
             return
         for peer in self._workers:

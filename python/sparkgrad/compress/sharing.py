@@ -121,6 +121,8 @@ def share_update(
     epoch: int,
     own_update: str,
     scratch: Array,
+    *,
+    decode_sparse: bool = True,
 ) -> np.ndarray | None:
     """A gradient-sharing worker's own step: encodes ``update`` with ``handler`` and applies it to the
     worker's replica as ``own_update`` says (:data:`OWN_UPDATES`). SharedTrainingMaster's workers and
@@ -135,7 +137,11 @@ def share_update(
         iteration: the replica's iteration count (drives the threshold algorithm).
         epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
-        scratch: the decode buffer on the replica's device; holds the message decoded afterwards.
+        scratch: the decode buffer on the replica's device; holds the message decoded afterwards, unless
+            it is sparse and ``decode_sparse`` is False (then its contents are undefined).
+        decode_sparse: decode a sparse message into ``scratch`` too (a bitmap always is), for a caller
+            that reads it (momentum masking); False saves a pass over the parameters' size: ``"encoded"``
+            then applies a sparse message in place (:func:`apply_message`).
 
     Returns:
         The message to send to the peers, or None when nothing reached the threshold.
@@ -149,6 +155,10 @@ def share_update(
         network.apply_update(update if scale == 1.0 else update * update.dtype.type(scale))
     if message is None:
         return None
+    if not decode_sparse and _is_sparse(message):
+        if own_update == "encoded":
+            apply_message(message, network, scratch)
+        return message
     _decode_on_device(message, network, scratch)  # the caller's momentum masking and counts read it
     if own_update == "encoded":
         network.apply_update(scratch)

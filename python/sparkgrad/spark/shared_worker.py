@@ -413,7 +413,14 @@ class SharedWorker:
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
         message = share_update(
-            self.handler, self.net, update, iteration, epoch, self.job.own_update, self._scratch
+            self.handler,
+            self.net,
+            update,
+            iteration,
+            epoch,
+            self.job.own_update,
+            self._scratch,
+            decode_sparse=self.job.momentum_masking,  # the scratch serves a bitmap's count, decoded anyway
         )
         recording = stats is not None or self.job.encoding_debug_mode
         sent = encoded = 0

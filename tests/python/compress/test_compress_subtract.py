@@ -209,3 +209,45 @@ def test_apply_message_keeps_the_dense_path_for_a_network_without_apply_sparse_m
     applied: list[np.ndarray] = []
     compress.apply_message(message, SimpleNamespace(apply_update=lambda u: applied.append(u.copy())), scratch)
     np.testing.assert_array_equal(applied[0], [0.0, 0.5, -0.5])
+
+
+@pytest.mark.parametrize("own_update", compress.OWN_UPDATES)
+def test_share_update_without_decode_sparse_leaves_the_replica_as_with_it(own_update: str) -> None:
+    """decode_sparse=False skips the own sparse message's decode into the scratch (a pass over the
+    parameters' size) and changes nothing else; a bitmap is still decoded there."""
+    nets = {flag: _mlp("float32") for flag in (True, False)}
+    scratches = {flag: np.full(nets[flag].num_params(), 9.0, np.float32) for flag in (True, False)}
+    handlers = {
+        flag: compress.EncodingHandler(
+            nets[flag].num_params(),
+            compress.FixedThresholdAlgorithm(2e-3),
+            compress.NoOpResidualPostProcessor(),
+        )
+        for flag in (True, False)
+    }
+    rng = np.random.default_rng(5)
+    kinds = set()
+    for step in range(6):
+        # small updates give sparse messages, the large one bitmaps until its residual is sent
+        update = rng.normal(0, 1e-3 if step != 3 else 1.0, nets[True].num_params()).astype(np.float32)
+        for scratch in scratches.values():
+            scratch.fill(9.0)
+        messages = {
+            flag: compress.share_update(
+                handlers[flag], nets[flag], update, step, 0, own_update, scratches[flag], decode_sparse=flag
+            )
+            for flag in (True, False)
+        }
+        assert messages[True] is not None and messages[False] is not None
+        assert messages[True].tobytes() == messages[False].tobytes()
+        assert nets[True].params().tobytes() == nets[False].params().tobytes()
+        expected = np.empty_like(scratches[True])
+        compress.decode_message_into(messages[True], expected)
+        np.testing.assert_array_equal(scratches[True], expected)
+        if messages[True][3] == compress.FLAG_BITMAP:
+            kinds.add("bitmap")
+            np.testing.assert_array_equal(scratches[False], expected)
+        else:
+            kinds.add("sparse")
+            assert (scratches[False] == 9.0).all()
+    assert kinds == {"sparse", "bitmap"}
