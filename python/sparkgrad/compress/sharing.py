@@ -133,7 +133,8 @@ def share_update(
     Args:
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
         network: the worker's replica (``apply_update`` on ``update``'s device).
-        update: the update the replica's updater computed.
+        update: the update the replica's updater computed (its own buffer after a row-sparse step: only
+            where that step wrote it joins the residual, ``network.update_support``).
         iteration: the replica's iteration count (drives the threshold algorithm).
         epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
@@ -148,8 +149,13 @@ def share_update(
     """
     # a device the codecs have no kernels for: the residual lives on the host, the update goes there
     # through the device's counted download
-    on_host = network.device.to_host(update) if _without_codec(update) else update
-    message = handler.encode(on_host, iteration, epoch)
+    if _without_codec(update):
+        message = handler.encode(network.device.to_host(update), iteration, epoch)
+    else:  # after a row-sparse step only the rows it wrote join the residual (the update is zero elsewhere)
+        support = getattr(network, "update_support", None)
+        message = handler.encode(
+            update, iteration, epoch, support=None if support is None else support(update)
+        )
     if own_update == "full":
         scale = handler.update_scale
         network.apply_update(update if scale == 1.0 else update * update.dtype.type(scale))

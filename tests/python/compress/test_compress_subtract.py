@@ -15,6 +15,7 @@ from reference import compress as ref
 
 import sparkgrad
 from sparkgrad import compress
+from sparkgrad.data import DataSet
 from sparkgrad.nn import (
     ComputationGraph,
     ComputationGraphConfiguration,
@@ -138,7 +139,7 @@ def _graph(dtype: str) -> ComputationGraph:
         ComputationGraphConfiguration.builder(seed=1, updater=updaters.Adam(2e-3), dtype=dtype)
         .add_inputs("fields")
         .set_input_types(InputType.recurrent(1, 4))
-        .add_layer("deep", EmbeddingSequenceLayer(300, 4, lazy_updates=True), "fields")
+        .add_layer("deep", EmbeddingSequenceLayer(5000, 4, lazy_updates=True), "fields")
         .add_layer("deep_sum", GlobalPoolingLayer("sum"), "deep")
         .add_layer("hidden", DenseLayer(8, activation="relu"), "deep_sum")
         .add_layer("click", OutputLayer(2), "hidden")
@@ -251,3 +252,94 @@ def test_share_update_without_decode_sparse_leaves_the_replica_as_with_it(own_up
             kinds.add("sparse")
             assert (scratches[False] == 9.0).all()
     assert kinds == {"sparse", "bitmap"}
+
+
+# -- the residual add at a row-sparse step's support --------------------------------------------------
+
+
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["float32", "float64"]),
+    scale=st.sampled_from([1.0, 0.5, 1 / 3]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_encode_with_support_matches_the_whole_vector(n: int, dtype: str, scale: float, seed: int) -> None:
+    """Adding only the support of updates that are zero elsewhere leaves the same residuals, thresholds and
+    messages as adding the whole vectors, over steps whose supports differ (so untouched elements keep
+    residual that later thresholds send)."""
+    rng = np.random.default_rng(seed)
+    handlers = [
+        compress.EncodingHandler(n, compress.default_threshold_algorithm(), dtype=dtype, update_scale=scale)
+        for _ in range(2)
+    ]
+    for step in range(8):
+        support = np.unique(rng.integers(0, n, rng.integers(0, n + 1)))
+        update = np.zeros(n, dtype)
+        update[support] = rng.normal(0, 1e-2, support.size)
+        update[support[: support.size // 5]] = 0.0  # a support may hold zeros too
+        whole = handlers[0].encode(update, step, 0)
+        part = handlers[1].encode(update, step, 0, support=support)
+        assert (whole is None) == (part is None)
+        if whole is not None:
+            assert whole.tobytes() == part.tobytes()
+        assert handlers[0].residual.tobytes() == handlers[1].residual.tobytes()
+        assert handlers[0].last_threshold == handlers[1].last_threshold
+
+
+def test_bad_support_is_named() -> None:
+    handler = compress.EncodingHandler(4, dtype="float32")
+    update = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match=r"support: indices must be in \[0, 4\), got \[1, 4\]"):
+        handler.encode(update, 0, 0, support=np.array([1, 4]))
+    with pytest.raises(ValueError, match="support: expected a 1-D integer array"):
+        handler.encode(update, 0, 0, support=np.array([1.0]))
+    with pytest.raises(ValueError, match="support: expected an integer array on the update's device"):
+        handler.encode(update, 0, 0, support=[1])
+
+
+def _ctr_batch(rng: np.random.Generator, dtype: str) -> DataSet:
+    """16 rows of 4 looked-up ids of _graph's 5000-row table and one-hot clicks."""
+    ids = rng.integers(0, 5000, (16, 1, 4)).astype(dtype)
+    return DataSet(ids, np.eye(2, dtype=dtype)[rng.integers(0, 2, 16)])
+
+
+def test_update_support_is_where_a_row_sparse_step_wrote() -> None:
+    net = _graph("float32")
+    rng = np.random.default_rng(2)
+    update, _ = net.compute_update(_ctr_batch(rng, "float32"), copy=False)
+    support = net.update_support(update)
+    assert support is not None and np.unique(support).size == support.size
+    outside = np.ones(net.num_params(), bool)
+    outside[support] = False
+    assert outside.sum() > net.num_params() // 2  # most of the table was not looked up
+    assert not update[outside].any()
+    assert net.update_support(update.copy()) is None  # only the network's own buffer is known
+    mlp = _mlp("float32")
+    mlp_update, _ = mlp.compute_update(DataSet(rng.normal(size=(4, 5)), np.eye(3)[[0, 1, 2, 0]]), copy=False)
+    assert mlp.update_support(mlp_update) is None  # a dense step
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_share_update_of_a_row_sparse_step_matches_the_whole_vector_encode(dtype: str) -> None:
+    """share_update encodes a row-sparse step through its support; a handler fed the same updates whole
+    (copies, whose support is unknown) ends with the same messages and residual, and both replicas match."""
+    nets = [_graph(dtype), _graph(dtype)]
+    handlers = [
+        compress.EncodingHandler(n.num_params(), compress.default_threshold_algorithm(), dtype=dtype)
+        for n in nets
+    ]
+    scratch = np.zeros(nets[0].num_params(), dtype)
+    rng = np.random.default_rng(4)
+    for step in range(10):
+        batch = _ctr_batch(rng, dtype)
+        own, _ = nets[0].compute_update(batch, copy=False)
+        copied, _ = nets[1].compute_update(batch)
+        sent = [
+            compress.share_update(handlers[0], nets[0], own, step, 0, "full", scratch, decode_sparse=False),
+            compress.share_update(handlers[1], nets[1], copied, step, 0, "full", scratch),
+        ]
+        assert (sent[0] is None) == (sent[1] is None)
+        if sent[0] is not None:
+            assert sent[0].tobytes() == sent[1].tobytes()
+        assert handlers[0].residual.tobytes() == handlers[1].residual.tobytes()
+        assert nets[0].params().tobytes() == nets[1].params().tobytes()
