@@ -55,6 +55,8 @@ std::int64_t bitmap_encode(T*, std::int64_t, double, std::int32_t*) { no_cuda("b
 template <typename T>
 void decode(const char* op, const std::int32_t*, std::int64_t, T*, std::int64_t, std::int32_t) { no_cuda(op); }
 template <typename T>
+void subtract_sparse(const char* op, const std::int32_t*, std::int64_t, T*, std::int64_t) { no_cuda(op); }
+template <typename T>
 void accumulate(T*, const T*, std::int64_t) { no_cuda("accumulate"); }
 template <typename T>
 void clip(T*, std::int64_t, T) { no_cuda("clip"); }
@@ -64,6 +66,7 @@ void clip(T*, std::int64_t, T) { no_cuda("clip"); }
   template HostMessage encode_smaller<T>(T*, std::int64_t, double);                    \
   template std::int64_t bitmap_encode<T>(T*, std::int64_t, double, std::int32_t*);      \
   template void decode<T>(const char*, const std::int32_t*, std::int64_t, T*, std::int64_t, std::int32_t); \
+  template void subtract_sparse<T>(const char*, const std::int32_t*, std::int64_t, T*, std::int64_t); \
   template void accumulate<T>(T*, const T*, std::int64_t);                              \
   template void clip<T>(T*, std::int64_t, T);
 SPARKGRAD_NO_CUDA_COMPRESS(float)

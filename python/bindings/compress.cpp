@@ -128,6 +128,22 @@ void init_compress(py::module_& m) {
       py::arg("message"), py::arg("target"), py::arg("flag"),
       "target += decoded message after validation; flag 0 sparse, 1 bitmap, -1 either.");
   m.def(
+      "subtract_sparse",
+      [](const py::handle& message, const py::handle& target) {
+        const char* op = "subtract_message";
+        auto msg = checked_vector<std::int32_t>(op, "message", message);
+        with_float_dtype(op, "target", array_dtype(op, "target", target), [&](auto tag) {
+          using T = decltype(tag);
+          auto z = checked_vector<T>(op, "target", target, /*writable=*/true);
+          const std::int32_t* pm = msg.data();
+          T* pz = z.mutable_data();
+          py::gil_scoped_release release;
+          subtract_sparse(op, pm, msg.shape(0), pz, z.shape(0));
+        });
+      },
+      py::arg("message"), py::arg("target"),
+      "target -= decoded sparse message after validation, touching only its indices.");
+  m.def(
       "pack_message",
       [](const py::handle& message) -> py::object {
         auto msg = checked_vector<std::int32_t>("pack_message", "message", message);
@@ -260,6 +276,17 @@ void init_compress(py::module_& m) {
         });
       },
       py::arg("message"), py::arg("length"), py::arg("target"), py::arg("n"), py::arg("dtype"), py::arg("flag"));
+  m.def(
+      "cuda_subtract_sparse",
+      [](std::uintptr_t msg, std::int64_t len, std::uintptr_t target, std::int64_t n, const py::dtype& dtype) {
+        const char* op = "subtract_message";
+        with_float_dtype(op, "target", dtype, [&](auto tag) {
+          using T = decltype(tag);
+          py::gil_scoped_release release;
+          cuda::subtract_sparse(op, device_ptr<const std::int32_t>(msg), len, device_ptr<T>(target), n);
+        });
+      },
+      py::arg("message"), py::arg("length"), py::arg("target"), py::arg("n"), py::arg("dtype"));
   m.def(
       "cuda_accumulate",
       [](std::uintptr_t residual, std::uintptr_t update, std::int64_t n, const py::dtype& dtype) {

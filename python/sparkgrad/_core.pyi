@@ -44,6 +44,7 @@ __all__: list[str] = [
     "cuda_set_precision",
     "cuda_set_stream",
     "cuda_set_sync_each_op",
+    "cuda_subtract_sparse",
     "cuda_sync_each_op",
     "cuda_threshold_encode",
     "decode",
@@ -79,6 +80,7 @@ __all__: list[str] = [
     "set_num_threads",
     "simple_rnn_backward",
     "simple_rnn_forward",
+    "subtract_sparse",
     "threshold_encode",
     "unpack_message",
     "updater_apply",
@@ -339,6 +341,13 @@ def cuda_set_sync_each_op(on: bool) -> None:
     Debug switch: every CUDA op waits for the device before it returns.
     """
 
+def cuda_subtract_sparse(
+    message: typing.SupportsInt | typing.SupportsIndex,
+    length: typing.SupportsInt | typing.SupportsIndex,
+    target: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    dtype: numpy.dtype[typing.Any],
+) -> None: ...
 def cuda_sync_each_op() -> bool:
     """
     Whether every CUDA op waits for the device.
@@ -714,6 +723,11 @@ def simple_rnn_forward(
 ) -> None:
     """
     SimpleRnn over x (N, T, C) with w (C, H), rw (H, H), b (H): writes the outputs hs and act = the activations before the mask, both (N, T, H). mask (N, T) multiplies each step's output.
+    """
+
+def subtract_sparse(message: typing.Any, target: typing.Any) -> None:
+    """
+    target -= decoded sparse message after validation, touching only its indices.
     """
 
 def threshold_encode(

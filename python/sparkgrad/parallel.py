@@ -48,6 +48,7 @@ import numpy as np
 
 from sparkgrad._config import check_int, coerce_enum
 from sparkgrad._native import _core
+from sparkgrad.compress.codec import FLAG_SPARSE
 from sparkgrad.compress.handler import EncodingHandler
 from sparkgrad.compress.packing import pack_message
 from sparkgrad.compress.sharing import (
@@ -401,7 +402,16 @@ class ParallelWrapper:
             self._apply_message(worker, message)
         update, worker.last_score = net.compute_update(batch, copy=False)
         iteration, epoch = int(net.iteration_count), int(net.epoch_count)
-        message = share_update(handler, net, update, iteration, epoch, self.own_update, worker.scratch)
+        message = share_update(
+            handler,
+            net,
+            update,
+            iteration,
+            epoch,
+            self.own_update,
+            worker.scratch,
+            decode_sparse=self.momentum_masking,  # a bitmap is decoded anyway, for the master below
+        )
         if message is None:
             return
         for peer in self._workers:
@@ -413,8 +423,8 @@ class ParallelWrapper:
         with self._master_lock:
             packed = pack_message(message)  # what the message would take in an UPDATE frame
             self.bytes_sent += message.nbytes if packed is None else len(packed)
-            if _device(master) is _device(net):  # the worker's decoded message serves as it is
-                master.apply_update(worker.scratch)
+            if _device(master) is _device(net) and message[3] != FLAG_SPARSE:
+                master.apply_update(worker.scratch)  # the worker's decoded bitmap serves as it is
             else:
                 apply_message(message, master, self._master_scratch)
 

@@ -123,6 +123,28 @@ SPARKGRAD_HD inline std::uint32_t bitmap_code(T& v, T t, T h) {
 // A sparse entry is valid iff it addresses an element of a vector of n: v in +-[1, n].
 SPARKGRAD_HD inline bool entry_out_of_range(std::int64_t v, std::int64_t n) { return v == 0 || v > n || v < -n; }
 
+// The index a valid sparse entry +-(i+1) addresses.
+SPARKGRAD_HD inline std::int64_t entry_index(std::int32_t v) { return (v > 0 ? std::int64_t{v} : -std::int64_t{v}) - 1; }
+
+// subtract_sparse's step for entry k of entries: (count,) whose equal indices are adjacent: if k starts the
+// run of its index, target[index] -= the run's +-t summed from +0 in entry order (what decoding the
+// message into zeros leaves there); an entry continuing a run does nothing.
+template <typename T>
+SPARKGRAD_HD inline void subtract_run(const std::int32_t* entries, std::int64_t count, std::int64_t k, T t,
+                                      T* target) {
+  const std::int64_t i = entry_index(entries[k]);
+  if (k > 0 && entry_index(entries[k - 1]) == i) return;
+  T sum = 0;
+  for (std::int64_t j = k; j < count && entry_index(entries[j]) == i; ++j) {
+    if (entries[j] > 0) {
+      sum += t;
+    } else {
+      sum -= t;
+    }
+  }
+  target[i] -= sum;
+}
+
 // ---- sparse ("flexible") threshold format --------------------------------------------------------
 
 // Result of the counting pass: per-chunk offsets into the payload, so that the writing pass can emit
@@ -180,6 +202,22 @@ void validate_message(const char* op, const std::int32_t* msg, std::int64_t len,
 template <typename T>
 void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n,
             std::int32_t expected_flag);
+
+// ---- subtracting a sparse message from parameters ------------------------------------------------
+
+// Whether sparse entries: (count,) address non-decreasing indices (every repeated index adjacent), as the
+// encoders and unpack_sparse write them. Reads only.
+bool entries_ascending(const std::int32_t* entries, std::int64_t count);
+// The entries: (count,) stably sorted by index: an index's entries keep their message order.
+std::vector<std::int32_t> sorted_entries(const std::int32_t* entries, std::int64_t count);
+
+// target: (n,) -= the sparse msg: (len,) decoded, touching only the message's indices and bit-identical to
+// decoding msg into a zero vector and subtracting that vector (the entries of an index are summed from +0
+// in message order, then subtracted once; see subtract_run). Validates first (see validate_message; the
+// flag must be kFlagSparse, a bitmap goes through decode), so a malformed message leaves target untouched.
+// A message whose indices are not ascending is applied through a sorted copy of its entries.
+template <typename T>
+void subtract_sparse(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n);
 
 // ---- packed wire form of a sparse message --------------------------------------------------------
 // A sparse message with strictly ascending indices, as it travels in an UPDATE frame: its 4 header words
@@ -248,6 +286,11 @@ std::int64_t bitmap_encode(T* x, std::int64_t n, double threshold, std::int32_t*
 template <typename T>
 void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n,
             std::int32_t expected_flag);
+
+// msg: (len,) device message; target: (n,) -= decoded sparse msg, as the CPU's subtract_sparse (a
+// message with indices not ascending is sorted on the host: the encoders never write one).
+template <typename T>
+void subtract_sparse(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n);
 
 template <typename T>
 void accumulate(T* residual, const T* update, std::int64_t n);

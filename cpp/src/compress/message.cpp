@@ -1,8 +1,10 @@
-// Message header helpers, validation and decoding (accumulate into the target) for both formats.
+// Message header helpers, validation, decoding (accumulate into the target) for both formats, and
+// subtracting a sparse message from a target in O(entries).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
@@ -141,5 +143,38 @@ void decode(const char* op, const std::int32_t* msg, std::int64_t len, T* target
 
 template void decode<float>(const char*, const std::int32_t*, std::int64_t, float*, std::int64_t, std::int32_t);
 template void decode<double>(const char*, const std::int32_t*, std::int64_t, double*, std::int64_t, std::int32_t);
+
+bool entries_ascending(const std::int32_t* entries, std::int64_t count) {
+  std::int64_t descents = 0;
+#pragma omp parallel for schedule(static) reduction(+ : descents) if (count > (1 << 16))
+  for (std::int64_t k = 1; k < count; ++k) descents += entry_index(entries[k]) < entry_index(entries[k - 1]);
+  return descents == 0;
+}
+
+std::vector<std::int32_t> sorted_entries(const std::int32_t* entries, std::int64_t count) {
+  std::vector<std::int32_t> sorted(entries, entries + count);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](std::int32_t a, std::int32_t b) { return entry_index(a) < entry_index(b); });
+  return sorted;
+}
+
+template <typename T>
+void subtract_sparse(const char* op, const std::int32_t* msg, std::int64_t len, T* target, std::int64_t n) {
+  validate_message(op, msg, len, n, kFlagSparse);
+  const T t = static_cast<T>(bits_threshold(msg[2]));
+  const std::int64_t count = msg[0];
+  const std::int32_t* entries = msg + kHeaderWords;
+  std::vector<std::int32_t> sorted;
+  if (!entries_ascending(entries, count)) {
+    sorted = sorted_entries(entries, count);
+    entries = sorted.data();
+  }
+  // Each run of an index is written by the thread owning its first entry: no two threads share an element.
+#pragma omp parallel for schedule(static) if (count > (1 << 16))
+  for (std::int64_t k = 0; k < count; ++k) subtract_run(entries, count, k, t, target);
+}
+
+template void subtract_sparse<float>(const char*, const std::int32_t*, std::int64_t, float*, std::int64_t);
+template void subtract_sparse<double>(const char*, const std::int32_t*, std::int64_t, double*, std::int64_t);
 
 }  // namespace sparkgrad::compress

@@ -246,6 +246,39 @@ def decode(message: Array, target: Array) -> None:
     _decode(message, target, _FLAG_ANY, "decode")
 
 
+def subtract_message(message: Array, target: Array) -> None:
+    """``target -= `` a sparse message decoded, touching only the message's indices: O(entries) where
+    decoding into a zeroed vector and subtracting it costs two passes over ``target``, with results
+    bit-identical to those two passes (an index the message repeats moves by its entries summed from zero
+    in message order, as :func:`decode` accumulates them). How a gradient-sharing replica applies a sparse
+    message to its parameters (:func:`~sparkgrad.compress.apply_message`).
+
+    The message is validated first (a bitmap, or any malformed message, raises ``ValueError`` and leaves
+    ``target`` untouched; apply a bitmap with :func:`decode_message_into` and a subtraction).
+
+    Args:
+        message: 1-D int32 sparse message (flag 0), a numpy array, or for a CuPy ``target`` a numpy or
+            CuPy array (a host message is copied to the target's GPU).
+        target: 1-D C-contiguous writable float32/float64 numpy or CuPy array of the encoded length.
+    """
+    op = "subtract_message"
+    if not is_gpu_array(target):
+        if is_gpu_array(message):
+            raise TypeError(f"[{op}] a CuPy message needs a CuPy target")
+        _core.subtract_sparse(message, target)
+        return
+    tptr, n, dtype = _device_vector(op, "target", target, writable=True)
+    _require_cuda_build(op)
+    cupy = _cupy()
+    with cupy.cuda.Device(_array_gpu(target)):
+        if isinstance(message, np.ndarray):
+            if message.dtype != np.int32 or message.ndim != 1:
+                raise ValueError(f"[{op}] message must be a 1-D int32 array")
+            message = cupy.asarray(message)
+        mptr, length = _device_message(op, message)
+        cuda.launch(_core.cuda_subtract_sparse, mptr, length, tptr, n, dtype)
+
+
 def decode_host_message(message: np.ndarray, target: Array) -> None:
     """Adds a host message (as it came off the network) into ``target`` in host or GPU memory.
 
@@ -347,6 +380,7 @@ __all__ = [
     "message_indices",
     "message_length",
     "message_threshold",
+    "subtract_message",
     "threshold_decode",
     "threshold_encode",
     "threshold_encode_into",

@@ -85,7 +85,9 @@ class EncodingHandler:
         self._last_sparsity: float | None = None
         self._last_was_dense: bool | None = None
 
-    def encode(self, update: Array, iteration: int, epoch: int) -> np.ndarray | None:
+    def encode(
+        self, update: Array, iteration: int, epoch: int, *, support: Array | None = None
+    ) -> np.ndarray | None:
         """Adds ``update`` to the residual and encodes it.
 
         Args:
@@ -93,6 +95,10 @@ class EncodingHandler:
                 on the GPU the residual lives on (the first update decides; see the class docstring).
             iteration: global iteration count (drives the post-processor).
             epoch: epoch count.
+            support: indices (an integer array on ``update``'s device) outside which ``update`` is
+                exactly zero, e.g. a row-sparse step's (``network.update_support()``): only those
+                elements are added to the residual, with the same result as adding the whole vector (a
+                residual never holds -0.0, the one value ``+ 0.0`` changes). None: the whole vector.
 
         Returns:
             The int32 message as a host numpy array (sparse or bitmap, whichever is smaller), or None
@@ -101,10 +107,28 @@ class EncodingHandler:
         on_device = self._check_update(update)
         iteration = check_int("iteration", iteration, minimum=0)
         epoch = check_int("epoch", epoch, minimum=0)
+        if support is not None:
+            support = self._check_support(support, on_device)
         if not on_device:
-            return self._step(update, iteration, epoch)
+            return self._step(update, iteration, epoch, support)
         with _cupy().cuda.Device(self._gpu):  # the native kernels launch on the current device
-            return self._step(update, iteration, epoch)
+            return self._step(update, iteration, epoch, support)
+
+    def _check_support(self, support: Any, on_device: bool) -> Any:
+        """``support`` as an integer array of the update's device whose values index the residual."""
+        xp = _cupy() if on_device else np
+        if is_gpu_array(support) != on_device or not hasattr(support, "dtype"):
+            raise ValueError(
+                f"support: expected an integer array on the update's device, got {type(support).__name__}"
+            )
+        if support.ndim != 1 or support.dtype.kind not in "iu":
+            raise ValueError(
+                f"support: expected a 1-D integer array, got {support.dtype} of shape {support.shape}"
+            )
+        low, high = (int(xp.min(support)), int(xp.max(support))) if support.size else (0, 0)
+        if low < 0 or high >= self._n:
+            raise ValueError(f"support: indices must be in [0, {self._n}), got [{low}, {high}]")
+        return support
 
     def _check_update(self, update: Any) -> bool:
         """Validates ``update`` against the handler (binding the residual's device on the first call);
@@ -139,17 +163,24 @@ class EncodingHandler:
             )
         return on_device
 
-    def _step(self, update: Array, iteration: int, epoch: int) -> np.ndarray | None:
+    def _step(self, update: Array, iteration: int, epoch: int, support: Array | None) -> np.ndarray | None:
         """One encoding step on the residual's device (the current device for a GPU residual)."""
         on_device = self._gpu is not None
-        if self._scale != 1.0:
-            update = update * update.dtype.type(self._scale)
         if on_device:
             rptr, n, dtype = _device_vector("encode", "residual", self._residual, writable=True)
-            uptr, _, _ = _device_vector("encode", "update", update, writable=False)
-            cuda.launch(_core.cuda_accumulate, rptr, uptr, n, dtype)
+        if support is not None:  # the native accumulate's elementwise sum, at the support only
+            part = update[support]
+            if self._scale != 1.0:
+                part = part * part.dtype.type(self._scale)
+            self._residual[support] += part  # type: ignore[index]
         else:
-            _core.accumulate(self._residual, np.ascontiguousarray(update))
+            if self._scale != 1.0:
+                update = update * update.dtype.type(self._scale)
+            if on_device:
+                uptr, _, _ = _device_vector("encode", "update", update, writable=False)
+                cuda.launch(_core.cuda_accumulate, rptr, uptr, n, dtype)
+            else:
+                _core.accumulate(self._residual, np.ascontiguousarray(update))
         threshold = self._algorithm.calculate_threshold(
             iteration,
             epoch,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkgrad.compress.codec import Array, decode_host_message, decode_message_into
+from sparkgrad.compress.codec import FLAG_SPARSE, Array, decode_host_message, decode_message_into
 from sparkgrad.compress.handler import EncodingHandler
 from sparkgrad.compress.thresholds import TargetSparsityThresholdAlgorithm
 from sparkgrad.device import is_gpu_array
@@ -121,6 +121,8 @@ def share_update(
     epoch: int,
     own_update: str,
     scratch: Array,
+    *,
+    decode_sparse: bool = True,
 ) -> np.ndarray | None:
     """A gradient-sharing worker's own step: encodes ``update`` with ``handler`` and applies it to the
     worker's replica as ``own_update`` says (:data:`OWN_UPDATES`). SharedTrainingMaster's workers and
@@ -131,43 +133,64 @@ def share_update(
     Args:
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
         network: the worker's replica (``apply_update`` on ``update``'s device).
-        update: the update the replica's updater computed.
+        update: the update the replica's updater computed (its own buffer after a row-sparse step: only
+            where that step wrote it joins the residual, ``network.update_support``).
         iteration: the replica's iteration count (drives the threshold algorithm).
         epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
-        scratch: the decode buffer on the replica's device; holds the message decoded afterwards.
+        scratch: the decode buffer on the replica's device; holds the message decoded afterwards, unless
+            it is sparse and ``decode_sparse`` is False (then its contents are undefined).
+        decode_sparse: decode a sparse message into ``scratch`` too (a bitmap always is), for a caller
+            that reads it (momentum masking); False saves a pass over the parameters' size: ``"encoded"``
+            then applies a sparse message in place (:func:`apply_message`).
 
     Returns:
         The message to send to the peers, or None when nothing reached the threshold.
     """
     # a device the codecs have no kernels for: the residual lives on the host, the update goes there
     # through the device's counted download
-    on_host = network.device.to_host(update) if _without_codec(update) else update
-    message = handler.encode(on_host, iteration, epoch)
+    if _without_codec(update):
+        message = handler.encode(network.device.to_host(update), iteration, epoch)
+    else:  # after a row-sparse step only the rows it wrote join the residual (the update is zero elsewhere)
+        support = getattr(network, "update_support", None)
+        message = handler.encode(
+            update, iteration, epoch, support=None if support is None else support(update)
+        )
     if own_update == "full":
         scale = handler.update_scale
         network.apply_update(update if scale == 1.0 else update * update.dtype.type(scale))
     if message is None:
         return None
-    if own_update == "full":
-        _decode_on_device(message, network, scratch)
-    else:
-        apply_message(message, network, scratch)
+    if not decode_sparse and _is_sparse(message):
+        if own_update == "encoded":
+            apply_message(message, network, scratch)
+        return message
+    _decode_on_device(message, network, scratch)  # the caller's momentum masking and counts read it
+    if own_update == "encoded":
+        network.apply_update(scratch)
     return message
 
 
 def apply_message(message: np.ndarray, network: Any, scratch: Array) -> None:
-    """Applies a host message (from a peer or off the network) to a replica: ``scratch`` receives the
-    decoded message on its device (:func:`decode_message_into`), then ``network.apply_update(scratch)``.
-    The step every gradient-sharing replica takes for each message; ``scratch`` keeps the decoded message
-    afterwards.
+    """Applies a host message (from a peer or off the network) to a replica, the step every
+    gradient-sharing replica takes for each message. A sparse message goes straight into the parameters
+    with ``network.apply_sparse_message`` where the network has it and ``scratch`` is a NumPy or CuPy array
+    (O(entries), bit-identical to the dense path: :func:`~sparkgrad.compress.subtract_message`); otherwise
+    (a bitmap, another device, a network with ``apply_update`` only) ``scratch`` receives the decoded
+    message on its device (:func:`decode_message_into`), then ``network.apply_update(scratch)``. The
+    scratch's contents afterwards are therefore undefined.
 
     Args:
         message: 1-D int32 numpy message.
-        network: anything with ``apply_update`` taking an array of ``scratch``'s device.
+        network: anything with ``apply_update`` taking an array of ``scratch``'s device (and optionally
+            ``apply_sparse_message``, as sparkgrad's networks have).
         scratch: 1-D float32/float64 numpy or CuPy array of the network's parameter length (or an array
             of ``network.device`` that the codecs have no kernels for: decoded on the host, uploaded).
     """
+    sparse_apply = getattr(network, "apply_sparse_message", None)
+    if sparse_apply is not None and _is_sparse(message) and not _without_codec(scratch):
+        sparse_apply(message)
+        return
     _decode_on_device(message, network, scratch)
     network.apply_update(scratch)
 
@@ -191,6 +214,12 @@ def _decode_on_device(message: np.ndarray, network: Any, scratch: Array) -> None
     decode_host_message(message, host)
     with device.scope():
         device.xp.copyto(scratch, device.from_host(host))
+
+
+def _is_sparse(message: np.ndarray) -> bool:
+    """Whether a host message's flag (word 3) says sparse; a message too short for a header is not (the
+    decoder's validation names what is wrong with it)."""
+    return message.shape[0] > 3 and message[3] == FLAG_SPARSE
 
 
 def _without_codec(arr: Any) -> bool:

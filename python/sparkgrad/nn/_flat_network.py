@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
 import numpy as np
 
+from sparkgrad.compress.codec import subtract_message
 from sparkgrad.data.inputs import training_batches
 from sparkgrad.device import CPU, Device, is_gpu_array, resolve_device
 from sparkgrad.errors import CorruptDataError, TrainingError
@@ -627,6 +628,34 @@ class FlatNetwork:
             self.apply_update(update)
         return score, stepped
 
+    def update_support(self, update: Any) -> Any:
+        """Where ``update`` may be non-zero when it is the network's own update buffer after a row-sparse
+        step (``compute_update(copy=False)``): the flat indices of the ranges around the row-sparse tables
+        and of the tables' looked-up rows (distinct, not sorted), an int64 array of the network's device.
+        The update is exactly zero elsewhere, so an encoder adds only these elements to its residual
+        (:meth:`sparkgrad.compress.EncodingHandler.encode`'s ``support``). None (non-zero anywhere, as
+        far as the caller knows) for any other array, after a dense step, or when those indices are an
+        eighth of the parameters or more (a pass over the whole vector then costs no more).
+
+        Args:
+            update: the array ``compute_update`` returned.
+        """
+        self._require_init()
+        tables = self._sparse_tables
+        if update is not self._grad or not (tables and all(t.runtime.grad_clean for t in tables)):
+            return None
+        size = sum(sl.stop - sl.start for sl in self._dense_ranges)
+        size += sum(int(t.runtime.touched.size) * t.runtime.conf.n_out for t in tables)
+        if 8 * size >= self._n_params:
+            return None
+        xp = self._device.xp
+        parts = [xp.arange(sl.start, sl.stop, dtype=xp.int64) for sl in self._dense_ranges]
+        for table in tables:
+            width = table.runtime.conf.n_out
+            rows = table.runtime.touched.astype(xp.int64)
+            parts.append((table.start + rows[:, None] * width + xp.arange(width)[None, :]).reshape(-1))
+        return xp.concatenate(parts)
+
     def _apply_own_update(self) -> bool:
         """``params -= `` the update the last step left in the network's own buffer, where a row-sparse
         step wrote it only (the ranges around the tables and the tables' touched rows); False (nothing
@@ -733,6 +762,20 @@ class FlatNetwork:
                 f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
             )
         self._device.xp.subtract(self._params, u, out=self._params, casting="same_kind")
+
+    @on_device
+    def apply_sparse_message(self, message: np.ndarray) -> None:
+        """``params -= `` a sparse threshold-encoded message decoded, touching only its indices: what
+        ``apply_update`` of the message decoded into zeros does, bit for bit, in O(entries) instead of two
+        passes over every parameter (:func:`sparkgrad.compress.subtract_message`). How a gradient-sharing
+        replica on the CPU or a CUDA GPU applies a peer's sparse message.
+
+        Args:
+            message: 1-D int32 host message with flag 0 (sparse) of ``num_params()`` elements; a bitmap
+                or malformed message raises ``ValueError`` and changes nothing.
+        """
+        self._require_init()
+        subtract_message(message, self._params)
 
     # -- training -----------------------------------------------------------------------------
     @on_device

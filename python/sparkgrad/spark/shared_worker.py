@@ -413,7 +413,14 @@ class SharedWorker:
         t = now_ms()
         iteration, epoch = int(self.net.iteration_count), int(self.net.epoch_count)
         message = share_update(
-            self.handler, self.net, update, iteration, epoch, self.job.own_update, self._scratch
+            self.handler,
+            self.net,
+            update,
+            iteration,
+            epoch,
+            self.job.own_update,
+            self._scratch,
+            decode_sparse=self.job.momentum_masking,  # the scratch serves a bitmap's count, decoded anyway
         )
         recording = stats is not None or self.job.encoding_debug_mode
         sent = encoded = 0
@@ -421,7 +428,7 @@ class SharedWorker:
             sent = self.conn.send_update(message, iteration, epoch)
             if self.job.momentum_masking:
                 self.net.mask_momentum(self._scratch)  # the scratch holds the message decoded
-            if recording:  # now: pacing and progress syncs below decode peers' messages into the scratch
+            if recording:  # now: pacing and progress syncs below may decode peers' messages into the scratch
                 with self.net.device.scope():  # a count over a GPU array runs on that GPU
                     encoded = encoded_count(message, self._scratch, bool(self.handler.last_was_dense))
         self.minibatches += 1

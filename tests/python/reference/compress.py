@@ -81,6 +81,12 @@ def decode(message: np.ndarray, target: np.ndarray) -> np.ndarray:
     return out
 
 
+def subtract(message: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """target - the message decoded into zeros: what a replica's dense path (decode into a zeroed scratch,
+    then ``params -= scratch``) leaves, for a well-formed message."""
+    return target - decode(message, np.zeros_like(target))
+
+
 def encode_smaller(residual: np.ndarray, threshold: float) -> tuple[np.ndarray | None, bool, np.ndarray]:
     """The handler's step after the update is added: (message or None, is_bitmap, residual after)."""
     count = int(np.count_nonzero(np.abs(residual) >= wire_threshold(threshold, residual.dtype)))
