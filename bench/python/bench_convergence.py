@@ -382,6 +382,11 @@ def _torch_rank(rank: int, port: int, job: dict, results: Any) -> None:
             }
         )
     dist.destroy_process_group()
+    # gloo's and PowerSGD's threads abort the interpreter's normal exit now and then ("terminate called
+    # without an active exception"): the result is out, so leave without running any destructor
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def _run_torch(model: str, updater: str, hook: str, workers: int, seed: int, epochs: int, batch: int) -> dict:
