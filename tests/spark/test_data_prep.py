@@ -68,7 +68,7 @@ def test_auto_is_the_default_with_a_512_mib_budget(master) -> None:
     assert RDDTrainingApproach("auto") is RDDTrainingApproach.AUTO
 
 
-def test_partition_sizes_count_elements_and_array_bytes(spark) -> None:
+def test_partition_sizes_count_elements_array_bytes_and_examples(spark) -> None:
     rng = np.random.default_rng(0)
     sets = [
         DataSet(rng.random((3, 5), dtype=np.float32), np.eye(4, dtype=np.float32)[:3]),
@@ -77,8 +77,36 @@ def test_partition_sizes_count_elements_and_array_bytes(spark) -> None:
     ]
     sizes = partition_sizes(spark.sparkContext.parallelize(sets, 2))
     # parallelize puts 1 element in the first partition and 2 in the second
-    assert sizes == [(1, 3 * 5 * 4 + 3 * 4 * 4), (2, 2 * 5 * 8 + 2 * 5 * 4 + 7 * 2 + 2 * 8 + 2 * 4)]
-    assert partition_sizes(spark.sparkContext.parallelize(["a", "b", "c"], 3)) == [(1, 0)] * 3
+    assert sizes == [(1, 3 * 5 * 4 + 3 * 4 * 4, 3), (2, 2 * 5 * 8 + 2 * 5 * 4 + 7 * 2 + 2 * 8 + 2 * 4, 3)]
+    assert partition_sizes(spark.sparkContext.parallelize(["a", "b", "c"], 3)) == [(1, 0, 0)] * 3
+
+
+@pytest.mark.parametrize("master", ["pa", "shared"])
+def test_datasets_larger_than_rdd_data_set_num_examples_are_named_in_a_warning(
+    spark, data, caplog, master
+) -> None:
+    # DataSets of 16 examples: the default rdd_data_set_num_examples=1 sizes partitions (and averaging
+    # rounds) as if each held one, so a fit would train fewer workers (or average less often) than its
+    # settings say; the count that sizes the data says so, and is silent when the setting is right
+    batched = spark.sparkContext.parallelize(data.split(16), 2)
+    for per_set, warned in ((1, True), (8, True), (9, False), (16, False)):
+        m = _master(master, rdd_data_set_num_examples=per_set)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sparkgrad.spark.common"):
+            m.prepare(spark.sparkContext, batched, "dataset", None, None, "timer")
+        messages = [r.getMessage() for r in caplog.records if "rdd_data_set_num_examples" in r.getMessage()]
+        assert messages == (
+            [
+                "the RDD's DataSets hold 16 examples each on average but "
+                f"rdd_data_set_num_examples={per_set}: partitions and averaging rounds are sized as if each "
+                f"held {per_set} (fewer workers train, or parameters are averaged less often, than "
+                "batch_size_per_worker and averaging_frequency suggest); set rdd_data_set_num_examples to "
+                "the examples of one DataSet"
+            ]
+            if warned
+            else []
+        )
+        m._unpersist()
 
 
 @pytest.mark.parametrize("master", ["pa", "shared"])

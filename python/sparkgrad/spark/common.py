@@ -709,10 +709,24 @@ class TrainingMasterBase:
                 self._persisted.append(rdd)
         with Timer(stats if count_key else None, count_key or ""):
             sizes = run_spark("counting the data", lambda: partition_sizes(rdd))
-        counts = [c for c, _ in sizes]
+        counts = [c for c, _, _ in sizes]
         if sum(counts) == 0:
             raise ValueError("data: the RDD is empty, there is nothing to train on")
-        return TrainingData(rdd, kind, loader, per_unit, sum(counts), counts), sum(b for _, b in sizes)
+        examples = sum(e for _, _, e in sizes)
+        if kind == "dataset" and examples >= 2 * per_unit * sum(counts):
+            # DL4J's meaning kept (the setting sizes partitions and averaging rounds), but said: with
+            # DataSets of a minibatch each and the default 1, a fit trains fewer workers or averages less
+            # often than its settings suggest
+            _log.warning(
+                "the RDD's DataSets hold %.4g examples each on average but rdd_data_set_num_examples=%d: "
+                "partitions and averaging rounds are sized as if each held %d (fewer workers train, or "
+                "parameters are averaged less often, than batch_size_per_worker and averaging_frequency "
+                "suggest); set rdd_data_set_num_examples to the examples of one DataSet",
+                examples / sum(counts),
+                per_unit,
+                per_unit,
+            )
+        return TrainingData(rdd, kind, loader, per_unit, sum(counts), counts), sum(b for _, b, _ in sizes)
 
     def _unpersist(self) -> None:
         """Release the training data persisted by :meth:`prepare`."""

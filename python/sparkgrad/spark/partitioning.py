@@ -37,21 +37,23 @@ def partition_counts(rdd: RDD) -> list[int]:
     return rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
 
 
-def _count_and_bytes(elements: Iterable[Any]) -> tuple[int, int]:
-    count = nbytes = 0
+def _count_bytes_examples(elements: Iterable[Any]) -> tuple[int, int, int]:
+    count = nbytes = examples = 0
     for x in elements:
         count += 1
         nbytes += getattr(x, "nbytes", 0)  # DataSet / MultiDataSet arrays; paths and file bytes count 0
-    return count, nbytes
+        num_examples = getattr(x, "num_examples", None)
+        examples += num_examples() if callable(num_examples) else 0
+    return count, nbytes, examples
 
 
-def partition_sizes(rdd: RDD) -> list[tuple[int, int]]:
-    """``(elements, bytes)`` of every partition, in one Spark job.
+def partition_sizes(rdd: RDD) -> list[tuple[int, int, int]]:
+    """``(elements, bytes, examples)`` of every partition, in one Spark job.
 
-    ``bytes`` is the in-memory size of the (Multi)DataSets' arrays (features, labels, masks); other elements
-    (paths, file contents) count as 0 bytes.
+    ``bytes`` is the in-memory size of the (Multi)DataSets' arrays (features, labels, masks) and
+    ``examples`` their examples; other elements (paths, file contents) count as 0 of both.
     """
-    return rdd.mapPartitions(lambda it: [_count_and_bytes(it)]).collect()
+    return rdd.mapPartitions(lambda it: [_count_bytes_examples(it)]).collect()
 
 
 def balanced_repartition(
