@@ -433,6 +433,8 @@ def bench_rate(rate: str, args, record: Callable[[dict], None]) -> None:
                 for repeat in range(args.repeats):
                     run = run_settings(args, workload, args.seed + repeat)
                     train, test = workload_data(workload, run.train, run.test, run.seed)
+                    # one DataSet per minibatch: both masters are told so (rdd_data_set_num_examples), without
+                    # which they size partitions and averaging rounds as if each held one example
                     rdd = spark.sparkContext.parallelize(train.split(run.batch), WORKERS).cache()
                     rdd.count()
 
@@ -440,13 +442,17 @@ def bench_rate(rate: str, args, record: Callable[[dict], None]) -> None:
                         master = SharedTrainingMaster(
                             VoidConfiguration(unicast_port=port, network_mask="198.18.0.0/24"),
                             batch_size_per_worker=run.batch,
+                            rdd_data_set_num_examples=run.batch,
                             transport=ZmqTransportConfiguration(encrypt=encrypt),
                         )
                         return run_sparkgrad(spark, master, rdd, test, run, **fit_options)
 
                     def averaging(run=run, rdd=rdd, test=test) -> dict:
                         master = ParameterAveragingTrainingMaster(
-                            num_workers=WORKERS, batch_size_per_worker=run.batch, averaging_frequency=5
+                            num_workers=WORKERS,
+                            batch_size_per_worker=run.batch,
+                            rdd_data_set_num_examples=run.batch,
+                            averaging_frequency=5,
                         )
                         return run_sparkgrad(spark, master, rdd, test, run)
 

@@ -485,6 +485,14 @@ def _plot(results: dict, path: Path, models: list[str], updater_names: list[str]
         "spark+sqrt": ("tab:purple", "-."),
         "spark+mean": ("tab:green", "-."),
         "spark+sum": ("tab:red", "-."),
+        "auto": ("tab:purple", "-"),
+        # PyTorch DDP itself: dotted
+        "ddp-dense": ("tab:blue", ":"),
+        "ddp-fp16": ("tab:cyan", ":"),
+        "ddp-powersgd1": ("tab:red", ":"),
+        "ddp-powersgd2": ("tab:orange", ":"),
+        "ddp-powersgd4": ("tab:olive", ":"),
+        "ddp-powersgd2-fp16": ("tab:pink", ":"),
     }
     n = max(workers)
     for row, model in enumerate(models):
