@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
@@ -227,6 +228,14 @@ def auc_bound(p: np.ndarray, p_err: np.ndarray, positive: np.ndarray) -> float:
     pos, neg = p[positive], p[~positive]
     close = np.abs(pos[:, None] - neg[None, :]) <= p_err[positive][:, None] + p_err[~positive][None, :]
     return float(close.sum()) / max(pos.size * neg.size, 1)
+
+
+def submit_output(result: subprocess.CompletedProcess, chars: int = 4000) -> str:
+    """What a spark-submit job said, for a failed test's message: the end of its stdout, where
+    spark-submit passes its Python driver's stdout and stderr (a traceback included), and the JVM's own
+    log lines (its stderr) that are not INFO."""
+    jvm = [line for line in result.stderr.splitlines() if " INFO " not in line]
+    return f"driver output:\n{result.stdout[-chars:]}\nJVM log, INFO left out:\n" + "\n".join(jvm)[-chars:]
 
 
 def spark_submit() -> tuple[list[str], dict[str, str]]:

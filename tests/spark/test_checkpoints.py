@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import mlp_conf, residual_graph, spark_submit
+from helpers import mlp_conf, residual_graph, spark_submit, submit_output
 
 from sparkgrad.nn import ComputationGraph, MultiLayerNetwork
 from sparkgrad.spark import (
@@ -95,7 +95,7 @@ def test_a_driver_killed_mid_epoch_resumes_where_its_checkpoint_left_off(tmp_pat
     assert 2 <= newest < JOB_EPOCHS, f"the kill did not land inside the fit (newest checkpoint {newest})"
 
     rerun = subprocess.run([*command, "resume"], env=env, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.returncode == 0, submit_output(rerun)
     result = json.loads(next(x for x in rerun.stdout.splitlines() if x.startswith("RESULT "))[7:])
     resumed, uninterrupted = result["resumed"], result["uninterrupted"]
     assert resumed["trained"] == list(range(newest, JOB_EPOCHS))  # the epochs done are not repeated

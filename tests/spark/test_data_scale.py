@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import mlp_conf, spark_submit
+from helpers import mlp_conf, spark_submit, submit_output
 
 from sparkgrad.data import DataSet
 from sparkgrad.errors import CorruptDataError
@@ -139,7 +139,7 @@ def test_a_fit_on_data_larger_than_the_jvm_heap_completes_with_default_options(t
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, submit_output(result)
     assert "OutOfMemoryError" not in result.stderr
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     got = json.loads(lines[-1][len("RESULT ") :])

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import spark_submit
+from helpers import spark_submit, submit_output
 
 JOB = Path(__file__).resolve().parent / "jobs" / "dynamic_allocation.py"
 
@@ -28,7 +28,7 @@ def test_fits_run_with_dynamic_allocation(tmp_path) -> None:
     result = subprocess.run(
         [*submit, *options, str(JOB)], env=env, capture_output=True, text=True, timeout=900
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, submit_output(result)
     assert "SPARK-24942" not in result.stderr.replace("(SPARK-24942)", "")  # logged, never raised
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
     got = json.loads(lines[-1][len("RESULT ") :])

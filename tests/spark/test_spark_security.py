@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import spark_submit
+from helpers import spark_submit, submit_output
 
 from sparkgrad.nn import MultiLayerNetwork
 
@@ -58,7 +58,7 @@ def test_a_fit_runs_with_authentication_and_encryption_on(tmp_path) -> None:
     model = tmp_path / "digits-mlp.zip"
     command = [*submit, *options, str(JOB), model.as_uri(), "1"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, submit_output(result)
     # the settings took effect: Spark's SecurityManager says so at start
     assert "authentication enabled" in result.stderr and "RPC SSL enabled" in result.stderr
     line = [ln for ln in result.stdout.splitlines() if ln.startswith("test accuracy")]

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from helpers import spark_submit
+from helpers import spark_submit, submit_output
 
 from sparkgrad.nn import MultiLayerNetwork
 
@@ -31,7 +31,7 @@ def test_spark_submit_runs_the_cluster_job(tmp_path) -> None:
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, submit_output(result)
     line = [ln for ln in result.stdout.splitlines() if ln.startswith("test accuracy")]
     assert len(line) == 1 and line[0].endswith(f"model saved to {model.as_uri()}")
     assert float(line[0].split()[2].rstrip(";")) > 0.5  # 10 classes: chance is 0.1

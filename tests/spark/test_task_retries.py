@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import spark_submit
+from helpers import spark_submit, submit_output
 
 JOB = Path(__file__).resolve().parent / "jobs" / "task_retry.py"
 
@@ -26,7 +26,7 @@ def retried(tmp_path_factory) -> dict:
         text=True,
         timeout=900,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, submit_output(run)
     return json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))[7:])
 
 
