@@ -57,7 +57,9 @@ class ProgressController(Controller):
         self.threshold_report: dict[str, Any] | None = None
 
     def _applied(self, header: Header, message: np.ndarray) -> None:
-        encoded = encoded_count(message, self._scratch, is_bitmap=message[3] == 1)  # word 3: bitmap flag
+        bitmap = bool(message[3] == 1)  # word 3: the bitmap flag
+        # a sparse message's count is its word 0; _scratch decodes one on its first read (a dense pass)
+        encoded = encoded_count(message, self._scratch, bitmap) if bitmap else int(message[0])
         threshold = float(message[2:3].view("<f4")[0])
         self.progress.update(encoded / max(self._params.size, 1), threshold, header.sender, header.epoch)
 

@@ -115,7 +115,9 @@ class Controller:
         config: transport timeouts and limits.
         decode: ``decode(message, target)`` accumulating a message into ``target`` (defaults to
             :func:`sparkgrad.compress.decode`); ValueError/TypeError mean a malformed message, any other
-            error stops the controller.
+            error stops the controller. With the default, a sparse update is applied in place in
+            O(entries) (:func:`sparkgrad.compress.subtract_message`); a bitmap, or any update with
+            another decoder, is decoded and applied in dense passes over the parameters.
         iteration: starting iteration counter.
         epoch: starting epoch counter.
         threshold_reference: the threshold workers start from (the job's threshold algorithm); bounds
@@ -807,7 +809,8 @@ class Controller:
     # -- what the policies call ------------------------------------------------------------------
     def _applied(self, header: Header, message: np.ndarray) -> None:
         """Called with each update this controller applied (before relaying it; decoded in
-        :attr:`_scratch`); for subclasses."""
+        :attr:`_scratch`, which costs a dense pass over the parameters on its first read for a sparse
+        update: read it only when the message itself does not tell); for subclasses."""
 
     def _round_averaged(self, epoch: int, minibatches: int, score: float | None) -> None:
         """Called on the controller thread after every averaged round (a hook for progress reporting)."""

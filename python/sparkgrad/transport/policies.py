@@ -14,9 +14,11 @@ whose sparse indices are not strictly ascending (``unordered``,
 (:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
 ``threshold_factor`` x the median of the other registered workers' latest accepted thresholds and the
 reference) is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An
-update that would leave any parameter non-finite (float overflow of finite values) is computed in a
-second buffer and refused too (reason ``non_finite``), naming its sender; the parameters stay as they
-were. A worker whose recent updates outweigh the median other registered worker's
+update that would leave any parameter non-finite (float overflow of finite values) is refused too
+(reason ``non_finite``), naming its sender; the parameters stay as they were. A sparse update (with the
+default decoder) is applied in place in O(entries) under the controller's lock, the parameters it
+touched restored exactly when it is refused; a bitmap is computed in a second buffer (dense passes). A
+worker whose recent updates outweigh the median other registered worker's
 (:class:`~sparkgrad.transport.limits.InfluenceLedger`) is flagged past ``outlier_factor / 2`` and
 quarantined past ``outlier_factor``: its update is refused (``outlier``), it is dropped
 (``quarantined``) and told to re-join.
@@ -45,6 +47,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from sparkgrad.compress.codec import decode as default_decode
+from sparkgrad.compress.codec import message_indices, subtract_message
 from sparkgrad.errors import TransportError
 from sparkgrad.transport.frame import (
     Flag,
@@ -160,8 +164,6 @@ class SharingPolicy(Policy):
         config: ZmqTransportConfiguration,
     ) -> None:
         if decode is None:
-            from sparkgrad.compress import decode as default_decode
-
             decode = default_decode
         if not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
             raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
@@ -172,8 +174,24 @@ class SharingPolicy(Policy):
         self._reference = float(threshold_reference)
         self._thresholds: dict[int, float] = {}  # each worker's latest accepted threshold
         self._ledger = InfluenceLedger(config.outlier_factor, self._reference)
-        self.scratch = np.zeros_like(params)  # the latest update, decoded
-        self._next_params = np.empty_like(params)  # an update is checked here before it is taken
+        # with the default decoder a sparse message is applied in place in O(entries) (_take_sparse); a
+        # custom decoder is honoured in dense passes (_take_dense). The sparse path checks only the
+        # parameters it touches: the others are finite, since the start was and every applied update
+        # leaves all finite. A non-finite start refuses every update (the dense check), as it always did.
+        self._sparse_in_place = decode is default_decode and all_finite(params)
+        self._scratch = np.zeros_like(params)
+        self._undecoded: np.ndarray | None = None  # a sparse message scratch does not hold decoded yet
+        self._next_params = np.empty_like(params)  # a dense update is checked here before it is taken
+
+    @property
+    def scratch(self) -> np.ndarray:
+        """The latest update taken (read it in ``Controller._applied``), decoded into zeros. A sparse update
+        applied in place is decoded on the first read: a dense pass that only a reader pays for."""
+        if self._undecoded is not None:
+            message, self._undecoded = self._undecoded, None
+            self._scratch.fill(0)
+            self._decode(message, self._scratch)
+        return self._scratch
 
     def next_iteration(self, iteration: int) -> int:
         return iteration + 1  # one past the iteration of the last applied update
@@ -211,6 +229,66 @@ class SharingPolicy(Policy):
         )
         ctl._rejoin_notice(sender, identity)
 
+    def _take_dense(self, sender: int, message: np.ndarray, threshold: float) -> tuple[float, float]:
+        """Decode, check and apply an update in dense passes over the parameters (a bitmap, or any message
+        with a custom decoder): computed in a second buffer, swapped in when applied. Under the lock;
+        returns (ledger ratio, L1); raises FrameRejected (``bad_update``, ``non_finite``)."""
+        ctl = self.controller
+        self._undecoded = None
+        self._scratch.fill(0)
+        try:
+            self._decode(message, self._scratch)
+        except (ValueError, TypeError) as exc:
+            raise FrameRejected("bad_update", f"malformed update from worker {sender}: {exc}") from None
+        with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
+            np.subtract(ctl._params, self._scratch, out=self._next_params)
+        if not all_finite(self._next_params):
+            raise self._non_finite(sender, threshold)
+        # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
+        entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self._scratch))
+        l1 = threshold * entries
+        ratio = self._ledger.ratio(sender, l1, threshold, ctl._peers)
+        if ratio <= self._ledger.factor:
+            ctl._params, self._next_params = self._next_params, ctl._params
+        return ratio, l1
+
+    def _take_sparse(self, sender: int, message: np.ndarray, threshold: float) -> tuple[float, float]:
+        """:meth:`_take_dense` for a sparse message with the default decoder, in O(entries): applied in
+        place, and the touched parameters restored exactly when it is refused (non-finite) or not taken
+        (quarantine). Under the lock, so no reader sees it half applied: every reader of the parameters
+        off the controller thread copies them under the lock (:meth:`Controller.params`), and PARAMS
+        frames are built on this thread (``encode_frame`` copies the payload before signing)."""
+        ctl = self.controller
+        params = ctl._params
+        # the touched parameters before the update; gathered before the native kernel validates the
+        # message, so clipped (a malformed message's indices may be anything: it is refused, these unused).
+        # check_update_entries made them distinct, so writing them back restores every one.
+        indices = message_indices(message)
+        assert indices is not None  # flag 0
+        before = np.take(params, indices, mode="clip")
+        try:
+            subtract_message(message, params)  # a malformed message raises, params untouched
+        except (ValueError, TypeError) as exc:
+            raise FrameRejected("bad_update", f"malformed update from worker {sender}: {exc}") from None
+        # scratch decodes it when read; the message views the received frame, which it keeps alive
+        self._undecoded = message
+        if not all_finite(params[indices]):
+            params[indices] = before
+            raise self._non_finite(sender, threshold)
+        l1 = threshold * int(message[0])  # every entry moves one parameter by the threshold
+        ratio = self._ledger.ratio(sender, l1, threshold, ctl._peers)
+        if ratio > self._ledger.factor:
+            params[indices] = before
+        return ratio, l1
+
+    @staticmethod
+    def _non_finite(sender: int, threshold: float) -> FrameRejected:
+        return FrameRejected(
+            "non_finite",
+            f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
+            "non-finite: not applied",
+        )
+
     def take(self, identity: bytes, header: Header, payload: memoryview, frame: bytes) -> None:
         ctl, sender = self.controller, header.sender
         try:
@@ -224,27 +302,10 @@ class SharingPolicy(Policy):
             threshold = self._check_threshold(sender, message)
             check_update_entries(message, f"worker {sender}")
             with ctl._lock:
-                self.scratch.fill(0)
-                try:
-                    self._decode(message, self.scratch)
-                except (ValueError, TypeError) as exc:
-                    raise FrameRejected(
-                        "bad_update", f"malformed update from worker {sender}: {exc}"
-                    ) from None
-                with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
-                    np.subtract(ctl._params, self.scratch, out=self._next_params)
-                if not all_finite(self._next_params):
-                    raise FrameRejected(
-                        "non_finite",
-                        f"update from worker {sender} (threshold {threshold:.6g}) would make parameters "
-                        "non-finite: not applied",
-                    )
-                # L1: every entry moves one parameter by the threshold (at most: a bitmap's -t/2 codes)
-                entries = int(message[0]) if message[3] == 0 else int(np.count_nonzero(self.scratch))
-                l1 = threshold * entries
-                ratio = self._ledger.ratio(sender, l1, threshold, ctl._peers)
-                if ratio <= self._ledger.factor:
-                    ctl._params, self._next_params = self._next_params, ctl._params
+                if message[3] == 0 and self._sparse_in_place:
+                    ratio, l1 = self._take_sparse(sender, message, threshold)
+                else:
+                    ratio, l1 = self._take_dense(sender, message, threshold)
         except FrameRejected as exc:  # authenticated sender: it is told why (its fit fails)
             ctl._refuse(identity, sender, exc)
             return
