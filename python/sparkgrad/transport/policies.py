@@ -270,8 +270,6 @@ class SharingPolicy(Policy):
             subtract_message(message, params)  # a malformed message raises, params untouched
         except (ValueError, TypeError) as exc:
             raise FrameRejected("bad_update", f"malformed update from worker {sender}: {exc}") from None
-        # scratch decodes it when read; the message views the received frame, which it keeps alive
-        self._undecoded = message
         if not all_finite(params[indices]):
             params[indices] = before
             raise self._non_finite(sender, threshold)
@@ -279,6 +277,8 @@ class SharingPolicy(Policy):
         ratio = self._ledger.ratio(sender, l1, threshold, ctl._peers)
         if ratio > self._ledger.factor:
             params[indices] = before
+        else:  # taken: scratch decodes it when read (the message views the received frame, kept alive)
+            self._undecoded = message
         return ratio, l1
 
     @staticmethod
