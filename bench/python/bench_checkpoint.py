@@ -84,7 +84,9 @@ def main() -> int:
             options = (
                 {"checkpoint": tempfile.mkdtemp(prefix="sparkgrad-ckpt-")} if mode == "checkpointed" else {}
             )
-            master = SharedTrainingMaster(batch_size_per_worker=64, rng_seed=repeat + 1, progress=False)
+            master = SharedTrainingMaster(
+                batch_size_per_worker=64, rdd_data_set_num_examples=64, rng_seed=repeat + 1, progress=False
+            )
             with SparkMultiLayer(spark, conf, master) as model:
                 model.fit(
                     rdd,

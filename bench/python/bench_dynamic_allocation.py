@@ -55,9 +55,11 @@ def child(rows: int, epochs: int, dynamic: bool) -> dict[str, float]:
     )
     out: dict[str, float] = {}
     masters = {
-        "shared": lambda: SharedTrainingMaster(batch_size_per_worker=32, rng_seed=1, progress=False),
+        "shared": lambda: SharedTrainingMaster(
+            batch_size_per_worker=32, rdd_data_set_num_examples=32, rng_seed=1, progress=False
+        ),
         "averaging": lambda: ParameterAveragingTrainingMaster(
-            batch_size_per_worker=32, rng_seed=1, progress=False
+            batch_size_per_worker=32, rdd_data_set_num_examples=32, rng_seed=1, progress=False
         ),
     }
     try:

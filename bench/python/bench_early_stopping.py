@@ -71,10 +71,10 @@ def main() -> int:
     )
     masters = {
         "SharedTrainingMaster": lambda: SharedTrainingMaster(
-            batch_size_per_worker=32, rng_seed=1, progress=False
+            batch_size_per_worker=32, rdd_data_set_num_examples=32, rng_seed=1, progress=False
         ),
         "ParameterAveraging": lambda: ParameterAveragingTrainingMaster(
-            batch_size_per_worker=32, rng_seed=1, progress=False
+            batch_size_per_worker=32, rdd_data_set_num_examples=32, rng_seed=1, progress=False
         ),
     }
 

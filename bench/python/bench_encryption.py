@@ -70,7 +70,9 @@ def fit_step_ms(spark, rdd, port: int, epochs: int, encrypt: bool) -> float:
         seed=1,
     )
     master = SharedTrainingMaster(
-        VoidConfiguration(unicast_port=port, controller_address="127.0.0.1"), batch_size_per_worker=BATCH
+        VoidConfiguration(unicast_port=port, controller_address="127.0.0.1"),
+        batch_size_per_worker=BATCH,
+        rdd_data_set_num_examples=BATCH,  # the RDD holds minibatches of BATCH
     )
     master.transport = ZmqTransportConfiguration(encrypt=encrypt)
     with SparkMultiLayer(spark, MultiLayerNetwork(conf).init(), master) as model:
