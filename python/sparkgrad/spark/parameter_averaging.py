@@ -3,8 +3,9 @@
 Per epoch: the data is split into random balanced parts (rounds) sized so that every worker trains
 about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per round, and EVERY example is
 used once (DL4J dropped the surplus). After each round the workers' parameters (and updater states) are
-averaged and every worker continues from the mean. A fit of several epochs prepares its data once
-(counted, persisted or exported).
+averaged and every worker continues from the mean; only the trained parameters travel and are averaged
+(:meth:`~sparkgrad.nn._flat_network.FlatNetwork.trained_ranges`): a frozen layer's stay as broadcast.
+A fit of several epochs prepares its data once (counted, persisted or exported).
 
 ``averaging_jobs="one"`` (default): the data is repartitioned once per fit into one partition per
 worker and ALL rounds of the fit run in ONE barrier Spark job, the workers of

@@ -23,7 +23,8 @@ quarantined past ``outlier_factor``: its update is refused (``outlier``), it is 
 
 Parameter averaging (:class:`AveragingPolicy`, ParameterAveragingTrainingMaster's rounds in one Spark
 job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every
-epoch, with its parameters (and updater state with ``average_updater_state``) after the round, or with
+epoch, with its trained parameters (the controller's ``averaged_ranges``: a frozen layer's never change
+and are not sent) and updater state with ``average_updater_state`` after the round, or with
 none when its partition had no data in it (it still joins the round, so no worker waits for one that ran
 out of data). Once every partition of the barrier (:meth:`Controller.expect_workers
 <sparkgrad.transport.controller.Controller.expect_workers>`) reported a round, the mean of the reported
