@@ -176,7 +176,7 @@ def test_parameter_averaging_sends_and_averages_only_the_trained_parameters(
     assert start == 0 if kind == "multilayer" else 0 < start and stop < n  # bottom; middle of the buffer
     reference.set_params(frozen_net.params())
     before = frozen_net.params().copy()
-    fitted, sizes = [], []
+    fitted, sizes, traffic = [], [], []
     for net in (frozen_net, reference):
         master = ParameterAveragingTrainingMaster(
             averaging_jobs=jobs,
@@ -194,6 +194,7 @@ def test_parameter_averaging_sends_and_averages_only_the_trained_parameters(
         sm.fit(spark.sparkContext.parallelize(items, 2), epochs=2)
         fitted.append(sm.network)
         sizes.append(list(sent))
+        traffic.append(master.last_traffic)
     net, full = fitted
     params = net.params()
     np.testing.assert_array_equal(params[start:stop].view(np.uint32), before[start:stop].view(np.uint32))
@@ -206,3 +207,8 @@ def test_parameter_averaging_sends_and_averages_only_the_trained_parameters(
     state = net.updater_state().size  # Adam's, of the trained parameters only either way (NoOp has none)
     assert state == 2 * (n - (stop - start))
     assert sizes == [[n - (stop - start) + state] * rounds, [n + state] * rounds]
+    if jobs == "one":  # the controller's byte counts: each AVERAGE in and AVERAGED out is 4 bytes a float
+        # smaller; the frames' JSON bodies (scores) may differ by a few characters
+        for key in ("controller_bytes_received", "controller_bytes_sent"):
+            saved = traffic[1][key] - traffic[0][key]
+            assert abs(saved - rounds * (stop - start) * 4) <= rounds * 32, (key, saved)
