@@ -22,6 +22,7 @@ from wire_helpers import (
 )
 
 from sparkgrad.errors import TransportError
+from sparkgrad.nn.trained_ranges import TrainedRanges
 from sparkgrad.transport import FrameKey, MessageType, WorkerConnection, encode_frame
 from sparkgrad.transport.frame import averaging_payload, float_flag, json_payload
 
@@ -30,14 +31,14 @@ pytestmark = pytest.mark.distributed
 JOB = 77
 
 
-def _connect(port: int, wid: int, values: int) -> WorkerConnection:
+def _connect(port: int, wid: int, values: int, params: int = 3) -> WorkerConnection:
     conn = WorkerConnection(
         "127.0.0.1",
         port,
         JOB,
         wid,
         SECRET,
-        3,
+        params,
         FAST,
         updater_state_bytes=8,
         average_values=values,
@@ -119,6 +120,47 @@ def test_round_mean_of_parameters_and_updater_state(free_port: int) -> None:
         finally:
             for c in conns:
                 c.close()
+
+
+def test_averaged_ranges_leave_the_frozen_parameters_as_they_were(free_port: int) -> None:
+    """With ``averaged_ranges`` the vectors hold the trained parameters only (entries 0, 3 and 4 of 5,
+    then the updater state): their mean goes to exactly those entries, the frozen ones keep their value
+    bit for bit, and a vector of all 5 parameters is refused as malformed."""
+    params = np.array([0, 7.25, -3.5, 0, 0], np.float32)
+    ranges = TrainedRanges.of([(0, 1), (3, 5)], 5)
+    with controller(
+        params,
+        JOB,
+        free_port,
+        updater_state=np.zeros(2, np.float32),
+        averaging=True,
+        average_updater_state=True,
+        averaged_ranges=ranges,
+    ) as ctl:
+        ctl.expect_workers(2)
+        conns = [_connect(free_port, wid, 3 + 2, params=5) for wid in (1, 2)]
+        try:
+            a = np.array([1, 2, 3, 10, 20], np.float32)
+            b = np.array([3, 4, 5, 30, 40], np.float32)
+            got = _in_threads(
+                lambda: conns[0].average(0, 0, {"partition": 0, "minibatches": 1, "score": 1.0}, a),
+                lambda: conns[1].average(0, 0, {"partition": 1, "minibatches": 1, "score": 3.0}, b),
+            )
+            for _, mean in got:
+                np.testing.assert_array_equal(mean, [2, 3, 4, 20, 30])
+            np.testing.assert_array_equal(ctl.params(), [2, 7.25, -3.5, 3, 4])
+            np.testing.assert_array_equal(ctl.updater_state(), [20, 30])
+            report = {"partition": 0, "minibatches": 1, "score": 0.5}
+            with pytest.raises(TransportError, match="expected 5 float32"):
+                conns[0].average(0, 1, report, np.zeros(5 + 2, np.float32))
+        finally:
+            for c in conns:
+                c.close()
+
+
+def test_averaged_ranges_of_another_parameter_count_are_refused() -> None:
+    with pytest.raises(ValueError, match="ranges: cover 4 parameters, the controller has 3"):
+        controller(np.zeros(3, np.float32), JOB, 1, averaging=True, averaged_ranges=TrainedRanges.of([], 4))
 
 
 def test_bad_contributions_are_refused_and_updates_are_not_taken(free_port: int) -> None:

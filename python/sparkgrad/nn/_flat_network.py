@@ -55,6 +55,7 @@ from sparkgrad.nn.enums import GradientNormalization
 from sparkgrad.nn.input_type import InputType
 from sparkgrad.nn.listeners import TrainingListener
 from sparkgrad.nn.serialization import PathOrFile
+from sparkgrad.nn.trained_ranges import TrainedRanges
 from sparkgrad.nn.weight_init import init_weights
 
 N = TypeVar("N", bound="FlatNetwork")
@@ -457,6 +458,12 @@ class FlatNetwork:
         """Copy ``flat`` (length ``num_params()``; a host or device array) into the parameter buffer."""
         self._require_init()
         self._copy_into(self._params, flat, "params")
+
+    def trained_ranges(self) -> TrainedRanges:
+        """The ranges of the flat parameter vector that training changes: every layer's but a frozen
+        layer's (the updater state covers these only). Parameter averaging sends just these."""
+        self._require_init()
+        return TrainedRanges.of(((block.start, block.stop) for block in self._blocks), self._n_params)
 
     @property
     def updaters(self) -> tuple[Any, ...]:

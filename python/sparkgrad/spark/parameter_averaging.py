@@ -3,8 +3,9 @@
 Per epoch: the data is split into random balanced parts (rounds) sized so that every worker trains
 about ``averaging_frequency`` minibatches of ``batch_size_per_worker`` per round, and EVERY example is
 used once (DL4J dropped the surplus). After each round the workers' parameters (and updater states) are
-averaged and every worker continues from the mean. A fit of several epochs prepares its data once
-(counted, persisted or exported).
+averaged and every worker continues from the mean; only the trained parameters travel and are averaged
+(:meth:`~sparkgrad.nn._flat_network.FlatNetwork.trained_ranges`): a frozen layer's stay as broadcast.
+A fit of several epochs prepares its data once (counted, persisted or exported).
 
 ``averaging_jobs="one"`` (default): the data is repartitioned once per fit into one partition per
 worker and ALL rounds of the fit run in ONE barrier Spark job, the workers of
@@ -101,7 +102,7 @@ WORKER_FIT = AVERAGING_WORKER_FIT
 class _Sum:
     """Running sums of worker results (params, updater state, scores) for treeAggregate."""
 
-    params: np.ndarray | None = None
+    params: np.ndarray | None = None  # the trained entries only (TrainedRanges.gather)
     updater: np.ndarray | None = None
     score: float = 0.0
     count: int = 0
@@ -200,7 +201,9 @@ def _train_worker(job_bc: Any, units: Iterable[Any]) -> Iterator[_Sum]:
         if stats is not None:
             stats.add(WORKER_TOTAL, event(start, threads=get_num_threads()))
         updater = to_host(net.updater_state()) if job.save_updater else None
-        yield _Sum(to_host(net.params()), updater, float(score), 1, n_batches, stats, n_batches)
+        # frozen parameters are the broadcast's on every worker: only the trained ones are sent
+        params = net.trained_ranges().gather(to_host(net.params()))
+        yield _Sum(params, updater, float(score), 1, n_batches, stats, n_batches)
 
 
 @dataclass
@@ -529,6 +532,7 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
             {first_epoch + e: probe.getrandbits(31) for e in range(epochs)},
             self.save_updater,
             tuple(by_value(hook) for hook in self.training_hooks),  # local/__main__ hooks too
+            network.trained_ranges(),
         )
         results, round_scores = self._run_job(
             sc, network, units, data, stats, epochs, epoch_callback, slots, epoch_progress
@@ -549,7 +553,11 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
     _rerun_failed_stage: ClassVar[bool] = False  # the rounds cannot be resumed: the task's error ends the fit
 
     def _controller_options(self) -> dict[str, Any]:
-        return {"averaging": True, "average_updater_state": self.save_updater}
+        return {
+            "averaging": True,
+            "average_updater_state": self.save_updater,
+            "averaged_ranges": self._rounds.trained,
+        }
 
     def _job_options(self, network: Any, partitions: int, slots: int) -> dict[str, Any]:
         return {"averaging": self._rounds}
@@ -660,7 +668,8 @@ class ParameterAveragingTrainingMaster(ControllerFit, TrainingMasterBase, Config
                 total.retrained_minibatches,
             )
         with Timer(stats, PROCESS_PARAMS):
-            network.set_params((total.params / total.count).astype(network.params().dtype, copy=False))
+            mean = (total.params / total.count).astype(network.params().dtype, copy=False)
+            network.set_params(network.trained_ranges().put_back(mean, network.params()))
             updater = mean_or_none(total.updater, total.count)
             if updater is not None:
                 network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))

@@ -43,6 +43,7 @@ from sparkgrad.compress.handler import EncodingHandler
 from sparkgrad.compress.sharing import DEFAULT_OWN_UPDATE, apply_message, share_update, take_params
 from sparkgrad.compress.thresholds import ResidualPostProcessor, ThresholdAlgorithm
 from sparkgrad.errors import TrainingError, TransportError
+from sparkgrad.nn.trained_ranges import TrainedRanges
 from sparkgrad.spark.common import NetworkSnapshot, fit_minibatch, process_tag, worker_batches
 from sparkgrad.spark.devices import device_index, resolve_worker_device, to_host
 from sparkgrad.spark.partition_store import PartitionStore
@@ -85,6 +86,7 @@ class AveragingRounds:
     split_seeds: dict[int, int]  # network epoch -> the seed of its split
     save_updater: bool  # average the updater state too (else every round starts from the fit's)
     hooks: tuple  # TrainingHooks, run around every minibatch
+    trained: TrainedRanges  # the parameters an AVERAGE/AVERAGED vector holds: a frozen layer's never
 
 
 @dataclass
@@ -642,8 +644,9 @@ class AveragingWorker(SharedWorker):
     Each epoch splits the partition into the job's rounds with the seed the job-per-round fit uses
     (:func:`~sparkgrad.spark.partitioning.split_assignment`); the worker trains each round's minibatches
     locally and then joins the round's average over the transport (:meth:`WorkerConnection.average`:
-    its parameters, and updater state with ``save_updater``, or nothing when the round gave it no data),
-    continuing from the mean at the round's iteration. Every worker joins every round, so partitions of
+    its trained parameters, and updater state with ``save_updater``, or nothing when the round gave it no
+    data), continuing from the mean at the round's iteration; frozen parameters never change, so they are
+    neither sent nor averaged. Every worker joins every round, so partitions of
     unequal size never leave one waiting.
     """
 
@@ -652,7 +655,7 @@ class AveragingWorker(SharedWorker):
     def _connection_options(self) -> dict[str, Any]:
         # averaging takes no UPDATE: the worker refuses every one (no threshold to bound)
         return {
-            "average_values": self.job.snapshot.params.size + self._state_size(),
+            "average_values": self.job.averaging.trained.size + self._state_size(),  # type: ignore[union-attr]
             "threshold_reference": None,
         }
 
@@ -703,8 +706,9 @@ class AveragingWorker(SharedWorker):
     def _average(self, epoch: int, round_index: int, partition: int, minibatches: int) -> None:
         """Join the round's average and continue from the mean, at the round's iteration."""
         values = None
+        trained: TrainedRanges = self.job.averaging.trained  # type: ignore[union-attr]
         if minibatches:
-            values = to_host(self.net.params())
+            values = trained.gather(to_host(self.net.params()))
             if self._state_size():
                 values = np.concatenate([values, to_host(self.net.updater_state())])
         report: dict[str, object] = {
@@ -714,9 +718,9 @@ class AveragingWorker(SharedWorker):
         }
         with Timer(self.stats, AVERAGING_WORKER_AVERAGE):
             body, mean = self.conn.average(epoch, round_index, report, values)
-        size = self.net.num_params()
+        size = trained.size
         if mean is not None:
-            self.net.set_params(mean[:size])
+            self.net.set_params(trained.put_back(mean[:size], self.net.params()))
             if self._state_size():
                 self.net.set_updater_state(mean[size:])
         initial = self.job.snapshot.updater_state

@@ -62,6 +62,7 @@ import zmq
 
 from sparkgrad._config import check_int
 from sparkgrad.errors import TransportError
+from sparkgrad.nn.trained_ranges import TrainedRanges
 from sparkgrad.transport.frame import (
     CONTROL_PAYLOAD_LIMIT,
     CONTROLLER_ID,
@@ -135,6 +136,9 @@ class Controller:
             instead of applying updates; ``threshold_reference`` and ``decode`` are then not used.
         average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
             AVERAGE and AVERAGED vectors hold the parameters followed by the updater state).
+        averaged_ranges: with ``averaging``, the parameters the AVERAGE and AVERAGED vectors hold
+            (:class:`~sparkgrad.nn.trained_ranges.TrainedRanges`: a network's trained ranges, its frozen
+            layers' parameters stay as given); None: all of them.
     """
 
     def __init__(
@@ -154,6 +158,7 @@ class Controller:
         mesh: bool = False,
         averaging: bool = False,
         average_updater_state: bool = False,
+        averaged_ranges: TrainedRanges | None = None,
         signer: ControllerSigner | None = None,
         curve: Curve | None = None,
     ) -> None:
@@ -162,7 +167,9 @@ class Controller:
         self._updater_state = None if updater_state is None else np.array(updater_state, copy=True)
         # how the parameters change (:mod:`.policies`); each policy checks its own arguments
         self._policy: Policy = (
-            AveragingPolicy(self, self._params, self._updater_state, average_updater_state, mesh)
+            AveragingPolicy(
+                self, self._params, self._updater_state, average_updater_state, mesh, averaged_ranges
+            )
             if averaging
             else SharingPolicy(self, self._params, decode, threshold_reference, self._config)
         )

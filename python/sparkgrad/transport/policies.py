@@ -25,7 +25,8 @@ quarantined past ``outlier_factor``: its update is refused (``outlier``), it is 
 
 Parameter averaging (:class:`AveragingPolicy`, ParameterAveragingTrainingMaster's rounds in one Spark
 job): no UPDATE is taken (``unexpected``). Every worker sends an AVERAGE for every round of every
-epoch, with its parameters (and updater state with ``average_updater_state``) after the round, or with
+epoch, with its trained parameters (the controller's ``averaged_ranges``: a frozen layer's never change
+and are not sent) and updater state with ``average_updater_state`` after the round, or with
 none when its partition had no data in it (it still joins the round, so no worker waits for one that ran
 out of data). Once every partition of the barrier (:meth:`Controller.expect_workers
 <sparkgrad.transport.controller.Controller.expect_workers>`) reported a round, the mean of the reported
@@ -50,6 +51,7 @@ import numpy as np
 from sparkgrad.compress.codec import decode as default_decode
 from sparkgrad.compress.codec import message_indices, subtract_message
 from sparkgrad.errors import TransportError
+from sparkgrad.nn.trained_ranges import TrainedRanges
 from sparkgrad.transport.frame import (
     Flag,
     FrameRejected,
@@ -349,6 +351,7 @@ class AveragingPolicy(Policy):
         average_updater_state: average the workers' updater states too (the AVERAGE and AVERAGED vectors
             hold the parameters followed by the updater state); off when there is no state.
         mesh: whether the controller runs a MESH tree (refused: the rounds use the PLAIN topology).
+        ranges: the parameters the vectors hold (a network's trained ranges); None: all of them.
     """
 
     kind = MessageType.AVERAGE
@@ -360,15 +363,21 @@ class AveragingPolicy(Policy):
         updater_state: np.ndarray | None,
         average_updater_state: bool,
         mesh: bool,
+        ranges: TrainedRanges | None = None,
     ) -> None:
         if mesh:
             raise ValueError("mesh: averaging rounds use the PLAIN topology")
+        if ranges is not None and ranges.num_params != params.size:
+            raise ValueError(
+                f"ranges: cover {ranges.num_params} parameters, the controller has {params.size}"
+            )
         super().__init__(controller)
+        self._ranges = ranges or TrainedRanges(((0, params.size),), params.size)
         # an updater without state: only parameters are averaged
         state = updater_state if average_updater_state and updater_state is not None else None
         self._with_state = state is not None and state.size > 0
         # floats in an AVERAGE/AVERAGED vector: the parameters, then the updater state if averaged
-        self._size = params.size + (state.size if state is not None else 0)
+        self._size = self._ranges.size + (state.size if state is not None else 0)
         self.max_payload = max_averaging_bytes(self._size)
         # the AVERAGE vectors of each (epoch, round) so far by partition, the rounds done
         self.rounds: dict[tuple[int, int], dict[int, _Contribution]] = {}
@@ -444,9 +453,9 @@ class AveragingPolicy(Policy):
             score = finite_mean(
                 [float(c.score) for c in given if c.score is not None]
             )  # a worker's 1.7e308 cannot make it inf
-            size = ctl._params.size
+            size = self._ranges.size
             with ctl._lock:
-                ctl._params[:] = mean[:size]
+                ctl._params[:] = self._ranges.put_back(mean[:size], ctl._params)
                 if self._with_state:
                     ctl._updater_state[:] = mean[size:]  # type: ignore[index]
         ctl.iteration += max(c.minibatches for c in reports.values())
