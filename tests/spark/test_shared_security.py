@@ -96,14 +96,15 @@ def test_forged_frames_during_a_fit_are_counted_and_ignored(spark, digits, free_
 
 
 def test_controller_failure_raises_its_own_error(spark, digits, free_port, monkeypatch) -> None:
-    """The controller (on the driver) gets a decode function that fails: the fit raises TrainingError
-    quoting the controller's error, not a worker timeout."""
-    import sparkgrad.compress
+    """The controller (on the driver) fails applying an update (a sparse one in place, a bitmap by its
+    decoder): the fit raises TrainingError quoting the controller's error, not a worker timeout."""
+    from sparkgrad.transport import policies
 
     def failing_decode(message, target):
         raise RuntimeError("injected decode failure")
 
-    monkeypatch.setattr(sparkgrad.compress, "decode", failing_decode)
+    monkeypatch.setattr(policies, "subtract_message", failing_decode)
+    monkeypatch.setattr(policies, "default_decode", failing_decode)
     rdd = spark.sparkContext.parallelize(subset(digits[0], 80).split(10), 2)
     sm = SparkMultiLayer(spark, mlp_conf(hidden=16), _master(free_port))
     before = sm.network.params().copy()
