@@ -8,9 +8,12 @@ float32), batches of 64 of its data. The handler is SharedTrainingMaster's defau
 threshold algorithm starting at its target, no residual post-processing); ``--warmup`` steps bring the
 threshold to its level first, so the messages are the sizes the workload's workers send. Per step it
 times: ``compute_update``; the handler's passes over the flat vector (the residual add, the sparse/bitmap
-count and encode) on a copy of the residual; the worker's own step as ``share_update`` took it (the
-residual add over the whole vector, then the message decoded into a zeroed scratch) and takes it now (the
-add at the step's ``update_support``, no decode), two handlers fed the same updates; and the step's
+count and encode) on a copy of the residual, the count and encode also with the residual's block bounds
+(reading only the blocks that reach the threshold, as a handler fed a step's support does; checked to
+leave the same residual); the worker's own step as ``share_update`` took it (the residual add over the
+whole vector, then the message decoded into a zeroed scratch) and takes it now (the add at the step's
+``update_support``, its blocks' bounds refreshed, the bounded count, no decode), two handlers fed the
+same updates; and the step's
 message applied to two replicas as a peer's, old path and new; and the driver's controller taking the
 message (``SharingPolicy.take`` on two live controllers, no worker connected: the checks, the apply and
 the ledger) the old way (dense passes: the scratch zeroed, the message decoded into it, the parameters
@@ -131,9 +134,17 @@ def main() -> None:
             start = time.perf_counter()
             _core.accumulate(residual, update)
             add = _ms(start)
+            bounded = residual.copy()  # the same residual with its exact block bounds, as support steps keep
+            bounds = np.empty(-(-n // _core.BOUND_BLOCK), residual.dtype)
+            _core.residual_bounds(bounded, bounds)
             start = time.perf_counter()
             _core.encode_smaller(residual, threshold)
             encode = _ms(start)
+            start = time.perf_counter()
+            _core.encode_smaller(bounded, threshold, bounds)
+            encode_bounded = _ms(start)
+            if residual.tobytes() != bounded.tobytes():
+                raise AssertionError(f"step {step}: the bounded encode left another residual")
         # the worker's own step, encoding and its own message's decode: as share_update did, and does now
         start = time.perf_counter()
         message = handler_old.encode(update, it, ep)
@@ -170,7 +181,8 @@ def main() -> None:
         for key, value in (
             ("compute_update", compute),
             ("  pass: residual add (accumulate, whole vector)", add),
-            ("  pass: count + encode (encode_smaller)", encode),
+            ("  pass: count + encode, whole residual (encode_smaller)", encode),
+            ("  pass: count + encode, blocks reaching the threshold", encode_bounded),
             ("own message, old: encode + decode into scratch", own_old),
             ("own message, new: encode at the support, no decode", own_new),
             ("peer message, old: decode_message_into + apply_update", old_ms),

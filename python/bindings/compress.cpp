@@ -63,6 +63,17 @@ const char* decode_op(std::int32_t flag) {
   return flag == kFlagSparse ? "threshold_decode" : flag == kFlagBitmap ? "bitmap_decode" : "decode";
 }
 
+// A residual's bounds argument: a writable vector of T with bound_blocks(n) elements.
+template <typename T>
+auto checked_bounds(const char* op, const py::handle& bounds, std::int64_t n) {
+  auto bd = checked_vector<T>(op, "bounds", bounds, /*writable=*/true);
+  if (bd.shape(0) != bound_blocks(n)) {
+    throw_invalid(op, "bounds must have ", bound_blocks(n), " elements (one per ", kBoundBlock,
+                  " of the residual's ", n, "), got ", bd.shape(0));
+  }
+  return bd;
+}
+
 template <typename T>
 T* device_ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
@@ -97,20 +108,67 @@ void init_compress(py::module_& m) {
       py::arg("residual"), py::arg("threshold"), "Bitmap encoding of `residual` (modified in place).");
   m.def(
       "encode_smaller",
-      [](const py::handle& residual, double threshold) -> std::pair<Message, bool> {
+      [](const py::handle& residual, double threshold, const py::object& bounds) -> std::pair<Message, bool> {
         const char* op = "encode_smaller";
         return with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
           using T = decltype(tag);
           auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
           T* x = r.mutable_data();
           const std::int64_t n = r.shape(0);
-          const SparsePlan plan = plan_sparse(x, n, threshold, -1);
-          if (sparse_is_smaller(plan.count, n)) return std::make_pair(sparse_message(x, plan), false);
-          return std::make_pair(bitmap_message(x, n, threshold).first, true);
+          if (bounds.is_none()) {
+            const SparsePlan plan = plan_sparse(x, n, threshold, -1);
+            if (sparse_is_smaller(plan.count, n)) return std::make_pair(sparse_message(x, plan), false);
+            return std::make_pair(bitmap_message(x, n, threshold).first, true);
+          }
+          auto bd = checked_bounds<T>(op, bounds, n);
+          T* pb = bd.mutable_data();
+          SparsePlan plan;
+          {
+            py::gil_scoped_release release;
+            plan = threshold_plan_bounded(x, n, threshold, -1, pb);
+          }
+          if (sparse_is_smaller(plan.count, n)) {
+            Message message = sparse_message(x, plan);
+            py::gil_scoped_release release;
+            block_bounds_encoded(x, plan, pb);
+            return std::make_pair(std::move(message), false);
+          }
+          Message message = bitmap_message(x, n, threshold).first;
+          py::gil_scoped_release release;
+          block_bounds(x, n, pb);
+          return std::make_pair(std::move(message), true);
         });
       },
-      py::arg("residual"), py::arg("threshold"),
-      "Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap).");
+      py::arg("residual"), py::arg("threshold"), py::arg("bounds") = py::none(),
+      "Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap). With "
+      "`bounds` (residual_bounds) only the blocks whose bound reaches the threshold are read, and the "
+      "bounds of the blocks encoded from are made exact.");
+  m.def(
+      "residual_bounds",
+      [](const py::handle& residual, const py::handle& bounds, const py::object& at) {
+        const char* op = "residual_bounds";
+        with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
+          using T = decltype(tag);
+          auto r = checked_vector<T>(op, "residual", residual);
+          const std::int64_t n = r.shape(0);
+          auto bd = checked_bounds<T>(op, bounds, n);
+          const T* x = r.data();
+          T* pb = bd.mutable_data();
+          if (at.is_none()) {
+            py::gil_scoped_release release;
+            block_bounds(x, n, pb);
+            return;
+          }
+          auto idx = checked_vector<std::int64_t>(op, "at", at);
+          const std::int64_t* pa = idx.data();
+          py::gil_scoped_release release;
+          block_bounds_at(op, x, n, pb, pa, idx.shape(0));
+        });
+      },
+      py::arg("residual"), py::arg("bounds"), py::arg("at") = py::none(),
+      "bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements: for every block, "
+      "or for the blocks holding the int64 indices `at`.");
+  m.attr("BOUND_BLOCK") = kBoundBlock;
   m.def(
       "decode",
       [](const py::handle& message, const py::handle& target, std::int32_t flag) {

@@ -14,6 +14,7 @@ import numpy.typing
 import typing_extensions
 
 __all__: list[str] = [
+    "BOUND_BLOCK",
     "accumulate",
     "activation_backward",
     "activation_forward",
@@ -76,6 +77,7 @@ __all__: list[str] = [
     "pool2d_backward",
     "pool2d_forward",
     "regularize_gradient",
+    "residual_bounds",
     "scale_shift",
     "set_num_threads",
     "simple_rnn_backward",
@@ -407,10 +409,10 @@ def embedding_forward(indices: typing.Any, w: typing.Any, y: typing.Any) -> None
     """
 
 def encode_smaller(
-    residual: typing.Any, threshold: typing.SupportsFloat | typing.SupportsIndex
+    residual: typing.Any, threshold: typing.SupportsFloat | typing.SupportsIndex, bounds: typing.Any = None
 ) -> tuple[numpy.typing.NDArray[numpy.int32], bool]:
     """
-    Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap).
+    Encodes `residual` as whichever of sparse/bitmap is smaller; returns (message, is_bitmap). With `bounds` (residual_bounds) only the blocks whose bound reaches the threshold are read, and the bounds of the blocks encoded from are made exact.
     """
 
 def gemm(
@@ -672,6 +674,11 @@ def regularize_gradient(
     grad += l2 * params + l1 * sign(params), in place.
     """
 
+def residual_bounds(residual: typing.Any, bounds: typing.Any, at: typing.Any = None) -> None:
+    """
+    bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements: for every block, or for the blocks holding the int64 indices `at`.
+    """
+
 def scale_shift(
     x: typing.Any,
     y: typing.Any,
@@ -765,3 +772,5 @@ def updater_state_size(kind: str, n: typing.SupportsInt | typing.SupportsIndex) 
     """
     Length of the flat updater state for n parameters.
     """
+
+BOUND_BLOCK: int = 16

@@ -171,6 +171,37 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
 template <typename T>
 void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out);
 
+// ---- per-block magnitude bounds of a residual ----------------------------------------------------
+
+// A residual's bounds: bounds[b] >= |x[i]| for every non-NaN element of block b, the elements
+// [b * kBoundBlock, (b + 1) * kBoundBlock) of x (NaN never qualifies). With them the counting pass reads
+// only the blocks whose bound reaches the threshold, so a step whose update touched a few rows of a large
+// embedding table costs what it touched and what it sends instead of a pass over the whole residual.
+inline constexpr std::int64_t kBoundBlock = 16;
+
+// Number of bound blocks of a vector of n elements.
+inline std::int64_t bound_blocks(std::int64_t n) { return (n + kBoundBlock - 1) / kBoundBlock; }
+
+// threshold_plan reading only the blocks of x whose bound reaches the threshold: the same plan whenever
+// bounds: (bound_blocks(n),) hold. A block it reads without a qualifying element gets its exact bound.
+template <typename T>
+SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, std::int64_t boundary,
+                                  T* bounds);
+
+// The exact bound of every block of x: (n,).
+template <typename T>
+void block_bounds(const T* x, std::int64_t n, T* bounds);
+
+// The exact bounds of the blocks holding x[at[k]] for k < count (at: indices in [0, n), else
+// std::invalid_argument naming `op` and nothing written).
+template <typename T>
+void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, const std::int64_t* at,
+                     std::int64_t count);
+
+// After threshold_encode(x, plan, ...): the exact bounds of the blocks it encoded elements of.
+template <typename T>
+void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds);
+
 // ---- bitmap format -------------------------------------------------------------------------------
 
 // Encodes x: (n,) into out (length bitmap_length(n)). Element e uses bit e%16 ("value") and bit

@@ -63,10 +63,24 @@ std::int64_t record_range(const T* x, std::int64_t begin, std::int64_t end, type
   return w - rec;
 }
 
-}  // namespace
-
+// Largest magnitude bit pattern of the non-NaN elements of [begin, end) of x, as a T: the block's exact
+// bound (branch-free, so it vectorises).
 template <typename T>
-SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int64_t boundary) {
+T block_max(const T* x, std::int64_t begin, std::int64_t end) {
+  using U = typename FloatBits<T>::U;
+  U m = 0;
+  for (std::int64_t i = begin; i < end; ++i) {
+    const U a = to_bits(x[i]) & ~FloatBits<T>::kSign;
+    const U finite_or_inf = a <= FloatBits<T>::kInf ? a : U{0};
+    m = finite_or_inf > m ? finite_or_inf : m;
+  }
+  return from_bits<T>(m);
+}
+
+// The counting pass over chunks (threshold_plan's layout) with record(c, tb, rec) recording the
+// qualifying indices of chunk c.
+template <typename T, typename Record>
+SparsePlan plan_chunks(std::int64_t n, double threshold, std::int64_t boundary, Record record) {
   check_encode_args("threshold_encode", n, threshold);
   SparsePlan plan;
   plan.n = n;
@@ -80,13 +94,88 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
   const auto tb = to_bits(static_cast<T>(plan.threshold));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
-    plan.offsets[c + 1] =
-        record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, &plan.indices[c * kRecordStride]);
+    plan.offsets[c + 1] = record(c, tb, &plan.indices[c * kRecordStride]);
   }
   for (std::int64_t c = 0; c < chunks; ++c) plan.offsets[c + 1] += plan.offsets[c];
   plan.count = plan.offsets[chunks];
   plan.entries = boundary < 0 ? plan.count : std::min(plan.count, boundary);
   return plan;
+}
+
+}  // namespace
+
+template <typename T>
+SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int64_t boundary) {
+  return plan_chunks<T>(n, threshold, boundary, [&](std::int64_t c, auto tb, std::int32_t* rec) {
+    return record_range(x, c * kChunk, std::min(n, (c + 1) * kChunk), tb, rec);
+  });
+}
+
+// kChunk is a multiple of kBoundBlock, so every block lies in one chunk and each chunk's thread owns the
+// bounds of its blocks.
+static_assert(kChunk % kBoundBlock == 0);
+
+template <typename T>
+SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, std::int64_t boundary,
+                                  T* bounds) {
+  return plan_chunks<T>(n, threshold, boundary, [&](std::int64_t c, auto tb, std::int32_t* rec) {
+    std::int64_t recorded = 0;
+    const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
+    for (std::int64_t b = c * (kChunk / kBoundBlock); b < last; ++b) {
+      if (!detail::qualifies(bounds[b], tb)) continue;
+      const std::int64_t begin = b * kBoundBlock, end = std::min(n, begin + kBoundBlock);
+      const std::int64_t found = record_range(x, begin, end, tb, rec + recorded);
+      // a bound left high by a post-processor's clipping (or by anything that only shrank the block) is
+      // made exact, so the block is not read again until something reaches the threshold there
+      if (found == 0) bounds[b] = block_max(x, begin, end);
+      recorded += found;
+    }
+    return recorded;
+  });
+}
+
+template <typename T>
+void block_bounds(const T* x, std::int64_t n, T* bounds) {
+  const std::int64_t blocks = bound_blocks(n);
+#pragma omp parallel for schedule(static) if (blocks > 1024)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
+  }
+}
+
+template <typename T>
+void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, const std::int64_t* at,
+                     std::int64_t count) {
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (at[k] < 0 || at[k] >= n) throw_invalid(op, "at", " indices must be in [0, ", n, "), got ", at[k]);
+  }
+  // serial: the indices of a step's support come in runs of one row or range, so consecutive repeats of a
+  // block are skipped and the rest is a few thousand blocks
+  std::int64_t previous = -1;
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::int64_t b = at[k] / kBoundBlock;
+    if (b == previous) continue;
+    bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
+    previous = b;
+  }
+}
+
+template <typename T>
+void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
+  const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t pos = plan.offsets[c];
+    const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
+    const std::int32_t* rec = &plan.indices[c * kRecordStride];
+    std::int64_t previous = -1;
+    for (std::int64_t k = pos; k < stop; ++k) {  // ascending within a chunk: each block once
+      const std::int64_t b = rec[k - pos] / kBoundBlock;
+      if (b == previous) continue;
+      bounds[b] = block_max(x, b * kBoundBlock, std::min(plan.n, (b + 1) * kBoundBlock));
+      previous = b;
+    }
+  }
 }
 
 template <typename T>
@@ -125,5 +214,15 @@ template SparsePlan threshold_plan<float>(const float*, std::int64_t, double, st
 template SparsePlan threshold_plan<double>(const double*, std::int64_t, double, std::int64_t);
 template void threshold_encode<float>(float*, const SparsePlan&, std::int32_t*);
 template void threshold_encode<double>(double*, const SparsePlan&, std::int32_t*);
+template SparsePlan threshold_plan_bounded<float>(const float*, std::int64_t, double, std::int64_t, float*);
+template SparsePlan threshold_plan_bounded<double>(const double*, std::int64_t, double, std::int64_t, double*);
+template void block_bounds<float>(const float*, std::int64_t, float*);
+template void block_bounds<double>(const double*, std::int64_t, double*);
+template void block_bounds_at<float>(const char*, const float*, std::int64_t, float*, const std::int64_t*,
+                                     std::int64_t);
+template void block_bounds_at<double>(const char*, const double*, std::int64_t, double*,
+                                      const std::int64_t*, std::int64_t);
+template void block_bounds_encoded<float>(const float*, const SparsePlan&, float*);
+template void block_bounds_encoded<double>(const double*, const SparsePlan&, double*);
 
 }  // namespace sparkgrad::compress

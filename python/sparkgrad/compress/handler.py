@@ -12,6 +12,7 @@ from sparkgrad._native import _core
 from sparkgrad.compress.codec import Array, _array_gpu, _cupy, _device_vector
 from sparkgrad.compress.thresholds import (
     AdaptiveThresholdAlgorithm,
+    NoOpResidualPostProcessor,
     ResidualClippingPostProcessor,
     ResidualPostProcessor,
     ThresholdAlgorithm,
@@ -79,6 +80,13 @@ class EncodingHandler:
         # allocated where the first update lives: a host residual made here would be dropped, after being
         # zero-filled, when a GPU update binds (docs/guides/performance.md, "Threshold encoding" under GPU)
         self._residual: Array | None = None
+        # A host residual's per-block magnitude bounds (_core.residual_bounds) while they hold: a step that
+        # adds at a support refreshes only its blocks, and the count reads only the blocks that reach the
+        # threshold, so a row-sparse step costs what it touched and sent, not a pass over the residual.
+        # Made by the first support step, dropped by a dense add until the next support step recomputes
+        # them (one pass). A GPU residual keeps the dense count: a pass costs microseconds there.
+        self._bounds: np.ndarray | None = None
+        self._bounds_hold = False
         self._gpu: int | None = None  # the residual's GPU once a device update bound it there
         self._bound = False
         self._last_threshold: float | None = None
@@ -173,7 +181,10 @@ class EncodingHandler:
             if self._scale != 1.0:
                 part = part * part.dtype.type(self._scale)
             self._residual[support] += part  # type: ignore[index]
+            if not on_device:
+                self._refresh_bounds(support)
         else:
+            self._bounds_hold = False
             if self._scale != 1.0:
                 update = update * update.dtype.type(self._scale)
             if on_device:
@@ -192,7 +203,8 @@ class EncodingHandler:
         if on_device:
             message, dense = cuda.launch(_core.cuda_encode_smaller, rptr, n, dtype, float(threshold))
         else:
-            message, dense = _core.encode_smaller(self._residual, float(threshold))
+            bounds = self._bounds if self._bounds_hold else None
+            message, dense = _core.encode_smaller(self._residual, float(threshold), bounds)
         self._last_threshold = float(threshold)
         self._last_was_dense = bool(dense)
         if not dense and message[0] == 0:
@@ -200,7 +212,20 @@ class EncodingHandler:
             return None
         self._last_sparsity = None if dense else message.shape[0] / self._n
         self._post.process_residual(iteration, epoch, self._last_threshold, self._residual)
+        # clipping only shrinks magnitudes, so the bounds still hold (the count makes a block's exact when it
+        # reads it); what another post-processor does is unknown
+        if type(self._post) not in (NoOpResidualPostProcessor, ResidualClippingPostProcessor):
+            self._bounds_hold = False
         return message
+
+    def _refresh_bounds(self, support: np.ndarray) -> None:
+        """The host residual's bounds after an add at ``support``: refreshed there while they hold,
+        else computed over the whole residual."""
+        if self._bounds is None:
+            self._bounds = np.empty(-(-self._n // _core.BOUND_BLOCK), dtype=self._dtype)
+        at = np.ascontiguousarray(support, dtype=np.int64) if self._bounds_hold else None
+        _core.residual_bounds(self._residual, self._bounds, at)
+        self._bounds_hold = True
 
     @property
     def residual(self) -> Array:

@@ -134,7 +134,9 @@ def share_update(
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
         network: the worker's replica (``apply_update`` on ``update``'s device).
         update: the update the replica's updater computed (its own buffer after a row-sparse step: only
-            where that step wrote it joins the residual, ``network.update_support``).
+            where that step wrote it joins the residual, ``network.update_support``, and with
+            ``own_update="full"`` and an ``update_scale`` below 1 that buffer is scaled in place there
+            before the replica applies it).
         iteration: the replica's iteration count (drives the threshold algorithm).
         epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
@@ -147,18 +149,27 @@ def share_update(
     Returns:
         The message to send to the peers, or None when nothing reached the threshold.
     """
+    support = None
     # a device the codecs have no kernels for: the residual lives on the host, the update goes there
     # through the device's counted download
     if _without_codec(update):
         message = handler.encode(network.device.to_host(update), iteration, epoch)
     else:  # after a row-sparse step only the rows it wrote join the residual (the update is zero elsewhere)
-        support = getattr(network, "update_support", None)
-        message = handler.encode(
-            update, iteration, epoch, support=None if support is None else support(update)
-        )
+        support_of = getattr(network, "update_support", None)
+        support = None if support_of is None else support_of(update)
+        message = handler.encode(update, iteration, epoch, support=support)
     if own_update == "full":
         scale = handler.update_scale
-        network.apply_update(update if scale == 1.0 else update * update.dtype.type(scale))
+        if scale == 1.0:
+            network.apply_update(update)
+        elif support is not None:
+            # the network's own buffer after a row-sparse step, which the next step overwrites: scaled in
+            # place where it can be non-zero, so applying it stays O(rows touched), not a copy of every
+            # parameter (bit for bit what applying update * scale does: it is zero elsewhere)
+            update[support] *= update.dtype.type(scale)
+            network.apply_update(update)
+        else:
+            network.apply_update(update * update.dtype.type(scale))
     if message is None:
         return None
     if not decode_sparse and _is_sparse(message):

@@ -201,9 +201,10 @@ class FlatNetwork:
         rng = np.random.default_rng(conf.seed)
         # dropout seeds derive from this, the iteration and the unit index: reproducible, thread-free
         self._dropout_seed = int(rng.integers(0, 2**62)) if conf.seed is None else conf.seed
-        for (key, _, _), entries in zip(units, layouts):
-            for spec, start, stop in entries:
-                self._init_param(key, spec, host[start:stop].reshape(spec.shape), rng)
+        if params is None:  # given parameters replace every entry: no draw of a large table to discard
+            for (key, _, _), entries in zip(units, layouts):
+                for spec, start, stop in entries:
+                    self._init_param(key, spec, host[start:stop].reshape(spec.shape), rng)
         self._layer_keys = [key for key, _, _ in units]
         self._layer_ranges = [(e[0][1], e[-1][2]) if e else (0, 0) for e in layouts]
         self._build_updater_blocks()

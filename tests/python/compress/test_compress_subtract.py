@@ -320,12 +320,17 @@ def test_update_support_is_where_a_row_sparse_step_wrote() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_share_update_of_a_row_sparse_step_matches_the_whole_vector_encode(dtype: str) -> None:
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_share_update_of_a_row_sparse_step_matches_the_whole_vector_encode(dtype: str, scale: float) -> None:
     """share_update encodes a row-sparse step through its support; a handler fed the same updates whole
-    (copies, whose support is unknown) ends with the same messages and residual, and both replicas match."""
+    (copies, whose support is unknown) ends with the same messages and residual, and both replicas match:
+    with an update_scale below 1 the own buffer, scaled in place where the step wrote, is applied as
+    update * scale is."""
     nets = [_graph(dtype), _graph(dtype)]
     handlers = [
-        compress.EncodingHandler(n.num_params(), compress.default_threshold_algorithm(), dtype=dtype)
+        compress.EncodingHandler(
+            n.num_params(), compress.default_threshold_algorithm(), dtype=dtype, update_scale=scale
+        )
         for n in nets
     ]
     scratch = np.zeros(nets[0].num_params(), dtype)

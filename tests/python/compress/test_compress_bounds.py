@@ -1,0 +1,182 @@
+"""A residual's per-block magnitude bounds (``_core.residual_bounds``) and the count that reads only the
+blocks reaching the threshold (``_core.encode_smaller(..., bounds)``): the same messages and residuals as
+the whole-vector count, bounds that still hold afterwards, and the handler keeping them only while they do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkgrad import _core
+from sparkgrad.compress import (
+    EncodingHandler,
+    FixedThresholdAlgorithm,
+    NoOpResidualPostProcessor,
+    ResidualClippingPostProcessor,
+    ResidualPostProcessor,
+)
+from sparkgrad.spark.threads import native_threads
+
+BLOCK = _core.BOUND_BLOCK
+
+
+def _bounds_reference(x: np.ndarray) -> np.ndarray:
+    """max |x| of each block of BLOCK elements, NaN left out (0 for a block of NaN only)."""
+    magnitudes = np.abs(x)
+    magnitudes[np.isnan(magnitudes)] = 0
+    padded = np.zeros(-(-x.size // BLOCK) * BLOCK, x.dtype)
+    padded[: x.size] = magnitudes
+    return padded.reshape(-1, BLOCK).max(axis=1)
+
+
+def _residual(rng: np.random.Generator, n: int, dtype: str, specials: bool) -> np.ndarray:
+    """Mostly small values, some blocks with values around the thresholds used, optionally NaN, +-inf
+    and -0.0 in random places."""
+    x = rng.normal(0, 0.05, n).astype(dtype)
+    hot = rng.random(-(-n // BLOCK)) < 0.2  # a fifth of the blocks hold values that reach 0.5
+    for b in np.flatnonzero(hot):
+        x[b * BLOCK : (b + 1) * BLOCK] *= 20
+    if specials:
+        picks = rng.integers(0, n, 4)
+        x[picks] = np.array([np.nan, np.inf, -np.inf, -0.0], dtype)
+    return x
+
+
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["float32", "float64"]),
+    threshold=st.sampled_from([0.05, 0.5, 2.0, 50.0]),
+    specials=st.booleans(),
+    slack=st.sampled_from([0.0, 0.3, 10.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_bounded_count_encodes_as_the_whole_vector(n, dtype, threshold, specials, slack, seed) -> None:
+    """With bounds that hold (exact or loose), the message, the format and the residual are bit-identical
+    to the whole-vector encode's; afterwards the bounds still hold: exact for every block the count read
+    (an element was encoded from it, or none reached the threshold), untouched elsewhere, and all exact
+    after a bitmap."""
+    rng = np.random.default_rng(seed)
+    x = _residual(rng, n, dtype, specials)
+    whole = x.copy()
+    exact = _bounds_reference(x)
+    loose = (exact + rng.random(exact.size) * slack).astype(dtype)  # upper bounds, some well above
+    bounds = loose.copy()
+    message, bitmap = _core.encode_smaller(x, threshold, bounds)
+    expected, expected_bitmap = _core.encode_smaller(whole, threshold)
+    assert bitmap == expected_bitmap
+    assert message.tobytes() == expected.tobytes()
+    assert x.tobytes() == whole.tobytes()
+    after = _bounds_reference(x)
+    if bitmap:  # encoded whole: every bound recomputed
+        assert np.array_equal(bounds, after)
+        return
+    t = x.dtype.type(np.float32(threshold))
+    read = loose >= t  # the blocks the count read: each one is exact now
+    assert np.array_equal(bounds[read], after[read])
+    assert np.array_equal(bounds[~read], loose[~read])  # the others were not touched
+    assert np.all(bounds >= after)
+
+
+def test_bounded_count_over_many_chunks_and_threads() -> None:
+    """Across the counting pass's chunks (32768 elements) and with one or two threads: the same messages as
+    the whole-vector encode, step after step, as the bounds are refreshed at each step's support."""
+    n = 200_003
+    rng = np.random.default_rng(7)
+    for threads in (1, 2):
+        with native_threads(threads):
+            x = np.zeros(n, np.float32)
+            whole = x.copy()
+            bounds = np.zeros(-(-n // BLOCK), np.float32)
+            for _ in range(12):
+                support = np.unique(rng.integers(0, n, 3000)).astype(np.int64)
+                step = rng.normal(0, 0.3, support.size).astype(np.float32)
+                x[support] += step
+                whole[support] += step
+                _core.residual_bounds(x, bounds, support)
+                message, _ = _core.encode_smaller(x, 0.4, bounds)
+                expected, _ = _core.encode_smaller(whole, 0.4)
+                assert message.tobytes() == expected.tobytes()
+                assert x.tobytes() == whole.tobytes()
+                assert np.all(bounds >= _bounds_reference(x))
+
+
+def test_a_bitmap_recomputes_every_bound() -> None:
+    x = np.full(1000, 3.0, np.float32)
+    bounds = np.full(-(-1000 // BLOCK), 7.0, np.float32)  # loose everywhere
+    message, bitmap = _core.encode_smaller(x, 1.0, bounds)
+    assert bitmap
+    assert np.array_equal(bounds, _bounds_reference(x))
+    assert np.array_equal(bounds, np.full(bounds.size, 2.0, np.float32))
+
+
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_residual_bounds_match_numpy(n, dtype, seed) -> None:
+    rng = np.random.default_rng(seed)
+    x = _residual(rng, n, dtype, specials=True)
+    bounds = np.full(-(-n // BLOCK), -1.0, dtype)
+    _core.residual_bounds(x, bounds)
+    assert np.array_equal(bounds, _bounds_reference(x))
+    at = rng.integers(0, n, rng.integers(0, 50)).astype(np.int64)
+    some = np.full(bounds.size, -1.0, dtype)
+    _core.residual_bounds(x, some, at)
+    touched = np.zeros(bounds.size, bool)
+    touched[at // BLOCK] = True
+    assert np.array_equal(some[touched], bounds[touched])
+    assert np.all(some[~touched] == -1.0)  # only the blocks holding the indices
+
+
+def test_bad_bounds_are_named() -> None:
+    n = 2 * BLOCK + 2  # 3 blocks
+    x = np.zeros(n, np.float32)
+    expected = rf"bounds must have 3 elements \(one per {BLOCK} of the residual's {n}\), got 2"
+    with pytest.raises(ValueError, match=expected):
+        _core.encode_smaller(x, 0.5, np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="bounds must have dtype float32"):
+        _core.residual_bounds(x, np.zeros(3, np.float64))
+    with pytest.raises(ValueError, match=rf"at indices must be in \[0, {n}\), got {n}"):
+        _core.residual_bounds(x, np.zeros(3, np.float32), np.array([0, n], np.int64))
+    frozen = np.zeros(3, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="bounds must be writable"):
+        _core.encode_smaller(x, 0.5, frozen)
+
+
+class _Doubling(ResidualPostProcessor):
+    """Grows the residual: after it, bounds taken before would skip elements that now qualify."""
+
+    def process_residual(self, iteration, epoch, last_threshold, residual) -> None:
+        residual *= 2
+
+    def clone(self) -> _Doubling:
+        return _Doubling()
+
+
+@pytest.mark.parametrize(
+    "post",
+    [NoOpResidualPostProcessor(), ResidualClippingPostProcessor(1.5, 2), _Doubling()],
+    ids=["noop", "clipping", "growing"],
+)
+def test_handler_with_support_steps_matches_whole_vector_steps(post) -> None:
+    """A handler fed a row-sparse step's support (bounds refreshed there, the count reading only the
+    blocks reaching the threshold) sends what a handler fed the whole vectors sends, over steps that
+    switch between sparse and dense adds and a post-processor that clips the residual or grows it."""
+    n = 40_000
+    rng = np.random.default_rng(3)
+    handlers = [EncodingHandler(n, FixedThresholdAlgorithm(0.05), post, dtype="float32") for _ in range(2)]
+    for step in range(16):
+        dense = step in (5, 6, 11)
+        update = np.zeros(n, np.float32)
+        support = np.arange(n) if dense else np.unique(rng.integers(0, n, 400))
+        update[support] = rng.normal(0, 0.02, support.size)
+        whole = handlers[0].encode(update, step, 0)
+        part = handlers[1].encode(update, step, 0, support=None if dense else support)
+        assert (whole is None) == (part is None)
+        if whole is not None:
+            assert whole.tobytes() == part.tobytes()
+        assert handlers[0].residual.tobytes() == handlers[1].residual.tobytes()
