@@ -10,6 +10,15 @@ namespace sparkgrad::nn {
 // x: (n, c, inner), b: (c).
 template <typename T>
 void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inner) {
+  if (inner == 1) {  // a dense layer's (n, c): one vector pass per row, not c loops of one element
+#pragma omp parallel for schedule(static) if (n * c >= detail::kParallelMin)
+    for (std::int64_t i = 0; i < n; ++i) {
+      T* row = x + i * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) row[j] += b[j];
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (n * c * inner >= detail::kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     for (std::int64_t j = 0; j < c; ++j) {
