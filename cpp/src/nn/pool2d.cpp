@@ -28,10 +28,12 @@ Range window(std::int64_t i, std::int64_t stride, std::int64_t pad, std::int64_t
   return {std::max<std::int64_t>(start, 0), std::min(start + kernel, size)};
 }
 
-// 2x2 windows at stride 2 without padding, the common max pooling: every window lies inside the input.
-bool max_2x2(PoolKind kind, const Pool2dShape& g) {
-  return kind == PoolKind::Max && g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
-         g.pad_top == 0 && g.pad_left == 0 && 2 * g.p <= g.h && 2 * g.q <= g.w;
+// Max windows of `rows` (1 or 2) rows by 2 columns at stride (rows, 2) without padding: 2x2 is the common
+// 2-D max pooling, 1x2 a 1-D max pooling of 2 over time (Subsampling1DLayer's (N, C, 1, T) view). Every
+// window lies inside the input.
+bool max_rows_x2(PoolKind kind, const Pool2dShape& g, std::int64_t rows) {
+  return kind == PoolKind::Max && g.kernel_h == rows && g.kernel_w == 2 && g.stride_h == rows &&
+         g.stride_w == 2 && g.pad_top == 0 && g.pad_left == 0 && rows * g.p <= g.h && 2 * g.q <= g.w;
 }
 
 // N values of type T as one GCC vector (a class member: a vector_size that depends on a function
@@ -41,19 +43,21 @@ struct VecN {
   typedef T type __attribute__((vector_size(N * sizeof(T))));
 };
 
-// N adjacent 2x2 max windows of output row i from output column j, in vectors: the top and bottom input
-// rows are split into even and odd columns (a b / c d per window) and the general loop's rule (the first
-// value greater than every earlier one and than -inf wins, else the window's first value) becomes
+// N adjacent Rows x 2 max windows of output row i from output column j, in vectors: the top (and bottom)
+// input rows are split into even and odd columns (a b / c d per window) and the general loop's rule (the
+// first value greater than every earlier one and than -inf wins, else the window's first value) becomes
 // selects, with no data-dependent branches to mispredict.
-template <int N, typename T>
-SPARKGRAD_FORCE_INLINE void max_2x2_windows(const T* xp, std::int64_t w, std::int64_t i, std::int64_t j, T* y_row,
-                                            std::int64_t* argmax_row, std::int64_t count) {
+template <int N, int Rows, typename T>
+SPARKGRAD_FORCE_INLINE void max_windows(const T* xp, std::int64_t w, std::int64_t i, std::int64_t j, T* y_row,
+                                        std::int64_t* argmax_row, std::int64_t count) {
   using Values = typename VecN<T, N>::type;
   using Pairs = typename VecN<T, 2 * N>::type;
   using Index = typename VecN<std::int64_t, N>::type;
   Pairs top{}, bottom{};  // count (<= N) windows: the lanes past them are zeros, computed but not stored
-  std::memcpy(&top, xp + 2 * i * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
-  std::memcpy(&bottom, xp + (2 * i + 1) * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
+  std::memcpy(&top, xp + Rows * i * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
+  if constexpr (Rows == 2) {
+    std::memcpy(&bottom, xp + (2 * i + 1) * w + 2 * j, static_cast<std::size_t>(2 * count) * sizeof(T));
+  }
   Values a, b, c, d;
   Index at;  // the flat index of each window's top-left input
   for (int e = 0; e < N; ++e) {  // constant indices: GCC turns these into even/odd shuffles
@@ -61,7 +65,7 @@ SPARKGRAD_FORCE_INLINE void max_2x2_windows(const T* xp, std::int64_t w, std::in
     b[e] = top[2 * e + 1];
     c[e] = bottom[2 * e];
     d[e] = bottom[2 * e + 1];
-    at[e] = 2 * i * w + 2 * (j + e);
+    at[e] = Rows * i * w + 2 * (j + e);
   }
   const Values lowest = Values{} - std::numeric_limits<T>::infinity();
   Values best = a > lowest ? a : lowest, value = a;
@@ -74,27 +78,35 @@ SPARKGRAD_FORCE_INLINE void max_2x2_windows(const T* xp, std::int64_t w, std::in
     index = wide ? at + offset : index;
   };
   take(b, 1);
-  take(c, w);
-  take(d, w + 1);
+  if constexpr (Rows == 2) {
+    take(c, w);
+    take(d, w + 1);
+  }
   std::memcpy(y_row + j, &value, static_cast<std::size_t>(count) * sizeof(T));
   std::memcpy(argmax_row + j, &index, static_cast<std::size_t>(count) * sizeof(std::int64_t));
 }
 
-template <typename T>
-SPARKGRAD_FORCE_INLINE void max_2x2_plane_impl(const Pool2dShape& g, const T* xp, T* yp, std::int64_t* argmax) {
+template <int Rows, typename T>
+SPARKGRAD_FORCE_INLINE void max_plane_impl(const Pool2dShape& g, const T* xp, T* yp, std::int64_t* argmax) {
   const std::int64_t p = g.p, q = g.q, w = g.w;
   for (std::int64_t i = 0; i < p; ++i) {
     std::int64_t j = 0;
-    for (; j + 8 <= q; j += 8) max_2x2_windows<8>(xp, w, i, j, yp + i * q, argmax + i * q, 8);
-    for (; j + 4 <= q; j += 4) max_2x2_windows<4>(xp, w, i, j, yp + i * q, argmax + i * q, 4);
-    if (j < q) max_2x2_windows<4>(xp, w, i, j, yp + i * q, argmax + i * q, q - j);  // the last 1-3
+    for (; j + 8 <= q; j += 8) max_windows<8, Rows>(xp, w, i, j, yp + i * q, argmax + i * q, 8);
+    for (; j + 4 <= q; j += 4) max_windows<4, Rows>(xp, w, i, j, yp + i * q, argmax + i * q, 4);
+    if (j < q) max_windows<4, Rows>(xp, w, i, j, yp + i * q, argmax + i * q, q - j);  // the last 1-3
   }
 }
 SPARKGRAD_SIMD_CLONES void max_2x2_plane(const Pool2dShape& g, const float* xp, float* yp, std::int64_t* argmax) {
-  max_2x2_plane_impl(g, xp, yp, argmax);
+  max_plane_impl<2>(g, xp, yp, argmax);
 }
 SPARKGRAD_SIMD_CLONES void max_2x2_plane(const Pool2dShape& g, const double* xp, double* yp, std::int64_t* argmax) {
-  max_2x2_plane_impl(g, xp, yp, argmax);
+  max_plane_impl<2>(g, xp, yp, argmax);
+}
+SPARKGRAD_SIMD_CLONES void max_1x2_plane(const Pool2dShape& g, const float* xp, float* yp, std::int64_t* argmax) {
+  max_plane_impl<1>(g, xp, yp, argmax);
+}
+SPARKGRAD_SIMD_CLONES void max_1x2_plane(const Pool2dShape& g, const double* xp, double* yp, std::int64_t* argmax) {
+  max_plane_impl<1>(g, xp, yp, argmax);
 }
 
 }  // namespace
@@ -103,12 +115,16 @@ SPARKGRAD_SIMD_CLONES void max_2x2_plane(const Pool2dShape& g, const double* xp,
 template <typename T>
 void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax) {
   const std::int64_t planes = g.n * g.c, in_size = g.h * g.w, out_size = g.p * g.q;
-  const bool windows_2x2 = max_2x2(kind, g);
+  const bool windows_2x2 = max_rows_x2(kind, g, 2), windows_1x2 = max_rows_x2(kind, g, 1);
 #pragma omp parallel for schedule(static) if (planes * in_size >= detail::kParallelMin)
   for (std::int64_t plane = 0; plane < planes; ++plane) {
     const T* xp = x + plane * in_size;
     if (windows_2x2) {
       max_2x2_plane(g, xp, y + plane * out_size, argmax + plane * out_size);
+      continue;
+    }
+    if (windows_1x2) {
+      max_1x2_plane(g, xp, y + plane * out_size, argmax + plane * out_size);
       continue;
     }
     for (std::int64_t i = 0; i < g.p; ++i) {

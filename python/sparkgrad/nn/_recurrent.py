@@ -341,8 +341,11 @@ class GlobalPoolingTimeRuntime(SequenceRuntime):
         kind, xp = self.conf.pooling_type, self.xp
         weights = xp.ones((n, t, 1), dtype=self.dtype) if mask is None else mask[:, :, None]
         if kind is L.PoolingType.MAX:
+            if mask is None:  # every step present: no copy of x with the absent steps at -inf
+                self.argmax, self.any_present = xp.argmax(x, axis=1), None  # (N, C)
+                return xp.take_along_axis(x, self.argmax[:, None, :], axis=1)[:, 0]
             present = weights != 0
-            self.argmax = xp.argmax(xp.where(present, x, -np.inf), axis=1)  # (N, C)
+            self.argmax = xp.argmax(xp.where(present, x, -np.inf), axis=1)
             self.any_present = present.any(axis=1)  # (N, 1)
             y = xp.take_along_axis(x, self.argmax[:, None, :], axis=1)[:, 0] * self.any_present
             return y.astype(self.dtype, copy=False)
@@ -360,7 +363,7 @@ class GlobalPoolingTimeRuntime(SequenceRuntime):
         if self.conf.pooling_type is L.PoolingType.MAX:
             dx.fill(0.0)
             rows, cols = xp.meshgrid(xp.arange(n), xp.arange(c), indexing="ij")
-            dx[rows, self.argmax, cols] = dy * self.any_present
+            dx[rows, self.argmax, cols] = dy if self.any_present is None else dy * self.any_present
         else:
             xp.multiply(dy[:, None, :], self.scale, out=dx)
         return dx

@@ -80,7 +80,8 @@ def test_pool2d_matches_reference(geo, kind, n, c, dtype, seed):
     )
 
 
-POOL_2X2 = pool_kwargs((2, 2), (2, 2), (0, 0))
+# Max windows of 1 or 2 rows by 2 columns at their own stride, without padding: the vectorised paths
+POOL_ROWS_X2 = {rows: pool_kwargs((rows, 2), (rows, 2), (0, 0)) for rows in (1, 2)}
 
 
 def _max_pool(x, out_hw, **kwargs):
@@ -98,38 +99,40 @@ def _max_pool(x, out_hw, **kwargs):
     dtype=DTYPES,
     seed=SEEDS,
     threads=st.sampled_from([1, 2]),
+    rows=st.sampled_from([1, 2]),
 )
-def test_max_pool_2x2_matches_reference(h, w, n, c, dtype, seed, threads):
-    """2x2 windows at stride 2 without padding (vectorised, 8 and 4 windows at a time plus the last 1-3
-    of a row): values from a few integers and -inf, so ties and all -inf windows are common; the first
-    maximum wins."""
+def test_max_pool_windows_of_two_columns_match_reference(h, w, n, c, dtype, seed, threads, rows):
+    """2x2 windows at stride 2 and 1x2 windows at stride (1, 2) without padding (vectorised, 8 and 4
+    windows at a time plus the last 1-3 of a row): values from a few integers and -inf, so ties and all
+    -inf windows are common; the first maximum wins."""
     rng = np.random.default_rng(seed)
     x = rng.choice(np.array([-np.inf, -1.0, 0.0, 1.0, 2.0], dtype), size=(n, c, h, w))
+    out = (h // rows, w // 2)
     previous = sparkgrad.get_num_threads()
     sparkgrad.set_num_threads(threads)
     try:
-        y, argmax = _max_pool(x, (h // 2, w // 2), **POOL_2X2)
+        y, argmax = _max_pool(x, out, **POOL_ROWS_X2[rows])
     finally:
         sparkgrad.set_num_threads(previous)
-    expected, expected_argmax = ref.pool2d_forward("max", x, (h // 2, w // 2), (2, 2), (2, 2), (0, 0))
+    expected, expected_argmax = ref.pool2d_forward("max", x, out, (rows, 2), (rows, 2), (0, 0))
     np.testing.assert_array_equal(y, expected)
     np.testing.assert_array_equal(argmax, expected_argmax)
 
 
-@given(m=st.integers(1, 10), k=st.integers(1, 10), dtype=DTYPES, seed=SEEDS)
-def test_max_pool_2x2_agrees_with_the_general_loop_on_nan_and_inf(m, k, dtype, seed):
+@given(m=st.integers(1, 10), k=st.integers(1, 10), dtype=DTYPES, seed=SEEDS, rows=st.sampled_from([1, 2]))
+def test_max_pool_windows_of_two_columns_agree_with_the_general_loop_on_nan_and_inf(m, k, dtype, seed, rows):
     """The vectorised windows follow the general loop's rule, NaN included (a NaN never beats an earlier
     value; an all-NaN or -inf window gives its first value): "same" pooling of odd-sized input takes the
-    general loop, and its windows inside the even part are the ones the 2x2 path computes."""
+    general loop, and its windows inside the even part are the ones the vectorised path computes."""
     rng = np.random.default_rng(seed)
     values = np.array([np.nan, -np.inf, np.inf, -1.0, 0.0, 1.0], dtype)
-    x = rng.choice(values, size=(2, 2, 2 * m + 1, 2 * k + 1))
-    general, general_argmax = _max_pool(x, (m + 1, k + 1), **POOL_2X2)
-    even = np.ascontiguousarray(x[:, :, : 2 * m, : 2 * k])
-    y, argmax = _max_pool(even, (m, k), **POOL_2X2)
+    x = rng.choice(values, size=(2, 2, rows * m + 1, 2 * k + 1))
+    general, general_argmax = _max_pool(x, (m + 1, k + 1), **POOL_ROWS_X2[rows])
+    even = np.ascontiguousarray(x[:, :, : rows * m, : 2 * k])
+    y, argmax = _max_pool(even, (m, k), **POOL_ROWS_X2[rows])
     np.testing.assert_array_equal(y, general[:, :, :m, :k])  # NaN in the same places
-    rows, cols = np.divmod(general_argmax[:, :, :m, :k], 2 * k + 1)
-    np.testing.assert_array_equal(argmax, rows * (2 * k) + cols)
+    at_rows, at_cols = np.divmod(general_argmax[:, :, :m, :k], 2 * k + 1)
+    np.testing.assert_array_equal(argmax, at_rows * (2 * k) + at_cols)
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])
