@@ -5,7 +5,9 @@ old way (decoded into a zeroed scratch of the parameters' size, then ``apply_upd
 
 Model: bench_workloads.py's click-through graph (two lazy-Adam embedding tables of ``--vocab`` rows,
 float32), batches of 64 of its data. The handler is SharedTrainingMaster's default (target-sparsity
-threshold algorithm starting at its target, no residual post-processing); ``--warmup`` steps bring the
+threshold algorithm starting at its target, no residual post-processing) but measures every message
+against N (``written_cap=False``), so that the old path, which knows no support, sends the same messages
+as the new; ``--warmup`` steps bring the
 threshold to its level first, so the messages are the sizes the workload's workers send. Per step it
 times: ``compute_update``; the handler's passes over the flat vector (the residual add, the sparse/bitmap
 count and encode) on a copy of the residual, the count and encode also with the residual's block bounds
@@ -43,6 +45,7 @@ The controller's take of one worker's message, ``nice -n 19`` on the shared 2-co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -112,10 +115,11 @@ def main() -> None:
     args = parser.parse_args()
     worker, old, new = (ComputationGraph(ctr_conf(args.vocab)).init() for _ in range(3))
     n = worker.num_params()
+    # the default algorithm without written_cap: the old path gives its handler no support, so only the
+    # measure against N sends the same messages from both
+    uncapped = dataclasses.replace(default_threshold_algorithm(), written_cap=False)
     handler_old, handler_new = (
-        EncodingHandler(
-            n, default_threshold_algorithm(), NoOpResidualPostProcessor(), dtype="float32", update_scale=1.0
-        )
+        EncodingHandler(n, uncapped, NoOpResidualPostProcessor(), dtype="float32", update_scale=1.0)
         for _ in range(2)
     )
     scratch_own, scratch_old, scratch_new = (np.zeros(n, np.float32) for _ in range(3))

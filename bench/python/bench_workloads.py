@@ -22,7 +22,7 @@ time over the minibatches per worker (Spark's job start included); for ``ctr`` i
 ``--vocab``'s says whether the step's cost depends on the table's size.
 
     PYTHONPATH=python python bench/python/bench_workloads.py [--workload ctr,text,conv1d] \
-        [--vocab 1000,1000000] [--rows 20000] [--epochs 3] [--master local[2]]
+        [--vocab 1000,1000000] [--rows 20000] [--epochs 3] [--seed 0] [--master local[2]]
 """
 
 from __future__ import annotations
@@ -133,7 +133,15 @@ def conv_conf() -> MultiLayerConfiguration:
 
 
 def run(
-    spark, name: str, conf, rows: list, labels: np.ndarray, epochs: int, workers: int, queued_mib: int
+    spark,
+    name: str,
+    conf,
+    rows: list,
+    labels: np.ndarray,
+    epochs: int,
+    workers: int,
+    queued_mib: int,
+    seed: int = 0,
 ) -> dict:
     """Fit on the first 80% of the rows, evaluate on the rest; the counters of the fit."""
     split = int(0.8 * len(rows))
@@ -143,7 +151,9 @@ def run(
     test = spark.createDataFrame(list(zip(rows[split:], labels[split:].tolist())), schema)
     train.count()
     transport = None if queued_mib is None else ZmqTransportConfiguration(max_queued_bytes=queued_mib << 20)
-    master = SharedTrainingMaster(batch_size_per_worker=64, rng_seed=1, progress=False, transport=transport)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=64, rng_seed=seed + 1, progress=False, transport=transport
+    )
     kind = SparkComputationGraph if isinstance(conf, ComputationGraphConfiguration) else SparkMultiLayer
     with kind(spark, conf, master) as model:
         start = time.perf_counter()
@@ -176,6 +186,9 @@ def main() -> None:
     parser.add_argument("--vocab", default="1000,1000000", help="ctr: table sizes, the first is the base")
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the data's seed; the master's rng_seed is seed + 1"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument(
         "--driver-memory",
@@ -192,45 +205,31 @@ def main() -> None:
     args = parser.parse_args()
     workers = int(args.master.split("[")[1].rstrip("]"))
     spark = local_session(args.master, {"spark.driver.memory": args.driver_memory})
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.seed)
     for name in args.workload.split(","):
-        results = []
+        # (label, configuration, rows, labels) of each fit of the workload
         if name == "ctr":
-            for vocab in map(int, args.vocab.split(",")):
-                rows, labels = ctr_data(np.random.default_rng(0), args.rows, vocab)
-                results.append(
-                    (
-                        f"ctr vocab {vocab}",
-                        run(
-                            spark,
-                            name,
-                            ctr_conf(vocab),
-                            rows,
-                            labels,
-                            args.epochs,
-                            workers,
-                            args.max_queued_mib,
-                        ),
-                    )
+            fits = [
+                (
+                    f"ctr vocab {vocab}",
+                    ctr_conf(vocab),
+                    *ctr_data(np.random.default_rng(args.seed), args.rows, vocab),
                 )
+                for vocab in map(int, args.vocab.split(","))
+            ]
         elif name == "text":
-            rows, labels = text_data(rng, args.rows)
-            results.append(
-                (
-                    "text",
-                    run(spark, name, text_conf(), rows, labels, args.epochs, workers, args.max_queued_mib),
-                )
-            )
+            fits = [("text", text_conf(), *text_data(rng, args.rows))]
         elif name == "conv1d":
-            rows, labels = conv_data(rng, args.rows)
-            results.append(
-                (
-                    "conv1d",
-                    run(spark, name, conv_conf(), rows, labels, args.epochs, workers, args.max_queued_mib),
-                )
-            )
+            fits = [("conv1d", conv_conf(), *conv_data(rng, args.rows))]
         else:
             raise SystemExit(f"--workload: unknown {name!r} (ctr, text, conv1d)")
+        results = [
+            (
+                label,
+                run(spark, name, conf, rows, labels, args.epochs, workers, args.max_queued_mib, args.seed),
+            )
+            for label, conf, rows, labels in fits
+        ]
         base = results[0][1]["ms_per_step"]
         for label, r in results:
             ddp, updates, sent = r["ddp_bytes_per_step"], r["update_bytes_per_step"], r["bytes_per_step"]

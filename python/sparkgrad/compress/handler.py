@@ -210,7 +210,12 @@ class EncodingHandler:
         if not dense and message[0] == 0:
             self._last_sparsity = 0.0
             return None
-        self._last_sparsity = None if dense else message.shape[0] / self._n
+        if dense:
+            self._last_sparsity = None
+        else:  # a row-sparse step's message may be measured against fewer than N (reference_length)
+            written = None if support is None else int(support.size)
+            reference = self._algorithm.reference_length(self._n, written)
+            self._last_sparsity = message.shape[0] / reference
         self._post.process_residual(iteration, epoch, self._last_threshold, self._residual)
         # clipping only shrinks magnitudes, so the bounds still hold (the count makes a block's exact when it
         # reads it); what another post-processor does is unknown
@@ -253,7 +258,8 @@ class EncodingHandler:
 
     @property
     def last_sparsity(self) -> float | None:
-        """Last sparse message length (header included) / N; 0.0 after an empty step; None if dense."""
+        """Last sparse message length (header included) / the algorithm's ``reference_length`` (N, or
+        fewer for a row-sparse step with ``written_cap``); 0.0 after an empty step; None if dense."""
         return self._last_sparsity
 
     @property

@@ -134,9 +134,8 @@ def share_update(
         handler: the worker's encoder (its ``update_scale`` scales what the replica applies too).
         network: the worker's replica (``apply_update`` on ``update``'s device).
         update: the update the replica's updater computed (its own buffer after a row-sparse step: only
-            where that step wrote it joins the residual, ``network.update_support``, and with
-            ``own_update="full"`` and an ``update_scale`` below 1 that buffer is scaled in place there
-            before the replica applies it).
+            where that step wrote it joins the residual, ``network.update_support``, and the replica
+            applies it there, scaled by ``apply_update(update, scale=)``).
         iteration: the replica's iteration count (drives the threshold algorithm).
         epoch: the replica's epoch count.
         own_update: ``"full"`` or ``"encoded"``.
@@ -162,12 +161,9 @@ def share_update(
         scale = handler.update_scale
         if scale == 1.0:
             network.apply_update(update)
-        elif support is not None:
-            # the network's own buffer after a row-sparse step, which the next step overwrites: scaled in
-            # place where it can be non-zero, so applying it stays O(rows touched), not a copy of every
-            # parameter (bit for bit what applying update * scale does: it is zero elsewhere)
-            update[support] *= update.dtype.type(scale)
-            network.apply_update(update)
+        elif support is not None:  # a network with update_support takes the factor: the row-sparse
+            # apply scales only where the step wrote, no scaled copy of every parameter
+            network.apply_update(update, scale=scale)
         else:
             network.apply_update(update * update.dtype.type(scale))
     if message is None:

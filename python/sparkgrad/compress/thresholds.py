@@ -70,7 +70,8 @@ class ThresholdAlgorithm(Config, abc.ABC):
             epoch: epoch count.
             last_threshold: previous step's threshold (None on a handler's first step).
             last_was_dense: whether the previous message was a bitmap (None on the first step).
-            last_sparsity_ratio: previous sparse message length (header included) / N; None when the
+            last_sparsity_ratio: previous sparse message length (header included) / the previous
+                step's :meth:`reference_length` (N unless the algorithm says otherwise); None when the
                 previous step was dense or is unknown.
             updates: the residual with this step's update already added (read only), on the
                 handler's device: a CuPy array for a GPU handler, so a statistic over it is computed
@@ -83,6 +84,17 @@ class ThresholdAlgorithm(Config, abc.ABC):
     @abc.abstractmethod
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         """A reducer that combines the states of several instances (one per worker thread)."""
+
+    def reference_length(self, n: int, written: int | None) -> int:
+        """The length a step's message is measured against (the denominator of the next step's
+        ``last_sparsity_ratio``): ``n``, the vector's length, here.
+
+        Args:
+            n: the length of the encoded vector.
+            written: how many elements the step's update could change (a row-sparse step's support,
+                :meth:`sparkgrad.compress.EncodingHandler.encode`'s ``support``); None when any.
+        """
+        return n
 
     def clone(self) -> ThresholdAlgorithm:
         """An independent copy with the same hyper-parameters and state."""
@@ -281,6 +293,13 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             than ``CATCH_UP_SPARSITY`` x the target (the residual outgrows a threshold taken from one
             update) the threshold rises at ``1 / decay_rate**2`` a step instead of ``1 / decay_rate``.
             False starts at ``initial_threshold`` and always moves by ``decay_rate``, as DL4J does.
+        written_cap: a message of a row-sparse step (one whose handler was given the elements it wrote)
+            aims at no more entries than the step wrote: ``min(sparsity_target * N, written)``, which
+            is ``sparsity_target`` of ``min(N, written / sparsity_target)``
+            (:meth:`reference_length`). Without it a large embedding table's messages grow with its rows
+            (at 17M parameters, 51,000 entries a step for the ~8,600 a step writes; the residual of rows
+            written long ago makes up the rest) and so does the step's cost. False measures every message
+            against N, as DL4J does.
         last_threshold: state, nan until set, else in [0, MAX_THRESHOLD]; not part of equality.
         last_sparsity: state, nan until set, else in [0, MAX_SPARSITY]; not part of equality.
     """
@@ -289,6 +308,7 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
     sparsity_target: float = 1e-3
     decay_rate: float = DEFAULT_DECAY_RATE
     start_at_target: bool = False
+    written_cap: bool = True
     last_threshold: float = dataclasses.field(default=math.nan, compare=False)
     last_sparsity: float = dataclasses.field(default=math.nan, compare=False)
 
@@ -305,6 +325,8 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
         self.decay_rate = check_range("decay_rate", self.decay_rate, 0.5, 1.0, high_inclusive=False)
         if not isinstance(self.start_at_target, bool):
             raise ValueError(f"start_at_target: expected a bool, got {self.start_at_target!r}")
+        if not isinstance(self.written_cap, bool):
+            raise ValueError(f"written_cap: expected a bool, got {self.written_cap!r}")
         self.last_threshold = _check_state("last_threshold", self.last_threshold, MAX_THRESHOLD)
         self.last_sparsity = _check_state("last_sparsity", self.last_sparsity, MAX_SPARSITY)
 
@@ -333,6 +355,11 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
 
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         return _AveragingReducer(self, skip_nan_sparsity=False)
+
+    def reference_length(self, n: int, written: int | None) -> int:
+        if written is None or not self.written_cap:
+            return n
+        return max(1, min(n, math.ceil(written / self.sparsity_target)))
 
     def _threshold_at_target(self, residual: Array) -> float:
         """The magnitude that ``sparsity_target`` of ``residual`` reaches, within [MIN_THRESHOLD,

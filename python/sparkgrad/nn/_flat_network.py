@@ -664,18 +664,18 @@ class FlatNetwork:
             parts.append((table.start + rows[:, None] * width + xp.arange(width)[None, :]).reshape(-1))
         return xp.concatenate(parts)
 
-    def _apply_own_update(self) -> bool:
-        """``params -= `` the update the last step left in the network's own buffer, where a row-sparse
-        step wrote it only (the ranges around the tables and the tables' touched rows); False (nothing
-        done) when the last step was dense."""
+    def _apply_own_update(self, factor: Any) -> bool:
+        """``params -= `` the update the last step left in the network's own buffer (times ``factor``
+        unless None), where a row-sparse step wrote it only (the ranges around the tables and the
+        tables' touched rows); False (nothing done) when the last step was dense."""
         if not (self._sparse_tables and all(t.runtime.grad_clean for t in self._sparse_tables)):
             return False
         params, update = self._params, self._grad
         for sl in self._dense_ranges:
-            params[sl] -= update[sl]
+            params[sl] -= update[sl] if factor is None else update[sl] * factor
         for table in self._sparse_tables:
-            touched = table.runtime.touched
-            self._table(params, table)[touched] -= self._table_rows(update, table)
+            rows = self._table_rows(update, table)
+            self._table(params, table)[table.runtime.touched] -= rows if factor is None else rows * factor
         return True
 
     def _result(self, y: Any, given: Any) -> Any:
@@ -757,18 +757,22 @@ class FlatNetwork:
         return math.isfinite(total) or bool(xp.isfinite(self._params).all())
 
     @on_device
-    def apply_update(self, update: Any) -> None:
-        """``params -= update`` in place (``update``: a device array, or a host array copied across).
-        Given the network's own update buffer (``compute_update(copy=False)``) after a row-sparse step,
-        only where that step wrote it: a step costs what its batch looked up, not the tables' size."""
+    def apply_update(self, update: Any, scale: float = 1.0) -> None:
+        """``params -= update * scale`` in place (``update``: a device array, or a host array copied
+        across; ``scale`` a factor in the parameters' dtype, the product rounded as ``update * scale``
+        is). Given the network's own update buffer (``compute_update(copy=False)``) after a row-sparse
+        step, only where that step wrote it: a step costs what its batch looked up, not the tables' size."""
         self._require_init()
-        if update is self._grad and self._apply_own_update():
+        factor = None if scale == 1.0 else self._params.dtype.type(scale)
+        if update is self._grad and self._apply_own_update(factor):
             return
         u = self._device.asarray(update)
         if u.shape != self._params.shape:
             raise ValueError(
                 f"update: expected a flat vector of length {self._n_params}, got shape {u.shape}"
             )
+        if factor is not None:
+            u = u * factor
         self._device.xp.subtract(self._params, u, out=self._params, casting="same_kind")
 
     @on_device

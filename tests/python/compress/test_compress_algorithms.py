@@ -15,6 +15,7 @@ from sparkgrad.compress import (
     DEFAULT_UPDATE_COMBINATION,
     SUMMED_UPDATERS,
     AdaptiveThresholdAlgorithm,
+    EncodingHandler,
     FixedThresholdAlgorithm,
     NoOpResidualPostProcessor,
     ResidualClippingPostProcessor,
@@ -130,6 +131,7 @@ def test_clone_keeps_state_and_is_independent() -> None:
         AdaptiveThresholdAlgorithm(2e-4, 1e-4, 1e-3, 0.9),
         AdaptiveThresholdAlgorithm(last_threshold=1e-3, last_sparsity=0.01),
         TargetSparsityThresholdAlgorithm(1e-3, 1e-2, 0.75),
+        TargetSparsityThresholdAlgorithm(written_cap=False),
         ResidualClippingPostProcessor(3.0, 7),
         NoOpResidualPostProcessor(),
     ],
@@ -162,6 +164,7 @@ def test_equality_ignores_state() -> None:
         (lambda: TargetSparsityThresholdAlgorithm(sparsity_target=1 / 16), "sparsity_target"),
         (lambda: TargetSparsityThresholdAlgorithm(sparsity_target=0), "sparsity_target"),
         (lambda: TargetSparsityThresholdAlgorithm(decay_rate="x"), "decay_rate"),
+        (lambda: TargetSparsityThresholdAlgorithm(written_cap=1), "written_cap"),
         (lambda: ResidualClippingPostProcessor(0.5, 5), "threshold_multiple_clip_value"),
         (lambda: ResidualClippingPostProcessor(5.0, 0), "frequency"),
         (
@@ -277,3 +280,44 @@ def test_auto_sums_the_updates_of_the_adam_family_and_rmsprop_only() -> None:
         assert update_combination_for("auto", others) == "sqrt"
     with pytest.raises(ValueError, match="update_combination"):
         update_combination_for("Auto", [updaters.Adam()])
+
+
+def test_reference_length_caps_a_row_sparse_steps_target_at_what_it_wrote() -> None:
+    """TargetSparsity measures a row-sparse step's message against min(N, written / target): it aims at
+    min(target * N, written) entries; every other algorithm, a dense step and written_cap=False use N."""
+    capped = TargetSparsityThresholdAlgorithm(sparsity_target=1e-3)
+    assert capped.reference_length(1_000_000, None) == 1_000_000
+    assert capped.reference_length(1_000_000, 100) == 100_000  # aims at 100 entries, not 1,000
+    assert capped.reference_length(1_000_000, 5_000) == 1_000_000  # wrote more than 1,000: unchanged
+    assert capped.reference_length(1_000_000, 0) == 1
+    assert (
+        TargetSparsityThresholdAlgorithm(sparsity_target=1e-3, written_cap=False).reference_length(
+            1_000_000, 100
+        )
+        == 1_000_000
+    )
+    assert AdaptiveThresholdAlgorithm().reference_length(1_000_000, 100) == 1_000_000
+    assert FixedThresholdAlgorithm(0.5).reference_length(1_000_000, 100) == 1_000_000
+
+
+@pytest.mark.parametrize("written_cap", [True, False])
+def test_row_sparse_messages_aim_at_no_more_entries_than_a_step_writes(written_cap: bool) -> None:
+    """Steps that write 40 of 200,000 elements (target 1e-3: 200 entries): with the cap the threshold
+    settles where a message carries about what a step wrote; without it, where it carries 200 (residual
+    left in elements written earlier makes up the difference)."""
+    n, written, target = 200_000, 40, 1e-3
+    algorithm = TargetSparsityThresholdAlgorithm(0.05, target, start_at_target=True, written_cap=written_cap)
+    handler = EncodingHandler(n, algorithm, NoOpResidualPostProcessor(), dtype="float32")
+    rng = np.random.default_rng(11)
+    entries = []
+    for step in range(400):
+        support = np.unique(rng.integers(0, n, written))
+        update = np.zeros(n, np.float32)
+        update[support] = rng.normal(0, 0.01, support.size)
+        message = handler.encode(update, step, 0, support=support)
+        entries.append(0 if message is None else int(message[0]))
+    settled = float(np.mean(entries[-100:]))
+    if written_cap:
+        assert 0.5 * written <= settled <= 2 * written
+    else:
+        assert 0.5 * target * n <= settled <= 1.5 * target * n

@@ -5,6 +5,7 @@ and the replica it leaves against the dense path it replaced (decode into a zero
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -268,10 +269,9 @@ def test_encode_with_support_matches_the_whole_vector(n: int, dtype: str, scale:
     messages as adding the whole vectors, over steps whose supports differ (so untouched elements keep
     residual that later thresholds send)."""
     rng = np.random.default_rng(seed)
-    handlers = [
-        compress.EncodingHandler(n, compress.default_threshold_algorithm(), dtype=dtype, update_scale=scale)
-        for _ in range(2)
-    ]
+    # measured against N (written_cap=False): the whole-vector handler knows no support to cap by
+    uncapped = dataclasses.replace(compress.default_threshold_algorithm(), written_cap=False)
+    handlers = [compress.EncodingHandler(n, uncapped, dtype=dtype, update_scale=scale) for _ in range(2)]
     for step in range(8):
         support = np.unique(rng.integers(0, n, rng.integers(0, n + 1)))
         update = np.zeros(n, dtype)
@@ -327,11 +327,9 @@ def test_share_update_of_a_row_sparse_step_matches_the_whole_vector_encode(dtype
     with an update_scale below 1 the own buffer, scaled in place where the step wrote, is applied as
     update * scale is."""
     nets = [_graph(dtype), _graph(dtype)]
+    uncapped = dataclasses.replace(compress.default_threshold_algorithm(), written_cap=False)
     handlers = [
-        compress.EncodingHandler(
-            n.num_params(), compress.default_threshold_algorithm(), dtype=dtype, update_scale=scale
-        )
-        for n in nets
+        compress.EncodingHandler(n.num_params(), uncapped, dtype=dtype, update_scale=scale) for n in nets
     ]
     scratch = np.zeros(nets[0].num_params(), dtype)
     rng = np.random.default_rng(4)

@@ -298,10 +298,12 @@ def test_compute_update_is_the_whole_update_after_row_sparse_steps():
         dense.apply_update(expected)
 
 
-def test_a_shared_step_on_the_networks_own_update_buffer_applies_only_the_touched_rows():
-    # gradient sharing reads the update in place (compute_update(copy=False)) and applies it: the same
-    # parameters as the dense twin's, and the rows the batch did not look up are never read (NaN put
-    # there would reach the parameters through a dense subtraction)
+@pytest.mark.parametrize("scale", [1.0, 1 / np.sqrt(3)])
+def test_a_shared_step_on_the_networks_own_update_buffer_applies_only_the_touched_rows(scale):
+    # gradient sharing reads the update in place (compute_update(copy=False)) and applies it, scaled by
+    # the update combination's factor: the same parameters as the dense twin's applying update * scale,
+    # and the rows the batch did not look up are never read (NaN put there would reach the parameters
+    # through a dense subtraction)
     rng = np.random.default_rng(9)
     net = _net(_sparse_layers(), updater=Sgd(0.5))
     dense = _dense_twin(_net(_sparse_layers(), updater=Sgd(0.5)))
@@ -312,10 +314,20 @@ def test_a_shared_step_on_the_networks_own_update_buffer_applies_only_the_touche
         untouched = np.setdiff1d(np.arange(40), ds.features[:, 0])
         table = update[: 40 * 4].reshape(40, 4)
         table[untouched] = np.nan  # what the step wrote is all it may subtract
-        net.apply_update(update)
+        net.apply_update(update, scale=scale)
         table[untouched] = 0.0
-        dense.apply_update(expected)
+        dense.apply_update(expected * expected.dtype.type(scale))
         np.testing.assert_array_equal(net.params(), dense.params())
+
+
+def test_apply_update_scale_on_a_dense_update_is_update_times_scale():
+    rng = np.random.default_rng(10)
+    net, twin = _net(_sparse_layers(), updater=Sgd(0.5)), _net(_sparse_layers(), updater=Sgd(0.5))
+    update = rng.normal(size=net.num_params()).astype(net.params().dtype)
+    net.apply_update(update, scale=0.3)
+    twin.apply_update(update * update.dtype.type(0.3))
+    np.testing.assert_array_equal(net.params(), twin.params())
+    assert not np.array_equal(net.params(), _net(_sparse_layers(), updater=Sgd(0.5)).params())
 
 
 def test_graph_index_inputs_stay_integers_and_only_embeddings_read_them():
