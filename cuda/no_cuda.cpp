@@ -85,6 +85,7 @@ ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape&, ConvAlgorithm
 }
 SPARKGRAD_NO_CUDA_KERNEL(bias_add, T*, const T*, std::int64_t, std::int64_t, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(bias_grad, const T*, T*, std::int64_t, std::int64_t, std::int64_t)
+SPARKGRAD_NO_CUDA_KERNEL(swap_last_axes, const T*, T*, std::int64_t, std::int64_t, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(activation_forward, Activation, double, const T*, T*, std::int64_t, std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(activation_backward, Activation, double, const T*, const T*, const T*, T*, std::int64_t,
                          std::int64_t)

@@ -65,6 +65,22 @@ void bias_grad(py::handle dy_in, py::handle db_in) {
   });
 }
 
+void swap_last_axes(py::handle x_in, py::handle y_in) {
+  const char* op = "swap_last_axes";
+  const ArrayView x(op, "x", x_in), y(op, "y", y_in);
+  const Place place = common_place(op, {&x, &y});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    y.require<T>(true);
+    x.require_ndim({3}, "(N, rows, cols)");
+    y.require_shape({x.shape(0), x.shape(2), x.shape(1)});
+    if (x.data<T>() == y.data<T>() && x.size() > 0) throw_invalid(op, "y must not be x");
+    SPARKGRAD_RUN_TWIN(place, nn, swap_last_axes<T>, x.data<T>(), y.mutable_data<T>(), x.shape(0), x.shape(1),
+                       x.shape(2));
+  });
+}
+
 void activation_forward(const std::string& name, py::handle x_in, py::handle y_in, double alpha) {
   const char* op = "activation_forward";
   const nn::Activation kind = nn::parse_activation(op, name);
@@ -1063,6 +1079,8 @@ void attention_backward(py::handle q_in, py::handle k_in, py::handle v_in, py::h
 void init_nn(py::module_& m) {
   m.def("bias_add", &bias_add, py::arg("x"), py::arg("b"), "x[n, c, ...] += b[c] in place; x: (N, C) or (N, C, H, W).");
   m.def("bias_grad", &bias_grad, py::arg("dy"), py::arg("db"), "db[c] = sum of dy over every axis but 1.");
+  m.def("swap_last_axes", &swap_last_axes, py::arg("x"), py::arg("y"),
+        "y (N, cols, rows) = x (N, rows, cols) with its last two axes swapped; y must not be x.");
   m.def("activation_forward", &activation_forward, py::arg("name"), py::arg("x"), py::arg("y"),
         py::arg("alpha") = 0.0, "y = f(x); softmax over axis 1 of a 2-D array. y may be x.");
   m.def("activation_backward", &activation_backward, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("dy"),

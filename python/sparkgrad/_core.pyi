@@ -83,6 +83,7 @@ __all__: list[str] = [
     "simple_rnn_backward",
     "simple_rnn_forward",
     "subtract_sparse",
+    "swap_last_axes",
     "threshold_encode",
     "unpack_message",
     "updater_apply",
@@ -735,6 +736,11 @@ def simple_rnn_forward(
 def subtract_sparse(message: typing.Any, target: typing.Any) -> None:
     """
     target -= decoded sparse message after validation, touching only its indices.
+    """
+
+def swap_last_axes(x: typing.Any, y: typing.Any) -> None:
+    """
+    y (N, cols, rows) = x (N, rows, cols) with its last two axes swapped; y must not be x.
     """
 
 def threshold_encode(

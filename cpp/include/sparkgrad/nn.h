@@ -18,6 +18,12 @@ void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inn
 template <typename T>
 void bias_grad(const T* dy, T* db, std::int64_t n, std::int64_t c, std::int64_t inner);
 
+// ---- layout (cpp/src/nn/layout.cpp) ---------------------------------------------------------------
+// y: (n, cols, rows) = x: (n, rows, cols) with its last two axes swapped: a sequence's (N, T, C) as the
+// (N, C, T) planes the 2-D kernels read and back (the 1-D convolution and pooling layers). x, y distinct.
+template <typename T>
+void swap_last_axes(const T* x, T* y, std::int64_t n, std::int64_t rows, std::int64_t cols);
+
 // ---- activations (cpp/src/nn/activation.cpp) ------------------------------------------------------
 enum class Activation : std::uint8_t { Identity, Relu, LeakyRelu, Elu, Tanh, Sigmoid, Softmax, Softplus, HardTanh };
 // Parses the lower-case name; throws std::invalid_argument "[op] unknown activation ..." otherwise.
@@ -302,6 +308,8 @@ template <typename T>
 void bias_add(T* x, const T* b, std::int64_t n, std::int64_t c, std::int64_t inner);
 template <typename T>
 void bias_grad(const T* dy, T* db, std::int64_t n, std::int64_t c, std::int64_t inner);
+template <typename T>
+void swap_last_axes(const T* x, T* y, std::int64_t n, std::int64_t rows, std::int64_t cols);
 
 template <typename T>
 void activation_forward(Activation kind, double alpha, const T* x, T* y, std::int64_t rows, std::int64_t cols);

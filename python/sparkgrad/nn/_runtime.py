@@ -604,11 +604,11 @@ class Window1DRuntime(_Time1DRuntime):
         n, t, c = x.shape
         inner = self._inner_for(t)
         x4 = self.buf("x4", (n, c, 1, t))  # the inner runtime keeps it for its backward
-        x4[:, :, 0] = x.transpose(0, 2, 1)
+        self.k.swap_last_axes(self.xp.ascontiguousarray(x), x4.reshape(n, c, t))
         y4 = inner.forward(x4, train, seed)
         self.y4_shape = y4.shape
         y = self.buf("y", (n, y4.shape[3], y4.shape[1]))
-        y[...] = y4[:, :, 0].transpose(0, 2, 1)
+        self.k.swap_last_axes(self.xp.ascontiguousarray(y4).reshape(n, y4.shape[1], y4.shape[3]), y)
         self.mask = self._reduce_mask(mask, n, t, y.shape[1])
         if self.mask is not None:
             y *= self.mask[:, :, None]
@@ -633,14 +633,15 @@ class Window1DRuntime(_Time1DRuntime):
     def backward(self, dy: np.ndarray, need_dx: bool) -> np.ndarray | None:
         if self.mask is not None:  # masked output steps pass no gradient
             dy = dy * self.mask[:, :, None]
+        n, c_out, _, t_out = self.y4_shape
         dy4 = self.buf("dy4", self.y4_shape)
-        dy4[:, :, 0] = dy.transpose(0, 2, 1)
+        self.k.swap_last_axes(self.xp.ascontiguousarray(dy), dy4.reshape(n, c_out, t_out))
         dx4 = self.inner.backward(dy4, need_dx)
         if dx4 is None:
             return None
         n, c, _, t = dx4.shape
         dx = self.buf("dx", (n, t, c))
-        dx[...] = dx4[:, :, 0].transpose(0, 2, 1)
+        self.k.swap_last_axes(self.xp.ascontiguousarray(dx4).reshape(n, c, t), dx)
         return dx
 
 

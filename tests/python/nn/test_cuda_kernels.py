@@ -457,6 +457,18 @@ def test_bias_matches_cpu(cp: Any, dtype: Any) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 70, 33), (2, 1, 40), (1, 33, 1), (70000, 2, 3)])
+def test_swap_last_axes_matches_cpu(cp: Any, dtype: Any, shape: tuple) -> None:
+    """Tiles cut at the edges, and more items than a grid's z dimension (the kernel strides over them)."""
+    x = _rand(np.random.default_rng(5), shape, dtype)
+    y, gy = np.empty((shape[0], shape[2], shape[1]), dtype), cp.empty((shape[0], shape[2], shape[1]), dtype)
+    _core.swap_last_axes(x, y)
+    _core.swap_last_axes(cp.asarray(x), gy)
+    np.testing.assert_array_equal(gy.get(), y)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("loss", "activation"), LOSSES)
 @pytest.mark.parametrize("mask_shape", [None, (13,), (13, 7)])
 def test_loss_matches_cpu(cp: Any, loss: str, activation: str, dtype: Any, mask_shape: tuple | None) -> None:
