@@ -375,7 +375,11 @@ def test_every_default_of_both_masters_is_pinned_by_value() -> None:
     ):
         assert type(algorithm) is TargetSparsityThresholdAlgorithm
         assert (algorithm.initial_threshold, algorithm.sparsity_target) == (2e-2, 3e-3)
-        assert (algorithm.decay_rate, algorithm.start_at_target) == (0.5 ** (1 / 20), True)
+        assert (algorithm.decay_rate, algorithm.start_at_target, algorithm.written_cap) == (
+            0.5 ** (1 / 20),
+            True,
+            True,
+        )
         assert np.isnan(algorithm.last_threshold) and np.isnan(algorithm.last_sparsity)
     options = master._job_options(_adam_net(), 2, 2)
     assert type(options["residual_post_processor"]) is NoOpResidualPostProcessor
