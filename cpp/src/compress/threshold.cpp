@@ -120,15 +120,24 @@ SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, 
                                   T* bounds) {
   return plan_chunks<T>(n, threshold, boundary, [&](std::int64_t c, auto tb, std::int32_t* rec) {
     std::int64_t recorded = 0;
-    const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
-    for (std::int64_t b = c * (kChunk / kBoundBlock); b < last; ++b) {
-      if (!detail::qualifies(bounds[b], tb)) continue;
+    const auto read_block = [&](std::int64_t b) {
       const std::int64_t begin = b * kBoundBlock, end = std::min(n, begin + kBoundBlock);
       const std::int64_t found = record_range(x, begin, end, tb, rec + recorded);
       // a bound left high by a post-processor's clipping (or by anything that only shrank the block) is
       // made exact, so the block is not read again until something reaches the threshold there
       if (found == 0) bounds[b] = block_max(x, begin, end);
       recorded += found;
+    };
+    const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
+    std::int64_t b = c * (kChunk / kBoundBlock);
+    // the bounds 16 at a time (most masks are empty), their blocks in ascending order
+    for (; b + 16 <= last; b += 16) {
+      for (std::uint32_t mask = detail::qualify_mask16(bounds + b, tb); mask != 0; mask &= mask - 1) {
+        read_block(b + __builtin_ctz(mask));
+      }
+    }
+    for (; b < last; ++b) {
+      if (detail::qualifies(bounds[b], tb)) read_block(b);
     }
     return recorded;
   });
