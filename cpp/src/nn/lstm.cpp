@@ -29,14 +29,16 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
 
 namespace {
 
-// One example's step of the forward: activates z = [a | f | o | i] (4h) in place, writes c (masked),
-// act(c) (before the mask) and h.
+// One example's step of the forward: zr = x_t W + h_{t-1} RW (4h, scratch) gets the bias b, then the gates
+// z = [a | f | o | i] (4h) are its activations; writes c (masked), act(c) (before the mask) and h.
 template <typename T>
-SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* z, const T* c_prev,
-                                                  T* c_out, T* h_out, T* ac, T m) {
+SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* zr, const T* b, T* z,
+                                                  const T* c_prev, T* c_out, T* h_out, T* ac, T m) {
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
-  act_block(spec.activation, alpha, z, z, h);
-  act_block(spec.gate, gate_alpha, z + h, z + h, 3 * h);
+#pragma omp simd
+  for (std::int64_t j = 0; j < 4 * h; ++j) zr[j] += b[j];
+  act_block(spec.activation, alpha, zr, z, h);
+  act_block(spec.gate, gate_alpha, zr + h, z + h, 3 * h);
   const T *a = z, *f = z + h, *o = z + 2 * h, *ig = z + 3 * h;
   if (c_prev != nullptr) {
 #pragma omp simd
@@ -52,13 +54,15 @@ SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int
     c_out[j] *= m;
   }
 }
-SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, float* z, const float* c_prev,
-                                            float* c_out, float* h_out, float* ac, float m) {
-  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, float* zr, const float* b,
+                                            float* z, const float* c_prev, float* c_out, float* h_out, float* ac,
+                                            float m) {
+  lstm_forward_row_impl(spec, h, zr, b, z, c_prev, c_out, h_out, ac, m);
 }
-SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, double* z, const double* c_prev,
-                                            double* c_out, double* h_out, double* ac, double m) {
-  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, double* zr, const double* b,
+                                            double* z, const double* c_prev, double* c_out, double* h_out,
+                                            double* ac, double m) {
+  lstm_forward_row_impl(spec, h, zr, b, z, c_prev, c_out, h_out, ac, m);
 }
 
 // One example's step of the backward: from the activated gates g (4h), act(c) and c_prev (null: zero),
@@ -105,23 +109,36 @@ SPARKGRAD_SIMD_CLONES void lstm_backward_row(const LstmSpec& spec, std::int64_t 
 template <typename T>
 void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
                   const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c) {
-  const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
-  // Every row starts as the bias, then one GEMM adds the input projection of every time step.
-  for (std::int64_t row = 0; row < n * t_len; ++row) std::copy(b, b + g4, gates + row * g4);
-  gemm<T>(Transpose::No, Transpose::No, n * t_len, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
-  const FixedOperandGemm<T> recurrent(Transpose::No, n, h, g4, rw, g4);
+  const std::int64_t n = s.n, t_len = s.t, c = s.c, h = s.h, g4 = 4 * s.h, kx = c + h;
+  // Each step is one product [x_t | h_{t-1}] [W; RW] into a small (n, 4h) scratch that stays in cache;
+  // the step's rows then add the bias and write their activated gates into the (n, t, 4h) buffer (larger
+  // than the caches for big layers) once. No GEMM over all steps writes the input projection there first:
+  // with a small input size that one ran far below the per-step products' rate, and its output went
+  // through memory twice more.
+  const FixedOperandGemm<T> step_product(n, c, h, g4, w, g4, rw, g4);
+  std::unique_ptr<T[]> xh(new T[static_cast<std::size_t>(n * kx)]);  // [x_t | h_{t-1}], row i: example i
+  std::unique_ptr<T[]> zr(new T[static_cast<std::size_t>(n * g4)]);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::copy(x + i * t_len * c, x + i * t_len * c + c, xh.get() + i * kx);
+    if (h0 != nullptr) std::copy(h0 + i * h, h0 + (i + 1) * h, xh.get() + i * kx + c);
+  }
   for (std::int64_t t = 0; t < t_len; ++t) {
-    // z[:, t] += h_{t-1} RW; rows of step t are strided by t_len in the (n, t, .) layout.
-    const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
-    const std::int64_t ld_prev = t > 0 ? t_len * h : h;
-    if (h_prev != nullptr) recurrent.multiply(h_prev, ld_prev, T(1), gates + t * g4, t_len * g4);
+    if (t > 0 || h0 != nullptr) {
+      step_product.multiply(xh.get(), kx, T(0), zr.get(), g4);
+    } else {  // the first step from a zero state: x_0 W
+      gemm<T>(Transpose::No, Transpose::No, n, g4, c, T(1), xh.get(), kx, w, g4, T(0), zr.get(), g4);
+    }
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t row = i * t_len + t;
-      T* z = gates + row * g4;  // activated in place: [a | f | o | i]
+      const std::int64_t row = i * t_len + t;  // rows of step t are strided by t_len in the (n, t, .) layout
       const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
-      lstm_forward_row(spec, h, z, c_prev, cs + row * h, hs + row * h, act_c + row * h,
-                       mask != nullptr ? mask[row] : T(1));
+      lstm_forward_row(spec, h, zr.get() + i * g4, b, gates + row * g4, c_prev, cs + row * h, hs + row * h,
+                       act_c + row * h, mask != nullptr ? mask[row] : T(1));
+      if (t + 1 < t_len) {  // the next step's [x_{t+1} | h_t]
+        T* dst = xh.get() + i * kx;
+        std::copy(x + (row + 1) * c, x + (row + 2) * c, dst);
+        std::copy(hs + row * h, hs + (row + 1) * h, dst + c);
+      }
     }
   }
 }
@@ -154,12 +171,21 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
       }
     }
   }
-  // Weight gradients with one GEMM each over all time steps: dW = x^T dZ, dRW = h_prev^T dZ.
-  gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), x, s.c, dgates, g4, T(0), dw, g4);
-  // h_prev (n, t, h): the state each step started from; uninitialized storage, every value is written.
-  std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * t_len * h)]);
-  previous_states(s, hs, h0, h_prev.get());
-  gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.get(), h, dgates, g4, T(0), drw, g4);
+  // Both weight gradients with one GEMM over all time steps: [dW; dRW] = [x | h_prev]^T dZ, h_prev (n, t, h)
+  // the state each step started from. One product with c + h rows, not one with c (a small input size ran
+  // it far below the GEMM's rate) and one with h; written in place when dRW follows dW in memory (the
+  // layer's flat gradient).
+  const std::int64_t kx = s.c + h;
+  std::unique_ptr<T[]> xh(new T[static_cast<std::size_t>(n * t_len * kx)]);  // every value is written
+  previous_inputs_and_states(s, x, hs, h0, xh.get());
+  if (drw == dw + s.c * g4) {
+    gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
+  } else {
+    std::unique_ptr<T[]> dwr(new T[static_cast<std::size_t>(kx * g4)]);
+    gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dwr.get(), g4);
+    std::copy(dwr.get(), dwr.get() + s.c * g4, dw);
+    std::copy(dwr.get() + s.c * g4, dwr.get() + kx * g4, drw);
+  }
   column_sums(dgates, n * t_len, g4, db);
   if (dx != nullptr) {
     gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
