@@ -29,12 +29,45 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
 
 namespace {
 
+// The forward row below for tanh / sigmoid (DL4J's default) in one loop; kPrev: c_prev is given.
+template <bool kPrev, typename T>
+SPARKGRAD_FORCE_INLINE void lstm_forward_tanh_sigmoid(std::int64_t h, const T* zr, const T* b, T* z, const T* c_prev,
+                                                      T* c_out, T* h_out, T* ac, T m) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    const T a = T(1) - T(2) / (T(1) + exp_poly(T(2) * (zr[j] + b[j])));
+    const T f = T(1) / (T(1) + exp_poly(-(zr[h + j] + b[h + j])));
+    const T o = T(1) / (T(1) + exp_poly(-(zr[2 * h + j] + b[2 * h + j])));
+    const T ig = T(1) / (T(1) + exp_poly(-(zr[3 * h + j] + b[3 * h + j])));
+    T cell = ig * a;
+    if constexpr (kPrev) cell = f * c_prev[j] + ig * a;
+    const T act = T(1) - T(2) / (T(1) + exp_poly(T(2) * cell));
+    z[j] = a;
+    z[h + j] = f;
+    z[2 * h + j] = o;
+    z[3 * h + j] = ig;
+    ac[j] = act;
+    h_out[j] = m * o * act;
+    c_out[j] = cell * m;
+  }
+}
+
 // One example's step of the forward: zr = x_t W + h_{t-1} RW (4h, scratch) gets the bias b, then the gates
 // z = [a | f | o | i] (4h) are its activations; writes c (masked), act(c) (before the mask) and h.
 template <typename T>
 SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* zr, const T* b, T* z,
                                                   const T* c_prev, T* c_out, T* h_out, T* ac, T m) {
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
+  if (spec.activation == Activation::Tanh && spec.gate == Activation::Sigmoid) {
+    // DL4J's default cell in one pass per unit (act_block's formulas): short rows (small layers) pay
+    // one loop's overhead, not seven, and nothing goes through memory in between.
+    if (c_prev != nullptr) {
+      lstm_forward_tanh_sigmoid<true>(h, zr, b, z, c_prev, c_out, h_out, ac, m);
+    } else {
+      lstm_forward_tanh_sigmoid<false>(h, zr, b, z, c_prev, c_out, h_out, ac, m);
+    }
+    return;
+  }
 #pragma omp simd
   for (std::int64_t j = 0; j < 4 * h; ++j) zr[j] += b[j];
   act_block(spec.activation, alpha, zr, z, h);
@@ -65,6 +98,27 @@ SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h
   lstm_forward_row_impl(spec, h, zr, b, z, c_prev, c_out, h_out, ac, m);
 }
 
+// The backward row below for tanh / sigmoid in one loop (act_grad_block's formulas); kPrev: c_prev is given.
+template <bool kPrev, typename T>
+SPARKGRAD_FORCE_INLINE void lstm_backward_tanh_sigmoid(std::int64_t h, const T* g, const T* ac, const T* c_prev,
+                                                       const T* dh_out, T m, T* dz, const T* dh_r, T* dc) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    const T a = g[j], f = g[h + j], o = g[2 * h + j], ig = g[3 * h + j], act = ac[j];
+    const T dh_t = m * (dh_out[j] + dh_r[j]);
+    const T dc_t = m * dc[j] + dh_t * o * (T(1) - act * act);
+    dz[j] = dc_t * ig * (T(1) - a * a);
+    if constexpr (kPrev) {
+      dz[h + j] = dc_t * c_prev[j] * (f * (T(1) - f));
+    } else {
+      dz[h + j] = T(0);
+    }
+    dz[2 * h + j] = dh_t * act * (o * (T(1) - o));
+    dz[3 * h + j] = dc_t * a * (ig * (T(1) - ig));
+    dc[j] = dc_t * f;
+  }
+}
+
 // One example's step of the backward: from the activated gates g (4h), act(c) and c_prev (null: zero),
 // the output gradient dh_out and the gradients reaching h_t (dh_r) and c_t (dc) through step t+1,
 // writes dz (4h) and replaces dc with the gradient reaching c_{t-1}. deriv: 5h scratch.
@@ -72,6 +126,14 @@ template <typename T>
 SPARKGRAD_FORCE_INLINE void lstm_backward_row_impl(const LstmSpec& spec, std::int64_t h, const T* g, const T* ac,
                                                    const T* c_prev, const T* dh_out, T m, T* dz, const T* dh_r,
                                                    T* dc, T* deriv) {
+  if (spec.activation == Activation::Tanh && spec.gate == Activation::Sigmoid) {  // one pass, as the forward
+    if (c_prev != nullptr) {
+      lstm_backward_tanh_sigmoid<true>(h, g, ac, c_prev, dh_out, m, dz, dh_r, dc);
+    } else {
+      lstm_backward_tanh_sigmoid<false>(h, g, ac, c_prev, dh_out, m, dz, dh_r, dc);
+    }
+    return;
+  }
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
   T* d_a = deriv;
   T* d_ac = d_a + h;
@@ -180,11 +242,9 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
   previous_inputs_and_states(s, x, hs, h0, xh.get());
   if (drw == dw + s.c * g4) {
     gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
-  } else {
-    std::unique_ptr<T[]> dwr(new T[static_cast<std::size_t>(kx * g4)]);
-    gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dwr.get(), g4);
-    std::copy(dwr.get(), dwr.get() + s.c * g4, dw);
-    std::copy(dwr.get() + s.c * g4, dwr.get() + kx * g4, drw);
+  } else {  // separate buffers: one product each, no temporary
+    gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
+    gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), xh.get() + s.c, kx, dgates, g4, T(0), drw, g4);
   }
   column_sums(dgates, n * t_len, g4, db);
   if (dx != nullptr) {
