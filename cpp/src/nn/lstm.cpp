@@ -233,20 +233,22 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
       }
     }
   }
-  // Both weight gradients with one GEMM over all time steps: [dW; dRW] = [x | h_prev]^T dZ, h_prev (n, t, h)
-  // the state each step started from. One product with c + h rows, not one with c (a small input size ran
-  // it far below the GEMM's rate) and one with h; written in place when dRW follows dW in memory (the
-  // layer's flat gradient).
-  const std::int64_t kx = s.c + h;
+  // All the parameter gradients with one GEMM over all time steps when they lie one after another as W, RW,
+  // b do in the layer's flat gradient: [dW; dRW; db] = [x | h_prev | 1]^T dZ, h_prev (n, t, h) the state
+  // each step started from. One product with c + h + 1 rows, not one with c (a small input size ran it far
+  // below the GEMM's rate), one with h and a pass of column sums over dZ, which is larger than the caches for
+  // big layers. Separate buffers (the kernel's tests) get one product each and the column sums.
+  const bool in_place = drw == dw + s.c * g4 && db == drw + h * g4;
+  const std::int64_t kx = s.c + h + (in_place ? 1 : 0);
   std::unique_ptr<T[]> xh(new T[static_cast<std::size_t>(n * t_len * kx)]);  // every value is written
-  previous_inputs_and_states(s, x, hs, h0, xh.get());
-  if (drw == dw + s.c * g4) {
+  previous_inputs_and_states(s, x, hs, h0, xh.get(), in_place);
+  if (in_place) {
     gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
-  } else {  // separate buffers: one product each, no temporary
+  } else {
     gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
     gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), xh.get() + s.c, kx, dgates, g4, T(0), drw, g4);
+    column_sums(dgates, n * t_len, g4, db);
   }
-  column_sums(dgates, n * t_len, g4, db);
   if (dx != nullptr) {
     gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
   }

@@ -180,11 +180,12 @@ void previous_states(const LstmShape& s, const T* hs, const T* h0, T* h_prev) {
   }
 }
 
-// [x_t | h_{t-1}] (n, t, c + h) for the weight gradients [dW; dRW] in one product: each step's input next to
-// the state it started from (h0 or zero at step 0).
+// [x_t | h_{t-1}] (n, t, c + h), with a trailing 1 per row (c + h + 1) when `ones`, for the parameter
+// gradients [dW; dRW] (and db) in one product: each step's input next to the state it started from (h0 or
+// zero at step 0).
 template <typename T>
-void previous_inputs_and_states(const LstmShape& s, const T* x, const T* hs, const T* h0, T* xh) {
-  const std::int64_t c = s.c, h = s.h, kx = s.c + s.h;
+void previous_inputs_and_states(const LstmShape& s, const T* x, const T* hs, const T* h0, T* xh, bool ones) {
+  const std::int64_t c = s.c, h = s.h, kx = s.c + s.h + (ones ? 1 : 0);
   for (std::int64_t i = 0; i < s.n; ++i) {
     for (std::int64_t t = 0; t < s.t; ++t) {
       const std::int64_t row = i * s.t + t;
@@ -195,8 +196,9 @@ void previous_inputs_and_states(const LstmShape& s, const T* x, const T* hs, con
       } else if (h0 != nullptr) {
         std::copy(h0 + i * h, h0 + (i + 1) * h, dst + c);
       } else {
-        std::fill(dst + c, dst + kx, T(0));
+        std::fill(dst + c, dst + c + h, T(0));
       }
+      if (ones) dst[c + h] = T(1);
     }
   }
 }
