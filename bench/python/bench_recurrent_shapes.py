@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sparkgrad  # noqa: E402
 from bench_lstm import CLASSES, _sparkgrad_step, _time, _torch_step  # noqa: E402
+
+import sparkgrad  # noqa: E402
 
 SEQ = 50
 MIDDLE = (64, 256, 64)
@@ -37,7 +38,9 @@ def grid() -> list[tuple[int, int, int]]:
     return [*itertools.product((16, 256), (64, 512), (16, 128)), MIDDLE]
 
 
-def measure(cell: str, n_in: int, hidden: int, batch: int, rounds: int, round_s: float) -> tuple[float, float, int]:
+def measure(
+    cell: str, n_in: int, hidden: int, batch: int, rounds: int, round_s: float
+) -> tuple[float, float, int]:
     """Median ms/step of sparkgrad and PyTorch over ``rounds`` alternated rounds, and the steps per round."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, n_in, SEQ), dtype=np.float32)
@@ -57,7 +60,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", choices=["lstm", "gru", "simplernn"], default="lstm")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=3, help="alternated timed rounds; the median is reported")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated timed rounds; the median is reported"
+    )
     parser.add_argument("--round-s", type=float, default=0.4, help="target seconds of one timed round")
     parser.add_argument(
         "--only", action="append", default=[], help="run only this shape, 'n_in,hidden,batch' (repeatable)"
@@ -69,7 +74,9 @@ def main() -> None:
     shapes = grid()
     if args.only:
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.only]  # type: ignore[misc]
-    print(f"torch={torch.__version__} sparkgrad={sparkgrad.__version__} cell={args.cell} seq={SEQ}", flush=True)
+    print(
+        f"torch={torch.__version__} sparkgrad={sparkgrad.__version__} cell={args.cell} seq={SEQ}", flush=True
+    )
     start = time.perf_counter()
     for threads in args.threads:
         sparkgrad.set_num_threads(threads)
