@@ -96,10 +96,16 @@ class FixedOperandGemm {
   // op(b): (k, n), stored with row stride ldb; m: the rows of every a multiplied.
   FixedOperandGemm(Transpose trans_b, std::int64_t m, std::int64_t k, std::int64_t n, const T* b,
                    std::int64_t ldb);
+  // op(b) = [b1; b2] stacked, untransposed: b1 (k1, n) with row stride ldb1 over b2 (k2, n) with ldb2 (a
+  // recurrent layer's input and recurrent weights against [x_t | h_{t-1}]).
+  FixedOperandGemm(std::int64_t m, std::int64_t k1, std::int64_t k2, std::int64_t n, const T* b1,
+                   std::int64_t ldb1, const T* b2, std::int64_t ldb2);
   // c (m, n) = a (m, k) @ op(b) + beta * c; a and c have row strides lda and ldc.
   void multiply(const T* a, std::int64_t lda, T beta, T* c, std::int64_t ldc) const;
 
  private:
+  void layout(Transpose trans_b, const T* b1, std::int64_t ldb1, std::int64_t k1, const T* b2, std::int64_t ldb2);
+
   std::int64_t m_, k_, n_;
   std::int64_t panel_;  // column panel width (n_: one panel)
   std::int64_t chunk_;  // rows of op(b) per call (k_: all of them)

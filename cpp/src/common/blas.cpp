@@ -155,13 +155,34 @@ FixedOperandGemm<T>::FixedOperandGemm(Transpose trans_b, std::int64_t m, std::in
       chunk_ = k;
     }
   }
+  layout(trans_b, b, ldb, k, nullptr, 0);
+}
+
+template <typename T>
+FixedOperandGemm<T>::FixedOperandGemm(std::int64_t m, std::int64_t k1, std::int64_t k2, std::int64_t n, const T* b1,
+                                      std::int64_t ldb1, const T* b2, std::int64_t ldb2)
+    : FixedOperandGemm(Transpose::No, m, k1 + k2, n, nullptr, 0) {
+  layout(Transpose::No, b1, ldb1, k1, b2, ldb2);
+}
+
+// Copies op(b) into the panels: rows r < k1 of b1, the rest from b2 (untransposed only); b1 null: nothing yet.
+template <typename T>
+void FixedOperandGemm<T>::layout(Transpose trans_b, const T* b1, std::int64_t ldb1, std::int64_t k1, const T* b2,
+                                 std::int64_t ldb2) {
+  if (b1 == nullptr) return;
+  const std::int64_t k = k_, n = n_;
+  const T* b = b1;
+  const std::int64_t ldb = ldb1;
   panels_.resize(static_cast<std::size_t>(k * n));
   constexpr std::int64_t kTile = 16;  // rows of op(b) transposed at a time, so the reads stay in cache
   for (std::int64_t j0 = 0; j0 < n; j0 += panel_) {
     const std::int64_t w = std::min(panel_, n - j0);
     T* dst = panels_.data() + j0 * k;
     if (trans_b == Transpose::No) {
-      for (std::int64_t r = 0; r < k; ++r) std::copy(b + r * ldb + j0, b + r * ldb + j0 + w, dst + r * w);
+      for (std::int64_t r = 0; r < k; ++r) {
+        const T* row = r < k1 ? b1 + r * ldb1 : b2 + (r - k1) * ldb2;
+        std::copy(row + j0, row + j0 + w, dst + r * w);
+      }
       continue;
     }
     for (std::int64_t r0 = 0; r0 < k; r0 += kTile) {

@@ -29,14 +29,49 @@ LstmSpec parse_lstm_spec(const char* op, const std::string& activation, double a
 
 namespace {
 
-// One example's step of the forward: activates z = [a | f | o | i] (4h) in place, writes c (masked),
-// act(c) (before the mask) and h.
+// The forward row below for tanh / sigmoid (DL4J's default) in one loop; kPrev: c_prev is given.
+template <bool kPrev, typename T>
+SPARKGRAD_FORCE_INLINE void lstm_forward_tanh_sigmoid(std::int64_t h, const T* zr, const T* b, T* z, const T* c_prev,
+                                                      T* c_out, T* h_out, T* ac, T m) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    const T a = T(1) - T(2) / (T(1) + exp_poly(T(2) * (zr[j] + b[j])));
+    const T f = T(1) / (T(1) + exp_poly(-(zr[h + j] + b[h + j])));
+    const T o = T(1) / (T(1) + exp_poly(-(zr[2 * h + j] + b[2 * h + j])));
+    const T ig = T(1) / (T(1) + exp_poly(-(zr[3 * h + j] + b[3 * h + j])));
+    T cell = ig * a;
+    if constexpr (kPrev) cell = f * c_prev[j] + ig * a;
+    const T act = T(1) - T(2) / (T(1) + exp_poly(T(2) * cell));
+    z[j] = a;
+    z[h + j] = f;
+    z[2 * h + j] = o;
+    z[3 * h + j] = ig;
+    ac[j] = act;
+    h_out[j] = m * o * act;
+    c_out[j] = cell * m;
+  }
+}
+
+// One example's step of the forward: zr = x_t W + h_{t-1} RW (4h, scratch) gets the bias b, then the gates
+// z = [a | f | o | i] (4h) are its activations; writes c (masked), act(c) (before the mask) and h.
 template <typename T>
-SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* z, const T* c_prev,
-                                                  T* c_out, T* h_out, T* ac, T m) {
+SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int64_t h, T* zr, const T* b, T* z,
+                                                  const T* c_prev, T* c_out, T* h_out, T* ac, T m) {
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
-  act_block(spec.activation, alpha, z, z, h);
-  act_block(spec.gate, gate_alpha, z + h, z + h, 3 * h);
+  if (spec.activation == Activation::Tanh && spec.gate == Activation::Sigmoid) {
+    // DL4J's default cell in one pass per unit (act_block's formulas): short rows (small layers) pay
+    // one loop's overhead, not seven, and nothing goes through memory in between.
+    if (c_prev != nullptr) {
+      lstm_forward_tanh_sigmoid<true>(h, zr, b, z, c_prev, c_out, h_out, ac, m);
+    } else {
+      lstm_forward_tanh_sigmoid<false>(h, zr, b, z, c_prev, c_out, h_out, ac, m);
+    }
+    return;
+  }
+#pragma omp simd
+  for (std::int64_t j = 0; j < 4 * h; ++j) zr[j] += b[j];
+  act_block(spec.activation, alpha, zr, z, h);
+  act_block(spec.gate, gate_alpha, zr + h, z + h, 3 * h);
   const T *a = z, *f = z + h, *o = z + 2 * h, *ig = z + 3 * h;
   if (c_prev != nullptr) {
 #pragma omp simd
@@ -52,13 +87,36 @@ SPARKGRAD_FORCE_INLINE void lstm_forward_row_impl(const LstmSpec& spec, std::int
     c_out[j] *= m;
   }
 }
-SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, float* z, const float* c_prev,
-                                            float* c_out, float* h_out, float* ac, float m) {
-  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, float* zr, const float* b,
+                                            float* z, const float* c_prev, float* c_out, float* h_out, float* ac,
+                                            float m) {
+  lstm_forward_row_impl(spec, h, zr, b, z, c_prev, c_out, h_out, ac, m);
 }
-SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, double* z, const double* c_prev,
-                                            double* c_out, double* h_out, double* ac, double m) {
-  lstm_forward_row_impl(spec, h, z, c_prev, c_out, h_out, ac, m);
+SPARKGRAD_SIMD_CLONES void lstm_forward_row(const LstmSpec& spec, std::int64_t h, double* zr, const double* b,
+                                            double* z, const double* c_prev, double* c_out, double* h_out,
+                                            double* ac, double m) {
+  lstm_forward_row_impl(spec, h, zr, b, z, c_prev, c_out, h_out, ac, m);
+}
+
+// The backward row below for tanh / sigmoid in one loop (act_grad_block's formulas); kPrev: c_prev is given.
+template <bool kPrev, typename T>
+SPARKGRAD_FORCE_INLINE void lstm_backward_tanh_sigmoid(std::int64_t h, const T* g, const T* ac, const T* c_prev,
+                                                       const T* dh_out, T m, T* dz, const T* dh_r, T* dc) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < h; ++j) {
+    const T a = g[j], f = g[h + j], o = g[2 * h + j], ig = g[3 * h + j], act = ac[j];
+    const T dh_t = m * (dh_out[j] + dh_r[j]);
+    const T dc_t = m * dc[j] + dh_t * o * (T(1) - act * act);
+    dz[j] = dc_t * ig * (T(1) - a * a);
+    if constexpr (kPrev) {
+      dz[h + j] = dc_t * c_prev[j] * (f * (T(1) - f));
+    } else {
+      dz[h + j] = T(0);
+    }
+    dz[2 * h + j] = dh_t * act * (o * (T(1) - o));
+    dz[3 * h + j] = dc_t * a * (ig * (T(1) - ig));
+    dc[j] = dc_t * f;
+  }
 }
 
 // One example's step of the backward: from the activated gates g (4h), act(c) and c_prev (null: zero),
@@ -68,6 +126,14 @@ template <typename T>
 SPARKGRAD_FORCE_INLINE void lstm_backward_row_impl(const LstmSpec& spec, std::int64_t h, const T* g, const T* ac,
                                                    const T* c_prev, const T* dh_out, T m, T* dz, const T* dh_r,
                                                    T* dc, T* deriv) {
+  if (spec.activation == Activation::Tanh && spec.gate == Activation::Sigmoid) {  // one pass, as the forward
+    if (c_prev != nullptr) {
+      lstm_backward_tanh_sigmoid<true>(h, g, ac, c_prev, dh_out, m, dz, dh_r, dc);
+    } else {
+      lstm_backward_tanh_sigmoid<false>(h, g, ac, c_prev, dh_out, m, dz, dh_r, dc);
+    }
+    return;
+  }
   const T alpha = static_cast<T>(spec.alpha), gate_alpha = static_cast<T>(spec.gate_alpha);
   T* d_a = deriv;
   T* d_ac = d_a + h;
@@ -105,23 +171,36 @@ SPARKGRAD_SIMD_CLONES void lstm_backward_row(const LstmSpec& spec, std::int64_t 
 template <typename T>
 void lstm_forward(const LstmSpec& spec, const LstmShape& s, const T* x, const T* w, const T* rw, const T* b,
                   const T* mask, const T* h0, const T* c0, T* hs, T* cs, T* gates, T* act_c) {
-  const std::int64_t n = s.n, t_len = s.t, h = s.h, g4 = 4 * s.h;
-  // Every row starts as the bias, then one GEMM adds the input projection of every time step.
-  for (std::int64_t row = 0; row < n * t_len; ++row) std::copy(b, b + g4, gates + row * g4);
-  gemm<T>(Transpose::No, Transpose::No, n * t_len, g4, s.c, T(1), x, s.c, w, g4, T(1), gates, g4);
-  const FixedOperandGemm<T> recurrent(Transpose::No, n, h, g4, rw, g4);
+  const std::int64_t n = s.n, t_len = s.t, c = s.c, h = s.h, g4 = 4 * s.h, kx = c + h;
+  // Each step is one product [x_t | h_{t-1}] [W; RW] into a small (n, 4h) scratch that stays in cache;
+  // the step's rows then add the bias and write their activated gates into the (n, t, 4h) buffer (larger
+  // than the caches for big layers) once. No GEMM over all steps writes the input projection there first:
+  // with a small input size that one ran far below the per-step products' rate, and its output went
+  // through memory twice more.
+  const FixedOperandGemm<T> step_product(n, c, h, g4, w, g4, rw, g4);
+  std::unique_ptr<T[]> xh(new T[static_cast<std::size_t>(n * kx)]);  // [x_t | h_{t-1}], row i: example i
+  std::unique_ptr<T[]> zr(new T[static_cast<std::size_t>(n * g4)]);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::copy(x + i * t_len * c, x + i * t_len * c + c, xh.get() + i * kx);
+    if (h0 != nullptr) std::copy(h0 + i * h, h0 + (i + 1) * h, xh.get() + i * kx + c);
+  }
   for (std::int64_t t = 0; t < t_len; ++t) {
-    // z[:, t] += h_{t-1} RW; rows of step t are strided by t_len in the (n, t, .) layout.
-    const T* h_prev = t > 0 ? hs + (t - 1) * h : h0;
-    const std::int64_t ld_prev = t > 0 ? t_len * h : h;
-    if (h_prev != nullptr) recurrent.multiply(h_prev, ld_prev, T(1), gates + t * g4, t_len * g4);
+    if (t > 0 || h0 != nullptr) {
+      step_product.multiply(xh.get(), kx, T(0), zr.get(), g4);
+    } else {  // the first step from a zero state: x_0 W
+      gemm<T>(Transpose::No, Transpose::No, n, g4, c, T(1), xh.get(), kx, w, g4, T(0), zr.get(), g4);
+    }
 #pragma omp parallel for schedule(static) if (n * h >= kGateParallelMin)
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t row = i * t_len + t;
-      T* z = gates + row * g4;  // activated in place: [a | f | o | i]
+      const std::int64_t row = i * t_len + t;  // rows of step t are strided by t_len in the (n, t, .) layout
       const T* c_prev = t > 0 ? cs + (row - 1) * h : (c0 != nullptr ? c0 + i * h : nullptr);
-      lstm_forward_row(spec, h, z, c_prev, cs + row * h, hs + row * h, act_c + row * h,
-                       mask != nullptr ? mask[row] : T(1));
+      lstm_forward_row(spec, h, zr.get() + i * g4, b, gates + row * g4, c_prev, cs + row * h, hs + row * h,
+                       act_c + row * h, mask != nullptr ? mask[row] : T(1));
+      if (t + 1 < t_len) {  // the next step's [x_{t+1} | h_t]
+        T* dst = xh.get() + i * kx;
+        std::copy(x + (row + 1) * c, x + (row + 2) * c, dst);
+        std::copy(hs + row * h, hs + (row + 1) * h, dst + c);
+      }
     }
   }
 }
@@ -154,13 +233,22 @@ void lstm_backward(const LstmSpec& spec, const LstmShape& s, const T* x, const T
       }
     }
   }
-  // Weight gradients with one GEMM each over all time steps: dW = x^T dZ, dRW = h_prev^T dZ.
-  gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), x, s.c, dgates, g4, T(0), dw, g4);
-  // h_prev (n, t, h): the state each step started from; uninitialized storage, every value is written.
-  std::unique_ptr<T[]> h_prev(new T[static_cast<std::size_t>(n * t_len * h)]);
-  previous_states(s, hs, h0, h_prev.get());
-  gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), h_prev.get(), h, dgates, g4, T(0), drw, g4);
-  column_sums(dgates, n * t_len, g4, db);
+  // All the parameter gradients with one GEMM over all time steps when they lie one after another as W, RW,
+  // b do in the layer's flat gradient: [dW; dRW; db] = [x | h_prev | 1]^T dZ, h_prev (n, t, h) the state
+  // each step started from. One product with c + h + 1 rows, not one with c (a small input size ran it far
+  // below the GEMM's rate), one with h and a pass of column sums over dZ, which is larger than the caches for
+  // big layers. Separate buffers (the kernel's tests) get one product each and the column sums.
+  const bool in_place = drw == dw + s.c * g4 && db == drw + h * g4;
+  const std::int64_t kx = s.c + h + (in_place ? 1 : 0);
+  std::unique_ptr<T[]> xh(new T[static_cast<std::size_t>(n * t_len * kx)]);  // every value is written
+  previous_inputs_and_states(s, x, hs, h0, xh.get(), in_place);
+  if (in_place) {
+    gemm<T>(Transpose::Yes, Transpose::No, kx, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
+  } else {
+    gemm<T>(Transpose::Yes, Transpose::No, s.c, g4, n * t_len, T(1), xh.get(), kx, dgates, g4, T(0), dw, g4);
+    gemm<T>(Transpose::Yes, Transpose::No, h, g4, n * t_len, T(1), xh.get() + s.c, kx, dgates, g4, T(0), drw, g4);
+    column_sums(dgates, n * t_len, g4, db);
+  }
   if (dx != nullptr) {
     gemm<T>(Transpose::No, Transpose::Yes, n * t_len, s.c, g4, T(1), dgates, g4, w, g4, T(0), dx, s.c);
   }

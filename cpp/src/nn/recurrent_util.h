@@ -180,6 +180,29 @@ void previous_states(const LstmShape& s, const T* hs, const T* h0, T* h_prev) {
   }
 }
 
+// [x_t | h_{t-1}] (n, t, c + h), with a trailing 1 per row (c + h + 1) when `ones`, for the parameter
+// gradients [dW; dRW] (and db) in one product: each step's input next to the state it started from (h0 or
+// zero at step 0).
+template <typename T>
+void previous_inputs_and_states(const LstmShape& s, const T* x, const T* hs, const T* h0, T* xh, bool ones) {
+  const std::int64_t c = s.c, h = s.h, kx = s.c + s.h + (ones ? 1 : 0);
+  for (std::int64_t i = 0; i < s.n; ++i) {
+    for (std::int64_t t = 0; t < s.t; ++t) {
+      const std::int64_t row = i * s.t + t;
+      T* dst = xh + row * kx;
+      std::copy(x + row * c, x + (row + 1) * c, dst);
+      if (t > 0) {
+        std::copy(hs + (row - 1) * h, hs + row * h, dst + c);
+      } else if (h0 != nullptr) {
+        std::copy(h0 + i * h, h0 + (i + 1) * h, dst + c);
+      } else {
+        std::fill(dst + c, dst + c + h, T(0));
+      }
+      if (ones) dst[c + h] = T(1);
+    }
+  }
+}
+
 // db (width) = column sums of dz (rows, width), accumulated row by row (contiguous) in double: the same
 // for any thread count.
 template <typename T>

@@ -22,14 +22,27 @@ def _tol(dtype, steps: int, width: int) -> dict:
     return {"rtol": bound, "atol": bound}
 
 
-def _run(x, w, rw, b, dh, mask, h0, c0, act, gate):
+def _flat_views(arrays, dtype) -> list:
+    """NaN-filled arrays shaped like ``arrays``, views one after another into one flat buffer (a layer's
+    gradient in the network), where the LSTM backward writes [dW; dRW; db] with one product."""
+    flat = np.full(sum(a.size for a in arrays), np.nan, dtype)
+    views, offset = [], 0
+    for a in arrays:
+        views.append(flat[offset : offset + a.size].reshape(a.shape))
+        offset += a.size
+    return views
+
+
+def _run(x, w, rw, b, dh, mask, h0, c0, act, gate, flat=False):
     n, t, _ = x.shape
     h = rw.shape[0]
     hs, cs, act_c = (np.full((n, t, h), np.nan, x.dtype) for _ in range(3))
     gates = np.full((n, t, 4 * h), np.nan, x.dtype)
     kw = {"mask": mask, "h0": h0, "c0": c0, "activation": act, "gate_activation": gate}
     _core.lstm_forward(x, w, rw, b, hs, cs, gates, act_c, **kw)
-    grads = [np.full(a.shape, np.nan, x.dtype) for a in (x, w, rw, b)]
+    grads = [np.full(x.shape, np.nan, x.dtype)]
+    params = (w, rw, b)
+    grads += _flat_views(params, x.dtype) if flat else [np.full(a.shape, np.nan, x.dtype) for a in params]
     dgates = np.empty_like(gates)
     _core.lstm_backward(x, w, rw, hs, cs, gates, act_c, dh, dgates, *grads[1:], dx=grads[0], **kw)
     return hs, cs, grads
@@ -47,8 +60,9 @@ def _run(x, w, rw, b, dh, mask, h0, c0, act, gate):
     gate=st.sampled_from(["sigmoid", "hardtanh"]),
     dtype=st.sampled_from([np.float32, np.float64]),
     seed=st.integers(0, 2**31 - 1),
+    flat=st.booleans(),
 )
-def test_lstm_forward_backward_match_reference(n, t, c, h, masked, state, act, gate, dtype, seed):
+def test_lstm_forward_backward_match_reference(n, t, c, h, masked, state, act, gate, dtype, seed, flat):
     rng = np.random.default_rng(seed)
     x, w, rw = (
         rng.normal(size=(n, t, c)),
@@ -61,7 +75,7 @@ def test_lstm_forward_backward_match_reference(n, t, c, h, masked, state, act, g
     cast = [None if a is None else a.astype(dtype) for a in (x, w, rw, b, dh, mask, h0, c0)]
     # the reference runs on the cast inputs in float64, so only the kernel's own round-off differs
     x, w, rw, b, dh, mask, h0, c0 = [None if a is None else a.astype(np.float64) for a in cast]
-    hs, cs, grads = _run(*cast, act, gate)
+    hs, cs, grads = _run(*cast, act, gate, flat=flat)
     ref_hs, ref_cs = ref.lstm_forward(x, w, rw, b, mask, h0, c0, act, gate)
     tol = _tol(dtype, t, c + h)
     np.testing.assert_allclose(hs, ref_hs, **tol)
@@ -341,7 +355,9 @@ def test_recurrent_kernels_are_bit_identical_for_any_thread_count(dtype, cell, n
             sparkgrad.set_num_threads(threads)
             if cell == "lstm":
                 hs, cs, grads = _run(x, w, rw, b, dh, mask, h0, h0, "tanh", "sigmoid")
-                results.append([hs, cs, *grads])
+                # and the gradient as one flat buffer: [dW; dRW; db] in one product
+                flat = _run(x, w, rw, b, dh, mask, h0, h0, "tanh", "sigmoid", flat=True)[2]
+                results.append([hs, cs, *grads, *flat])
             elif cell == "gru":
                 hs, gates, grads = _run_gru(x, w, rw, b, dh, mask, h0)
                 results.append([hs, gates, *grads])
