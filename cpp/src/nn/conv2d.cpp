@@ -101,22 +101,22 @@ void regroup(const Conv2dShape& g, std::int64_t first, std::int64_t last, const 
   }
 }
 
-// Output columns ow in [lo, hi) read input column ow * stride - pad + s inside [0, size).
-void valid_range(std::int64_t s, std::int64_t stride, std::int64_t pad, std::int64_t size, std::int64_t out,
-                 std::int64_t* lo, std::int64_t* hi) {
-  const std::int64_t shift = pad - s;  // ow * stride >= shift  and  ow * stride < size + shift
+// Output positions o in [lo, hi) read input position o * stride + offset inside [0, size).
+void valid_range(std::int64_t offset, std::int64_t stride, std::int64_t size, std::int64_t out, std::int64_t* lo,
+                 std::int64_t* hi) {
+  const std::int64_t shift = -offset;  // o * stride >= shift  and  o * stride < size + shift
   *lo = shift <= 0 ? 0 : (shift + stride - 1) / stride;
   *hi = size + shift <= 0 ? 0 : std::min(out, (size + shift + stride - 1) / stride);
   *lo = std::min(*lo, *hi);
 }
 
 // Copies (ToColumns) or accumulates (col2im) `rows` x `cols` values between a strided image block and a
-// contiguous column block. __restrict: the two never overlap, which lets short rows vectorize without
+// strided column block. __restrict: the two never overlap, which lets short rows vectorize without
 // runtime overlap checks.
 template <bool ToColumns, typename ImagePtr, typename ColPtr>
-void move_block(ImagePtr __restrict image, std::int64_t image_stride, ColPtr __restrict col, std::int64_t rows,
-                std::int64_t cols) {
-  for (std::int64_t i = 0; i < rows; ++i, image += image_stride, col += cols) {
+void move_block(ImagePtr __restrict image, std::int64_t image_stride, ColPtr __restrict col, std::int64_t col_stride,
+                std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i, image += image_stride, col += col_stride) {
 #pragma omp simd
     for (std::int64_t j = 0; j < cols; ++j) {
       if constexpr (ToColumns) col[j] = image[j];
@@ -136,10 +136,10 @@ void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr c
   const std::int64_t q = g.q, w = g.w, stride_w = g.stride_w;
   for (std::int64_t r = 0; r < g.r; ++r) {
     std::int64_t row_lo, row_hi;  // output rows whose input row oh * stride_h - pad_top + r is inside
-    valid_range(r, g.stride_h, g.pad_top, g.h, g.p, &row_lo, &row_hi);
+    valid_range(r - g.pad_top, g.stride_h, g.h, g.p, &row_lo, &row_hi);
     for (std::int64_t s = 0; s < g.s; ++s) {
       std::int64_t lo, hi;
-      valid_range(s, stride_w, g.pad_left, w, q, &lo, &hi);
+      valid_range(s - g.pad_left, stride_w, w, q, &lo, &hi);
       const std::int64_t offset = s - g.pad_left;
       ColPtr col_rows = col + ((c * g.r + r) * g.s + s) * ld;
       if constexpr (ToColumns) {
@@ -162,8 +162,8 @@ void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr c
         }
       }
       if (stride_w == 1 && lo == 0 && hi == q && row_hi > row_lo) {
-        move_block<ToColumns>(in_row(row_lo) + offset, g.stride_h * w, col_rows + row_lo * q,
-                              row_hi - row_lo, q);
+        move_block<ToColumns>(in_row(row_lo) + offset, g.stride_h * w, col_rows + row_lo * q, q, row_hi - row_lo,
+                              q);
         continue;
       }
       for (std::int64_t oh = row_lo; oh < row_hi; ++oh) {
@@ -182,14 +182,122 @@ void move_patches(const Conv2dShape& g, std::int64_t c, ImagePtr image, ColPtr c
   }
 }
 
+std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// A strided convolution whose kernel covers every phase of its stride (r >= stride_h, s >= stride_w,
+// as in a stride-2 4x4 deconvolution) moves its patches through the image split into its stride_h x
+// stride_w phases, each a plane with a zero border wide enough for every tap: tap (r, s) is then
+// output (oh, ow) <- plane element (oh + u, ow + v) of one phase, a p x q block copy without bounds
+// checks or padding fills, where the strided path gathered element by element and filled zeros row by
+// row. The values moved, and for col2im their order of accumulation, are those of the strided path.
+// Measured on the stride-2 4x4 deconvolution of 16 channels 28x28 <-> 32 channels 14x14, 64 images, one
+// thread: 3.6 -> 2.8 ms for the forward pass (im2col), 4.1 -> 3.3 for the weight gradient, with the
+// memmove calls of short rows gone (cpp/CMakeLists.txt).
+struct Phases {
+  std::int64_t u_min, v_min;  // the smallest tap shifts: plane row i holds phase row i + u_min
+  std::int64_t rows, cols;    // of each plane: p + u_max - u_min, q + v_max - v_min
+  std::int64_t size;          // c * stride_h * stride_w * rows * cols
+};
+std::optional<Phases> phases_of(const Conv2dShape& g) {
+  if ((g.stride_h == 1 && g.stride_w == 1) || g.r < g.stride_h || g.s < g.stride_w) return std::nullopt;
+  Phases ph;
+  ph.u_min = floor_div(-g.pad_top, g.stride_h);
+  ph.v_min = floor_div(-g.pad_left, g.stride_w);
+  ph.rows = g.p + floor_div(g.r - 1 - g.pad_top, g.stride_h) - ph.u_min;
+  ph.cols = g.q + floor_div(g.s - 1 - g.pad_left, g.stride_w) - ph.v_min;
+  ph.size = g.c * g.stride_h * g.stride_w * ph.rows * ph.cols;
+  return ph;
+}
+
+// fn(plane offset, col row) for each tap (c, r, s): the tap's block starts at that offset of the planes.
+template <typename Fn>
+void for_each_phase_tap(const Conv2dShape& g, const Phases& ph, Fn fn) {
+  for (std::int64_t c = 0; c < g.c; ++c) {
+    for (std::int64_t r = 0; r < g.r; ++r) {
+      const std::int64_t u = floor_div(r - g.pad_top, g.stride_h), a = r - g.pad_top - u * g.stride_h;
+      for (std::int64_t s = 0; s < g.s; ++s) {
+        const std::int64_t v = floor_div(s - g.pad_left, g.stride_w), b = s - g.pad_left - v * g.stride_w;
+        const std::int64_t plane = ((c * g.stride_h + a) * g.stride_w + b) * ph.rows * ph.cols;
+        fn(plane + (u - ph.u_min) * ph.cols + (v - ph.v_min), (c * g.r + r) * g.s + s);
+      }
+    }
+  }
+}
+
+// to[j * to_stride] = from[j * from_stride] for j < n; stride 2 (the common deconvolution) with the
+// stride known to the compiler, so that it vectorizes.
+template <typename T>
+void strided_copy(const T* __restrict from, std::int64_t from_stride, T* __restrict to, std::int64_t to_stride,
+                  std::int64_t n) {
+  if (from_stride == 2 && to_stride == 1) {
+    for (std::int64_t j = 0; j < n; ++j) to[j] = from[2 * j];
+  } else if (from_stride == 1 && to_stride == 2) {
+    for (std::int64_t j = 0; j < n; ++j) to[2 * j] = from[j];
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) to[j * to_stride] = from[j * from_stride];
+  }
+}
+
+// image (c, h, w) <-> phase planes (c, stride_h, stride_w, rows, cols): plane (a, b) element (i, j) is
+// image element ((i + u_min) * stride_h + a, (j + v_min) * stride_w + b), zero outside the image. Split
+// fills the planes; otherwise the image is written from them, zero where no plane holds it.
+template <bool Split, typename T>
+void move_phases(const Conv2dShape& g, const Phases& ph, const T* from, T* to) {
+  const std::int64_t sh = g.stride_h, sw = g.stride_w;
+  if constexpr (!Split) std::fill(to, to + g.c * g.h * g.w, T(0));
+  for (std::int64_t c = 0; c < g.c; ++c) {
+    for (std::int64_t a = 0; a < sh; ++a) {
+      for (std::int64_t b = 0; b < sw; ++b) {
+        std::int64_t lo, hi;  // plane columns inside the image
+        valid_range(ph.v_min * sw + b, sw, g.w, ph.cols, &lo, &hi);
+        const std::int64_t plane = ((c * sh + a) * sw + b) * ph.rows * ph.cols;
+        for (std::int64_t i = 0; i < ph.rows; ++i) {
+          const std::int64_t y = (i + ph.u_min) * sh + a;
+          const bool inside = y >= 0 && y < g.h && hi > lo;
+          T* plane_row = (Split ? to : const_cast<T*>(from)) + plane + i * ph.cols;
+          if constexpr (Split) {
+            if (!inside) {
+              std::fill(plane_row, plane_row + ph.cols, T(0));
+              continue;
+            }
+            const T* image_row = from + (c * g.h + y) * g.w + (ph.v_min + lo) * sw + b;
+            std::fill(plane_row, plane_row + lo, T(0));
+            strided_copy(image_row, sw, plane_row + lo, 1, hi - lo);
+            std::fill(plane_row + hi, plane_row + ph.cols, T(0));
+          } else if (inside) {
+            strided_copy(plane_row + lo, 1, to + (c * g.h + y) * g.w + (ph.v_min + lo) * sw + b, sw, hi - lo);
+          }
+        }
+      }
+    }
+  }
+}
+
 // x_image: (c, h, w) -> col: (c*r*s, p*q) with row stride ld, or col accumulated into dx_image
-// (zeroed here).
+// (zeroed here). The phase planes live in this thread's workspace slot 2.
 template <typename T>
 void im2col(const Conv2dShape& g, const T* x_image, T* col, std::int64_t ld) {
+  if (const std::optional<Phases> ph = phases_of(g)) {
+    T* planes = workspace<T, 2>(ph->size);
+    move_phases<true>(g, *ph, x_image, planes);
+    for_each_phase_tap(g, *ph, [&](std::int64_t at, std::int64_t row) {
+      move_block<true>(planes + at, ph->cols, col + row * ld, g.q, g.p, g.q);
+    });
+    return;
+  }
   for (std::int64_t c = 0; c < g.c; ++c) move_patches<true>(g, c, x_image, col, ld);
 }
 template <typename T>
 void col2im(const Conv2dShape& g, const T* col, std::int64_t ld, T* dx_image) {
+  if (const std::optional<Phases> ph = phases_of(g)) {
+    T* planes = workspace<T, 2>(ph->size);
+    std::fill(planes, planes + ph->size, T(0));
+    for_each_phase_tap(g, *ph, [&](std::int64_t at, std::int64_t row) {
+      move_block<false>(planes + at, ph->cols, col + row * ld, g.q, g.p, g.q);
+    });
+    move_phases<false>(g, *ph, planes, dx_image);
+    return;
+  }
   std::fill(dx_image, dx_image + g.c * g.h * g.w, T(0));
   for (std::int64_t c = 0; c < g.c; ++c) move_patches<false>(g, c, dx_image, col, ld);
 }
