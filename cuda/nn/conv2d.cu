@@ -364,10 +364,21 @@ void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw
   run_pass<T>(op, 2, g, algorithm, [&] { return cudnn::backward_weight(g, x, dy, dw); }, with_own_kernels);
 }
 
+// The GPU's passes run back to back (each im2col is a kernel launch, not a pass over host memory): the
+// CPU twin shares one im2col between them.
+template <typename T>
+void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* weights, const T* dy, T* y, T* dw,
+                                    ConvAlgorithm algorithm) {
+  conv2d_backward_weight<T>(g, x, dy, dw, algorithm);
+  if (y != nullptr) conv2d_forward<T>(g, x, weights, nullptr, y, false, algorithm);
+}
+
 #define SPARKGRAD_CONV2D(T)                                                                            \
   template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
   template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);        \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);        \
+  template void conv2d_forward_backward_weight<T>(const Conv2dShape&, const T*, const T*, const T*, T*, T*,  \
+                                                  ConvAlgorithm);
 SPARKGRAD_CONV2D(float)
 SPARKGRAD_CONV2D(double)
 

@@ -248,6 +248,22 @@ def conv2d_backward_weight(
     dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.
     """
 
+def conv2d_forward_backward_weight(
+    x: typing.Any,
+    w: typing.Any,
+    dy: typing.Any,
+    y: typing.Any,
+    dw: typing.Any,
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+    algorithm: str = "auto",
+) -> None:
+    """
+    conv2d_forward(x, w, None, y) (y may be None: skipped) and conv2d_backward_weight(x, dy, dw) from one im2col of x: a transposed convolution's backward (its dL/dx and dL/dW). The same results as the two calls.
+    """
+
 def conv2d_forward(
     x: typing.Any,
     w: typing.Any,

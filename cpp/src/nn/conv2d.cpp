@@ -20,7 +20,8 @@ namespace sparkgrad::nn {
 namespace {
 
 // Reused per OpenMP thread: training calls conv2d every step with the same shapes. Slot 0 holds the
-// column matrix, slot 1 a group's (k, group*p*q) output or output gradient.
+// column matrix, slot 1 a group's (k, group*p*q) output or output gradient, slot 2 an image's phase
+// planes, slot 3 a group's output beside its output gradient (conv2d_forward_backward_weight).
 template <typename T, int Slot>
 T* workspace(std::int64_t size) {
   thread_local std::vector<T> buffer;
@@ -415,39 +416,49 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
   });
 }
 
-// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = sum over groups of dy_group @ col_group^T. Each
-// run of groups sums into its own partial; the partials are added in run order, so the result does not
-// depend on which thread ran which run. The partials hold dw transposed, col_group @ dy_group^T: OpenBLAS
-// runs that orientation (the long c*r*s side first) at 81-93 GFLOP/s where dy @ col^T ran at 65-80 on
-// the development machine (16 and 32 channels, 3x3 kernels).
+namespace {
+
+// Partials of the im2col weight gradient: a fixed number, not the thread count, so that its result does
+// not depend on the thread count (as Winograd's kWeightRuns).
+constexpr std::int64_t kWeightRuns = 8;
+
+// x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = sum over groups of dy_group @ col_group^T, and
+// with weights and y (else null) also y: (n, k, p, q) = conv(x, weights) from the same im2col. The groups
+// split into kWeightRuns runs; each run sums into its own partial and the partials are added in run
+// order, so the result depends neither on which thread ran which run nor on the thread count. y is
+// computed per group exactly as conv2d_forward computes it. The partials hold dw transposed, col_group @
+// dy_group^T: OpenBLAS runs that orientation (the long c*r*s side first) at 81-93 GFLOP/s where dy @ col^T
+// ran at 65-80 on the development machine (16 and 32 channels, 3x3 kernels).
 template <typename T>
-void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw, ConvAlgorithm algorithm) {
-  if (conv2d_algorithm("conv2d_backward_weight", g, algorithm) == ConvAlgorithm::Winograd) {
-    detail::winograd_backward_weight(g, x, dy, dw);
-    return;
-  }
+void weight_grad_im2col(const Conv2dShape& g, const T* x, const T* dy, T* dw, const T* weights, T* y) {
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, chw = g.c * g.h * g.w, size = g.k * crs;
   const std::int64_t group = images_per_group(g), groups = (g.n + group - 1) / group;
-  const std::int64_t blocks = std::min<std::int64_t>(groups, 2 * max_threads());
-  std::vector<T> partial(static_cast<std::size_t>(blocks * size), T(0));
-  for_each_group<T>(g, group, blocks, [&](std::int64_t block, std::int64_t first, std::int64_t last, T* col) {
+  const std::int64_t runs = std::min(groups, kWeightRuns);
+  std::vector<T> partial(static_cast<std::size_t>(runs * size), T(0));
+  for_each_group<T>(g, group, runs, [&](std::int64_t run, std::int64_t first, std::int64_t last, T* col) {
     const std::int64_t cols = (last - first) * pq;
+    for (std::int64_t i = first; i < last; ++i) im2col(g, x + i * chw, col + (i - first) * pq, cols);
+    if (y) {
+      T* out = group == 1 ? y + first * g.k * pq : workspace<T, 3>(g.k * cols);
+      gemm_in_small_pieces<T>(Transpose::No, Transpose::No, g.k, cols, crs, T(1), weights, crs, col, cols, T(0),
+                              out, cols);
+      if (group > 1) regroup<false>(g, first, last, out, y);
+    }
     const T* grad = dy + first * g.k * pq;
     if (group > 1) {
       T* grouped = workspace<T, 1>(g.k * cols);
       regroup<true>(g, first, last, dy, grouped);
       grad = grouped;
     }
-    for (std::int64_t i = first; i < last; ++i) im2col(g, x + i * chw, col + (i - first) * pq, cols);
     gemm<T>(Transpose::No, Transpose::Yes, crs, g.k, cols, T(1), col, cols, grad, cols, T(1),
-            partial.data() + block * size, g.k);
+            partial.data() + run * size, g.k);
   });
-  if (blocks == 0) {  // no images
+  if (runs == 0) {  // no images
     std::fill(dw, dw + size, T(0));
     return;
   }
-  for (std::int64_t block = 1; block < blocks; ++block) {
-    const T* part = partial.data() + block * size;
+  for (std::int64_t run = 1; run < runs; ++run) {
+    const T* part = partial.data() + run * size;
     for (std::int64_t e = 0; e < size; ++e) partial[e] += part[e];
   }
   for (std::int64_t kk = 0; kk < g.k; ++kk) {
@@ -455,10 +466,35 @@ void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw
   }
 }
 
+}  // namespace
+
+template <typename T>
+void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw, ConvAlgorithm algorithm) {
+  if (conv2d_algorithm("conv2d_backward_weight", g, algorithm) == ConvAlgorithm::Winograd) {
+    detail::winograd_backward_weight(g, x, dy, dw);
+    return;
+  }
+  weight_grad_im2col<T>(g, x, dy, dw, nullptr, nullptr);
+}
+
+// One im2col of x for both passes (im2col); Winograd transforms x for each.
+template <typename T>
+void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* weights, const T* dy, T* y, T* dw,
+                                    ConvAlgorithm algorithm) {
+  if (conv2d_algorithm("conv2d_forward_backward_weight", g, algorithm) == ConvAlgorithm::Winograd) {
+    detail::winograd_backward_weight(g, x, dy, dw);
+    if (y) detail::winograd_forward<T>(g, x, weights, nullptr, false, y);
+    return;
+  }
+  weight_grad_im2col<T>(g, x, dy, dw, weights, y);
+}
+
 #define SPARKGRAD_CONV2D(T)                                                                            \
   template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
   template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);          \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);          \
+  template void conv2d_forward_backward_weight<T>(const Conv2dShape&, const T*, const T*, const T*, T*, T*,    \
+                                                  ConvAlgorithm);
 SPARKGRAD_CONV2D(float)
 SPARKGRAD_CONV2D(double)
 
