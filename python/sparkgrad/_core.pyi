@@ -229,9 +229,11 @@ def conv2d_backward_input(
     pad_top: typing.SupportsInt | typing.SupportsIndex,
     pad_left: typing.SupportsInt | typing.SupportsIndex,
     algorithm: str = "auto",
+    b: typing.Any = None,
+    activation: str = "identity",
 ) -> None:
     """
-    dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).
+    dx (N, C, H, W) = activation(conv-input-gradient(dy (N, K, P, Q), w (K, C, R, S)) + b (C)): a transposed convolution's forward. activation: identity or relu (fused).
     """
 
 def conv2d_backward_weight(

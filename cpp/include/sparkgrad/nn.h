@@ -77,9 +77,10 @@ ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorit
 template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
                     ConvAlgorithm algorithm = ConvAlgorithm::Auto);
-// dy: (n, k, p, q) -> dx: (n, c, h, w).
+// dy: (n, k, p, q) -> dx: (n, c, h, w); b: (c) or null. relu: dx = max(dx + b, 0), fused into the pass
+// that writes dx (the epilogue of a transposed convolution's forward, which this is).
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu = false,
                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c, r, s).
 template <typename T>
@@ -330,7 +331,7 @@ template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
                     ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu = false,
                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
 void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw,

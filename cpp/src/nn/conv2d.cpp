@@ -372,10 +372,11 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
   });
 }
 
-// dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w). Strided: per group, col = weights^T @
-// dy_group, col2im per image.
+// dy: (n, k, p, q), weights: (k, c*r*s), b: (c) or null -> dx: (n, c, h, w) + b, then relu. Strided: per
+// group, col = weights^T @ dy_group, col2im per image, the bias and relu while the image is hot.
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx, ConvAlgorithm algorithm) {
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu,
+                           ConvAlgorithm algorithm) {
   const ConvAlgorithm chosen = conv2d_algorithm("conv2d_backward_input", g, algorithm);
   if (chosen == ConvAlgorithm::Winograd ||
       (g.stride_h == 1 && g.stride_w == 1 && g.pad_top < g.r && g.pad_left < g.s && g.k <= g.c)) {
@@ -397,7 +398,7 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
     }
     const Conv2dShape full{g.n, g.k, g.p, g.q, g.c, g.r, g.s, g.h, g.w, 1, 1, g.r - 1 - g.pad_top,
                            g.s - 1 - g.pad_left};
-    conv2d_forward<T>(full, dy, flipped.data(), nullptr, dx, false, chosen);
+    conv2d_forward<T>(full, dy, flipped.data(), b, dx, relu, chosen);
     return;
   }
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, chw = g.c * g.h * g.w;
@@ -412,7 +413,12 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
     }
     gemm_in_small_pieces<T>(Transpose::Yes, Transpose::No, crs, cols, g.k, T(1), weights, crs, grad, cols, T(0),
                             col, cols);
-    for (std::int64_t i = first; i < last; ++i) col2im(g, col + (i - first) * pq, cols, dx + i * chw);
+    for (std::int64_t i = first; i < last; ++i) {
+      T* image = dx + i * chw;
+      col2im(g, col + (i - first) * pq, cols, image);
+      if (b) bias_add(image, b, 1, g.c, g.h * g.w);
+      if (relu) clamp_at_zero(image, chw);
+    }
   });
 }
 
@@ -491,7 +497,7 @@ void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* w
 
 #define SPARKGRAD_CONV2D(T)                                                                            \
   template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
-  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);          \
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
   template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);          \
   template void conv2d_forward_backward_weight<T>(const Conv2dShape&, const T*, const T*, const T*, T*, T*,    \
                                                   ConvAlgorithm);

@@ -208,10 +208,17 @@ class DeconvolutionRuntime(LayerRuntime):
 
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
-        self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
-        self.k.conv2d_backward_input(self.x, self._weights(), self.z, *self.geometry)
-        if self.conf.has_bias:
-            self.k.bias_add(self.z, self.params[L.BIAS])
+        shape = (x.shape[0], self.conf.n_out, self.p, self.q)
+        bias = self.params[L.BIAS] if self.conf.has_bias else None
+        if self.activation in _FUSED_CONV_ACTIVATIONS:
+            # as in ConvolutionRuntime: the bias and activation are applied as the kernel writes y
+            self.z = self.y = self.buf("y", shape)
+            self.k.conv2d_backward_input(
+                self.x, self._weights(), self.y, *self.geometry, b=bias, activation=self.activation.value
+            )
+            return self.y
+        self.z = self.buf("z", shape)
+        self.k.conv2d_backward_input(self.x, self._weights(), self.z, *self.geometry, b=bias)
         self.y = self._activate(self.z)
         return self.y
 
