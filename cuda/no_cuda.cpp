@@ -94,8 +94,11 @@ SPARKGRAD_NO_CUDA_KERNEL(loss_score, const LossSpec&, const T*, const T*, const 
 SPARKGRAD_NO_CUDA_KERNEL(loss_gradient, const LossSpec&, const T*, const T*, const T*, MaskLayout, T*, std::int64_t,
                          std::int64_t)
 SPARKGRAD_NO_CUDA_KERNEL(conv2d_forward, const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm)
-SPARKGRAD_NO_CUDA_KERNEL(conv2d_backward_input, const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm)
+SPARKGRAD_NO_CUDA_KERNEL(conv2d_backward_input, const Conv2dShape&, const T*, const T*, const T*, T*, bool,
+                         ConvAlgorithm)
 SPARKGRAD_NO_CUDA_KERNEL(conv2d_backward_weight, const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm)
+SPARKGRAD_NO_CUDA_KERNEL(conv2d_forward_backward_weight, const Conv2dShape&, const T*, const T*, const T*, T*, T*,
+                         ConvAlgorithm)
 SPARKGRAD_NO_CUDA_KERNEL(pool2d_forward, PoolKind, const Pool2dShape&, const T*, T*, std::int64_t*)
 SPARKGRAD_NO_CUDA_KERNEL(pool2d_backward, PoolKind, const Pool2dShape&, const T*, T*, const std::int64_t*)
 SPARKGRAD_NO_CUDA_KERNEL(global_pool_forward, PoolKind, const T*, T*, std::int64_t*, std::int64_t, std::int64_t)

@@ -164,8 +164,8 @@ void bench_conv(Device device, std::vector<Line>& out, const std::string& name, 
           else nn::conv2d_forward<float>(g, x.get(), w.get(), b.get(), y.get(), false, a);
         },
         [&] {
-          if (gpu) nn::cuda::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get());
-          else nn::conv2d_backward_input<float>(g, dy.get(), w.get(), dx.get(), a);
+          if (gpu) nn::cuda::conv2d_backward_input<float>(g, dy.get(), w.get(), nullptr, dx.get());
+          else nn::conv2d_backward_input<float>(g, dy.get(), w.get(), nullptr, dx.get(), false, a);
         },
         [&] {
           if (gpu) nn::cuda::conv2d_backward_weight<float>(g, x.get(), dy.get(), dw.get());

@@ -323,9 +323,10 @@ void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T*
   run_pass<T>(op, 0, g, algorithm, with_cudnn, with_own_kernels);
 }
 
-// dy: (n, k, p, q), weights: (k, c*r*s) -> dx: (n, c, h, w).
+// dy: (n, k, p, q), weights: (k, c*r*s), b: (c) or null -> dx: (n, c, h, w) + b, then relu.
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx, ConvAlgorithm algorithm) {
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu,
+                           ConvAlgorithm algorithm) {
   const char* op = "conv2d_backward_input";
   const std::int64_t crs = g.c * g.r * g.s, pq = g.p * g.q, image = g.c * g.h * g.w;
   if (g.n * image == 0) return;
@@ -339,6 +340,13 @@ void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, 
     });
   };
   run_pass<T>(op, 1, g, algorithm, [&] { return cudnn::backward_input(g, dy, weights, dx); }, with_own_kernels);
+  if (b != nullptr || relu) {
+    const std::int64_t total = g.n * image;
+    bias_relu_kernel<T><<<blocks_for(total), kThreads, 0, gpu::current_stream()>>>(
+        dx, b, relu, static_cast<std::int32_t>(g.c), static_cast<std::int32_t>(g.h * g.w),
+        static_cast<std::int32_t>(total));
+    check_kernels(op);
+  }
 }
 
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c*r*s) = dy' col^T over all images, dy' = dy as (k, n*p*q).
@@ -364,10 +372,21 @@ void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw
   run_pass<T>(op, 2, g, algorithm, [&] { return cudnn::backward_weight(g, x, dy, dw); }, with_own_kernels);
 }
 
+// The GPU's passes run back to back (each im2col is a kernel launch, not a pass over host memory): the
+// CPU twin shares one im2col between them.
+template <typename T>
+void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* weights, const T* dy, T* y, T* dw,
+                                    ConvAlgorithm algorithm) {
+  cuda::conv2d_backward_weight<T>(g, x, dy, dw, algorithm);  // qualified: ADL on Conv2dShape finds the CPU's too
+  if (y != nullptr) cuda::conv2d_forward<T>(g, x, weights, nullptr, y, false, algorithm);
+}
+
 #define SPARKGRAD_CONV2D(T)                                                                            \
   template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
-  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);        \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, const T*, T*, bool, ConvAlgorithm); \
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, ConvAlgorithm);        \
+  template void conv2d_forward_backward_weight<T>(const Conv2dShape&, const T*, const T*, const T*, T*, T*,  \
+                                                  ConvAlgorithm);
 SPARKGRAD_CONV2D(float)
 SPARKGRAD_CONV2D(double)
 

@@ -474,20 +474,23 @@ void conv2d_forward(py::handle x_in, py::handle w_in, py::handle b_in, py::handl
 
 void conv2d_backward_input(py::handle dy_in, py::handle w_in, py::handle dx_in, std::int64_t stride_h,
                            std::int64_t stride_w, std::int64_t pad_top, std::int64_t pad_left,
-                           const std::string& algorithm) {
+                           const std::string& algorithm, py::handle b_in, const std::string& activation) {
   const char* op = "conv2d_backward_input";
+  const bool relu = fused_relu(op, activation);
   const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
-  const ArrayView dy(op, "dy", dy_in), w(op, "w", w_in), dx(op, "dx", dx_in);
-  const Place place = common_place(op, {&dy, &w, &dx});
+  const ArrayView dy(op, "dy", dy_in), w(op, "w", w_in), dx(op, "dx", dx_in), b = ArrayView::optional(op, "b", b_in);
+  const Place place = common_place(op, {&dy, &w, &dx, &b});
   dispatch_float(op, dy, [&](auto tag) {
     using T = decltype(tag);
     dy.require<T>();
     w.require<T>();
     dx.require<T>(true);
     const nn::Conv2dShape g = conv_shape(op, dx, w, dy, stride_h, stride_w, pad_top, pad_left);
+    b.require<T>();
+    b.require_shape({g.c});
     check_conv_algorithm(op, place, g, requested);
-    SPARKGRAD_RUN_TWIN(place, nn, conv2d_backward_input<T>, g, dy.data<T>(), w.data<T>(), dx.mutable_data<T>(),
-                       requested);
+    SPARKGRAD_RUN_TWIN(place, nn, conv2d_backward_input<T>, g, dy.data<T>(), w.data<T>(), b.data<T>(),
+                       dx.mutable_data<T>(), relu, requested);
   });
 }
 
@@ -507,6 +510,31 @@ void conv2d_backward_weight(py::handle x_in, py::handle dy_in, py::handle dw_in,
     check_conv_algorithm(op, place, g, requested);
     SPARKGRAD_RUN_TWIN(place, nn, conv2d_backward_weight<T>, g, x.data<T>(), dy.data<T>(), dw.mutable_data<T>(),
                        requested);
+  });
+}
+
+// Optional y: dw only. The weights' shape gives (K, C, R, S) as for conv2d_backward_weight's dw.
+void conv2d_forward_backward_weight(py::handle x_in, py::handle w_in, py::handle dy_in, py::handle y_in,
+                                    py::handle dw_in, std::int64_t stride_h, std::int64_t stride_w,
+                                    std::int64_t pad_top, std::int64_t pad_left, const std::string& algorithm) {
+  const char* op = "conv2d_forward_backward_weight";
+  const nn::ConvAlgorithm requested = nn::parse_conv_algorithm(op, algorithm);
+  const ArrayView x(op, "x", x_in), w(op, "w", w_in), dy(op, "dy", dy_in), dw(op, "dw", dw_in),
+      y = ArrayView::optional(op, "y", y_in);
+  const Place place = common_place(op, {&x, &w, &dy, &dw, &y});
+  dispatch_float(op, x, [&](auto tag) {
+    using T = decltype(tag);
+    x.require<T>();
+    w.require<T>();
+    dy.require<T>();
+    dw.require<T>(true);
+    y.require<T>(true);
+    const nn::Conv2dShape g = conv_shape(op, x, w, dy, stride_h, stride_w, pad_top, pad_left);
+    dw.require_shape(w.shape());
+    y.require_shape(dy.shape());
+    check_conv_algorithm(op, place, g, requested);
+    SPARKGRAD_RUN_TWIN(place, nn, conv2d_forward_backward_weight<T>, g, x.data<T>(), w.data<T>(), dy.data<T>(),
+                       y.mutable_data<T>(), dw.mutable_data<T>(), requested);
   });
 }
 
@@ -1151,11 +1179,18 @@ void init_nn(py::module_& m) {
         "padding <= 2) or cudnn (GPU).");
   m.def("conv2d_backward_input", &conv2d_backward_input, py::arg("dy"), py::arg("w"), py::arg("dx"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
-        py::arg("algorithm") = "auto", "dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).");
+        py::arg("algorithm") = "auto", py::arg("b") = py::none(), py::arg("activation") = "identity",
+        "dx (N, C, H, W) = activation(conv-input-gradient(dy (N, K, P, Q), w (K, C, R, S)) + b (C)): a transposed "
+        "convolution's forward. activation: identity or relu (fused).");
   m.def("conv2d_backward_weight", &conv2d_backward_weight, py::arg("x"), py::arg("dy"), py::arg("dw"),
         py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
         py::arg("algorithm") = "auto",
         "dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.");
+  m.def("conv2d_forward_backward_weight", &conv2d_forward_backward_weight, py::arg("x"), py::arg("w"), py::arg("dy"),
+        py::arg("y"), py::arg("dw"), py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_top"), py::arg("pad_left"),
+        py::arg("algorithm") = "auto",
+        "conv2d_forward(x, w, None, y) (y may be None: skipped) and conv2d_backward_weight(x, dy, dw) from one im2col "
+        "of x: a transposed convolution's backward (its dL/dx and dL/dW). The same results as the two calls.");
   m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("w"), py::arg("rw"), py::arg("b"), py::arg("hs"),
         py::arg("cs"), py::arg("gates"), py::arg("act_c"), py::arg("mask") = py::none(), py::arg("h0") = py::none(),
         py::arg("c0") = py::none(), py::arg("activation") = "tanh", py::arg("gate_activation") = "sigmoid",

@@ -232,9 +232,11 @@ def conv2d_backward_input(
     pad_top: typing.SupportsInt | typing.SupportsIndex,
     pad_left: typing.SupportsInt | typing.SupportsIndex,
     algorithm: str = "auto",
+    b: typing.Any = None,
+    activation: str = "identity",
 ) -> None:
     """
-    dx (N, C, H, W) from dy (N, K, P, Q) and w (K, C, R, S).
+    dx (N, C, H, W) = activation(conv-input-gradient(dy (N, K, P, Q), w (K, C, R, S)) + b (C)): a transposed convolution's forward. activation: identity or relu (fused).
     """
 
 def conv2d_backward_weight(
@@ -249,6 +251,22 @@ def conv2d_backward_weight(
 ) -> None:
     """
     dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.
+    """
+
+def conv2d_forward_backward_weight(
+    x: typing.Any,
+    w: typing.Any,
+    dy: typing.Any,
+    y: typing.Any,
+    dw: typing.Any,
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+    algorithm: str = "auto",
+) -> None:
+    """
+    conv2d_forward(x, w, None, y) (y may be None: skipped) and conv2d_backward_weight(x, dy, dw) from one im2col of x: a transposed convolution's backward (its dL/dx and dL/dW). The same results as the two calls.
     """
 
 def conv2d_forward(

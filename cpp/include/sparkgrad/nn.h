@@ -83,14 +83,22 @@ ConvAlgorithm conv2d_algorithm(const char* op, const Conv2dShape& g, ConvAlgorit
 template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
                     ConvAlgorithm algorithm = ConvAlgorithm::Auto);
-// dy: (n, k, p, q) -> dx: (n, c, h, w).
+// dy: (n, k, p, q) -> dx: (n, c, h, w); b: (c) or null. relu: dx = max(dx + b, 0), fused into the pass
+// that writes dx (the epilogue of a transposed convolution's forward, which this is).
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu = false,
                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 // x: (n, c, h, w), dy: (n, k, p, q) -> dw: (k, c, r, s).
 template <typename T>
 void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw,
                             ConvAlgorithm algorithm = ConvAlgorithm::Auto);
+// Both conv2d_forward (no bias, no relu; y may be null: dw only) and conv2d_backward_weight from one im2col of
+// x: a transposed convolution's (Deconvolution2D's) backward, whose dL/dx and dL/dW both read dL/dy as x.
+// x: (n, c, h, w), weights: (k, c, r, s), dy: (n, k, p, q) -> y: (n, k, p, q), dw: (k, c, r, s); the same
+// results as the two calls.
+template <typename T>
+void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* weights, const T* dy, T* y, T* dw,
+                                    ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 
 // ---- pooling (cpp/src/nn/pool2d.cpp) --------------------------------------------------------------
 enum class PoolKind : std::uint8_t { Max, Avg, Sum };
@@ -331,11 +339,14 @@ template <typename T>
 void conv2d_forward(const Conv2dShape& g, const T* x, const T* weights, const T* b, T* y, bool relu = false,
                     ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
-void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, T* dx,
+void conv2d_backward_input(const Conv2dShape& g, const T* dy, const T* weights, const T* b, T* dx, bool relu = false,
                            ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 template <typename T>
 void conv2d_backward_weight(const Conv2dShape& g, const T* x, const T* dy, T* dw,
                             ConvAlgorithm algorithm = ConvAlgorithm::Auto);
+template <typename T>
+void conv2d_forward_backward_weight(const Conv2dShape& g, const T* x, const T* weights, const T* dy, T* y, T* dw,
+                                    ConvAlgorithm algorithm = ConvAlgorithm::Auto);
 
 template <typename T>
 void pool2d_forward(PoolKind kind, const Pool2dShape& g, const T* x, T* y, std::int64_t* argmax);

@@ -177,12 +177,13 @@ class ConvolutionRuntime(LayerRuntime):
 
 
 class DeconvolutionRuntime(LayerRuntime):
-    """Deconvolution2D over NCHW input, through the convolution's three kernels with the roles swapped.
-    The layer's weights (n_in, n_out, kh, kw) are a convolution's (K, C, R, S) for a convolution from the
+    """Deconvolution2D over NCHW input, through the convolution's kernels with the roles swapped. The
+    layer's weights (n_in, n_out, kh, kw) are a convolution's (K, C, R, S) for a convolution from the
     deconvolution's output (C = n_out channels) to its input (K = n_in): the forward is that
     convolution's input gradient, dL/dx its forward and dL/dW its weight gradient with dL/dy as its input
-    and x as its output gradient. A dilation above 1 runs the kernels with the weights spread out into a
-    zero kernel of size (kh - 1) dh + 1 by (kw - 1) dw + 1; the weight gradient is read back at the taps."""
+    and x as its output gradient (both from one im2col of dL/dy: conv2d_forward_backward_weight). A
+    dilation above 1 runs the kernels with the weights spread out into a zero kernel of size (kh - 1) dh +
+    1 by (kw - 1) dw + 1; the weight gradient is read back at the taps."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -207,10 +208,17 @@ class DeconvolutionRuntime(LayerRuntime):
 
     def forward(self, x: np.ndarray, train: bool, seed: int) -> np.ndarray:
         self.x = self._input_dropout(x, train, seed)
-        self.z = self.buf("z", (x.shape[0], self.conf.n_out, self.p, self.q))
-        self.k.conv2d_backward_input(self.x, self._weights(), self.z, *self.geometry)
-        if self.conf.has_bias:
-            self.k.bias_add(self.z, self.params[L.BIAS])
+        shape = (x.shape[0], self.conf.n_out, self.p, self.q)
+        bias = self.params[L.BIAS] if self.conf.has_bias else None
+        if self.activation in _FUSED_CONV_ACTIVATIONS:
+            # as in ConvolutionRuntime: the bias and activation are applied as the kernel writes y
+            self.z = self.y = self.buf("y", shape)
+            self.k.conv2d_backward_input(
+                self.x, self._weights(), self.y, *self.geometry, b=bias, activation=self.activation.value
+            )
+            return self.y
+        self.z = self.buf("z", shape)
+        self.k.conv2d_backward_input(self.x, self._weights(), self.z, *self.geometry, b=bias)
         self.y = self._activate(self.z)
         return self.y
 
@@ -218,16 +226,14 @@ class DeconvolutionRuntime(LayerRuntime):
         dz = self._activation_backward(self.z, self.y, dy)
         w = self._weights()
         dw = self.buf("dw_dilated", w.shape) if self.dilated else self.grads[L.WEIGHT]
-        self.k.conv2d_backward_weight(dz, self.x, dw, *self.geometry)
+        dx = self.buf("dx", self.x.shape) if need_dx else None
+        # dL/dW and dL/dx from one im2col of dL/dy
+        self.k.conv2d_forward_backward_weight(dz, w, self.x, dx, dw, *self.geometry)
         if self.dilated:
             self.grads[L.WEIGHT][...] = self._taps(dw)
         if self.conf.has_bias:
             self.k.bias_grad(dz, self.grads[L.BIAS])
-        if not need_dx:
-            return None
-        dx = self.buf("dx", self.x.shape)
-        self.k.conv2d_forward(dz, w, None, dx, *self.geometry)
-        return self._input_dropout_backward(dx)
+        return None if dx is None else self._input_dropout_backward(dx)
 
 
 class SubsamplingRuntime(LayerRuntime):
