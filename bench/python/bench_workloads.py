@@ -17,9 +17,12 @@ Prints per workload: parameters, epochs, fit wall time, held-out accuracy, the w
 minibatch (SharedTrainingMaster's counters: the update frames, and everything they sent, which adds the
 syncs, the loss reports and the updater state the workers average at the fit's end) and, for
 comparison, what a ring all-reduce of the dense gradient (DDP) sends per worker and step for the same
-model, 2 (W - 1) / W x 4 bytes x parameters, with the ratios. The time per minibatch is the fit's wall
-time over the minibatches per worker (Spark's job start included); for ``ctr`` its ratio to the first
-``--vocab``'s says whether the step's cost depends on the table's size.
+model, 2 (W - 1) / W x 4 bytes x parameters, with the ratios. Two times per minibatch: the fit's wall
+time over the minibatches per worker (Spark's job start, the model's transfer to the tasks and back and
+the first epoch's warm-up included), and the steady step: from the end of the first epoch to the end of
+the last over the minibatches per worker in those epochs (needs ``--epochs`` >= 2). For ``ctr`` their
+ratios to the first ``--vocab``'s say whether the step's cost depends on the table's size (the steady
+one) and what the fit's fixed costs for a larger model add (the other).
 
     PYTHONPATH=python python bench/python/bench_workloads.py [--workload ctr,text,conv1d] \
         [--vocab 1000,1000000] [--rows 20000] [--epochs 3] [--seed 0] [--master local[2]]
@@ -155,9 +158,12 @@ def run(
         batch_size_per_worker=64, rng_seed=seed + 1, progress=False, transport=transport
     )
     kind = SparkComputationGraph if isinstance(conf, ComputationGraphConfiguration) else SparkMultiLayer
+    epoch_ends: list[float] = []
     with kind(spark, conf, master) as model:
         start = time.perf_counter()
-        model.fit(train, epochs=epochs)
+        model.fit(
+            train, epochs=epochs, epoch_callback=lambda epoch, net: epoch_ends.append(time.perf_counter())
+        )
         wall = time.perf_counter() - start
         accuracy = model.evaluate(test).accuracy()
         params = model.network.num_params()
@@ -166,10 +172,14 @@ def run(
     sent = traffic["worker_bytes_sent"] / steps
     updates = traffic["worker_update_bytes_sent"] / steps
     ddp = 2 * (workers - 1) / workers * 4 * params
+    # the epochs after the first, end to end: each worker's steps without the fit's fixed costs (the job's
+    # start, the model's transfer to the tasks and back, the first epoch's warm-up and state report)
+    steady = epoch_ends[-1] - epoch_ends[0] if len(epoch_ends) > 1 else float("nan")
     return {
         "params": params,
         "wall_s": wall,
         "ms_per_step": 1000 * wall / (steps / workers),
+        "steady_ms_per_step": 1000 * steady / (steps / workers * (len(epoch_ends) - 1) / len(epoch_ends)),
         "accuracy": accuracy,
         "bytes_per_step": sent,
         "update_bytes_per_step": updates,
@@ -230,12 +240,14 @@ def main() -> None:
             )
             for label, conf, rows, labels in fits
         ]
-        base = results[0][1]["ms_per_step"]
+        base, steady_base = results[0][1]["ms_per_step"], results[0][1]["steady_ms_per_step"]
         for label, r in results:
             ddp, updates, sent = r["ddp_bytes_per_step"], r["update_bytes_per_step"], r["bytes_per_step"]
+            steady = r["steady_ms_per_step"]
             print(
                 f"{label:>22}: params {r['params']:>10,}  {args.epochs} epochs {r['wall_s']:7.1f} s  "
                 f"{r['ms_per_step']:7.2f} ms/step (x{r['ms_per_step'] / base:.2f})  "
+                f"steady {steady:6.2f} ms/step (x{steady / steady_base:.2f})  "
                 f"accuracy {r['accuracy']:.4f}  updates {updates:>9,.0f} B/step (all sent {sent:>10,.0f})  "
                 f"DDP {ddp:>12,.0f} B/step  (DDP / updates x{ddp / max(updates, 1):,.0f}, "
                 f"DDP / all sent x{ddp / max(sent, 1):,.0f})",

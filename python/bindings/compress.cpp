@@ -259,18 +259,28 @@ void init_compress(py::module_& m) {
       py::arg("residual"), py::arg("update"), "residual += update.");
   m.def(
       "clip",
-      [](const py::handle& residual, double limit) {
+      [](const py::handle& residual, double limit, const py::object& bounds) {
         const char* op = "clip";
         if (!(limit >= 0)) throw_invalid(op, "limit must be >= 0, got ", limit);
         with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
           using T = decltype(tag);
           auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
           T* pr = r.mutable_data();
+          const std::int64_t n = r.shape(0);
+          if (bounds.is_none()) {
+            py::gil_scoped_release release;
+            clip(pr, n, static_cast<T>(limit));
+            return;
+          }
+          auto bd = checked_bounds<T>(op, bounds, n);
+          T* pb = bd.mutable_data();
           py::gil_scoped_release release;
-          clip(pr, r.shape(0), static_cast<T>(limit));
+          clip_bounded(pr, n, static_cast<T>(limit), pb);
         });
       },
-      py::arg("residual"), py::arg("limit"), "residual = clip(residual, -limit, limit).");
+      py::arg("residual"), py::arg("limit"), py::arg("bounds") = py::none(),
+      "residual = clip(residual, -limit, limit). With `bounds` (residual_bounds, holding) only the blocks "
+      "whose bound reaches the limit are read, and their bounds become the limit.");
 
   // CUDA: raw device pointers; dtype is a numpy dtype. Shapes are checked by sparkgrad.compress.
   m.def(

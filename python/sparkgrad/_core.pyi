@@ -32,6 +32,7 @@ __all__: list[str] = [
     "conv2d_backward_input",
     "conv2d_backward_weight",
     "conv2d_forward",
+    "conv2d_forward_backward_weight",
     "cuda_accumulate",
     "cuda_available",
     "cuda_bitmap_encode",
@@ -218,9 +219,11 @@ def blas_info() -> str:
     OpenBLAS configuration string.
     """
 
-def clip(residual: typing.Any, limit: typing.SupportsFloat | typing.SupportsIndex) -> None:
+def clip(
+    residual: typing.Any, limit: typing.SupportsFloat | typing.SupportsIndex, bounds: typing.Any = None
+) -> None:
     """
-    residual = clip(residual, -limit, limit).
+    residual = clip(residual, -limit, limit). With `bounds` (residual_bounds, holding) only the blocks whose bound reaches the limit are read, and their bounds become the limit.
     """
 
 def conv2d_backward_input(
@@ -253,22 +256,6 @@ def conv2d_backward_weight(
     dw (K, C, R, S) from x (N, C, H, W) and dy (N, K, P, Q), summed over the batch.
     """
 
-def conv2d_forward_backward_weight(
-    x: typing.Any,
-    w: typing.Any,
-    dy: typing.Any,
-    y: typing.Any,
-    dw: typing.Any,
-    stride_h: typing.SupportsInt | typing.SupportsIndex,
-    stride_w: typing.SupportsInt | typing.SupportsIndex,
-    pad_top: typing.SupportsInt | typing.SupportsIndex,
-    pad_left: typing.SupportsInt | typing.SupportsIndex,
-    algorithm: str = "auto",
-) -> None:
-    """
-    conv2d_forward(x, w, None, y) (y may be None: skipped) and conv2d_backward_weight(x, dy, dw) from one im2col of x: a transposed convolution's backward (its dL/dx and dL/dW). The same results as the two calls.
-    """
-
 def conv2d_forward(
     x: typing.Any,
     w: typing.Any,
@@ -283,6 +270,22 @@ def conv2d_forward(
 ) -> None:
     """
     y (N, K, P, Q) = activation(conv(x (N, C, H, W), w (K, C, R, S)) + b); padding reads zeros. activation: identity or relu (fused). algorithm: auto (per shape and device), im2col, winograd (CPU; 3x3, stride 1, padding <= 2) or cudnn (GPU).
+    """
+
+def conv2d_forward_backward_weight(
+    x: typing.Any,
+    w: typing.Any,
+    dy: typing.Any,
+    y: typing.Any,
+    dw: typing.Any,
+    stride_h: typing.SupportsInt | typing.SupportsIndex,
+    stride_w: typing.SupportsInt | typing.SupportsIndex,
+    pad_top: typing.SupportsInt | typing.SupportsIndex,
+    pad_left: typing.SupportsInt | typing.SupportsIndex,
+    algorithm: str = "auto",
+) -> None:
+    """
+    conv2d_forward(x, w, None, y) (y may be None: skipped) and conv2d_backward_weight(x, dy, dw) from one im2col of x: a transposed convolution's backward (its dL/dx and dL/dW). The same results as the two calls.
     """
 
 def cuda_accumulate(

@@ -157,8 +157,10 @@ struct SparsePlan {
   std::int64_t chunk = 0;         // elements per chunk
   std::vector<std::int64_t> offsets;  // chunks + 1 exclusive prefix sums of per-chunk counts
   // Qualifying indices of chunk c, ascending: offsets[c+1] - offsets[c] of them at a fixed per-chunk
-  // stride (private to threshold.cpp), recorded by the counting pass for the writing pass.
+  // stride (private to threshold.cpp), or packed at indices[offsets[c]], recorded by the counting pass
+  // for the writing pass.
   std::unique_ptr<std::int32_t[]> indices;
+  bool packed = false;
 };
 
 // Pass 1: counts |x[i]| >= threshold per chunk. x: (n,). boundary < 0 means unlimited.
@@ -278,6 +280,12 @@ void accumulate(T* residual, const T* update, std::int64_t n);
 // residual: (n,) clipped to [-limit, limit] (limit >= 0).
 template <typename T>
 void clip(T* residual, std::int64_t n, T limit);
+
+// clip reading only the blocks whose bound reaches the limit (bounds: (bound_blocks(n),) that hold, see
+// threshold_plan_bounded): the same residual, since no other block has an element beyond the limit; the
+// bounds of the blocks it clipped become the limit, so they still hold.
+template <typename T>
+void clip_bounded(T* residual, std::int64_t n, T limit, T* bounds);
 
 // ---- CUDA twins (cuda/compress/*.cu; cuda/no_cuda.cpp throws when built without CUDA) -----------
 // All pointers are device pointers; sizes and semantics as the CPU functions above. Arguments are

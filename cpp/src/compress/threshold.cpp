@@ -115,32 +115,85 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
 // bounds of its blocks.
 static_assert(kChunk % kBoundBlock == 0);
 
+namespace {
+
+// Calls read(b) for each block b of chunk c whose bound reaches the threshold (bit pattern tb), ascending.
+template <typename T, typename Read>
+void for_each_bounded_block(std::int64_t n, std::int64_t c, const T* bounds, typename FloatBits<T>::U tb,
+                            Read read) {
+  const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
+  std::int64_t b = c * (kChunk / kBoundBlock);
+  // the bounds 16 at a time (most masks are empty)
+  for (; b + 16 <= last; b += 16) {
+    for (std::uint32_t mask = detail::qualify_mask16(bounds + b, tb); mask != 0; mask &= mask - 1) {
+      read(b + __builtin_ctz(mask));
+    }
+  }
+  for (; b < last; ++b) {
+    if (detail::qualifies(bounds[b], tb)) read(b);
+  }
+}
+
+// The record of the qualifying elements of block b: a block's worth plus the lanes record_range may write
+// past its last entry.
+struct BlockRecord {
+  std::int32_t at[kBoundBlock + 8];
+  std::int64_t count;
+};
+
+template <typename T>
+BlockRecord record_block(const T* x, std::int64_t n, std::int64_t b, typename FloatBits<T>::U tb) {
+  BlockRecord r;
+  const std::int64_t begin = b * kBoundBlock;
+  r.count = record_range(x, begin, std::min(n, begin + kBoundBlock), tb, r.at);
+  return r;
+}
+
+}  // namespace
+
+// Two passes over the qualifying blocks only, so that the record area is allocated for the entries found
+// rather than a stride per chunk: a step that touched a few rows of a large table would otherwise fault in
+// a fresh page of that area for every chunk holding an entry, which cost more than the count itself.
 template <typename T>
 SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, std::int64_t boundary,
                                   T* bounds) {
-  return plan_chunks<T>(n, threshold, boundary, [&](std::int64_t c, auto tb, std::int32_t* rec) {
-    std::int64_t recorded = 0;
-    const auto read_block = [&](std::int64_t b) {
-      const std::int64_t begin = b * kBoundBlock, end = std::min(n, begin + kBoundBlock);
-      const std::int64_t found = record_range(x, begin, end, tb, rec + recorded);
+  check_encode_args("threshold_encode", n, threshold);
+  SparsePlan plan;
+  plan.n = n;
+  plan.threshold = static_cast<float>(threshold);
+  plan.chunk = kChunk;
+  plan.packed = true;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  plan.offsets.assign(static_cast<std::size_t>(chunks) + 1, 0);
+  const auto tb = to_bits(static_cast<T>(plan.threshold));
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    std::int64_t found = 0;
+    for_each_bounded_block(n, c, bounds, tb, [&](std::int64_t b) {
+      const std::int64_t count = record_block(x, n, b, tb).count;
       // a bound left high by a post-processor's clipping (or by anything that only shrank the block) is
       // made exact, so the block is not read again until something reaches the threshold there
-      if (found == 0) bounds[b] = block_max(x, begin, end);
-      recorded += found;
-    };
-    const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
-    std::int64_t b = c * (kChunk / kBoundBlock);
-    // the bounds 16 at a time (most masks are empty), their blocks in ascending order
-    for (; b + 16 <= last; b += 16) {
-      for (std::uint32_t mask = detail::qualify_mask16(bounds + b, tb); mask != 0; mask &= mask - 1) {
-        read_block(b + __builtin_ctz(mask));
-      }
-    }
-    for (; b < last; ++b) {
-      if (detail::qualifies(bounds[b], tb)) read_block(b);
-    }
-    return recorded;
-  });
+      if (count == 0) bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
+      found += count;
+    });
+    plan.offsets[c + 1] = found;
+  }
+  for (std::int64_t c = 0; c < chunks; ++c) plan.offsets[c + 1] += plan.offsets[c];
+  plan.count = plan.offsets[chunks];
+  plan.entries = boundary < 0 ? plan.count : std::min(plan.count, boundary);
+  plan.indices.reset(new std::int32_t[static_cast<std::size_t>(plan.count)]);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    if (plan.offsets[c + 1] == plan.offsets[c]) continue;
+    std::int32_t* out = &plan.indices[plan.offsets[c]];
+    // the blocks whose elements qualified before (every other one now has its exact bound, below it)
+    for_each_bounded_block(n, c, bounds, tb, [&](std::int64_t b) {
+      const BlockRecord r = record_block(x, n, b, tb);
+      std::copy(r.at, r.at + r.count, out);
+      out += r.count;
+    });
+  }
+  return plan;
 }
 
 template <typename T>
@@ -169,6 +222,15 @@ void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, cons
   }
 }
 
+namespace {
+
+// The recorded indices of chunk c of a plan.
+const std::int32_t* chunk_records(const SparsePlan& plan, std::int64_t c) {
+  return &plan.indices[plan.packed ? plan.offsets[c] : c * kRecordStride];
+}
+
+}  // namespace
+
 template <typename T>
 void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
   const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
@@ -176,7 +238,7 @@ void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
     const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
-    const std::int32_t* rec = &plan.indices[c * kRecordStride];
+    const std::int32_t* rec = chunk_records(plan, c);
     std::int64_t previous = -1;
     for (std::int64_t k = pos; k < stop; ++k) {  // ascending within a chunk: each block once
       const std::int64_t b = rec[k - pos] / kBoundBlock;
@@ -202,7 +264,7 @@ void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out) {
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
     const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
-    const std::int32_t* rec = &plan.indices[c * kRecordStride];
+    const std::int32_t* rec = chunk_records(plan, c);
     bool changed = false;
     for (std::int64_t k = pos; k < stop; ++k) {
       const std::int32_t i = rec[k - pos];

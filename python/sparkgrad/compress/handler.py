@@ -216,10 +216,15 @@ class EncodingHandler:
             written = None if support is None else int(support.size)
             reference = self._algorithm.reference_length(self._n, written)
             self._last_sparsity = message.shape[0] / reference
+        if self._bounds_hold and type(self._post) is ResidualClippingPostProcessor:
+            # clipping only shrinks magnitudes: it reads the blocks reaching its limit, the bounds hold
+            self._post.process_residual(
+                iteration, epoch, self._last_threshold, self._residual, bounds=self._bounds
+            )
+            return message
         self._post.process_residual(iteration, epoch, self._last_threshold, self._residual)
-        # clipping only shrinks magnitudes, so the bounds still hold (the count makes a block's exact when it
-        # reads it); what another post-processor does is unknown
-        if type(self._post) not in (NoOpResidualPostProcessor, ResidualClippingPostProcessor):
+        # what another post-processor does is unknown
+        if type(self._post) is not NoOpResidualPostProcessor:
             self._bounds_hold = False
         return message
 

@@ -462,12 +462,28 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
         )
         self.frequency = check_int("frequency", self.frequency, minimum=1)
 
-    def process_residual(self, iteration: int, epoch: int, last_threshold: float, residual: Array) -> None:
+    def process_residual(
+        self,
+        iteration: int,
+        epoch: int,
+        last_threshold: float,
+        residual: Array,
+        bounds: np.ndarray | None = None,
+    ) -> None:
+        """Clips ``residual`` in place on the iterations ``frequency`` names.
+
+        Args:
+            bounds: a host residual's per-block magnitude bounds that hold (``_core.residual_bounds``,
+                kept by :class:`~sparkgrad.compress.EncodingHandler` after row-sparse steps): only the
+                blocks whose bound reaches the limit are read, the same result, and their bounds lowered
+                to the limit. A step that touched a few rows of a large table then clips in what it
+                touched instead of a pass over every parameter.
+        """
         if iteration <= 0 or iteration % self.frequency != 0:
             return
         limit = float(last_threshold) * self.threshold_multiple_clip_value
         if not is_gpu_array(residual):
-            _core.clip(residual, limit)
+            _core.clip(residual, limit, bounds)
             return
         ptr, n, dtype = _device_vector("clip", "residual", residual, writable=True)
         cuda.launch(_core.cuda_clip, ptr, n, dtype, limit)

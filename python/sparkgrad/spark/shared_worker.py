@@ -589,12 +589,14 @@ class SharedWorker:
         (True: stop), else SYNC (the job boundary is the epoch boundary). At an epoch end the job's
         ``epoch_state`` names, partition 0's worker adds its threshold state to the report and sends its
         updater state once the barrier let it go: the transfer, as large as the parameters or twice, then
-        overlaps the next epoch's training instead of holding every worker at the barrier."""
+        overlaps the next epoch's training instead of holding every worker at the barrier. So does the
+        periodic report for late or restarted workers in a barrier job (none after the fit's last epoch);
+        without a barrier it precedes the SYNC, which the next epoch's tasks join after."""
         fresh = partition == 0 and self._epoch_state_due(epoch)
         state = None
         if fresh:
             state = np.array(to_host(self.net.updater_state()), copy=True)  # the epoch end's, kept
-        else:
+        elif not self.job.barrier:
             self._report_updater_state(partition)
         report: dict[str, Any] = {"partition": partition, "minibatches": minibatches}
         if self.job.progress_interval_s > 0:
@@ -610,6 +612,8 @@ class SharedWorker:
         if state is not None and state.size:
             self.conn.send_updater_state(state, int(self.net.iteration_count))
             self._state_reported = time.monotonic()
+        elif self.job.barrier and not fresh and not stop:
+            self._report_updater_state(partition)  # no training since the epoch end: the same state
         return stop
 
     def _epoch_state_due(self, epoch: int) -> bool:

@@ -1,6 +1,7 @@
-"""A residual's per-block magnitude bounds (``_core.residual_bounds``) and the count that reads only the
-blocks reaching the threshold (``_core.encode_smaller(..., bounds)``): the same messages and residuals as
-the whole-vector count, bounds that still hold afterwards, and the handler keeping them only while they do."""
+"""A residual's per-block magnitude bounds (``_core.residual_bounds``), the count that reads only the
+blocks reaching the threshold (``_core.encode_smaller(..., bounds)``) and the clip that reads only the
+blocks reaching its limit (``_core.clip(..., bounds)``): the same messages and residuals as the
+whole-vector passes, bounds that still hold afterwards, and the handler keeping them only while they do."""
 
 from __future__ import annotations
 
@@ -79,9 +80,37 @@ def test_bounded_count_encodes_as_the_whole_vector(n, dtype, threshold, specials
     assert np.all(bounds >= after)
 
 
-def test_bounded_count_over_many_chunks_and_threads() -> None:
-    """Across the counting pass's chunks (32768 elements) and with one or two threads: the same messages as
-    the whole-vector encode, step after step, as the bounds are refreshed at each step's support."""
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["float32", "float64"]),
+    limit=st.sampled_from([0.0, 0.05, 0.5, 2.0, 50.0]),
+    specials=st.booleans(),
+    slack=st.sampled_from([0.0, 0.3, 10.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_bounded_clip_clips_as_the_whole_vector(n, dtype, limit, specials, slack, seed) -> None:
+    """With bounds that hold (exact or loose), the clipped residual is bit-identical to the whole-vector
+    clip's (NaN stays NaN, +-inf becomes +-limit); the bounds of the blocks it read become the limit, the
+    others are untouched, and all still hold."""
+    rng = np.random.default_rng(seed)
+    x = _residual(rng, n, dtype, specials)
+    whole = x.copy()
+    loose = (_bounds_reference(x) + rng.random(-(-n // BLOCK)) * slack).astype(dtype)
+    bounds = loose.copy()
+    _core.clip(x, limit, bounds)
+    _core.clip(whole, limit)
+    assert x.tobytes() == whole.tobytes()
+    read = loose >= x.dtype.type(limit)
+    assert np.all(bounds[read] == x.dtype.type(limit))
+    assert np.array_equal(bounds[~read], loose[~read])
+    assert np.all(bounds >= _bounds_reference(x))
+
+
+@pytest.mark.parametrize("op", ["count", "clip"])
+def test_bounded_passes_over_many_chunks_and_threads(op) -> None:
+    """Across the parallel units (the count's 32768-element chunks, the clip's 2048 bounds) and with one or
+    two threads: the whole-vector pass's messages and residual, step after step, as the bounds are
+    refreshed at each step's support."""
     n = 200_003
     rng = np.random.default_rng(7)
     for threads in (1, 2):
@@ -95,11 +124,17 @@ def test_bounded_count_over_many_chunks_and_threads() -> None:
                 x[support] += step
                 whole[support] += step
                 _core.residual_bounds(x, bounds, support)
-                message, _ = _core.encode_smaller(x, 0.4, bounds)
-                expected, _ = _core.encode_smaller(whole, 0.4)
-                assert message.tobytes() == expected.tobytes()
+                if op == "count":
+                    message, _ = _core.encode_smaller(x, 0.4, bounds)
+                    expected, _ = _core.encode_smaller(whole, 0.4)
+                    assert message.tobytes() == expected.tobytes()
+                else:
+                    _core.clip(x, 0.4, bounds)
+                    _core.clip(whole, 0.4)
                 assert x.tobytes() == whole.tobytes()
                 assert np.all(bounds >= _bounds_reference(x))
+            if op == "clip":
+                assert np.count_nonzero(np.abs(x) == np.float32(0.4)) > 100  # it clipped
 
 
 def test_a_bitmap_recomputes_every_bound() -> None:
@@ -139,6 +174,8 @@ def test_bad_bounds_are_named() -> None:
         _core.encode_smaller(x, 0.5, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="bounds must have dtype float32"):
         _core.residual_bounds(x, np.zeros(3, np.float64))
+    with pytest.raises(ValueError, match=expected):
+        _core.clip(x, 0.5, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match=rf"at indices must be in \[0, {n}\), got {n}"):
         _core.residual_bounds(x, np.zeros(3, np.float32), np.array([0, n], np.int64))
     frozen = np.zeros(3, np.float32)
@@ -159,8 +196,13 @@ class _Doubling(ResidualPostProcessor):
 
 @pytest.mark.parametrize(
     "post",
-    [NoOpResidualPostProcessor(), ResidualClippingPostProcessor(1.5, 2), _Doubling()],
-    ids=["noop", "clipping", "growing"],
+    [
+        NoOpResidualPostProcessor(),
+        ResidualClippingPostProcessor(1.5, 2),
+        ResidualClippingPostProcessor(1.0, 1),
+        _Doubling(),
+    ],
+    ids=["noop", "clipping", "clipping-every-step", "growing"],
 )
 def test_handler_with_support_steps_matches_whole_vector_steps(post) -> None:
     """A handler fed a row-sparse step's support (bounds refreshed there, the count reading only the
@@ -169,14 +211,19 @@ def test_handler_with_support_steps_matches_whole_vector_steps(post) -> None:
     n = 40_000
     rng = np.random.default_rng(3)
     handlers = [EncodingHandler(n, FixedThresholdAlgorithm(0.05), post, dtype="float32") for _ in range(2)]
+    limit = np.float32(0.05 * getattr(post, "threshold_multiple_clip_value", np.inf))
+    clipped = 0
     for step in range(16):
         dense = step in (5, 6, 11)
         update = np.zeros(n, np.float32)
         support = np.arange(n) if dense else np.unique(rng.integers(0, n, 400))
-        update[support] = rng.normal(0, 0.02, support.size)
+        update[support] = rng.normal(0, 0.06, support.size)
         whole = handlers[0].encode(update, step, 0)
         part = handlers[1].encode(update, step, 0, support=None if dense else support)
         assert (whole is None) == (part is None)
         if whole is not None:
             assert whole.tobytes() == part.tobytes()
         assert handlers[0].residual.tobytes() == handlers[1].residual.tobytes()
+        clipped += np.count_nonzero(np.abs(handlers[1].residual) == limit)
+    if type(post) is ResidualClippingPostProcessor:  # the clip ran where the bounds led it
+        assert clipped > 10
