@@ -268,8 +268,8 @@ def test_an_update_that_would_overflow_a_parameter_is_refused_naming_its_sender(
 def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_port: int) -> None:
     """A packed UPDATE carries a valid tag and bytes that do not unpack (a gap past the vector): refused
     as malformed naming its sender, counted, the parameters untouched; a PACKED flag on a control frame
-    is refused by the header alone. The same update packed and as raw int32 words change the parameters
-    alike."""
+    and a FINAL flag on an UPDATE are refused by the header alone. The same update packed and as raw int32
+    words change the parameters alike."""
     n, job = 64, 0x11
     message = sparse_message([3, 9, 40], [1, -1, 1], n, 0.5)
     packed = compress.pack_message(message)
@@ -296,6 +296,7 @@ def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_
             expected[[3, 9, 40]] = np.float32(2 * 0.5) * np.array([-1, 1, -1], np.float32)  # params -= update
             np.testing.assert_array_equal(ctl.params(), expected)
             conn._send(MessageType.HELLO, b"{}", flags=Flag.PACKED)
+            conn._send(MessageType.UPDATE, message.data.cast("B"), iteration=3, flags=Flag.FINAL)
             bad = bytearray(packed)
             bad[-1] = 0x7F  # the last gap now runs past element 63
             conn._send(MessageType.UPDATE, bytes(bad), iteration=3, flags=Flag.PACKED)
@@ -306,7 +307,7 @@ def test_a_packed_update_that_does_not_unpack_is_refused_naming_its_sender(free_
         finally:
             conn.close()
         np.testing.assert_array_equal(ctl.params(), expected)
-        assert ctl.updates_applied == 2 and ctl.counters.rejected_reasons == {"malformed": 2}
+        assert ctl.updates_applied == 2 and ctl.counters.rejected_reasons == {"malformed": 3}
 
 
 # -- item 7: the JSON nesting pre-scan is linear; configuration text is size-limited -----------------

@@ -63,8 +63,38 @@ def test_a_joining_worker_starts_from_the_latest_reported_updater_state(free_por
                 conn.close()
 
 
+def test_final_updater_states_are_kept_per_worker_apart_from_the_joining_state(free_port: int) -> None:
+    """A FINAL report (a task's state at its end, for the driver's mean) is kept per worker with a count of
+    that worker's FINAL reports; it is not what a joining worker starts from."""
+    start = np.zeros(STATE, np.float32)
+    with controller(np.ones(N, np.float32), 7, free_port, updater_state=start) as ctl:
+        first, second, late = _worker(free_port, 1), _worker(free_port, 2), _worker(free_port, 3)
+        try:
+            first.hello({})
+            second.hello({})
+            a, b = np.arange(STATE, dtype=np.float32), np.full(STATE, -2.5, np.float32)
+            first.send_updater_state(a, iteration=4, final=True)
+            first.send_updater_state(a * 3, iteration=6, final=True)  # its next task's
+            second.send_updater_state(b, iteration=5, final=True)
+            for conn in (first, second):
+                conn.sync(lambda h, m: None)  # ZeroMQ order: the reports are stored before the ACK
+            finals = ctl.final_updater_states()
+            assert sorted(finals) == [1, 2]
+            assert finals[1][0] == 2 and finals[2][0] == 1
+            np.testing.assert_array_equal(finals[1][1], a * 3)
+            np.testing.assert_array_equal(finals[2][1], b)
+            late.hello({})
+            assert late.updater_state is None  # joining workers: still the fit's start state
+            assert ctl.updater_state_reports == 0
+            np.testing.assert_array_equal(ctl.updater_state(), start)
+        finally:
+            for conn in (first, second, late):
+                conn.close()
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["report", "final"])
 @pytest.mark.parametrize("size, dtype", [(STATE - 1, np.float32), (STATE, np.float64), (0, np.float32)])
-def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, size, dtype) -> None:
+def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, size, dtype, final) -> None:
     start = np.full(STATE, 5.0, np.float32)
     with controller(np.ones(N, np.float32), 7, free_port, updater_state=start) as ctl:
         conn = WorkerConnection(
@@ -82,13 +112,14 @@ def test_an_updater_state_that_does_not_fit_the_job_is_rejected(free_port: int, 
         )
         try:
             conn.hello({})
-            conn.send_updater_state(np.ones(size, dtype), iteration=1)
+            conn.send_updater_state(np.ones(size, dtype), iteration=1, final=final)
             with pytest.raises(TransportError, match="updater state from worker 1 does not fit this job"):
                 conn.sync(lambda h, m: None)
         finally:
             conn.close()
         np.testing.assert_array_equal(ctl.updater_state(), start)
         assert ctl.updater_state_reports == 0
+        assert ctl.final_updater_states() == {}
         assert ctl.counters.rejected_reasons == {"malformed": 1}
 
 

@@ -484,3 +484,27 @@ def test_parameter_averaging_stats_html_and_properties(pa_fit, tmp_path) -> None
     with pytest.raises(TypeError, match="network"):
         sm.network = "not a network"
     assert sm.spark_context is not None and sm.training_master is not None
+
+
+def test_a_network_built_from_a_snapshot_owns_its_buffers() -> None:
+    """NetworkSnapshot.build copies the parameters and updater state into the new network's buffers
+    once: training it leaves the snapshot (shared by every task of a fit) as it was."""
+    from sparkgrad.spark.common import NetworkSnapshot
+
+    source = MultiLayerNetwork(mlp_conf(hidden=8)).init()
+    source.set_updater_state(np.linspace(-1, 1, source.updater_state().size, dtype=np.float32))
+    snapshot = NetworkSnapshot.of(source)
+    params, state = snapshot.params.copy(), snapshot.updater_state.copy()
+    built = snapshot.build()
+    np.testing.assert_array_equal(built.params(), params)
+    np.testing.assert_array_equal(built.updater_state(), state)
+    rng = np.random.default_rng(0)
+    built.fit(
+        DataSet(
+            rng.normal(size=(16, 64)).astype(np.float32),
+            np.eye(10, dtype=np.float32)[rng.integers(0, 10, 16)],
+        )
+    )
+    assert not np.array_equal(built.params(), params) and not np.array_equal(built.updater_state(), state)
+    np.testing.assert_array_equal(snapshot.params, params)
+    np.testing.assert_array_equal(snapshot.updater_state, state)

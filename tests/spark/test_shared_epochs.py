@@ -180,10 +180,11 @@ def test_task_slots_are_spark_s_own_count(spark) -> None:
     assert task_slots(spark.sparkContext) == 2  # local[2]: what a barrier stage is checked against
 
 
-def test_a_clean_fit_loses_no_worker_and_reports_its_updater_state(spark, small_rdd) -> None:
+def test_a_clean_fit_loses_no_worker_and_reports_its_updater_state(spark, small_rdd, caplog) -> None:
     transport = ZmqTransportConfiguration(updater_state_interval_ms=0)  # report at every epoch end
     master = _master(transport=transport)
     sm = SparkMultiLayer(spark, mlp_conf(hidden=16), master)
+    start = sm.network.updater_state().copy()
     sm.fit(small_rdd, epochs=3)
     traffic = master.last_traffic
     assert traffic["workers"] == 2 and traffic["workers_lost"] == 0
@@ -191,3 +192,10 @@ def test_a_clean_fit_loses_no_worker_and_reports_its_updater_state(spark, small_
     # the first partition's worker, once the barrier let it go at every epoch end but the fit's last
     # (no worker can join after it)
     assert traffic["updater_state_reports"] == 2
+    # each worker's state at the fit's end came over the transport (a FINAL report each, besides the two
+    # above), and the network holds their mean, not the fit's start state
+    reports = (2 + 2) * (HEADER_SIZE + start.nbytes)
+    assert traffic["worker_bytes_sent"] - traffic["worker_update_bytes_sent"] >= reports
+    assert not np.array_equal(sm.network.updater_state(), start)
+    assert np.isfinite(sm.network.updater_state()).all()
+    assert "did not reach the controller" not in caplog.text

@@ -362,6 +362,9 @@ class ControllerFit(ABC):
         template = self._job_template(
             network, data, partitions, slots, barrier, epochs, epoch_state, job_id, encrypt_store
         )
+        # gradient sharing in a barrier job: the controller here outlives the tasks, so each task's
+        # updater state comes over the transport (Spark's task results took seconds for hundreds of MB)
+        template = replace(template, final_state_report=barrier and template.averaging is None)
         run = _FitRun(
             self,
             network,
@@ -402,6 +405,8 @@ class ControllerFit(ABC):
             finally:
                 bc.destroy()  # the secret leaves the driver's block manager too, not only the executors
             run.await_state_report()
+            if template.final_state_report:
+                results = run.with_final_states(results)
         finally:
             run.close()
         run.finish(barrier)
@@ -568,6 +573,30 @@ class _FitRun:
         reports = self.master._state_reports
         if reports is not None:
             self.controller.updater_state_after(reports[1], STATE_REPORT_WAIT_S)
+
+    def with_final_states(self, results: dict[int, WorkerResult]) -> dict[int, WorkerResult]:
+        """``results`` with the updater state each worker's latest task sent the controller at its end
+        (``SharedJob.final_state_report``), waited for up to STATE_REPORT_WAIT_S; a worker whose report
+        did not come keeps None (left out of the mean), with a warning."""
+        tasks = {w: r.task_seq for w, r in results.items() if r.updater_state is None}
+        deadline = time.monotonic() + STATE_REPORT_WAIT_S
+        while True:  # every task sends one report, so the latest task's is a worker's task_seq-th
+            finals = self.controller.final_updater_states()
+            missing = [w for w, seq in tasks.items() if finals.get(w, (0,))[0] < seq]
+            if not missing or self.controller.error is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if missing:
+            log.warning(
+                "the updater state of %d worker(s) did not reach the controller: the fit's updater state "
+                "is the mean over the other %d",
+                len(missing),
+                len(results) - len(missing),
+            )
+        return {
+            w: r if w not in tasks or w in missing else replace(r, updater_state=finals[w][1])
+            for w, r in results.items()
+        }
 
     def close(self) -> None:
         self.controller.close()

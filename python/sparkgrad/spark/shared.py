@@ -22,7 +22,9 @@ the whole fit.
 
 The final model is the controller's copy; updater state, score and threshold-algorithm state are
 averaged over the workers (one result per worker process: its latest) and the threshold state seeds the
-next fit.
+next fit. In a barrier job each task's updater state reaches the controller over the transport at the
+task's end (``SharedJob.final_state_report``) rather than in its Spark task result, which is slow for
+states of hundreds of MB.
 
 Security and failure handling: every fit draws a fresh random 256-bit secret (or uses
 ``VoidConfiguration.secret``) that authenticates every frame (:mod:`sparkgrad.transport.frame`); it
@@ -459,10 +461,11 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
         if not results:
             raise TrainingError("training: no worker trained a minibatch (empty data?)")
         workers = list(results.values())
+        states = [r.updater_state for r in workers if r.updater_state is not None]  # None: did not come
         total = None
-        for r in workers:
-            total = r.updater_state if total is None else total + r.updater_state
-        updater = mean_or_none(total, len(workers))
+        for state in states:
+            total = state if total is None else total + state
+        updater = mean_or_none(total, len(states))
         if updater is not None and updater.size:
             network.set_updater_state(updater.astype(network.updater_state().dtype, copy=False))
         first = workers[0].threshold_algorithm

@@ -116,6 +116,9 @@ class SharedJob:
     # epochs of the fit (counted from snapshot.epoch) and of its last (fit_end - 1): what checkpoints hold
     epoch_state: int = 0
     fit_end: int = 0
+    # a task sends its updater state at its end to the controller (a FINAL report) instead of returning it
+    # in its WorkerResult: a classic barrier job, whose controller on the driver outlives the tasks
+    final_state_report: bool = False
     # gradient sharing
     threshold_algorithm: ThresholdAlgorithm | None = None
     residual_post_processor: ResidualPostProcessor | None = None
@@ -134,7 +137,9 @@ class SharedJob:
 
 @dataclass
 class WorkerResult:
-    """A task's report: the worker's latest state (the driver keeps one per worker)."""
+    """A task's report: the worker's latest state (the driver keeps one per worker). Its updater state is
+    None when the task sent it to the controller instead (``SharedJob.final_state_report``), or for
+    parameter averaging without ``save_updater``."""
 
     worker_id: int
     task_seq: int
@@ -531,6 +536,11 @@ class SharedWorker:
             if lock is not None:
                 lock.release()
         self.tasks += 1
+        state: np.ndarray | None = to_host(self.net.updater_state())
+        if job.final_state_report and state is not None and state.size:
+            # the transport moves it faster than Spark's task results: a model's state can be hundreds of MB
+            self.conn.send_updater_state(state, int(self.net.iteration_count), final=True)
+            state = None
         c = self.conn.counters
         counters = {
             "update_bytes_sent": c.update_bytes,
@@ -551,7 +561,7 @@ class SharedWorker:
             self.worker_id,
             self.tasks,
             self.last_score,
-            to_host(self.net.updater_state()),
+            state,
             self._threshold_state(),
             self.minibatches,
             counters,

@@ -178,6 +178,8 @@ class Controller:
         self.controller_key = self._signer.public_key  # what the workers verify its frames with
         self.updater_state_reports = 0
         self._updater_state_iteration = iteration  # the iteration the stored state belongs to
+        # worker -> (FINAL reports from it, the latest's state): each task's state at its end
+        self._final_states: dict[int, tuple[int, np.ndarray]] = {}
         # minibatches reported per (partition, epoch): a second report is a re-run Spark task
         self._trained: dict[tuple[int, int], int] = {}
         self.retrained_minibatches = 0
@@ -283,6 +285,12 @@ class Controller:
         """A copy of the latest updater state a worker reported (the fit's start state before any)."""
         with self._lock:
             return None if self._updater_state is None else self._updater_state.copy()
+
+    def final_updater_states(self) -> dict[int, tuple[int, np.ndarray]]:
+        """{worker: (how many FINAL updater-state reports it sent, the latest one's state)}: the state
+        each worker's task had at its end (:meth:`WorkerConnection.send_updater_state` with ``final``)."""
+        with self._lock:
+            return dict(self._final_states)
 
     @property
     def next_iteration(self) -> int:
@@ -665,6 +673,12 @@ class Controller:
             text = f"updater state from worker {header.sender} does not fit this job (expected {expected})"
             self._reject("malformed", text)
             self._error_reply(identity, header.sender, text)
+            return
+        if header.flags & Flag.FINAL:  # for the driver's mean over workers, not for joining workers
+            state = np.array(params_payload(header, payload), dtype=current.dtype)
+            with self._lock:
+                count = self._final_states.get(header.sender, (0, state))[0]
+                self._final_states[header.sender] = (count + 1, state)
             return
         with self._lock:
             current[:] = params_payload(header, payload)

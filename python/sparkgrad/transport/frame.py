@@ -178,6 +178,7 @@ class Flag(enum.IntFlag):
     RELAYED = 4  # the frame was forwarded by the controller or a MESH node
     SIGNED = 8  # the payload ends with the controller's Ed25519 signature (:mod:`.signing`)
     PACKED = 16  # UPDATE payload in the packed form of sparkgrad.compress.packing.pack_message
+    FINAL = 32  # UPDATER_STATE: the worker's state at its task's end, for the driver's mean over workers
 
 
 class FrameRejected(CorruptDataError):
@@ -460,6 +461,8 @@ def decode_frame(
         )
     if flags & Flag.PACKED and mtype != MessageType.UPDATE:
         raise FrameRejected("malformed", f"frame from {peer}: {mtype.name} with the PACKED flag")
+    if flags & Flag.FINAL and mtype != MessageType.UPDATER_STATE:
+        raise FrameRejected("malformed", f"frame from {peer}: {mtype.name} with the FINAL flag")
     if mtype == MessageType.UPDATE and not flags & Flag.PACKED and length % 4:
         raise FrameRejected(
             "malformed", f"frame from {peer}: UPDATE payload of {length} bytes is not whole int32 words"

@@ -678,14 +678,15 @@ class WorkerConnection(MeshRelay):
             return None, header.iteration, header.epoch
         return self._checked_params(header, payload), header.iteration, header.epoch
 
-    def send_updater_state(self, state: np.ndarray, iteration: int) -> int:
-        """Report this worker's flat updater state (what a joining worker will start from)."""
+    def send_updater_state(self, state: np.ndarray, iteration: int, final: bool = False) -> int:
+        """Report this worker's flat updater state: what a joining worker will start from, or with
+        ``final`` its state at its task's end, which the controller keeps per worker for the driver."""
         state = np.ascontiguousarray(state, dtype=state.dtype.newbyteorder("<"))
         return self._send(
             MessageType.UPDATER_STATE,
             state.data.cast("B"),
             iteration=iteration,
-            flags=float_flag(state),
+            flags=float_flag(state) | (Flag.FINAL if final else Flag.NONE),
         )
 
     def send_update(self, message: np.ndarray, iteration: int, epoch: int) -> int:
