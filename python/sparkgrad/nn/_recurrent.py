@@ -489,7 +489,9 @@ def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) ->
         full = xp.zeros((trace.n_rows, *dx.shape[1:]), dtype=dx.dtype)
         full[trace.rows] = dx
         return full
-    return rt.backward(xp.ascontiguousarray(dy.reshape(trace.out_shape)), need_dx=need_dx)
+    dy = dy.reshape(trace.out_shape)
+    strided_ok = getattr(rt, "reads_strided", False)
+    return rt.backward(dy if strided_ok else xp.ascontiguousarray(dy), need_dx=need_dx)
 
 
 def sequence_features(x: Any, input_type: Any, device: Device, where: str) -> Any:
