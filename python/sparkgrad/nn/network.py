@@ -54,12 +54,14 @@ class MultiLayerNetwork(FlatNetwork):
 
     def _features(self, features: Any) -> Any:
         """Features as the first layer sees them: on the device, contiguous, network dtype, NCHW;
-        recurrent (N, T, C)."""
+        recurrent (N, T, C) (a 1-D window layer first gets the (N, T, C) view of (N, C, T) features)."""
         x = self._device.asarray(features, index_dtype(self.conf.layers[0], features, self.dtype))
         it = self.conf.input_type
         expected = it.shape() if it is not None else self.conf.layer_input_types[0].shape()
         if it is not None and it.kind == "recurrent":
-            return sequence_features(x, it, self._device, "features")
+            x = sequence_features(x, it, self._device, "features", contiguous=False)
+            first = getattr(self, "_runtimes", [None])[0]
+            return x if isinstance(first, Window1DRuntime) else self._device.xp.ascontiguousarray(x)
         if it is not None and it.kind == "convolutional_flat":
             if x.ndim != 2 or x.shape[1] != it.size:
                 raise ValueError(
