@@ -489,11 +489,14 @@ def layer_backward(rt: Any, dy: np.ndarray, trace: LayerTrace, need_dx: bool) ->
         full = xp.zeros((trace.n_rows, *dx.shape[1:]), dtype=dx.dtype)
         full[trace.rows] = dx
         return full
-    return rt.backward(xp.ascontiguousarray(dy.reshape(trace.out_shape)), need_dx=need_dx)
+    dy = dy.reshape(trace.out_shape)
+    strided_ok = getattr(rt, "reads_strided", False)
+    return rt.backward(dy if strided_ok else xp.ascontiguousarray(dy), need_dx=need_dx)
 
 
-def sequence_features(x: Any, input_type: Any, device: Device, where: str) -> Any:
-    """DL4J's (batch, size, time) features -> the (N, T, C) C-contiguous layout layers see, checked.
+def sequence_features(x: Any, input_type: Any, device: Device, where: str, contiguous: bool = True) -> Any:
+    """DL4J's (batch, size, time) features -> the (N, T, C) C-contiguous layout layers see, checked
+    (``contiguous=False``: the (N, T, C) view, for a caller that decides on the copy itself).
 
     Args:
         x: the features, already an array of ``device`` in the network dtype.
@@ -508,7 +511,7 @@ def sequence_features(x: Any, input_type: Any, device: Device, where: str) -> An
             f"{where}: the input type has {input_type.time_steps} time steps but the features have "
             f"{x.shape[2]}; use InputType.recurrent(size) for variable-length sequences"
         )
-    return device.xp.ascontiguousarray(x.transpose(0, 2, 1))
+    return device.xp.ascontiguousarray(x.transpose(0, 2, 1)) if contiguous else x.transpose(0, 2, 1)
 
 
 def sequence_mask(mask: Any, x: Any, device: Device, dtype: np.dtype, where: str) -> Any:

@@ -576,11 +576,18 @@ class Window1DRuntime(_Time1DRuntime):
     reduced with the layer's window as DL4J does (``ConvolutionUtils.cnn1dMaskReduction``: unchanged for
     same mode with stride 1, else max-pooled, padding reading zero) multiplies the output and goes on."""
 
+    reads_strided = True  # takes dL/dy as a view (layer_backward makes no contiguous copy)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.inner_conf = self.conf.as_2d()
         self.inner: Any = None
         self.steps = 0
+        # set by MultiLayerNetwork when the next layer reads strided sequences (another 1-D window layer,
+        # global pooling): the output is then the (N, T, C) view of the inner (N, C, T) one, no copy
+        self.hands_channel_major = False
+        # set when the layer below is a 1-D window layer: dL/dx goes back as such a view as well
+        self.returns_channel_major_dx = False
 
     def _inner_for(self, t: int) -> Any:
         if self.inner is None or self.steps != t:
@@ -609,10 +616,16 @@ class Window1DRuntime(_Time1DRuntime):
     ) -> np.ndarray:
         n, t, c = x.shape
         inner = self._inner_for(t)
-        x4 = self.buf("x4", (n, c, 1, t))  # the inner runtime keeps it for its backward
-        self.k.swap_last_axes(self.xp.ascontiguousarray(x), x4.reshape(n, c, t))
+        channel_major = x.transpose(0, 2, 1)
+        if channel_major.flags.c_contiguous:  # the view a 1-D window layer below handed on
+            x4 = channel_major.reshape(n, c, 1, t)
+        else:
+            x4 = self.buf("x4", (n, c, 1, t))  # the inner runtime keeps it for its backward
+            self.k.swap_last_axes(self.xp.ascontiguousarray(x), x4.reshape(n, c, t))
         y4 = inner.forward(x4, train, seed)
         self.y4_shape = y4.shape
+        if self.hands_channel_major and mask is None:
+            return y4.reshape(n, y4.shape[1], y4.shape[3]).transpose(0, 2, 1)
         y = self.buf("y", (n, y4.shape[3], y4.shape[1]))
         self.k.swap_last_axes(self.xp.ascontiguousarray(y4).reshape(n, y4.shape[1], y4.shape[3]), y)
         self.mask = self._reduce_mask(mask, n, t, y.shape[1])
@@ -640,12 +653,18 @@ class Window1DRuntime(_Time1DRuntime):
         if self.mask is not None:  # masked output steps pass no gradient
             dy = dy * self.mask[:, :, None]
         n, c_out, _, t_out = self.y4_shape
-        dy4 = self.buf("dy4", self.y4_shape)
-        self.k.swap_last_axes(self.xp.ascontiguousarray(dy), dy4.reshape(n, c_out, t_out))
+        dy4 = self.buf("dy4", self.y4_shape)  # its own copy: the inner backward overwrites it
+        channel_major = dy.transpose(0, 2, 1)
+        if channel_major.flags.c_contiguous:  # the view a 1-D window layer above handed back
+            dy4.reshape(n, c_out, t_out)[...] = channel_major
+        else:
+            self.k.swap_last_axes(self.xp.ascontiguousarray(dy), dy4.reshape(n, c_out, t_out))
         dx4 = self.inner.backward(dy4, need_dx)
         if dx4 is None:
             return None
         n, c, _, t = dx4.shape
+        if self.returns_channel_major_dx:
+            return dx4.reshape(n, c, t).transpose(0, 2, 1)
         dx = self.buf("dx", (n, t, c))
         self.k.swap_last_axes(self.xp.ascontiguousarray(dx4).reshape(n, c, t), dx)
         return dx

@@ -17,6 +17,7 @@ import numpy as np
 from sparkgrad.nn import layers as L
 from sparkgrad.nn._flat_network import FlatNetwork, on_device
 from sparkgrad.nn._recurrent import (
+    GlobalPoolingTimeRuntime,
     LayerTrace,
     TbpttSegment,
     layer_backward,
@@ -25,7 +26,7 @@ from sparkgrad.nn._recurrent import (
     sequence_mask,
     steps_to_rows,
 )
-from sparkgrad.nn._runtime import OutputRuntime, index_dtype
+from sparkgrad.nn._runtime import OutputRuntime, Window1DRuntime, index_dtype
 from sparkgrad.nn.conf import MultiLayerConfiguration
 from sparkgrad.nn.input_type import InputType
 
@@ -53,12 +54,14 @@ class MultiLayerNetwork(FlatNetwork):
 
     def _features(self, features: Any) -> Any:
         """Features as the first layer sees them: on the device, contiguous, network dtype, NCHW;
-        recurrent (N, T, C)."""
+        recurrent (N, T, C) (a 1-D window layer first gets the (N, T, C) view of (N, C, T) features)."""
         x = self._device.asarray(features, index_dtype(self.conf.layers[0], features, self.dtype))
         it = self.conf.input_type
         expected = it.shape() if it is not None else self.conf.layer_input_types[0].shape()
         if it is not None and it.kind == "recurrent":
-            return sequence_features(x, it, self._device, "features")
+            x = sequence_features(x, it, self._device, "features", contiguous=False)
+            first = getattr(self, "_runtimes", [None])[0]
+            return x if isinstance(first, Window1DRuntime) else self._device.xp.ascontiguousarray(x)
         if it is not None and it.kind == "convolutional_flat":
             if x.ndim != 2 or x.shape[1] != it.size:
                 raise ValueError(
@@ -158,6 +161,16 @@ class MultiLayerNetwork(FlatNetwork):
             mask = trace.mask
             self._traces.append(trace)
         return x
+
+    def _build_runtimes(self) -> None:
+        super()._build_runtimes()
+        # adjacent 1-D window layers (and the global pooling after them) hand on their (N, C, T) results
+        # as (N, T, C) views instead of copying them into that layout and back
+        for below, above in zip(self._runtimes, self._runtimes[1:]):
+            if isinstance(below, Window1DRuntime):
+                below.hands_channel_major = isinstance(above, (Window1DRuntime, GlobalPoolingTimeRuntime))
+                if isinstance(above, Window1DRuntime):
+                    above.returns_channel_major_dx = True
 
     def _sole_consumers(self) -> dict[Any, Any]:
         return {i: i + 1 for i in range(len(self.conf.layers) - 1)}

@@ -643,6 +643,13 @@ LAYERS_1D = {
         GlobalPoolingLayer("avg"),
         OutputLayer(2),
     ],
+    "conv_pool_conv_global_max": lambda: [  # the 1-D window layers hand on (N, C, T) views
+        Convolution1DLayer(4, kernel_size=3, activation="relu"),
+        Subsampling1DLayer("max", kernel_size=2, stride=2),
+        Convolution1DLayer(3, kernel_size=2, activation="tanh"),
+        GlobalPoolingLayer("max"),
+        OutputLayer(2),
+    ],
     "dense_then_conv_same": lambda: [
         DenseLayer(3, activation="tanh"),
         Convolution1DLayer(2, kernel_size=3, convolution_mode="same", activation="identity", dropout=None),
@@ -692,6 +699,30 @@ def test_the_reduced_mask_masks_the_output_and_the_loss() -> None:
     masked = net.score_examples(DataSet(x, labels, features_mask=mask))
     alone = net.score_examples(DataSet(x[1:, :, :4], labels[1:, :, :9], features_mask=np.ones((1, 4))))
     assert masked[1] == pytest.approx(alone[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_channel_major_handoff_between_1d_layers_changes_no_bit(dtype: str, masked: bool) -> None:
+    """Adjacent 1-D window layers pass (N, C, T) results on as (N, T, C) views (no layout copies); the
+    outputs and gradients are the same bits as with the copies into the (N, T, C) layout and back."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(5, 4, 23)).astype(dtype)
+    mask = _lengths_mask(rng.integers(10, 24, 5), 23).astype(dtype) if masked else None
+    ds = DataSet(x, np.eye(2, dtype=dtype)[rng.integers(0, 2, 5)], features_mask=mask)
+    results = []
+    for handoff in (True, False):
+        net = _net1d(LAYERS_1D["conv_pool_conv_global_max"](), size=4, dtype=dtype)
+        conv, pool, conv2 = net._runtimes[:3]
+        assert (conv.hands_channel_major, pool.hands_channel_major, conv2.hands_channel_major) == (True,) * 3
+        assert (pool.returns_channel_major_dx, conv2.returns_channel_major_dx) == (True, True)
+        if not handoff:
+            for rt in (conv, pool, conv2):
+                rt.hands_channel_major = rt.returns_channel_major_dx = False
+        grad = net.compute_gradient_and_score(ds)[0].copy()
+        results.append((net.output(x, features_mask=mask), grad))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
