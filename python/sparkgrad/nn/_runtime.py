@@ -625,6 +625,7 @@ class Window1DRuntime(_Time1DRuntime):
         y4 = inner.forward(x4, train, seed)
         self.y4_shape = y4.shape
         if self.hands_channel_major and mask is None:
+            self.mask = None  # not an earlier call's: the backward reads it
             return y4.reshape(n, y4.shape[1], y4.shape[3]).transpose(0, 2, 1)
         y = self.buf("y", (n, y4.shape[3], y4.shape[1]))
         self.k.swap_last_axes(self.xp.ascontiguousarray(y4).reshape(n, y4.shape[1], y4.shape[3]), y)

@@ -725,6 +725,20 @@ def test_channel_major_handoff_between_1d_layers_changes_no_bit(dtype: str, mask
     np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
+def test_an_unmasked_step_after_a_masked_one_uses_no_stale_mask() -> None:
+    """With the channel-major handoff, an unmasked step after a masked one gets the gradient a fresh
+    network gets: the masked step's reduced mask is not applied to it."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(5, 4, 23))
+    labels = np.eye(2)[rng.integers(0, 2, 5)]
+    mask = _lengths_mask(rng.integers(10, 24, 5), 23)
+    fresh = _net1d(LAYERS_1D["conv_pool_conv_global_max"](), size=4, dtype="float64")
+    used = _net1d(LAYERS_1D["conv_pool_conv_global_max"](), size=4, dtype="float64")
+    used.compute_gradient_and_score(DataSet(x, labels, features_mask=mask))
+    expected = fresh.compute_gradient_and_score(DataSet(x, labels))[0].copy()
+    np.testing.assert_array_equal(used.compute_gradient_and_score(DataSet(x, labels))[0], expected)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_time_1d_results_for_1_and_2_threads(dtype: str) -> None:
     """Outputs and gradients are the same bits for 1 and 2 threads: the convolution's weight gradient
