@@ -53,6 +53,8 @@ def test_all_epochs_run_in_one_job_and_the_callback_sees_the_controller_params(s
     sm.fit(small_rdd, epochs=3, epoch_callback=callback)
     traffic = sm.training_master.last_traffic
     assert traffic["spark_jobs"] == 1 and traffic["epochs"] == 3
+    # a fit shorter than updater_state_interval_ms (60 s) sends no updater-state report for late workers
+    assert traffic["updater_state_reports"] == 0
     assert [(e, c) for e, c, _ in seen] == [(0, 1), (1, 2), (2, 3)]
     assert sm.network.epoch_count == 3
     # every example once per epoch: 256 examples in minibatches of 16 on 2 workers of 128
