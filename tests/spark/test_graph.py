@@ -37,6 +37,7 @@ from sparkgrad.spark import (
     SparkMultiLayer,
     VoidConfiguration,
 )
+from sparkgrad.spark.threads import native_threads
 
 U64 = np.finfo(np.float64).eps / 2  # scores are accumulated in float64
 EPOCHS = 8
@@ -262,6 +263,14 @@ def trained_parity(parity):
     net = ComputationGraph(parity_conf(seed=8)).init()
     net.fit(parity[0].split(32), epochs=2)
     return net
+
+
+@pytest.fixture(autouse=True)
+def task_threads_on_the_driver():
+    """The driver's local results with the native threads of a local[2] task (one): the tests compare
+    them bit for bit, and OpenBLAS's bits can depend on the thread count (docs/development.md)."""
+    with native_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

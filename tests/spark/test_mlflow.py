@@ -223,7 +223,9 @@ def test_model_flavor_pyfunc_spark_udf_and_registry(store, spark, digits) -> Non
     udf = mlflow.pyfunc.spark_udf(spark, uri, env_manager="local")
     rows = df.repartition(3).withColumn("out", udf(F.col("features"))).collect()
     scored = np.array([r["out"] for r in sorted(rows, key=lambda r: r["id"])], dtype=np.float32)
-    np.testing.assert_array_equal(scored, expected)
+    # the UDF's tasks run other batch shapes with one native thread: where OpenBLAS's bits depend on those
+    # (docs/development.md) the probabilities (<= 1) differ by float32 rounding over the layers' products
+    np.testing.assert_allclose(scored, expected, rtol=0, atol=16 * np.finfo(np.float32).eps)
 
 
 def test_save_model_round_trips_a_graph_with_its_updater(store, tmp_path, digits) -> None:

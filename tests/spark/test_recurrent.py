@@ -85,7 +85,9 @@ def test_shared_training_on_masked_sequences_reaches_95_percent(spark, data) -> 
     assert sm.evaluate(test_rdd).accuracy() == pytest.approx(sm.network.evaluate(test).accuracy())
     local = sm.network.score_examples(test)
     spread = sm.score_examples(test_rdd).collect()
-    np.testing.assert_allclose(sorted(spread), sorted(local), rtol=1e-5)
+    # batches of 50 on one thread against all 400 on the driver: where OpenBLAS's bits depend on those
+    # (docs/development.md) a near-zero loss differs by the float32 rounding of its logits (order 1)
+    np.testing.assert_allclose(sorted(spread), sorted(local), rtol=1e-5, atol=16 * np.finfo(np.float32).eps)
 
 
 def test_parameter_averaging_trains_masked_sequences(spark, data) -> None:
