@@ -1,10 +1,14 @@
-// Multi-head dot-product attention: per (example, head) two GEMMs around a masked softmax, OpenMP over the
-// (example, head) pairs. The heads stay interleaved in the feature axis (row strides heads * d), so the
-// projections before and after are plain GEMMs over every step.
+// Multi-head dot-product attention: per (example, head) two matrix products around a masked softmax, OpenMP
+// over the (example, head) pairs. The heads stay interleaved in the feature axis (row strides heads * d),
+// so the projections before and after are plain GEMMs over every step. A pair's products are small
+// (64 steps of a 16-wide head: 64x64x16), where a BLAS call's packing and dispatch cost more than its
+// multiply-adds: below kSmallProductMax multiply-adds they run in small_product, register blocks
+// compiled per ISA, else in gemm.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "recurrent_util.h"
 #include "sparkgrad/common.h"
@@ -36,14 +40,21 @@ SPARKGRAD_SIMD_CLONES void masked_softmax_rows(T* w, const T* mask, std::int64_t
   constexpr T kNone = -std::numeric_limits<T>::infinity();
   for (std::int64_t i = 0; i < tq; ++i) {
     T* row = w + i * tk;
-    T top = kNone;
-    if (mask == nullptr) {
-#pragma omp simd reduction(max : top)
-      for (std::int64_t c = 0; c < tk; ++c) top = std::max(top, row[c]);
-    } else {
-#pragma omp simd reduction(max : top)
-      for (std::int64_t c = 0; c < tk; ++c) top = std::max(top, mask[c] != T(0) ? row[c] : kNone);
+    // The maximum over lanes: an elementwise max vectorizes where a max reduction does not (it may
+    // reorder NaN comparisons). A NaN score is passed over here and makes its row NaN below.
+    constexpr std::int64_t kLanes = 64 / sizeof(T);
+    T lane_top[kLanes];
+    std::fill(lane_top, lane_top + kLanes, kNone);
+    for (std::int64_t c0 = 0; c0 < tk; c0 += kLanes) {
+      const std::int64_t lanes = std::min(kLanes, tk - c0);
+      for (std::int64_t l = 0; l < kLanes; ++l) {
+        const bool present = l < lanes && (mask == nullptr || mask[c0 + l] != T(0));
+        const T score = present ? row[c0 + l] : kNone;
+        lane_top[l] = lane_top[l] < score ? score : lane_top[l];
+      }
     }
+    T top = kNone;
+    for (std::int64_t l = 0; l < kLanes; ++l) top = std::max(top, lane_top[l]);
     if (top == kNone) {  // no present key
       std::fill(row, row + tk, T(0));
       continue;
@@ -83,6 +94,82 @@ SPARKGRAD_SIMD_CLONES void softmax_backward_rows(const T* w, T* dw, std::int64_t
   }
 }
 
+// c (m x n, row stride ldc) = alpha a b: a(i, p) = a[i * a_row + p * a_col] (either
+// orientation, read one value at a time), b (k x n) rows contiguous at stride ldb. Register blocks of
+// kRows x kCols outputs (8 vector registers of AVX2 for float) sum over p in order: the bits depend on
+// the shape only.
+template <typename T>
+constexpr std::int64_t kCols = 64 / sizeof(T);
+constexpr std::int64_t kRows = 4;
+
+template <typename T, std::int64_t Rows, std::int64_t Cols>
+SPARKGRAD_FORCE_INLINE void product_block(std::int64_t rows, std::int64_t cols, std::int64_t k, T alpha,
+                                          const T* a, std::int64_t a_row, std::int64_t a_col, const T* b,
+                                          std::int64_t ldb, T* c, std::int64_t ldc) {
+  T acc[Rows][Cols];
+  for (std::int64_t r = 0; r < Rows; ++r) {  // a loop, not "= {}": that becomes a slow rep stos
+#pragma omp simd
+    for (std::int64_t j = 0; j < Cols; ++j) acc[r][j] = T(0);
+  }
+  for (std::int64_t p = 0; p < k; ++p) {
+    const T* b_row = b + p * ldb;
+    for (std::int64_t r = 0; r < Rows; ++r) {
+      const T a_rp = r < rows ? a[r * a_row + p * a_col] : T(0);
+#pragma omp simd
+      for (std::int64_t j = 0; j < Cols; ++j) acc[r][j] += a_rp * (j < cols ? b_row[j] : T(0));
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* c_row = c + r * ldc;
+    for (std::int64_t j = 0; j < cols; ++j) c_row[j] = alpha * acc[r][j];
+  }
+}
+
+template <typename T>
+SPARKGRAD_SIMD_CLONES void small_product(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                                         std::int64_t a_row, std::int64_t a_col, const T* b, std::int64_t ldb,
+                                         T* c, std::int64_t ldc) {
+  constexpr std::int64_t cols_max = kCols<T>;
+  for (std::int64_t i = 0; i < m; i += kRows) {
+    const std::int64_t rows = std::min(kRows, m - i);
+    for (std::int64_t j = 0; j < n; j += cols_max) {
+      const std::int64_t cols = std::min(cols_max, n - j);
+      const T* a_i = a + i * a_row;
+      if (rows == kRows && cols == cols_max) {  // the full block: bounds known, accumulators in registers
+        product_block<T, kRows, cols_max>(kRows, cols_max, k, alpha, a_i, a_row, a_col, b + j, ldb,
+                                          c + i * ldc + j, ldc);
+      } else {
+        product_block<T, kRows, cols_max>(rows, cols, k, alpha, a_i, a_row, a_col, b + j, ldb, c + i * ldc + j,
+                                          ldc);
+      }
+    }
+  }
+}
+
+// Above this many multiply-adds a product goes to BLAS, whose cache blocking wins on long sides.
+constexpr std::int64_t kSmallProductMax = std::int64_t{1} << 18;
+
+// c (m x n) = alpha op(a) op(b) as gemm's arguments say, through small_product when
+// small: a transposed b is first copied into scratch (k x n, rows contiguous).
+template <typename T>
+void pair_product(Transpose ta, Transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                  std::int64_t lda, const T* b, std::int64_t ldb, T* c, std::int64_t ldc, std::vector<T>& scratch) {
+  if (m * n * k > kSmallProductMax) {
+    gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, T(0), c, ldc);
+    return;
+  }
+  if (tb == Transpose::Yes) {  // b is (n x k) at stride ldb
+    scratch.resize(static_cast<std::size_t>(k * n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t p = 0; p < k; ++p) scratch[p * n + j] = b[j * ldb + p];
+    }
+    b = scratch.data();
+    ldb = n;
+  }
+  const bool a_t = ta == Transpose::Yes;
+  small_product<T>(m, n, k, alpha, a, a_t ? 1 : lda, a_t ? lda : 1, b, ldb, c, ldc);
+}
+
 // The GEMMs' dimensions fit BLAS's 32-bit integers: checked before the parallel loop, which must not throw.
 void check_dims(const char* op, const AttentionShape& s) {
   for (std::int64_t v : {s.tq, s.tk, s.heads * s.d, s.heads * s.dv}) {
@@ -97,14 +184,18 @@ void attention_forward(const AttentionShape& s, const T* q, const T* k, const T*
                        T* weights, T* y) {
   check_dims("attention_forward", s);
   const std::int64_t items = s.n * s.heads, hd = s.heads * s.d, hdv = s.heads * s.dv;
-#pragma omp parallel for schedule(static) if (items > 1)
-  for (std::int64_t item = 0; item < items; ++item) {
-    const Pair p(s, item);
-    T* w = weights + p.w;
-    gemm<T>(Transpose::No, Transpose::Yes, s.tq, s.tk, s.d, static_cast<T>(scale), q + p.q, hd, k + p.kv_k, hd,
-            T(0), w, s.tk);
-    masked_softmax_rows(w, mask == nullptr ? nullptr : mask + (item / s.heads) * s.tk, s.tq, s.tk);
-    gemm<T>(Transpose::No, Transpose::No, s.tq, s.dv, s.tk, T(1), w, s.tk, v + p.kv_v, hdv, T(0), y + p.y, hdv);
+#pragma omp parallel if (items > 1)
+  {
+    std::vector<T> scratch;
+#pragma omp for schedule(static)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const Pair p(s, item);
+      T* w = weights + p.w;
+      pair_product<T>(Transpose::No, Transpose::Yes, s.tq, s.tk, s.d, static_cast<T>(scale), q + p.q, hd,
+                      k + p.kv_k, hd, w, s.tk, scratch);
+      masked_softmax_rows(w, mask == nullptr ? nullptr : mask + (item / s.heads) * s.tk, s.tq, s.tk);
+      pair_product<T>(Transpose::No, Transpose::No, s.tq, s.dv, s.tk, T(1), w, s.tk, v + p.kv_v, hdv, y + p.y, hdv, scratch);
+    }
   }
 }
 
@@ -113,16 +204,22 @@ void attention_backward(const AttentionShape& s, const T* q, const T* k, const T
                         double scale, T* dweights, T* dq, T* dk, T* dv) {
   check_dims("attention_backward", s);
   const std::int64_t items = s.n * s.heads, hd = s.heads * s.d, hdv = s.heads * s.dv;
-#pragma omp parallel for schedule(static) if (items > 1)
-  for (std::int64_t item = 0; item < items; ++item) {
-    const Pair p(s, item);
-    const T* w = weights + p.w;
-    T* dw = dweights + p.w;
-    gemm<T>(Transpose::No, Transpose::Yes, s.tq, s.tk, s.dv, T(1), dy + p.y, hdv, v + p.kv_v, hdv, T(0), dw, s.tk);
-    gemm<T>(Transpose::Yes, Transpose::No, s.tk, s.dv, s.tq, T(1), w, s.tk, dy + p.y, hdv, T(0), dv + p.kv_v, hdv);
-    softmax_backward_rows(w, dw, s.tq, s.tk, static_cast<T>(scale));
-    gemm<T>(Transpose::No, Transpose::No, s.tq, s.d, s.tk, T(1), dw, s.tk, k + p.kv_k, hd, T(0), dq + p.q, hd);
-    gemm<T>(Transpose::Yes, Transpose::No, s.tk, s.d, s.tq, T(1), dw, s.tk, q + p.q, hd, T(0), dk + p.kv_k, hd);
+#pragma omp parallel if (items > 1)
+  {
+    std::vector<T> scratch;
+#pragma omp for schedule(static)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const Pair p(s, item);
+      const T* w = weights + p.w;
+      T* dw = dweights + p.w;
+      pair_product<T>(Transpose::No, Transpose::Yes, s.tq, s.tk, s.dv, T(1), dy + p.y, hdv, v + p.kv_v, hdv, dw,
+                      s.tk, scratch);
+      pair_product<T>(Transpose::Yes, Transpose::No, s.tk, s.dv, s.tq, T(1), w, s.tk, dy + p.y, hdv, dv + p.kv_v,
+                      hdv, scratch);
+      softmax_backward_rows(w, dw, s.tq, s.tk, static_cast<T>(scale));
+      pair_product<T>(Transpose::No, Transpose::No, s.tq, s.d, s.tk, T(1), dw, s.tk, k + p.kv_k, hd, dq + p.q, hd, scratch);
+      pair_product<T>(Transpose::Yes, Transpose::No, s.tk, s.d, s.tq, T(1), dw, s.tk, q + p.q, hd, dk + p.kv_k, hd, scratch);
+    }
   }
 }
 

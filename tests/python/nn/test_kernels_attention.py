@@ -153,6 +153,29 @@ def test_attention_matches_reference(n, tq, tk, heads, d, dv, masked, dtype, see
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "tq, tk, d, dv",
+    [
+        (37, 70, 19, 17),  # small products: full register blocks and partial ones on both sides
+        (64, 64, 16, 16),  # the transformer benchmark's heads: full blocks only
+        (130, 129, 20, 16),  # products above the small-product bound go to BLAS
+    ],
+)
+def test_attention_matches_reference_across_the_product_blocks(tq, tk, d, dv, dtype):
+    rng = np.random.default_rng(tq + tk)
+    q, k, v, dy, mask = _attention_inputs(rng, 2, tq, tk, 2, d, dv, True, dtype)
+    scale = 1 / np.sqrt(d)
+    weights, y, dq, dk, dv_ = _attention(q, k, v, 2, scale, mask, dy)
+    as64 = [a.astype(np.float64) for a in (q, k, v)]
+    want_w, want_y = ref.attention_forward(*as64, 2, scale, mask)
+    want_dq, want_dk, want_dv = ref.attention_backward(*as64, want_w, dy.astype(np.float64), 2, scale)
+    tol = _tol(dtype, d + tk + tq)
+    np.testing.assert_allclose(weights, want_w, **tol)
+    for got, want in ((y, want_y), (dq, want_dq), (dk, want_dk), (dv_, want_dv)):
+        np.testing.assert_allclose(got, want, rtol=tol["rtol"], atol=tol["atol"] * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("dtype", [np.float32])
 def test_attention_float32_backward_matches_float64(dtype):
     rng = np.random.default_rng(7)

@@ -773,6 +773,21 @@ def attention_forward(q, k, v, heads, scale, mask=None):
     return weights, y
 
 
+def attention_backward(q, k, v, weights, dy, heads, scale):
+    """Backward of attention_forward given its weights: (dq, dk, dv) shaped as q, k, v."""
+    n, tq, _ = q.shape
+    tk = k.shape[1]
+    split = lambda a, t: a.reshape(n, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+    merge = lambda a: a.transpose(0, 2, 1, 3).reshape(n, a.shape[2], -1)  # noqa: E731
+    qs, ks, vs, dys = split(q, tq), split(k, tk), split(v, tk), split(dy, tq)
+    dweights = dys @ vs.transpose(0, 1, 3, 2)
+    dscores = scale * weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
+    dq = dscores @ ks
+    dk = dscores.transpose(0, 1, 3, 2) @ qs
+    dv = weights.transpose(0, 1, 3, 2) @ dys
+    return merge(dq), merge(dk), merge(dv)
+
+
 def self_attention_layer(x, wq, wk, wv, wo, mask=None):
     """DL4J's SelfAttentionLayer on x (N, T, C): per head j the projections x wq[j]^T (wq: (H, D, C)),
     attention scaled by 1/sqrt(D), heads concatenated and times wo (H*D, n_out); masked query steps output
