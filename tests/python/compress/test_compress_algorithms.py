@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkgrad.compress import (
     CATCH_UP_SPARSITY,
@@ -24,6 +26,7 @@ from sparkgrad.compress import (
     update_combination_for,
     update_scale,
 )
+from sparkgrad.compress.thresholds import MIN_THRESHOLD
 from sparkgrad.nn import updaters
 
 DECAY = 0.5 ** (1 / 20)
@@ -212,6 +215,28 @@ def test_start_at_target_takes_the_first_residuals_target_quantile() -> None:
     assert zeros.calculate_threshold(0, 0, None, None, None, np.zeros(100, np.float32)) == 2e-2
     with pytest.raises(ValueError, match="start_at_target"):
         TargetSparsityThresholdAlgorithm(2e-2, 1e-3, start_at_target=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 5000),
+    nonzero=st.floats(0.0, 1.0),
+    specials=st.sampled_from(["none", "nan", "inf"]),
+    target=st.sampled_from([1e-3, 1e-2, 6e-2]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_start_at_target_is_the_quantile_of_every_magnitude(size, nonzero, specials, target, seed) -> None:
+    """Only the non-zeros are partitioned: the same threshold as the target quantile of all |residual|."""
+    rng = np.random.default_rng(seed)
+    residual = (rng.normal(size=size) * 1e-3 * (rng.random(size) < nonzero)).astype(np.float32)
+    if specials != "none":
+        residual[rng.integers(0, size)] = np.nan if specials == "nan" else -np.inf
+    magnitudes = np.abs(residual)
+    k = min(size, max(1, math.ceil(target * size)))
+    kth = float(np.partition(magnitudes, size - k)[size - k])
+    want = min(max(kth, MIN_THRESHOLD), 2e-2) if math.isfinite(kth) and kth > 0 else 2e-2
+    algorithm = TargetSparsityThresholdAlgorithm(2e-2, target, start_at_target=True)
+    assert algorithm.calculate_threshold(0, 0, None, None, None, residual) == want
 
 
 @pytest.mark.parametrize("start_at_target", [True, False])
