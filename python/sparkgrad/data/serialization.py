@@ -69,6 +69,7 @@ and no Java-serialised example metadata.
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import sys
@@ -100,6 +101,8 @@ _DTYPE_CODES = {
     )
 }
 _CODE_DTYPES = {code: dtype.newbyteorder("<") for dtype, code in _DTYPE_CODES.items()}
+_BOOL = _CODE_DTYPES[_DTYPE_CODES[np.dtype(np.bool_)]]
+_SHAPES = tuple(struct.Struct(f"<{rank}Q") for rank in range(MAX_RANK + 1))  # the shape of a rank-r array
 _CHUNK = 1 << 24  # read size when the stream's remaining length is unknown
 _GROUP_NAMES = {
     KIND_DATASET: ("features", "labels", "features_mask", "labels_mask"),
@@ -107,6 +110,7 @@ _GROUP_NAMES = {
 }
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
+What = Union[str, Callable[[], str]]  # what a read is for, in errors only: a callable is formatted then
 Groups = tuple  # four tuples (features, labels, features masks, labels masks) of Optional[np.ndarray]
 
 
@@ -263,6 +267,9 @@ class _Reader:
 
     def __init__(self, stream: BinaryIO, source: str, size: int | None) -> None:
         self._stream = stream
+        self._readinto = getattr(stream, "readinto", None) or self._readinto_fallback
+        # a buffer's exact reads are slices of it: a one-row record is a dozen reads (parse_bytes per row)
+        self._view = stream if isinstance(stream, _ViewStream) else None
         self._source = source
         self._left = size  # bytes left in the stream when known: guards allocations against bad shapes
         self._offset = 0
@@ -272,7 +279,8 @@ class _Reader:
     def error(self, message: str) -> CorruptDataError:
         return CorruptDataError(f"{self._source}: {message}")
 
-    def truncated(self, what: str, needed: int, available: int) -> CorruptDataError:
+    def truncated(self, what: What, needed: int, available: int) -> CorruptDataError:
+        what = what if isinstance(what, str) else what()
         return self.error(
             f"truncated: {what} needs {needed} bytes at offset {self._offset}, only {available} left"
         )
@@ -352,28 +360,31 @@ class _Reader:
 
     def _array(self, slots: _Slots, group: int, index: int) -> np.ndarray | None:
         name = slots.name(group, index)
-        presence = self._exact(1, f"{name} presence byte")[0]
+        presence = self._exact(1, lambda: f"{name} presence byte")[0]
         if presence > 1:
             raise self.error(f"{name}: corrupt presence byte {presence} at offset {self._offset - 1}")
         if not presence:
             if slots.required(group):
                 raise self.error(f"{name}: absent, but the format requires it")
             return None
-        code, rank, reserved = self._exact(3, f"{name} array header")
+        code, rank, reserved = self._exact(3, lambda: f"{name} array header")
         dtype = _CODE_DTYPES.get(code)
         if dtype is None or not 1 <= rank <= MAX_RANK or reserved:
             raise self.error(
                 f"{name}: corrupt array header at offset {self._offset - 4} (dtype code {code}, rank {rank}, "
                 f"reserved byte {reserved})"
             )
-        shape = struct.unpack(f"<{rank}Q", self._exact(8 * rank, f"{name} shape"))
+        shape = _SHAPES[rank].unpack(self._exact(8 * rank, lambda: f"{name} shape"))
         if slots.examples is not None and shape[0] != slots.examples:
             raise self.error(
                 f"{name}: shape {shape} has {shape[0]} examples but {slots.name(0, 0)} has {slots.examples}"
             )
         slots.examples = shape[0]
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
-        what = f"{name} ({dtype.name} array of shape {shape})"
+        nbytes = dtype.itemsize * math.prod(shape)
+
+        def what() -> str:
+            return f"{name} ({dtype.name} array of shape {shape})"
+
         available = self._available()
         if available is not None and nbytes > available:
             raise self.truncated(what, nbytes, available)
@@ -386,18 +397,25 @@ class _Reader:
                     self._into(array.data.cast("B"), what)
         except (ValueError, OverflowError, MemoryError) as exc:  # dimensions numpy cannot represent
             raise self.error(f"{name}: corrupt shape {shape} at offset {self._offset}: {exc}") from None
-        if dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
+        if dtype is _BOOL and array.size and array.view(np.uint8).max() > 1:
             raise self.error(f"{name}: bool array holds bytes other than 0 and 1")
         return array if sys.byteorder == "little" else array.astype(dtype.newbyteorder("="))
 
-    def _exact(self, n: int, what: str) -> bytes:
-        data = bytearray(n)
-        self._into(memoryview(data), what)
-        return bytes(data)
+    def _exact(self, n: int, what: What) -> bytes:
+        if self._view is not None:
+            data = self._view.read(n)
+            if len(data) < n:
+                raise self.truncated(what, n, len(data))
+            self._offset += n
+            self._crc = zlib.crc32(data, self._crc)
+            return data
+        buffer = bytearray(n)
+        self._into(memoryview(buffer), what)
+        return bytes(buffer)
 
-    def _into(self, target: memoryview, what: str) -> None:
+    def _into(self, target: memoryview, what: What) -> None:
         """Fill ``target`` from the stream (readinto: the bytes land in place, no intermediate copy)."""
-        readinto = getattr(self._stream, "readinto", None) or self._readinto_fallback
+        readinto = self._readinto
         done = 0
         while done < target.nbytes:
             got = readinto(target[done:])
@@ -413,7 +431,7 @@ class _Reader:
         target[: len(data)] = data
         return len(data)
 
-    def _chunked(self, n: int, what: str) -> bytearray:
+    def _chunked(self, n: int, what: What) -> bytearray:
         """Read ``n`` bytes from a stream of unknown length without trusting ``n`` for one allocation."""
         data = bytearray()
         while len(data) < n:
