@@ -1,6 +1,7 @@
 // Threshold-encoding codecs (sparkgrad.compress). NumPy entry points check arguments, then release the
 // GIL around each native pass; cuda_* entry points take raw device pointers from CuPy arrays
 // (__cuda_array_interface__) and reach cuda/compress (or the throwing stand-ins without CUDA).
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -241,8 +242,9 @@ void init_compress(py::module_& m) {
       py::arg("packed"), "The int32 sparse message of a packed one, every byte checked.");
   m.def(
       "accumulate",
-      [](const py::handle& residual, const py::handle& update) {
+      [](const py::handle& residual, const py::handle& update, double scale, const py::object& at) {
         const char* op = "accumulate";
+        if (!std::isfinite(scale)) throw_invalid(op, "scale must be finite, got ", scale);
         with_float_dtype(op, "residual", array_dtype(op, "residual", residual), [&](auto tag) {
           using T = decltype(tag);
           auto r = checked_vector<T>(op, "residual", residual, /*writable=*/true);
@@ -252,11 +254,19 @@ void init_compress(py::module_& m) {
           }
           T* pr = r.mutable_data();
           const T* pu = u.data();
+          if (at.is_none()) {
+            py::gil_scoped_release release;
+            accumulate(pr, pu, r.shape(0), static_cast<T>(scale));
+            return;
+          }
+          auto idx = checked_vector<std::int64_t>(op, "at", at);
+          const std::int64_t* pa = idx.data();
           py::gil_scoped_release release;
-          accumulate(pr, pu, r.shape(0));
+          accumulate_at(op, pr, pu, r.shape(0), static_cast<T>(scale), pa, idx.shape(0));
         });
       },
-      py::arg("residual"), py::arg("update"), "residual += update.");
+      py::arg("residual"), py::arg("update"), py::arg("scale") = 1.0, py::arg("at") = py::none(),
+      "residual += scale * update (the product rounded, then added); with `at` (int64 indices) only there.");
   m.def(
       "clip",
       [](const py::handle& residual, double limit, const py::object& bounds) {

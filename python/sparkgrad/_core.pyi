@@ -91,9 +91,14 @@ __all__: list[str] = [
     "updater_state_size",
 ]
 
-def accumulate(residual: typing.Any, update: typing.Any) -> None:
+def accumulate(
+    residual: typing.Any,
+    update: typing.Any,
+    scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+    at: typing.Any = None,
+) -> None:
     """
-    residual += update.
+    residual += scale * update (the product rounded, then added); with `at` (int64 indices) only there.
     """
 
 def activation_backward(

@@ -273,9 +273,15 @@ void unpack_sparse(const char* op, const std::uint8_t* packed, std::int64_t len,
 
 // ---- residual vector work ------------------------------------------------------------------------
 
-// residual: (n,) += update: (n,).
+// residual: (n,) += scale * update: (n,) (the product rounded to T, then added).
 template <typename T>
-void accumulate(T* residual, const T* update, std::int64_t n);
+void accumulate(T* residual, const T* update, std::int64_t n, T scale);
+// The same at the `count` int64 indices `at` only (a row-sparse step's support): each must be in [0, n)
+// (checked first: std::invalid_argument naming `op`, nothing written); an index given twice adds once, as
+// NumPy's residual[at] += scale * update[at].
+template <typename T>
+void accumulate_at(const char* op, T* residual, const T* update, std::int64_t n, T scale, const std::int64_t* at,
+                   std::int64_t count);
 
 // residual: (n,) clipped to [-limit, limit] (limit >= 0).
 template <typename T>

@@ -1,15 +1,30 @@
 // Residual vector work of the encoding handler: accumulating updates and clipping.
 #include <algorithm>
+#include <vector>
 
+#include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
 #include "block16.h"
 
 namespace sparkgrad::compress {
 
 template <typename T>
-void accumulate(T* residual, const T* update, std::int64_t n) {
+void accumulate(T* residual, const T* update, std::int64_t n, T scale) {
 #pragma omp parallel for simd schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) residual[i] += update[i];
+  for (std::int64_t i = 0; i < n; ++i) residual[i] += scale * update[i];
+}
+
+template <typename T>
+void accumulate_at(const char* op, T* residual, const T* update, std::int64_t n, T scale, const std::int64_t* at,
+                   std::int64_t count) {
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (at[k] < 0 || at[k] >= n) throw_invalid(op, "at", " indices must be in [0, ", n, "), got ", at[k]);
+  }
+  // serial: a step's support is a few thousand indices in runs (rows of a table), its cost the cache misses.
+  // All sums are read before any is written, as NumPy's residual[at] += ... does: a repeated index adds once.
+  std::vector<T> sums(static_cast<std::size_t>(count));
+  for (std::int64_t k = 0; k < count; ++k) sums[k] = residual[at[k]] + scale * update[at[k]];
+  for (std::int64_t k = 0; k < count; ++k) residual[at[k]] = sums[k];
 }
 
 template <typename T>
@@ -48,8 +63,12 @@ void clip_bounded(T* residual, std::int64_t n, T limit, T* bounds) {
   }
 }
 
-template void accumulate<float>(float*, const float*, std::int64_t);
-template void accumulate<double>(double*, const double*, std::int64_t);
+template void accumulate<float>(float*, const float*, std::int64_t, float);
+template void accumulate<double>(double*, const double*, std::int64_t, double);
+template void accumulate_at<float>(const char*, float*, const float*, std::int64_t, float, const std::int64_t*,
+                                   std::int64_t);
+template void accumulate_at<double>(const char*, double*, const double*, std::int64_t, double, const std::int64_t*,
+                                    std::int64_t);
 template void clip<float>(float*, std::int64_t, float);
 template void clip<double>(double*, std::int64_t, double);
 template void clip_bounded<float>(float*, std::int64_t, float, float*);

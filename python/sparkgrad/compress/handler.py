@@ -176,22 +176,23 @@ class EncodingHandler:
         on_device = self._gpu is not None
         if on_device:
             rptr, n, dtype = _device_vector("encode", "residual", self._residual, writable=True)
-        if support is not None:  # the native accumulate's elementwise sum, at the support only
+        if not on_device:  # residual += scale * update, at the support only when given
+            at = None if support is None else np.ascontiguousarray(support, dtype=np.int64)
+            _core.accumulate(self._residual, np.ascontiguousarray(update), self._scale, at=at)
+            if at is None:
+                self._bounds_hold = False
+            else:
+                self._refresh_bounds(at)
+        elif support is not None:  # the same sum, at the support only
             part = update[support]
             if self._scale != 1.0:
                 part = part * part.dtype.type(self._scale)
             self._residual[support] += part  # type: ignore[index]
-            if not on_device:
-                self._refresh_bounds(support)
         else:
-            self._bounds_hold = False
             if self._scale != 1.0:
                 update = update * update.dtype.type(self._scale)
-            if on_device:
-                uptr, _, _ = _device_vector("encode", "update", update, writable=False)
-                cuda.launch(_core.cuda_accumulate, rptr, uptr, n, dtype)
-            else:
-                _core.accumulate(self._residual, np.ascontiguousarray(update))
+            uptr, _, _ = _device_vector("encode", "update", update, writable=False)
+            cuda.launch(_core.cuda_accumulate, rptr, uptr, n, dtype)
         threshold = self._algorithm.calculate_threshold(
             iteration,
             epoch,
@@ -233,8 +234,7 @@ class EncodingHandler:
         else computed over the whole residual."""
         if self._bounds is None:
             self._bounds = np.empty(-(-self._n // _core.BOUND_BLOCK), dtype=self._dtype)
-        at = np.ascontiguousarray(support, dtype=np.int64) if self._bounds_hold else None
-        _core.residual_bounds(self._residual, self._bounds, at)
+        _core.residual_bounds(self._residual, self._bounds, support if self._bounds_hold else None)
         self._bounds_hold = True
 
     @property

@@ -166,6 +166,28 @@ def test_residual_bounds_match_numpy(n, dtype, seed) -> None:
     assert np.all(some[~touched] == -1.0)  # only the blocks holding the indices
 
 
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["float32", "float64"]),
+    scale=st.sampled_from([1.0, 0.5, 1 / 3]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_accumulate_at_matches_numpy(n, dtype, scale, seed) -> None:
+    """residual[at] += scale * update[at] (the product rounded to the dtype first), a repeated index
+    added once as NumPy does; the whole-vector form the same at every index."""
+    rng = np.random.default_rng(seed)
+    residual, update = _residual(rng, n, dtype, specials=True), _residual(rng, n, dtype, specials=False)
+    at = rng.integers(0, n, rng.integers(0, 2 * n)).astype(np.int64)  # repeats when long
+    want = residual.copy()
+    want[at] += update[at] * np.dtype(dtype).type(scale)
+    got = residual.copy()
+    _core.accumulate(got, update, scale, at=at)
+    assert got.tobytes() == want.tobytes()
+    whole = residual.copy()
+    _core.accumulate(whole, update, scale)
+    assert whole.tobytes() == (residual + update * np.dtype(dtype).type(scale)).tobytes()
+
+
 def test_bad_bounds_are_named() -> None:
     n = 2 * BLOCK + 2  # 3 blocks
     x = np.zeros(n, np.float32)
@@ -178,6 +200,12 @@ def test_bad_bounds_are_named() -> None:
         _core.clip(x, 0.5, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match=rf"at indices must be in \[0, {n}\), got {n}"):
         _core.residual_bounds(x, np.zeros(3, np.float32), np.array([0, n], np.int64))
+    untouched = x.copy()
+    with pytest.raises(ValueError, match=r"\[accumulate\] at indices must be in \[0, \d+\), got -1"):
+        _core.accumulate(x, np.ones(n, np.float32), at=np.array([0, -1], np.int64))
+    assert x.tobytes() == untouched.tobytes()  # checked before anything is written
+    with pytest.raises(ValueError, match="scale must be finite, got nan"):
+        _core.accumulate(x, np.ones(n, np.float32), float("nan"))
     frozen = np.zeros(3, np.float32)
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="bounds must be writable"):
@@ -204,20 +232,24 @@ class _Doubling(ResidualPostProcessor):
     ],
     ids=["noop", "clipping", "clipping-every-step", "growing"],
 )
-def test_handler_with_support_steps_matches_whole_vector_steps(post) -> None:
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])
+def test_handler_with_support_steps_matches_whole_vector_steps(post, scale) -> None:
     """A handler fed a row-sparse step's support (bounds refreshed there, the count reading only the
     blocks reaching the threshold) sends what a handler fed the whole vectors sends, over steps that
     switch between sparse and dense adds and a post-processor that clips the residual or grows it."""
     n = 40_000
     rng = np.random.default_rng(3)
-    handlers = [EncodingHandler(n, FixedThresholdAlgorithm(0.05), post, dtype="float32") for _ in range(2)]
+    handlers = [
+        EncodingHandler(n, FixedThresholdAlgorithm(0.05), post, dtype="float32", update_scale=scale)
+        for _ in range(2)
+    ]
     limit = np.float32(0.05 * getattr(post, "threshold_multiple_clip_value", np.inf))
     clipped = 0
     for step in range(16):
         dense = step in (5, 6, 11)
         update = np.zeros(n, np.float32)
         support = np.arange(n) if dense else np.unique(rng.integers(0, n, 400))
-        update[support] = rng.normal(0, 0.06, support.size)
+        update[support] = rng.normal(0, 0.06 / scale, support.size)  # the same residuals at any scale
         whole = handlers[0].encode(update, step, 0)
         part = handlers[1].encode(update, step, 0, support=None if dense else support)
         assert (whole is None) == (part is None)
