@@ -67,6 +67,42 @@ def test_all_epochs_run_in_one_job_and_the_callback_sees_the_controller_params(s
     assert seen[-1][:2] == (3, 4) and sm.network.epoch_count == 4
 
 
+def test_without_a_callback_the_workers_go_before_the_network_copies_the_epoch(
+    spark, small_rdd, monkeypatch
+) -> None:
+    """No epoch callback: each epoch's barrier is released before the driver's network takes that
+    epoch's parameters (a large model's copies held every worker); with one, the callback's network
+    has them before the release. Either way the fit ends holding the controller's final parameters."""
+    from sparkgrad.spark.controller_fit import ProgressController
+
+    events: list[tuple[str, int]] = []
+    release = ProgressController.release_epoch
+
+    def recorded_release(self, epoch, stop):
+        events.append(("release", epoch))
+        return release(self, epoch, stop)
+
+    monkeypatch.setattr(ProgressController, "release_epoch", recorded_release)
+    sm = SparkMultiLayer(spark, mlp_conf(hidden=16), _master())
+    set_params = sm.network.set_params
+
+    def recorded_set_params(params):
+        events.append(("set_params", int(sm.network.epoch_count)))
+        return set_params(params)
+
+    monkeypatch.setattr(sm.network, "set_params", recorded_set_params)
+    sm.fit(small_rdd, epochs=3)
+    epoch_ends = [e for e in events if e[0] == "release" or e[1] < 3]
+    expected = [("release", 0), ("set_params", 0), ("release", 1), ("set_params", 1)]
+    assert epoch_ends[:6] == expected + [("release", 2), ("set_params", 2)]
+    assert sm.network.epoch_count == 3
+    final = sm.network.params().copy()
+    events.clear()
+    sm.fit(small_rdd, epochs=1, epoch_callback=lambda epoch, network: events.append(("callback", epoch)))
+    assert events[:3] == [("set_params", 3), ("callback", 3), ("release", 3)]
+    assert not np.array_equal(final, sm.network.params())
+
+
 def test_the_workers_follow_an_epoch_learning_rate_schedule(spark, small_rdd) -> None:
     # the demo anneals its rate for the last epoch: the epoch count must reach the workers' updaters
     # within the one job. A rate of 0 in epoch 0 makes every update exactly 0: nothing is sent, the

@@ -254,6 +254,7 @@ class _EpochServer:
                     stop = self.run.on_epoch(epoch)
                 finally:
                     controller.release_epoch(epoch, stop)
+                self.run.after_release()
             if controller.error is not None:
                 self.error = controller.error
                 _thread.interrupt_main()

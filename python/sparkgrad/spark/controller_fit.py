@@ -98,6 +98,7 @@ def _run_watched(
     action: Callable[[], Any],
     on_epoch: Callable[[int], bool] | None = None,
     progress: FitProgress | None = None,
+    after_release: Callable[[], None] | None = None,
 ) -> Any:
     """Run the Spark training action while watching the controller (and serving its epoch barrier).
 
@@ -113,6 +114,8 @@ def _run_watched(
         action: zero-argument callable running the Spark job.
         on_epoch: ``on_epoch(epoch) -> stop`` for a barrier job, else None.
         progress: the fit's progress line, redrawn while the job runs.
+        after_release: called once the workers were released from each epoch's barrier (an exception
+            from it is handled as one from ``on_epoch``).
 
     Returns:
         The action's result.
@@ -145,6 +148,11 @@ def _run_watched(
             except BaseException as exc:  # the workers still have to be released
                 callback_error = exc
             controller.release_epoch(epoch, stop)
+            if after_release is not None and callback_error is None:
+                try:
+                    after_release()
+                except BaseException as exc:
+                    callback_error = exc
         if controller.error is not None:
             sc.cancelJobGroup(group)
             thread.join(_CANCEL_WAIT_S)
@@ -392,7 +400,10 @@ class ControllerFit(ABC):
                         # a whole when a task or an executor fails (a failed barrier result stage ends the
                         # job, with the failed task's error)
                         stage = stage.repartition(1)
-                    for part in _run_watched(sc, run.controller, stage.collect, run.on_epoch, run.progress):
+                    watched = _run_watched(
+                        sc, run.controller, stage.collect, run.on_epoch, run.progress, run.after_release
+                    )
+                    for part in watched:
                         results = _latest(results, part)
                 else:  # more partitions than slots, or dynamic allocation: one job per epoch
                     for epoch in range(first_epoch, first_epoch + epochs):
@@ -542,6 +553,9 @@ class _FitRun:
             **options,
         )
         master._state_reports = None
+        self._epoch_params: np.ndarray | None = None  # the last epoch end's parameters (on_epoch)
+        self._epoch_iteration = int(network.iteration_count)
+        self._params_pending = False
 
     def job(self, template: SharedJob) -> SharedJob:
         """``template`` with this controller's secret, address and keys."""
@@ -556,17 +570,40 @@ class _FitRun:
         )
 
     def on_epoch(self, epoch: int) -> bool:
-        """The driver's side of an epoch end: the network takes the controller's parameters; returns
-        whether to stop."""
+        """The driver's side of an epoch end while the workers wait at its barrier: the controller's
+        parameters are copied into a buffer kept for the fit and, with an epoch callback, the network
+        takes them and the callback decides; returns whether to stop. Without a callback the network
+        takes them in :meth:`after_release`, once the workers train again: with the network set here
+        every worker waited for two copies of the model (0.2-0.4 s at 17M parameters under load)."""
         network, controller = self.network, self.controller
         self.finished = epoch + 1
         self.progress.end_epoch(epoch)
-        network.set_params(controller.params())
+        if self._epoch_params is None:
+            self._epoch_params = controller.params()
+        else:
+            controller.copy_params(self._epoch_params)
+        self._epoch_iteration = controller.next_iteration
         self.master._epoch_state(network, controller)
+        last = self.finished >= self.first_epoch + self.epochs
+        if self.epoch_callback is None:
+            self._params_pending = True
+            return last
+        self._take_epoch_params()
+        return run_epoch_callback(self.epoch_callback, epoch, network, self.stats) or last
+
+    def after_release(self) -> None:
+        """After the barrier let the workers go: the network takes the epoch's parameters if
+        :meth:`on_epoch` left them for now."""
+        if self._params_pending:
+            self._take_epoch_params()
+
+    def _take_epoch_params(self) -> None:
+        network = self.network
+        assert self._epoch_params is not None
+        network.set_params(self._epoch_params)
         network.epoch_count = self.finished
-        network.iteration_count = max(int(network.iteration_count), controller.next_iteration)
-        stop = run_epoch_callback(self.epoch_callback, epoch, network, self.stats)
-        return stop or self.finished >= self.first_epoch + self.epochs
+        network.iteration_count = max(int(network.iteration_count), self._epoch_iteration)
+        self._params_pending = False
 
     def await_state_report(self) -> None:
         """The last epoch's updater-state report may be in flight: let it land (checkpoints)."""

@@ -275,6 +275,12 @@ class Controller:
         with self._lock:
             return self._params.copy()
 
+    def copy_params(self, out: np.ndarray) -> None:
+        """The current authoritative parameters copied into ``out`` (of their shape and dtype): no new
+        buffer to fault in, while the controller holds its lock."""
+        with self._lock:
+            np.copyto(out, self._params)
+
     def mesh_tree(self) -> dict[int, int]:
         """MESH: {worker: parent} of the current relay tree (parent 0 is the controller); {} in PLAIN."""
         with self._lock:
