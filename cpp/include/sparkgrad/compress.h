@@ -45,6 +45,9 @@ inline bool sparse_is_smaller(std::int64_t count, std::int64_t n) {
 // positive float32) and n fits the int32 header.
 void check_encode_args(const char* op, std::int64_t n, double threshold);
 
+// Throws std::invalid_argument naming `op` unless each of the `count` indices `at` is in [0, n).
+void check_at_indices(const char* op, const std::int64_t* at, std::int64_t count, std::int64_t n);
+
 // IEEE-754 bit patterns (host and device): the per-element codes below work on them so the CPU loops
 // are branch-free and vectorise, and comparisons exclude NaN by construction.
 template <typename T>

@@ -31,6 +31,12 @@ void check_encode_args(const char* op, std::int64_t n, double threshold) {
   }
 }
 
+void check_at_indices(const char* op, const std::int64_t* at, std::int64_t count, std::int64_t n) {
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (at[k] < 0 || at[k] >= n) throw_invalid(op, "at", " indices must be in [0, ", n, "), got ", at[k]);
+  }
+}
+
 void validate_header(const char* op, const std::int32_t* header, std::int64_t len, std::int64_t n,
                      std::int32_t expected_flag) {
   if (len < kHeaderWords) throw_invalid(op, "message must hold at least ", kHeaderWords, " header words, got ", len);

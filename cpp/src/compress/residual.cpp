@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "sparkgrad/common.h"
 #include "sparkgrad/compress.h"
 #include "block16.h"
 
@@ -17,9 +16,7 @@ void accumulate(T* residual, const T* update, std::int64_t n, T scale) {
 template <typename T>
 void accumulate_at(const char* op, T* residual, const T* update, std::int64_t n, T scale, const std::int64_t* at,
                    std::int64_t count) {
-  for (std::int64_t k = 0; k < count; ++k) {
-    if (at[k] < 0 || at[k] >= n) throw_invalid(op, "at", " indices must be in [0, ", n, "), got ", at[k]);
-  }
+  check_at_indices(op, at, count, n);
   // serial: a step's support is a few thousand indices in runs (rows of a table), its cost the cache misses.
   // All sums are read before any is written, as NumPy's residual[at] += ... does: a repeated index adds once.
   std::vector<T> sums(static_cast<std::size_t>(count));

@@ -208,9 +208,7 @@ void block_bounds(const T* x, std::int64_t n, T* bounds) {
 template <typename T>
 void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, const std::int64_t* at,
                      std::int64_t count) {
-  for (std::int64_t k = 0; k < count; ++k) {
-    if (at[k] < 0 || at[k] >= n) throw_invalid(op, "at", " indices must be in [0, ", n, "), got ", at[k]);
-  }
+  check_at_indices(op, at, count, n);
   // serial: the indices of a step's support come in runs of one row or range, so consecutive repeats of a
   // block are skipped and the rest is a few thousand blocks
   std::int64_t previous = -1;
