@@ -100,6 +100,30 @@ def test_structure_rules(version: int, slots: tuple, counts: tuple, kind: int, m
         cls.load(io.BytesIO(blob))
 
 
+def test_every_truncation_names_what_it_cut_alike_from_bytes_and_from_a_stream() -> None:
+    """A buffer's reads are slices and their error texts are built only on error: each prefix of a
+    record names the field it cut, as the stream reader does, offsets included."""
+    blob = DataSet(np.arange(6, dtype=np.float32).reshape(2, 3), np.eye(2, dtype=np.float32)).to_bytes()
+    whats = set()
+    for cut in range(len(blob)):
+        with pytest.raises(CorruptDataError) as from_bytes:
+            DataSet.from_bytes(blob[:cut])
+        with pytest.raises(CorruptDataError) as from_stream:
+            DataSet.load(io.BytesIO(blob[:cut]))
+        text = str(from_bytes.value).removeprefix("<bytes>: ")
+        assert text == str(from_stream.value).removeprefix("<BytesIO>: ")
+        if text.startswith("truncated: "):
+            whats.add(text.removeprefix("truncated: ").split(" needs ")[0])
+    assert {
+        "magic bytes",
+        "header",
+        "features shape",  # (a cut before it fails the header's count check: the length is known)
+        "features (float32 array of shape (2, 3))",
+        "labels (float32 array of shape (2, 2))",
+        "checksum trailer",
+    } <= whats
+
+
 def test_shape_edit_cannot_drop_arrays() -> None:
     """The issue's example: features (16, 64) edited to (16, 0) once dropped the labels silently."""
     ds = DataSet(np.ones((16, 64), np.float32), np.ones((16, 3), np.float32))
