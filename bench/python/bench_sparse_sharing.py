@@ -139,7 +139,7 @@ def main() -> None:
             _core.accumulate(residual, update)
             add = _ms(start)
             bounded = residual.copy()  # the same residual with its exact block bounds, as support steps keep
-            bounds = np.empty(-(-n // _core.BOUND_BLOCK), residual.dtype)
+            bounds = np.empty(_core.bounds_length(n), residual.dtype)
             _core.residual_bounds(bounded, bounds)
             start = time.perf_counter()
             _core.encode_smaller(residual, threshold)

@@ -64,13 +64,13 @@ const char* decode_op(std::int32_t flag) {
   return flag == kFlagSparse ? "threshold_decode" : flag == kFlagBitmap ? "bitmap_decode" : "decode";
 }
 
-// A residual's bounds argument: a writable vector of T with bound_blocks(n) elements.
+// A residual's bounds argument: a writable vector of T with bounds_length(n) elements.
 template <typename T>
 auto checked_bounds(const char* op, const py::handle& bounds, std::int64_t n) {
   auto bd = checked_vector<T>(op, "bounds", bounds, /*writable=*/true);
-  if (bd.shape(0) != bound_blocks(n)) {
-    throw_invalid(op, "bounds must have ", bound_blocks(n), " elements (one per ", kBoundBlock,
-                  " of the residual's ", n, "), got ", bd.shape(0));
+  if (bd.shape(0) != bounds_length(n)) {
+    throw_invalid(op, "bounds must have ", bounds_length(n), " elements (bounds_length: one per ", kBoundBlock,
+                  " of the residual's ", n, " and one per ", kBoundBlock * kBoundGroup, "), got ", bd.shape(0));
   }
   return bd;
 }
@@ -167,9 +167,17 @@ void init_compress(py::module_& m) {
         });
       },
       py::arg("residual"), py::arg("bounds"), py::arg("at") = py::none(),
-      "bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements: for every block, "
-      "or for the blocks holding the int64 indices `at`.");
+      "bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements, then for each group "
+      "of BOUND_GROUP blocks its largest bound (bounds: (bounds_length(n),)): for every block and group, or "
+      "for the blocks holding the int64 indices `at`, their groups' bounds raised to hold them.");
   m.attr("BOUND_BLOCK") = kBoundBlock;
+  m.attr("BOUND_GROUP") = kBoundGroup;
+  m.def(
+      "bounds_length", [](std::int64_t n) {
+        if (n < 0) throw_invalid("bounds_length", "n must be >= 0, got ", n);
+        return bounds_length(n);
+      },
+      py::arg("n"), "Elements of the bounds of a residual of n elements: one per BOUND_BLOCK, then one per group.");
   m.def(
       "decode",
       [](const py::handle& message, const py::handle& target, std::int32_t flag) {

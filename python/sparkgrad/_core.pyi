@@ -15,6 +15,7 @@ import typing_extensions
 
 __all__: list[str] = [
     "BOUND_BLOCK",
+    "BOUND_GROUP",
     "accumulate",
     "activation_backward",
     "activation_forward",
@@ -28,6 +29,7 @@ __all__: list[str] = [
     "bias_grad",
     "bitmap_encode",
     "blas_info",
+    "bounds_length",
     "clip",
     "conv2d_backward_input",
     "conv2d_backward_weight",
@@ -222,6 +224,11 @@ def bitmap_encode(
 def blas_info() -> str:
     """
     OpenBLAS configuration string.
+    """
+
+def bounds_length(n: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Elements of the bounds of a residual of n elements: one per BOUND_BLOCK, then one per group.
     """
 
 def clip(
@@ -703,7 +710,7 @@ def regularize_gradient(
 
 def residual_bounds(residual: typing.Any, bounds: typing.Any, at: typing.Any = None) -> None:
     """
-    bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements: for every block, or for the blocks holding the int64 indices `at`.
+    bounds[b] = max |residual| (NaN left out) over block b of BOUND_BLOCK elements, then for each group of BOUND_GROUP blocks its largest bound (bounds: (bounds_length(n),)): for every block and group, or for the blocks holding the int64 indices `at`, their groups' bounds raised to hold them.
     """
 
 def scale_shift(
@@ -806,3 +813,4 @@ def updater_state_size(kind: str, n: typing.SupportsInt | typing.SupportsIndex) 
     """
 
 BOUND_BLOCK: int = 16
+BOUND_GROUP: int = 64

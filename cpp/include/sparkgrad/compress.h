@@ -178,32 +178,42 @@ void threshold_encode(T* x, const SparsePlan& plan, std::int32_t* out);
 
 // ---- per-block magnitude bounds of a residual ----------------------------------------------------
 
-// A residual's bounds: bounds[b] >= |x[i]| for every non-NaN element of block b, the elements
-// [b * kBoundBlock, (b + 1) * kBoundBlock) of x (NaN never qualifies). With them the counting pass reads
-// only the blocks whose bound reaches the threshold, so a step whose update touched a few rows of a large
-// embedding table costs what it touched and what it sends instead of a pass over the whole residual.
+// A residual's bounds, in two levels: bounds[b] >= |x[i]| for every non-NaN element of block b, the
+// elements [b * kBoundBlock, (b + 1) * kBoundBlock) of x (NaN never qualifies), for b < bound_blocks(n);
+// then bounds[bound_blocks(n) + g] >= |x[i]| for every non-NaN element of group g, the blocks
+// [g * kBoundGroup, (g + 1) * kBoundGroup). With them the counting pass reads only the groups and then
+// the blocks whose bound reaches the threshold, so a step whose update touched a few rows of a large
+// embedding table costs what it touched and what it sends instead of a pass over the whole residual (or
+// over one bound per 16 of its elements: 4 MB at 17M parameters).
 inline constexpr std::int64_t kBoundBlock = 16;
+inline constexpr std::int64_t kBoundGroup = 64;
 
 // Number of bound blocks of a vector of n elements.
 inline std::int64_t bound_blocks(std::int64_t n) { return (n + kBoundBlock - 1) / kBoundBlock; }
+// Number of bound groups of a vector of n elements.
+inline std::int64_t bound_groups(std::int64_t n) { return (bound_blocks(n) + kBoundGroup - 1) / kBoundGroup; }
+// Length of a bounds vector of a vector of n elements: its blocks' bounds, then its groups'.
+inline std::int64_t bounds_length(std::int64_t n) { return bound_blocks(n) + bound_groups(n); }
 
-// threshold_plan reading only the blocks of x whose bound reaches the threshold: the same plan whenever
-// bounds: (bound_blocks(n),) hold. A block it reads without a qualifying element gets its exact bound.
+// threshold_plan reading only the groups and blocks of x whose bound reaches the threshold: the same plan
+// whenever bounds: (bounds_length(n),) hold. A block it reads without a qualifying element gets its exact
+// bound; a group it reads gets the largest of its blocks' bounds.
 template <typename T>
 SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, std::int64_t boundary,
                                   T* bounds);
 
-// The exact bound of every block of x: (n,).
+// The exact bound of every block and group of x: (n,).
 template <typename T>
 void block_bounds(const T* x, std::int64_t n, T* bounds);
 
-// The exact bounds of the blocks holding x[at[k]] for k < count (at: indices in [0, n), else
-// std::invalid_argument naming `op` and nothing written).
+// The exact bounds of the blocks holding x[at[k]] for k < count, their groups' bounds raised to hold them
+// (at: indices in [0, n), else std::invalid_argument naming `op` and nothing written).
 template <typename T>
 void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, const std::int64_t* at,
                      std::int64_t count);
 
-// After threshold_encode(x, plan, ...): the exact bounds of the blocks it encoded elements of.
+// After threshold_encode(x, plan, ...): the exact bounds of the blocks it encoded elements of, and their
+// groups' bounds the largest of their blocks'.
 template <typename T>
 void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds);
 
@@ -290,7 +300,7 @@ void accumulate_at(const char* op, T* residual, const T* update, std::int64_t n,
 template <typename T>
 void clip(T* residual, std::int64_t n, T limit);
 
-// clip reading only the blocks whose bound reaches the limit (bounds: (bound_blocks(n),) that hold, see
+// clip reading only the blocks whose bound reaches the limit (bounds: (bounds_length(n),) that hold, see
 // threshold_plan_bounded): the same residual, since no other block has an element beyond the limit; the
 // bounds of the blocks it clipped become the limit, so they still hold.
 template <typename T>

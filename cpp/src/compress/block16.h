@@ -4,6 +4,7 @@
 // the per-element codes of compress.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "sparkgrad/compress.h"
@@ -93,5 +94,58 @@ inline std::uint32_t bitmap_word16<float>(float* x, float t, float h, std::uint3
   return value | (negative << 16);
 }
 #endif
+
+// The largest magnitude of `count` bounds (magnitudes' bit patterns order as they do; an integer max
+// vectorises where a float one, for NaN's sake, does not).
+template <typename T>
+inline T largest_bound(const T* bounds, std::int64_t count) {
+  typename FloatBits<T>::U m = 0;
+  for (std::int64_t b = 0; b < count; ++b) m = std::max(m, to_bits(bounds[b]) & ~FloatBits<T>::kSign);
+  return from_bits<T>(m);
+}
+
+// Calls read(b), ascending, for each block b of the bound groups [g0, g1) whose bound reaches the threshold
+// tb (bit pattern), reading the block bounds of only the groups whose own bound reaches it (bounds: the
+// two levels of compress.h; x: the residual, whose blocks read(b) reads). read may lower bounds[b]; each
+// group read then gets the largest of its blocks' bounds, so a group left high by something that only
+// shrank it is read once more, not every time. The groups and blocks read are scattered over the bounds
+// and the residual: each set of them is prefetched before it is read, so that their cache misses overlap.
+template <typename T, typename Read>
+void for_each_bounded_block(std::int64_t n, std::int64_t g0, std::int64_t g1, T* bounds, const T* x,
+                            typename FloatBits<T>::U tb, Read read) {
+  const std::int64_t blocks = bound_blocks(n);
+  T* groups = bounds + blocks;
+  const auto read_group = [&](std::int64_t g) {
+    const std::int64_t first = g * kBoundGroup, last = std::min(blocks, first + kBoundGroup);
+    std::int64_t hits[kBoundGroup];
+    int count = 0;
+    std::int64_t b = first;
+    for (; b + 16 <= last; b += 16) {
+      for (std::uint32_t mask = qualify_mask16(bounds + b, tb); mask != 0; mask &= mask - 1) {
+        hits[count++] = b + __builtin_ctz(mask);
+      }
+    }
+    for (; b < last; ++b) {
+      if (qualifies(bounds[b], tb)) hits[count++] = b;
+    }
+    for (int k = 0; k < count; ++k) __builtin_prefetch(x + hits[k] * kBoundBlock, 1);
+    for (int k = 0; k < count; ++k) read(hits[k]);
+    groups[g] = largest_bound(bounds + first, last - first);
+  };
+  const auto prefetch_group = [&](std::int64_t g) {
+    for (std::int64_t b = g * kBoundGroup; b < std::min(blocks, (g + 1) * kBoundGroup); b += 64 / sizeof(T)) {
+      __builtin_prefetch(bounds + b, 1);
+    }
+  };
+  std::int64_t g = g0;
+  for (; g + 16 <= g1; g += 16) {  // most group masks are empty after a row-sparse step
+    const std::uint32_t found = qualify_mask16(groups + g, tb);
+    for (std::uint32_t mask = found; mask != 0; mask &= mask - 1) prefetch_group(g + __builtin_ctz(mask));
+    for (std::uint32_t mask = found; mask != 0; mask &= mask - 1) read_group(g + __builtin_ctz(mask));
+  }
+  for (; g < g1; ++g) {
+    if (qualifies(groups[g], tb)) read_group(g);
+  }
+}
 
 }  // namespace sparkgrad::compress::detail

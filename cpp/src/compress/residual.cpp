@@ -32,31 +32,22 @@ void clip(T* residual, std::int64_t n, T limit) {
 
 template <typename T>
 void clip_bounded(T* residual, std::int64_t n, T limit, T* bounds) {
-  // bounds per parallel unit: each unit owns its blocks, so the result does not depend on the threads
-  constexpr std::int64_t kGroup = 2048;
-  const std::int64_t blocks = bound_blocks(n);
-  const std::int64_t groups = (blocks + kGroup - 1) / kGroup;
+  // bound groups per parallel unit: each unit owns its groups and their blocks, so the result does not
+  // depend on the threads
+  constexpr std::int64_t kUnitGroups = 32;
+  const std::int64_t groups = bound_groups(n);
+  const std::int64_t units = (groups + kUnitGroups - 1) / kUnitGroups;
   const auto lb = to_bits(limit);
-#pragma omp parallel for schedule(static) if (groups > 1)
-  for (std::int64_t g = 0; g < groups; ++g) {
-    const auto clip_block = [&](std::int64_t b) {
+#pragma omp parallel for schedule(static) if (units > 1)
+  for (std::int64_t u = 0; u < units; ++u) {
+    const std::int64_t last = std::min(groups, (u + 1) * kUnitGroups);
+    detail::for_each_bounded_block(n, u * kUnitGroups, last, bounds, residual, lb, [&](std::int64_t b) {
       const std::int64_t end = std::min(n, (b + 1) * kBoundBlock);
       for (std::int64_t i = b * kBoundBlock; i < end; ++i) {
         residual[i] = std::min(std::max(residual[i], -limit), limit);
       }
       bounds[b] = limit;  // it reached the limit: min(bound, limit)
-    };
-    const std::int64_t last = std::min(blocks, (g + 1) * kGroup);
-    std::int64_t b = g * kGroup;
-    // the bounds 16 at a time: after a row-sparse step most are far below the limit
-    for (; b + 16 <= last; b += 16) {
-      for (std::uint32_t mask = detail::qualify_mask16(bounds + b, lb); mask != 0; mask &= mask - 1) {
-        clip_block(b + __builtin_ctz(mask));
-      }
-    }
-    for (; b < last; ++b) {
-      if (detail::qualifies(bounds[b], lb)) clip_block(b);
-    }
+    });
   }
 }
 

@@ -111,27 +111,19 @@ SparsePlan threshold_plan(const T* x, std::int64_t n, double threshold, std::int
   });
 }
 
-// kChunk is a multiple of kBoundBlock, so every block lies in one chunk and each chunk's thread owns the
-// bounds of its blocks.
-static_assert(kChunk % kBoundBlock == 0);
+// kChunk is a multiple of a bound group's elements, so every group lies in one chunk and each chunk's thread
+// owns the bounds of its groups and their blocks.
+static_assert(kChunk % (kBoundBlock * kBoundGroup) == 0);
+constexpr std::int64_t kChunkGroups = kChunk / (kBoundBlock * kBoundGroup);
 
 namespace {
 
 // Calls read(b) for each block b of chunk c whose bound reaches the threshold (bit pattern tb), ascending.
 template <typename T, typename Read>
-void for_each_bounded_block(std::int64_t n, std::int64_t c, const T* bounds, typename FloatBits<T>::U tb,
+void for_each_bounded_block(std::int64_t n, std::int64_t c, T* bounds, const T* x, typename FloatBits<T>::U tb,
                             Read read) {
-  const std::int64_t last = std::min(bound_blocks(n), (c + 1) * (kChunk / kBoundBlock));
-  std::int64_t b = c * (kChunk / kBoundBlock);
-  // the bounds 16 at a time (most masks are empty)
-  for (; b + 16 <= last; b += 16) {
-    for (std::uint32_t mask = detail::qualify_mask16(bounds + b, tb); mask != 0; mask &= mask - 1) {
-      read(b + __builtin_ctz(mask));
-    }
-  }
-  for (; b < last; ++b) {
-    if (detail::qualifies(bounds[b], tb)) read(b);
-  }
+  detail::for_each_bounded_block(n, c * kChunkGroups, std::min(bound_groups(n), (c + 1) * kChunkGroups), bounds,
+                                 x, tb, read);
 }
 
 // The record of the qualifying elements of block b: a block's worth plus the lanes record_range may write
@@ -169,7 +161,7 @@ SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, 
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     std::int64_t found = 0;
-    for_each_bounded_block(n, c, bounds, tb, [&](std::int64_t b) {
+    for_each_bounded_block(n, c, bounds, x, tb, [&](std::int64_t b) {
       const std::int64_t count = record_block(x, n, b, tb).count;
       // a bound left high by a post-processor's clipping (or by anything that only shrank the block) is
       // made exact, so the block is not read again until something reaches the threshold there
@@ -187,7 +179,7 @@ SparsePlan threshold_plan_bounded(const T* x, std::int64_t n, double threshold, 
     if (plan.offsets[c + 1] == plan.offsets[c]) continue;
     std::int32_t* out = &plan.indices[plan.offsets[c]];
     // the blocks whose elements qualified before (every other one now has its exact bound, below it)
-    for_each_bounded_block(n, c, bounds, tb, [&](std::int64_t b) {
+    for_each_bounded_block(n, c, bounds, x, tb, [&](std::int64_t b) {
       const BlockRecord r = record_block(x, n, b, tb);
       std::copy(r.at, r.at + r.count, out);
       out += r.count;
@@ -203,12 +195,18 @@ void block_bounds(const T* x, std::int64_t n, T* bounds) {
   for (std::int64_t b = 0; b < blocks; ++b) {
     bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
   }
+  const std::int64_t groups = bound_groups(n);
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::int64_t first = g * kBoundGroup;
+    bounds[blocks + g] = detail::largest_bound(bounds + first, std::min(blocks, first + kBoundGroup) - first);
+  }
 }
 
 template <typename T>
 void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, const std::int64_t* at,
                      std::int64_t count) {
   check_at_indices(op, at, count, n);
+  T* groups = bounds + bound_blocks(n);
   // serial: the indices of a step's support come in runs of one row or range, so consecutive repeats of a
   // block are skipped and the rest is a few thousand blocks
   std::int64_t previous = -1;
@@ -216,6 +214,8 @@ void block_bounds_at(const char* op, const T* x, std::int64_t n, T* bounds, cons
     const std::int64_t b = at[k] / kBoundBlock;
     if (b == previous) continue;
     bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
+    T& group = groups[b / kBoundGroup];
+    group = std::max(group, bounds[b]);
     previous = b;
   }
 }
@@ -232,18 +232,30 @@ const std::int32_t* chunk_records(const SparsePlan& plan, std::int64_t c) {
 template <typename T>
 void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
   const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
+  const std::int64_t blocks = bound_blocks(plan.n);
+  const auto tighten_group = [&](std::int64_t g) {
+    const std::int64_t first = g * kBoundGroup;
+    bounds[blocks + g] = detail::largest_bound(bounds + first, std::min(blocks, first + kBoundGroup) - first);
+  };
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
     const std::int64_t stop = std::min(plan.offsets[c + 1], plan.entries);
     const std::int32_t* rec = chunk_records(plan, c);
-    std::int64_t previous = -1;
+    std::int64_t previous = -1, previous_group = -1;
     for (std::int64_t k = pos; k < stop; ++k) {  // ascending within a chunk: each block once
       const std::int64_t b = rec[k - pos] / kBoundBlock;
       if (b == previous) continue;
       bounds[b] = block_max(x, b * kBoundBlock, std::min(plan.n, (b + 1) * kBoundBlock));
       previous = b;
+      // a group's bound, left at what its blocks held before the encode, is lowered with them: else the
+      // next count reads the group again although nothing in it reaches the threshold
+      if (b / kBoundGroup != previous_group) {
+        if (previous_group >= 0) tighten_group(previous_group);
+        previous_group = b / kBoundGroup;
+      }
     }
+    if (previous_group >= 0) tighten_group(previous_group);
   }
 }
 

@@ -233,7 +233,7 @@ class EncodingHandler:
         """The host residual's bounds after an add at ``support``: refreshed there while they hold,
         else computed over the whole residual."""
         if self._bounds is None:
-            self._bounds = np.empty(-(-self._n // _core.BOUND_BLOCK), dtype=self._dtype)
+            self._bounds = np.empty(_core.bounds_length(self._n), dtype=self._dtype)
         _core.residual_bounds(self._residual, self._bounds, support if self._bounds_hold else None)
         self._bounds_hold = True
 

@@ -479,11 +479,12 @@ class ResidualClippingPostProcessor(ResidualPostProcessor):
         """Clips ``residual`` in place on the iterations ``frequency`` names.
 
         Args:
-            bounds: a host residual's per-block magnitude bounds that hold (``_core.residual_bounds``,
-                kept by :class:`~sparkgrad.compress.EncodingHandler` after row-sparse steps): only the
-                blocks whose bound reaches the limit are read, the same result, and their bounds lowered
-                to the limit. A step that touched a few rows of a large table then clips in what it
-                touched instead of a pass over every parameter.
+            bounds: a host residual's magnitude bounds per block and per group of blocks that hold
+                (``_core.residual_bounds``, kept by :class:`~sparkgrad.compress.EncodingHandler` after
+                row-sparse steps): only the blocks whose bound (and their group's) reaches the limit are
+                read, the same result, and their bounds lowered to the limit. A step that touched a few
+                rows of a large table then clips in what it touched instead of a pass over every
+                parameter.
         """
         if iteration <= 0 or iteration % self.frequency != 0:
             return

@@ -1,7 +1,8 @@
-"""A residual's per-block magnitude bounds (``_core.residual_bounds``), the count that reads only the
-blocks reaching the threshold (``_core.encode_smaller(..., bounds)``) and the clip that reads only the
-blocks reaching its limit (``_core.clip(..., bounds)``): the same messages and residuals as the
-whole-vector passes, bounds that still hold afterwards, and the handler keeping them only while they do."""
+"""A residual's magnitude bounds per block and per group of blocks (``_core.residual_bounds``), the count
+that reads only the groups and blocks reaching the threshold (``_core.encode_smaller(..., bounds)``) and
+the clip that reads only those reaching its limit (``_core.clip(..., bounds)``): the same messages and
+residuals as the whole-vector passes, bounds that still hold afterwards, and the handler keeping them only
+while they do."""
 
 from __future__ import annotations
 
@@ -21,15 +22,46 @@ from sparkgrad.compress import (
 from sparkgrad.spark.threads import native_threads
 
 BLOCK = _core.BOUND_BLOCK
+GROUP = _core.BOUND_GROUP
+
+
+def _group_max(blocks: np.ndarray) -> np.ndarray:
+    """The largest of each GROUP consecutive values of ``blocks`` (the last group may be short)."""
+    padded = np.full(-(-blocks.size // GROUP) * GROUP, -np.inf, blocks.dtype)
+    padded[: blocks.size] = blocks
+    return padded.reshape(-1, GROUP).max(axis=1)
 
 
 def _bounds_reference(x: np.ndarray) -> np.ndarray:
-    """max |x| of each block of BLOCK elements, NaN left out (0 for a block of NaN only)."""
+    """max |x| of each block of BLOCK elements, NaN left out (0 for a block of NaN only), then the largest
+    of each group of GROUP blocks: the layout of ``_core.bounds_length(x.size)`` elements."""
     magnitudes = np.abs(x)
     magnitudes[np.isnan(magnitudes)] = 0
     padded = np.zeros(-(-x.size // BLOCK) * BLOCK, x.dtype)
     padded[: x.size] = magnitudes
-    return padded.reshape(-1, BLOCK).max(axis=1)
+    blocks = padded.reshape(-1, BLOCK).max(axis=1)
+    return np.concatenate([blocks, _group_max(blocks)])
+
+
+def _loose(exact: np.ndarray, rng: np.random.Generator, slack: float) -> np.ndarray:
+    """Bounds that hold: each block's and each group's exact bound plus its own random slack (so a group's
+    bound may be below a loose bound of one of its blocks: it must still hold its elements)."""
+    return (exact + rng.random(exact.size) * slack).astype(exact.dtype)
+
+
+def _blocks_read(loose: np.ndarray, n: int, t) -> np.ndarray:
+    """The blocks a bounded pass at threshold ``t`` reads: its bound and its group's reach ``t``."""
+    blocks = -(-n // BLOCK)
+    group_reached = loose[blocks:] >= t
+    return (loose[:blocks] >= t) & group_reached[np.arange(blocks) // GROUP]
+
+
+def test_bounds_length() -> None:
+    for n in (0, 1, BLOCK, BLOCK + 1, BLOCK * GROUP, BLOCK * GROUP + 1, 17_003_236):
+        blocks = -(-n // BLOCK)
+        assert _core.bounds_length(n) == blocks + -(-blocks // GROUP)
+    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+        _core.bounds_length(-1)
 
 
 def _residual(rng: np.random.Generator, n: int, dtype: str, specials: bool) -> np.ndarray:
@@ -56,13 +88,12 @@ def _residual(rng: np.random.Generator, n: int, dtype: str, specials: bool) -> n
 def test_bounded_count_encodes_as_the_whole_vector(n, dtype, threshold, specials, slack, seed) -> None:
     """With bounds that hold (exact or loose), the message, the format and the residual are bit-identical
     to the whole-vector encode's; afterwards the bounds still hold: exact for every block the count read
-    (an element was encoded from it, or none reached the threshold), untouched elsewhere, and all exact
-    after a bitmap."""
+    (an element was encoded from it, or none reached the threshold), untouched elsewhere, each group read
+    the largest of its blocks' bounds, and all exact after a bitmap."""
     rng = np.random.default_rng(seed)
     x = _residual(rng, n, dtype, specials)
     whole = x.copy()
-    exact = _bounds_reference(x)
-    loose = (exact + rng.random(exact.size) * slack).astype(dtype)  # upper bounds, some well above
+    loose = _loose(_bounds_reference(x), rng, slack)  # upper bounds, some well above
     bounds = loose.copy()
     message, bitmap = _core.encode_smaller(x, threshold, bounds)
     expected, expected_bitmap = _core.encode_smaller(whole, threshold)
@@ -74,9 +105,13 @@ def test_bounded_count_encodes_as_the_whole_vector(n, dtype, threshold, specials
         assert np.array_equal(bounds, after)
         return
     t = x.dtype.type(np.float32(threshold))
-    read = loose >= t  # the blocks the count read: each one is exact now
-    assert np.array_equal(bounds[read], after[read])
-    assert np.array_equal(bounds[~read], loose[~read])  # the others were not touched
+    blocks = -(-n // BLOCK)
+    read = _blocks_read(loose, n, t)  # each block the count read is exact now
+    assert np.array_equal(bounds[:blocks][read], after[:blocks][read])
+    assert np.array_equal(bounds[:blocks][~read], loose[:blocks][~read])  # the others were not touched
+    groups_read = loose[blocks:] >= t
+    assert np.array_equal(bounds[blocks:][groups_read], _group_max(bounds[:blocks])[groups_read])
+    assert np.array_equal(bounds[blocks:][~groups_read], loose[blocks:][~groups_read])
     assert np.all(bounds >= after)
 
 
@@ -95,20 +130,21 @@ def test_bounded_clip_clips_as_the_whole_vector(n, dtype, limit, specials, slack
     rng = np.random.default_rng(seed)
     x = _residual(rng, n, dtype, specials)
     whole = x.copy()
-    loose = (_bounds_reference(x) + rng.random(-(-n // BLOCK)) * slack).astype(dtype)
+    loose = _loose(_bounds_reference(x), rng, slack)
     bounds = loose.copy()
     _core.clip(x, limit, bounds)
     _core.clip(whole, limit)
     assert x.tobytes() == whole.tobytes()
-    read = loose >= x.dtype.type(limit)
-    assert np.all(bounds[read] == x.dtype.type(limit))
-    assert np.array_equal(bounds[~read], loose[~read])
+    blocks = -(-n // BLOCK)
+    read = _blocks_read(loose, n, x.dtype.type(limit))
+    assert np.all(bounds[:blocks][read] == x.dtype.type(limit))
+    assert np.array_equal(bounds[:blocks][~read], loose[:blocks][~read])
     assert np.all(bounds >= _bounds_reference(x))
 
 
 @pytest.mark.parametrize("op", ["count", "clip"])
 def test_bounded_passes_over_many_chunks_and_threads(op) -> None:
-    """Across the parallel units (the count's 32768-element chunks, the clip's 2048 bounds) and with one or
+    """Across the parallel units (the count's 32768-element chunks, the clip's 32 groups) and with one or
     two threads: the whole-vector pass's messages and residual, step after step, as the bounds are
     refreshed at each step's support."""
     n = 200_003
@@ -117,7 +153,7 @@ def test_bounded_passes_over_many_chunks_and_threads(op) -> None:
         with native_threads(threads):
             x = np.zeros(n, np.float32)
             whole = x.copy()
-            bounds = np.zeros(-(-n // BLOCK), np.float32)
+            bounds = np.zeros(_core.bounds_length(n), np.float32)
             for _ in range(12):
                 support = np.unique(rng.integers(0, n, 3000)).astype(np.int64)
                 step = rng.normal(0, 0.3, support.size).astype(np.float32)
@@ -137,9 +173,38 @@ def test_bounded_passes_over_many_chunks_and_threads(op) -> None:
                 assert np.count_nonzero(np.abs(x) == np.float32(0.4)) > 100  # it clipped
 
 
+@pytest.mark.parametrize("op", ["count", "clip"])
+def test_groups_below_the_threshold_keep_their_blocks_unread(op) -> None:
+    """A group whose bound is below the threshold (or the clip's limit) keeps its blocks unread however
+    loose their own bounds: the passes read a block's bound only in a group reaching it."""
+    n = 40 * BLOCK * GROUP + 5
+    x = np.random.default_rng(11).normal(0, 0.05, n).astype(np.float32)
+    hot = [3, 17, 18, 38]  # the groups holding an element that reaches 1.0
+    for g in hot:
+        x[g * BLOCK * GROUP + 7] = 2.0
+    whole = x.copy()
+    bounds = _bounds_reference(x)
+    blocks = -(-n // BLOCK)
+    bounds[:blocks] = 5.0  # every block's bound loose, above the threshold; the groups' exact
+    if op == "count":
+        message, _ = _core.encode_smaller(x, 1.0, bounds)
+        expected, _ = _core.encode_smaller(whole, 1.0)
+        assert message.tobytes() == expected.tobytes()
+        assert message[0] == len(hot)
+    else:
+        _core.clip(x, 1.0, bounds)
+        _core.clip(whole, 1.0)
+    assert x.tobytes() == whole.tobytes()
+    group_of_block = np.arange(blocks) // GROUP
+    in_hot = np.isin(group_of_block, hot)
+    assert np.all(bounds[:blocks][~in_hot] == 5.0)  # never read
+    assert np.all(bounds[:blocks][in_hot] <= 1.0)  # read: exact, or clipped to the limit
+    assert np.all(bounds >= _bounds_reference(x))
+
+
 def test_a_bitmap_recomputes_every_bound() -> None:
     x = np.full(1000, 3.0, np.float32)
-    bounds = np.full(-(-1000 // BLOCK), 7.0, np.float32)  # loose everywhere
+    bounds = np.full(_core.bounds_length(1000), 7.0, np.float32)  # loose everywhere
     message, bitmap = _core.encode_smaller(x, 1.0, bounds)
     assert bitmap
     assert np.array_equal(bounds, _bounds_reference(x))
@@ -154,16 +219,20 @@ def test_a_bitmap_recomputes_every_bound() -> None:
 def test_residual_bounds_match_numpy(n, dtype, seed) -> None:
     rng = np.random.default_rng(seed)
     x = _residual(rng, n, dtype, specials=True)
-    bounds = np.full(-(-n // BLOCK), -1.0, dtype)
+    bounds = np.full(_core.bounds_length(n), -1.0, dtype)
     _core.residual_bounds(x, bounds)
     assert np.array_equal(bounds, _bounds_reference(x))
     at = rng.integers(0, n, rng.integers(0, 50)).astype(np.int64)
     some = np.full(bounds.size, -1.0, dtype)
     _core.residual_bounds(x, some, at)
-    touched = np.zeros(bounds.size, bool)
+    blocks = -(-n // BLOCK)
+    touched = np.zeros(blocks, bool)
     touched[at // BLOCK] = True
-    assert np.array_equal(some[touched], bounds[touched])
-    assert np.all(some[~touched] == -1.0)  # only the blocks holding the indices
+    assert np.array_equal(some[:blocks][touched], bounds[:blocks][touched])
+    assert np.all(some[:blocks][~touched] == -1.0)  # only the blocks holding the indices
+    # their groups raised to hold them (from -1: the largest touched block of each), the others untouched
+    raised = _group_max(np.where(touched, bounds[:blocks], -1.0).astype(dtype))
+    assert np.array_equal(some[blocks:], raised)
 
 
 @given(
@@ -189,9 +258,12 @@ def test_accumulate_at_matches_numpy(n, dtype, scale, seed) -> None:
 
 
 def test_bad_bounds_are_named() -> None:
-    n = 2 * BLOCK + 2  # 3 blocks
+    n = 2 * BLOCK + 2  # 3 blocks, 1 group
     x = np.zeros(n, np.float32)
-    expected = rf"bounds must have 3 elements \(one per {BLOCK} of the residual's {n}\), got 2"
+    expected = (
+        rf"bounds must have 4 elements \(bounds_length: one per {BLOCK} of the residual's {n} and one per "
+        rf"{BLOCK * GROUP}\), got 2"
+    )
     with pytest.raises(ValueError, match=expected):
         _core.encode_smaller(x, 0.5, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="bounds must have dtype float32"):
@@ -199,14 +271,14 @@ def test_bad_bounds_are_named() -> None:
     with pytest.raises(ValueError, match=expected):
         _core.clip(x, 0.5, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match=rf"at indices must be in \[0, {n}\), got {n}"):
-        _core.residual_bounds(x, np.zeros(3, np.float32), np.array([0, n], np.int64))
+        _core.residual_bounds(x, np.zeros(4, np.float32), np.array([0, n], np.int64))
     untouched = x.copy()
     with pytest.raises(ValueError, match=r"\[accumulate\] at indices must be in \[0, \d+\), got -1"):
         _core.accumulate(x, np.ones(n, np.float32), at=np.array([0, -1], np.int64))
     assert x.tobytes() == untouched.tobytes()  # checked before anything is written
     with pytest.raises(ValueError, match="scale must be finite, got nan"):
         _core.accumulate(x, np.ones(n, np.float32), float("nan"))
-    frozen = np.zeros(3, np.float32)
+    frozen = np.zeros(4, np.float32)
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="bounds must be writable"):
         _core.encode_smaller(x, 0.5, frozen)
