@@ -112,7 +112,7 @@ def rebatch(datasets: Iterable[E], batch_size: int) -> Iterator[E]:
 
     Returns:
         An iterator of batches; an input of exactly ``batch_size`` examples with nothing pending is
-        passed through as a view.
+        passed through as it is (the same object).
 
     Raises:
         TypeError: an element is not of the first element's class (names its index).
@@ -134,7 +134,7 @@ def _rebatch(datasets: Iterable[E], batch_size: int) -> Iterator[E]:
         n, start = ds.num_examples(), 0
         while start < n:
             take = min(batch_size - pending_count, n - start)
-            pending.append(ds[start : start + take])
+            pending.append(ds if take == n else ds[start : start + take])  # whole: no slice to build
             pending_count += take
             start += take
             if pending_count == batch_size:

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkgrad.data import DataSet, MultiDataSet, SerializedDataSetLoader
+from sparkgrad.data import serialization as fmt
 from sparkgrad.errors import CorruptDataError
 
 MAGIC = b"\x89SGD\r\n\x1a\n"
@@ -158,3 +161,82 @@ def test_bool_arrays_viewing_other_bytes_are_written_as_0_and_1() -> None:
     odd = np.array([0, 1, 2, 255], np.uint8).view(np.bool_)
     restored = DataSet.from_bytes(DataSet(np.zeros((4, 1)), odd).to_bytes())
     assert restored.labels.view(np.uint8).tolist() == [0, 1, 1, 1]
+
+
+_DTYPES = ["float32", "float64", "float16", "int8", "int32", "int64", "uint16", "bool"]
+
+
+def _arrays(draw, n: int, dtype: str) -> np.ndarray:
+    shape = (n, *draw(st.lists(st.integers(0, 3), max_size=3)))
+    values = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(-5, 6, shape)
+    return (values > 0) if dtype == "bool" else values.astype(dtype)
+
+
+@st.composite
+def _records(draw) -> DataSet | MultiDataSet:
+    n = draw(st.integers(0, 3))
+    dtype = st.sampled_from(_DTYPES)
+    if draw(st.booleans()):
+        labels = _arrays(draw, n, draw(dtype)) if draw(st.booleans()) else None
+        return DataSet(
+            _arrays(draw, n, draw(dtype)),
+            labels,
+            _arrays(draw, n, draw(dtype)) if draw(st.booleans()) else None,
+            _arrays(draw, n, draw(dtype)) if labels is not None and draw(st.booleans()) else None,
+        )
+    features = [_arrays(draw, n, draw(dtype)) for _ in range(draw(st.integers(1, 3)))]
+    labels = [_arrays(draw, n, draw(dtype)) for _ in range(draw(st.integers(0, 2)))]
+    masks = [None if draw(st.booleans()) else _arrays(draw, n, draw(dtype)) for _ in features]
+    return MultiDataSet(features, labels, masks if any(m is not None for m in masks) else None)
+
+
+def _same(a: DataSet | MultiDataSet, b: DataSet | MultiDataSet) -> None:
+    for group_a, group_b in zip(a._groups, b._groups, strict=True):
+        for x, y in zip(group_a, group_b, strict=True):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+@given(data=_records())
+def test_a_whole_buffer_reads_as_the_stream_reader_reads_it(data) -> None:
+    """A buffer holding one record is read at its offsets with one checksum (the path every spilled
+    partition element takes): the stream reader's arrays, owned and writable, not views of the buffer."""
+    cls = type(data)
+    buffer = bytearray(data.to_bytes())
+    assert fmt._parse_whole(memoryview(buffer), cls._KIND) is not None  # the offsets path read it
+    parsed = cls.from_bytes(buffer)
+    _same(parsed, cls.load(io.BytesIO(bytes(buffer))))
+    _same(parsed, data)
+    buffer[:] = bytes(len(buffer))  # the caller reuses its buffer
+    _same(parsed, data)
+    assert all(a.flags.writeable and a.flags.owndata for g in parsed._groups for a in g if a is not None)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        DataSet(np.arange(6, dtype=np.float32).reshape(2, 3), np.eye(2), np.ones((2, 3), bool)),
+        MultiDataSet(
+            [np.ones((2, 3), np.float16), np.arange(2, dtype=np.int32)],
+            [np.eye(2)],
+            [np.ones((2, 3)), None],
+            [np.ones((2, 1), np.uint8)],
+        ),
+    ],
+    ids=["DataSet", "MultiDataSet"],
+)
+def test_every_changed_byte_is_refused_as_the_stream_reader_refuses_it(data) -> None:
+    """Every byte of a record changed (two ways): from bytes the error of the stream reader, which reads
+    again each buffer the offsets path declined."""
+    cls, blob = type(data), data.to_bytes()
+    for at in range(len(blob)):
+        for changed in (blob[at] ^ 0xFF, (blob[at] + 1) % 256):
+            bad = blob[:at] + bytes([changed]) + blob[at + 1 :]
+            with pytest.raises(CorruptDataError) as from_bytes:
+                cls.from_bytes(bad)
+            with pytest.raises(CorruptDataError) as from_stream:
+                cls.load(io.BytesIO(bad))
+            assert str(from_bytes.value).removeprefix("<bytes>: ") == str(from_stream.value).removeprefix(
+                "<BytesIO>: "
+            )
