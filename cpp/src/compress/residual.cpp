@@ -20,7 +20,14 @@ void accumulate_at(const char* op, T* residual, const T* update, std::int64_t n,
   // serial: a step's support is a few thousand indices in runs (rows of a table), its cost the cache misses.
   // All sums are read before any is written, as NumPy's residual[at] += ... does: a repeated index adds once.
   std::vector<T> sums(static_cast<std::size_t>(count));
-  for (std::int64_t k = 0; k < count; ++k) sums[k] = residual[at[k]] + scale * update[at[k]];
+  constexpr std::int64_t kAhead = 16;  // a step's rows lie scattered: their misses overlap when fetched early
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (k + kAhead < count) {
+      __builtin_prefetch(residual + at[k + kAhead], 1);
+      __builtin_prefetch(update + at[k + kAhead]);
+    }
+    sums[k] = residual[at[k]] + scale * update[at[k]];
+  }
   for (std::int64_t k = 0; k < count; ++k) residual[at[k]] = sums[k];
 }
 
