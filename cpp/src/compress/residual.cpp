@@ -39,9 +39,9 @@ void clip(T* residual, std::int64_t n, T limit) {
 
 template <typename T>
 void clip_bounded(T* residual, std::int64_t n, T limit, T* bounds) {
-  // bound groups per parallel unit: each unit owns its groups and their blocks, so the result does not
-  // depend on the threads
-  constexpr std::int64_t kUnitGroups = 32;
+  // bound groups per parallel unit (2048 blocks): each unit owns its groups and their blocks, so the result
+  // does not depend on the threads
+  constexpr std::int64_t kUnitGroups = 2048 / kBoundGroup;
   const std::int64_t groups = bound_groups(n);
   const std::int64_t units = (groups + kUnitGroups - 1) / kUnitGroups;
   const auto lb = to_bits(limit);

@@ -256,9 +256,9 @@ def _parse_whole(view: memoryview, kind: int) -> Groups | None:
     elif not (n_features >= 1 and n_fmasks in (0, n_features) and n_lmasks in (0, n_labels)):
         return None
     pos, examples = _HEADER.size, None
-    groups = []
+    groups: list[tuple[np.ndarray | None, ...]] = []
     for g, count in enumerate(counts):
-        group = []
+        group: list[np.ndarray | None] = []
         for _ in range(count):
             if pos >= body or view[pos] > 1:
                 return None

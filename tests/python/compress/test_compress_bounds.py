@@ -144,7 +144,7 @@ def test_bounded_clip_clips_as_the_whole_vector(n, dtype, limit, specials, slack
 
 @pytest.mark.parametrize("op", ["count", "clip"])
 def test_bounded_passes_over_many_chunks_and_threads(op) -> None:
-    """Across the parallel units (the count's 32768-element chunks, the clip's 32 groups) and with one or
+    """Across the parallel units (the count's 32768-element chunks, the clip's 2048 blocks) and with one or
     two threads: the whole-vector pass's messages and residual, step after step, as the bounds are
     refreshed at each step's support."""
     n = 200_003
