@@ -95,13 +95,15 @@ inline std::uint32_t bitmap_word16<float>(float* x, float t, float h, std::uint3
 }
 #endif
 
-// The largest magnitude of `count` bounds (magnitudes' bit patterns order as they do; an integer max
-// vectorises where a float one, for NaN's sake, does not).
+// Group g's bound (bounds: the two levels of compress.h, `blocks` of them per block) set to the largest
+// magnitude of its blocks' bounds (magnitudes' bit patterns order as they do; an integer max vectorises
+// where a float one, for NaN's sake, does not).
 template <typename T>
-inline T largest_bound(const T* bounds, std::int64_t count) {
+inline void tighten_group(T* bounds, std::int64_t blocks, std::int64_t g) {
+  const std::int64_t first = g * kBoundGroup, last = std::min(blocks, first + kBoundGroup);
   typename FloatBits<T>::U m = 0;
-  for (std::int64_t b = 0; b < count; ++b) m = std::max(m, to_bits(bounds[b]) & ~FloatBits<T>::kSign);
-  return from_bits<T>(m);
+  for (std::int64_t b = first; b < last; ++b) m = std::max(m, to_bits(bounds[b]) & ~FloatBits<T>::kSign);
+  bounds[blocks + g] = from_bits<T>(m);
 }
 
 // Calls read(b), ascending, for each block b of the bound groups [g0, g1) whose bound reaches the threshold
@@ -130,7 +132,7 @@ void for_each_bounded_block(std::int64_t n, std::int64_t g0, std::int64_t g1, T*
     }
     for (int k = 0; k < count; ++k) __builtin_prefetch(x + hits[k] * kBoundBlock, 1);
     for (int k = 0; k < count; ++k) read(hits[k]);
-    groups[g] = largest_bound(bounds + first, last - first);
+    tighten_group(bounds, blocks, g);
   };
   const auto prefetch_group = [&](std::int64_t g) {
     for (std::int64_t b = g * kBoundGroup; b < std::min(blocks, (g + 1) * kBoundGroup); b += 64 / sizeof(T)) {

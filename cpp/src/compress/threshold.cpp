@@ -196,10 +196,7 @@ void block_bounds(const T* x, std::int64_t n, T* bounds) {
     bounds[b] = block_max(x, b * kBoundBlock, std::min(n, (b + 1) * kBoundBlock));
   }
   const std::int64_t groups = bound_groups(n);
-  for (std::int64_t g = 0; g < groups; ++g) {
-    const std::int64_t first = g * kBoundGroup;
-    bounds[blocks + g] = detail::largest_bound(bounds + first, std::min(blocks, first + kBoundGroup) - first);
-  }
+  for (std::int64_t g = 0; g < groups; ++g) detail::tighten_group(bounds, blocks, g);
 }
 
 template <typename T>
@@ -233,10 +230,6 @@ template <typename T>
 void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
   const auto chunks = static_cast<std::int64_t>(plan.offsets.size()) - 1;
   const std::int64_t blocks = bound_blocks(plan.n);
-  const auto tighten_group = [&](std::int64_t g) {
-    const std::int64_t first = g * kBoundGroup;
-    bounds[blocks + g] = detail::largest_bound(bounds + first, std::min(blocks, first + kBoundGroup) - first);
-  };
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t pos = plan.offsets[c];
@@ -251,11 +244,11 @@ void block_bounds_encoded(const T* x, const SparsePlan& plan, T* bounds) {
       // a group's bound, left at what its blocks held before the encode, is lowered with them: else the
       // next count reads the group again although nothing in it reaches the threshold
       if (b / kBoundGroup != previous_group) {
-        if (previous_group >= 0) tighten_group(previous_group);
+        if (previous_group >= 0) detail::tighten_group(bounds, blocks, previous_group);
         previous_group = b / kBoundGroup;
       }
     }
-    if (previous_group >= 0) tighten_group(previous_group);
+    if (previous_group >= 0) detail::tighten_group(bounds, blocks, previous_group);
   }
 }
 

@@ -101,7 +101,6 @@ _DTYPE_CODES = {
     )
 }
 _CODE_DTYPES = {code: dtype.newbyteorder("<") for dtype, code in _DTYPE_CODES.items()}
-_BOOL = _CODE_DTYPES[_DTYPE_CODES[np.dtype(np.bool_)]]
 _SHAPES = tuple(struct.Struct(f"<{rank}Q") for rank in range(MAX_RANK + 1))  # the shape of a rank-r array
 _CHUNK = 1 << 24  # read size when the stream's remaining length is unknown
 _GROUP_NAMES = {
@@ -249,12 +248,9 @@ def _parse_whole(view: memoryview, kind: int) -> Groups | None:
     magic, version, stored_kind, reserved, *counts = _HEADER.unpack_from(view)
     if magic != MAGIC or version != VERSION or stored_kind != kind or reserved:
         return None
-    n_features, n_labels, n_fmasks, n_lmasks = counts
-    if kind == KIND_DATASET:
-        if tuple(counts) != (1, 1, 1, 1):
-            return None
-    elif not (n_features >= 1 and n_fmasks in (0, n_features) and n_lmasks in (0, n_labels)):
+    if not _counts_valid(kind, counts):
         return None
+    slots = _Slots(kind)
     pos, examples = _HEADER.size, None
     groups: list[tuple[np.ndarray | None, ...]] = []
     for g, count in enumerate(counts):
@@ -263,7 +259,7 @@ def _parse_whole(view: memoryview, kind: int) -> Groups | None:
             if pos >= body or view[pos] > 1:
                 return None
             if not view[pos]:
-                if g == 0 or (g == 1 and kind == KIND_MULTIDATASET):  # required slots
+                if slots.required(g):
                     return None
                 group.append(None)
                 pos += 1
@@ -287,19 +283,15 @@ def _parse_whole(view: memoryview, kind: int) -> Groups | None:
                 array = np.frombuffer(view, dtype, count_items, pos).reshape(shape).copy()
             except (ValueError, OverflowError, MemoryError):  # dimensions numpy cannot represent
                 return None
-            if dtype is _BOOL and array.size and array.view(np.uint8).max() > 1:
+            if not _bool_bytes_valid(array):
                 return None
             group.append(array)
             pos += nbytes
         groups.append(tuple(group))
     if pos != body or _TRAILER.unpack_from(view, body)[0] != zlib.crc32(view[:body]):
         return None
-    if kind == KIND_DATASET:
-        if groups[1][0] is None and groups[3][0] is not None:
-            return None
-    elif any(groups[g] and all(mask is None for mask in groups[g]) for g in (2, 3)):
-        return None
-    return tuple(groups)
+    parsed = tuple(groups)
+    return None if slots.broken_rule(parsed) is not None else parsed
 
 
 def _binary_stream(source: object) -> BinaryIO:
@@ -413,12 +405,7 @@ class _Reader:
         return groups
 
     def _check_counts(self, kind: int, counts: Sequence[int]) -> None:
-        n_features, n_labels, n_fmasks, n_lmasks = counts
-        if kind == KIND_DATASET:
-            valid = tuple(counts) == (1, 1, 1, 1)
-        else:
-            valid = n_features >= 1 and n_fmasks in (0, n_features) and n_lmasks in (0, n_labels)
-        if not valid:
+        if not _counts_valid(kind, counts):
             raise self.error(f"corrupt header: array counts {tuple(counts)} (features, labels, masks)")
         available = self._available()
         if available is not None and sum(counts) > available:  # every slot takes at least one byte
@@ -466,7 +453,7 @@ class _Reader:
                     self._into(array.data.cast("B"), what)
         except (ValueError, OverflowError, MemoryError) as exc:  # dimensions numpy cannot represent
             raise self.error(f"{name}: corrupt shape {shape} at offset {self._offset}: {exc}") from None
-        if dtype is _BOOL and array.size and array.view(np.uint8).max() > 1:
+        if not _bool_bytes_valid(array):
             raise self.error(f"{name}: bool array holds bytes other than 0 and 1")
         return array if sys.byteorder == "little" else array.astype(dtype.newbyteorder("="))
 
@@ -530,14 +517,35 @@ class _Slots:
 
     def check_groups(self, groups: Groups, error: Callable[[str], CorruptDataError]) -> None:
         """Rules spanning slots: the canonical forms the writer produces."""
+        broken = self.broken_rule(groups)
+        if broken is not None:
+            raise error(broken)
+
+    def broken_rule(self, groups: Groups) -> str | None:
+        """What :meth:`check_groups` refuses ``groups`` for, or None."""
         names = _GROUP_NAMES[self._kind]
         if self._kind == KIND_DATASET:
             if groups[1][0] is None and groups[3][0] is not None:
-                raise error(f"{names[3]}: present without {names[1]}")
-            return
+                return f"{names[3]}: present without {names[1]}"
+            return None
         for g in (2, 3):
             if groups[g] and all(mask is None for mask in groups[g]):
-                raise error(f"{names[g]}: {len(groups[g])} slots stored, all absent (written as 0 slots)")
+                return f"{names[g]}: {len(groups[g])} slots stored, all absent (written as 0 slots)"
+        return None
+
+
+def _counts_valid(kind: int, counts: Sequence[int]) -> bool:
+    """Whether a record of ``kind`` may hold ``counts`` (features, labels, features masks, labels masks)
+    arrays."""
+    n_features, n_labels, n_fmasks, n_lmasks = counts
+    if kind == KIND_DATASET:
+        return tuple(counts) == (1, 1, 1, 1)
+    return n_features >= 1 and n_fmasks in (0, n_features) and n_lmasks in (0, n_labels)
+
+
+def _bool_bytes_valid(array: np.ndarray) -> bool:
+    """A bool array's bytes are 0 or 1 (other bytes would read as True and write back as 1)."""
+    return not (array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1)
 
 
 def source_name(source: PathOrFile) -> str:
