@@ -173,6 +173,18 @@ def _check_keras_import(namespace: dict, output: str, tmp_path) -> None:
     assert max(namespace["graph_differences"]) < 8 * FLOAT32_EPS * 11 * 3, namespace["graph_differences"]
 
 
+def _check_onnx_import(namespace: dict, output: str, tmp_path) -> None:
+    # what the page shows: the vertices (activations folded into their layers) and the output's loss
+    vertices = "conv ConvolutionLayer\npool SubsamplingLayer\nflatten PreprocessorVertex\nfc OutputLayer\n"
+    assert vertices in output
+    net = namespace["net"]
+    assert net.conf.spec("conv").vertex.activation.value == "relu"
+    assert net.conf.spec("fc").vertex.loss.value == "mcxent"
+    # dot products of 1568 terms (the Gemm) after 9 (the convolution)
+    assert namespace["difference"] < 8 * FLOAT32_EPS * 1568 * 2, namespace["difference"]
+    assert net.score(namespace["data"]) < namespace["before"]
+
+
 def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
     from sparkgrad.nn import FrozenLayer
 
@@ -201,6 +213,7 @@ def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
 CHECKS = {
     "docs/guides/keras-import.md": _check_keras_import,
     "docs/guides/local-training.md": _check_local_training,
+    "docs/guides/onnx-import.md": _check_onnx_import,
     "docs/guides/recurrent.md": _check_recurrent,
     "docs/guides/transfer-learning.md": _check_transfer_learning,
     "docs/migration.md": _check_migration,

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import layers as L
+from ._import import set_weights
 from .conf import MultiLayerConfiguration
 from .enums import Activation, ConvolutionMode, LossFunction, PoolingType
 from .graph import ComputationGraph, ComputationGraphConfiguration
@@ -661,24 +662,6 @@ def _input_type(shape: tuple, indices: bool) -> InputType:
     raise KerasImportError(f"input shape {shape}: unsupported rank")
 
 
-def _set_weights(net: Any, given: dict[Any, dict[str, np.ndarray]]) -> Any:
-    """Copy ``given`` ({layer index or vertex name: {parameter: value}}) into ``net``'s flat buffer."""
-    flat = net.params().copy()
-    for (key, layer, _), entries in zip(net._units, net._layouts):
-        for spec, start, stop in entries:
-            name = f"{key!r} ({type(layer).__name__})"
-            if spec.name not in given.get(key, {}):
-                raise KerasImportError(f"layer {name}: Keras gave no {spec.name!r} weight")
-            value = np.asarray(given[key][spec.name], dtype=flat.dtype)
-            if value.shape != tuple(spec.shape):
-                raise KerasImportError(
-                    f"layer {name} {spec.name!r}: Keras shape {value.shape}, expected {spec.shape}"
-                )
-            flat[start:stop] = value.ravel()
-    net.set_params(flat)
-    return net
-
-
 def _losses(loss: Any, outputs: list[str]) -> list[Any]:
     """The compiled Keras loss of each output (None where the model was not compiled)."""
     if isinstance(loss, list):
@@ -716,7 +699,8 @@ def _sequential(config: dict, weights: dict[str, list[np.ndarray]], loss: Any, s
     conf = MultiLayerConfiguration(
         [item for _, item, _, _ in converter.nodes], input_type=input_type, seed=seed
     )
-    return _set_weights(MultiLayerNetwork(conf).init(), {i: n[3] for i, n in enumerate(converter.nodes)})
+    given = {i: n[3] for i, n in enumerate(converter.nodes)}
+    return set_weights(MultiLayerNetwork(conf).init(), given, "Keras", KerasImportError)
 
 
 def _tensor_refs(layer: dict, value: Any) -> list[tuple]:
@@ -795,7 +779,8 @@ def _functional(config: dict, weights: dict[str, list[np.ndarray]], loss: Any, s
         else:
             builder.add_vertex(name, item, *heads)
     conf = builder.set_outputs(*outputs).set_input_types(*types).build()
-    return _set_weights(ComputationGraph(conf).init(), {n[0]: n[3] for n in converter.nodes})
+    given = {n[0]: n[3] for n in converter.nodes}
+    return set_weights(ComputationGraph(conf).init(), given, "Keras", KerasImportError)
 
 
 def import_keras_model_and_weights(
