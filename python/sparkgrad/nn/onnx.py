@@ -5,15 +5,17 @@ package (``pip install sparkgrad[onnx]``); no runtime is needed.
 The subset is the one :mod:`sparkgrad.nn.keras` imports, in ONNX's operators: Gemm and MatMul (+ Add of
 a bias), Conv (2-D, and 1-D over sequences), ConvTranspose, MaxPool, AveragePool, GlobalAveragePool,
 GlobalMaxPool, BatchNormalization, LayerNormalization, the activations, Flatten and Reshape to vectors,
-Pad, nearest Resize, Add/Sub/Mul/Max/Sum/Mean between computed tensors and Concat along channels or
-features; Dropout and Identity pass their input on. Every node becomes at most one sparkgrad layer or
+Pad, nearest Resize, Add/Sub/Mul/Max/Sum/Mean between computed tensors, Concat along channels or
+features and Gather from a table by an integer input (an embedding); Dropout, Identity and Squeeze of
+unit axes pass their input on. Every node becomes at most one sparkgrad layer or
 vertex named after it (its name, or its first output where it has none); an activation right after the
 Gemm, MatMul or convolution it alone reads becomes that layer's activation. Anything else raises
 :class:`OnnxImportError` naming the node and its operator or attribute.
 
 Layout: ONNX's images are NCHW and 1-D convolutions read (N, C, L), which is sparkgrad's (and DL4J's)
 layout for images and for sequences (batch, features, time): data goes in unchanged. Flattening orders
-values (c, h, w) in both.
+values (c, h, w) in both. Integer indices go in as (batch, 1), whether ONNX declares (batch,) or
+(batch, 1).
 
 ONNX carries no loss. Each graph output becomes trainable: from a Gemm/MatMul an :class:`OutputLayer`
 (with its fused activation), from an activation node a :class:`LossLayer` with that activation, from
@@ -96,11 +98,13 @@ _FUSES = (L.DenseLayer, L.ConvolutionLayer, L.Deconvolution2D, L.Convolution1DLa
 class _Value:
     """An ONNX tensor as the imported graph holds it: the vertex (or input) computing it and its ONNX shape
     without the batch axis ((C, H, W) images, (C, L) sequences, (F,) vectors). ``flat``: sparkgrad holds
-    it as a vector although ONNX keeps unit axes (a global pooling's (C, 1, 1))."""
+    it as a vector although ONNX keeps unit axes (a global pooling's (C, 1, 1)); sparkgrad holds an
+    ``indices`` input as (batch, 1)."""
 
     vertex: str
     shape: tuple
     flat: bool = False
+    indices: bool = False  # a model input of integer indices, (batch,) or (batch, 1): only a Gather reads it
 
 
 @dataclasses.dataclass
@@ -165,7 +169,10 @@ class _Converter:
             raise self.error(f"input {name!r} is a constant; only computed tensors are imported there")
         if name not in self.values:
             raise self.error(f"reads {name!r}, which no earlier node computes (or only as a second output)")
-        return self.values[name]
+        value = self.values[name]
+        if value.indices:
+            raise self.error(f"reads the integer input {name!r}, which only a Gather from a table may")
+        return value
 
     def add(
         self, item: L.Layer | GraphVertex, heads: list[str], params: dict | None = None, name: str = ""
@@ -518,6 +525,34 @@ class _Converter:
             raise self.fail("shape (only (batch, features): a flatten)", tuple(shape))
         self.flatten()
 
+    def _Gather(self) -> None:
+        """Gather(table, indices) of a model input of integer indices: an EmbeddingLayer."""
+        table = self.constant(0, "data (the embedding table)")
+        name = self.node.input[1]
+        x = self.values.get(name)
+        if x is None or not x.indices:
+            raise self.error(f"gathers by {name!r}: only by a model input of integer indices (an embedding)")
+        self.require("axis", 0, (0,))
+        if table.ndim != 2:
+            raise self.fail("table shape", table.shape)
+        rows, size = table.shape
+        layer = L.EmbeddingLayer(n_in=rows, n_out=size, activation=Activation.IDENTITY)
+        vertex = self.add(layer, [x.vertex], {L.WEIGHT: table})
+        self.produce(_Value(vertex, (*x.shape, size), flat=bool(x.shape)))
+
+    def _Squeeze(self) -> None:
+        """Squeeze of unit axes sparkgrad does not hold (a looked-up (1, E), a global pooling's (C, 1, 1))."""
+        x = self.input()
+        axes = self.attr("axes", None)
+        given = self.optional_constant(1, "axes")
+        axes = [int(a) for a in (given if given is not None else axes if axes is not None else [])]
+        rank = len(x.shape) + 1
+        dropped = {a % rank for a in axes} if axes else {i + 1 for i, n in enumerate(x.shape) if n == 1}
+        if 0 in dropped or any(x.shape[a - 1] != 1 for a in dropped) or (dropped and not x.flat):
+            raise self.fail("axes (only unit axes of a pooled or looked-up vector)", tuple(axes))
+        shape = tuple(n for i, n in enumerate(x.shape) if i + 1 not in dropped)
+        self.produce(_Value(x.vertex, shape, flat=len(shape) > 1))
+
     def _Dropout(self) -> None:
         self.produce(self.input())
 
@@ -620,19 +655,35 @@ def _input_type(name: str, shape: tuple) -> InputType:
     raise OnnxImportError(f"ONNX input {name!r}: shape (batch, {shape}) has an unsupported rank")
 
 
-def _shape(value: Any) -> tuple:
-    dims = value.type.tensor_type.shape.dim
-    out = []
+_INDEX_TYPES = ("INT64", "INT32")
+
+
+def _input(value: Any) -> tuple[_Value, InputType]:
+    """A model input: its value and its input type. Float tensors of rank 2-4; integer indices
+    (batch,) or (batch, 1), which sparkgrad takes as (batch, 1)."""
+    tensor = value.type.tensor_type
+    dims = tensor.shape.dim
+    if not dims:
+        raise OnnxImportError(f"ONNX input {value.name!r}: no shape")
+    shape = []
     for d in dims[1:]:
         if not d.HasField("dim_value") or d.dim_value < 1:
             raise OnnxImportError(
                 f"ONNX input {value.name!r}: only the batch axis may be unknown, got "
                 f"{[x.dim_param or x.dim_value for x in dims]}"
             )
-        out.append(int(d.dim_value))
-    if not dims:
-        raise OnnxImportError(f"ONNX input {value.name!r}: no shape")
-    return tuple(out)
+        shape.append(int(d.dim_value))
+    kind = _onnx().TensorProto.DataType.Name(tensor.elem_type)
+    if kind in _INDEX_TYPES:
+        if shape not in ([], [1]):
+            raise OnnxImportError(
+                f"ONNX input {value.name!r}: integer input of shape (batch, {shape}); indices are imported "
+                "one per example, (batch,) or (batch, 1)"
+            )
+        return _Value(value.name, tuple(shape), indices=True), InputType.feed_forward(1)
+    if kind not in ("FLOAT", "DOUBLE", "FLOAT16"):
+        raise OnnxImportError(f"ONNX input {value.name!r}: element type {kind}")
+    return _Value(value.name, tuple(shape)), _input_type(value.name, tuple(shape))
 
 
 def _load(onnx: Any, model: str | Path | bytes | Any) -> Any:
@@ -678,9 +729,8 @@ def import_onnx_model(model: str | Path | bytes | Any, seed: int | None = None) 
     inputs = [v for v in graph.input if v.name not in converter.constants]
     types = []
     for value in inputs:
-        shape = _shape(value)
-        converter.values[value.name] = _Value(value.name, shape)
-        types.append(_input_type(value.name, shape))
+        converter.values[value.name], input_type = _input(value)
+        types.append(input_type)
     for node in graph.node:
         converter.convert(node)
     outputs = []

@@ -512,3 +512,90 @@ def test_a_second_output_or_a_mismatched_kernel_is_refused():
         OnnxImportError, match=r"'conv' \(Conv\): unsupported kernel_shape \(the weight's is \(1, 1\)\)"
     ):
         import_onnx_model(model)
+
+
+def test_embeddings_of_integer_inputs_beside_numeric_features():
+    """Gather from a table by an integer model input becomes an EmbeddingLayer reading that input;
+    sparkgrad takes the indices as (batch, 1) whether ONNX's input is (batch,) or (batch, 1)."""
+    users, items = _normal(1, 30, 6), _normal(2, 9, 3)
+    w, v = _normal(3, 6 + 3 + 4, 8, scale=0.4), _normal(4, 8, 1, scale=0.4)
+    nodes = [
+        helper.make_node("Gather", ["users", "user"], ["u"], name="user_embedding"),
+        helper.make_node("Gather", ["items", "item"], ["i3"], name="item_embedding"),
+        helper.make_node("Squeeze", ["i3", "one"], ["i"], name="squeeze"),
+        helper.make_node("Concat", ["u", "i", "x"], ["c"], name="cat", axis=1),
+        helper.make_node("Gemm", ["c", "w"], ["h"], name="deep"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "v"], ["z"], name="out"),
+        helper.make_node("Sigmoid", ["z"], ["y"], name="p"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ctr",
+        [
+            helper.make_tensor_value_info("user", TensorProto.INT64, ["N"]),
+            helper.make_tensor_value_info("item", TensorProto.INT64, ["N", 1]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        [
+            numpy_helper.from_array(a, n)
+            for n, a in {"users": users, "items": items, "w": w, "v": v, "one": np.array([1])}.items()
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    rng = np.random.default_rng(5)
+    user, item, x = rng.integers(0, 30, 7), rng.integers(0, 9, (7, 1)), _normal(6, 7, 4)
+    (expected,) = ReferenceEvaluator(model).run(None, {"user": user, "item": item, "x": x})
+    net = import_onnx_model(model)
+    (got,) = net.output(user[:, None], item, x)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(13, 2))
+    table = _spec(net, "user_embedding")
+    assert isinstance(table, L.EmbeddingLayer) and (table.n_in, table.n_out) == (30, 6)
+    assert net.conf.spec("user_embedding").inputs == ["user"]
+    assert _spec(net, "out").loss is LossFunction.XENT
+    # an index outside the table is refused as sparkgrad refuses it, naming the layer
+    with pytest.raises(ValueError, match="user_embedding"):
+        net.output(np.array([[30]]), item[:1], x[:1])
+
+
+def test_integer_inputs_other_than_one_index_per_example_are_refused():
+    nodes = [
+        helper.make_node("Gather", ["table", "tokens"], ["e"], name="lookup"),
+        helper.make_node("ReduceMean", ["e", "axes"], ["y"], name="mean", keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "text",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(_normal(1, 20, 4), "table"), numpy_helper.from_array(np.array([1]), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(
+        OnnxImportError, match=r"ONNX input 'tokens': integer input of shape \(batch, \[12\]\)"
+    ):
+        import_onnx_model(model)
+    relu = helper.make_node("Relu", ["user"], ["h"], name="relu")
+    graph = helper.make_graph(
+        [relu],
+        "bad",
+        [helper.make_tensor_value_info("user", TensorProto.INT64, ["N", 1])],
+        [helper.make_tensor_value_info("h", TensorProto.INT64, ["N", 1])],
+    )
+    with pytest.raises(OnnxImportError, match=r"'relu' \(Relu\): reads the integer input 'user'"):
+        import_onnx_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_wide_and_deep_pytorch_exported_gives_pytorchs_output():
+    model = onnx.load(DATA / "wide_and_deep.onnx")
+    data = np.load(DATA / "wide_and_deep.npz")
+    feeds = {n: data[n] for n in ("user", "item", "x")}
+    np.testing.assert_allclose(
+        ReferenceEvaluator(model).run(None, feeds)[0], data["y"], rtol=0, atol=_tolerance(17, 2)
+    )
+    net = import_onnx_model(model)
+    assert net.conf.inputs == ["user", "item", "x"]
+    (got,) = net.output(feeds["user"][:, None], feeds["item"], feeds["x"])
+    np.testing.assert_allclose(got, data["y"], rtol=0, atol=_tolerance(17, 2))

@@ -29,6 +29,18 @@ class Residual(nn.Module):
         return self.head(torch.flatten(self.pool(torch.cat([r, s], 1)), 1))
 
 
+class WideAndDeep(nn.Module):
+    """Click-through style: two categorical columns looked up in embedding tables beside numeric ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users, self.items = nn.Embedding(1000, 8), nn.Embedding(50, 4)
+        self.deep = nn.Sequential(nn.Linear(8 + 4 + 5, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid())
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.deep(torch.cat([self.users(user), self.items(item).squeeze(1), x], 1))
+
+
 def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     return {
         "mlp": (
@@ -82,6 +94,17 @@ def main() -> None:
             y = model(x)
         np.savez(HERE / f"{name}.npz", x=x.numpy(), y=y.numpy())
         print(name, (HERE / f"{name}.onnx").stat().st_size, "bytes")
+    # several inputs: user ids (batch,), item ids (batch, 1) and numeric features
+    model = WideAndDeep().eval()
+    feeds = (torch.randint(0, 1000, (6,)), torch.randint(0, 50, (6, 1)), torch.randn(6, 5))
+    names = ["user", "item", "x"]
+    torch.onnx.export(
+        model, feeds, HERE / "wide_and_deep.onnx", input_names=names, output_names=["y"],
+        dynamic_axes={n: {0: "batch"} for n in [*names, "y"]}, opset_version=17, dynamo=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        y = model(*feeds)
+    np.savez(HERE / "wide_and_deep.npz", y=y.numpy(), **{n: f.numpy() for n, f in zip(names, feeds)})
 
 
 if __name__ == "__main__":
