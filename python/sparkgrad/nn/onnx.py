@@ -4,10 +4,12 @@ package (``pip install sparkgrad[onnx]``); no runtime is needed.
 
 The subset is the one :mod:`sparkgrad.nn.keras` imports, in ONNX's operators: Gemm and MatMul (+ Add of
 a bias), Conv (2-D, and 1-D over sequences), ConvTranspose, MaxPool, AveragePool, GlobalAveragePool,
-GlobalMaxPool, BatchNormalization, LayerNormalization, the activations, Flatten and Reshape to vectors,
-Pad, nearest Resize, Add/Sub/Mul/Max/Sum/Mean between computed tensors, Concat along channels or
-features and Gather from a table by an integer input (an embedding); Dropout, Identity and Squeeze of
-unit axes pass their input on. Every node becomes at most one sparkgrad layer or
+GlobalMaxPool, ReduceMean/Max/Sum over time or space, BatchNormalization, LayerNormalization, the
+activations, Flatten and Reshape to vectors, Pad, nearest Resize, Add/Sub/Mul/Max/Sum/Mean between
+computed tensors, Concat along channels or features, Gather from a table by an integer input (an
+embedding of one index or of a sequence of them), LSTM, GRU and RNN (forward or bidirectional, from a
+zero state) and the Transposes, Squeezes, Reshapes and Gathers of the last step around them that
+exporters write; Dropout and Identity pass their input on. Every node becomes at most one sparkgrad layer or
 vertex named after it (its name, or its first output where it has none); an activation right after the
 Gemm, MatMul or convolution it alone reads becomes that layer's activation. Anything else raises
 :class:`OnnxImportError` naming the node and its operator or attribute.
@@ -15,7 +17,9 @@ Gemm, MatMul or convolution it alone reads becomes that layer's activation. Anyt
 Layout: ONNX's images are NCHW and 1-D convolutions read (N, C, L), which is sparkgrad's (and DL4J's)
 layout for images and for sequences (batch, features, time): data goes in unchanged. Flattening orders
 values (c, h, w) in both. Integer indices go in as (batch, 1), whether ONNX declares (batch,) or
-(batch, 1).
+(batch, 1), and a sequence of them (batch, time) as (batch, 1, time). A sequence input a recurrent
+operator reads as (batch, time, features) (PyTorch's ``batch_first``) goes in as sparkgrad's (batch,
+features, time): ``x.transpose(0, 2, 1)``.
 
 ONNX carries no loss. Each graph output becomes trainable: from a Gemm/MatMul an :class:`OutputLayer`
 (with its fused activation), from an activation node a :class:`LossLayer` with that activation, from
@@ -42,6 +46,7 @@ from .vertices import (
     ElementWiseOp,
     ElementWiseVertex,
     GraphVertex,
+    LastTimeStepVertex,
     MergeVertex,
     PreprocessorVertex,
 )
@@ -90,6 +95,16 @@ _FOLDS = frozenset(
      "Squeeze", "Add", "Sub", "Mul", "Div", "Neg", "Identity")
 )  # fmt: skip
 _FOLD_LIMIT = 1 << 24
+# the batch size a Shape of a computed tensor reports: what is computed from it is batch dependent
+_BATCH = 1
+# recurrent operators: ONNX's gate blocks in sparkgrad's order (LSTM: ONNX i, o, f, c -> DL4J's c, f, o,
+# i; GRU: z, r, h -> r, u, c), their default activations, and the sparkgrad layer
+_RECURRENT = {
+    "LSTM": ((3, 2, 1, 0), ("Sigmoid", "Tanh", "Tanh")),
+    "GRU": ((1, 0, 2), ("Sigmoid", "Tanh")),
+    "RNN": ((0,), ("Tanh",)),
+}
+_POOLS = {"ReduceMean": PoolingType.AVG, "ReduceMax": PoolingType.MAX, "ReduceSum": PoolingType.SUM}
 # layers an activation right after them folds into
 _FUSES = (L.DenseLayer, L.ConvolutionLayer, L.Deconvolution2D, L.Convolution1DLayer)
 
@@ -99,12 +114,28 @@ class _Value:
     """An ONNX tensor as the imported graph holds it: the vertex (or input) computing it and its ONNX shape
     without the batch axis ((C, H, W) images, (C, L) sequences, (F,) vectors). ``flat``: sparkgrad holds
     it as a vector although ONNX keeps unit axes (a global pooling's (C, 1, 1)); sparkgrad holds an
-    ``indices`` input as (batch, 1)."""
+    ``indices`` input as (batch, 1) and a sequence of them as (batch, 1, time).
+
+    ``order``: a sequence (sparkgrad holds every one as (batch, features, time)) whose ONNX axes are not
+    (batch, channels, time), named by letters: n the batch, t time, c features, d a recurrent operator's
+    directions (the features are then (d, c)); ``shape`` lists the other axes' sizes in that order."""
 
     vertex: str
     shape: tuple
     flat: bool = False
-    indices: bool = False  # a model input of integer indices, (batch,) or (batch, 1): only a Gather reads it
+    indices: bool = False  # a model input of integer indices: only a Gather from a table reads it
+    order: str = ""
+
+    def letters(self) -> str:
+        """Every ONNX axis, batch included, named (see ``order``): images nchw, vectors nc."""
+        return self.order or {1: "nc", 2: "nct", 3: "nchw"}.get(len(self.shape), "")
+
+    def sizes(self) -> dict[str, int]:
+        return dict(zip(self.letters().replace("n", ""), self.shape))
+
+    def onnx_shape(self, batch: int) -> list[int]:
+        sizes = self.sizes()
+        return [batch if a == "n" else sizes[a] for a in self.letters()]
 
 
 @dataclasses.dataclass
@@ -113,6 +144,11 @@ class _Node:
     item: L.Layer | GraphVertex
     heads: list[str]
     params: dict[str, np.ndarray]
+
+
+def _axes(order: str) -> str:
+    names = {"n": "batch", "t": "time", "c": "features", "d": "directions"}
+    return "(" + ", ".join(names[a] for a in order) + ")"
 
 
 def _describe(node: Any) -> str:
@@ -131,6 +167,7 @@ class _Converter:
         self.reads: Counter[str] = Counter(i for n in graph.node for i in n.input if i)
         self.reads.update(o.name for o in graph.output)
         self.inputs = {v.name for v in graph.input if v.name not in self.constants}
+        self.batch_dependent: set[str] = set()  # constants computed from a Shape (see _Shape)
         self.node: Any = None
         self.attrs: dict[str, Any] = {}
 
@@ -163,7 +200,9 @@ class _Converter:
             return None
         return self.constant(position, what)
 
-    def input(self, position: int = 0) -> _Value:
+    def input(self, position: int = 0, orders: tuple[str, ...] | None = ("",)) -> _Value:
+        """The computed tensor the node reads at ``position``; a sequence must come in one of ``orders``
+        (None: any)."""
         name = self.node.input[position]
         if name in self.constants:
             raise self.error(f"input {name!r} is a constant; only computed tensors are imported there")
@@ -172,6 +211,9 @@ class _Converter:
         value = self.values[name]
         if value.indices:
             raise self.error(f"reads the integer input {name!r}, which only a Gather from a table may")
+        if orders is not None and value.order not in orders:
+            wanted = " or ".join(_axes(o or "nct") for o in orders)
+            raise self.error(f"reads a sequence with axes {_axes(value.order)}; it takes {wanted}")
         return value
 
     def add(
@@ -185,8 +227,10 @@ class _Converter:
         self.nodes.append(_Node(name, item, heads, params or {}))
         return name
 
-    def produce(self, value: _Value) -> None:
-        self.values[self.node.output[0]] = value
+    def produce(self, value: _Value, position: int = 0) -> None:
+        if value.order in ("nct", "nc"):  # the orders sparkgrad holds sequences and vectors in
+            value = dataclasses.replace(value, order="")
+        self.values[self.node.output[position]] = value
 
     def pads(self, rank: int) -> tuple[int, ...]:
         """The node's pads, (begin..., end...) of its ``rank`` spatial axes, auto_pad NOTSET or VALID."""
@@ -261,9 +305,11 @@ class _Converter:
             raise self.error(f"cannot be evaluated: {type(e).__name__}: {e}") from e
         for name, value in zip(self.node.output, results):
             self.constants[name] = np.asarray(value)
+            if any(i in self.batch_dependent for i in self.node.input):
+                self.batch_dependent.add(name)
 
     def activation(self, act: Activation) -> None:
-        x, source = self.input(), self.node.input[0]
+        x, source = self.input(orders=None), self.node.input[0]
         op = self.node.op_type
         if op in _ALPHAS and not np.isclose(float(self.attr("alpha", _ALPHAS[op])), _ALPHAS[op]):
             raise self.fail("alpha (sparkgrad's is DL4J's fixed value)", self.attr("alpha", None))
@@ -274,7 +320,7 @@ class _Converter:
             if (low, high) != (-1.0, 1.0):
                 raise self.fail("clip range (only [-1, 1], hard tanh)", (low, high))
         if op == "Softmax":
-            if len(x.shape) != 1:
+            if len(x.shape) != 1 or x.order:
                 raise self.error(f"softmax over a {x.shape} tensor: sparkgrad's runs over vectors only")
             self.require("axis", -1, (-1, 1))
         at = self.index.get(x.vertex)
@@ -295,10 +341,12 @@ class _Converter:
         if op == "Add" and any(i in self.constants for i in self.node.input):
             self.bias_add()
             return
-        inputs = [self.input(i) for i in range(len(self.node.input))]
+        inputs = [self.input(i, orders=None) for i in range(len(self.node.input))]
         if len(inputs) < 2 or (op == "Sub" and len(inputs) != 2):
             raise self.error(f"takes {len(inputs)} inputs")
-        if any(v.shape != inputs[0].shape or v.flat != inputs[0].flat for v in inputs):
+        if any(
+            (v.shape, v.flat, v.order) != (inputs[0].shape, inputs[0].flat, inputs[0].order) for v in inputs
+        ):
             raise self.fail(
                 "input shapes (ONNX broadcasts them, ElementWiseVertex does not)", [v.shape for v in inputs]
             )
@@ -519,14 +567,50 @@ class _Converter:
         self.flatten()
 
     def _Reshape(self) -> None:
-        x, shape = self.input(), [int(d) for d in self.constant(1, "shape")]
+        x, shape = self.input(orders=None), [int(d) for d in self.constant(1, "shape")]
+        batch = (0, -1, _BATCH) if self.node.input[1] in self.batch_dependent else (0, -1)
+        if "d" in x.order:
+            self.merge_directions(x, shape, batch)
+            return
         size = int(np.prod(x.shape))
-        if len(shape) != 2 or shape[1] not in (-1, size) or (shape[1] == -1 and shape[0] not in (0, -1)):
+        if len(shape) != 2 or shape[1] not in (-1, size) or shape[0] not in batch or shape.count(-1) > 1:
             raise self.fail("shape (only (batch, features): a flatten)", tuple(shape))
         self.flatten()
 
+    def merge_directions(self, x: _Value, shape: list[int], batch: tuple) -> None:
+        """Reshape of a recurrent output's adjacent (directions, features) axes into features: the
+        directions' outputs side by side, as sparkgrad's Bidirectional concatenates them."""
+        letters = x.letters()
+        merged = letters.replace("dc", "c")
+        if merged == letters or len(shape) != len(merged):
+            raise self.fail(
+                "shape (of a recurrent output: only directions and features merged)", tuple(shape)
+            )
+        sizes = x.sizes()
+        sizes["c"] *= sizes["d"]
+        expected = [sizes.get(a, 0) for a in merged]
+        for i, (a, want) in enumerate(zip(merged, expected)):
+            got = shape[i]
+            ok = (
+                got in batch
+                if a == "n"
+                else got in (want, -1) or (got == 0 and i < len(letters) and letters[i] == a)
+            )
+            if not ok:
+                raise self.fail(
+                    "shape (of a recurrent output: only directions and features merged)", tuple(shape)
+                )
+        self.produce(_Value(x.vertex, tuple(sizes[a] for a in merged if a != "n"), order=merged))
+
     def _Gather(self) -> None:
-        """Gather(table, indices) of a model input of integer indices: an EmbeddingLayer."""
+        if self.node.input[0] in self.constants:
+            self.lookup()
+        else:
+            self.select()
+
+    def lookup(self) -> None:
+        """Gather(table, indices) of a model input of integer indices: an EmbeddingLayer, or for a
+        sequence of them an EmbeddingSequenceLayer."""
         table = self.constant(0, "data (the embedding table)")
         name = self.node.input[1]
         x = self.values.get(name)
@@ -536,16 +620,55 @@ class _Converter:
         if table.ndim != 2:
             raise self.fail("table shape", table.shape)
         rows, size = table.shape
+        if x.shape and x.shape[0] > 1:  # (batch, time) indices: (batch, time, size) vectors
+            layer: L.Layer = L.EmbeddingSequenceLayer(n_in=rows, n_out=size, activation=Activation.IDENTITY)
+            self.produce(
+                _Value(self.add(layer, [x.vertex], {L.WEIGHT: table}), (x.shape[0], size), order="ntc")
+            )
+            return
         layer = L.EmbeddingLayer(n_in=rows, n_out=size, activation=Activation.IDENTITY)
         vertex = self.add(layer, [x.vertex], {L.WEIGHT: table})
         self.produce(_Value(vertex, (*x.shape, size), flat=bool(x.shape)))
 
+    def select(self) -> None:
+        """Gather of one index along an axis of a computed tensor: a sequence's last step (a
+        LastTimeStepVertex) or the one direction of a recurrent operator's output."""
+        x = self.input(orders=None)
+        index = self.constant(1, "indices")
+        letters = x.letters()
+        axis = letters[int(self.attr("axis", 0)) % len(letters)]
+        size = x.sizes().get(axis)
+        if index.ndim != 0 or axis not in "td" or int(index) not in (-1, (size or 0) - 1):
+            raise self.fail(
+                f"selection (only the last step of a sequence), index {index.tolist()} of axis", axis
+            )
+        rest = letters.replace(axis, "")
+        if axis == "d" and size == 1:
+            self.produce(self.reordered(x, rest))
+            return
+        if axis == "d" or rest != "nc":
+            raise self.error(f"selects along {_axes(axis)} of a sequence with axes {_axes(letters)}")
+        self.produce(_Value(self.add(LastTimeStepVertex(), [x.vertex]), (x.sizes()["c"],)))
+
+    def reordered(self, x: _Value, letters: str) -> _Value:
+        """``x`` with ONNX axes ``letters`` (a subset or permutation of its own)."""
+        sizes = x.sizes()
+        return _Value(x.vertex, tuple(sizes[a] for a in letters if a != "n"), order=letters)
+
     def _Squeeze(self) -> None:
-        """Squeeze of unit axes sparkgrad does not hold (a looked-up (1, E), a global pooling's (C, 1, 1))."""
-        x = self.input()
+        """Squeeze of unit axes sparkgrad does not hold: a looked-up (1, E), a global pooling's (C, 1, 1), a
+        one-directional recurrent operator's directions axis."""
+        x = self.input(orders=None)
         axes = self.attr("axes", None)
         given = self.optional_constant(1, "axes")
         axes = [int(a) for a in (given if given is not None else axes if axes is not None else [])]
+        if x.order:
+            letters = x.letters()
+            dropped_letters = {letters[a % len(letters)] for a in axes}
+            if dropped_letters != {"d"} or x.sizes()["d"] != 1:
+                raise self.fail("axes (of a sequence: only a directions axis of size 1)", tuple(axes))
+            self.produce(self.reordered(x, letters.replace("d", "")))
+            return
         rank = len(x.shape) + 1
         dropped = {a % rank for a in axes} if axes else {i + 1 for i, n in enumerate(x.shape) if n == 1}
         if 0 in dropped or any(x.shape[a - 1] != 1 for a in dropped) or (dropped and not x.flat):
@@ -553,11 +676,162 @@ class _Converter:
         shape = tuple(n for i, n in enumerate(x.shape) if i + 1 not in dropped)
         self.produce(_Value(x.vertex, shape, flat=len(shape) > 1))
 
+    def _Transpose(self) -> None:
+        """A permutation of a sequence's axes (sparkgrad holds it as it is; its ONNX axes move)."""
+        x = self.input(orders=None)
+        letters = x.letters()
+        identity = list(range(len(letters)))
+        perm = [int(p) for p in self.attr("perm", identity[::-1])]
+        if sorted(perm) != identity:
+            raise self.fail("perm", tuple(perm))
+        if perm == identity:
+            self.produce(x)
+            return
+        if "t" not in letters or x.flat:
+            raise self.error(f"permutes the axes of a {x.shape} tensor: only a sequence's axes may move")
+        self.produce(self.reordered(x, "".join(letters[p] for p in perm)))
+
+    def _Shape(self) -> None:
+        """The ONNX shape of a computed tensor, its batch size reported as _BATCH: the constants computed
+        from it are batch dependent (a recurrent operator's zero initial state, a Reshape's target)."""
+        x = self.input(orders=None)
+        start, end = int(self.attr("start", 0)), self.attr("end", None)
+        shape = np.array(x.onnx_shape(_BATCH), np.int64)[start : None if end is None else int(end)]
+        self.constants[self.node.output[0]] = shape
+        self.batch_dependent.add(self.node.output[0])
+
+    def recurrent(self) -> None:
+        """LSTM, GRU and RNN: sparkgrad's LSTM, GRU and SimpleRnn (in a Bidirectional for both
+        directions), from a zero state, reading the whole sequence."""
+        op = self.node.op_type
+        blocks, defaults = _RECURRENT[op]
+        layout = self.require("layout", 0, (0, 1))
+        x = self.input(orders=("ntc",) if layout else ("tnc",))
+        direction = self.require("direction", "forward", ("forward", "bidirectional"))
+        dirs = 2 if direction == "bidirectional" else 1
+        for option in ("clip", "activation_alpha", "activation_beta"):
+            if option in self.attrs:
+                raise self.fail(option, self.attrs[option])
+        if op == "LSTM":
+            self.require("input_forget", 0, (0,))
+        if op == "GRU":
+            if int(self.attr("linear_before_reset", 0)):  # PyTorch's nn.GRU exports 1
+                raise self.fail(
+                    "linear_before_reset (sparkgrad's GRU resets before the recurrent product)", 1
+                )
+        given_names = self.attrs.get("activations")
+        names = [a.decode() for a in given_names] if given_names else list(defaults) * dirs
+        per = len(defaults)
+        if len(names) != per * dirs or names[per:] not in ([], names[:per]):
+            raise self.fail("activations (the same for both directions)", names)
+        names = names[:per]
+        elementwise = {a for a in _ACTIVATIONS if a not in _ALPHAS and a != "Softmax"}
+        if any(a not in elementwise for a in names) or (op == "LSTM" and names[1] != names[2]):
+            raise self.fail("activations", names)
+        w, r = self.constant(1, "W"), self.constant(2, "R")
+        bias = self.optional_constant(3, "B")
+        if r.ndim != 3:
+            raise self.fail("R shape", r.shape)
+        hidden, gates = r.shape[-1], len(blocks)
+        if "hidden_size" in self.attrs and int(self.attrs["hidden_size"]) != hidden:
+            raise self.fail(f"hidden_size (R's is {hidden})", self.attrs["hidden_size"])
+        features = x.sizes()["c"]
+        if w.shape != (dirs, gates * hidden, features) or r.shape != (dirs, gates * hidden, hidden):
+            raise self.fail("W/R shapes", (w.shape, r.shape))
+        if bias is None:
+            bias = np.zeros((dirs, 2 * gates * hidden), w.dtype)
+        if bias.shape != (dirs, 2 * gates * hidden):
+            raise self.fail("B shape", bias.shape)
+        if len(self.node.input) > 4 and self.node.input[4]:
+            raise self.error(
+                "has sequence_lens (mask the sequences instead: sparkgrad takes a features mask)"
+            )
+        for position in range(5, len(self.node.input)):
+            state = self.optional_constant(position, "initial state or peepholes")
+            if state is not None and np.any(state):
+                raise self.fail("initial state or peepholes (only zeros)", self.node.input[position])
+
+        def gated(m: np.ndarray) -> np.ndarray:  # ONNX's gate blocks (rows) to sparkgrad's (columns)
+            return np.concatenate([m[k * hidden : (k + 1) * hidden] for k in blocks]).T
+
+        params = []
+        for d in range(dirs):
+            b = bias[d, : gates * hidden] + bias[d, gates * hidden :]
+            params.append(
+                {L.WEIGHT: gated(w[d]), L.RECURRENT_WEIGHT: gated(r[d]), L.BIAS: gated(b[:, None])[0]}
+            )
+        act, gate = _ACTIVATIONS[names[-1]], _ACTIVATIONS[names[0]]
+        if op == "RNN":
+            cell: L.Layer = L.SimpleRnn(n_out=hidden, activation=_ACTIVATIONS[names[0]])
+        elif op == "LSTM":
+            cell = L.LSTM(n_out=hidden, activation=act, gate_activation=gate)
+        else:
+            cell = L.GRU(n_out=hidden, activation=act, gate_activation=gate)
+        if dirs == 2:
+            layer: L.Layer = L.Bidirectional(layer=cell)
+            given = {f"{p}{k}": v for p, ps in zip("fb", params) for k, v in ps.items()}
+        else:
+            layer, given = cell, params[0]
+        vertex = self.add(layer, [x.vertex], given)
+        steps = x.sizes()["t"]
+        self.produce(_Value(vertex, (steps, dirs, hidden), order="ntdc" if layout else "tdnc"))
+        if len(self.node.output) > 1 and self.reads[self.node.output[1]]:  # Y_h: the last step's output
+            if dirs != 1:
+                raise self.error("its final state is read: of both directions, which is not imported")
+            last = self.add(LastTimeStepVertex(), [vertex], name=f"{vertex}/last")
+            self.produce(_Value(last, (1, hidden), order="ndc" if layout else "dnc"), position=1)
+        if len(self.node.output) > 2 and self.reads[self.node.output[2]]:
+            raise self.error("its final cell state is read, which is not imported")
+
+    def _LSTM(self) -> None:
+        self.recurrent()
+
+    def _GRU(self) -> None:
+        self.recurrent()
+
+    def _RNN(self) -> None:
+        self.recurrent()
+
+    def reduce(self, kind: PoolingType) -> None:
+        """A mean, max or sum over a sequence's time axis or an image's spatial axes: global pooling."""
+        x = self.input(orders=None)
+        letters = x.letters()
+        axes = self.attr("axes", None)
+        given = self.optional_constant(1, "axes")
+        axes = [int(a) for a in (given if given is not None else axes if axes is not None else [])]
+        reduced = {letters[a % len(letters)] for a in axes}
+        if x.flat or not (
+            reduced == {"t"} and "d" not in letters or reduced == {"h", "w"} and letters == "nchw"
+        ):
+            raise self.fail(
+                "axes (only the time axis of a sequence or the spatial axes of images)", tuple(axes)
+            )
+        vertex = self.add(L.GlobalPoolingLayer(pooling_type=kind), [x.vertex])
+        channels = x.sizes()["c"]
+        if not int(self.attr("keepdims", 1)):
+            if "".join(a for a in letters if a not in reduced) != "nc":
+                raise self.fail("axes (the pooled tensor's axes are then (batch, features))", tuple(axes))
+            self.produce(_Value(vertex, (channels,)))
+            return
+        kept = "".join("1" if a in reduced else a for a in letters)
+        if not kept.startswith("n"):
+            raise self.fail("axes (the pooled tensor's batch axis comes first)", tuple(axes))
+        self.produce(_Value(vertex, tuple(1 if a == "1" else channels for a in kept[1:]), flat=True))
+
+    def _ReduceMean(self) -> None:
+        self.reduce(PoolingType.AVG)
+
+    def _ReduceMax(self) -> None:
+        self.reduce(PoolingType.MAX)
+
+    def _ReduceSum(self) -> None:
+        self.reduce(PoolingType.SUM)
+
     def _Dropout(self) -> None:
-        self.produce(self.input())
+        self.produce(self.input(orders=None))
 
     def _Identity(self) -> None:
-        self.produce(self.input())
+        self.produce(self.input(orders=None))
 
     def _Pad(self) -> None:
         x = self.input()
@@ -658,9 +932,11 @@ def _input_type(name: str, shape: tuple) -> InputType:
 _INDEX_TYPES = ("INT64", "INT32")
 
 
-def _input(value: Any) -> tuple[_Value, InputType]:
-    """A model input: its value and its input type. Float tensors of rank 2-4; integer indices
-    (batch,) or (batch, 1), which sparkgrad takes as (batch, 1)."""
+def _input(value: Any, batch_first: bool) -> tuple[_Value, InputType]:
+    """A model input: its value and its input type. Float tensors of rank 2-4, a rank-3 one read as
+    (batch, time, features) where ``batch_first`` (sparkgrad takes it as (batch, features, time));
+    integer indices, one (batch,) or (batch, 1) or a sequence (batch, time) per example, which sparkgrad
+    takes as (batch, 1) and (batch, 1, time)."""
     tensor = value.type.tensor_type
     dims = tensor.shape.dim
     if not dims:
@@ -675,15 +951,33 @@ def _input(value: Any) -> tuple[_Value, InputType]:
         shape.append(int(d.dim_value))
     kind = _onnx().TensorProto.DataType.Name(tensor.elem_type)
     if kind in _INDEX_TYPES:
-        if shape not in ([], [1]):
+        if len(shape) > 1:
             raise OnnxImportError(
                 f"ONNX input {value.name!r}: integer input of shape (batch, {shape}); indices are imported "
-                "one per example, (batch,) or (batch, 1)"
+                "one per example, (batch,) or (batch, 1), or as a sequence, (batch, time)"
             )
+        if shape and shape[0] > 1:
+            return _Value(value.name, tuple(shape), indices=True), InputType.recurrent(1, shape[0])
         return _Value(value.name, tuple(shape), indices=True), InputType.feed_forward(1)
     if kind not in ("FLOAT", "DOUBLE", "FLOAT16"):
         raise OnnxImportError(f"ONNX input {value.name!r}: element type {kind}")
+    if batch_first and len(shape) == 2:
+        return _Value(value.name, tuple(shape), order="ntc"), InputType.recurrent(shape[1], shape[0])
     return _Value(value.name, tuple(shape)), _input_type(value.name, tuple(shape))
+
+
+def _batch_first(graph: Any, name: str) -> bool:
+    """Whether a rank-3 input is a (batch, time, features) sequence: a recurrent operator reads it as
+    such (layout 1), or through a Transpose to time-major; otherwise it is (batch, channels, time)."""
+    for node in graph.node:
+        if name not in node.input:
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type in _RECURRENT and "layout" in attrs and attrs["layout"].i == 1:
+            return True
+        if node.op_type == "Transpose" and "perm" in attrs and list(attrs["perm"].ints) == [1, 0, 2]:
+            return True
+    return False
 
 
 def _load(onnx: Any, model: str | Path | bytes | Any) -> Any:
@@ -729,7 +1023,7 @@ def import_onnx_model(model: str | Path | bytes | Any, seed: int | None = None) 
     inputs = [v for v in graph.input if v.name not in converter.constants]
     types = []
     for value in inputs:
-        converter.values[value.name], input_type = _input(value)
+        converter.values[value.name], input_type = _input(value, _batch_first(graph, value.name))
         types.append(input_type)
     for node in graph.node:
         converter.convert(node)

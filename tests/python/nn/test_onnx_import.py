@@ -21,7 +21,12 @@ from sparkgrad.nn import ComputationGraph  # noqa: E402
 from sparkgrad.nn import layers as L  # noqa: E402
 from sparkgrad.nn.enums import Activation, LossFunction  # noqa: E402
 from sparkgrad.nn.onnx import OnnxImportError, import_onnx_model  # noqa: E402
-from sparkgrad.nn.vertices import ElementWiseVertex, MergeVertex, PreprocessorVertex  # noqa: E402
+from sparkgrad.nn.vertices import (  # noqa: E402
+    ElementWiseVertex,
+    LastTimeStepVertex,
+    MergeVertex,
+    PreprocessorVertex,
+)
 
 EPS = float(np.finfo(np.float32).eps)
 DATA = Path(__file__).parent / "data" / "onnx"
@@ -99,6 +104,10 @@ def test_mlp_gemm_fuses_activations_and_trains(tmp_path):
     assert isinstance(fc2, L.OutputLayer) and fc2.activation is Activation.SOFTMAX
     assert fc2.loss is LossFunction.MCXENT
     assert [s.name for s in net.conf.vertices] == ["fc1", "fc2"]  # the activations folded away
+    net.save(tmp_path / "imported.zip")  # an ordinary network: a sparkgrad model file round-trips it
+    np.testing.assert_array_equal(
+        ComputationGraph.load(tmp_path / "imported.zip").output(x)[0], net.output(x)[0]
+    )
     labels = np.eye(5, dtype=np.float32)[np.arange(8) % 5]
     data = DataSet(x, labels)
     before = net.score(data)
@@ -560,21 +569,18 @@ def test_embeddings_of_integer_inputs_beside_numeric_features():
         net.output(np.array([[30]]), item[:1], x[:1])
 
 
-def test_integer_inputs_other_than_one_index_per_example_are_refused():
-    nodes = [
-        helper.make_node("Gather", ["table", "tokens"], ["e"], name="lookup"),
-        helper.make_node("ReduceMean", ["e", "axes"], ["y"], name="mean", keepdims=0),
-    ]
+def test_integer_inputs_other_than_indices_or_their_sequences_are_refused():
+    nodes = [helper.make_node("Gather", ["table", "tokens"], ["y"], name="lookup")]
     graph = helper.make_graph(
         nodes,
-        "text",
-        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-        [numpy_helper.from_array(_normal(1, 20, 4), "table"), numpy_helper.from_array(np.array([1]), "axes")],
+        "grid",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 4, 2])],
+        [numpy_helper.from_array(_normal(1, 20, 2), "table")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(
-        OnnxImportError, match=r"ONNX input 'tokens': integer input of shape \(batch, \[12\]\)"
+        OnnxImportError, match=r"ONNX input 'tokens': integer input of shape \(batch, \[3, 4\]\)"
     ):
         import_onnx_model(model)
     relu = helper.make_node("Relu", ["user"], ["h"], name="relu")
@@ -599,3 +605,157 @@ def test_wide_and_deep_pytorch_exported_gives_pytorchs_output():
     assert net.conf.inputs == ["user", "item", "x"]
     (got,) = net.output(feeds["user"][:, None], feeds["item"], feeds["x"])
     np.testing.assert_allclose(got, data["y"], rtol=0, atol=_tolerance(17, 2))
+
+
+def _recurrent_weights(seed: int, dirs: int, gates: int, hidden: int, features: int) -> dict:
+    return {
+        "W": _normal(seed, dirs, gates * hidden, features, scale=0.4),
+        "R": _normal(seed + 1, dirs, gates * hidden, hidden, scale=0.4),
+        "B": _normal(seed + 2, dirs, 2 * gates * hidden, scale=0.3),
+    }
+
+
+def test_lstm_on_batch_first_features_last_step_and_final_state():
+    """PyTorch's pattern for nn.LSTM(batch_first=True): Transpose to time-major, LSTM, Squeeze of the
+    directions axis, Transpose back, the last step by Gather; beside it the final state Y_h. sparkgrad
+    takes the (batch, time, features) input as (batch, features, time)."""
+    steps, features, hidden = 7, 3, 5
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], name="to_time_major", perm=[1, 0, 2]),
+        helper.make_node("LSTM", ["xt", "W", "R", "B"], ["Y", "Y_h"], name="lstm", hidden_size=hidden),
+        helper.make_node("Squeeze", ["Y", "one"], ["ys"], name="squeeze"),
+        helper.make_node("Transpose", ["ys"], ["yb"], name="to_batch_first", perm=[1, 0, 2]),
+        helper.make_node("Gather", ["yb", "last"], ["h"], name="last_step", axis=1),
+        helper.make_node("Gather", ["Y_h", "zero"], ["state"], name="final_state", axis=0),
+        helper.make_node("Concat", ["h", "state"], ["both"], name="both", axis=1),
+        helper.make_node("Gemm", ["both", "w"], ["z"], name="out"),
+        helper.make_node("Softmax", ["z"], ["y"], name="probs"),
+    ]
+    weights = _recurrent_weights(1, 1, 4, hidden, features) | {
+        "w": _normal(9, 2 * hidden, 3),
+        "one": np.array([1]),
+        "last": np.array(-1),
+        "zero": np.array(0),
+    }
+    model = _model(nodes, {"x": (steps, features)}, {"y": (3,)}, weights)
+    x = _normal(4, 6, steps, features)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    net = import_onnx_model(model)
+    (got,) = net.output(x.transpose(0, 2, 1))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(features + hidden, steps))
+    lstm = _spec(net, "lstm")
+    assert isinstance(lstm, L.LSTM) and lstm.n_out == hidden
+    assert isinstance(_spec(net, "last_step"), LastTimeStepVertex)
+    assert isinstance(_spec(net, "lstm/last"), LastTimeStepVertex)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_bidirectional_gru_over_token_sequences_pooled_over_time(layout):
+    """A text classifier: token indices (batch, time) looked up in a table (an EmbeddingSequenceLayer),
+    a bidirectional GRU whose directions' outputs are merged by Reshape into features (sparkgrad's
+    Bidirectional CONCAT), averaged over time by ReduceMean (global pooling)."""
+    steps, size, hidden = 6, 4, 3
+    to_gru = [helper.make_node("Transpose", ["e"], ["et"], name="to_time_major", perm=[1, 0, 2])]
+    gru_in = "et" if layout == 0 else "e"
+    nodes = [
+        helper.make_node("Gather", ["table", "tokens"], ["e"], name="embed"),
+        *(to_gru if layout == 0 else []),
+        helper.make_node(
+            "GRU", [gru_in, "W", "R", "B"], ["Y"], name="gru", hidden_size=hidden, direction="bidirectional",
+            layout=layout,
+        ),
+        # (time, 2, batch, h) -> (time, batch, 2, h) -> (time, batch, 2h); layout 1: (batch, time, 2, h)
+        *(
+            [helper.make_node("Transpose", ["Y"], ["Yt"], name="directions_last", perm=[0, 2, 1, 3])]
+            if layout == 0
+            else []
+        ),
+        helper.make_node("Reshape", ["Yt" if layout == 0 else "Y", "merge"], ["m"], name="merge"),
+        helper.make_node("ReduceMean", ["m"], ["p"], name="mean", axes=[0 if layout == 0 else 1], keepdims=0),
+        helper.make_node("Gemm", ["p", "w"], ["y"], name="out"),
+    ]  # fmt: skip
+    weights = _recurrent_weights(3, 2, 3, hidden, size) | {
+        "table": _normal(1, 30, size),
+        "merge": np.array([0, 0, -1]),
+        "w": _normal(2, 2 * hidden, 2),
+    }
+    graph = helper.make_graph(
+        nodes,
+        "text",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", steps])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    tokens = np.random.default_rng(4).integers(0, 30, (5, steps))
+    (expected,) = ReferenceEvaluator(model).run(None, {"tokens": tokens})
+    net = import_onnx_model(model)
+    (got,) = net.output(tokens[:, None, :])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(size + hidden, steps))
+    assert isinstance(_spec(net, "embed"), L.EmbeddingSequenceLayer)
+    assert isinstance(_spec(net, "gru"), L.Bidirectional) and isinstance(_spec(net, "gru").layer, L.GRU)
+    assert isinstance(_spec(net, "mean"), L.GlobalPoolingLayer)
+
+
+def test_simple_rnn_and_recurrent_refusals():
+    steps, features, hidden = 5, 2, 4
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], name="t", perm=[1, 0, 2]),
+        helper.make_node(
+            "RNN", ["xt", "W", "R"], ["Y", "Y_h"], name="rnn", hidden_size=hidden, activations=["Tanh"]
+        ),
+        helper.make_node("Squeeze", ["Y_h", "zero"], ["h"], name="final"),
+        helper.make_node("Gemm", ["h", "w"], ["y"], name="out"),
+    ]
+    weights = _recurrent_weights(5, 1, 1, hidden, features) | {
+        "w": _normal(2, hidden, 2),
+        "zero": np.array([0]),
+    }
+    del weights["B"]
+    model = _model(nodes, {"x": (steps, features)}, {"y": (2,)}, weights)
+    x = _normal(3, 4, steps, features)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    net = import_onnx_model(model)
+    (got,) = net.output(x.transpose(0, 2, 1))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(features + hidden, steps))
+    assert _spec(net, "rnn").activation is Activation.TANH
+
+    def variant(**attrs):
+        node = helper.make_node(
+            "GRU", ["xt", "W", "R"], ["Y", "Y_h"], name="gru", hidden_size=hidden, **attrs
+        )
+        w = _recurrent_weights(5, 2 if attrs.get("direction") == "bidirectional" else 1, 3, hidden, features)
+        del w["B"]
+        graph = [nodes[0], node, *nodes[2:]]
+        extra = w | {"w": weights["w"], "zero": weights["zero"]}
+        return _model(graph, {"x": (steps, features)}, {"y": (2,)}, extra, check=False)  # refused first
+
+    with pytest.raises(OnnxImportError, match=r"'gru' \(GRU\): unsupported linear_before_reset"):
+        import_onnx_model(variant(linear_before_reset=1))  # what PyTorch's nn.GRU exports
+    with pytest.raises(OnnxImportError, match=r"'gru' \(GRU\): unsupported direction='reverse'"):
+        import_onnx_model(variant(direction="reverse"))
+    with pytest.raises(OnnxImportError, match=r"'gru' \(GRU\): its final state is read: of both directions"):
+        import_onnx_model(variant(direction="bidirectional"))
+    # the sequence read in the wrong order: a 1-D convolution of a time-major sequence
+    conv = [nodes[0], helper.make_node("Conv", ["xt", "k"], ["y"], name="conv")]
+    model = _model(conv, {"x": (steps, features)}, {"y": (2, 3)}, {"k": _normal(1, 2, 2, 2)}, check=False)
+    with pytest.raises(OnnxImportError, match=r"'conv' \(Conv\): reads a sequence with axes \(time, batch"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize("name", ["text_lstm", "text_bilstm"])
+def test_text_classifiers_pytorch_exported_give_pytorchs_outputs(name):
+    """nn.Embedding + nn.LSTM(batch_first) as PyTorch exports them: its zero initial state computed from
+    the batch size (Shape, Gather, Concat, ConstantOfShape), the time-major Transposes, the last step or
+    (bidirectional) the directions merged by Reshape and the mean over time."""
+    model = onnx.load(DATA / f"{name}.onnx")
+    data = np.load(DATA / f"{name}.npz")
+    tokens, expected = data["tokens"], data["y"]
+    tol = _tolerance(8 + 16, 12 + 1)  # 12 steps of 8 inputs + 16 recurrent units, then the Linear
+    np.testing.assert_allclose(
+        ReferenceEvaluator(model).run(None, {"tokens": tokens})[0], expected, rtol=0, atol=tol
+    )
+    net = import_onnx_model(model)
+    (got,) = net.output(tokens[:, None, :])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tol)

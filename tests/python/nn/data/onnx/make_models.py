@@ -41,6 +41,21 @@ class WideAndDeep(nn.Module):
         return self.deep(torch.cat([self.users(user), self.items(item).squeeze(1), x], 1))
 
 
+class Text(nn.Module):
+    """Token indices embedded and read by an LSTM (batch first): its last step, or for the bidirectional
+    one its mean over time, into a Linear."""
+
+    def __init__(self, bidirectional: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 8)
+        self.rnn = nn.LSTM(8, 16, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(32 if bidirectional else 16, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(tokens))
+        return self.head(out.mean(1) if self.rnn.bidirectional else out[:, -1, :])
+
+
 def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     return {
         "mlp": (
@@ -94,6 +109,16 @@ def main() -> None:
             y = model(x)
         np.savez(HERE / f"{name}.npz", x=x.numpy(), y=y.numpy())
         print(name, (HERE / f"{name}.onnx").stat().st_size, "bytes")
+    for name, model in (("text_lstm", Text(False)), ("text_bilstm", Text(True))):
+        model.eval()
+        tokens = torch.randint(0, 100, (6, 12))
+        torch.onnx.export(
+            model, (tokens,), HERE / f"{name}.onnx", input_names=["tokens"], output_names=["y"],
+            dynamic_axes={"tokens": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False,
+        )  # fmt: skip
+        with torch.no_grad():
+            y = model(tokens)
+        np.savez(HERE / f"{name}.npz", tokens=tokens.numpy(), y=y.numpy())
     # several inputs: user ids (batch,), item ids (batch, 1) and numeric features
     model = WideAndDeep().eval()
     feeds = (torch.randint(0, 1000, (6,)), torch.randint(0, 50, (6, 1)), torch.randn(6, 5))
