@@ -607,6 +607,16 @@ def test_wide_and_deep_pytorch_exported_gives_pytorchs_output():
     np.testing.assert_allclose(got, data["y"], rtol=0, atol=_tolerance(17, 2))
 
 
+def _check_batch_first(model, x: np.ndarray, tolerance: float):
+    """The model reads ``x`` as (batch, time, features); the imported network, given it as (batch,
+    features, time), gives the reference evaluator's output. Returns the network."""
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    net = import_onnx_model(model)
+    (got,) = net.output(x.transpose(0, 2, 1))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+    return net
+
+
 def _recurrent_weights(seed: int, dirs: int, gates: int, hidden: int, features: int) -> dict:
     return {
         "W": _normal(seed, dirs, gates * hidden, features, scale=0.4),
@@ -638,11 +648,7 @@ def test_lstm_on_batch_first_features_last_step_and_final_state():
         "zero": np.array(0),
     }
     model = _model(nodes, {"x": (steps, features)}, {"y": (3,)}, weights)
-    x = _normal(4, 6, steps, features)
-    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
-    net = import_onnx_model(model)
-    (got,) = net.output(x.transpose(0, 2, 1))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(features + hidden, steps))
+    net = _check_batch_first(model, _normal(4, 6, steps, features), _tolerance(features + hidden, steps))
     lstm = _spec(net, "lstm")
     assert isinstance(lstm, L.LSTM) and lstm.n_out == hidden
     assert isinstance(_spec(net, "last_step"), LastTimeStepVertex)
@@ -714,11 +720,7 @@ def test_simple_rnn_and_recurrent_refusals():
     }
     del weights["B"]
     model = _model(nodes, {"x": (steps, features)}, {"y": (2,)}, weights)
-    x = _normal(3, 4, steps, features)
-    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
-    net = import_onnx_model(model)
-    (got,) = net.output(x.transpose(0, 2, 1))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(features + hidden, steps))
+    net = _check_batch_first(model, _normal(3, 4, steps, features), _tolerance(features + hidden, steps))
     assert _spec(net, "rnn").activation is Activation.TANH
 
     def variant(**attrs):

@@ -91,6 +91,19 @@ def models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     }  # fmt: skip
 
 
+def export(name: str, model: nn.Module, feeds: dict[str, torch.Tensor]) -> None:
+    """<name>.onnx with a dynamic batch axis, and <name>.npz holding ``feeds`` and the model's output y."""
+    names = list(feeds)
+    torch.onnx.export(
+        model, tuple(feeds.values()), HERE / f"{name}.onnx", input_names=names, output_names=["y"],
+        dynamic_axes={n: {0: "batch"} for n in [*names, "y"]}, opset_version=17, dynamo=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        y = model(*feeds.values())
+    np.savez(HERE / f"{name}.npz", y=y.numpy(), **{n: f.numpy() for n, f in feeds.items()})
+    print(name, (HERE / f"{name}.onnx").stat().st_size, "bytes")
+
+
 def main() -> None:
     torch.manual_seed(0)
     for name, (model, shape) in models().items():
@@ -100,36 +113,16 @@ def main() -> None:
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.running_mean.normal_()
                     module.running_var.uniform_(0.5, 2.0)
-        x = torch.randn(6, *shape)
-        torch.onnx.export(
-            model, (x,), HERE / f"{name}.onnx", input_names=["x"], output_names=["y"],
-            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False,
-        )  # fmt: skip
-        with torch.no_grad():
-            y = model(x)
-        np.savez(HERE / f"{name}.npz", x=x.numpy(), y=y.numpy())
-        print(name, (HERE / f"{name}.onnx").stat().st_size, "bytes")
-    for name, model in (("text_lstm", Text(False)), ("text_bilstm", Text(True))):
-        model.eval()
-        tokens = torch.randint(0, 100, (6, 12))
-        torch.onnx.export(
-            model, (tokens,), HERE / f"{name}.onnx", input_names=["tokens"], output_names=["y"],
-            dynamic_axes={"tokens": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False,
-        )  # fmt: skip
-        with torch.no_grad():
-            y = model(tokens)
-        np.savez(HERE / f"{name}.npz", tokens=tokens.numpy(), y=y.numpy())
+        export(name, model, {"x": torch.randn(6, *shape)})
+    for name, text in (("text_lstm", Text(False)), ("text_bilstm", Text(True))):
+        export(name, text.eval(), {"tokens": torch.randint(0, 100, (6, 12))})
     # several inputs: user ids (batch,), item ids (batch, 1) and numeric features
-    model = WideAndDeep().eval()
-    feeds = (torch.randint(0, 1000, (6,)), torch.randint(0, 50, (6, 1)), torch.randn(6, 5))
-    names = ["user", "item", "x"]
-    torch.onnx.export(
-        model, feeds, HERE / "wide_and_deep.onnx", input_names=names, output_names=["y"],
-        dynamic_axes={n: {0: "batch"} for n in [*names, "y"]}, opset_version=17, dynamo=False,
-    )  # fmt: skip
-    with torch.no_grad():
-        y = model(*feeds)
-    np.savez(HERE / "wide_and_deep.npz", y=y.numpy(), **{n: f.numpy() for n, f in zip(names, feeds)})
+    feeds = {
+        "user": torch.randint(0, 1000, (6,)),
+        "item": torch.randint(0, 50, (6, 1)),
+        "x": torch.randn(6, 5),
+    }
+    export("wide_and_deep", WideAndDeep().eval(), feeds)
 
 
 if __name__ == "__main__":
