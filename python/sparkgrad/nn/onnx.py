@@ -319,10 +319,13 @@ class _Converter:
             high = self.attr("max", None) if given[1] is None else float(given[1])
             if (low, high) != (-1.0, 1.0):
                 raise self.fail("clip range (only [-1, 1], hard tanh)", (low, high))
-        if op == "Softmax":
-            if len(x.shape) != 1 or x.order:
-                raise self.error(f"softmax over a {x.shape} tensor: sparkgrad's runs over vectors only")
-            self.require("axis", -1, (-1, 1))
+        if op == "Softmax":  # over the features: of vectors, or at every step of a sequence
+            letters = x.letters()
+            axis = int(self.attr("axis", -1))
+            if x.flat or len(letters) not in (2, 3) or "d" in letters:
+                raise self.error(f"softmax over a {x.shape} tensor: sparkgrad's runs over features only")
+            if not -len(letters) <= axis < len(letters) or letters[axis] != "c":
+                raise self.fail("axis (the features')", axis)
         at = self.index.get(x.vertex)
         node = self.nodes[at] if at is not None else None
         if (
@@ -356,7 +359,7 @@ class _Converter:
     def bias_add(self) -> None:
         """Add(MatMul(x, W), b): the bias of the DenseLayer the MatMul became."""
         position = 1 if self.node.input[1] in self.constants else 0
-        x, b = self.input(1 - position), self.constants[self.node.input[position]]
+        x, b = self.input(1 - position, orders=None), self.constants[self.node.input[position]]
         at = self.index.get(x.vertex)
         node = self.nodes[at] if at is not None else None
         if (
@@ -380,9 +383,16 @@ class _Converter:
             raise self.error(f"reads a {x.shape} tensor: flatten it to vectors first")
         return x
 
-    def dense(self, weight: np.ndarray, bias: np.ndarray | None) -> None:
-        x = self.vector()
-        n_in = int(np.prod(x.shape))
+    def dense(self, weight: np.ndarray, bias: np.ndarray | None, steps: bool = False) -> None:
+        """A DenseLayer on vectors; with ``steps`` also at every step of a sequence whose last ONNX axis
+        holds its features (MatMul of a (batch, time, features) tensor)."""
+        x = self.input(orders=None)
+        sequence = steps and "t" in x.order
+        if not sequence:
+            x = self.vector()
+        elif not x.order.endswith("c") or "d" in x.order:
+            raise self.error(f"multiplies a sequence with axes {_axes(x.order)}: its features must come last")
+        n_in = x.sizes()["c"] if sequence else int(np.prod(x.shape))
         if weight.ndim != 2 or weight.shape[0] != n_in:
             raise self.error(f"weight shape {weight.shape} does not take {n_in} features")
         n_out = weight.shape[1]
@@ -392,7 +402,12 @@ class _Converter:
                 raise self.fail("bias shape", bias.shape)
             params[L.BIAS] = bias.reshape(n_out)
         layer = L.DenseLayer(n_out=n_out, activation=Activation.IDENTITY, has_bias=bias is not None)
-        self.produce(_Value(self.add(layer, [x.vertex], params), (n_out,)))
+        vertex = self.add(layer, [x.vertex], params)
+        if sequence:
+            sizes = x.sizes() | {"c": n_out}
+            self.produce(_Value(vertex, tuple(sizes[a] for a in x.order if a != "n"), order=x.order))
+        else:
+            self.produce(_Value(vertex, (n_out,)))
 
     def _Gemm(self) -> None:
         self.require("transA", 0, (0,))
@@ -403,7 +418,7 @@ class _Converter:
         self.dense(weight * alpha, None if bias is None else bias * beta)
 
     def _MatMul(self) -> None:
-        self.dense(self.constant(1, "second operand (the weight)"), None)
+        self.dense(self.constant(1, "second operand (the weight)"), None, steps=True)
 
     def _Conv(self) -> None:
         x = self.input()
@@ -903,20 +918,21 @@ class _Converter:
         at = self.index.get(x.vertex)
         node = self.nodes[at] if at is not None else None
         fed = sum(x.vertex in n.heads for n in self.nodes)
+        steps = "t" in x.letters()  # a sequence: a loss at every step
         if node is not None and not fed and isinstance(node.item, L.DenseLayer):
             dense = node.item
             act = Activation(dense.activation)
             loss = _IMPLIED_LOSSES.get(act, LossFunction.MSE)
-            node.item = L.OutputLayer(n_out=dense.n_out, activation=act, loss=loss, has_bias=dense.has_bias)
+            output = L.RnnOutputLayer if steps else L.OutputLayer
+            node.item = output(n_out=dense.n_out, activation=act, loss=loss, has_bias=dense.has_bias)
             return node.name
+        losses = L.RnnLossLayer if steps else L.LossLayer
         if node is not None and not fed and isinstance(node.item, L.ActivationLayer):
             act = Activation(node.item.activation)
-            node.item = L.LossLayer(activation=act, loss=_IMPLIED_LOSSES.get(act, LossFunction.MSE))
+            node.item = losses(activation=act, loss=_IMPLIED_LOSSES.get(act, LossFunction.MSE))
             return node.name
         self.node = None
-        return self.add(
-            L.LossLayer(activation=Activation.IDENTITY, loss=LossFunction.MSE), [x.vertex], name=name
-        )
+        return self.add(losses(activation=Activation.IDENTITY, loss=LossFunction.MSE), [x.vertex], name=name)
 
 
 def _input_type(name: str, shape: tuple) -> InputType:

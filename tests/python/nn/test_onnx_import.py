@@ -617,6 +617,28 @@ def _check_batch_first(model, x: np.ndarray, tolerance: float):
     return net
 
 
+def _token_model(nodes, steps: int, output: tuple, weights: dict):
+    """A checked model reading token indices "tokens" (batch, steps), writing float "y" (batch, *output)."""
+    graph = helper.make_graph(
+        nodes,
+        "tokens",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", steps])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", *output])],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _check_tokens(model, tokens: np.ndarray):
+    """(the imported network, its output for ``tokens`` given as (batch, 1, time), the reference's)."""
+    (expected,) = ReferenceEvaluator(model).run(None, {"tokens": tokens})
+    net = import_onnx_model(model)
+    (got,) = net.output(tokens[:, None, :])
+    return net, got, expected
+
+
 def _recurrent_weights(seed: int, dirs: int, gates: int, hidden: int, features: int) -> dict:
     return {
         "W": _normal(seed, dirs, gates * hidden, features, scale=0.4),
@@ -685,19 +707,8 @@ def test_bidirectional_gru_over_token_sequences_pooled_over_time(layout):
         "merge": np.array([0, 0, -1]),
         "w": _normal(2, 2 * hidden, 2),
     }
-    graph = helper.make_graph(
-        nodes,
-        "text",
-        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["N", steps])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-        [numpy_helper.from_array(np.asarray(v), n) for n, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    tokens = np.random.default_rng(4).integers(0, 30, (5, steps))
-    (expected,) = ReferenceEvaluator(model).run(None, {"tokens": tokens})
-    net = import_onnx_model(model)
-    (got,) = net.output(tokens[:, None, :])
+    model = _token_model(nodes, steps, (2,), weights)
+    net, got, expected = _check_tokens(model, np.random.default_rng(4).integers(0, 30, (5, steps)))
     np.testing.assert_allclose(got, expected, rtol=0, atol=_tolerance(size + hidden, steps))
     assert isinstance(_spec(net, "embed"), L.EmbeddingSequenceLayer)
     assert isinstance(_spec(net, "gru"), L.Bidirectional) and isinstance(_spec(net, "gru").layer, L.GRU)
@@ -761,3 +772,36 @@ def test_text_classifiers_pytorch_exported_give_pytorchs_outputs(name):
     net = import_onnx_model(model)
     (got,) = net.output(tokens[:, None, :])
     np.testing.assert_allclose(got, expected, rtol=0, atol=tol)
+
+
+def test_per_step_classifier_over_a_sequence():
+    """A tagger: token embeddings, a MatMul + bias + Relu at every step, a per-step softmax over the
+    classes. The output becomes an RnnOutputLayer; sparkgrad returns it as (batch, classes, time)."""
+    steps, size, hidden, classes = 7, 5, 6, 3
+    nodes = [
+        helper.make_node("Gather", ["table", "tokens"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w1"], ["m"], name="hidden"),
+        helper.make_node("Add", ["m", "b1"], ["h"], name="bias"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["z"], name="tags"),
+        helper.make_node("Softmax", ["z"], ["y"], name="softmax", axis=-1),
+    ]
+    weights = {"table": _normal(1, 40, size), "w1": _normal(2, size, hidden), "b1": _normal(3, hidden)}
+    weights["w2"] = _normal(4, hidden, classes)
+    model = _token_model(nodes, steps, (steps, classes), weights)
+    tokens = np.random.default_rng(5).integers(0, 40, (4, steps))
+    net, got, expected = _check_tokens(model, tokens)
+    np.testing.assert_allclose(got.transpose(0, 2, 1), expected, rtol=0, atol=_tolerance(hidden, 2))
+    tags = _spec(net, "tags")
+    assert isinstance(tags, L.RnnOutputLayer) and tags.activation is Activation.SOFTMAX
+    assert tags.loss is LossFunction.MCXENT and _spec(net, "hidden").activation is Activation.RELU
+    labels = np.eye(classes, dtype=np.float32)[np.random.default_rng(6).integers(0, classes, (4, steps))]
+    data = DataSet(tokens[:, None, :], labels.transpose(0, 2, 1))
+    before = net.score(data)
+    for _ in range(10):
+        net.fit(data)
+    assert net.score(data) < before
+    # a softmax over the time axis is refused
+    model.graph.node[-1].attribute[0].i = 1
+    with pytest.raises(OnnxImportError, match=r"'softmax' \(Softmax\): unsupported axis \(the features'\)=1"):
+        import_onnx_model(model)
