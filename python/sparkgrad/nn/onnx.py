@@ -23,8 +23,10 @@ features, time): ``x.transpose(0, 2, 1)``.
 
 ONNX carries no loss. Each graph output becomes trainable: from a Gemm/MatMul an :class:`OutputLayer`
 (with its fused activation), from an activation node a :class:`LossLayer` with that activation, from
-anything else a :class:`LossLayer` on the value; the loss is the one the activation implies (softmax:
-MCXENT, sigmoid: XENT, otherwise MSE), so ``fit`` trains the imported network further.
+anything else a :class:`LossLayer` on the value (on a sequence, a per-step :class:`RnnOutputLayer` or
+:class:`RnnLossLayer`, whose output comes back as (batch, features, time)); the loss is the one the
+activation implies (softmax: MCXENT, sigmoid: XENT, otherwise MSE), so ``fit`` trains the imported
+network further.
 """
 
 from __future__ import annotations
