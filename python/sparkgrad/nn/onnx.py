@@ -251,6 +251,12 @@ class _Converter:
             raise self.fail(f"kernel_shape (the weight's is {kernel})", tuple(self.attr("kernel_shape", ())))
         return kernel
 
+    def axes(self) -> list[int]:
+        """The node's axes: its second input (Squeeze from opset 13, the Reduce operators from 18) or,
+        before, its attribute; none given: []."""
+        given = self.optional_constant(1, "axes")
+        return [int(a) for a in (given if given is not None else self.attr("axes", []))]
+
     def window(self, rank: int, kernel: tuple) -> tuple[tuple, tuple]:
         strides = tuple(int(s) for s in self.attr("strides", [1] * rank))
         if len(kernel) != rank or len(strides) != rank:
@@ -388,11 +394,11 @@ class _Converter:
     def dense(self, weight: np.ndarray, bias: np.ndarray | None, steps: bool = False) -> None:
         """A DenseLayer on vectors; with ``steps`` also at every step of a sequence whose last ONNX axis
         holds its features (MatMul of a (batch, time, features) tensor)."""
-        x = self.input(orders=None)
-        sequence = steps and "t" in x.order
-        if not sequence:
+        x = self.input(orders=None) if steps else self.vector()
+        sequence = "t" in x.order
+        if steps and not sequence:
             x = self.vector()
-        elif not x.order.endswith("c") or "d" in x.order:
+        elif sequence and (not x.order.endswith("c") or "d" in x.order):
             raise self.error(f"multiplies a sequence with axes {_axes(x.order)}: its features must come last")
         n_in = x.sizes()["c"] if sequence else int(np.prod(x.shape))
         if weight.ndim != 2 or weight.shape[0] != n_in:
@@ -676,9 +682,7 @@ class _Converter:
         """Squeeze of unit axes sparkgrad does not hold: a looked-up (1, E), a global pooling's (C, 1, 1), a
         one-directional recurrent operator's directions axis."""
         x = self.input(orders=None)
-        axes = self.attr("axes", None)
-        given = self.optional_constant(1, "axes")
-        axes = [int(a) for a in (given if given is not None else axes if axes is not None else [])]
+        axes = self.axes()
         if x.order:
             letters = x.letters()
             dropped_letters = {letters[a % len(letters)] for a in axes}
@@ -813,9 +817,7 @@ class _Converter:
         """A mean, max or sum over a sequence's time axis or an image's spatial axes: global pooling."""
         x = self.input(orders=None)
         letters = x.letters()
-        axes = self.attr("axes", None)
-        given = self.optional_constant(1, "axes")
-        axes = [int(a) for a in (given if given is not None else axes if axes is not None else [])]
+        axes = self.axes()
         reduced = {letters[a % len(letters)] for a in axes}
         if x.flat or not (
             reduced == {"t"} and "d" not in letters or reduced == {"h", "w"} and letters == "nchw"
