@@ -97,6 +97,9 @@ _FOLDS = frozenset(
      "Squeeze", "Add", "Sub", "Mul", "Div", "Neg", "Identity")
 )  # fmt: skip
 _FOLD_LIMIT = 1 << 24
+# a Reshape's shape and a Pad's pads lie in [-_INT_LIMIT, _INT_LIMIT) (int32's range): sizes summed from
+# them stay within int64
+_INT_LIMIT = 1 << 31
 # the batch size a Shape of a computed tensor reports: what is computed from it is batch dependent
 _BATCH = 1
 # recurrent operators: ONNX's gate blocks in sparkgrad's order (LSTM: ONNX i, o, f, c -> DL4J's c, f, o,
@@ -157,6 +160,11 @@ def _describe(node: Any) -> str:
     return f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
 
 
+def _shown(value: np.ndarray) -> str:
+    """A constant in an error message: its element type, shape and first values."""
+    return f"{value.dtype} of shape {value.shape}: {value.reshape(-1)[:8].tolist()}"
+
+
 class _Converter:
     """Converts ONNX nodes, in the graph's (topological) order, into named sparkgrad layers and vertices."""
 
@@ -201,6 +209,23 @@ class _Converter:
         if position >= len(self.node.input) or not self.node.input[position]:
             return None
         return self.constant(position, what)
+
+    def ints(self, value: Any, what: str, limit: int = _INT_LIMIT) -> tuple[int, ...]:
+        """A 1-D integer constant (or an attribute's ints) as Python ints, each in [-limit, limit)."""
+        value = np.asarray(value)
+        integers = value.ndim == 1 and (value.dtype.kind in "iu" or value.size == 0)  # asarray([]): float64
+        ints = tuple(value.tolist()) if integers else ()
+        if not integers or not all(-limit <= i < limit for i in ints):
+            raise self.error(
+                f"its {what} must be a 1-D tensor of integers in [{-limit}, {limit}), got {_shown(value)}"
+            )
+        return ints
+
+    def scalar(self, value: np.ndarray, what: str) -> float:
+        """A one-element constant as a finite float."""
+        if value.size != 1 or value.dtype.kind not in "iuf" or not np.isfinite(value).all():
+            raise self.error(f"its {what} must be one finite number, got {_shown(value)}")
+        return float(value.reshape(()))
 
     def input(self, position: int = 0, orders: tuple[str, ...] | None = ("",)) -> _Value:
         """The computed tensor the node reads at ``position``; a sequence must come in one of ``orders``
@@ -251,11 +276,11 @@ class _Converter:
             raise self.fail(f"kernel_shape (the weight's is {kernel})", tuple(self.attr("kernel_shape", ())))
         return kernel
 
-    def axes(self) -> list[int]:
-        """The node's axes: its second input (Squeeze from opset 13, the Reduce operators from 18) or,
-        before, its attribute; none given: []."""
+    def axes(self, rank: int) -> tuple[int, ...]:
+        """The node's axes of a ``rank`` tensor: its second input (Squeeze from opset 13, the Reduce
+        operators from 18) or, before, its attribute; none given: ()."""
         given = self.optional_constant(1, "axes")
-        return [int(a) for a in (given if given is not None else self.attr("axes", []))]
+        return self.ints(self.attr("axes", []) if given is None else given, "axes", limit=rank)
 
     def window(self, rank: int, kernel: tuple) -> tuple[tuple, tuple]:
         strides = tuple(int(s) for s in self.attr("strides", [1] * rank))
@@ -323,8 +348,8 @@ class _Converter:
             raise self.fail("alpha (sparkgrad's is DL4J's fixed value)", self.attr("alpha", None))
         if op == "Clip":
             given = self.optional_constant(1, "min"), self.optional_constant(2, "max")
-            low = self.attr("min", None) if given[0] is None else float(given[0])
-            high = self.attr("max", None) if given[1] is None else float(given[1])
+            low = self.attr("min", None) if given[0] is None else self.scalar(given[0], "min")
+            high = self.attr("max", None) if given[1] is None else self.scalar(given[1], "max")
             if (low, high) != (-1.0, 1.0):
                 raise self.fail("clip range (only [-1, 1], hard tanh)", (low, high))
         if op == "Softmax":  # over the features: of vectors, or at every step of a sequence
@@ -590,25 +615,23 @@ class _Converter:
         self.flatten()
 
     def _Reshape(self) -> None:
-        x, shape = self.input(orders=None), [int(d) for d in self.constant(1, "shape")]
+        x, shape = self.input(orders=None), self.ints(self.constant(1, "shape"), "shape")
         batch = (0, -1, _BATCH) if self.node.input[1] in self.batch_dependent else (0, -1)
         if "d" in x.order:
             self.merge_directions(x, shape, batch)
             return
         size = int(np.prod(x.shape))
         if len(shape) != 2 or shape[1] not in (-1, size) or shape[0] not in batch or shape.count(-1) > 1:
-            raise self.fail("shape (only (batch, features): a flatten)", tuple(shape))
+            raise self.fail("shape (only (batch, features): a flatten)", shape)
         self.flatten()
 
-    def merge_directions(self, x: _Value, shape: list[int], batch: tuple) -> None:
+    def merge_directions(self, x: _Value, shape: tuple[int, ...], batch: tuple) -> None:
         """Reshape of a recurrent output's adjacent (directions, features) axes into features: the
         directions' outputs side by side, as sparkgrad's Bidirectional concatenates them."""
         letters = x.letters()
         merged = letters.replace("dc", "c")
         if merged == letters or len(shape) != len(merged):
-            raise self.fail(
-                "shape (of a recurrent output: only directions and features merged)", tuple(shape)
-            )
+            raise self.fail("shape (of a recurrent output: only directions and features merged)", shape)
         sizes = x.sizes()
         sizes["c"] *= sizes["d"]
         expected = [sizes.get(a, 0) for a in merged]
@@ -620,9 +643,7 @@ class _Converter:
                 else got in (want, -1) or (got == 0 and i < len(letters) and letters[i] == a)
             )
             if not ok:
-                raise self.fail(
-                    "shape (of a recurrent output: only directions and features merged)", tuple(shape)
-                )
+                raise self.fail("shape (of a recurrent output: only directions and features merged)", shape)
         self.produce(_Value(x.vertex, tuple(sizes[a] for a in merged if a != "n"), order=merged))
 
     def _Gather(self) -> None:
@@ -682,18 +703,18 @@ class _Converter:
         """Squeeze of unit axes sparkgrad does not hold: a looked-up (1, E), a global pooling's (C, 1, 1), a
         one-directional recurrent operator's directions axis."""
         x = self.input(orders=None)
-        axes = self.axes()
+        axes = self.axes(len(x.shape) + 1)
         if x.order:
             letters = x.letters()
             dropped_letters = {letters[a % len(letters)] for a in axes}
             if dropped_letters != {"d"} or x.sizes()["d"] != 1:
-                raise self.fail("axes (of a sequence: only a directions axis of size 1)", tuple(axes))
+                raise self.fail("axes (of a sequence: only a directions axis of size 1)", axes)
             self.produce(self.reordered(x, letters.replace("d", "")))
             return
         rank = len(x.shape) + 1
         dropped = {a % rank for a in axes} if axes else {i + 1 for i, n in enumerate(x.shape) if n == 1}
         if 0 in dropped or any(x.shape[a - 1] != 1 for a in dropped) or (dropped and not x.flat):
-            raise self.fail("axes (only unit axes of a pooled or looked-up vector)", tuple(axes))
+            raise self.fail("axes (only unit axes of a pooled or looked-up vector)", axes)
         shape = tuple(n for i, n in enumerate(x.shape) if i + 1 not in dropped)
         self.produce(_Value(x.vertex, shape, flat=len(shape) > 1))
 
@@ -817,24 +838,22 @@ class _Converter:
         """A mean, max or sum over a sequence's time axis or an image's spatial axes: global pooling."""
         x = self.input(orders=None)
         letters = x.letters()
-        axes = self.axes()
+        axes = self.axes(len(x.shape) + 1)
         reduced = {letters[a % len(letters)] for a in axes}
         if x.flat or not (
             reduced == {"t"} and "d" not in letters or reduced == {"h", "w"} and letters == "nchw"
         ):
-            raise self.fail(
-                "axes (only the time axis of a sequence or the spatial axes of images)", tuple(axes)
-            )
+            raise self.fail("axes (only the time axis of a sequence or the spatial axes of images)", axes)
         vertex = self.add(L.GlobalPoolingLayer(pooling_type=kind), [x.vertex])
         channels = x.sizes()["c"]
         if not int(self.attr("keepdims", 1)):
             if "".join(a for a in letters if a not in reduced) != "nc":
-                raise self.fail("axes (the pooled tensor's axes are then (batch, features))", tuple(axes))
+                raise self.fail("axes (the pooled tensor's axes are then (batch, features))", axes)
             self.produce(_Value(vertex, (channels,)))
             return
         kept = "".join("1" if a in reduced else a for a in letters)
         if not kept.startswith("n"):
-            raise self.fail("axes (the pooled tensor's batch axis comes first)", tuple(axes))
+            raise self.fail("axes (the pooled tensor's batch axis comes first)", axes)
         self.produce(_Value(vertex, tuple(1 if a == "1" else channels for a in kept[1:]), flat=True))
 
     def _ReduceMean(self) -> None:
@@ -855,17 +874,18 @@ class _Converter:
     def _Pad(self) -> None:
         x = self.input()
         self.require("mode", "constant", ("constant",))
-        pads = self.attr("pads", None)
-        pads = [int(p) for p in (self.constant(1, "pads") if pads is None else pads)]
+        given = self.attr("pads", None)
+        pads = self.ints(self.constant(1, "pads") if given is None else given, "pads")
         value = self.optional_constant(2, "constant_value")
-        if value is not None and float(value) != 0.0 or float(self.attr("value", 0.0)) != 0.0:
+        fill = 0.0 if value is None else self.scalar(value, "constant_value")
+        if fill != 0.0 or float(self.attr("value", 0.0)) != 0.0:
             raise self.fail("constant_value (zero padding only)", value)
         if len(pads) != 2 * (len(x.shape) + 1) or x.flat or len(x.shape) not in (2, 3):
-            raise self.fail("pads", tuple(pads))
+            raise self.fail("pads", pads)
         rank = len(x.shape) + 1
         begin, end = pads[:rank], pads[rank:]
-        if begin[:2] != [0, 0] or end[:2] != [0, 0]:
-            raise self.fail("pads (of the spatial axes only)", tuple(pads))
+        if begin[:2] != (0, 0) or end[:2] != (0, 0):
+            raise self.fail("pads (of the spatial axes only)", pads)
         if rank == 4:
             layer: L.Layer = L.ZeroPaddingLayer(padding=(begin[2], end[2], begin[3], end[3]))
         else:

@@ -303,20 +303,22 @@ def test_layer_normalization_and_standalone_activations():
     assert _spec(net, "mm").activation is Activation.SOFTPLUS and _spec(net, "mm").loss is LossFunction.MSE
 
 
-def _mlp(node, extra: dict | None = None, features: int = 4):
+def _mlp(node, extra: dict | None = None, features: int = 4, check: bool = True):
     """x (4) -> ``node`` (reading "x", writing "h") -> Gemm to 2 outputs."""
     nodes = [node, helper.make_node("Gemm", ["h", "w"], ["y"], name="out")]
-    return _model(nodes, {"x": (4,)}, {"y": (2,)}, {"w": _normal(1, features, 2), **(extra or {})})
+    weights = {"w": _normal(1, features, 2), **(extra or {})}
+    return _model(nodes, {"x": (4,)}, {"y": (2,)}, weights, check=check)
 
 
-def _image_net(node, extra: dict | None = None, channels: int = 2):
+def _image_net(node, extra: dict | None = None, channels: int = 2, check: bool = True):
     nodes = [
         node,
         helper.make_node("GlobalAveragePool", ["h"], ["g"], name="gap"),
         helper.make_node("Flatten", ["g"], ["f"], name="flat"),
         helper.make_node("Gemm", ["f", "w"], ["y"], name="out"),
     ]
-    return _model(nodes, {"x": (2, 6, 6)}, {"y": (2,)}, {"w": _normal(1, channels, 2), **(extra or {})})
+    weights = {"w": _normal(1, channels, 2), **(extra or {})}
+    return _model(nodes, {"x": (2, 6, 6)}, {"y": (2,)}, weights, check=check)
 
 
 @pytest.mark.parametrize(
@@ -454,6 +456,104 @@ def test_unknown_axes_and_bad_bytes_are_refused(tmp_path):
         import_onnx_model(b"\x00" * 64)
     with pytest.raises(FileNotFoundError):
         import_onnx_model(tmp_path / "missing.onnx")
+
+
+# Constant inputs of the wrong rank, size or element type, or with a value out of range, are refused naming
+# the node and the input (onnx's checker would refuse most of them first: check=False).
+_PADS = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)
+_NOT_ONE_FINITE_NUMBER = [
+    np.full((2, 2), -1, np.float32),
+    np.zeros(0, np.float32),
+    np.array(np.nan, np.float32),
+    np.array(-np.inf, np.float32),
+]
+_NOT_AXES = [
+    np.array([2, 3], np.int64).reshape(1, 1, 2),
+    np.array(2, np.int64),
+    np.array([2, 3], np.float32),
+    np.array([6, 7], np.int64),  # of a rank-4 tensor: in [-4, 4)
+    np.array([-6, -5], np.int64),
+]
+
+
+@pytest.mark.parametrize("bound", ["min", "max"])
+@pytest.mark.parametrize("value", _NOT_ONE_FINITE_NUMBER)
+def test_clip_bound_that_is_not_one_finite_number_is_refused(bound, value):
+    bounds = {"min": np.array(-1, np.float32), "max": np.array(1, np.float32), bound: value}
+    model = _mlp(helper.make_node("Clip", ["x", "min", "max"], ["h"], name="clip"), bounds, check=False)
+    with pytest.raises(OnnxImportError, match=rf"'clip' \(Clip\): its {bound} must be one finite number"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize("value", _NOT_ONE_FINITE_NUMBER)
+def test_pad_constant_value_that_is_not_one_finite_number_is_refused(value):
+    node = helper.make_node("Pad", ["x", "pads", "value"], ["h"], name="pad")
+    model = _image_net(node, {"pads": _PADS, "value": value}, check=False)
+    with pytest.raises(OnnxImportError, match=r"'pad' \(Pad\): its constant_value must be one finite number"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize(
+    "pads",
+    [
+        _PADS.reshape(2, 4),
+        np.array(1, np.int64),
+        _PADS.astype(np.float32),
+        np.array([0, 0, 1, 2**64 - 1, 0, 0, 1, 1], np.uint64),
+        np.array([0, 0, 1 << 62, 1, 0, 0, 1 << 62, 1], np.int64),  # its padded size overflows int64
+    ],
+)
+def test_pads_other_than_a_vector_of_int32s_are_refused(pads):
+    model = _image_net(helper.make_node("Pad", ["x", "pads"], ["h"], name="pad"), {"pads": pads}, check=False)
+    with pytest.raises(OnnxImportError, match=r"'pad' \(Pad\): its pads must be a 1-D tensor of integers"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        np.array([[-1, 18]], np.int64),
+        np.array(18, np.int64),
+        np.array([-1, 18], np.float32),
+        np.array([2**64 - 1, 18], np.uint64),
+        np.array([-1, 1 << 40], np.int64),
+    ],
+)
+def test_reshape_shape_other_than_a_vector_of_int32s_is_refused(shape):
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "w"], ["y"], name="out"),
+    ]
+    model = _model(
+        nodes, {"x": (2, 3, 3)}, {"y": (4,)}, {"w": _normal(1, 18, 4), "shape": shape}, check=False
+    )
+    with pytest.raises(OnnxImportError, match=r"'flatten' \(Reshape\): its shape must be a 1-D tensor"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize("axes", _NOT_AXES)
+def test_squeeze_axes_other_than_a_vector_of_the_tensors_axes_are_refused(axes):
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
+        helper.make_node("Squeeze", ["g", "axes"], ["f"], name="squeeze"),
+        helper.make_node("Gemm", ["f", "w"], ["y"], name="out"),
+    ]
+    model = _model(nodes, {"x": (2, 6, 6)}, {"y": (2,)}, {"w": _normal(1, 2, 2), "axes": axes}, check=False)
+    with pytest.raises(OnnxImportError, match=r"'squeeze' \(Squeeze\): its axes must be a 1-D tensor of int"):
+        import_onnx_model(model)
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax", "ReduceSum"])
+@pytest.mark.parametrize("axes", _NOT_AXES)
+def test_reduce_axes_other_than_a_vector_of_the_tensors_axes_are_refused(op, axes):
+    nodes = [
+        helper.make_node(op, ["x", "axes"], ["g"], name="pool", keepdims=0),
+        helper.make_node("Gemm", ["g", "w"], ["y"], name="out"),
+    ]
+    weights = {"w": _normal(1, 2, 2), "axes": axes}
+    model = _model(nodes, {"x": (2, 6, 6)}, {"y": (2,)}, weights, opset=18, check=False)
+    with pytest.raises(OnnxImportError, match=rf"'pool' \({op}\): its axes must be a 1-D tensor of integers"):
+        import_onnx_model(model)
 
 
 # the longest dot product of each model: Linear(12, 32), Conv2d(1, 6, 5) then Conv2d(6, 12, 3) (54) and
