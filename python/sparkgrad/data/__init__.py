@@ -8,7 +8,8 @@
 - :class:`AsyncDataSetIterator`: background prefetching of any iterable.
 - :class:`SerializedDataSetLoader`, :class:`SerializedMultiDataSetLoader`: path or bytes -> object,
   for data exported to files and read back through Spark.
-- :func:`read_nd4j_dataset`: DataSet files written by DL4J / ND4J ``DataSet.save`` (migration).
+- :func:`read_nd4j_dataset`: DataSet files written by DL4J / ND4J ``DataSet.save`` (migration);
+  :func:`read_nd4j_array`: one array written by ``Nd4j.write``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from sparkgrad.data.dataset import DataSet, MultiDataSet
 from sparkgrad.data.iterators import AsyncDataSetIterator, ListDataSetIterator, rebatch
 from sparkgrad.data.loaders import SerializedDataSetLoader, SerializedMultiDataSetLoader
-from sparkgrad.data.nd4j import read_nd4j_dataset
+from sparkgrad.data.nd4j import read_nd4j_array, read_nd4j_dataset
 
 __all__ = [
     "AsyncDataSetIterator",
@@ -25,6 +26,7 @@ __all__ = [
     "MultiDataSet",
     "SerializedDataSetLoader",
     "SerializedMultiDataSetLoader",
+    "read_nd4j_array",
     "read_nd4j_dataset",
     "rebatch",
 ]

@@ -114,6 +114,34 @@ def read_nd4j_dataset(source: Any, name: str | None = None) -> DataSet:
         CorruptDataError: the data is truncated, damaged or not a DataSet file (names the file and
             the field).
     """
+    data, name = _source_bytes(source, name)
+    return _Reader(memoryview(data).cast("B"), name, "ND4J DataSet file").dataset()
+
+
+def read_nd4j_array(source: Any, name: str | None = None) -> np.ndarray:
+    """Read one array written by ND4J's ``Nd4j.write(array, DataOutputStream)`` (the record layout in
+    the module docstring): the ``.bin`` files of DL4J's tests and tools, a ModelSerializer zip's
+    ``coefficients.bin``.
+
+    Args:
+        source: as :func:`read_nd4j_dataset`.
+        name: the file's name in error messages (default: the path, or ``<bytes>``).
+
+    Returns:
+        The array with its ND4J element type, in native byte order and row-major layout.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        CorruptDataError: the data is truncated, damaged, not one array or has bytes after it (names
+            the file and the field).
+    """
+    data, name = _source_bytes(source, name)
+    reader = _Reader(memoryview(data).cast("B"), name, "ND4J array file")
+    return reader.array_file()
+
+
+def _source_bytes(source: Any, name: str | None) -> tuple[Bytes, str]:
+    """(the bytes, the name for messages) of a path, binary file, bytes or (path, bytes) pair."""
     data: Bytes
     if isinstance(source, tuple) and len(source) == 2:
         source, name = source[1], os.fsdecode(source[0]) if name is None else name
@@ -132,19 +160,20 @@ def read_nd4j_dataset(source: Any, name: str | None = None) -> DataSet:
             "source: expected a path, a binary file, bytes or a (path, bytes) pair, "
             f"got {type(source).__name__}"
         )
-    return _Reader(memoryview(data).cast("B"), name or "<bytes>").dataset()
+    return data, name or "<bytes>"
 
 
 class _Reader:
     """A cursor over the file's bytes; every read is bounded by what is left."""
 
-    def __init__(self, data: memoryview, name: str) -> None:
+    def __init__(self, data: memoryview, name: str, kind: str) -> None:
         self._data = data
         self._name = name
+        self._kind = kind
         self._pos = 0
 
     def error(self, field: str, message: str) -> CorruptDataError:
-        return CorruptDataError(f"{self._name}: {field}: {message} (ND4J DataSet file, offset {self._pos})")
+        return CorruptDataError(f"{self._name}: {field}: {message} ({self._kind}, offset {self._pos})")
 
     def _take(self, n: int, field: str) -> memoryview:
         left = len(self._data) - self._pos
@@ -191,6 +220,12 @@ class _Reader:
             raise self.error("end", f"{len(self._data) - self._pos} bytes after the last array")
         return DataSet(**arrays)
 
+    def array_file(self) -> np.ndarray:
+        array = self._array("array", min_rank=0)
+        if self._pos != len(self._data):
+            raise self.error("end", f"{len(self._data) - self._pos} bytes after the array")
+        return array
+
     def _buffer_header(self, field: str) -> tuple[int, str]:
         mode = self._utf(f"{field} mode")
         if mode not in MODES:
@@ -217,7 +252,7 @@ class _Reader:
             return values.astype(np.bool_)
         return np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))
 
-    def _array(self, field: str) -> np.ndarray:
+    def _array(self, field: str, min_rank: int = 1) -> np.ndarray:
         info_field = f"{field} shape info"
         length, info_type = self._buffer_header(info_field)
         if info_type not in ("LONG", "INT"):
@@ -228,7 +263,7 @@ class _Reader:
         rank = info[0]
         if rank != (length - 4) // 2:
             raise self.error(info_field, f"rank {rank} does not match the length {length}")
-        if rank < 1:
+        if rank < min_rank:
             raise self.error(info_field, "rank 0: a DataSet array needs an examples dimension")
         shape, strides, order_code = info[1 : 1 + rank], info[1 + rank : 1 + 2 * rank], info[-1]
         if any(d < 0 for d in shape):
@@ -249,7 +284,8 @@ class _Reader:
             raise self.error(f"{field} data", f"{count} elements for shape {shape}")
         values = self._elements(f"{field} data", count, dtype)
         try:
-            return np.ascontiguousarray(values.reshape(shape, order=order))
+            array = values.reshape(shape, order=order)
+            return array if array.flags.c_contiguous else array.copy(order="C")  # a 0-d array stays 0-d
         except ValueError as exc:  # dimensions numpy cannot represent (an empty array of huge extent)
             raise self.error(info_field, f"shape {shape}: {exc}") from None
 
@@ -264,4 +300,4 @@ def _contiguous_strides(shape: list[int], order: str) -> list[int]:
     return strides if order == "F" else strides[::-1]
 
 
-__all__ = ["read_nd4j_dataset"]
+__all__ = ["read_nd4j_array", "read_nd4j_dataset"]

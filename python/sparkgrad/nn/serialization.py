@@ -175,7 +175,131 @@ def _output(target: PathOrFile) -> Iterator[BinaryIO]:
         yield target
 
 
-class ModelReader:
+class ZipArchive:
+    """A zip archive read as hostile input: its directory is checked when it opens (duplicate names,
+    the members ``required`` and, unless ``allowed`` is None, only those ``allowed``, no data before the
+    first member or archive comment, every member's declared sizes against the archive and deflate's
+    maximum ratio, no encryption), and members are read whole on request, so zipfile checks their CRC.
+    Everything a layer raises on bad bytes becomes :class:`CorruptDataError` naming the file and member.
+
+    Args:
+        source: a path (a Hadoop URI such as ``hdfs://``, ``s3a://`` or ``file://`` is read through the
+            active Spark session's FileSystem) or a readable, seekable binary file object.
+        kind: what the file should be, for error messages ("a sparkgrad model").
+        required: member names that must be present.
+        allowed: the only member names allowed, or None for any.
+
+    Raises:
+        FileNotFoundError: the path does not exist (OSError from opening a path is not corruption).
+        CorruptDataError: not a zip of this kind, or damaged; names the file and the member.
+    """
+
+    def __init__(
+        self, source: PathOrFile, kind: str, required: tuple[str, ...], allowed: tuple[str, ...] | None
+    ) -> None:
+        self.name = _source_name(source)
+        self._member = "the zip directory"
+        self._own = open_input(source) if isinstance(source, (str, os.PathLike)) else None
+        try:
+            with self._guard():
+                self._open_archive(self._own or source, kind, required, allowed)  # type: ignore[arg-type]
+                self._opened()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self: T) -> T:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the archive (and the file when a path was opened)."""
+        zf = getattr(self, "_zip", None)
+        if zf is not None:
+            zf.close()
+        if self._own is not None:
+            self._own.close()
+
+    def __contains__(self, member: str) -> bool:
+        return member in self._infos
+
+    def _opened(self) -> None:
+        """What a subclass checks once the directory is: nothing here."""
+
+    @contextmanager
+    def _guard(self, member: str | None = None) -> Iterator[None]:
+        """Turn whatever a layer raises on bad bytes into CorruptDataError naming file and member."""
+        if member is not None:
+            self._member = member
+        try:
+            yield
+        except CorruptDataError:
+            raise
+        except _FAILURES as exc:
+            raise CorruptDataError(
+                f"{self.name}: {self._member}: corrupt or foreign model file ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _open_archive(
+        self, stream: BinaryIO, kind: str, required: tuple[str, ...], allowed: tuple[str, ...] | None
+    ) -> None:
+        size = stream.seek(0, io.SEEK_END)
+        stream.seek(0)
+        self._zip = zf = zipfile.ZipFile(stream, "r")
+        infos = zf.infolist()
+        names = [info.filename for info in infos]
+        self._infos = {info.filename: info for info in infos}
+        if len(self._infos) != len(names):
+            raise CorruptDataError(f"{self.name}: duplicate member names in {sorted(names)}")
+        missing = [m for m in required if m not in self._infos]
+        if missing:
+            raise CorruptDataError(f"{self.name}: not {kind} (missing {', '.join(missing)})")
+        unknown = [] if allowed is None else sorted(set(names) - set(allowed))
+        if unknown:
+            raise CorruptDataError(f"{self.name}: unexpected members {unknown} (damaged or foreign file)")
+        if zf.comment or min(info.header_offset for info in infos) != 0:
+            raise CorruptDataError(f"{self.name}: data before the first member or an archive comment")
+        for info in infos:
+            self._check_info(info, size)
+
+    def _check_info(self, info: zipfile.ZipInfo, archive_size: int) -> None:
+        """Declared sizes and methods, before anything is decompressed."""
+        where = f"{self.name}: {info.filename}"
+        if info.flag_bits & 0x1:
+            raise CorruptDataError(f"{where}: encrypted members are not supported")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise CorruptDataError(f"{where}: unsupported compression method {info.compress_type}")
+        if info.header_offset + info.compress_size > archive_size:
+            raise CorruptDataError(
+                f"{where}: declares {info.compress_size} compressed bytes at offset {info.header_offset}, "
+                f"beyond the end of the {archive_size}-byte archive"
+            )
+        limit = info.compress_size * (_DEFLATE_MAX_RATIO if info.compress_type else 1)
+        if info.file_size > limit + 64:  # a few bytes of slack: an empty deflate stream still takes 2
+            raise CorruptDataError(
+                f"{where}: declares {info.file_size} bytes from {info.compress_size} compressed bytes, "
+                "more than the compression method can produce"
+            )
+
+    def read(self, member: str, limit: int) -> bytearray:
+        """The whole member (at most ``limit`` declared bytes); reading to its end checks the CRC."""
+        with self._guard(member):
+            info = self._infos[member]
+            if info.file_size > limit:
+                raise CorruptDataError(
+                    f"{self.name}: {member} declares {info.file_size} bytes, the limit is {limit}"
+                )
+            data = bytearray(info.file_size)
+            with self._zip.open(info) as f:
+                _read_into(f, memoryview(data))
+                if f.read(1):
+                    raise CorruptDataError(f"{self.name}: {member} is longer than it declares")
+            return data
+
+
+class ModelReader(ZipArchive):
     """Opens a model file, checks its members and metadata, and reads the rest on request.
 
     Use as a context manager; read the configuration, then the coefficients (their length comes from
@@ -197,29 +321,9 @@ class ModelReader:
     """
 
     def __init__(self, source: PathOrFile, model: str) -> None:
-        self.name = _source_name(source)
-        self._member = "the zip directory"
-        self._own = open_input(source) if isinstance(source, (str, os.PathLike)) else None
-        try:
-            with self._guard():
-                self._open(self._own or source, model)  # type: ignore[arg-type]
-        except BaseException:
-            self.close()
-            raise
-
-    def __enter__(self) -> ModelReader:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Release the archive (and the file when a path was opened)."""
-        zf = getattr(self, "_zip", None)
-        if zf is not None:
-            zf.close()
-        if self._own is not None:
-            self._own.close()
+        self._model = model
+        members = (META_MEMBER, CONF_MEMBER, COEFF_MEMBER)
+        super().__init__(source, "a sparkgrad model", members, (*members, STATE_MEMBER))
 
     # -- what the metadata says ----------------------------------------------------------------
     @property
@@ -251,7 +355,7 @@ class ModelReader:
                 ValueError/TypeError/RecursionError), naming the member.
         """
         with self._guard(CONF_MEMBER):
-            return parse(self._read(CONF_MEMBER, MAX_CONF_BYTES).decode("utf-8"))
+            return parse(self.read(CONF_MEMBER, MAX_CONF_BYTES).decode("utf-8"))
 
     def vector(self, member: str, length: int, dtype: Any) -> np.ndarray:
         """A flat .npy vector member of exactly ``length`` finite elements of ``dtype``.
@@ -278,7 +382,7 @@ class ModelReader:
                     f"elements take {data_bytes} plus a .npy header"
                 )
             # the whole member first: zipfile checks its CRC before the header is parsed
-            raw = self._read(member, data_bytes + _MAX_NPY_HEADER + 16)
+            raw = self.read(member, data_bytes + _MAX_NPY_HEADER + 16)
             stored_dtype, header_len = self._npy_header(
                 io.BytesIO(raw[: _MAX_NPY_HEADER + 16]), member, length
             )
@@ -299,41 +403,9 @@ class ModelReader:
             return array if stored_dtype.isnative else array.astype(dtype)
 
     # -- internals -----------------------------------------------------------------------------
-    @contextmanager
-    def _guard(self, member: str | None = None) -> Iterator[None]:
-        """Turn whatever a layer raises on bad bytes into CorruptDataError naming file and member."""
-        if member is not None:
-            self._member = member
-        try:
-            yield
-        except CorruptDataError:
-            raise
-        except _FAILURES as exc:
-            raise CorruptDataError(
-                f"{self.name}: {self._member}: corrupt or foreign model file ({type(exc).__name__}: {exc})"
-            ) from exc
-
-    def _open(self, stream: BinaryIO, model: str) -> None:
-        size = stream.seek(0, io.SEEK_END)
-        stream.seek(0)
-        self._zip = zf = zipfile.ZipFile(stream, "r")
-        infos = zf.infolist()
-        names = [info.filename for info in infos]
-        self._infos = {info.filename: info for info in infos}
-        if len(self._infos) != len(names):
-            raise CorruptDataError(f"{self.name}: duplicate member names in {sorted(names)}")
-        missing = [m for m in (META_MEMBER, CONF_MEMBER, COEFF_MEMBER) if m not in self._infos]
-        if missing:
-            raise CorruptDataError(f"{self.name}: not a sparkgrad model (missing {', '.join(missing)})")
-        unknown = sorted(set(names) - {META_MEMBER, CONF_MEMBER, COEFF_MEMBER, STATE_MEMBER})
-        if unknown:
-            raise CorruptDataError(f"{self.name}: unexpected members {unknown} (damaged or foreign file)")
-        if zf.comment or min(info.header_offset for info in infos) != 0:
-            raise CorruptDataError(f"{self.name}: data before the first member or an archive comment")
-        for info in infos:
-            self._check_info(info, size)
+    def _opened(self) -> None:
         self._member = META_MEMBER
-        self._meta = self._read_meta(model)
+        self._meta = self._read_meta(self._model)
         has_member = STATE_MEMBER in self._infos
         declared = self._meta.get("updater_state", has_member)  # version 1: the member decides
         if declared != has_member:
@@ -343,42 +415,9 @@ class ModelReader:
             )
         self._has_state = has_member
 
-    def _check_info(self, info: zipfile.ZipInfo, archive_size: int) -> None:
-        """Declared sizes and methods, before anything is decompressed."""
-        where = f"{self.name}: {info.filename}"
-        if info.flag_bits & 0x1:
-            raise CorruptDataError(f"{where}: encrypted members are not supported")
-        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise CorruptDataError(f"{where}: unsupported compression method {info.compress_type}")
-        if info.header_offset + info.compress_size > archive_size:
-            raise CorruptDataError(
-                f"{where}: declares {info.compress_size} compressed bytes at offset {info.header_offset}, "
-                f"beyond the end of the {archive_size}-byte archive"
-            )
-        limit = info.compress_size * (_DEFLATE_MAX_RATIO if info.compress_type else 1)
-        if info.file_size > limit + 64:  # a few bytes of slack: an empty deflate stream still takes 2
-            raise CorruptDataError(
-                f"{where}: declares {info.file_size} bytes from {info.compress_size} compressed bytes, "
-                "more than the compression method can produce"
-            )
-
-    def _read(self, member: str, limit: int) -> bytearray:
-        """The whole member (at most ``limit`` declared bytes); reading to its end checks the CRC."""
-        info = self._infos[member]
-        if info.file_size > limit:
-            raise CorruptDataError(
-                f"{self.name}: {member} declares {info.file_size} bytes, the limit is {limit}"
-            )
-        data = bytearray(info.file_size)
-        with self._zip.open(info) as f:
-            _read_into(f, memoryview(data))
-            if f.read(1):
-                raise CorruptDataError(f"{self.name}: {member} is longer than it declares")
-        return data
-
     def _read_meta(self, model: str) -> dict:
         meta = json.loads(
-            self._read(META_MEMBER, MAX_META_BYTES).decode("utf-8"),
+            self.read(META_MEMBER, MAX_META_BYTES).decode("utf-8"),
             object_pairs_hook=_unique_keys,
             parse_constant=_reject_constant,
         )
@@ -469,4 +508,4 @@ def _source_name(source: Any) -> str:
     return os.fsdecode(name) if isinstance(name, (str, bytes)) else f"<{type(source).__name__}>"
 
 
-__all__ = ["FORMAT_VERSION", "ModelReader", "write_model"]
+__all__ = ["FORMAT_VERSION", "ModelReader", "ZipArchive", "write_model"]

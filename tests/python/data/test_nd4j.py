@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkgrad.data import DataSet, read_nd4j_dataset
+from sparkgrad.data import DataSet, read_nd4j_array, read_nd4j_dataset
 from sparkgrad.errors import CorruptDataError
 
 # ND4J data type name -> (big-endian element dtype written by DataOutputStream, dtype read back)
@@ -52,7 +52,7 @@ def nd4j_write(
     rank = a.ndim
     itemsize = a.dtype.itemsize
     ordered = np.asfortranarray(a) if order == "f" else np.ascontiguousarray(a)
-    strides = [s // itemsize for s in ordered.strides]
+    strides = [s // itemsize for s in ordered.strides] if rank else []  # asfortranarray makes 0-d 1-d
     info = [rank, *a.shape, *strides, 0, 1, ord(order)]
     info_type, info_dtype = ("INT", ">i4") if mode in LEGACY_MODES else ("LONG", ">i8")
     shape_info = buffer(mode, info_type, np.array(info, dtype=info_dtype).tobytes(), len(info))
@@ -315,3 +315,17 @@ def test_fuzz_valid_files_read_back_and_damaged_ones_raise_corrupt_data_error(fu
             assert str(exc).startswith("fuzzed.bin: ")
 
     settings(max_examples=fuzz_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])(run)()
+
+
+@pytest.mark.parametrize("order", ["c", "f"])
+@pytest.mark.parametrize("shape", [(), (5,), (1, 7), (2, 3, 4)])
+def test_read_nd4j_array_reads_one_record_of_any_rank(order: str, shape: tuple) -> None:
+    values = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) * 0.5 - 1.0
+    got = read_nd4j_array(nd4j_write(values, "DOUBLE", order), "x.bin")
+    assert got.dtype == np.float64 and got.shape == shape
+    np.testing.assert_array_equal(got, values)
+
+
+def test_read_nd4j_array_refuses_bytes_after_the_record() -> None:
+    with pytest.raises(CorruptDataError, match=r"x\.bin: end: 3 bytes after the array \(ND4J array file"):
+        read_nd4j_array(nd4j_write(np.ones((2, 2), np.float32)) + b"abc", "x.bin")
