@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -185,6 +186,24 @@ def _check_onnx_import(namespace: dict, output: str, tmp_path) -> None:
     assert net.score(namespace["data"]) < namespace["before"]
 
 
+DL4J_MOON = ROOT / "tests" / "python" / "nn" / "data" / "dl4j" / "MLPMoon"
+
+
+def _place_dl4j_model(workdir) -> None:
+    # the page's "dl4j-model.zip": a zip DL4J wrote (its MLPMoon integration-test baseline)
+    shutil.copy(DL4J_MOON / "Model_RANDOM_INIT_UNTRAINED.zip", workdir / "dl4j-model.zip")
+
+
+def _check_dl4j_import(namespace: dict, output: str, tmp_path) -> None:
+    from sparkgrad.data import read_nd4j_array
+
+    assert "0  DenseLayer" in output and "1  OutputLayer" in output and "Total parameters: 102" in output
+    # DL4J's own output for that row (its predictions/output_0_0.bin): dot products of 2 then 20 terms
+    expected = read_nd4j_array(DL4J_MOON / "predictions" / "output_0_0.bin")
+    got = namespace["net"].output(namespace["first"])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=8 * FLOAT32_EPS * 20 * 2)
+
+
 def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
     from sparkgrad.nn import FrozenLayer
 
@@ -211,6 +230,7 @@ def _check_transfer_learning(namespace: dict, output: str, tmp_path) -> None:
 
 # page -> a check of what the page claims, given the examples' namespace, their output and the directory
 CHECKS = {
+    "docs/guides/dl4j-import.md": _check_dl4j_import,
     "docs/guides/keras-import.md": _check_keras_import,
     "docs/guides/local-training.md": _check_local_training,
     "docs/guides/onnx-import.md": _check_onnx_import,
@@ -219,9 +239,14 @@ CHECKS = {
     "docs/migration.md": _check_migration,
 }
 
+# page -> what its examples expect to find in the directory they run in
+SETUP = {"docs/guides/dl4j-import.md": _place_dl4j_model}
+
 
 @pytest.mark.parametrize("page", LOCAL_PAGES, ids=[p.name for p in LOCAL_PAGES])
 def test_page_examples_run(page, tmp_path, capsys) -> None:
+    if page.name in SETUP:
+        SETUP[page.name](tmp_path)
     namespace = run_page(page, tmp_path)
     if any(not example.skip for example in page.examples):
         CHECKS[page.name](namespace, capsys.readouterr().out, tmp_path)
