@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -147,7 +149,7 @@ def restore_multi_layer_network(source: PathOrFile, seed: int | None = None) -> 
         text = archive.read(CONF_MEMBER, _MAX_CONF_BYTES)
         try:
             conf = json.loads(text.decode("utf-8"))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise CorruptDataError(f"{archive.name}: {CONF_MEMBER}: not JSON ({exc})") from exc
         if not isinstance(conf, dict):
             raise CorruptDataError(f"{archive.name}: {CONF_MEMBER}: expected a JSON object")
@@ -156,16 +158,20 @@ def restore_multi_layer_network(source: PathOrFile, seed: int | None = None) -> 
                 f"{archive.name}: holds a DL4J ComputationGraph; only MultiLayerNetwork zips are imported"
             )
         configuration, counters = _Translator(archive.name).network(conf, seed)
-        net = MultiLayerNetwork(configuration)
-        net.init()
+        where = f"{archive.name}: {COEFF_MEMBER}"
         if COEFF_MEMBER in archive:
-            raw = archive.read(COEFF_MEMBER, _MAX_COEFF_BYTES)
-            flat = read_nd4j_array(raw, f"{archive.name}: {COEFF_MEMBER}")
+            flat = read_nd4j_array(archive.read(COEFF_MEMBER, _MAX_COEFF_BYTES), where)
         elif NO_PARAMS_MEMBER in archive:
             flat = np.zeros(0, dtype=np.float32)
         else:
             raise CorruptDataError(f"{archive.name}: neither {COEFF_MEMBER} nor {NO_PARAMS_MEMBER}")
-        _set_params(net, flat, f"{archive.name}: {COEFF_MEMBER}")
+        # checked before the network allocates what its configuration claims
+        expected = MultiLayerNetwork._configured_num_params(configuration)
+        if flat.size != expected:
+            raise CorruptDataError(f"{where}: {flat.size} parameters, the configuration has {expected}")
+        net = MultiLayerNetwork(configuration)
+        net.init()
+        _set_params(net, flat, where)
         if NORMALIZER_MEMBER in archive:
             warnings.warn(
                 f"{archive.name}: holds a DL4J normalizer ({NORMALIZER_MEMBER}); it is not read, so "
@@ -183,9 +189,6 @@ def _set_params(net: MultiLayerNetwork, flat: np.ndarray, where: str) -> None:
     if flat.ndim > 2 or (flat.ndim == 2 and flat.shape[0] != 1):
         raise CorruptDataError(f"{where}: shape {flat.shape}, expected a row vector")
     flat = flat.ravel()
-    expected = sum(stop - start for entries in net._layouts for _, start, stop in entries)
-    if flat.size != expected:
-        raise CorruptDataError(f"{where}: {flat.size} parameters, the configuration has {expected}")
     if not np.isfinite(flat).all():
         raise CorruptDataError(f"{where}: element {int(np.flatnonzero(~np.isfinite(flat))[0])} is not finite")
     given: dict[Any, dict[str, np.ndarray]] = {}
@@ -223,9 +226,13 @@ class _Translator:
 
     def number(self, obj: dict, field: str, default: Any = ...) -> float:
         value = self.get(obj, field, (int, float), default)
-        if not np.isfinite(value):
-            raise CorruptDataError(f"{self.where}: {field} = {value!r} is not finite")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            number = float("inf")
+        if not np.isfinite(number):
+            raise CorruptDataError(f"{self.where}: {field} = {value!r} is not a finite number")
+        return number
 
     def size(self, obj: dict, field: str) -> int:
         value = self.get(obj, field, int)
@@ -262,15 +269,18 @@ class _Translator:
         if backprop not in ("Standard", "TruncatedBPTT"):
             raise self.fail("backpropType", backprop)
         network_seed = self.get(confs[0], "seed", int, None)
-        configuration = MultiLayerConfiguration(
-            layers=layers,
-            input_type=input_type,
-            seed=network_seed if seed is None else seed,
-            dtype=dtype,
-            backprop_type=BackpropType.TRUNCATED_BPTT if backprop != "Standard" else BackpropType.STANDARD,
-            tbptt_forward_length=self.get(conf, "tbpttFwdLength", int, 20),
-            tbptt_backward_length=self.get(conf, "tbpttBackLength", int, 20),
-        )
+        with self.invalid_values():
+            configuration = MultiLayerConfiguration(
+                layers=layers,
+                input_type=input_type,
+                seed=network_seed if seed is None else seed,
+                dtype=dtype,
+                backprop_type=BackpropType.TRUNCATED_BPTT
+                if backprop != "Standard"
+                else BackpropType.STANDARD,
+                tbptt_forward_length=self.get(conf, "tbpttFwdLength", int, 20),
+                tbptt_backward_length=self.get(conf, "tbpttBackLength", int, 20),
+            )
         iterations, epochs = (self.get(conf, key, int, 0) for key in ("iterationCount", "epochCount"))
         if not (0 <= iterations < 2**63 and 0 <= epochs < 2**63):
             raise CorruptDataError(f"{self.file}: iteration or epoch count {iterations, epochs} out of range")
@@ -293,7 +303,19 @@ class _Translator:
         build = getattr(self, f"_{kind}", None)
         if build is None:
             raise self.fail("@class", layer["@class"], "this layer type is not imported")
-        return build(layer)
+        with self.invalid_values():
+            return build(layer)
+
+    @contextmanager
+    def invalid_values(self) -> Iterator[None]:
+        """A value sparkgrad's configuration rejects (a negative l2, sizes that do not chain) is damage:
+        DL4J writes none."""
+        try:
+            yield
+        except (Dl4jImportError, CorruptDataError):
+            raise
+        except ValueError as exc:
+            raise CorruptDataError(f"{self.where}: {exc}") from exc
 
     def parameter_free(self, layer: dict) -> None:
         """A layer without settings of its own: nothing that would change its output or gradient."""

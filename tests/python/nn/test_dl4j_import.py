@@ -439,3 +439,26 @@ def test_parameter_free_layers_pass_dl4js_values_through_at_inference() -> None:
     features, _ = _moon("moon_data_eval_head.csv")
     expected = _dl4j(MOON, "predictions/output_1_0.bin")
     np.testing.assert_allclose(net.output(features), expected, rtol=0, atol=_tolerance(20, 2))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # a value sparkgrad's configuration rejects: damage, named with the layer
+        (lambda c: _layer(c)["regularization"].append(_fixed("L2Regularization", "l2", -1.0)),
+         r"layer 0 \('layer0', LSTM\): l2"),
+        # sizes that do not chain from layer to layer
+        (lambda c: _layer(c, 2).update({"nin": 7}), r"n_in"),
+        # a configuration claiming 43 billion parameters: refused before anything is allocated
+        (lambda c: _layer(c).update({"nin": 2**30}), r"546 parameters, the configuration has 42949673466"),
+        (lambda c: _layer(c)["iupdater"].update({"learningRate": 10**400}), r"learningRate = .* finite"),
+    ],
+)  # fmt: skip
+def test_values_dl4j_never_writes_are_corrupt_data_naming_the_file(edit, message: str) -> None:
+    with pytest.raises(CorruptDataError, match=message):
+        restore_multi_layer_network(_edited(edit))
+
+
+def _fixed(kind: str, field: str, value: float) -> dict:
+    schedule = {"@class": "org.nd4j.linalg.schedule.FixedSchedule", "value": value}
+    return {"@class": f"org.nd4j.linalg.learning.regularization.{kind}", field: schedule}
