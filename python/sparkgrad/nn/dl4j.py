@@ -201,6 +201,12 @@ def _set_params(net: MultiLayerNetwork, flat: np.ndarray, where: str) -> None:
     set_weights(net, given, "the DL4J zip", Dl4jImportError)
 
 
+def _brief(value: Any) -> str:
+    """A file's value in a message: its repr, cut short (a hostile file may hold megabytes there)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class _Translator:
     """DL4J configuration JSON -> sparkgrad configuration, refusing what sparkgrad would compute
     differently."""
@@ -210,7 +216,7 @@ class _Translator:
         self.where = file
 
     def fail(self, field: str, value: Any, why: str = "not supported") -> Dl4jImportError:
-        return Dl4jImportError(f"{self.where}: {field} = {value!r}: {why}")
+        return Dl4jImportError(f"{self.where}: {field} = {_brief(value)}: {why}")
 
     def get(self, obj: dict, field: str, kinds: type | tuple[type, ...], default: Any = ...) -> Any:
         """``obj[field]`` of one of ``kinds`` (a malformed file is CorruptDataError, not a KeyError)."""
@@ -221,7 +227,7 @@ class _Translator:
         value = obj[field]
         allowed = kinds if isinstance(kinds, tuple) else (kinds,)
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise CorruptDataError(f"{self.where}: {field} = {value!r} has the wrong type")
+            raise CorruptDataError(f"{self.where}: {field} = {_brief(value)} has the wrong type")
         return value
 
     def number(self, obj: dict, field: str, default: Any = ...) -> float:
@@ -231,20 +237,20 @@ class _Translator:
         except OverflowError:  # an integer beyond float's range
             number = float("inf")
         if not np.isfinite(number):
-            raise CorruptDataError(f"{self.where}: {field} = {value!r} is not a finite number")
+            raise CorruptDataError(f"{self.where}: {field} = {_brief(value)} is not a finite number")
         return number
 
     def size(self, obj: dict, field: str) -> int:
         value = self.get(obj, field, int)
         if not 0 < value < 1 << 31:
-            raise CorruptDataError(f"{self.where}: {field} = {value!r} is not a layer size")
+            raise CorruptDataError(f"{self.where}: {field} = {_brief(value)} is not a layer size")
         return int(value)
 
     def kind(self, obj: Any, field: str) -> str:
         """The short class name of a polymorphic JSON object ({"@class": "org....Name", ...})."""
         if not isinstance(obj, dict):
-            raise CorruptDataError(f"{self.where}: {field} = {obj!r} is not a DL4J object")
-        return str(self.get(obj, "@class", str)).rsplit(".", 1)[-1]
+            raise CorruptDataError(f"{self.where}: {field} = {_brief(obj)} is not a DL4J object")
+        return self.get(obj, "@class", str).rsplit(".", 1)[-1][:80]  # DL4J's names are far shorter
 
     # -- the network --------------------------------------------------------------------------------
     def network(self, conf: dict, seed: int | None) -> tuple[MultiLayerConfiguration, tuple[int, int]]:
@@ -291,7 +297,7 @@ class _Translator:
             raise CorruptDataError(f"{self.file}: confs[{index}] is not a JSON object")
         layer = self.get(conf, "layer", dict)
         kind = self.kind(layer, "layer")
-        self.where = f"{self.file}: layer {index} ({layer.get('layerName')!r}, {kind})"
+        self.where = f"{self.file}: layer {index} ({_brief(layer.get('layerName'))}, {kind})"
         for field, expected in (
             ("miniBatch", True),
             ("minimize", True),

@@ -462,3 +462,12 @@ def test_values_dl4j_never_writes_are_corrupt_data_naming_the_file(edit, message
 def _fixed(kind: str, field: str, value: float) -> dict:
     schedule = {"@class": "org.nd4j.linalg.schedule.FixedSchedule", "value": value}
     return {"@class": f"org.nd4j.linalg.learning.regularization.{kind}", field: schedule}
+
+
+def test_a_megabyte_of_hostile_text_stays_out_of_the_message() -> None:
+    def huge(conf: dict) -> None:
+        _layer(conf).update({"layerName": "n" * 10**6, "@class": "x." + "C" * 10**6})
+
+    with pytest.raises(Dl4jImportError, match="not imported") as caught:
+        restore_multi_layer_network(_edited(huge))
+    assert len(str(caught.value)) < 400
