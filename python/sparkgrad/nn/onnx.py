@@ -100,6 +100,9 @@ _FOLD_LIMIT = 1 << 24
 # a Reshape's shape and a Pad's pads lie in [-_INT_LIMIT, _INT_LIMIT) (int32's range): sizes summed from
 # them stay within int64
 _INT_LIMIT = 1 << 31
+# the largest whole factor a Resize may upsample an axis by: models upsample by 2 to 32; past 2**16 a
+# factor only asks for absurd memory at run time
+_UPSAMPLING_LIMIT = 1 << 16
 # the batch size a Shape of a computed tensor reports: what is computed from it is batch dependent
 _BATCH = 1
 # recurrent operators: ONNX's gate blocks in sparkgrad's order (LSTM: ONNX i, o, f, c -> DL4J's c, f, o,
@@ -220,6 +223,12 @@ class _Converter:
                 f"its {what} must be a 1-D tensor of integers in [{-limit}, {limit}), got {_shown(value)}"
             )
         return ints
+
+    def floats(self, value: np.ndarray, what: str) -> tuple[float, ...]:
+        """A 1-D floating-point constant as Python floats, each finite."""
+        if value.ndim != 1 or value.dtype.kind != "f" or not np.isfinite(value).all():
+            raise self.error(f"its {what} must be a 1-D tensor of finite floats, got {_shown(value)}")
+        return tuple(value.tolist())
 
     def scalar(self, value: np.ndarray, what: str) -> float:
         """A one-element constant as a finite float."""
@@ -876,6 +885,8 @@ class _Converter:
         self.require("mode", "constant", ("constant",))
         given = self.attr("pads", None)
         pads = self.ints(self.constant(1, "pads") if given is None else given, "pads")
+        if min(pads, default=0) < 0:
+            raise self.error(f"its pads must be >= 0 (negative pads crop, which is not imported), got {pads}")
         value = self.optional_constant(2, "constant_value")
         fill = 0.0 if value is None else self.scalar(value, "constant_value")
         if fill != 0.0 or float(self.attr("value", 0.0)) != 0.0:
@@ -911,14 +922,16 @@ class _Converter:
             self.require("nearest_mode", "round_prefer_floor", modes)
         scales, sizes = self.optional_constant(2, "scales"), self.optional_constant(3, "sizes")
         if scales is not None and scales.size:
-            factors = [float(s) for s in scales]
+            what, given = "scales", self.floats(scales, "scales")
+            factors = given
         elif sizes is not None and sizes.size:
-            factors = [float(s) / float(n) for s, n in zip(sizes[1:], x.shape)]
-            factors.insert(0, 1.0)
+            what, given = "sizes", self.ints(sizes, "sizes")
+            factors = (1.0, *(s / n for s, n in zip(given[1:], x.shape)))
         else:
             raise self.error("has neither scales nor sizes")
-        if len(factors) != 4 or factors[:2] != [1.0, 1.0] or any(f != int(f) or f < 1 for f in factors[2:]):
-            raise self.fail("scales (whole factors of the spatial axes)", tuple(factors))
+        whole = all(f.is_integer() and 1 <= f <= _UPSAMPLING_LIMIT for f in factors[2:])
+        if len(factors) != 4 or factors[:2] != (1.0, 1.0) or not whole:
+            raise self.fail(f"{what} (whole factors in [1, {_UPSAMPLING_LIMIT}] of the spatial axes)", given)
         rows, cols = int(factors[2]), int(factors[3])
         vertex = self.add(L.Upsampling2D(size=(rows, cols)), [x.vertex])
         self.produce(_Value(vertex, (x.shape[0], x.shape[1] * rows, x.shape[2] * cols)))

@@ -509,6 +509,60 @@ def test_pads_other_than_a_vector_of_int32s_are_refused(pads):
         import_onnx_model(model)
 
 
+@pytest.mark.parametrize("pads", [[0, 0, -1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 1, -2]])
+def test_negative_pads_crop_and_are_refused(pads):
+    model = _image_net(helper.make_node("Pad", ["x", "pads"], ["h"], name="pad"), {"pads": np.array(pads)})
+    with pytest.raises(OnnxImportError, match=r"'pad' \(Pad\): its pads must be >= 0 \(negative pads crop"):
+        import_onnx_model(model)
+
+
+def _resize(given: str, value: np.ndarray, check: bool = True):
+    """x (2, 6, 6) -> a nearest Resize by the constant ``value`` as its input ``given`` (scales or sizes)."""
+    inputs = {"scales": ["x", "", "scales"], "sizes": ["x", "", "", "sizes"]}[given]
+    node = helper.make_node("Resize", inputs, ["h"], name="resize", mode="nearest")
+    return _image_net(node, {given: value}, check=check)
+
+
+def test_resize_by_sizes_and_by_the_largest_factor():
+    model = _resize("sizes", np.array([2, 2, 12, 18]))  # ONNX resizes the batch to sizes[0] too: feed 2
+    net = _check(model, {"x": _normal(1, 2, 2, 6, 6)}, reduction=216, depth=1)
+    assert _spec(net, "resize").size == (2, 3)
+    net = import_onnx_model(_resize("scales", np.array([1, 1, 1 << 16, 1], np.float32)))
+    assert _spec(net, "resize").size == (1 << 16, 1)
+
+
+@pytest.mark.parametrize(
+    "given, value",
+    [
+        ("scales", np.array([1, 1, 2, 2], np.float32).reshape(2, 2)),
+        ("scales", np.array(2, np.float32)),
+        ("scales", np.array([1, 1, 2, 2])),
+        ("scales", np.array([1, 1, np.nan, 2], np.float32)),
+        ("scales", np.array([1, 1, 2, np.inf], np.float32)),
+        ("sizes", np.array([2, 2, 12, 12]).reshape(2, 2)),
+        ("sizes", np.array(12)),
+        ("sizes", np.array([2, 2, 12, 12], np.float32)),
+    ],
+)
+def test_resize_scales_or_sizes_other_than_a_vector_of_their_type_are_refused(given, value):
+    with pytest.raises(OnnxImportError, match=rf"'resize' \(Resize\): its {given} must be a 1-D tensor of"):
+        import_onnx_model(_resize(given, value, check=False))
+
+
+@pytest.mark.parametrize(
+    "given, value",
+    [
+        ("scales", np.array([1, 1, 1e30, 1], np.float32)),
+        ("scales", np.array([1, 1, 2, 1 + (1 << 16)], np.float32)),
+        ("sizes", np.array([2, 2, 6 << 17, 6])),
+    ],
+)
+def test_resize_factors_beyond_2_to_the_16_are_refused(given, value):
+    match = rf"'resize' \(Resize\): unsupported {given} \(whole factors in \[1, 65536\]"
+    with pytest.raises(OnnxImportError, match=match):
+        import_onnx_model(_resize(given, value, check=False))
+
+
 @pytest.mark.parametrize(
     "shape",
     [
