@@ -28,8 +28,8 @@ row-major order; the layers' parameters otherwise follow the same order (sparkgr
 DL4J's layout), so the import reshapes each slice and checks that the slices use the vector exactly.
 Anything else (other layers, GravesLSTM's peepholes, input preprocessors, schedules, bias
 regularization or a separate bias updater, weight noise, constraints, layer normalization, loss
-weights, half precision) raises :class:`Dl4jImportError` instead of importing a network that would
-compute something else.
+weights, half precision, and any field the import does not know unless it is null or empty) raises
+:class:`Dl4jImportError` instead of importing a network that would compute something else.
 """
 
 from __future__ import annotations
@@ -119,6 +119,34 @@ _DATA_TYPES = {"FLOAT": "float32", "DOUBLE": "float64"}
 _RECURRENT = ("LSTM", "Bidirectional")
 # layer settings that must be absent (null, or an empty list) for the layer to compute as sparkgrad's
 _ABSENT = ("biasUpdater", "weightNoise", "constraints", "regularizationBias")
+# Every field the import knows, per object; any other field with a value (not null or empty) is refused,
+# since sparkgrad cannot tell what it changes (an older DL4J's numeric "l2" on the layer, a newer option).
+_INIT_ONLY = set(
+    "@class layerName biasInit gainInit weightInitFn weightInitFnRecurrent helperAllowFallback".split()
+)
+_NO_PARAMS = {"idropout", "constraints", "gradientNormalization", "gradientNormalizationThreshold"}
+_TRAINED = _NO_PARAMS | {"iupdater", "biasUpdater", "regularization", "regularizationBias", "weightNoise"}
+_DENSE = _TRAINED | {"nin", "nout", "activationFn", "hasBias"}
+_KNOWN_FIELDS = {
+    "network": set(
+        "backpropType cacheMode confs dataType epochCount inferenceWorkspaceMode inputPreProcessors "
+        "iterationCount tbpttBackLength tbpttFwdLength trainingWorkspaceMode "
+        "validateOutputLayerConfig".split()
+    ),
+    "layer conf": set(
+        "cacheMode dataType epochCount iterationCount layer maxNumLineSearchIterations miniBatch minimize "
+        "optimizationAlgo seed stepFunction variables".split()
+    ),
+    "DenseLayer": _DENSE | {"hasLayerNorm"},
+    "OutputLayer": _DENSE | {"lossFn"},
+    "RnnOutputLayer": _DENSE | {"lossFn", "rnnDataFormat"},
+    "LSTM": _TRAINED | set("nin nout activationFn gateActivationFn forgetGateBiasInit rnnDataFormat".split()),
+    "Bidirectional": _NO_PARAMS | {"fwd", "bwd", "mode", "nin", "nout"},
+    "GlobalPoolingLayer": _NO_PARAMS | {"poolingType", "pnorm", "collapseDimensions", "poolingDimensions"},
+    "ActivationLayer": _NO_PARAMS | {"activationFn"},
+    # a FeedForwardLayer in DL4J, so it carries an activation and updater, which its dropout ignores
+    "DropoutLayer": _DENSE,
+}
 
 
 class Dl4jImportError(ValueError):
@@ -253,7 +281,14 @@ class _Translator:
         return self.get(obj, "@class", str).rsplit(".", 1)[-1][:80]  # DL4J's names are far shorter
 
     # -- the network --------------------------------------------------------------------------------
+    def known(self, obj: dict, kind: str) -> None:
+        """Refuses a field with a value that ``kind``'s translation does not know."""
+        for field, value in obj.items():
+            if field not in _KNOWN_FIELDS[kind] and field not in _INIT_ONLY and value not in (None, [], {}):
+                raise self.fail(field, value, "a field this import does not know: what it changes is unknown")
+
     def network(self, conf: dict, seed: int | None) -> tuple[MultiLayerConfiguration, tuple[int, int]]:
+        self.known(conf, "network")
         confs = self.get(conf, "confs", list)
         if not confs:
             raise CorruptDataError(f"{self.file}: confs is empty")
@@ -298,6 +333,7 @@ class _Translator:
         layer = self.get(conf, "layer", dict)
         kind = self.kind(layer, "layer")
         self.where = f"{self.file}: layer {index} ({_brief(layer.get('layerName'))}, {kind})"
+        self.known(conf, "layer conf")
         for field, expected in (
             ("miniBatch", True),
             ("minimize", True),
@@ -309,6 +345,7 @@ class _Translator:
         build = getattr(self, f"_{kind}", None)
         if build is None:
             raise self.fail("@class", layer["@class"], "this layer type is not imported")
+        self.known(layer, kind)
         with self.invalid_values():
             return build(layer)
 
@@ -443,6 +480,7 @@ class _Translator:
             raise self.fail("bwd", "a different configuration", "sparkgrad's Bidirectional copies one layer")
         if self.kind(forward, "fwd") != "LSTM":
             raise self.fail("fwd", forward["@class"], "only a Bidirectional LSTM is imported")
+        self.known(forward, "LSTM")
         mode = _BIDIRECTIONAL_MODES.get(self.get(layer, "mode", str, "CONCAT"))
         if mode is None:
             raise self.fail("mode", layer["mode"])

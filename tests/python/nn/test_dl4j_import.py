@@ -471,3 +471,29 @@ def test_a_megabyte_of_hostile_text_stays_out_of_the_message() -> None:
     with pytest.raises(Dl4jImportError, match="not imported") as caught:
         restore_multi_layer_network(_edited(huge))
     assert len(str(caught.value)) < 400
+
+
+def _peepholes(conf: dict) -> None:
+    for direction in ("fwd", "bwd"):
+        _layer(conf)[direction]["peepholes"] = True
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # an older DL4J's numeric l2 on the layer: refused, not silently dropped
+        (
+            lambda c: _layer(c).update({"l2": 0.001}),
+            r"layer 0 \('layer0', Bidirectional\): l2 = 0.001: a field",
+        ),
+        (lambda c: c["confs"][1].update({"learningRatePolicy": "Step"}), r"layer 1 .*learningRatePolicy"),
+        (lambda c: c.update({"futureOption": 3}), r"<BytesIO>: futureOption = 3"),
+        (_peepholes, r"layer 0 .*peepholes = True"),
+    ],
+)
+def test_fields_the_import_does_not_know_are_refused_unless_empty(edit, message: str) -> None:
+    case = BIDIRECTIONAL
+    with pytest.raises(Dl4jImportError, match=message):
+        restore_multi_layer_network(_edited(edit, case))
+    empty = restore_multi_layer_network(_edited(lambda c: _layer(c).update({"l2": None, "later": []}), case))
+    np.testing.assert_array_equal(empty.params(), restore_multi_layer_network(DATA / case / MODEL).params())
