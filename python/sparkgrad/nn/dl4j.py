@@ -219,13 +219,11 @@ def _set_params(net: MultiLayerNetwork, flat: np.ndarray, where: str) -> None:
     flat = flat.ravel()
     if not np.isfinite(flat).all():
         raise CorruptDataError(f"{where}: element {int(np.flatnonzero(~np.isfinite(flat))[0])} is not finite")
-    given: dict[Any, dict[str, np.ndarray]] = {}
-    offset = 0
-    for (key, _, _), entries in zip(net._units, net._layouts):
-        for spec, start, stop in entries:
-            values = flat[offset : offset + stop - start]
-            given.setdefault(key, {})[spec.name] = values.reshape(spec.shape, order="F")
-            offset += stop - start
+    # the network's layout follows DL4J's order, so each parameter sits at the same offsets in both
+    given = {
+        key: {spec.name: flat[start:stop].reshape(spec.shape, order="F") for spec, start, stop in entries}
+        for (key, _, _), entries in zip(net._units, net._layouts)
+    }
     set_weights(net, given, "the DL4J zip", Dl4jImportError)
 
 
@@ -360,17 +358,19 @@ class _Translator:
         except ValueError as exc:
             raise CorruptDataError(f"{self.where}: {exc}") from exc
 
-    def parameter_free(self, layer: dict) -> None:
-        """A layer without settings of its own: nothing that would change its output or gradient."""
-        for field in ("idropout", *_ABSENT):
+    def absent(self, layer: dict, fields: tuple[str, ...]) -> None:
+        """Refuses any of ``fields`` set (not null or an empty list)."""
+        for field in fields:
             if layer.get(field) not in (None, []):
                 raise self.fail(field, layer[field])
 
+    def parameter_free(self, layer: dict) -> None:
+        """A layer without settings of its own: nothing that would change its output or gradient."""
+        self.absent(layer, ("idropout", *_ABSENT))
+
     # -- settings every trained layer carries --------------------------------------------------------
     def common(self, layer: dict) -> dict[str, Any]:
-        for field in _ABSENT:
-            if layer.get(field) not in (None, []):
-                raise self.fail(field, layer[field])
+        self.absent(layer, _ABSENT)
         if layer.get("hasLayerNorm"):
             raise self.fail("hasLayerNorm", True)
         settings: dict[str, Any] = {
