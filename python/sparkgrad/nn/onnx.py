@@ -181,6 +181,7 @@ class _Converter:
         self.reads.update(o.name for o in graph.output)
         self.inputs = {v.name for v in graph.input if v.name not in self.constants}
         self.batch_dependent: set[str] = set()  # constants computed from a Shape (see _Shape)
+        self.batch: int | None = None  # the batch size every model input declares, if they do
         self.node: Any = None
         self.attrs: dict[str, Any] = {}
 
@@ -932,6 +933,13 @@ class _Converter:
         whole = all(f.is_integer() and 1 <= f <= _UPSAMPLING_LIMIT for f in factors[2:])
         if len(factors) != 4 or factors[:2] != (1.0, 1.0) or not whole:
             raise self.fail(f"{what} (whole factors in [1, {_UPSAMPLING_LIMIT}] of the spatial axes)", given)
+        if what == "sizes" and self.node.input[3] not in self.batch_dependent and given[0] != self.batch:
+            # ONNX resizes the batch axis to sizes[0] too; sparkgrad's batch is the data's
+            inputs = "free" if self.batch is None else self.batch
+            raise self.error(
+                f"its sizes fix the batch at {given[0]}, the inputs' is {inputs} (ONNX resizes the batch "
+                "too): compute sizes from the input's Shape, or give scales"
+            )
         rows, cols = int(factors[2]), int(factors[3])
         vertex = self.add(L.Upsampling2D(size=(rows, cols)), [x.vertex])
         self.produce(_Value(vertex, (x.shape[0], x.shape[1] * rows, x.shape[2] * cols)))
@@ -983,6 +991,12 @@ def _input_type(name: str, shape: tuple) -> InputType:
 
 
 _INDEX_TYPES = ("INT64", "INT32")
+
+
+def _declared_batch(value: Any) -> int | None:
+    """The batch size a model input declares (its first axis), None where it is free."""
+    batch = value.type.tensor_type.shape.dim[0]  # _input checked there is one
+    return int(batch.dim_value) if batch.HasField("dim_value") else None
 
 
 def _input(value: Any, batch_first: bool) -> tuple[_Value, InputType]:
@@ -1078,6 +1092,8 @@ def import_onnx_model(model: str | Path | bytes | Any, seed: int | None = None) 
     for value in inputs:
         converter.values[value.name], input_type = _input(value, _batch_first(graph, value.name))
         types.append(input_type)
+    batches = {_declared_batch(value) for value in inputs}
+    converter.batch = batches.pop() if len(batches) == 1 else None
     for node in graph.node:
         converter.convert(node)
     outputs = []

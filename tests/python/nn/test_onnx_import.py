@@ -523,9 +523,28 @@ def _resize(given: str, value: np.ndarray, check: bool = True):
     return _image_net(node, {given: value}, check=check)
 
 
+def _fix_batch(model, batch: int):
+    """``model`` with its inputs and outputs declaring ``batch`` examples."""
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_value = batch
+    return model
+
+
 def test_resize_by_sizes_and_by_the_largest_factor():
-    model = _resize("sizes", np.array([2, 2, 12, 18]))  # ONNX resizes the batch to sizes[0] too: feed 2
+    model = _fix_batch(_resize("sizes", np.array([2, 2, 12, 18])), 2)  # ONNX resizes the batch too
     net = _check(model, {"x": _normal(1, 2, 2, 6, 6)}, reduction=216, depth=1)
+    assert _spec(net, "resize").size == (2, 3)
+    sizes = [  # sizes computed from the input's Shape: any batch
+        helper.make_node("Shape", ["x"], ["shape"], name="shape", end=2),
+        helper.make_node("Concat", ["shape", "spatial"], ["sizes"], name="sizes", axis=0),
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["h"], name="resize", mode="nearest"),
+    ]
+    model = _image_net(sizes[0], {"spatial": np.array([12, 18])}, check=False)
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend([nodes[0], *sizes[1:], *nodes[1:]])
+    onnx.checker.check_model(model)
+    net = _check(model, {"x": _normal(2, 3, 2, 6, 6)}, reduction=216, depth=1)
     assert _spec(net, "resize").size == (2, 3)
     net = import_onnx_model(_resize("scales", np.array([1, 1, 1 << 16, 1], np.float32)))
     assert _spec(net, "resize").size == (1 << 16, 1)
@@ -547,6 +566,20 @@ def test_resize_by_sizes_and_by_the_largest_factor():
 def test_resize_scales_or_sizes_other_than_a_vector_of_their_type_are_refused(given, value):
     with pytest.raises(OnnxImportError, match=rf"'resize' \(Resize\): its {given} must be a 1-D tensor of"):
         import_onnx_model(_resize(given, value, check=False))
+
+
+@pytest.mark.parametrize("batch", [None, 3])
+def test_resize_sizes_that_resize_the_batch_are_refused(batch):
+    """ONNX resizes the batch axis to sizes[0] too (a batch of 3 came back as 2 examples); sparkgrad's
+    batch is the data's, so a constant sizes[0] must be the batch the inputs declare."""
+    model = _resize("sizes", np.array([2, 2, 12, 18]), check=batch is None)
+    if batch is not None:
+        model = _fix_batch(model, batch)
+    inputs = "free" if batch is None else batch
+    with pytest.raises(
+        OnnxImportError, match=rf"'resize' \(Resize\): its sizes fix the batch at 2, the inputs' is {inputs}"
+    ):
+        import_onnx_model(model)
 
 
 @pytest.mark.parametrize(
