@@ -80,7 +80,7 @@ def _policy(params: np.ndarray, workers: list[int], dense: bool, reference: floa
     host = _Host(params, workers)
     # a wrapper of the default decoder is not the default: the policy keeps its dense passes
     decode = (lambda m, t: compress.decode(m, t)) if dense else None
-    return host, SharingPolicy(host, host._params, decode, reference, CONFIG)
+    return host, SharingPolicy(host, host._params, decode, reference, 1.0, CONFIG)
 
 
 def _take(host: _Host, policy: SharingPolicy, sender: int, message: np.ndarray, iteration: int) -> None:

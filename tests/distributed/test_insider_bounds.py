@@ -4,9 +4,11 @@ ascending and unique, a threshold bound that follows the fit, per-worker magnitu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -26,7 +28,14 @@ from wire_helpers import (
     wait_until,
 )
 
+from sparkgrad.compress import (
+    DEFAULT_DECAY_RATE,
+    AdaptiveThresholdAlgorithm,
+    FixedThresholdAlgorithm,
+    TargetSparsityThresholdAlgorithm,
+)
 from sparkgrad.errors import TransportError
+from sparkgrad.spark import SharedTrainingMaster
 from sparkgrad.transport import FrameKey, MessageType, RejoinRequired, WorkerConnection, encode_frame
 from sparkgrad.transport.frame import SIGNATURE_SIZE, Flag, json_payload, relayed_frame
 from sparkgrad.transport.limits import InfluenceLedger
@@ -267,6 +276,89 @@ def test_while_the_others_warm_up_the_bound_is_wider(free_port: int) -> None:
             slow.close()
             fast.close()
         assert ctl.updates_applied == WARMUP + 6 and ctl.counters.rejected_reasons == {"threshold": 2}
+
+
+@contextlib.contextmanager
+def _two_warm_and_one_ahead(port: int, job: int, threshold: float) -> Iterator[tuple[list, WorkerConnection]]:
+    """Workers 1 and 2 registered with WARMUP updates of ``threshold`` each, and worker 3 registered."""
+    warm = [_worker(port, job, wid, 8) for wid in (1, 2)]
+    ahead = _worker(port, job, 3, 8)
+    try:
+        for conn in [*warm, ahead]:
+            conn.hello({})
+        for conn in warm:
+            _send_all(conn, [sparse_message([1], [1], 8, threshold)] * WARMUP)
+        yield warm, ahead
+    finally:
+        for conn in [*warm, ahead]:
+            conn.close()
+
+
+def test_a_worker_running_ahead_of_a_stalled_one_may_climb_as_its_algorithm_does(free_port: int) -> None:
+    """A resumed Spark fit failed (under CPU load): one worker ran ~90 steps while the others were
+    descheduled, its adaptive threshold climbed 16x from theirs as the algorithm does, and the bound,
+    16x their latest, refused it. Another worker's latest now grows by the algorithm's step growth
+    (threshold_growth) for every update the sender is ahead of it, so the climb passes, still when the
+    stalled workers go on, and a jump over the grown bound does not. (The outlier accounting is widened
+    out of the way, as the climb's L1 is 32x theirs.)"""
+    growth = 1 / DEFAULT_DECAY_RATE  # AdaptiveThresholdAlgorithm's: it doubles in 20 steps
+    start = REFERENCE / 8  # the workers' thresholds, decayed below the reference
+    config = dataclasses.replace(FAST, outlier_factor=10**6)
+    with controller(
+        np.zeros(8, np.float32), 0x370D, free_port, config=config, threshold_growth=growth
+    ) as ctl:
+        with _two_warm_and_one_ahead(free_port, 0x370D, start) as (stalled, fast):
+            climb = [float(np.float32(start * growth**k)) for k in range(1, 101)]  # 32x: past 16x
+            _send_all(fast, [sparse_message([0], [-1], 8, t) for t in climb[:90]])
+            for conn in stalled:  # they go on, 82 updates behind
+                _send_all(conn, [sparse_message([1], [1], 8, start)])
+            _send_all(fast, [sparse_message([0], [-1], 8, t) for t in climb[90:]])
+            grown = start * growth ** (100 - WARMUP - 1)  # their latest, grown for the fast worker's lead
+            with pytest.raises(
+                TransportError, match=rf"a factor 16 x the fit's current threshold {grown:.6g}"
+            ):
+                _send_all(fast, [sparse_message([0], [-1], 8, 16 * grown * 1.001)])
+        assert ctl.updates_by_worker[3] == 100 and ctl.counters.rejected_reasons == {"threshold": 1}
+        assert ctl.params()[0] == pytest.approx(math.fsum(climb), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "growth"),
+    [
+        (None, 1 / DEFAULT_DECAY_RATE**2),  # the default: TargetSparsity starting at its target
+        (AdaptiveThresholdAlgorithm(1e-3), 1 / DEFAULT_DECAY_RATE),
+        (TargetSparsityThresholdAlgorithm(1e-3, decay_rate=0.75), 1 / 0.75),
+        (FixedThresholdAlgorithm(1e-3), 1.0),
+    ],
+)
+def test_a_shared_fit_bounds_its_controller_by_its_algorithms_step_growth(algorithm, growth) -> None:
+    master = SharedTrainingMaster(batch_size_per_worker=8, threshold_algorithm=algorithm)
+    assert master._controller_options()["threshold_growth"] == pytest.approx(growth, rel=1e-15)
+
+
+def test_a_workers_lead_widens_the_bound_at_most_to_the_warm_ups(free_port: int) -> None:
+    """However far ahead, a warm bound is at most warmup_threshold_factor (1024) x the median latest:
+    a worker cannot buy a wider one by sending many updates."""
+    config = dataclasses.replace(FAST, outlier_factor=10**6)
+    with controller(np.zeros(8, np.float32), 0x370F, free_port, config=config, threshold_growth=2.0) as ctl:
+        with _two_warm_and_one_ahead(free_port, 0x370F, 0.25) as (_, ahead):
+            _send_all(ahead, [sparse_message([0], [-1], 8, 0.25)] * (WARMUP + 12))  # 2**12 > 64
+            with pytest.raises(TransportError, match=r"threshold 257.0: must be finite, > 0 and <= 256 "):
+                _send_all(ahead, [sparse_message([0], [-1], 8, 257.0)])
+            _send_all(ahead, [sparse_message([0], [-1], 8, 256.0)])
+        assert ctl.params()[0] == 256.0 + 0.25 * (WARMUP + 12)
+        assert ctl.counters.rejected_reasons == {"threshold": 1}
+
+
+def test_without_a_step_growth_the_bound_does_not_move(free_port: int) -> None:
+    """A fixed threshold never rises (threshold_growth 1, the default): a worker 92 updates ahead is
+    bounded by the others' latest as it is."""
+    with controller(np.zeros(8, np.float32), 0x370E, free_port) as ctl:
+        with _two_warm_and_one_ahead(free_port, 0x370E, 0.25) as (_, ahead):
+            _send_all(ahead, [sparse_message([0], [-1], 8, 0.25)] * 100)
+            with pytest.raises(TransportError, match=r"threshold 4.25: must be finite, > 0 and <= 4 "):
+                _send_all(ahead, [sparse_message([0], [-1], 8, 4.25)])
+        assert ctl.counters.rejected_reasons == {"threshold": 1}
 
 
 def _next_update(sock: zmq.Socket) -> bytes:

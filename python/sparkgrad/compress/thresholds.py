@@ -85,6 +85,14 @@ class ThresholdAlgorithm(Config, abc.ABC):
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         """A reducer that combines the states of several instances (one per worker thread)."""
 
+    def max_step_growth(self) -> float:
+        """The most :meth:`calculate_threshold` raises the threshold in one step, a factor >= 1: the
+        controller lets a worker's threshold exceed another worker's latest by this factor per update the
+        worker sent since (:mod:`sparkgrad.transport.policies`), so a worker that runs ahead of a stalled
+        one is not refused for climbing as its algorithm does. 1 here (the threshold never rises); an
+        algorithm whose threshold rises says by how much."""
+        return 1.0
+
     def reference_length(self, n: int, written: int | None) -> int:
         """The length a step's message is measured against (the denominator of the next step's
         ``last_sparsity_ratio``): ``n``, the vector's length, here.
@@ -266,6 +274,9 @@ class AdaptiveThresholdAlgorithm(_AdaptiveBase):
         )
         return self.last_threshold
 
+    def max_step_growth(self) -> float:
+        return 1.0 / self.decay_rate
+
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         return _AveragingReducer(self, skip_nan_sparsity=True)
 
@@ -352,6 +363,9 @@ class TargetSparsityThresholdAlgorithm(_AdaptiveBase):
             start /= self.decay_rate**2 if catching_up else self.decay_rate
         self.last_threshold = start
         return start
+
+    def max_step_growth(self) -> float:
+        return 1.0 / self.decay_rate ** (2 if self.start_at_target else 1)
 
     def new_reducer(self) -> ThresholdAlgorithmReducer:
         return _AveragingReducer(self, skip_nan_sparsity=False)

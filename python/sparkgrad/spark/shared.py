@@ -388,6 +388,7 @@ class SharedTrainingMaster(ControllerFit, TrainingMasterBase, Config):
     def _controller_options(self) -> dict[str, Any]:
         return {
             "threshold_reference": reference_threshold(self.current_threshold_algorithm),
+            "threshold_growth": self.current_threshold_algorithm.max_step_growth(),
             "mesh": self.mesh_build_mode == MeshBuildMode.MESH,
         }
 

@@ -123,6 +123,9 @@ class Controller:
         epoch: starting epoch counter.
         threshold_reference: the threshold workers start from (the job's threshold algorithm); bounds
             the accepted thresholds (:mod:`.policies`).
+        threshold_growth: the most the job's threshold algorithm raises a worker's threshold in one step
+            (``ThresholdAlgorithm.max_step_growth``, >= 1): the bound lets a worker's threshold exceed
+            another worker's latest by this factor per update it sent since (:mod:`.policies`).
         updater_state: the updater state of the fit's start (copied; None or empty when the updater has
             none). Workers report theirs (UPDATER_STATE); the latest report is what a joining worker
             receives with the parameters.
@@ -133,7 +136,8 @@ class Controller:
         curve: with ``config.encrypt``, the CURVE key pair it serves with (:class:`~.limits.Curve`); None
             draws a fresh one (per fit). Workers connect with :attr:`curve_key`.
         averaging: average the workers' parameters in rounds (AVERAGE/AVERAGED, :mod:`.policies`)
-            instead of applying updates; ``threshold_reference`` and ``decode`` are then not used.
+            instead of applying updates; ``threshold_reference``, ``threshold_growth`` and ``decode`` are then
+            not used.
         average_updater_state: with ``averaging``, the workers' updater states are averaged too (the
             AVERAGE and AVERAGED vectors hold the parameters followed by the updater state).
         averaged_ranges: with ``averaging``, the parameters the AVERAGE and AVERAGED vectors hold
@@ -154,6 +158,7 @@ class Controller:
         epoch: int = 0,
         *,
         threshold_reference: float | None = None,
+        threshold_growth: float = 1.0,
         updater_state: np.ndarray | None = None,
         mesh: bool = False,
         averaging: bool = False,
@@ -171,7 +176,9 @@ class Controller:
                 self, self._params, self._updater_state, average_updater_state, mesh, averaged_ranges
             )
             if averaging
-            else SharingPolicy(self, self._params, decode, threshold_reference, self._config)
+            else SharingPolicy(
+                self, self._params, decode, threshold_reference, threshold_growth, self._config
+            )
         )
         self._key = FrameKey(secret)
         self._signer = signer or ControllerSigner()

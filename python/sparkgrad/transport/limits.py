@@ -13,7 +13,8 @@ starts from) and ``MAX_SCALE`` (1e6, the largest threshold any encoder writes) i
 updates raises it (it used to be 16x the sender's last accepted threshold, which 36 updates each 15x
 the last drove to infinity). An adaptive algorithm would have to double its threshold twenty times over
 the fit's start to reach it. The controller bounds it further by the fit's current threshold (the
-median of the other workers' latest, ``threshold_factor``), refuses sparse indices that are not
+median of the other workers' latest, each grown for the updates the sender is ahead of it by the
+threshold algorithm's step growth, ``threshold_factor``), refuses sparse indices that are not
 strictly ascending (:func:`check_update_entries`) and weighs each worker's updates against the median
 worker's (:class:`InfluenceLedger`).
 
@@ -92,10 +93,14 @@ class ZmqTransportConfiguration(Config):
             many times the fit's current threshold (the median of the other registered workers' latest
             accepted thresholds) and the fit's reference threshold (what every worker starts from) (>= 1;
             :func:`check_update_threshold`). Only workers with ``InfluenceLedger.WARMUP`` (8) updates
-            stand for the current threshold;
+            stand for the current threshold, each latest grown by the threshold algorithm's step growth
+            for every update the sender is ahead of that worker (so a worker that ran ahead of a stalled
+            one may have climbed as its algorithm does), at most ``warmup_threshold_factor /
+            threshold_factor`` times;
         warmup_threshold_factor: the factor while no other worker has that many, over the median of
             all the other registered workers' latest (an adaptive algorithm's first steps may differ
-            that much between workers) (>= 1). A worker alone in the fit has only the fixed bound.
+            that much between workers) (>= 1), and the widest a warm bound grows to. A worker alone in
+            the fit has only the fixed bound.
         outlier_factor: the controller quarantines a worker whose recent updates are larger (L1 or
             L-inf, :class:`InfluenceLedger`) than this many times the median other worker's; past half
             of it they are flagged (counted, logged) (>= 2).

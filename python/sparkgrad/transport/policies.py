@@ -12,7 +12,8 @@ parameters and relayed to the other workers (PLAIN) or down the MESH tree. Updat
 whose sparse indices are not strictly ascending (``unordered``,
 :func:`~sparkgrad.transport.limits.check_update_entries`) or whose threshold fails the fit's bound
 (:func:`~sparkgrad.transport.limits.check_update_threshold`, reason ``threshold``: at most the larger of
-``threshold_factor`` x the median of the other registered workers' latest accepted thresholds and the
+``threshold_factor`` x the median of the other registered workers' latest accepted thresholds, each
+grown for the updates the sender is ahead of it (:meth:`SharingPolicy._check_threshold`), and the
 reference) is counted and never applied; the worker gets an ERROR (its fit fails with the reason). An
 update that would leave any parameter non-finite (float overflow of finite values) is refused too
 (reason ``non_finite``), naming its sender; the parameters stay as they were. A sparse update (with the
@@ -152,6 +153,8 @@ class SharingPolicy(Policy):
         params: the controller's parameters (sizes the buffers).
         decode: ``decode(message, target)`` accumulating a message into ``target``; None: the default.
         threshold_reference: the threshold workers start from; bounds the accepted thresholds.
+        threshold_growth: the most the job's threshold algorithm raises a worker's threshold in one step
+            (``ThresholdAlgorithm.max_step_growth``, finite and >= 1).
         config: the controller's configuration (its threshold and outlier factors).
     """
 
@@ -163,18 +166,25 @@ class SharingPolicy(Policy):
         params: np.ndarray,
         decode: Callable[[np.ndarray, np.ndarray], None] | None,
         threshold_reference: float | None,
+        threshold_growth: float,
         config: ZmqTransportConfiguration,
     ) -> None:
         if decode is None:
             decode = default_decode
         if not (isinstance(threshold_reference, (int, float)) and 0 < threshold_reference < math.inf):
             raise ValueError(f"threshold_reference: must be a finite number > 0, got {threshold_reference!r}")
+        if not (isinstance(threshold_growth, (int, float)) and 1 <= threshold_growth < math.inf):
+            raise ValueError(f"threshold_growth: must be a finite number >= 1, got {threshold_growth!r}")
         super().__init__(controller)
         self.max_payload = max_update_bytes(params.size)
         self._decode: Callable[[np.ndarray, np.ndarray], None] = decode
         self._config = config
         self._reference = float(threshold_reference)
         self._thresholds: dict[int, float] = {}  # each worker's latest accepted threshold
+        # the growth per update a worker is ahead of another (its log), and the largest in all: a warm
+        # bound is never wider than the warm-up's
+        self._log_growth = math.log(threshold_growth)
+        self._growth_limit = max(1.0, config.warmup_threshold_factor / config.threshold_factor)
         self._ledger = InfluenceLedger(config.outlier_factor, self._reference)
         # with the default decoder a sparse message is applied in place in O(entries) (_take_sparse); a
         # custom decoder is honoured in dense passes (_take_dense). The sparse path checks only the
@@ -208,16 +218,33 @@ class SharingPolicy(Policy):
         worker's threshold is history). Those with ``InfluenceLedger.WARMUP`` updates or more count,
         with ``threshold_factor``; while none has, a worker's first updates may be far from another's
         (an adaptive algorithm finding its level), so all count, with ``warmup_threshold_factor``; a
-        worker alone in the fit has only the fixed bound."""
+        worker alone in the fit has only the fixed bound.
+
+        A warm worker's latest is grown by the algorithm's step growth for every update the sender is
+        ahead of it (accepted updates of each), at most to ``warmup_threshold_factor /
+        threshold_factor``: each worker's threshold moves with its own steps, so one that ran ahead of
+        a stalled worker (a descheduled Spark task) may have climbed as far as its algorithm takes it
+        in those steps, and it stays that far ahead once the stalled one goes on."""
         ctl, config = self.controller, self._config
+        counts = ctl.updates_by_worker
         others = {w: t for w, t in self._thresholds.items() if w != sender and w in ctl._peers}
-        warm = [t for w, t in others.items() if ctl.updates_by_worker.get(w, 0) >= InfluenceLedger.WARMUP]
+        mine = counts.get(sender, 0)
+        warm = [
+            t * self._growth(mine - counts.get(w, 0))
+            for w, t in others.items()
+            if counts.get(w, 0) >= InfluenceLedger.WARMUP
+        ]
         current, factor = None, math.inf
         if warm:
             current, factor = float(np.median(warm)), config.threshold_factor
         elif others:
             current, factor = float(np.median(list(others.values()))), config.warmup_threshold_factor
         return check_update_threshold(message, self._reference, f"worker {sender}", current, factor)
+
+    def _growth(self, lead: int) -> float:
+        """How much a worker ``lead`` updates ahead of another may have raised its threshold past it."""
+        log = max(lead, 0) * self._log_growth
+        return self._growth_limit if log >= math.log(self._growth_limit) else math.exp(log)
 
     def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
         """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""

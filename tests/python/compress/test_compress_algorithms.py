@@ -346,3 +346,30 @@ def test_row_sparse_messages_aim_at_no_more_entries_than_a_step_writes(written_c
         assert 0.5 * written <= settled <= 2 * written
     else:
         assert 0.5 * target * n <= settled <= 1.5 * target * n
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    kind=st.sampled_from(["fixed", "adaptive", "target", "target_at_start"]),
+    decay=st.floats(0.5, 0.999999),
+    steps=st.lists(st.tuples(st.booleans(), st.floats(0.0, 1.0)), min_size=1, max_size=40),
+)
+def test_no_step_raises_the_threshold_past_max_step_growth(kind, decay, steps) -> None:
+    """The controller's threshold bound lets a worker ahead of another climb by max_step_growth per
+    update (transport.policies): no sequence of sparsities may raise a threshold faster."""
+    algorithm = {
+        "fixed": lambda: FixedThresholdAlgorithm(1e-3),
+        "adaptive": lambda: AdaptiveThresholdAlgorithm(1e-3, 1e-3, 1e-2, decay_rate=decay),
+        "target": lambda: TargetSparsityThresholdAlgorithm(1e-3, 1e-3, decay_rate=decay),
+        "target_at_start": lambda: TargetSparsityThresholdAlgorithm(
+            1e-3, 1e-3, decay_rate=decay, start_at_target=True
+        ),
+    }[kind]()
+    growth = algorithm.max_step_growth()
+    assert growth == {"fixed": 1.0, "adaptive": 1 / decay, "target": 1 / decay}.get(kind, 1 / decay**2)
+    threshold = algorithm.calculate_threshold(0, 0, None, None, None, np.full(4, 1e-3, np.float32))
+    for k, (dense, sparsity) in enumerate(steps, start=1):
+        ratio = None if dense else sparsity
+        following = algorithm.calculate_threshold(k, 0, threshold, dense, ratio, UPD)
+        assert following <= threshold * growth * (1 + 4 * np.finfo(np.float64).eps)
+        threshold = following
