@@ -88,9 +88,9 @@ class ThresholdAlgorithm(Config, abc.ABC):
     def max_step_growth(self) -> float:
         """The most :meth:`calculate_threshold` raises the threshold in one step, a factor >= 1: the
         controller lets a worker's threshold exceed another worker's latest by this factor per update the
-        worker sent since (:mod:`sparkgrad.transport.policies`), so a worker that runs ahead of a stalled
-        one is not refused for climbing as its algorithm does. 1 here (the threshold never rises); an
-        algorithm whose threshold rises says by how much."""
+        worker is ahead of it (:mod:`sparkgrad.transport.policies`), so a worker that runs ahead of a
+        stalled one is not refused for climbing as its algorithm does. 1 here (the threshold never
+        rises); an algorithm whose threshold rises says by how much."""
         return 1.0
 
     def reference_length(self, n: int, written: int | None) -> int:

@@ -125,7 +125,7 @@ class Controller:
             the accepted thresholds (:mod:`.policies`).
         threshold_growth: the most the job's threshold algorithm raises a worker's threshold in one step
             (``ThresholdAlgorithm.max_step_growth``, >= 1): the bound lets a worker's threshold exceed
-            another worker's latest by this factor per update it sent since (:mod:`.policies`).
+            another worker's latest by this factor per update it is ahead of that worker (:mod:`.policies`).
         updater_state: the updater state of the fit's start (copied; None or empty when the updater has
             none). Workers report theirs (UPDATER_STATE); the latest report is what a joining worker
             receives with the parameters.
