@@ -185,6 +185,7 @@ class SharingPolicy(Policy):
         # bound is never wider than the warm-up's
         self._log_growth = math.log(threshold_growth)
         self._growth_limit = max(1.0, config.warmup_threshold_factor / config.threshold_factor)
+        self._log_growth_limit = math.log(self._growth_limit)
         self._ledger = InfluenceLedger(config.outlier_factor, self._reference)
         # with the default decoder a sparse message is applied in place in O(entries) (_take_sparse); a
         # custom decoder is honoured in dense passes (_take_dense). The sparse path checks only the
@@ -244,7 +245,7 @@ class SharingPolicy(Policy):
     def _growth(self, lead: int) -> float:
         """How much a worker ``lead`` updates ahead of another may have raised its threshold past it."""
         log = max(lead, 0) * self._log_growth
-        return self._growth_limit if log >= math.log(self._growth_limit) else math.exp(log)
+        return self._growth_limit if log >= self._log_growth_limit else math.exp(log)
 
     def _quarantine(self, identity: bytes, sender: int, ratio: float) -> None:
         """Drop a worker whose updates are outliers (its update was not applied) and tell it to re-join."""
